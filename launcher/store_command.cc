@@ -1,0 +1,91 @@
+#include "launcher/store_command.h"
+
+#include <csignal>
+#include <cstdio>
+#include <memory>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "launcher/logging.h"
+#include "rendezvous/server/store_server.h"
+
+namespace crun::launcher {
+namespace {
+
+struct StoreCommandOptions {
+  StoreServerOptions server;
+  std::string log_level = "info";
+};
+
+int RunStore(const StoreCommandOptions& options) {
+  SetUpLogging("store", options.log_level);
+  const auto descriptors = RaiseDescriptorLimit();
+  boost::asio::io_context io;
+  auto server = StoreServer::Start(io, options.server);
+  if (!server.ok()) {
+    spdlog::error("{}", server.status().message());
+    return 1;
+  }
+  // The one line scripts read to learn the port (useful with --port 0).
+  std::printf("crun store listening on %s\n", (*server)->endpoint().c_str());
+  std::fflush(stdout);
+  spdlog::debug("descriptor limit {}", descriptors);
+
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& ec, int signo) {
+    if (ec) return;
+    spdlog::info("{}: stopping on {}", (*server)->endpoint(), signo == SIGINT ? "SIGINT" : "SIGTERM");
+    (*server)->Stop();
+  });
+  std::signal(SIGPIPE, SIG_IGN);
+  io.run();
+  const auto stats = (*server)->stats();
+  spdlog::info("{}: stopped after {} connections ({} refused, {} closed for protocol errors), {} "
+               "requests",
+               (*server)->endpoint(), stats.accepted, stats.refused, stats.protocol_errors,
+               stats.requests);
+  return 0;
+}
+
+}  // namespace
+
+void AddStoreCommand(CLI::App& app, int* exit_code) {
+  auto options = std::make_shared<StoreCommandOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "store", "Run a standalone c10d-compatible TCP store (PyTorch 1.13 and 2.x clients)");
+  auto& s = options->server;
+  auto& l = s.limits;
+  s.port = 29500;
+  cmd->add_option("--host", s.host,
+                  "Address to bind: an IP or host name; '::' is every interface (IPv4 too)")
+      ->capture_default_str();
+  cmd->add_option("--port", s.port, "TCP port; 0 picks a free one")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--max-connections", s.max_connections,
+                  "Connections held at once; 0 = as many as the descriptor limit allows")
+      ->capture_default_str();
+  cmd->add_option("--backlog", s.backlog, "listen() backlog; 0 = the system maximum")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--max-key-bytes", l.max_key_bytes, "Longest key accepted")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--max-value-bytes", l.max_value_bytes, "Largest value accepted")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--max-keys-per-request", l.max_keys_per_request,
+                  "Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--max-request-bytes", l.max_request_bytes, "Largest single request")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--max-store-bytes", l.max_store_bytes, "Keys plus values held in total")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--log-level", options->log_level, "trace, debug, info, warn, error or off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
+      ->capture_default_str();
+  cmd->callback([options, exit_code] { *exit_code = RunStore(*options); });
+}
+
+}  // namespace crun::launcher

@@ -1,0 +1,74 @@
+// One client connection of a StoreServer (internal to crun_server).
+//
+// Reads are reactor-style: the session waits for readability and then reads into the
+// server-wide buffer, so an idle connection holds no read buffer. Replies are written directly
+// when the socket accepts them and queued otherwise (one write in flight); a client that does
+// not read its replies stops being read from until they drain.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio/ip/tcp.hpp>
+
+#include "rendezvous/store/kv_state.h"
+#include "rendezvous/store/wire.h"
+
+namespace crun::server_detail {
+
+class Session;
+
+// What the sessions of one server share. Lives on the server's event loop.
+struct ServerShared {
+  ServerShared(const StoreLimits& l) : limits(l), state(l.max_store_bytes) {}  // NOLINT
+  StoreLimits limits;
+  KvState state;
+  std::vector<char> read_buffer = std::vector<char>(64 * 1024);
+  std::string name;  // "store 127.0.0.1:29500", for logs
+  std::atomic<std::uint64_t> open{0};
+  std::atomic<std::uint64_t> protocol_errors{0};
+  std::atomic<std::uint64_t> requests{0};
+  // Called once per session when it closes.
+  std::function<void(Session*)> on_close;
+};
+
+class Session final : public std::enable_shared_from_this<Session>, public StoreListener {
+ public:
+  Session(boost::asio::ip::tcp::socket socket, ServerShared* shared);
+  ~Session();
+  void Start();
+  void Close();
+
+  void OnWaitDone() override;
+  void OnWatchEvent(wire::WatchEvent event, std::string_view key, std::string_view old_value,
+                    std::string_view new_value) override;
+
+ private:
+  void ArmRead();
+  void OnReadable(const boost::system::error_code& ec);
+  // Handles one request; false when the connection must close (already logged).
+  bool Handle(wire::Request& request);
+  void Flush();
+  void ScheduleFlush();
+  void OnWritten(const boost::system::error_code& ec);
+  void Fail(const std::string& why);
+  std::string Peer() const;
+  std::size_t pending_output() const { return out_.size() + sending_.size(); }
+
+  boost::asio::ip::tcp::socket socket_;
+  ServerShared* shared_;
+  wire::RequestParser parser_;
+  wire::Request request_;
+  std::string out_;      // replies not yet handed to the socket
+  std::string sending_;  // bytes of the write in flight
+  bool writing_ = false;
+  bool flush_scheduled_ = false;
+  bool read_paused_ = false;
+  bool closed_ = false;
+};
+
+}  // namespace crun::server_detail

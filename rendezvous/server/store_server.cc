@@ -1,0 +1,264 @@
+#include "rendezvous/server/store_server.h"
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ip/v6_only.hpp>
+#include <boost/asio/post.hpp>
+#include <chrono>
+#include <fstream>
+#include <future>
+#include <unordered_map>
+
+#include <spdlog/spdlog.h>
+
+#include "rendezvous/server/session.h"
+#include "rendezvous/store/socket.h"
+
+namespace crun {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using server_detail::ServerShared;
+using server_detail::Session;
+
+// Descriptors kept back for the process itself (logs, the reserve, resolver sockets...).
+constexpr std::size_t kDescriptorReserve = 64;
+// Accepts per readiness event before the loop serves established connections again.
+constexpr int kAcceptsPerWake = 256;
+
+int SystemBacklog() {
+  std::ifstream in("/proc/sys/net/core/somaxconn");
+  int value = 0;
+  if (in >> value && value > 0) return value;
+  return SOMAXCONN;
+}
+
+std::size_t DescriptorBudget() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 1 << 20;
+  return rl.rlim_cur > kDescriptorReserve ? rl.rlim_cur - kDescriptorReserve : 1;
+}
+
+StatusOr<asio::ip::address> ResolveBindAddress(asio::io_context& io, const std::string& host) {
+  boost::system::error_code ec;
+  auto literal = asio::ip::make_address(host, ec);
+  if (!ec) return literal;
+  tcp::resolver resolver(io);
+  auto results = resolver.resolve(host, "0", tcp::resolver::passive, ec);
+  if (ec || results.empty()) {
+    return InvalidArgument("cannot resolve store bind host '" + host + "': " +
+                           (ec ? ec.message() : std::string("no addresses")));
+  }
+  return results.begin()->endpoint().address();
+}
+
+class AsioStoreServer final : public StoreServer {
+ public:
+  AsioStoreServer(asio::io_context& io, const StoreServerOptions& options)
+      : io_(io), options_(options), acceptor_(io), shared_(options.limits) {}
+
+  ~AsioStoreServer() override { Stop(); }
+
+  Status Listen() {
+    auto address = ResolveBindAddress(io_, options_.host);
+    if (!address.ok()) return address.status();
+    tcp::endpoint ep(*address, options_.port);
+    const std::string where = FormatEndpoint(address->to_string(), options_.port);
+    boost::system::error_code ec;
+    acceptor_.open(ep.protocol(), ec);
+    if (ec) return Unavailable("store: cannot open a socket for " + where + ": " + ec.message());
+    acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (address->is_v6() && address->to_v6().is_unspecified()) {
+      acceptor_.set_option(asio::ip::v6_only(false), ec);  // "::" serves IPv4 too
+    }
+    acceptor_.bind(ep, ec);
+    if (ec) return InvalidArgument("store: cannot bind " + where + ": " + ec.message());
+    const int backlog = options_.backlog > 0 ? options_.backlog : SystemBacklog();
+    acceptor_.listen(backlog, ec);
+    if (ec) return InvalidArgument("store: cannot listen on " + where + ": " + ec.message());
+    acceptor_.non_blocking(true, ec);
+    ::fcntl(acceptor_.native_handle(), F_SETFD, FD_CLOEXEC);
+    port_ = acceptor_.local_endpoint().port();
+    endpoint_ = FormatEndpoint(address->to_string(), port_);
+    max_connections_ = options_.max_connections > 0 ? options_.max_connections : DescriptorBudget();
+    shared_.name = "store " + endpoint_;
+    shared_.on_close = [this](Session* s) { sessions_.erase(s); };
+    reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    spdlog::info("{}: listening (backlog {}, up to {} connections)", shared_.name, backlog,
+                 max_connections_);
+    ArmAccept();
+    return Status::Ok();
+  }
+
+  void Stop() override {
+    if (stopped_) return;
+    stopped_ = true;
+    boost::system::error_code ec;
+    acceptor_.close(ec);
+    auto sessions = std::move(sessions_);
+    sessions_.clear();
+    for (auto& [raw, session] : sessions) session->Close();
+    if (reserve_fd_ >= 0) ::close(reserve_fd_);
+    reserve_fd_ = -1;
+  }
+
+  std::uint16_t port() const override { return port_; }
+  std::string endpoint() const override { return endpoint_; }
+  std::size_t max_connections() const override { return max_connections_; }
+
+  StoreServerStats stats() const override {
+    StoreServerStats s;
+    s.open_connections = shared_.open.load(std::memory_order_relaxed);
+    s.accepted = accepted_.load(std::memory_order_relaxed);
+    s.refused = refused_.load(std::memory_order_relaxed);
+    s.protocol_errors = shared_.protocol_errors.load(std::memory_order_relaxed);
+    s.requests = shared_.requests.load(std::memory_order_relaxed);
+    return s;
+  }
+
+ private:
+  void ArmAccept() {
+    acceptor_.async_wait(tcp::acceptor::wait_read, [this](const boost::system::error_code& ec) {
+      if (ec) {
+        if (ec != asio::error::operation_aborted) {
+          spdlog::error("{}: accept wait failed: {}", shared_.name, ec.message());
+        }
+        return;
+      }
+      OnAcceptable();
+    });
+  }
+
+  void OnAcceptable() {
+    for (int i = 0; i < kAcceptsPerWake && !stopped_; ++i) {
+      tcp::socket socket(io_);
+      boost::system::error_code ec;
+      acceptor_.accept(socket, ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) break;
+      if (ec == asio::error::no_descriptors || ec.value() == ENFILE) {
+        RefuseAtDescriptorLimit();
+        continue;
+      }
+      if (ec) {
+        // ECONNABORTED and friends: that one client gave up; keep serving the rest.
+        spdlog::debug("{}: accept failed: {}", shared_.name, ec.message());
+        continue;
+      }
+      accepted_.fetch_add(1, std::memory_order_relaxed);
+      if (sessions_.size() >= max_connections_) {
+        Refuse(std::move(socket), "connection limit of " + std::to_string(max_connections_));
+        continue;
+      }
+      ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
+      auto session = std::make_shared<Session>(std::move(socket), &shared_);
+      sessions_.emplace(session.get(), session);
+      session->Start();
+    }
+    if (!stopped_) ArmAccept();
+  }
+
+  void Refuse(tcp::socket socket, const std::string& why) {
+    const auto n = refused_.fetch_add(1, std::memory_order_relaxed) + 1;
+    boost::system::error_code ec;
+    socket.close(ec);
+    LogRefusal(n, why);
+  }
+
+  // accept() failed with EMFILE: give up the reserve descriptor, take the waiting connection
+  // and close it, so the client hears "no" instead of hanging in the backlog.
+  void RefuseAtDescriptorLimit() {
+    if (reserve_fd_ >= 0) {
+      ::close(reserve_fd_);
+      reserve_fd_ = -1;
+    }
+    const int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) ::close(fd);
+    reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const auto n = refused_.fetch_add(1, std::memory_order_relaxed) + 1;
+    LogRefusal(n, "process descriptor limit");
+  }
+
+  void LogRefusal(std::uint64_t n, const std::string& why) {
+    // One line per power of two: a storm is visible without flooding the log.
+    if ((n & (n - 1)) == 0) {
+      spdlog::warn("{}: refused connection #{} ({}; {} open)", shared_.name, n, why,
+                   sessions_.size());
+    }
+  }
+
+  asio::io_context& io_;
+  StoreServerOptions options_;
+  tcp::acceptor acceptor_;
+  ServerShared shared_;
+  std::unordered_map<Session*, std::shared_ptr<Session>> sessions_;
+  std::uint16_t port_ = 0;
+  std::string endpoint_;
+  std::size_t max_connections_ = 0;
+  int reserve_fd_ = -1;
+  bool stopped_ = false;
+  std::atomic<std::uint64_t> accepted_{0};
+  std::atomic<std::uint64_t> refused_{0};
+};
+
+}  // namespace
+
+Status StoreServerOptions::Validate() const {
+  if (host.empty()) return InvalidArgument("store bind host is empty");
+  if (limits.max_key_bytes == 0) return InvalidArgument("max key bytes must be positive");
+  if (limits.max_value_bytes == 0) return InvalidArgument("max value bytes must be positive");
+  if (limits.max_keys_per_request == 0) {
+    return InvalidArgument("max keys per request must be positive");
+  }
+  if (limits.max_request_bytes < limits.max_key_bytes + limits.max_value_bytes) {
+    return InvalidArgument("max request bytes (" + std::to_string(limits.max_request_bytes) +
+                           ") must be >= max key bytes + max value bytes (" +
+                           std::to_string(limits.max_key_bytes + limits.max_value_bytes) + ")");
+  }
+  if (backlog < 0) return InvalidArgument("backlog " + std::to_string(backlog) + " is negative");
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(asio::io_context& io,
+                                                          const StoreServerOptions& options) {
+  CRUN_RETURN_IF_ERROR(options.Validate());
+  auto server = std::make_unique<AsioStoreServer>(io, options);
+  CRUN_RETURN_IF_ERROR(server->Listen());
+  return std::unique_ptr<StoreServer>(std::move(server));
+}
+
+StatusOr<std::unique_ptr<BackgroundStoreServer>> BackgroundStoreServer::Start(
+    const StoreServerOptions& options) {
+  std::unique_ptr<BackgroundStoreServer> bg(new BackgroundStoreServer());
+  auto server = StoreServer::Start(bg->io_, options);
+  if (!server.ok()) return server.status();
+  bg->server_ = std::move(server).value();
+  bg->port_ = bg->server_->port();
+  bg->endpoint_ = bg->server_->endpoint();
+  bg->thread_ = std::thread([io = &bg->io_] { io->run(); });
+  return bg;
+}
+
+BackgroundStoreServer::~BackgroundStoreServer() {
+  if (thread_.joinable()) {
+    asio::post(io_, [this] { server_->Stop(); });
+    thread_.join();
+  }
+  server_.reset();
+}
+
+std::uint64_t RaiseDescriptorLimit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+  if (rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  return rl.rlim_cur;
+}
+
+}  // namespace crun

@@ -1,0 +1,90 @@
+// StoreServer: the c10d-compatible TCP store (docs/store_protocol.md) on Boost.Asio.
+//
+// * One event loop: the server runs on the io_context it is given and never blocks it; all its
+//   handlers run there. Several servers may share one io_context (one per rendezvous round).
+// * Each connection's dialect (PyTorch 1.13 or 2.x) is detected from its first bytes.
+// * Waits are registered server-side and answered exactly once; nothing polls.
+// * A connection that breaks the protocol or a limit is logged with its peer address and
+//   closed; the server and every other connection carry on. Past `max_connections`, or at the
+//   process's descriptor limit, new connections are accepted and closed at once (refused
+//   cleanly), and counted.
+//
+// Start() and Stop() must run on the io_context's thread (or before it runs);
+// BackgroundStoreServer wraps a server with its own thread for embedding and tests.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <boost/asio/io_context.hpp>
+
+#include "rendezvous/store/limits.h"
+#include "rendezvous/store/status.h"
+
+namespace crun {
+
+struct StoreServerOptions {
+  // Address to bind: an IP literal or a host name. "::" (the default) listens on every
+  // interface, IPv4 included (dual-stack); "0.0.0.0" on every IPv4 interface only.
+  std::string host = "::";
+  std::uint16_t port = 0;  // 0: any free port (read it back with port())
+  StoreLimits limits;
+  // 0: as many as the descriptor limit allows (RLIMIT_NOFILE minus a small reserve).
+  std::size_t max_connections = 0;
+  // 0: the system maximum (net.core.somaxconn).
+  int backlog = 0;
+
+  Status Validate() const;
+};
+
+struct StoreServerStats {
+  std::uint64_t open_connections = 0;
+  std::uint64_t accepted = 0;
+  std::uint64_t refused = 0;          // over max_connections or at the descriptor limit
+  std::uint64_t protocol_errors = 0;  // connections closed for a malformed or oversize request
+  std::uint64_t requests = 0;
+};
+
+class StoreServer {
+ public:
+  static StatusOr<std::unique_ptr<StoreServer>> Start(boost::asio::io_context& io,
+                                                      const StoreServerOptions& options);
+  virtual ~StoreServer() = default;
+
+  // Closes the listening socket and every connection. Idempotent.
+  virtual void Stop() = 0;
+  virtual std::uint16_t port() const = 0;
+  // "127.0.0.1:29500" / "[::]:29500"
+  virtual std::string endpoint() const = 0;
+  // Safe to call from any thread.
+  virtual StoreServerStats stats() const = 0;
+  virtual std::size_t max_connections() const = 0;
+};
+
+// A StoreServer on its own io_context and thread. Destruction stops and joins it.
+class BackgroundStoreServer {
+ public:
+  static StatusOr<std::unique_ptr<BackgroundStoreServer>> Start(const StoreServerOptions& options);
+  ~BackgroundStoreServer();
+
+  std::uint16_t port() const { return port_; }
+  std::string endpoint() const { return endpoint_; }
+  StoreServerStats stats() const { return server_->stats(); }
+
+ private:
+  BackgroundStoreServer() = default;
+
+  boost::asio::io_context io_;
+  std::unique_ptr<StoreServer> server_;
+  std::thread thread_;
+  std::uint16_t port_ = 0;
+  std::string endpoint_;
+};
+
+// Raises this process's soft descriptor limit to the hard limit; returns the new soft limit.
+std::uint64_t RaiseDescriptorLimit();
+
+}  // namespace crun

@@ -1,0 +1,57 @@
+// Blocking POSIX TCP helpers with deadlines, for clients (no Boost: the worker SDK must build
+// on machines that lack it). errno is turned into a Status here and nowhere else; every
+// message names the peer as host:port.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "rendezvous/store/status.h"
+
+namespace crun {
+
+using SteadyClock = std::chrono::steady_clock;
+
+// Owns a file descriptor; closes it on destruction.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept;
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+  ~UniqueFd() { reset(); }
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release();
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// "host:port", or "[v6]:port" when the host is an IPv6 literal.
+std::string FormatEndpoint(std::string_view host, std::uint16_t port);
+
+// One connection attempt: resolves `host` and tries each address until one accepts or the
+// deadline passes. The socket comes back blocking, with TCP_NODELAY and close-on-exec.
+StatusOr<UniqueFd> ConnectTcp(const std::string& host, std::uint16_t port,
+                              SteadyClock::time_point deadline);
+
+// Writes all of `data`; kTimeout if the peer stops reading until the deadline.
+Status SendAll(int fd, std::string_view data, SteadyClock::time_point deadline,
+               std::string_view peer);
+
+// Reads at least `min` and at most `max` bytes into `dst`; returns the count.
+// kUnavailable when the peer closes, kTimeout at the deadline.
+StatusOr<std::size_t> RecvSome(int fd, char* dst, std::size_t min, std::size_t max,
+                               SteadyClock::time_point deadline, std::string_view peer);
+
+// Deadline `timeout` from now; a zero timeout means "no deadline" (c10d's kNoTimeout).
+SteadyClock::time_point DeadlineAfter(std::chrono::milliseconds timeout);
+
+}  // namespace crun

@@ -1,0 +1,96 @@
+// Status and StatusOr<T>: how crun reports failures that the network, a peer or a user can
+// cause (timeouts, refused connections, malformed frames, bad values). Invariants the program
+// guarantees itself are asserted instead; docs/errors.md draws the line.
+//
+// A Status is cheap to copy when OK (no allocation) and carries a code plus a message that
+// names the host, port, key or value involved.
+#pragma once
+
+#include <cassert>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace crun {
+
+enum class StatusCode {
+  kOk = 0,
+  kInvalidArgument,    // a caller passed a bad value (named in the message)
+  kNotFound,           // the thing asked for does not exist
+  kTimeout,            // a deadline passed
+  kUnavailable,        // the peer cannot be reached or the connection broke
+  kProtocol,           // the peer sent bytes that break the wire protocol
+  kResourceExhausted,  // a configured limit was hit
+  kCancelled,          // the operation was cancelled on purpose
+  kInternal,           // an unexpected error from the OS or a library
+};
+
+std::string_view StatusCodeName(StatusCode code);
+
+class [[nodiscard]] Status {
+ public:
+  Status() = default;
+  Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
+
+  static Status Ok() { return Status(); }
+
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+  // "timeout: wait for keys [/a] on 127.0.0.1:29500 timed out after 30000 ms"
+  std::string ToString() const;
+
+ private:
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
+inline Status TimeoutError(std::string m) { return {StatusCode::kTimeout, std::move(m)}; }
+inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+inline Status ProtocolError(std::string m) { return {StatusCode::kProtocol, std::move(m)}; }
+inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
+inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
+inline Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+
+// errno -> Status, wrapped once here: "connect to 10.0.0.5:29500: Connection refused".
+Status PosixError(std::string_view context, int err);
+
+// "[/a, /b, ... (1000 keys)]": key lists in messages, bounded in length.
+std::string DescribeKeys(const std::vector<std::string>& keys);
+
+// Either a value or a non-OK Status.
+template <typename T>
+class [[nodiscard]] StatusOr {
+ public:
+  StatusOr(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design
+  StatusOr(Status status) : status_(std::move(status)) {  // NOLINT: implicit by design
+    assert(!status_.ok() && "StatusOr built from an OK status carries no value");
+  }
+
+  bool ok() const { return status_.ok(); }
+  const Status& status() const { return status_; }
+  T& value() & { assert(ok()); return *value_; }
+  const T& value() const& { assert(ok()); return *value_; }
+  T&& value() && { assert(ok()); return std::move(*value_); }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+
+ private:
+  Status status_;
+  std::optional<T> value_;
+};
+
+}  // namespace crun
+
+// Propagates a non-OK Status out of the calling function.
+#define CRUN_RETURN_IF_ERROR(expr)           \
+  do {                                       \
+    ::crun::Status crun_status_ = (expr);    \
+    if (!crun_status_.ok()) return crun_status_; \
+  } while (false)
