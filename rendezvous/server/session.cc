@@ -65,17 +65,16 @@ void Session::OnReadable(const boost::system::error_code& ec) {
       Close();
       return;
     }
-    parser_.Feed(std::string_view(shared_->read_buffer.data(), n));
-    for (;;) {
-      const auto result = parser_.Next(&request_);
-      if (result == wire::RequestParser::Result::kNeedMore) break;
-      if (result == wire::RequestParser::Result::kError) {
-        Fail(parser_.error());
-        return;
-      }
-      shared_->requests.fetch_add(1, std::memory_order_relaxed);
-      if (!Handle(request_)) return;
+    const auto result = parser_.Consume(std::string_view(shared_->read_buffer.data(), n),
+                                        [this](wire::Request& request) {
+                                          shared_->requests.fetch_add(1, std::memory_order_relaxed);
+                                          return Handle(request);
+                                        });
+    if (result == wire::RequestParser::Result::kError) {
+      Fail(parser_.error());
+      return;
     }
+    if (result == wire::RequestParser::Result::kStopped) return;  // Handle closed it
     if (n < shared_->read_buffer.size()) break;  // drained the socket
   }
   Flush();

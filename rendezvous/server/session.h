@@ -62,7 +62,6 @@ class Session final : public std::enable_shared_from_this<Session>, public Store
   boost::asio::ip::tcp::socket socket_;
   ServerShared* shared_;
   wire::RequestParser parser_;
-  wire::Request request_;
   std::string out_;      // replies not yet handed to the socket
   std::string sending_;  // bytes of the write in flight
   bool writing_ = false;

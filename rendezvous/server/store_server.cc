@@ -118,6 +118,8 @@ class AsioStoreServer final : public StoreServer {
     s.refused = refused_.load(std::memory_order_relaxed);
     s.protocol_errors = shared_.protocol_errors.load(std::memory_order_relaxed);
     s.requests = shared_.requests.load(std::memory_order_relaxed);
+    s.pending_waits = shared_.state.pending_waits();
+    s.stored_bytes = shared_.state.bytes();
     return s;
   }
 
@@ -241,6 +243,12 @@ StatusOr<std::unique_ptr<BackgroundStoreServer>> BackgroundStoreServer::Start(
   bg->endpoint_ = bg->server_->endpoint();
   bg->thread_ = std::thread([io = &bg->io_] { io->run(); });
   return bg;
+}
+
+StoreServerStats BackgroundStoreServer::stats() {
+  std::promise<StoreServerStats> result;
+  asio::post(io_, [&] { result.set_value(server_->stats()); });
+  return result.get_future().get();
 }
 
 BackgroundStoreServer::~BackgroundStoreServer() {

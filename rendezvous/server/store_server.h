@@ -46,6 +46,8 @@ struct StoreServerStats {
   std::uint64_t refused = 0;          // over max_connections or at the descriptor limit
   std::uint64_t protocol_errors = 0;  // connections closed for a malformed or oversize request
   std::uint64_t requests = 0;
+  std::uint64_t pending_waits = 0;    // WAITs and BARRIERs not answered yet
+  std::uint64_t stored_bytes = 0;     // keys plus values held
 };
 
 class StoreServer {
@@ -59,7 +61,7 @@ class StoreServer {
   virtual std::uint16_t port() const = 0;
   // "127.0.0.1:29500" / "[::]:29500"
   virtual std::string endpoint() const = 0;
-  // Safe to call from any thread.
+  // Call on the io_context's thread (BackgroundStoreServer::stats() does that for you).
   virtual StoreServerStats stats() const = 0;
   virtual std::size_t max_connections() const = 0;
 };
@@ -72,7 +74,8 @@ class BackgroundStoreServer {
 
   std::uint16_t port() const { return port_; }
   std::string endpoint() const { return endpoint_; }
-  StoreServerStats stats() const { return server_->stats(); }
+  // Runs on the server's thread and waits for the answer.
+  StoreServerStats stats();
 
  private:
   BackgroundStoreServer() = default;

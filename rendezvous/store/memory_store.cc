@@ -156,4 +156,9 @@ Status MemoryStore::Barrier(std::string_view key, std::int64_t world_size, Milli
       "barrier on key " + k + " (world size " + std::to_string(world_size) + ")");
 }
 
+std::size_t MemoryStore::pending_waits() {
+  std::lock_guard lock(mu_);
+  return state_.pending_waits();
+}
+
 }  // namespace crun

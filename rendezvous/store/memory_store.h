@@ -36,6 +36,9 @@ class MemoryStore final : public Store {
   StatusOr<std::vector<std::string>> ListKeys() override;
   Status Barrier(std::string_view key, std::int64_t world_size, Millis timeout) override;
 
+  // Waits and barriers blocked right now (observability, and tests that need a waiter in place).
+  std::size_t pending_waits();
+
  private:
   // Registers `start` (a wait or barrier) and blocks until it completes or `timeout` passes.
   template <typename Start>

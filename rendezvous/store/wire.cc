@@ -202,8 +202,8 @@ RequestParser::Step RequestParser::Fail(std::string message) {
   return Step::kError;
 }
 
-RequestParser::Result RequestParser::Next(Request* out) {
-  if (!error_.empty()) return Result::kError;
+RequestParser::Step RequestParser::Next() {
+  if (!error_.empty()) return Step::kError;
   Step step = Step::kDone;
   if (dialect_ == Dialect::kUnknown) step = Sniff();
   if (step == Step::kDone && !in_request_) {
@@ -229,19 +229,13 @@ RequestParser::Result RequestParser::Next(Request* out) {
     }
   }
   if (step == Step::kDone) step = ParseBody();
-  switch (step) {
-    case Step::kDone:
-      in_request_ = false;
-      *out = std::move(req_);
-      req_ = Request{};
-      return Result::kRequest;
-    case Step::kNeedMore:
-      KeepTail();
-      return Result::kNeedMore;
-    case Step::kError:
-      break;
+  if (step == Step::kDone) {
+    in_request_ = false;
+    std::swap(done_, req_);  // req_ keeps done_'s old buffers for reuse
+  } else if (step == Step::kNeedMore) {
+    KeepTail();
   }
-  return Result::kError;
+  return step;
 }
 
 RequestParser::Step RequestParser::Sniff() {

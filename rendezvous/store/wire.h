@@ -89,18 +89,31 @@ std::uint64_t LoadU64(const char* p);
 
 class RequestParser {
  public:
-  enum class Result { kRequest, kNeedMore, kError };
+  enum class Result {
+    kNeedMore,  // every complete request was handled; an unfinished tail (if any) is kept
+    kStopped,   // on_request returned false
+    kError,     // the stream is broken; error() says why, naming the offending value
+  };
 
   explicit RequestParser(const StoreLimits& limits) : limits_(limits) {}
 
-  // Offers the next bytes of the stream. The parser reads them in place and copies only an
-  // unfinished tail, so the caller may reuse `chunk`'s memory once Next() has returned
-  // kNeedMore or kError.
-  void Feed(std::string_view chunk);
-
-  // Produces the next complete request, or says more bytes are needed, or that the stream is
-  // broken (error() says why, naming the offending value). After kError the parser stays broken.
-  Result Next(Request* out);
+  // Parses the next bytes of the stream: every complete request (including one finished by
+  // bytes kept from earlier chunks) is passed to `on_request(Request&)`, which returns false to
+  // stop. `chunk` is read in place and only an unfinished tail is copied, so the caller may
+  // reuse its memory as soon as Consume returns. After kError the parser stays broken.
+  template <typename OnRequest>
+  Result Consume(std::string_view chunk, OnRequest&& on_request) {
+    Feed(chunk);
+    for (;;) {
+      const Step step = Next();
+      if (step == Step::kNeedMore) return Result::kNeedMore;
+      if (step == Step::kError) return Result::kError;
+      if (!on_request(done_)) {
+        KeepTail();
+        return Result::kStopped;
+      }
+    }
+  }
 
   Dialect dialect() const { return dialect_; }
   const std::string& error() const { return error_; }
@@ -109,6 +122,9 @@ class RequestParser {
 
  private:
   enum class Step { kDone, kNeedMore, kError };
+  void Feed(std::string_view chunk);
+  // kDone: a request is ready in done_.
+  Step Next();
   Step Sniff();
   Step ParseBody();
   Step ReadU32(std::uint32_t* v);
@@ -129,7 +145,8 @@ class RequestParser {
   std::uint64_t list_count_ = 0;  // length of the current key list / pair list
   bool list_counted_ = false;
   std::size_t request_bytes_ = 0;
-  Request req_;
+  Request req_;   // the request being parsed
+  Request done_;  // the last complete request, handed to on_request
   std::string error_;
 };
 

@@ -1,0 +1,392 @@
+// StoreServer over real loopback sockets: concurrency, the CANCEL_WAIT race, clients that
+// vanish, malformed frames (and that bystanders never notice), both dialects at once, 1.13
+// watches, connection limits, IPv6, several instances per process, and the client's connect
+// behaviour.
+#include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/post.hpp>
+
+#include "tests/unit/server/raw_client.h"
+#include "tests/unit/test_util.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using crun::StatusCode;
+using crun::testing::ConnectClient;
+using crun::testing::Eventually;
+using crun::testing::RawClient;
+using crun::testing::Req;
+using crun::testing::StartServer;
+using crun::wire::Command;
+using crun::wire::Dialect;
+
+RawClient Modern(std::uint16_t port) {
+  RawClient c("127.0.0.1", port);
+  c.Validate();
+  return c;
+}
+
+bool Ipv6LoopbackAvailable() {
+  int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+TEST_CASE("many waiters on overlapping keys are each woken exactly once", "[server]") {
+  auto server = StartServer();
+  constexpr int kWaiters = 64;
+  constexpr int kKeys = 10;
+  std::mt19937 rng(7);
+  std::vector<RawClient> waiters;
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.push_back(Modern(server->port()));
+    std::vector<std::string> keys;
+    for (int k = 0; k < kKeys; ++k) {
+      if (rng() % 2 == 0) keys.push_back("k" + std::to_string(k));
+    }
+    keys.push_back("k" + std::to_string(i % kKeys));  // never empty, overlapping
+    waiters.back().SendRequest(Dialect::kModern, Req(Command::kWait, keys));
+  }
+  REQUIRE(Eventually([&] { return server->stats().pending_waits == kWaiters; }));
+  auto writer = Modern(server->port());
+  for (int k = 0; k < kKeys; ++k) {
+    writer.SendRequest(Dialect::kModern, Req(Command::kSet, {"k" + std::to_string(k), "v"}));
+  }
+  for (auto& w : waiters) {
+    CHECK(w.ReadU8() == crun::wire::kStopWaiting);
+    w.ExpectInSync();  // exactly one reply byte, nothing stray behind it
+  }
+  CHECK(server->stats().pending_waits == 0);
+}
+
+TEST_CASE("CANCEL_WAIT racing a SET gives STOP_WAITING at most once, then WAIT_CANCELED",
+          "[server]") {
+  auto server = StartServer();
+  auto waiter = Modern(server->port());
+  auto setter = Modern(server->port());
+  int raced = 0;
+  for (int i = 0; i < 300; ++i) {
+    const std::string key = "race" + std::to_string(i);
+    waiter.SendRequest(Dialect::kModern, Req(Command::kWait, {key}));
+    // Fire both at once from two threads; either order is legal, the bytes must match it.
+    std::thread t([&] { setter.SendRequest(Dialect::kModern, Req(Command::kSet, {key, "v"})); });
+    waiter.SendRequest(Dialect::kModern, Req(Command::kCancelWait));
+    t.join();
+    auto first = waiter.ReadU8();
+    if (first == crun::wire::kStopWaiting) {
+      ++raced;
+      CHECK(waiter.ReadU8() == crun::wire::kWaitCanceled);
+    } else {
+      CHECK(first == crun::wire::kWaitCanceled);
+    }
+    waiter.ExpectInSync();
+  }
+  INFO("waits completed before their cancel: " << raced << " of 300");
+  CHECK(server->stats().pending_waits == 0);
+}
+
+TEST_CASE("CANCEL_WAIT with nothing pending is still answered", "[server]") {
+  auto server = StartServer();
+  auto c = Modern(server->port());
+  c.SendRequest(Dialect::kModern, Req(Command::kCancelWait));
+  CHECK(c.ReadU8() == crun::wire::kWaitCanceled);
+  c.ExpectInSync();
+}
+
+TEST_CASE("clients that disconnect while waiting leave nothing behind", "[server]") {
+  auto server = StartServer();
+  {
+    std::vector<RawClient> quitters;
+    for (int i = 0; i < 50; ++i) {
+      quitters.push_back(Modern(server->port()));
+      quitters.back().SendRequest(Dialect::kModern, Req(Command::kWait, {"gone", "k" + std::to_string(i)}));
+      quitters.back().SendRequest(Dialect::kModern, Req(Command::kBarrier, {"bar"}, 1000));
+    }
+    REQUIRE(Eventually([&] { return server->stats().pending_waits == 100; }));
+  }  // all closed here
+  REQUIRE(Eventually([&] { return server->stats().open_connections == 0; }));
+  CHECK(server->stats().pending_waits == 0);
+  auto c = ConnectClient(server->port());
+  REQUIRE(c->Set("gone", "now").ok());
+  CHECK(*c->Get("gone") == "now");
+}
+
+TEST_CASE("a malformed frame closes only its own connection", "[server]") {
+  struct Case {
+    const char* name;
+    std::string bytes;
+  };
+  auto u64 = [](std::uint64_t v) {
+    std::string s;
+    crun::wire::AppendU64(&s, v);
+    return s;
+  };
+  const std::string modern("\x00\xce\xf7\x85\x3c", 5);
+  std::vector<Case> cases = {
+      {"garbage first byte", "\x7fGARBAGE"},
+      {"unknown 2.x command", modern + "\x55"},
+      {"absurd key length", modern + "\x01" + u64(1ULL << 62)},
+      {"absurd value length", modern + "\x01" + u64(1) + "k" + u64(1ULL << 40)},
+      {"too many keys", modern + "\x06" + u64(1ULL << 30)},
+      {"bad VALIDATE magic", modern + std::string("\x00\x01\x02\x03\x04", 5)},
+      {"1.13 unknown command", std::string("\x06", 1) + "\x0c"},
+      {"ADD on a non-number", modern + "\x01" + u64(2) + "/t" + u64(3) + "abc" + "\x04" + u64(2) +
+                                  "/t" + u64(1)},
+  };
+  auto server = StartServer();
+  // A bystander with a pending wait must get its answer as if nothing happened.
+  auto bystander = Modern(server->port());
+  bystander.SendRequest(Dialect::kModern, Req(Command::kWait, {"/after"}));
+  std::uint64_t errors = 0;
+  for (const auto& c : cases) {
+    INFO(c.name);
+    RawClient bad("127.0.0.1", server->port());
+    bad.Send(c.bytes);
+    CHECK(bad.ClosedByPeer());
+    CHECK(server->stats().protocol_errors == ++errors);
+  }
+  auto writer = ConnectClient(server->port());
+  REQUIRE(writer->Set("/after", "1").ok());
+  CHECK(bystander.ReadU8() == crun::wire::kStopWaiting);
+  bystander.ExpectInSync();
+}
+
+TEST_CASE("a request split into one-byte TCP segments is served", "[server]") {
+  auto server = StartServer();
+  RawClient c("127.0.0.1", server->port());
+  std::string stream("\x00\xce\xf7\x85\x3c", 5);
+  crun::wire::EncodeRequest(Dialect::kModern, Req(Command::kSet, {"/split", "value"}), &stream);
+  crun::wire::EncodeRequest(Dialect::kModern, Req(Command::kGet, {"/split"}), &stream);
+  for (char byte : stream) c.Send(std::string_view(&byte, 1));  // TCP_NODELAY: one segment each
+  CHECK(c.ReadBytes() == "value");
+}
+
+TEST_CASE("1.13 and 2.x clients share one store", "[server]") {
+  auto server = StartServer();
+  RawClient legacy("127.0.0.1", server->port());
+  RawClient idle("127.0.0.1", server->port());  // 1.13's silent second connection
+  auto modern = Modern(server->port());
+  legacy.SendRequest(Dialect::kLegacy, Req(Command::kAdd, {"init/"}, 1));
+  CHECK(legacy.ReadI64() == 1);
+  modern.SendRequest(Dialect::kModern, Req(Command::kAdd, {"init/"}, 1));
+  CHECK(modern.ReadI64() == 2);
+  legacy.SendRequest(Dialect::kLegacy, Req(Command::kSet, {"/a", "xy"}));
+  modern.SendRequest(Dialect::kModern, Req(Command::kGet, {"/a"}));
+  CHECK(modern.ReadBytes() == "xy");
+  legacy.SendRequest(Dialect::kLegacy, Req(Command::kWait, {"/b"}));
+  modern.SendRequest(Dialect::kModern, Req(Command::kSet, {"/b", "1"}));
+  CHECK(legacy.ReadU8() == crun::wire::kStopWaiting);
+  legacy.SendRequest(Dialect::kLegacy, Req(Command::kGetNumKeys));
+  CHECK(legacy.ReadI64() == 3);
+  legacy.SendRequest(Dialect::kLegacy, Req(Command::kDeleteKey, {"/a"}));
+  CHECK(legacy.ReadI64() == 1);
+  legacy.SendRequest(Dialect::kLegacy, Req(Command::kCompareSet, {"/b", "1", "2"}));
+  CHECK(legacy.ReadBytes() == "2");
+  legacy.SendRequest(Dialect::kLegacy, Req(Command::kCheck, {"/a"}));
+  CHECK(legacy.ReadU8() == crun::wire::kCheckNotReady);
+  CHECK(server->stats().open_connections == 3);
+}
+
+TEST_CASE("1.13 WATCH_KEY registers and then reports every change", "[server]") {
+  auto server = StartServer();
+  RawClient watcher("127.0.0.1", server->port());
+  watcher.SendRequest(Dialect::kLegacy, Req(Command::kWatchKey, {"/w"}));
+  CHECK(watcher.ReadU8() == static_cast<std::uint8_t>(crun::wire::WatchEvent::kRegistered));
+  auto writer = ConnectClient(server->port());
+  REQUIRE(writer->Set("/w", "1").ok());
+  REQUIRE(writer->Set("/w", "2").ok());
+  REQUIRE(*writer->DeleteKey("/w"));
+  auto expect = [&](crun::wire::WatchEvent e, const char* old_value, const char* new_value) {
+    CHECK(watcher.ReadU8() == static_cast<std::uint8_t>(e));
+    CHECK(watcher.ReadBytes() == "/w");
+    CHECK(watcher.ReadBytes() == old_value);
+    CHECK(watcher.ReadBytes() == new_value);
+  };
+  expect(crun::wire::WatchEvent::kCreated, "", "1");
+  expect(crun::wire::WatchEvent::kUpdated, "1", "2");
+  expect(crun::wire::WatchEvent::kDeleted, "2", "");
+}
+
+TEST_CASE("connections past the limit are refused cleanly and counted", "[server]") {
+  crun::StoreServerOptions options;
+  options.max_connections = 4;
+  auto server = StartServer(options);
+  std::vector<std::unique_ptr<crun::TcpStoreClient>> held;
+  for (int i = 0; i < 4; ++i) held.push_back(ConnectClient(server->port()));
+  RawClient extra("127.0.0.1", server->port());
+  CHECK(extra.ClosedByPeer());
+  auto stats = server->stats();
+  CHECK(stats.refused == 1);
+  CHECK(stats.open_connections == 4);
+  // The held ones keep working, and a freed slot is usable again.
+  REQUIRE(held[0]->Set("k", "v").ok());
+  held.pop_back();
+  REQUIRE(Eventually([&] { return server->stats().open_connections == 3; }));
+  auto again = ConnectClient(server->port());
+  CHECK(*again->Get("k") == "v");
+}
+
+TEST_CASE("a client that never reads its replies is throttled, others are not", "[server]") {
+  auto server = StartServer();
+  auto c = ConnectClient(server->port());
+  REQUIRE(c->Set("/big", std::string(1 << 20, 'b')).ok());
+  RawClient hog("127.0.0.1", server->port());
+  hog.Validate();
+  std::string burst;
+  for (int i = 0; i < 64; ++i) crun::wire::EncodeRequest(Dialect::kModern, Req(Command::kGet, {"/big"}), &burst);
+  hog.Send(burst);  // 64 MiB of replies that nobody reads
+  for (int i = 0; i < 100; ++i) REQUIRE(*c->Add("/n", 1) == i + 1);
+}
+
+TEST_CASE("several store instances in one process are independent", "[server]") {
+  boost::asio::io_context io;
+  crun::StoreServerOptions options;
+  options.host = "127.0.0.1";
+  auto a = crun::StoreServer::Start(io, options);
+  auto b = crun::StoreServer::Start(io, options);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  std::thread loop([&] { io.run(); });
+  auto ca = ConnectClient((*a)->port());
+  auto cb = ConnectClient((*b)->port());
+  REQUIRE(ca->Set("/attempt", "0").ok());
+  CHECK(*cb->Check({"/attempt"}) == false);
+  REQUIRE(cb->Set("/attempt", "1").ok());
+  CHECK(*ca->Get("/attempt") == "0");
+  boost::asio::post(io, [&] {
+    (*a)->Stop();
+    (*b)->Stop();
+  });
+  loop.join();
+  // Stopped servers close their clients' connections.
+  CHECK_FALSE(ca->Add("/x", 1).ok());
+}
+
+TEST_CASE("IPv6: bind ::1, and '::' serves IPv4 clients too", "[server]") {
+  if (!Ipv6LoopbackAvailable()) {
+    WARN("no IPv6 loopback on this machine");
+    return;
+  }
+  crun::StoreServerOptions v6;
+  v6.host = "::1";
+  auto server = crun::BackgroundStoreServer::Start(v6);
+  REQUIRE(server.ok());
+  CHECK((*server)->endpoint().starts_with("[::1]:"));
+  auto c = ConnectClient((*server)->port(), 30s, "::1");
+  REQUIRE(c->Set("/six", "6").ok());
+  CHECK(*c->Get("/six") == "6");
+
+  crun::StoreServerOptions dual;
+  dual.host = "::";
+  auto any = crun::BackgroundStoreServer::Start(dual);
+  REQUIRE(any.ok());
+  auto four = ConnectClient((*any)->port(), 30s, "127.0.0.1");
+  auto six = ConnectClient((*any)->port(), 30s, "::1");
+  REQUIRE(four->Set("/k", "v").ok());
+  CHECK(*six->Get("/k") == "v");
+}
+
+TEST_CASE("bad server options are refused with the value named", "[server]") {
+  crun::StoreServerOptions o;
+  o.host = "no-such-host.invalid";
+  auto r = crun::BackgroundStoreServer::Start(o);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("no-such-host.invalid"));
+
+  auto first = StartServer();
+  crun::StoreServerOptions taken;
+  taken.host = "127.0.0.1";
+  taken.port = first->port();
+  auto clash = crun::BackgroundStoreServer::Start(taken);
+  REQUIRE_FALSE(clash.ok());
+  CHECK_THAT(clash.status().message(), Catch::Contains("127.0.0.1:" + std::to_string(first->port())));
+
+  crun::StoreServerOptions limits;
+  limits.limits.max_request_bytes = 10;
+  CHECK_FALSE(crun::BackgroundStoreServer::Start(limits).ok());
+}
+
+TEST_CASE("client: nothing listening -> timeout naming host:port after retries", "[client]") {
+  // Take a free port and close it again, so nothing listens there.
+  std::uint16_t port = 0;
+  {
+    auto s = StartServer();
+    port = s->port();
+  }
+  crun::TcpStoreClientOptions o;
+  o.port = port;
+  o.connect_timeout = 300ms;
+  auto r = crun::TcpStoreClient::Connect(o);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kTimeout);
+  CHECK_THAT(r.status().message(), Catch::Contains("127.0.0.1:" + std::to_string(port)));
+  CHECK_THAT(r.status().message(), Catch::Contains("attempts"));
+}
+
+TEST_CASE("client: keeps retrying until the store comes up", "[client]") {
+  std::uint16_t port = 0;
+  {
+    auto s = StartServer();
+    port = s->port();
+  }
+  std::unique_ptr<crun::BackgroundStoreServer> late;
+  std::atomic<bool> connected{false};
+  std::thread t([&] {
+    crun::TcpStoreClientOptions o;
+    o.port = port;
+    o.connect_timeout = 30s;
+    auto c = crun::TcpStoreClient::Connect(o);
+    connected = c.ok() && (*c)->Set("/k", "v").ok();
+  });
+  crun::StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  // The port was just freed; if another process grabbed it, this test cannot run as written.
+  auto started = crun::BackgroundStoreServer::Start(o);
+  REQUIRE(started.ok());
+  late = std::move(started).value();
+  t.join();
+  CHECK(connected.load());
+}
+
+TEST_CASE("client: bad options and unresolvable hosts are named", "[client]") {
+  crun::TcpStoreClientOptions o;
+  o.port = 0;
+  CHECK_THAT(crun::TcpStoreClient::Connect(o).status().message(), Catch::Contains("port 0"));
+  o.port = 1;
+  o.host = "no-such-host.invalid";
+  o.connect_timeout = 50ms;
+  auto r = crun::TcpStoreClient::Connect(o);
+  REQUIRE_FALSE(r.ok());
+  CHECK_THAT(r.status().message(), Catch::Contains("no-such-host.invalid"));
+}
+
+TEST_CASE("client: a store that goes away breaks the client with a clear error", "[client]") {
+  auto server = StartServer();
+  auto c = ConnectClient(server->port());
+  REQUIRE(c->Set("/k", "v").ok());
+  const auto port = server->port();
+  server.reset();
+  auto r = c->Add("/k2", 1);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(r.status().message(), Catch::Contains("127.0.0.1:" + std::to_string(port)));
+  auto again = c->Get("/k");
+  CHECK_THAT(again.status().message(), Catch::Contains("unusable after an earlier failure"));
+}
