@@ -24,23 +24,24 @@ int RunStore(const StoreCommandOptions& options) {
   SetUpLogging("store", options.log_level);
   const auto descriptors = RaiseDescriptorLimit();
   boost::asio::io_context io;
+  // Signals are caught from before the address is announced: whoever read it may stop us.
+  std::signal(SIGPIPE, SIG_IGN);
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
   auto server = StoreServer::Start(io, options.server);
   if (!server.ok()) {
     spdlog::error("{}", server.status().message());
     return 1;
   }
+  signals.async_wait([&](const boost::system::error_code& ec, int signo) {
+    if (ec) return;
+    spdlog::info("{}: stopping on {}", (*server)->endpoint(),
+                 signo == SIGINT ? "SIGINT" : "SIGTERM");
+    (*server)->Stop();
+  });
   // The one line scripts read to learn the port (useful with --port 0).
   std::printf("crun store listening on %s\n", (*server)->endpoint().c_str());
   std::fflush(stdout);
   spdlog::debug("descriptor limit {}", descriptors);
-
-  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-  signals.async_wait([&](const boost::system::error_code& ec, int signo) {
-    if (ec) return;
-    spdlog::info("{}: stopping on {}", (*server)->endpoint(), signo == SIGINT ? "SIGINT" : "SIGTERM");
-    (*server)->Stop();
-  });
-  std::signal(SIGPIPE, SIG_IGN);
   io.run();
   const auto stats = (*server)->stats();
   spdlog::info("{}: stopped after {} connections ({} refused, {} closed for protocol errors), {} "

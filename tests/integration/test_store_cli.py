@@ -1,0 +1,111 @@
+"""`crun store` as an operator meets it: flags, errors, signals, what is left behind."""
+import os
+import select
+import signal
+import socket
+import struct
+import subprocess
+import unittest
+
+CRUN = os.environ["CRUN_BIN"]
+MAGIC = struct.pack("<I", 0x3C85F7CE)
+
+
+def start(*args):
+    proc = subprocess.Popen([CRUN, "store", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    ready, _, _ = select.select([proc.stdout], [], [], 30)
+    if not ready:
+        proc.kill()
+        raise AssertionError("no address printed within 30 s")
+    line = proc.stdout.readline().decode()
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+def finish(proc, timeout=30):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc.returncode, out.decode(), err.decode()
+
+
+def add(sock, key, delta):
+    k = key.encode()
+    sock.sendall(b"\x04" + struct.pack("<Q", len(k)) + k + struct.pack("<q", delta))
+    data = b""
+    while len(data) < 8:
+        chunk = sock.recv(8 - len(data))
+        if not chunk:
+            raise AssertionError("connection closed")
+        data += chunk
+    return struct.unpack("<q", data)[0]
+
+
+class StoreCli(unittest.TestCase):
+    def test_bad_flags_name_the_value_and_fail(self):
+        for args, needle in [(["--port", "70000"], "70000"),
+                             (["--port", "abc"], "abc"),
+                             (["--log-level", "loud"], "loud"),
+                             (["--max-key-bytes", "0"], "0"),
+                             (["--no-such-flag"], "--no-such-flag")]:
+            with self.subTest(args=args):
+                r = subprocess.run([CRUN, "store", *args], capture_output=True, text=True,
+                                   timeout=30)
+                self.assertNotEqual(r.returncode, 0)
+                self.assertIn(needle, r.stderr + r.stdout)
+
+    def test_port_in_use_is_named(self):
+        first, port = start("--host", "127.0.0.1", "--port", "0")
+        try:
+            r = subprocess.run([CRUN, "store", "--host", "127.0.0.1", "--port", str(port)],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn(f"127.0.0.1:{port}", r.stderr)
+            self.assertIn("in use", r.stderr)
+        finally:
+            first.send_signal(signal.SIGTERM)
+            finish(first)
+
+    def test_unresolvable_bind_host_is_named(self):
+        r = subprocess.run([CRUN, "store", "--host", "no-such-host.invalid", "--port", "0"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no-such-host.invalid", r.stderr)
+
+    def test_sigint_and_sigterm_stop_cleanly_with_clients_attached(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with self.subTest(signal=sig.name):
+                proc, port = start("--host", "127.0.0.1", "--port", "0")
+                clients = [socket.create_connection(("127.0.0.1", port), timeout=10)
+                           for _ in range(5)]
+                for c in clients:
+                    c.sendall(b"\x00" + MAGIC)
+                    self.assertEqual(add(c, "n", 1) > 0, True)
+                # One client is blocked in a WAIT when the signal arrives.
+                k = b"/never"
+                clients[0].sendall(b"\x06" + struct.pack("<Q", 1) + struct.pack("<Q", len(k)) + k)
+                proc.send_signal(sig)
+                rc, _, err = finish(proc)
+                self.assertEqual(rc, 0, err)
+                self.assertIn(sig.name, err)
+                for c in clients:
+                    c.settimeout(10)
+                    self.assertEqual(c.recv(1), b"")  # closed, not hung
+                    c.close()
+                # The port is free again: nothing was left running.
+                again, _ = start("--host", "127.0.0.1", "--port", str(port))
+                again.send_signal(signal.SIGTERM)
+                self.assertEqual(finish(again)[0], 0)
+
+    def test_help_lists_the_limits(self):
+        r = subprocess.run([CRUN, "store", "--help"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0)
+        for flag in ["--host", "--port", "--max-connections", "--max-value-bytes", "--backlog"]:
+            self.assertIn(flag, r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
