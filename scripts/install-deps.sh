@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs crun's build and test dependencies, all from Debian 12 packages. Idempotent.
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends \
+  build-essential cmake ninja-build ccache pkg-config \
+  libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
+  libspdlog-dev libcli11-dev nlohmann-json3-dev catch2 \
+  python3 python3-venv python3-torch \
+  iproute2 procps

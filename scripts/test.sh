@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs everything, builds, and runs every test (unit, integration, PyTorch 1.13 and 2.x
+# compatibility). Ends with ctest's summary line; fails when a test fails or none ran.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+TORCH2_PYTHON="$(bash scripts/setup-torch2.sh)"
+bash scripts/build.sh -DCRUN_TORCH2_PYTHON="$TORCH2_PYTHON"
+ctest --test-dir build --output-on-failure --no-tests=error -j2
