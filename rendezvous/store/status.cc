@@ -13,7 +13,6 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kUnavailable: return "unavailable";
     case StatusCode::kProtocol: return "protocol error";
     case StatusCode::kResourceExhausted: return "resource exhausted";
-    case StatusCode::kCancelled: return "cancelled";
     case StatusCode::kInternal: return "internal error";
   }
   return "unknown";

@@ -23,7 +23,6 @@ enum class StatusCode {
   kUnavailable,        // the peer cannot be reached or the connection broke
   kProtocol,           // the peer sent bytes that break the wire protocol
   kResourceExhausted,  // a configured limit was hit
-  kCancelled,          // the operation was cancelled on purpose
   kInternal,           // an unexpected error from the OS or a library
 };
 
@@ -53,7 +52,6 @@ inline Status TimeoutError(std::string m) { return {StatusCode::kTimeout, std::m
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status ProtocolError(std::string m) { return {StatusCode::kProtocol, std::move(m)}; }
 inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
-inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
 inline Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
 // errno -> Status, wrapped once here: "connect to 10.0.0.5:29500: Connection refused".

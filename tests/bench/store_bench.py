@@ -1,0 +1,281 @@
+"""Store benchmark: crun's store against PyTorch's servers, in the same run, with one load
+generator (store_loadgen). Writes docs/benchmarks.md.
+
+Servers: `crun store`; PyTorch 1.13's classic server (Debian python3-torch); PyTorch 2.x's
+libuv server (PyPI; the default since 2.4) and, for reference, 2.x's classic server.
+crun is driven in the 2.x dialect against the 2.x servers and in the 1.13 dialect against
+the 1.13 server, so every comparison uses the same bytes on the wire.
+
+Usage: store_bench.py --crun BIN --loadgen BIN --torch2-python PY [--quick] [--out FILE]
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import select
+import subprocess
+import sys
+import time
+
+SERVER_SCRIPT = r"""
+import datetime, sys, torch.distributed as d
+kw = {}
+if sys.argv[1] != "default":
+    kw["use_libuv"] = sys.argv[1] == "libuv"
+s = d.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=3600),
+               wait_for_workers=False, **kw)
+print("listening on 127.0.0.1:%d" % s.port, flush=True)
+sys.stdin.read()
+"""
+
+
+class Server:
+    def __init__(self, name, cmd, dialect):
+        self.name, self.dialect = name, dialect
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+        ready, _, _ = select.select([self.proc.stdout], [], [], 120)
+        if not ready:
+            self.proc.kill()
+            raise RuntimeError(f"{name}: no address within 120 s")
+        line = self.proc.stdout.readline().decode()
+        if "listening on" not in line:
+            raise RuntimeError(f"{name}: unexpected output {line!r}: "
+                               f"{self.proc.stderr.read().decode()[-2000:]}")
+        self.port = int(line.rsplit(":", 1)[1])
+
+    def rss_kib(self):
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_server(kind, args):
+    if kind == "crun-2x":
+        return Server("crun (2.x dialect)", [args.crun, "store", "--host", "127.0.0.1", "--port",
+                                              "0", "--log-level", "error"], "modern")
+    if kind == "crun-1.13":
+        return Server("crun (1.13 dialect)", [args.crun, "store", "--host", "127.0.0.1",
+                                               "--port", "0", "--log-level", "error"], "legacy")
+    if kind == "torch2-libuv":
+        return Server("PyTorch 2.x libuv", [args.torch2_python, "-c", SERVER_SCRIPT, "libuv"],
+                      "modern")
+    if kind == "torch2-classic":
+        return Server("PyTorch 2.x classic", [args.torch2_python, "-c", SERVER_SCRIPT,
+                                               "classic"], "modern")
+    if kind == "torch1.13":
+        return Server("PyTorch 1.13 classic", [args.torch1_python, "-c", SERVER_SCRIPT,
+                                                "default"], "legacy")
+    raise ValueError(kind)
+
+
+def loadgen(args, server, op, clients):
+    cmd = [args.loadgen, "--port", str(server.port), "--dialect", server.dialect, "--op", op,
+           "--clients", str(clients), "--warmup-ms", str(args.warmup_ms),
+           "--duration-ms", str(args.duration_ms)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        return {"error": (r.stderr.strip() or f"exit {r.returncode}")[-300:]}
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def storm(args, server, total, processes):
+    """`total` connections at once from `processes` generators, each from its own 127.0.0.x
+    source address. Returns the generators' reports and the server's RSS while they hold."""
+    per = total // processes
+    idle = server.rss_kib()
+    gens = []
+    t0 = time.monotonic()
+    for p in range(processes):
+        cmd = [args.loadgen, "--port", str(server.port), "--dialect", server.dialect,
+               "--storm", str(per), "--storm-timeout-ms", str(args.storm_timeout_ms),
+               "--source", f"127.0.0.{p + 2}"]
+        gens.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True))
+    reports = []
+    for g in gens:
+        line = g.stdout.readline()
+        try:
+            reports.append(json.loads(line))
+        except json.JSONDecodeError:
+            reports.append({"error": line + g.stderr.read()[-300:]})
+    wall = time.monotonic() - t0
+    held_rss = server.rss_kib() if server.alive() else 0
+    alive = server.alive()
+    for g in gens:
+        try:
+            g.stdin.close()
+            g.wait(timeout=60)
+        except Exception:
+            g.kill()
+    held = sum(r.get("held", 0) for r in reports)
+    refused = sum(r.get("refused", 0) for r in reports)
+    pending = sum(r.get("pending", 0) for r in reports)
+    slowest = max((r.get("seconds", 0) for r in reports), default=0)
+    return {"attempted": per * processes, "held": held, "refused": refused, "pending": pending,
+            "seconds": slowest, "wall": wall, "idle_kib": idle, "held_kib": held_rss,
+            "server_alive": alive}
+
+
+def fmt_rate(r):
+    if "error" in r:
+        return "failed: " + r["error"].splitlines()[-1][:60]
+    return f"{r['ops_per_s']:,.0f} ({r['p50_us']:.0f}/{r['p99_us']:.0f} µs)"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--crun", required=True)
+    ap.add_argument("--loadgen", required=True)
+    ap.add_argument("--torch1-python", default="/usr/bin/python3")
+    ap.add_argument("--torch2-python", required=True)
+    ap.add_argument("--out", default="docs/benchmarks.md")
+    ap.add_argument("--quick", action="store_true", help="short runs, small storm (smoke test)")
+    args = ap.parse_args()
+    args.warmup_ms = 100 if args.quick else 500
+    args.duration_ms = 300 if args.quick else 3000
+    args.storm_timeout_ms = 20000 if args.quick else 90000
+    clients = [1, 8] if args.quick else [1, 64, 1000]
+    storm_total = 400 if args.quick else 20000
+    ops = ["set", "get", "add", "wait"]
+
+    versions = {}
+    for name, py in [("torch1", args.torch1_python), ("torch2", args.torch2_python)]:
+        versions[name] = subprocess.run(
+            [py, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+            text=True, timeout=120).stdout.strip().splitlines()[-1]
+
+    groups = [("2.x wire dialect", ["crun-2x", "torch2-libuv", "torch2-classic"]),
+              ("1.13 wire dialect", ["crun-1.13", "torch1.13"])]
+    results = {}
+    storms = {}
+    names = {}
+    for _, kinds in groups:
+        for kind in kinds:
+            server = start_server(kind, args)
+            names[kind] = server.name
+            print(f"== {server.name} on port {server.port}", file=sys.stderr)
+            for op in ops:
+                for n in clients:
+                    r = loadgen(args, server, op, n)
+                    results[(kind, op, n)] = r
+                    print(f"   {op:4} x{n:<5} {fmt_rate(r)}", file=sys.stderr)
+                    if not server.alive():
+                        break
+            server.stop()
+            # The storm gets a fresh server: its memory then reflects connections only.
+            server = start_server(kind, args)
+            s = storm(args, server, storm_total, 4)
+            storms[kind] = s
+            print(f"   storm {s}", file=sys.stderr)
+            server.stop()
+
+    write_report(args, versions, groups, names, results, storms, clients, ops, storm_total)
+
+
+def write_report(args, versions, groups, names, results, storms, clients, ops, storm_total):
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    lines = []
+    w = lines.append
+    w("# Benchmarks")
+    w("")
+    w("Generated by `tests/bench/store_bench.py` (see *How to reproduce*); do not edit by hand.")
+    w("")
+    w(f"Run on {datetime.date.today()}: {os.cpu_count()} cores ({cpu}), Linux "
+      f"{platform.release()}, PyTorch {versions['torch1']} (Debian) and {versions['torch2']} "
+      f"(PyPI). The load generator and the server share the machine's cores, for every server "
+      f"alike.{' QUICK MODE: short runs, not for quoting.' if args.quick else ''}")
+    w("")
+    w("## Store throughput and latency")
+    w("")
+    w("Closed loop: every connection keeps one operation in flight, as a c10d client does. Cells "
+      "are operations/s with (p50/p99 latency). `set` is SET followed by CHECK (SET has no reply); "
+      "`get` is a plain GET; `add` is ADD 1; `wait` is wait/wake: a waiter registers a WAIT, its "
+      "partner connection then SETs the key, and the latency runs from that SET to the "
+      "waiter's wake-up (clients = pairs, so 1,000 means 2,000 connections). "
+      f"{args.duration_ms / 1000:g} s measured after {args.warmup_ms} ms of warm-up.")
+    for title, kinds in groups:
+        w("")
+        w(f"### {title}")
+        w("")
+        header = "| op | clients | " + " | ".join(names[k] for k in kinds) + " | crun / " + \
+                 names[kinds[1]] + " |"
+        w(header)
+        w("|" + "---|" * (len(kinds) + 3))
+        for op in ops:
+            for n in clients:
+                cells = [fmt_rate(results.get((k, op, n), {"error": "not run"})) for k in kinds]
+                a = results.get((kinds[0], op, n), {})
+                b = results.get((kinds[1], op, n), {})
+                ratio = (f"{a['ops_per_s'] / b['ops_per_s']:.2f}×"
+                         if a.get("ops_per_s") and b.get("ops_per_s") else "–")
+                w(f"| {op} | {n:,} | " + " | ".join(cells) + f" | {ratio} |")
+    w("")
+    w("## Connection storm and memory")
+    w("")
+    w(f"{storm_total:,} connections opened at once by 4 generator processes (each from its own "
+      "127.0.0.x source address), each doing one request round trip (2.x: VALIDATE + PING; "
+      "1.13: GETNUMKEYS). Each server runs as its own process with a descriptor limit of "
+      f"{soft_nofile()} (RLIMIT_NOFILE). *held*: connections served; *refused*: closed by the "
+      "server; *pending*: neither within the time limit. Memory is the server's RSS while "
+      "holding them, minus its idle RSS; the 100,000-connection column projects that per-"
+      "connection cost.")
+    w("")
+    w("| server | held | refused | pending | time to resolve all | idle RSS | RSS holding | "
+      "per connection | 100,000 connections |")
+    w("|---|---|---|---|---|---|---|---|---|")
+    for _, kinds in groups:
+        for k in kinds:
+            s = storms[k]
+            per = ((s["held_kib"] - s["idle_kib"]) * 1024 / s["held"]) if s["held"] and \
+                s["held_kib"] else 0
+            proj = (s["idle_kib"] * 1024 + per * 100000) / 2**20 if per else 0
+            note = "" if s["server_alive"] else " (server died)"
+            w(f"| {names[k]}{note} | {s['held']:,} | {s['refused']:,} | {s['pending']:,} | "
+              f"{s['seconds']:.2f} s | {s['idle_kib'] / 1024:.1f} MiB | "
+              f"{s['held_kib'] / 1024:.1f} MiB | {per:,.0f} B | {proj:,.0f} MiB |")
+    w("")
+    w("## How to reproduce")
+    w("")
+    w("```sh")
+    w("bash scripts/build.sh")
+    w("python3 tests/bench/store_bench.py --crun build/launcher/crun \\")
+    w("    --loadgen build/tests/bench/store_loadgen \\")
+    w("    --torch2-python \"$(bash scripts/setup-torch2.sh)\"")
+    w("```")
+    w("")
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines))
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+def soft_nofile():
+    import resource
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+if __name__ == "__main__":
+    main()
