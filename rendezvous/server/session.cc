@@ -53,10 +53,14 @@ void Session::OnReadable(const boost::system::error_code& ec) {
     if (ec != asio::error::operation_aborted) Close();
     return;
   }
-  for (int i = 0; i < kReadsPerWake && !closed_; ++i) {
+  bool drained = false;
+  for (int i = 0; i < kReadsPerWake && !closed_ && !drained; ++i) {
     boost::system::error_code rec;
     const std::size_t n = socket_.read_some(asio::buffer(shared_->read_buffer), rec);
-    if (rec == asio::error::would_block || rec == asio::error::try_again) break;
+    if (rec == asio::error::would_block || rec == asio::error::try_again) {
+      drained = true;
+      break;
+    }
     if (rec) {
       // EOF or reset: the client went away. Its pending waits go with it.
       if (rec != asio::error::eof && rec != asio::error::connection_reset) {
@@ -75,15 +79,27 @@ void Session::OnReadable(const boost::system::error_code& ec) {
       return;
     }
     if (result == wire::RequestParser::Result::kStopped) return;  // Handle closed it
-    if (n < shared_->read_buffer.size()) break;  // drained the socket
+    drained = n < shared_->read_buffer.size();  // a short read emptied the socket
   }
   Flush();
   if (closed_) return;
   if (pending_output() > kOutputHighWater) {
-    read_paused_ = true;  // resumed by OnWritten once the client reads its replies
-  } else {
+    // Resumed by OnWritten once the client reads its replies.
+    read_paused_ = true;
+    shared_->read_pauses.fetch_add(1, std::memory_order_relaxed);
+  } else if (drained) {
     ArmRead();
+  } else {
+    ContinueReading();  // the budget ran out with bytes left: no new edge will announce them
   }
+}
+
+// Reads again without waiting for readiness. Asio queues a wait without checking readiness it
+// already saw (edge-triggered epoll), so after a pause or a spent read budget, bytes that
+// arrived meanwhile would never be announced: read them speculatively instead.
+void Session::ContinueReading() {
+  asio::post(socket_.get_executor(),
+             [self = shared_from_this()] { self->OnReadable(boost::system::error_code()); });
 }
 
 bool Session::Handle(wire::Request& r) {
@@ -246,7 +262,7 @@ void Session::OnWritten(const boost::system::error_code& ec) {
   Flush();
   if (read_paused_ && !closed_ && pending_output() <= kOutputHighWater) {
     read_paused_ = false;
-    ArmRead();
+    ContinueReading();
   }
 }
 

@@ -1,5 +1,8 @@
 // One client connection of a StoreServer (internal to crun_server).
 //
+// Threading: a session runs on its server's single-threaded event loop. That is what makes
+// re-arming a wait at the end of a handler safe: no epoll_wait runs in between.
+//
 // Reads are reactor-style: the session waits for readability and then reads into the
 // server-wide buffer, so an idle connection holds no read buffer. Replies are written directly
 // when the socket accepts them and queued otherwise (one write in flight); a client that does
@@ -32,6 +35,7 @@ struct ServerShared {
   std::atomic<std::uint64_t> open{0};
   std::atomic<std::uint64_t> protocol_errors{0};
   std::atomic<std::uint64_t> requests{0};
+  std::atomic<std::uint64_t> read_pauses{0};
   // Called once per session when it closes.
   std::function<void(Session*)> on_close;
 };
@@ -49,6 +53,7 @@ class Session final : public std::enable_shared_from_this<Session>, public Store
 
  private:
   void ArmRead();
+  void ContinueReading();
   void OnReadable(const boost::system::error_code& ec);
   // Handles one request; false when the connection must close (already logged).
   bool Handle(wire::Request& request);

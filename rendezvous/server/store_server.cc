@@ -120,6 +120,7 @@ class AsioStoreServer final : public StoreServer {
     s.requests = shared_.requests.load(std::memory_order_relaxed);
     s.pending_waits = shared_.state.pending_waits();
     s.stored_bytes = shared_.state.bytes();
+    s.read_pauses = shared_.read_pauses.load(std::memory_order_relaxed);
     return s;
   }
 

@@ -48,6 +48,7 @@ struct StoreServerStats {
   std::uint64_t requests = 0;
   std::uint64_t pending_waits = 0;    // WAITs and BARRIERs not answered yet
   std::uint64_t stored_bytes = 0;     // keys plus values held
+  std::uint64_t read_pauses = 0;      // times a client's unread replies stopped its reads
 };
 
 class StoreServer {

@@ -6,6 +6,12 @@ libuv server (PyPI; the default since 2.4) and, for reference, 2.x's classic ser
 crun is driven in the 2.x dialect against the 2.x servers and in the 1.13 dialect against
 the 1.13 server, so every comparison uses the same bytes on the wire.
 
+Everything runs inside a private network namespace with only loopback (created and removed
+by this script; needs root). Outside one, on a host whose DNS resolver does not answer,
+PyTorch 2.x's servers stall: they reverse-resolve every accepted peer address on the serving
+thread (seen here with gdb: `res_context_query("1.0.0.127.in-addr.arpa")`, 5 s each), which
+would measure the resolver, not the store. `--no-netns` runs on the host anyway.
+
 Usage: store_bench.py --crun BIN --loadgen BIN --torch2-python PY [--quick] [--out FILE]
 """
 import argparse
@@ -138,8 +144,24 @@ def fmt_rate(r):
     return f"{r['ops_per_s']:,.0f} ({r['p50_us']:.0f}/{r['p99_us']:.0f} µs)"
 
 
+def in_private_netns(argv):
+    """Re-runs this script inside a fresh network namespace; returns its exit code."""
+    ns = f"crun-bench-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
+        env = dict(os.environ, CRUN_BENCH_IN_NETNS=ns)
+        return subprocess.run(["ip", "netns", "exec", ns, sys.executable, *argv],
+                              env=env).returncode
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
 def main():
+    if "--no-netns" not in sys.argv and "CRUN_BENCH_IN_NETNS" not in os.environ:
+        sys.exit(in_private_netns([os.path.abspath(__file__), *sys.argv[1:]]))
     ap = argparse.ArgumentParser()
+    ap.add_argument("--no-netns", action="store_true", help="run on the host's network")
     ap.add_argument("--crun", required=True)
     ap.add_argument("--loadgen", required=True)
     ap.add_argument("--torch1-python", default="/usr/bin/python3")
@@ -207,7 +229,8 @@ def write_report(args, versions, groups, names, results, storms, clients, ops, s
     w(f"Run on {datetime.date.today()}: {os.cpu_count()} cores ({cpu}), Linux "
       f"{platform.release()}, PyTorch {versions['torch1']} (Debian) and {versions['torch2']} "
       f"(PyPI). The load generator and the server share the machine's cores, for every server "
-      f"alike.{' QUICK MODE: short runs, not for quoting.' if args.quick else ''}")
+      f"alike. Servers and load generators run in a private network namespace (loopback only)."
+      f"{' QUICK MODE: short runs, not for quoting.' if args.quick else ''}")
     w("")
     w("## Store throughput and latency")
     w("")

@@ -243,7 +243,7 @@ class LoadGen {
       crun::wire::EncodeRequest(o_.dialect, Make(Command::kGet, {Key(i)}), &c.out);
       c.expect.push_back({Reply::kBytes, 0, true});
     } else if (o_.op == "add") {
-      crun::wire::EncodeRequest(o_.dialect, Make(Command::kAdd, {Key(i)}, 1), &c.out);
+      crun::wire::EncodeRequest(o_.dialect, Make(Command::kAdd, {"/bench/n" + std::to_string(i)}, 1), &c.out);
       c.expect.push_back({Reply::kFixed, 8, true});
     } else {  // wait: this is the waiter
       const std::string key = "/bench/w" + std::to_string(i) + "/" + std::to_string(c.seq);

@@ -242,16 +242,45 @@ TEST_CASE("connections past the limit are refused cleanly and counted", "[server
   CHECK(*again->Get("k") == "v");
 }
 
-TEST_CASE("a client that never reads its replies is throttled, others are not", "[server]") {
+TEST_CASE("a client that stops reading is throttled, others are not, and it resumes", "[server]") {
   auto server = StartServer();
   auto c = ConnectClient(server->port());
-  REQUIRE(c->Set("/big", std::string(1 << 20, 'b')).ok());
+  const std::string big(1 << 20, 'b');
+  REQUIRE(c->Set("/big", big).ok());
+  REQUIRE(c->Get("/big").ok());  // stored before the hog asks for it
   RawClient hog("127.0.0.1", server->port());
   hog.Validate();
   std::string burst;
-  for (int i = 0; i < 64; ++i) crun::wire::EncodeRequest(Dialect::kModern, Req(Command::kGet, {"/big"}), &burst);
-  hog.Send(burst);  // 64 MiB of replies that nobody reads
+  for (int i = 0; i < 64; ++i) {
+    crun::wire::EncodeRequest(Dialect::kModern, Req(Command::kGet, {"/big"}), &burst);
+  }
+  hog.Send(burst);  // 64 MiB of replies that nobody reads yet
+  REQUIRE(Eventually([&] { return server->stats().read_pauses >= 1; }));
   for (int i = 0; i < 100; ++i) REQUIRE(*c->Add("/n", 1) == i + 1);
+  // Sent while the server is not reading from the hog: it must still be seen once the hog
+  // drains its replies, although no new data arrives to announce it.
+  std::string late;
+  crun::wire::EncodeRequest(Dialect::kModern, Req(Command::kAdd, {"/n"}, 1000), &late);
+  hog.Send(late);
+  for (int i = 0; i < 64; ++i) REQUIRE(hog.ReadBytes() == big);
+  CHECK(hog.ReadI64() == 1100);
+  hog.ExpectInSync();
+}
+
+TEST_CASE("a burst larger than one read budget is served without further data", "[server]") {
+  auto server = StartServer();
+  RawClient c("127.0.0.1", server->port());
+  c.Validate();
+  // ~1 MiB of small requests at once: more than the session reads per wake-up.
+  std::string burst;
+  constexpr int kRequests = 40000;
+  for (int i = 0; i < kRequests; ++i) {
+    crun::wire::EncodeRequest(Dialect::kModern, Req(Command::kAdd, {"/count"}, 1), &burst);
+  }
+  REQUIRE(burst.size() > 4 * 64 * 1024);
+  c.Send(burst);
+  for (int i = 1; i <= kRequests; ++i) REQUIRE(c.ReadI64() == i);
+  c.ExpectInSync();
 }
 
 TEST_CASE("several store instances in one process are independent", "[server]") {
