@@ -58,6 +58,13 @@ class Server:
                     return int(line.split()[1])
         return 0
 
+    def cpu_seconds(self):
+        """(user, system) CPU time the server process has used so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        tick = os.sysconf("SC_CLK_TCK")
+        return int(fields[11]) / tick, int(fields[12]) / tick
+
     def alive(self):
         return self.proc.poll() is None
 
@@ -94,10 +101,17 @@ def loadgen(args, server, op, clients):
     cmd = [args.loadgen, "--port", str(server.port), "--dialect", server.dialect, "--op", op,
            "--clients", str(clients), "--warmup-ms", str(args.warmup_ms),
            "--duration-ms", str(args.duration_ms)]
+    user0, sys0 = server.cpu_seconds()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    user1, sys1 = server.cpu_seconds()
     if r.returncode != 0:
         return {"error": (r.stderr.strip() or f"exit {r.returncode}")[-300:]}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    # Server CPU per operation over the whole run (warm-up included, so all its operations).
+    n = out.get("total_ops") or 1
+    out["user_us_per_op"] = (user1 - user0) * 1e6 / n
+    out["cpu_us_per_op"] = ((user1 - user0) + (sys1 - sys0)) * 1e6 / n
+    return out
 
 
 def storm(args, server, total, processes):
@@ -141,7 +155,8 @@ def storm(args, server, total, processes):
 def fmt_rate(r):
     if "error" in r:
         return "failed: " + r["error"].splitlines()[-1][:60]
-    return f"{r['ops_per_s']:,.0f} ({r['p50_us']:.0f}/{r['p99_us']:.0f} µs)"
+    return (f"{r['ops_per_s']:,.0f} ({r['p50_us']:.0f}/{r['p99_us']:.0f} µs; "
+            f"{r['cpu_us_per_op']:.1f}/{r['user_us_per_op']:.2f} µs)")
 
 
 def in_private_netns(argv):
@@ -168,6 +183,11 @@ def main():
     ap.add_argument("--torch2-python", required=True)
     ap.add_argument("--out", default="docs/benchmarks.md")
     ap.add_argument("--quick", action="store_true", help="short runs, small storm (smoke test)")
+    ap.add_argument("--servers", help="comma-separated subset: crun-2x,torch2-libuv,"
+                                      "torch2-classic,crun-1.13,torch1.13")
+    ap.add_argument("--ops", help="comma-separated subset of set,get,add,wait")
+    ap.add_argument("--clients", help="comma-separated client counts")
+    ap.add_argument("--no-storm", action="store_true")
     args = ap.parse_args()
     args.warmup_ms = 100 if args.quick else 500
     args.duration_ms = 300 if args.quick else 3000
@@ -175,6 +195,10 @@ def main():
     clients = [1, 8] if args.quick else [1, 64, 1000]
     storm_total = 400 if args.quick else 20000
     ops = ["set", "get", "add", "wait"]
+    if args.ops:
+        ops = args.ops.split(",")
+    if args.clients:
+        clients = [int(c) for c in args.clients.split(",")]
 
     versions = {}
     for name, py in [("torch1", args.torch1_python), ("torch2", args.torch2_python)]:
@@ -184,6 +208,10 @@ def main():
 
     groups = [("2.x wire dialect", ["crun-2x", "torch2-libuv", "torch2-classic"]),
               ("1.13 wire dialect", ["crun-1.13", "torch1.13"])]
+    if args.servers:
+        # A partial run prints its numbers and leaves docs/benchmarks.md alone.
+        groups = [(t, [k for k in kinds if k in args.servers.split(",")]) for t, kinds in groups]
+        groups = [(t, kinds) for t, kinds in groups if kinds]
     results = {}
     storms = {}
     names = {}
@@ -200,6 +228,8 @@ def main():
                     if not server.alive():
                         break
             server.stop()
+            if args.no_storm:
+                continue
             # The storm gets a fresh server: its memory then reflects connections only.
             server = start_server(kind, args)
             s = storm(args, server, storm_total, 4)
@@ -207,6 +237,9 @@ def main():
             print(f"   storm {s}", file=sys.stderr)
             server.stop()
 
+    if args.servers or args.ops or args.clients or args.no_storm:
+        print("partial run: docs not written", file=sys.stderr)
+        return
     write_report(args, versions, groups, names, results, storms, clients, ops, storm_total)
 
 
@@ -235,7 +268,8 @@ def write_report(args, versions, groups, names, results, storms, clients, ops, s
     w("## Store throughput and latency")
     w("")
     w("Closed loop: every connection keeps one operation in flight, as a c10d client does. Cells "
-      "are operations/s with (p50/p99 latency). `set` is SET followed by CHECK (SET has no reply); "
+      "are operations/s with (p50/p99 latency; the server's CPU time per operation: all / "
+      "user space only, from /proc/PID/stat). `set` is SET followed by CHECK (SET has no reply); "
       "`get` is a plain GET; `add` is ADD 1; `wait` is wait/wake: a waiter registers a WAIT, its "
       "partner connection then SETs the key, and the latency runs from that SET to the "
       "waiter's wake-up (clients = pairs, so 1,000 means 2,000 connections). "

@@ -344,6 +344,7 @@ class LoadGen {
         continue;
       }
       if (e.ends_op) {
+        ++total_ops_;
         const auto now = Clock::now();
         if (now >= measure_from_ && now < measure_to_) {
           ++ops_;
@@ -401,9 +402,10 @@ class LoadGen {
     };
     const double seconds = o_.duration_ms / 1000.0;
     std::printf(
-        "{\"mode\":\"load\",\"op\":\"%s\",\"clients\":%d,\"ops\":%llu,\"ops_per_s\":%.1f,"
-        "\"p50_us\":%.0f,\"p99_us\":%.0f}\n",
+        "{\"mode\":\"load\",\"op\":\"%s\",\"clients\":%d,\"ops\":%llu,\"total_ops\":%llu,"
+        "\"ops_per_s\":%.1f,\"p50_us\":%.0f,\"p99_us\":%.0f}\n",
         o_.op.c_str(), o_.clients, static_cast<unsigned long long>(ops_),
+        static_cast<unsigned long long>(total_ops_),
         static_cast<double>(ops_) / seconds, pct(0.50), pct(0.99));
   }
 
@@ -413,6 +415,7 @@ class LoadGen {
   std::vector<Conn> conns_;
   Clock::time_point measure_from_, measure_to_;
   std::uint64_t ops_ = 0;
+  std::uint64_t total_ops_ = 0;  // warm-up included
   std::vector<std::uint32_t> lat_us_;
   int resolved_ = 0, held_ = 0, refused_ = 0, connect_errors_ = 0;
 };

@@ -1,0 +1,46 @@
+"""Checks that the benchmark's load generator works against `crun store` (counts, not
+timings: benchmarks never fail a build on speed)."""
+import json
+import os
+import select
+import subprocess
+import unittest
+
+CRUN, LOADGEN = os.environ["CRUN_BIN"], os.environ["LOADGEN_BIN"]
+
+
+class LoadgenSmoke(unittest.TestCase):
+    def setUp(self):
+        self.store = subprocess.Popen([CRUN, "store", "--host", "127.0.0.1", "--port", "0",
+                                       "--log-level", "error"], stdout=subprocess.PIPE)
+        ready, _, _ = select.select([self.store.stdout], [], [], 30)
+        self.assertTrue(ready)
+        self.port = self.store.stdout.readline().decode().rsplit(":", 1)[1].strip()
+
+    def tearDown(self):
+        self.store.terminate()
+        self.assertEqual(self.store.wait(timeout=30), 0)
+        self.store.stdout.close()
+
+    def run_gen(self, *args, stdin=None):
+        r = subprocess.run([LOADGEN, "--port", self.port, *args], capture_output=True, text=True,
+                           timeout=120, input=stdin)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout.splitlines()[0])
+
+    def test_every_op_in_both_dialects_completes_operations(self):
+        for dialect in ("modern", "legacy"):
+            for op in ("set", "get", "add", "wait"):
+                with self.subTest(dialect=dialect, op=op):
+                    r = self.run_gen("--dialect", dialect, "--op", op, "--clients", "4",
+                                     "--warmup-ms", "20", "--duration-ms", "200")
+                    self.assertGreater(r["ops"], 0)
+                    self.assertGreaterEqual(r["total_ops"], r["ops"])
+
+    def test_storm_connections_are_all_served(self):
+        r = self.run_gen("--storm", "200", "--source", "127.0.0.2", stdin="")
+        self.assertEqual((r["held"], r["refused"], r["pending"]), (200, 0, 0))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
