@@ -67,7 +67,7 @@ void AddStoreCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   cmd->add_option("--max-connections", s.max_connections,
-                  "Connections held at once; 0 = as many as the descriptor limit allows")
+                  "Connections held at once; 0 = as many as the descriptor limit allows (raised to its hard limit at start)")
       ->capture_default_str();
   cmd->add_option("--backlog", s.backlog, "listen() backlog; 0 = the system maximum")
       ->check(CLI::NonNegativeNumber)

@@ -26,8 +26,6 @@ using asio::ip::tcp;
 using server_detail::ServerShared;
 using server_detail::Session;
 
-// Descriptors kept back for the process itself (logs, the reserve, resolver sockets...).
-constexpr std::size_t kDescriptorReserve = 64;
 // Accepts per readiness event before the loop serves established connections again.
 constexpr int kAcceptsPerWake = 256;
 
@@ -38,10 +36,10 @@ int SystemBacklog() {
   return SOMAXCONN;
 }
 
-std::size_t DescriptorBudget() {
+std::string DescriptorLimit() {
   rlimit rl{};
-  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return 1 << 20;
-  return rl.rlim_cur > kDescriptorReserve ? rl.rlim_cur - kDescriptorReserve : 1;
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return std::to_string(rl.rlim_cur);
 }
 
 StatusOr<asio::ip::address> ResolveBindAddress(asio::io_context& io, const std::string& host) {
@@ -85,12 +83,14 @@ class AsioStoreServer final : public StoreServer {
     ::fcntl(acceptor_.native_handle(), F_SETFD, FD_CLOEXEC);
     port_ = acceptor_.local_endpoint().port();
     endpoint_ = FormatEndpoint(address->to_string(), port_);
-    max_connections_ = options_.max_connections > 0 ? options_.max_connections : DescriptorBudget();
+    max_connections_ = options_.max_connections;
     shared_.name = "store " + endpoint_;
     shared_.on_close = [this](Session* s) { sessions_.erase(s); };
     reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    spdlog::info("{}: listening (backlog {}, up to {} connections)", shared_.name, backlog,
-                 max_connections_);
+    spdlog::info("{}: listening (backlog {}, {} connections, descriptor limit {})", shared_.name,
+                 backlog,
+                 max_connections_ > 0 ? "up to " + std::to_string(max_connections_) : "unlimited",
+                 DescriptorLimit());
     ArmAccept();
     return Status::Ok();
   }
@@ -153,7 +153,7 @@ class AsioStoreServer final : public StoreServer {
         continue;
       }
       accepted_.fetch_add(1, std::memory_order_relaxed);
-      if (sessions_.size() >= max_connections_) {
+      if (max_connections_ > 0 && sessions_.size() >= max_connections_) {
         Refuse(std::move(socket), "connection limit of " + std::to_string(max_connections_));
         continue;
       }

@@ -7,7 +7,8 @@
 // * A connection that breaks the protocol or a limit is logged with its peer address and
 //   closed; the server and every other connection carry on. Past `max_connections`, or at the
 //   process's descriptor limit, new connections are accepted and closed at once (refused
-//   cleanly), and counted.
+//   cleanly), and counted. Peer addresses are only ever formatted numerically: the server
+//   never waits on DNS.
 //
 // Start() and Stop() must run on the io_context's thread (or before it runs);
 // BackgroundStoreServer wraps a server with its own thread for embedding and tests.
@@ -32,7 +33,8 @@ struct StoreServerOptions {
   std::string host = "::";
   std::uint16_t port = 0;  // 0: any free port (read it back with port())
   StoreLimits limits;
-  // 0: as many as the descriptor limit allows (RLIMIT_NOFILE minus a small reserve).
+  // 0: as many as the descriptor limit allows. At the limit, accept() fails and the server
+  // refuses the connection through a descriptor it keeps spare for exactly that.
   std::size_t max_connections = 0;
   // 0: the system maximum (net.core.somaxconn).
   int backlog = 0;
@@ -64,6 +66,7 @@ class StoreServer {
   virtual std::string endpoint() const = 0;
   // Call on the io_context's thread (BackgroundStoreServer::stats() does that for you).
   virtual StoreServerStats stats() const = 0;
+  // 0 when only the descriptor limit bounds the connections.
   virtual std::size_t max_connections() const = 0;
 };
 

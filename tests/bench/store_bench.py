@@ -36,6 +36,9 @@ sys.stdin.read()
 """
 
 
+NOTES_MARKER = "<!-- Analysis: hand-written; store_bench.py keeps everything from here on. -->"
+
+
 class Server:
     def __init__(self, name, cmd, dialect):
         self.name, self.dialect = name, dialect
@@ -324,8 +327,15 @@ def write_report(args, versions, groups, names, results, storms, clients, ops, s
     w("    --torch2-python \"$(bash scripts/setup-torch2.sh)\"")
     w("```")
     w("")
+    # Hand-written analysis below the marker survives regeneration.
+    kept = ""
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            old = f.read()
+        if NOTES_MARKER in old:
+            kept = old[old.index(NOTES_MARKER):]
     with open(args.out, "w") as f:
-        f.write("\n".join(lines))
+        f.write("\n".join(lines) + "\n" + (kept or NOTES_MARKER + "\n"))
     print(f"wrote {args.out}", file=sys.stderr)
 
 

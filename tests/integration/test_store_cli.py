@@ -1,5 +1,6 @@
 """`crun store` as an operator meets it: flags, errors, signals, what is left behind."""
 import os
+import resource
 import select
 import signal
 import socket
@@ -11,9 +12,11 @@ CRUN = os.environ["CRUN_BIN"]
 MAGIC = struct.pack("<I", 0x3C85F7CE)
 
 
-def start(*args):
+def start(*args, nofile=None):
+    limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile \
+        else None
     proc = subprocess.Popen([CRUN, "store", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=limit)
     ready, _, _ = select.select([proc.stdout], [], [], 30)
     if not ready:
         proc.kill()
@@ -42,6 +45,18 @@ def add(sock, key, delta):
             raise AssertionError("connection closed")
         data += chunk
     return struct.unpack("<q", data)[0]
+
+
+def try_round_trip(port):
+    """Connects and does one ADD; returns the socket, or None if the server refused it."""
+    c = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        c.sendall(b"\x00" + MAGIC)
+        add(c, "n", 1)
+        return c
+    except (AssertionError, OSError):
+        c.close()
+        return None
 
 
 class StoreCli(unittest.TestCase):
@@ -99,6 +114,38 @@ class StoreCli(unittest.TestCase):
                 again, _ = start("--host", "127.0.0.1", "--port", str(port))
                 again.send_signal(signal.SIGTERM)
                 self.assertEqual(finish(again)[0], 0)
+
+    def test_descriptor_limit_refuses_cleanly_and_recovers(self):
+        """At RLIMIT_NOFILE the store holds what it can, closes the rest at once (no client
+        left hanging in the backlog), stays up, and serves again when descriptors free up."""
+        proc, port = start("--host", "127.0.0.1", "--port", "0", nofile=64)
+        held, refused = [], 0
+        try:
+            for _ in range(100):
+                c = try_round_trip(port)
+                if c is None:
+                    refused += 1
+                else:
+                    held.append(c)
+            self.assertGreater(len(held), 40)   # most of the 64 descriptors serve clients
+            self.assertEqual(len(held) + refused, 100)
+            for c in held[:10]:
+                c.close()
+            # Freed descriptors are usable again (once the server has seen the closes).
+            for _ in range(100):
+                c = try_round_trip(port)
+                if c is not None:
+                    c.close()
+                    break
+            else:
+                self.fail("no connection served after descriptors were freed")
+        finally:
+            for c in held:
+                c.close()
+            proc.send_signal(signal.SIGTERM)
+            rc, _, err = finish(proc)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("process descriptor limit", err)
 
     def test_help_lists_the_limits(self):
         r = subprocess.run([CRUN, "store", "--help"], capture_output=True, text=True, timeout=30)

@@ -167,6 +167,22 @@ TEST_CASE("a malformed frame closes only its own connection", "[server]") {
   bystander.ExpectInSync();
 }
 
+TEST_CASE("the store byte limit closes only the writer's connection", "[server]") {
+  crun::StoreServerOptions options;
+  options.limits.max_store_bytes = 1000;
+  auto server = StartServer(options);
+  auto ok = ConnectClient(server->port());
+  REQUIRE(ok->Set("/small", std::string(500, 's')).ok());
+  RawClient greedy("127.0.0.1", server->port());
+  greedy.Validate();
+  greedy.SendRequest(Dialect::kModern, Req(Command::kSet, {"/big", std::string(600, 'b')}));
+  CHECK(greedy.ClosedByPeer());
+  CHECK(server->stats().protocol_errors == 1);
+  CHECK(*ok->Get("/small") == std::string(500, 's'));
+  CHECK_FALSE(*ok->Check({"/big"}));
+  CHECK(server->stats().stored_bytes == 6 + 500);
+}
+
 TEST_CASE("a request split into one-byte TCP segments is served", "[server]") {
   auto server = StartServer();
   RawClient c("127.0.0.1", server->port());
