@@ -27,7 +27,7 @@ class Session;
 
 // What the sessions of one server share. Lives on the server's event loop.
 struct ServerShared {
-  ServerShared(const StoreLimits& l) : limits(l), state(l.max_store_bytes) {}  // NOLINT
+  explicit ServerShared(const StoreLimits& l) : limits(l), state(l.max_store_bytes) {}
   StoreLimits limits;
   KvState state;
   std::vector<char> read_buffer = std::vector<char>(64 * 1024);

@@ -247,6 +247,7 @@ StatusOr<std::unique_ptr<BackgroundStoreServer>> BackgroundStoreServer::Start(
 }
 
 StoreServerStats BackgroundStoreServer::stats() {
+  if (io_.stopped()) return server_->stats();  // the loop is gone: nothing else touches it
   std::promise<StoreServerStats> result;
   asio::post(io_, [&] { result.set_value(server_->stats()); });
   return result.get_future().get();

@@ -155,10 +155,25 @@ def storm(args, server, total, processes):
             "server_alive": alive}
 
 
+def median_sample(samples):
+    """The round with the median throughput (its latencies and CPU come with it), plus the
+    spread of throughput across rounds."""
+    good = [r for r in samples if "error" not in r]
+    if not good or len(good) < len(samples):
+        bad = [r for r in samples if "error" in r]
+        return bad[0] if bad else {"error": "not run"}
+    good.sort(key=lambda r: r["ops_per_s"])
+    mid = dict(good[len(good) // 2])
+    lo, hi = good[0]["ops_per_s"], good[-1]["ops_per_s"]
+    mid["spread_pct"] = 100.0 * (hi - lo) / (2 * mid["ops_per_s"]) if mid["ops_per_s"] else 0
+    return mid
+
+
 def fmt_rate(r):
     if "error" in r:
         return "failed: " + r["error"].splitlines()[-1][:60]
-    return (f"{r['ops_per_s']:,.0f} ({r['p50_us']:.0f}/{r['p99_us']:.0f} µs; "
+    spread = f" ±{r['spread_pct']:.0f}%" if "spread_pct" in r else ""
+    return (f"{r['ops_per_s']:,.0f}{spread} ({r['p50_us']:.0f}/{r['p99_us']:.0f} µs; "
             f"{r['cpu_us_per_op']:.1f}/{r['user_us_per_op']:.2f} µs)")
 
 
@@ -192,8 +207,9 @@ def main():
     ap.add_argument("--clients", help="comma-separated client counts")
     ap.add_argument("--no-storm", action="store_true")
     args = ap.parse_args()
-    args.warmup_ms = 100 if args.quick else 500
-    args.duration_ms = 300 if args.quick else 3000
+    args.warmup_ms = 100 if args.quick else 300
+    args.duration_ms = 300 if args.quick else 1500
+    args.rounds = 1 if args.quick else 3
     args.storm_timeout_ms = 20000 if args.quick else 90000
     clients = [1, 8] if args.quick else [1, 64, 1000]
     storm_total = 400 if args.quick else 20000
@@ -219,25 +235,33 @@ def main():
     storms = {}
     names = {}
     for _, kinds in groups:
-        for kind in kinds:
-            server = start_server(kind, args)
-            names[kind] = server.name
+        # All servers of a group run at once (an idle one uses no CPU) and are driven in turn,
+        # round after round, so that drift in the machine's speed hits each of them alike.
+        servers = {k: start_server(k, args) for k in kinds}
+        for k, server in servers.items():
+            names[k] = server.name
             print(f"== {server.name} on port {server.port}", file=sys.stderr)
-            for op in ops:
-                for n in clients:
-                    r = loadgen(args, server, op, n)
-                    results[(kind, op, n)] = r
-                    print(f"   {op:4} x{n:<5} {fmt_rate(r)}", file=sys.stderr)
-                    if not server.alive():
-                        break
+        for op in ops:
+            for n in clients:
+                samples = {k: [] for k in kinds}
+                for _ in range(args.rounds):
+                    for k in kinds:
+                        if servers[k].alive():
+                            samples[k].append(loadgen(args, servers[k], op, n))
+                for k in kinds:
+                    results[(k, op, n)] = median_sample(samples[k])
+                    print(f"   {names[k]:22} {op:4} x{n:<5} {fmt_rate(results[(k, op, n)])}",
+                          file=sys.stderr)
+        for server in servers.values():
             server.stop()
-            if args.no_storm:
-                continue
+        if args.no_storm:
+            continue
+        for kind in kinds:
             # The storm gets a fresh server: its memory then reflects connections only.
             server = start_server(kind, args)
             s = storm(args, server, storm_total, 4)
             storms[kind] = s
-            print(f"   storm {s}", file=sys.stderr)
+            print(f"   {names[kind]} storm {s}", file=sys.stderr)
             server.stop()
 
     if args.servers or args.ops or args.clients or args.no_storm:
@@ -276,7 +300,9 @@ def write_report(args, versions, groups, names, results, storms, clients, ops, s
       "`get` is a plain GET; `add` is ADD 1; `wait` is wait/wake: a waiter registers a WAIT, its "
       "partner connection then SETs the key, and the latency runs from that SET to the "
       "waiter's wake-up (clients = pairs, so 1,000 means 2,000 connections). "
-      f"{args.duration_ms / 1000:g} s measured after {args.warmup_ms} ms of warm-up.")
+      f"Each cell is the median of {args.rounds} rounds of {args.duration_ms / 1000:g} s (after "
+      f"{args.warmup_ms} ms of warm-up), the servers of a table taking turns round by round; "
+      "±x% is half the spread of throughput across the rounds.")
     for title, kinds in groups:
         w("")
         w(f"### {title}")
