@@ -41,44 +41,51 @@ std::string Session::Peer() const {
 }
 
 void Session::ArmRead() {
-  socket_.async_wait(asio::ip::tcp::socket::wait_read,
-                     [self = shared_from_this()](const boost::system::error_code& ec) {
-                       self->OnReadable(ec);
-                     });
+  // A read (not a readiness wait): Asio re-registers interest with epoll_ctl for every wait,
+  // but not for reads, so this costs no system call until data arrives.
+  socket_.async_read_some(asio::buffer(inline_buffer_),
+                          [self = shared_from_this()](const boost::system::error_code& ec,
+                                                      std::size_t n) { self->OnRead(ec, n); });
 }
 
-void Session::OnReadable(const boost::system::error_code& ec) {
+void Session::OnRead(const boost::system::error_code& ec, std::size_t n) {
   if (closed_) return;
   if (ec) {
+    // EOF or reset: the client went away. Its pending waits go with it.
+    if (ec != asio::error::eof && ec != asio::error::connection_reset &&
+        ec != asio::error::operation_aborted) {
+      spdlog::debug("{}: read from {} failed: {}", shared_->name, Peer(), ec.message());
+    }
     if (ec != asio::error::operation_aborted) Close();
     return;
   }
-  bool drained = false;
+  if (!Consume(inline_buffer_.data(), n)) return;
+  // A full small buffer means more may be waiting: take it in large reads.
+  ReadMore(/*drained=*/n < inline_buffer_.size());
+}
+
+bool Session::Consume(const char* data, std::size_t n) {
+  const auto result = parser_.Consume(std::string_view(data, n), [this](wire::Request& request) {
+    shared_->requests.fetch_add(1, std::memory_order_relaxed);
+    return Handle(request);
+  });
+  if (result == wire::RequestParser::Result::kError) {
+    Fail(parser_.error());
+    return false;
+  }
+  return result != wire::RequestParser::Result::kStopped;  // kStopped: Handle closed it
+}
+
+void Session::ReadMore(bool drained) {
   for (int i = 0; i < kReadsPerWake && !closed_ && !drained; ++i) {
     boost::system::error_code rec;
     const std::size_t n = socket_.read_some(asio::buffer(shared_->read_buffer), rec);
-    if (rec == asio::error::would_block || rec == asio::error::try_again) {
-      drained = true;
-      break;
-    }
+    if (rec == asio::error::would_block || rec == asio::error::try_again) break;
     if (rec) {
-      // EOF or reset: the client went away. Its pending waits go with it.
-      if (rec != asio::error::eof && rec != asio::error::connection_reset) {
-        spdlog::debug("{}: read from {} failed: {}", shared_->name, Peer(), rec.message());
-      }
-      Close();
+      OnRead(rec, 0);
       return;
     }
-    const auto result = parser_.Consume(std::string_view(shared_->read_buffer.data(), n),
-                                        [this](wire::Request& request) {
-                                          shared_->requests.fetch_add(1, std::memory_order_relaxed);
-                                          return Handle(request);
-                                        });
-    if (result == wire::RequestParser::Result::kError) {
-      Fail(parser_.error());
-      return;
-    }
-    if (result == wire::RequestParser::Result::kStopped) return;  // Handle closed it
+    if (!Consume(shared_->read_buffer.data(), n)) return;
     drained = n < shared_->read_buffer.size();  // a short read emptied the socket
   }
   Flush();
@@ -90,16 +97,16 @@ void Session::OnReadable(const boost::system::error_code& ec) {
   } else if (drained) {
     ArmRead();
   } else {
-    ContinueReading();  // the budget ran out with bytes left: no new edge will announce them
+    ContinueReading();  // the read budget ran out: let other connections in, then go on
   }
 }
 
-// Reads again without waiting for readiness. Asio queues a wait without checking readiness it
-// already saw (edge-triggered epoll), so after a pause or a spent read budget, bytes that
-// arrived meanwhile would never be announced: read them speculatively instead.
+// Goes on reading after other handlers had their turn (a spent read budget, or the end of a
+// backpressure pause), without first waiting for readiness.
 void Session::ContinueReading() {
-  asio::post(socket_.get_executor(),
-             [self = shared_from_this()] { self->OnReadable(boost::system::error_code()); });
+  asio::post(socket_.get_executor(), [self = shared_from_this()] {
+    if (!self->closed_) self->ReadMore(/*drained=*/false);
+  });
 }
 
 bool Session::Handle(wire::Request& r) {

@@ -1,14 +1,14 @@
 // One client connection of a StoreServer (internal to crun_server).
 //
-// Threading: a session runs on its server's single-threaded event loop. That is what makes
-// re-arming a wait at the end of a handler safe: no epoll_wait runs in between.
+// Threading: a session runs on its server's single-threaded event loop.
 //
-// Reads are reactor-style: the session waits for readability and then reads into the
-// server-wide buffer, so an idle connection holds no read buffer. Replies are written directly
-// when the socket accepts them and queued otherwise (one write in flight); a client that does
-// not read its replies stops being read from until they drain.
+// Reads: a pending read targets a small buffer inside the session (typical c10d requests fit
+// in it); when it fills, the rest is taken in large reads into the server-wide buffer. Replies
+// are written directly when the socket accepts them and queued otherwise (one write in
+// flight); a client that does not read its replies stops being read from until they drain.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -53,8 +53,12 @@ class Session final : public std::enable_shared_from_this<Session>, public Store
 
  private:
   void ArmRead();
+  void OnRead(const boost::system::error_code& ec, std::size_t n);
+  // Reads on in large pieces until the socket is empty (or the budget is spent).
+  void ReadMore(bool drained);
   void ContinueReading();
-  void OnReadable(const boost::system::error_code& ec);
+  // Parses and handles; false when the connection closed.
+  bool Consume(const char* data, std::size_t n);
   // Handles one request; false when the connection must close (already logged).
   bool Handle(wire::Request& request);
   void Flush();
@@ -67,6 +71,7 @@ class Session final : public std::enable_shared_from_this<Session>, public Store
   boost::asio::ip::tcp::socket socket_;
   ServerShared* shared_;
   wire::RequestParser parser_;
+  std::array<char, 256> inline_buffer_;
   std::string out_;      // replies not yet handed to the socket
   std::string sending_;  // bytes of the write in flight
   bool writing_ = false;

@@ -138,11 +138,15 @@ class AsioStoreServer final : public StoreServer {
   }
 
   void OnAcceptable() {
+    bool drained = false;
     for (int i = 0; i < kAcceptsPerWake && !stopped_; ++i) {
       tcp::socket socket(io_);
       boost::system::error_code ec;
       acceptor_.accept(socket, ec);
-      if (ec == asio::error::would_block || ec == asio::error::try_again) break;
+      if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        drained = true;
+        break;
+      }
       if (ec == asio::error::no_descriptors || ec.value() == ENFILE) {
         RefuseAtDescriptorLimit();
         continue;
@@ -162,7 +166,16 @@ class AsioStoreServer final : public StoreServer {
       sessions_.emplace(session.get(), session);
       session->Start();
     }
-    if (!stopped_) ArmAccept();
+    if (stopped_) return;
+    if (drained) {
+      ArmAccept();
+    } else {
+      // The budget ran out with connections still queued: let established connections have a
+      // turn, then go on accepting without first waiting for readiness.
+      asio::post(io_, [this] {
+        if (!stopped_) OnAcceptable();
+      });
+    }
   }
 
   void Refuse(tcp::socket socket, const std::string& why) {

@@ -89,6 +89,9 @@ class LoadGen {
  public:
   explicit LoadGen(Options o) : o_(std::move(o)), epfd_(::epoll_create1(EPOLL_CLOEXEC)) {
     value_.assign(static_cast<std::size_t>(o_.value_bytes), 'v');
+    // Wait keys must be new to the store, also when it has served earlier runs.
+    run_tag_ = std::to_string(::getpid()) + "." +
+               std::to_string(Clock::now().time_since_epoch().count());
   }
 
   int RunLoad() {
@@ -231,6 +234,10 @@ class LoadGen {
   }
 
   std::string Key(int i) const { return "/bench/k" + std::to_string(i); }
+  std::string WaitKey(int i) const {
+    return "/bench/w/" + run_tag_ + "/" + std::to_string(i) + "/" +
+           std::to_string(conns_[static_cast<std::size_t>(i)].seq);
+  }
 
   void StartOp(int i) {
     auto& c = conns_[static_cast<std::size_t>(i)];
@@ -246,8 +253,7 @@ class LoadGen {
       crun::wire::EncodeRequest(o_.dialect, Make(Command::kAdd, {"/bench/n" + std::to_string(i)}, 1), &c.out);
       c.expect.push_back({Reply::kFixed, 8, true});
     } else {  // wait: this is the waiter
-      const std::string key = "/bench/w" + std::to_string(i) + "/" + std::to_string(c.seq);
-      crun::wire::EncodeRequest(o_.dialect, Make(Command::kWait, {key}), &c.out);
+      crun::wire::EncodeRequest(o_.dialect, Make(Command::kWait, {WaitKey(i)}), &c.out);
       crun::wire::EncodeRequest(o_.dialect, Make(Command::kGetNumKeys), &c.out);
       c.expect.push_back({Reply::kFixed, 8, false});  // registered
       c.expect.push_back({Reply::kFixed, 1, true});   // woken
@@ -258,9 +264,8 @@ class LoadGen {
   // The waiter's wait is registered: its partner sets the key now; latency counts from here.
   void Wake(int waiter) {
     auto& w = conns_[static_cast<std::size_t>(waiter)];
-    const std::string key = "/bench/w" + std::to_string(waiter) + "/" + std::to_string(w.seq);
     auto& s = conns_[static_cast<std::size_t>(w.partner)];
-    crun::wire::EncodeRequest(o_.dialect, Make(Command::kSet, {key, "1"}), &s.out);
+    crun::wire::EncodeRequest(o_.dialect, Make(Command::kSet, {WaitKey(waiter), "1"}), &s.out);
     w.started = Clock::now();
     Flush(w.partner);
   }
@@ -343,6 +348,10 @@ class LoadGen {
         Wake(i);
         continue;
       }
+      if (o_.op == "wait" && c.in[pos - 1] != 0) {
+        Die("wait: expected STOP_WAITING (0), got byte " +
+            std::to_string(static_cast<unsigned char>(c.in[pos - 1])));
+      }
       if (e.ends_op) {
         ++total_ops_;
         const auto now = Clock::now();
@@ -411,6 +420,7 @@ class LoadGen {
 
   Options o_;
   int epfd_;
+  std::string run_tag_;
   std::string value_;
   std::vector<Conn> conns_;
   Clock::time_point measure_from_, measure_to_;

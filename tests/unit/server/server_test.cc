@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <future>
 #include <random>
 #include <thread>
 #include <vector>
@@ -321,6 +322,35 @@ TEST_CASE("several store instances in one process are independent", "[server]") 
   loop.join();
   // Stopped servers close their clients' connections.
   CHECK_FALSE(ca->Add("/x", 1).ok());
+}
+
+TEST_CASE("a backlog longer than one accept budget is drained without new arrivals",
+          "[server]") {
+  boost::asio::io_context io;
+  crun::StoreServerOptions options;
+  options.host = "127.0.0.1";
+  auto server = crun::StoreServer::Start(io, options);
+  REQUIRE(server.ok());
+  // Hold the event loop so that every connection below waits in the listen backlog.
+  std::promise<void> release;
+  std::promise<void> holding;
+  boost::asio::post(io, [&] {
+    holding.set_value();
+    release.get_future().wait();
+  });
+  std::thread loop([&] { io.run(); });
+  holding.get_future().wait();
+  constexpr int kClients = 600;  // well over the 256 accepts per wake-up
+  std::vector<RawClient> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back("127.0.0.1", (*server)->port());
+    clients.back().Validate();
+  }
+  release.set_value();
+  // Every queued connection is accepted and answered, though nothing new arrives.
+  for (auto& c : clients) c.ExpectInSync();
+  boost::asio::post(io, [&] { (*server)->Stop(); });
+  loop.join();
 }
 
 TEST_CASE("IPv6: bind ::1, and '::' serves IPv4 clients too", "[server]") {
