@@ -74,6 +74,7 @@ StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
                         std::to_string(options.connect_timeout.count()) + " ms (" +
                         std::to_string(attempts) + " attempts): " + failure.message());
     }
+    if (options.on_retry) options.on_retry(attempts, failure);
     const auto pause = std::min<SteadyClock::duration>(backoff.Next(), deadline - now);
     std::this_thread::sleep_for(pause);  // retry pacing, not synchronisation
   }

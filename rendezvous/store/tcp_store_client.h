@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,6 +29,9 @@ struct TcpStoreClientOptions {
   Millis timeout = kDefaultStoreTimeout;  // for waits, and for replies to arrive
   Millis initial_backoff{10};
   Millis max_backoff{1000};
+  // Called before each retry with the attempt that failed (1, 2, ...) and why, e.g. to log
+  // "store 10.0.0.5:29500 not up yet (attempt 3): connection refused". Runs on the caller.
+  std::function<void(int attempt, const Status& failure)> on_retry;
 
   Status Validate() const;
 };

@@ -420,24 +420,31 @@ TEST_CASE("client: keeps retrying until the store comes up", "[client]") {
     auto s = StartServer();
     port = s->port();
   }
-  std::unique_ptr<crun::BackgroundStoreServer> late;
+  std::atomic<int> refusals{0};
   std::atomic<bool> connected{false};
+  std::string last_failure;
   std::thread t([&] {
     crun::TcpStoreClientOptions o;
     o.port = port;
     o.connect_timeout = 30s;
+    o.on_retry = [&](int attempt, const crun::Status& failure) {
+      if (attempt == 1) last_failure = failure.message();
+      refusals.store(attempt);
+    };
     auto c = crun::TcpStoreClient::Connect(o);
     connected = c.ok() && (*c)->Set("/k", "v").ok();
   });
+  // The client has been refused at least once before the store exists.
+  REQUIRE(Eventually([&] { return refusals.load() >= 1; }));
   crun::StoreServerOptions o;
   o.host = "127.0.0.1";
   o.port = port;
   // The port was just freed; if another process grabbed it, this test cannot run as written.
-  auto started = crun::BackgroundStoreServer::Start(o);
-  REQUIRE(started.ok());
-  late = std::move(started).value();
+  auto late = crun::BackgroundStoreServer::Start(o);
+  REQUIRE(late.ok());
   t.join();
   CHECK(connected.load());
+  CHECK_THAT(last_failure, Catch::Contains("127.0.0.1:" + std::to_string(port)));
 }
 
 TEST_CASE("client: bad options and unresolvable hosts are named", "[client]") {
