@@ -13,14 +13,7 @@ namespace {
 
 using wire::Command;
 using wire::Request;
-
-Request Make(Command command, std::vector<std::string> args = {}, std::int64_t number = 0) {
-  Request r;
-  r.command = command;
-  r.args = std::move(args);
-  r.number = number;
-  return r;
-}
+using wire::MakeRequest;
 
 }  // namespace
 
@@ -82,10 +75,10 @@ StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
 
 Status TcpStoreClient::Handshake() {
   std::lock_guard lock(mu_);
-  Request validate = Make(Command::kValidate);
+  Request validate = MakeRequest(Command::kValidate);
   validate.nonce = wire::kValidationMagic;
   CRUN_RETURN_IF_ERROR(Send(validate));
-  Request ping = Make(Command::kPing);
+  Request ping = MakeRequest(Command::kPing);
   ping.nonce = next_nonce_++;
   CRUN_RETURN_IF_ERROR(Send(ping));
   char echo[4];
@@ -188,7 +181,7 @@ Status TcpStoreClient::AwaitStop(Millis timeout, const std::string& what) {
   if (got.code() == StatusCode::kTimeout) {
     // c10d handshake: CANCEL_WAIT, then WAIT_CANCELED, preceded by STOP_WAITING if the keys
     // arrived meanwhile (then the wait succeeded after all).
-    CRUN_RETURN_IF_ERROR(Send(Make(Command::kCancelWait)));
+    CRUN_RETURN_IF_ERROR(Send(MakeRequest(Command::kCancelWait)));
     auto first = ReadU8();
     if (!first.ok()) return first.status();
     bool arrived = false;
@@ -216,40 +209,40 @@ Status TcpStoreClient::AwaitStop(Millis timeout, const std::string& what) {
 }
 
 Status TcpStoreClient::WaitLocked(const std::vector<std::string>& keys, Millis timeout) {
-  CRUN_RETURN_IF_ERROR(Send(Make(Command::kWait, keys)));
+  CRUN_RETURN_IF_ERROR(Send(MakeRequest(Command::kWait, keys)));
   return AwaitStop(timeout, "wait for keys " + DescribeKeys(keys));
 }
 
 Status TcpStoreClient::Set(std::string_view key, std::string_view value) {
   std::lock_guard lock(mu_);
-  return Send(Make(Command::kSet, {std::string(key), std::string(value)}));
+  return Send(MakeRequest(Command::kSet, {std::string(key), std::string(value)}));
 }
 
 StatusOr<std::string> TcpStoreClient::Get(std::string_view key) {
   std::lock_guard lock(mu_);
   std::vector<std::string> keys{std::string(key)};
   CRUN_RETURN_IF_ERROR(WaitLocked(keys, timeout_));
-  CRUN_RETURN_IF_ERROR(Send(Make(Command::kGet, keys)));
+  CRUN_RETURN_IF_ERROR(Send(MakeRequest(Command::kGet, keys)));
   return ReadBytes();
 }
 
 StatusOr<std::string> TcpStoreClient::CompareSet(std::string_view key, std::string_view expected,
                                                  std::string_view desired) {
   std::lock_guard lock(mu_);
-  CRUN_RETURN_IF_ERROR(Send(Make(
+  CRUN_RETURN_IF_ERROR(Send(MakeRequest(
       Command::kCompareSet, {std::string(key), std::string(expected), std::string(desired)})));
   return ReadBytes();
 }
 
 StatusOr<std::int64_t> TcpStoreClient::Add(std::string_view key, std::int64_t delta) {
   std::lock_guard lock(mu_);
-  CRUN_RETURN_IF_ERROR(Send(Make(Command::kAdd, {std::string(key)}, delta)));
+  CRUN_RETURN_IF_ERROR(Send(MakeRequest(Command::kAdd, {std::string(key)}, delta)));
   return ReadI64();
 }
 
 StatusOr<bool> TcpStoreClient::Check(const std::vector<std::string>& keys) {
   std::lock_guard lock(mu_);
-  CRUN_RETURN_IF_ERROR(Send(Make(Command::kCheck, keys)));
+  CRUN_RETURN_IF_ERROR(Send(MakeRequest(Command::kCheck, keys)));
   auto reply = ReadU8();
   if (!reply.ok()) return reply.status();
   return *reply == wire::kCheckReady;
@@ -262,13 +255,13 @@ Status TcpStoreClient::Wait(const std::vector<std::string>& keys, Millis timeout
 
 StatusOr<std::int64_t> TcpStoreClient::NumKeys() {
   std::lock_guard lock(mu_);
-  CRUN_RETURN_IF_ERROR(Send(Make(Command::kGetNumKeys)));
+  CRUN_RETURN_IF_ERROR(Send(MakeRequest(Command::kGetNumKeys)));
   return ReadI64();
 }
 
 StatusOr<bool> TcpStoreClient::DeleteKey(std::string_view key) {
   std::lock_guard lock(mu_);
-  CRUN_RETURN_IF_ERROR(Send(Make(Command::kDeleteKey, {std::string(key)})));
+  CRUN_RETURN_IF_ERROR(Send(MakeRequest(Command::kDeleteKey, {std::string(key)})));
   auto n = ReadI64();
   if (!n.ok()) return n.status();
   return *n != 0;
@@ -276,13 +269,13 @@ StatusOr<bool> TcpStoreClient::DeleteKey(std::string_view key) {
 
 Status TcpStoreClient::Append(std::string_view key, std::string_view value) {
   std::lock_guard lock(mu_);
-  return Send(Make(Command::kAppend, {std::string(key), std::string(value)}));
+  return Send(MakeRequest(Command::kAppend, {std::string(key), std::string(value)}));
 }
 
 StatusOr<std::vector<std::string>> TcpStoreClient::MultiGet(const std::vector<std::string>& keys) {
   std::lock_guard lock(mu_);
   CRUN_RETURN_IF_ERROR(WaitLocked(keys, timeout_));
-  CRUN_RETURN_IF_ERROR(Send(Make(Command::kMultiGet, keys)));
+  CRUN_RETURN_IF_ERROR(Send(MakeRequest(Command::kMultiGet, keys)));
   std::vector<std::string> values;
   values.reserve(keys.size());
   for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -306,19 +299,19 @@ Status TcpStoreClient::MultiSet(const std::vector<std::string>& keys,
     args.push_back(values[i]);
   }
   std::lock_guard lock(mu_);
-  return Send(Make(Command::kMultiSet, std::move(args)));
+  return Send(MakeRequest(Command::kMultiSet, std::move(args)));
 }
 
 Status TcpStoreClient::QueuePush(std::string_view key, std::string_view value) {
   std::lock_guard lock(mu_);
-  return Send(Make(Command::kQueuePush, {std::string(key), std::string(value)}));
+  return Send(MakeRequest(Command::kQueuePush, {std::string(key), std::string(value)}));
 }
 
 StatusOr<std::string> TcpStoreClient::QueuePop(std::string_view key, bool block) {
   std::lock_guard lock(mu_);
   std::vector<std::string> keys{std::string(key)};
   if (block) CRUN_RETURN_IF_ERROR(WaitLocked(keys, timeout_));
-  CRUN_RETURN_IF_ERROR(Send(Make(Command::kQueuePop, keys)));
+  CRUN_RETURN_IF_ERROR(Send(MakeRequest(Command::kQueuePop, keys)));
   auto length = ReadI64();
   if (!length.ok()) return length.status();
   if (*length <= 0) return NotFound("store " + endpoint_ + ": queue '" + keys[0] + "' is empty");
@@ -327,13 +320,13 @@ StatusOr<std::string> TcpStoreClient::QueuePop(std::string_view key, bool block)
 
 StatusOr<std::int64_t> TcpStoreClient::QueueLen(std::string_view key) {
   std::lock_guard lock(mu_);
-  CRUN_RETURN_IF_ERROR(Send(Make(Command::kQueueLen, {std::string(key)})));
+  CRUN_RETURN_IF_ERROR(Send(MakeRequest(Command::kQueueLen, {std::string(key)})));
   return ReadI64();
 }
 
 StatusOr<std::vector<std::string>> TcpStoreClient::ListKeys() {
   std::lock_guard lock(mu_);
-  CRUN_RETURN_IF_ERROR(Send(Make(Command::kListKeys)));
+  CRUN_RETURN_IF_ERROR(Send(MakeRequest(Command::kListKeys)));
   auto n = ReadI64();
   if (!n.ok()) return n.status();
   if (*n < 0) return Break(ProtocolError("store " + endpoint_ + " listed a negative key count"));
@@ -348,14 +341,14 @@ StatusOr<std::vector<std::string>> TcpStoreClient::ListKeys() {
 
 Status TcpStoreClient::Barrier(std::string_view key, std::int64_t world_size, Millis timeout) {
   std::lock_guard lock(mu_);
-  CRUN_RETURN_IF_ERROR(Send(Make(Command::kBarrier, {std::string(key)}, world_size)));
+  CRUN_RETURN_IF_ERROR(Send(MakeRequest(Command::kBarrier, {std::string(key)}, world_size)));
   return AwaitStop(timeout, "barrier on key " + std::string(key) + " (world size " +
                                 std::to_string(world_size) + ")");
 }
 
 Status TcpStoreClient::Ping() {
   std::lock_guard lock(mu_);
-  Request ping = Make(Command::kPing);
+  Request ping = MakeRequest(Command::kPing);
   ping.nonce = next_nonce_++;
   CRUN_RETURN_IF_ERROR(Send(ping));
   char echo[4];

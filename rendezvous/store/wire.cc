@@ -141,6 +141,16 @@ std::uint64_t LoadU64(const char* p) {
   return v;
 }
 
+Request MakeRequest(Command command, std::vector<std::string> args, std::int64_t number,
+                    std::uint32_t nonce) {
+  Request r;
+  r.command = command;
+  r.args = std::move(args);
+  r.number = number;
+  r.nonce = nonce;
+  return r;
+}
+
 void EncodeRequest(Dialect dialect, const Request& request, std::string* out) {
   const int code = WireCode(dialect, request.command);
   assert(code >= 0 && "command does not exist in this dialect");

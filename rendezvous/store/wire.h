@@ -74,6 +74,10 @@ struct Request {
   std::uint32_t nonce = 0;   // VALIDATE magic, PING nonce
 };
 
+// Builds a request; fields not given stay zero.
+Request MakeRequest(Command command, std::vector<std::string> args = {}, std::int64_t number = 0,
+                    std::uint32_t nonce = 0);
+
 // Appends the request in the dialect's encoding. Callers only pass commands the dialect has.
 void EncodeRequest(Dialect dialect, const Request& request, std::string* out);
 

@@ -2,25 +2,24 @@
 timings: benchmarks never fail a build on speed)."""
 import json
 import os
-import select
 import subprocess
+import sys
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from crun_testing import start_store, stop_store  # noqa: E402
 
 CRUN, LOADGEN = os.environ["CRUN_BIN"], os.environ["LOADGEN_BIN"]
 
 
 class LoadgenSmoke(unittest.TestCase):
     def setUp(self):
-        self.store = subprocess.Popen([CRUN, "store", "--host", "127.0.0.1", "--port", "0",
-                                       "--log-level", "error"], stdout=subprocess.PIPE)
-        ready, _, _ = select.select([self.store.stdout], [], [], 30)
-        self.assertTrue(ready)
-        self.port = self.store.stdout.readline().decode().rsplit(":", 1)[1].strip()
+        self.store, port = start_store(CRUN, "--log-level", "error")
+        self.port = str(port)
 
     def tearDown(self):
-        self.store.terminate()
-        self.assertEqual(self.store.wait(timeout=30), 0)
-        self.store.stdout.close()
+        rc, err = stop_store(self.store)
+        self.assertEqual(rc, 0, err)
 
     def run_gen(self, *args, stdin=None):
         r = subprocess.run([LOADGEN, "--port", self.port, *args], capture_output=True, text=True,

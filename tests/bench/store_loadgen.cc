@@ -37,6 +37,7 @@ namespace {
 using crun::wire::Command;
 using crun::wire::Dialect;
 using crun::wire::Request;
+using crun::wire::MakeRequest;
 using Clock = std::chrono::steady_clock;
 
 struct Options {
@@ -56,14 +57,6 @@ struct Options {
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "store_loadgen: %s\n", what.c_str());
   std::exit(2);
-}
-
-Request Make(Command c, std::vector<std::string> args = {}, std::int64_t number = 0) {
-  Request r;
-  r.command = c;
-  r.args = std::move(args);
-  r.number = number;
-  return r;
 }
 
 enum class Reply : std::uint8_t { kFixed, kBytes };
@@ -160,7 +153,7 @@ class LoadGen {
     SetCommon(c.fd);
     c.connected = true;
     if (o_.dialect == Dialect::kModern) {
-      Request v = Make(Command::kValidate);
+      Request v = MakeRequest(Command::kValidate);
       v.nonce = crun::wire::kValidationMagic;
       crun::wire::EncodeRequest(o_.dialect, v, &c.out);
     }
@@ -191,15 +184,15 @@ class LoadGen {
     }
     // The handshake goes out once connected: one round trip proves the server serves us.
     if (o_.dialect == Dialect::kModern) {
-      Request v = Make(Command::kValidate);
+      Request v = MakeRequest(Command::kValidate);
       v.nonce = crun::wire::kValidationMagic;
       crun::wire::EncodeRequest(o_.dialect, v, &c.out);
-      Request p = Make(Command::kPing);
+      Request p = MakeRequest(Command::kPing);
       p.nonce = 7;
       crun::wire::EncodeRequest(o_.dialect, p, &c.out);
       c.expect.push_back({Reply::kFixed, 4, true});
     } else {
-      crun::wire::EncodeRequest(o_.dialect, Make(Command::kGetNumKeys), &c.out);
+      crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kGetNumKeys), &c.out);
       c.expect.push_back({Reply::kFixed, 8, true});
     }
     epoll_event ev{};
@@ -219,9 +212,9 @@ class LoadGen {
     auto& c = conns_[0];
     ::fcntl(c.fd, F_SETFL, ::fcntl(c.fd, F_GETFL) & ~O_NONBLOCK);
     for (int i = 0; i < o_.clients; ++i) {
-      crun::wire::EncodeRequest(o_.dialect, Make(Command::kSet, {Key(i), value_}), &c.out);
+      crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kSet, {Key(i), value_}), &c.out);
     }
-    crun::wire::EncodeRequest(o_.dialect, Make(Command::kGetNumKeys), &c.out);
+    crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kGetNumKeys), &c.out);
     Flush(0);
     char buf[8];
     std::size_t got = 0;
@@ -243,18 +236,18 @@ class LoadGen {
     auto& c = conns_[static_cast<std::size_t>(i)];
     c.started = Clock::now();
     if (o_.op == "set") {
-      crun::wire::EncodeRequest(o_.dialect, Make(Command::kSet, {Key(i), value_}), &c.out);
-      crun::wire::EncodeRequest(o_.dialect, Make(Command::kCheck, {Key(i)}), &c.out);
+      crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kSet, {Key(i), value_}), &c.out);
+      crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kCheck, {Key(i)}), &c.out);
       c.expect.push_back({Reply::kFixed, 1, true});
     } else if (o_.op == "get") {
-      crun::wire::EncodeRequest(o_.dialect, Make(Command::kGet, {Key(i)}), &c.out);
+      crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kGet, {Key(i)}), &c.out);
       c.expect.push_back({Reply::kBytes, 0, true});
     } else if (o_.op == "add") {
-      crun::wire::EncodeRequest(o_.dialect, Make(Command::kAdd, {"/bench/n" + std::to_string(i)}, 1), &c.out);
+      crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kAdd, {"/bench/n" + std::to_string(i)}, 1), &c.out);
       c.expect.push_back({Reply::kFixed, 8, true});
     } else {  // wait: this is the waiter
-      crun::wire::EncodeRequest(o_.dialect, Make(Command::kWait, {WaitKey(i)}), &c.out);
-      crun::wire::EncodeRequest(o_.dialect, Make(Command::kGetNumKeys), &c.out);
+      crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kWait, {WaitKey(i)}), &c.out);
+      crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kGetNumKeys), &c.out);
       c.expect.push_back({Reply::kFixed, 8, false});  // registered
       c.expect.push_back({Reply::kFixed, 1, true});   // woken
     }
@@ -265,7 +258,7 @@ class LoadGen {
   void Wake(int waiter) {
     auto& w = conns_[static_cast<std::size_t>(waiter)];
     auto& s = conns_[static_cast<std::size_t>(w.partner)];
-    crun::wire::EncodeRequest(o_.dialect, Make(Command::kSet, {WaitKey(waiter), "1"}), &s.out);
+    crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kSet, {WaitKey(waiter), "1"}), &s.out);
     w.started = Clock::now();
     Flush(w.partner);
   }

@@ -10,11 +10,7 @@ The crun binary comes from $CRUN_BIN. Every child process and wait has a time li
 import datetime
 import multiprocessing
 import os
-import select
-import signal
 import socket
-import struct
-import subprocess
 import sys
 import threading
 import time
@@ -22,6 +18,9 @@ import unittest
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from crun_testing import connect_2x, raw_add, start_store, stop_store  # noqa: E402
 
 CRUN = os.environ["CRUN_BIN"]
 TORCH2 = int(torch.__version__.split(".")[0]) >= 2
@@ -33,18 +32,7 @@ class CrunStore:
     """A `crun store` process on a free loopback port."""
 
     def __init__(self, *extra):
-        self.proc = subprocess.Popen(
-            [CRUN, "store", "--host", "127.0.0.1", "--port", "0", "--log-level", "warn", *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
-        if not ready:
-            self.proc.kill()
-            raise RuntimeError("crun store printed no address within 30 s")
-        line = self.proc.stdout.readline().decode()
-        if "listening on" not in line:
-            self.proc.kill()
-            raise RuntimeError(f"unexpected first line from crun store: {line!r}")
-        self.port = int(line.rsplit(":", 1)[1])
+        self.proc, self.port = start_store(CRUN, "--log-level", "warn", *extra)
 
     def client(self, timeout_s=30.0, world_size=None, wait_for_workers=True):
         kwargs = {"timeout": datetime.timedelta(seconds=timeout_s)}
@@ -54,30 +42,15 @@ class CrunStore:
         return dist.TCPStore("127.0.0.1", self.port, is_master=False, **kwargs)
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=30)
-        stderr = self.proc.stderr.read().decode()
-        self.proc.stdout.close()
-        self.proc.stderr.close()
+        rc, stderr = stop_store(self.proc)
         if rc != 0:
             raise AssertionError(f"crun store exited {rc} on SIGTERM: {stderr}")
         return stderr
 
 
-def raw_add(port, key, delta):
-    """ADD through a raw socket in the dialect of nobody's client object: reads raw keys such as
-    `init/` that the Python client would prefix with '/'. Uses the 2.x dialect."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        k = key.encode()
-        s.sendall(b"\x00" + struct.pack("<I", 0x3C85F7CE)
-                  + b"\x04" + struct.pack("<Q", len(k)) + k + struct.pack("<q", delta))
-        data = b""
-        while len(data) < 8:
-            chunk = s.recv(8 - len(data))
-            if not chunk:
-                raise AssertionError("store closed the raw connection")
-            data += chunk
-        return struct.unpack("<q", data)[0]
+def raw_read_counter(port, key):
+    with connect_2x(port) as s:
+        return raw_add(s, key, 0)
 
 
 def run_children(target, args_list):
@@ -186,7 +159,7 @@ class TCPStoreCompat(unittest.TestCase):
     def test_wait_for_workers_counts_every_client(self):
         n = 6
         run_children(_join_world, [(self.server.port, n, i) for i in range(n)])
-        self.assertEqual(raw_add(self.server.port, "init/", 0), n)
+        self.assertEqual(raw_read_counter(self.server.port, "init/"), n)
 
     def test_prefix_store(self):
         s = self.server.client()

@@ -1,31 +1,27 @@
 """`crun store` as an operator meets it: flags, errors, signals, what is left behind."""
 import os
 import resource
-import select
 import signal
 import socket
 import struct
 import subprocess
+import sys
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from crun_testing import VALIDATE, raw_add, start_store  # noqa: E402
+
 CRUN = os.environ["CRUN_BIN"]
-MAGIC = struct.pack("<I", 0x3C85F7CE)
 
 
 def start(*args, nofile=None):
     limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile \
         else None
-    proc = subprocess.Popen([CRUN, "store", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, preexec_fn=limit)
-    ready, _, _ = select.select([proc.stdout], [], [], 30)
-    if not ready:
-        proc.kill()
-        raise AssertionError("no address printed within 30 s")
-    line = proc.stdout.readline().decode()
-    return proc, int(line.rsplit(":", 1)[1])
+    return start_store(CRUN, *args, preexec_fn=limit)
 
 
 def finish(proc, timeout=30):
+    """Waits for a store that was already signalled; returns (exit code, stdout, stderr)."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -35,26 +31,14 @@ def finish(proc, timeout=30):
     return proc.returncode, out.decode(), err.decode()
 
 
-def add(sock, key, delta):
-    k = key.encode()
-    sock.sendall(b"\x04" + struct.pack("<Q", len(k)) + k + struct.pack("<q", delta))
-    data = b""
-    while len(data) < 8:
-        chunk = sock.recv(8 - len(data))
-        if not chunk:
-            raise AssertionError("connection closed")
-        data += chunk
-    return struct.unpack("<q", data)[0]
-
-
 def try_round_trip(port):
     """Connects and does one ADD; returns the socket, or None if the server refused it."""
     c = socket.create_connection(("127.0.0.1", port), timeout=10)
     try:
-        c.sendall(b"\x00" + MAGIC)
-        add(c, "n", 1)
+        c.sendall(VALIDATE)
+        raw_add(c, "n", 1)
         return c
-    except (AssertionError, OSError):
+    except OSError:
         c.close()
         return None
 
@@ -97,8 +81,8 @@ class StoreCli(unittest.TestCase):
                 clients = [socket.create_connection(("127.0.0.1", port), timeout=10)
                            for _ in range(5)]
                 for c in clients:
-                    c.sendall(b"\x00" + MAGIC)
-                    self.assertEqual(add(c, "n", 1) > 0, True)
+                    c.sendall(VALIDATE)
+                    self.assertEqual(raw_add(c, "n", 1) > 0, True)
                 # One client is blocked in a WAIT when the signal arrives.
                 k = b"/never"
                 clients[0].sendall(b"\x06" + struct.pack("<Q", 1) + struct.pack("<Q", len(k)) + k)

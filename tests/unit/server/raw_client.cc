@@ -68,12 +68,4 @@ void RawClient::ExpectInSync() {
   }
 }
 
-wire::Request Req(wire::Command command, std::vector<std::string> args, std::int64_t number) {
-  wire::Request r;
-  r.command = command;
-  r.args = std::move(args);
-  r.number = number;
-  return r;
-}
-
 }  // namespace crun::testing

@@ -38,7 +38,5 @@ class RawClient {
   std::uint32_t nonce_ = 1000;
 };
 
-wire::Request Req(wire::Command command, std::vector<std::string> args = {},
-                  std::int64_t number = 0);
 
 }  // namespace crun::testing

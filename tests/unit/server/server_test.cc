@@ -25,10 +25,10 @@ using crun::StatusCode;
 using crun::testing::ConnectClient;
 using crun::testing::Eventually;
 using crun::testing::RawClient;
-using crun::testing::Req;
 using crun::testing::StartServer;
 using crun::wire::Command;
 using crun::wire::Dialect;
+using crun::wire::MakeRequest;
 
 RawClient Modern(std::uint16_t port) {
   RawClient c("127.0.0.1", port);
@@ -62,12 +62,12 @@ TEST_CASE("many waiters on overlapping keys are each woken exactly once", "[serv
       if (rng() % 2 == 0) keys.push_back("k" + std::to_string(k));
     }
     keys.push_back("k" + std::to_string(i % kKeys));  // never empty, overlapping
-    waiters.back().SendRequest(Dialect::kModern, Req(Command::kWait, keys));
+    waiters.back().SendRequest(Dialect::kModern, MakeRequest(Command::kWait, keys));
   }
   REQUIRE(Eventually([&] { return server->stats().pending_waits == kWaiters; }));
   auto writer = Modern(server->port());
   for (int k = 0; k < kKeys; ++k) {
-    writer.SendRequest(Dialect::kModern, Req(Command::kSet, {"k" + std::to_string(k), "v"}));
+    writer.SendRequest(Dialect::kModern, MakeRequest(Command::kSet, {"k" + std::to_string(k), "v"}));
   }
   for (auto& w : waiters) {
     CHECK(w.ReadU8() == crun::wire::kStopWaiting);
@@ -84,10 +84,10 @@ TEST_CASE("CANCEL_WAIT racing a SET gives STOP_WAITING at most once, then WAIT_C
   int raced = 0;
   for (int i = 0; i < 300; ++i) {
     const std::string key = "race" + std::to_string(i);
-    waiter.SendRequest(Dialect::kModern, Req(Command::kWait, {key}));
+    waiter.SendRequest(Dialect::kModern, MakeRequest(Command::kWait, {key}));
     // Fire both at once from two threads; either order is legal, the bytes must match it.
-    std::thread t([&] { setter.SendRequest(Dialect::kModern, Req(Command::kSet, {key, "v"})); });
-    waiter.SendRequest(Dialect::kModern, Req(Command::kCancelWait));
+    std::thread t([&] { setter.SendRequest(Dialect::kModern, MakeRequest(Command::kSet, {key, "v"})); });
+    waiter.SendRequest(Dialect::kModern, MakeRequest(Command::kCancelWait));
     t.join();
     auto first = waiter.ReadU8();
     if (first == crun::wire::kStopWaiting) {
@@ -105,7 +105,7 @@ TEST_CASE("CANCEL_WAIT racing a SET gives STOP_WAITING at most once, then WAIT_C
 TEST_CASE("CANCEL_WAIT with nothing pending is still answered", "[server]") {
   auto server = StartServer();
   auto c = Modern(server->port());
-  c.SendRequest(Dialect::kModern, Req(Command::kCancelWait));
+  c.SendRequest(Dialect::kModern, MakeRequest(Command::kCancelWait));
   CHECK(c.ReadU8() == crun::wire::kWaitCanceled);
   c.ExpectInSync();
 }
@@ -116,8 +116,8 @@ TEST_CASE("clients that disconnect while waiting leave nothing behind", "[server
     std::vector<RawClient> quitters;
     for (int i = 0; i < 50; ++i) {
       quitters.push_back(Modern(server->port()));
-      quitters.back().SendRequest(Dialect::kModern, Req(Command::kWait, {"gone", "k" + std::to_string(i)}));
-      quitters.back().SendRequest(Dialect::kModern, Req(Command::kBarrier, {"bar"}, 1000));
+      quitters.back().SendRequest(Dialect::kModern, MakeRequest(Command::kWait, {"gone", "k" + std::to_string(i)}));
+      quitters.back().SendRequest(Dialect::kModern, MakeRequest(Command::kBarrier, {"bar"}, 1000));
     }
     REQUIRE(Eventually([&] { return server->stats().pending_waits == 100; }));
   }  // all closed here
@@ -153,7 +153,7 @@ TEST_CASE("a malformed frame closes only its own connection", "[server]") {
   auto server = StartServer();
   // A bystander with a pending wait must get its answer as if nothing happened.
   auto bystander = Modern(server->port());
-  bystander.SendRequest(Dialect::kModern, Req(Command::kWait, {"/after"}));
+  bystander.SendRequest(Dialect::kModern, MakeRequest(Command::kWait, {"/after"}));
   std::uint64_t errors = 0;
   for (const auto& c : cases) {
     INFO(c.name);
@@ -176,7 +176,7 @@ TEST_CASE("the store byte limit closes only the writer's connection", "[server]"
   REQUIRE(ok->Set("/small", std::string(500, 's')).ok());
   RawClient greedy("127.0.0.1", server->port());
   greedy.Validate();
-  greedy.SendRequest(Dialect::kModern, Req(Command::kSet, {"/big", std::string(600, 'b')}));
+  greedy.SendRequest(Dialect::kModern, MakeRequest(Command::kSet, {"/big", std::string(600, 'b')}));
   CHECK(greedy.ClosedByPeer());
   CHECK(server->stats().protocol_errors == 1);
   CHECK(*ok->Get("/small") == std::string(500, 's'));
@@ -188,8 +188,8 @@ TEST_CASE("a request split into one-byte TCP segments is served", "[server]") {
   auto server = StartServer();
   RawClient c("127.0.0.1", server->port());
   std::string stream("\x00\xce\xf7\x85\x3c", 5);
-  crun::wire::EncodeRequest(Dialect::kModern, Req(Command::kSet, {"/split", "value"}), &stream);
-  crun::wire::EncodeRequest(Dialect::kModern, Req(Command::kGet, {"/split"}), &stream);
+  crun::wire::EncodeRequest(Dialect::kModern, MakeRequest(Command::kSet, {"/split", "value"}), &stream);
+  crun::wire::EncodeRequest(Dialect::kModern, MakeRequest(Command::kGet, {"/split"}), &stream);
   for (char byte : stream) c.Send(std::string_view(&byte, 1));  // TCP_NODELAY: one segment each
   CHECK(c.ReadBytes() == "value");
 }
@@ -199,23 +199,23 @@ TEST_CASE("1.13 and 2.x clients share one store", "[server]") {
   RawClient legacy("127.0.0.1", server->port());
   RawClient idle("127.0.0.1", server->port());  // 1.13's silent second connection
   auto modern = Modern(server->port());
-  legacy.SendRequest(Dialect::kLegacy, Req(Command::kAdd, {"init/"}, 1));
+  legacy.SendRequest(Dialect::kLegacy, MakeRequest(Command::kAdd, {"init/"}, 1));
   CHECK(legacy.ReadI64() == 1);
-  modern.SendRequest(Dialect::kModern, Req(Command::kAdd, {"init/"}, 1));
+  modern.SendRequest(Dialect::kModern, MakeRequest(Command::kAdd, {"init/"}, 1));
   CHECK(modern.ReadI64() == 2);
-  legacy.SendRequest(Dialect::kLegacy, Req(Command::kSet, {"/a", "xy"}));
-  modern.SendRequest(Dialect::kModern, Req(Command::kGet, {"/a"}));
+  legacy.SendRequest(Dialect::kLegacy, MakeRequest(Command::kSet, {"/a", "xy"}));
+  modern.SendRequest(Dialect::kModern, MakeRequest(Command::kGet, {"/a"}));
   CHECK(modern.ReadBytes() == "xy");
-  legacy.SendRequest(Dialect::kLegacy, Req(Command::kWait, {"/b"}));
-  modern.SendRequest(Dialect::kModern, Req(Command::kSet, {"/b", "1"}));
+  legacy.SendRequest(Dialect::kLegacy, MakeRequest(Command::kWait, {"/b"}));
+  modern.SendRequest(Dialect::kModern, MakeRequest(Command::kSet, {"/b", "1"}));
   CHECK(legacy.ReadU8() == crun::wire::kStopWaiting);
-  legacy.SendRequest(Dialect::kLegacy, Req(Command::kGetNumKeys));
+  legacy.SendRequest(Dialect::kLegacy, MakeRequest(Command::kGetNumKeys));
   CHECK(legacy.ReadI64() == 3);
-  legacy.SendRequest(Dialect::kLegacy, Req(Command::kDeleteKey, {"/a"}));
+  legacy.SendRequest(Dialect::kLegacy, MakeRequest(Command::kDeleteKey, {"/a"}));
   CHECK(legacy.ReadI64() == 1);
-  legacy.SendRequest(Dialect::kLegacy, Req(Command::kCompareSet, {"/b", "1", "2"}));
+  legacy.SendRequest(Dialect::kLegacy, MakeRequest(Command::kCompareSet, {"/b", "1", "2"}));
   CHECK(legacy.ReadBytes() == "2");
-  legacy.SendRequest(Dialect::kLegacy, Req(Command::kCheck, {"/a"}));
+  legacy.SendRequest(Dialect::kLegacy, MakeRequest(Command::kCheck, {"/a"}));
   CHECK(legacy.ReadU8() == crun::wire::kCheckNotReady);
   CHECK(server->stats().open_connections == 3);
 }
@@ -223,7 +223,7 @@ TEST_CASE("1.13 and 2.x clients share one store", "[server]") {
 TEST_CASE("1.13 WATCH_KEY registers and then reports every change", "[server]") {
   auto server = StartServer();
   RawClient watcher("127.0.0.1", server->port());
-  watcher.SendRequest(Dialect::kLegacy, Req(Command::kWatchKey, {"/w"}));
+  watcher.SendRequest(Dialect::kLegacy, MakeRequest(Command::kWatchKey, {"/w"}));
   CHECK(watcher.ReadU8() == static_cast<std::uint8_t>(crun::wire::WatchEvent::kRegistered));
   auto writer = ConnectClient(server->port());
   REQUIRE(writer->Set("/w", "1").ok());
@@ -269,7 +269,7 @@ TEST_CASE("a client that stops reading is throttled, others are not, and it resu
   hog.Validate();
   std::string burst;
   for (int i = 0; i < 64; ++i) {
-    crun::wire::EncodeRequest(Dialect::kModern, Req(Command::kGet, {"/big"}), &burst);
+    crun::wire::EncodeRequest(Dialect::kModern, MakeRequest(Command::kGet, {"/big"}), &burst);
   }
   hog.Send(burst);  // 64 MiB of replies that nobody reads yet
   REQUIRE(Eventually([&] { return server->stats().read_pauses >= 1; }));
@@ -277,7 +277,7 @@ TEST_CASE("a client that stops reading is throttled, others are not, and it resu
   // Sent while the server is not reading from the hog: it must still be seen once the hog
   // drains its replies, although no new data arrives to announce it.
   std::string late;
-  crun::wire::EncodeRequest(Dialect::kModern, Req(Command::kAdd, {"/n"}, 1000), &late);
+  crun::wire::EncodeRequest(Dialect::kModern, MakeRequest(Command::kAdd, {"/n"}, 1000), &late);
   hog.Send(late);
   for (int i = 0; i < 64; ++i) REQUIRE(hog.ReadBytes() == big);
   CHECK(hog.ReadI64() == 1100);
@@ -292,7 +292,7 @@ TEST_CASE("a burst larger than one read budget is served without further data", 
   std::string burst;
   constexpr int kRequests = 40000;
   for (int i = 0; i < kRequests; ++i) {
-    crun::wire::EncodeRequest(Dialect::kModern, Req(Command::kAdd, {"/count"}, 1), &burst);
+    crun::wire::EncodeRequest(Dialect::kModern, MakeRequest(Command::kAdd, {"/count"}, 1), &burst);
   }
   REQUIRE(burst.size() > 4 * 64 * 1024);
   c.Send(burst);

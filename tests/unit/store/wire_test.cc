@@ -14,6 +14,7 @@ using crun::wire::Command;
 using crun::wire::Dialect;
 using crun::wire::EncodeRequest;
 using crun::wire::Request;
+using crun::wire::MakeRequest;
 using crun::wire::RequestParser;
 using Result = RequestParser::Result;
 
@@ -24,16 +25,6 @@ std::string Bytes(std::initializer_list<int> bytes) {
 }
 
 std::string ModernPrelude() { return Bytes({0x00, 0xce, 0xf7, 0x85, 0x3c}); }
-
-Request Make(Command c, std::vector<std::string> args = {}, std::int64_t number = 0,
-             std::uint32_t nonce = 0) {
-  Request r;
-  r.command = c;
-  r.args = std::move(args);
-  r.number = number;
-  r.nonce = nonce;
-  return r;
-}
 
 // Feeds `stream` in pieces of `piece` bytes and collects every request.
 std::vector<Request> ParseAll(const std::string& stream, std::size_t piece,
@@ -74,43 +65,43 @@ bool Same(const Request& a, const Request& b) {
 std::vector<Request> EveryModernRequest() {
   const std::string big(70'000, 'v');
   return {
-      Make(Command::kValidate, {}, 0, crun::wire::kValidationMagic),
-      Make(Command::kPing, {}, 0, 12345),
-      Make(Command::kSet, {"/a", "xy"}),
-      Make(Command::kSet, {"/empty", ""}),
-      Make(Command::kSet, {"/big", big}),
-      Make(Command::kSet, {std::string("/bin\0ary", 8), std::string("\0\1\2", 3)}),
-      Make(Command::kCompareSet, {"/k", "", "new"}),
-      Make(Command::kGet, {"/a"}),
-      Make(Command::kAdd, {"/c"}, -7),
-      Make(Command::kCheck, {"/a", "/b"}),
-      Make(Command::kWait, {"/a"}),
-      Make(Command::kWait, {}),
-      Make(Command::kGetNumKeys),
-      Make(Command::kDeleteKey, {"/a"}),
-      Make(Command::kAppend, {"/a", "z"}),
-      Make(Command::kMultiGet, {"/a", "/b", "/c"}),
-      Make(Command::kMultiSet, {"/a", "1", "/b", "2"}),
-      Make(Command::kCancelWait),
-      Make(Command::kQueuePush, {"/q", "v"}),
-      Make(Command::kQueuePop, {"/q"}),
-      Make(Command::kQueueLen, {"/q"}),
-      Make(Command::kListKeys),
-      Make(Command::kBarrier, {"/bar"}, 4),
+      MakeRequest(Command::kValidate, {}, 0, crun::wire::kValidationMagic),
+      MakeRequest(Command::kPing, {}, 0, 12345),
+      MakeRequest(Command::kSet, {"/a", "xy"}),
+      MakeRequest(Command::kSet, {"/empty", ""}),
+      MakeRequest(Command::kSet, {"/big", big}),
+      MakeRequest(Command::kSet, {std::string("/bin\0ary", 8), std::string("\0\1\2", 3)}),
+      MakeRequest(Command::kCompareSet, {"/k", "", "new"}),
+      MakeRequest(Command::kGet, {"/a"}),
+      MakeRequest(Command::kAdd, {"/c"}, -7),
+      MakeRequest(Command::kCheck, {"/a", "/b"}),
+      MakeRequest(Command::kWait, {"/a"}),
+      MakeRequest(Command::kWait, {}),
+      MakeRequest(Command::kGetNumKeys),
+      MakeRequest(Command::kDeleteKey, {"/a"}),
+      MakeRequest(Command::kAppend, {"/a", "z"}),
+      MakeRequest(Command::kMultiGet, {"/a", "/b", "/c"}),
+      MakeRequest(Command::kMultiSet, {"/a", "1", "/b", "2"}),
+      MakeRequest(Command::kCancelWait),
+      MakeRequest(Command::kQueuePush, {"/q", "v"}),
+      MakeRequest(Command::kQueuePop, {"/q"}),
+      MakeRequest(Command::kQueueLen, {"/q"}),
+      MakeRequest(Command::kListKeys),
+      MakeRequest(Command::kBarrier, {"/bar"}, 4),
   };
 }
 
 std::vector<Request> EveryLegacyRequest() {
   return {
-      Make(Command::kSet, {"/a", "xy"}),
-      Make(Command::kCompareSet, {"/k", "old", "new"}),
-      Make(Command::kGet, {"/a"}),
-      Make(Command::kAdd, {"init/"}, 1),
-      Make(Command::kCheck, {"/a"}),
-      Make(Command::kWait, {"/a", "/b"}),
-      Make(Command::kGetNumKeys),
-      Make(Command::kWatchKey, {"/w"}),
-      Make(Command::kDeleteKey, {"/a"}),
+      MakeRequest(Command::kSet, {"/a", "xy"}),
+      MakeRequest(Command::kCompareSet, {"/k", "old", "new"}),
+      MakeRequest(Command::kGet, {"/a"}),
+      MakeRequest(Command::kAdd, {"init/"}, 1),
+      MakeRequest(Command::kCheck, {"/a"}),
+      MakeRequest(Command::kWait, {"/a", "/b"}),
+      MakeRequest(Command::kGetNumKeys),
+      MakeRequest(Command::kWatchKey, {"/w"}),
+      MakeRequest(Command::kDeleteKey, {"/a"}),
   };
 }
 
@@ -169,17 +160,17 @@ TEST_CASE("dialect is detected from the first bytes", "[wire]") {
   }
   SECTION("a 1.13 SET starts with zero too") {
     std::string set;
-    EncodeRequest(Dialect::kLegacy, Make(Command::kSet, {"/a", "xy"}), &set);
+    EncodeRequest(Dialect::kLegacy, MakeRequest(Command::kSet, {"/a", "xy"}), &set);
     auto got = ParseAll(set, 1);
     REQUIRE(got.size() == 1);
     CHECK(got[0].command == Command::kSet);
   }
   SECTION("1.13 code 3 is ADD, 2.x code 3 is GET") {
     std::string legacy;
-    EncodeRequest(Dialect::kLegacy, Make(Command::kAdd, {"init/"}, 1), &legacy);
+    EncodeRequest(Dialect::kLegacy, MakeRequest(Command::kAdd, {"init/"}, 1), &legacy);
     CHECK(static_cast<unsigned char>(legacy[0]) == 3);
     std::string modern;
-    EncodeRequest(Dialect::kModern, Make(Command::kGet, {"/a"}), &modern);
+    EncodeRequest(Dialect::kModern, MakeRequest(Command::kGet, {"/a"}), &modern);
     CHECK(static_cast<unsigned char>(modern[0]) == 3);
   }
 }
@@ -196,10 +187,10 @@ TEST_CASE("the worked examples of the protocol notes decode as documented", "[wi
   REQUIRE(got.size() == 6);
   CHECK(got[1].command == Command::kPing);
   CHECK(got[1].nonce == 12345);
-  CHECK(Same(got[2], Make(Command::kAdd, {"init/"}, 1)));
-  CHECK(Same(got[3], Make(Command::kSet, {"/a", "xy"})));
-  CHECK(Same(got[4], Make(Command::kWait, {"/a"})));
-  CHECK(Same(got[5], Make(Command::kGet, {"/a"})));
+  CHECK(Same(got[2], MakeRequest(Command::kAdd, {"init/"}, 1)));
+  CHECK(Same(got[3], MakeRequest(Command::kSet, {"/a", "xy"})));
+  CHECK(Same(got[4], MakeRequest(Command::kWait, {"/a"})));
+  CHECK(Same(got[5], MakeRequest(Command::kGet, {"/a"})));
   // The encoder produces exactly these bytes.
   std::string again;
   for (const auto& r : got) EncodeRequest(Dialect::kModern, r, &again);
@@ -213,15 +204,15 @@ TEST_CASE("the worked examples of the protocol notes decode as documented", "[wi
       Bytes({0x02, 2, 0, 0, 0, 0, 0, 0, 0, '/', 'a'});
   got = ParseAll(legacy, 1);
   REQUIRE(got.size() == 4);
-  CHECK(Same(got[0], Make(Command::kAdd, {"init/"}, 1)));
-  CHECK(Same(got[1], Make(Command::kSet, {"/a", "xy"})));
-  CHECK(Same(got[2], Make(Command::kWait, {"/a"})));
-  CHECK(Same(got[3], Make(Command::kGet, {"/a"})));
+  CHECK(Same(got[0], MakeRequest(Command::kAdd, {"init/"}, 1)));
+  CHECK(Same(got[1], MakeRequest(Command::kSet, {"/a", "xy"})));
+  CHECK(Same(got[2], MakeRequest(Command::kWait, {"/a"})));
+  CHECK(Same(got[3], MakeRequest(Command::kGet, {"/a"})));
 }
 
 TEST_CASE("a truncated request waits for more bytes instead of failing", "[wire]") {
   std::string set;
-  EncodeRequest(Dialect::kModern, Make(Command::kSet, {"/a", "hello"}), &set);
+  EncodeRequest(Dialect::kModern, MakeRequest(Command::kSet, {"/a", "hello"}), &set);
   const std::string stream = ModernPrelude() + set;
   for (std::size_t cut = 5; cut < stream.size(); ++cut) {
     RequestParser p(StoreLimits{});
@@ -232,7 +223,7 @@ TEST_CASE("a truncated request waits for more bytes instead of failing", "[wire]
     auto [second, res2] = Step(p, stream.substr(cut));
     CHECK(res2 == Result::kNeedMore);
     REQUIRE(second.size() == 1);
-    CHECK(Same(second[0], Make(Command::kSet, {"/a", "hello"})));
+    CHECK(Same(second[0], MakeRequest(Command::kSet, {"/a", "hello"})));
   }
 }
 
@@ -248,7 +239,7 @@ TEST_CASE("malformed streams are refused with a message naming the value", "[wir
   }
   SECTION("unknown 1.13 command after a good one") {
     std::string s;
-    EncodeRequest(Dialect::kLegacy, Make(Command::kGetNumKeys), &s);
+    EncodeRequest(Dialect::kLegacy, MakeRequest(Command::kGetNumKeys), &s);
     s += Bytes({0x09});  // 1.13 has no code 9
     CHECK_THAT(ParseError(s), Catch::Contains("unknown command byte 0x9 from a 1.13 client"));
   }
@@ -269,21 +260,21 @@ TEST_CASE("malformed streams are refused with a message naming the value", "[wir
     StoreLimits limits;
     limits.max_value_bytes = 16;
     std::string s = ModernPrelude();
-    EncodeRequest(Dialect::kModern, Make(Command::kSet, {"/a", std::string(17, 'x')}), &s);
+    EncodeRequest(Dialect::kModern, MakeRequest(Command::kSet, {"/a", std::string(17, 'x')}), &s);
     CHECK_THAT(ParseError(s, limits), Catch::Contains("SET value length 17 exceeds the limit of 16"));
   }
   SECTION("key over the limit") {
     StoreLimits limits;
     limits.max_key_bytes = 4;
     std::string s = ModernPrelude();
-    EncodeRequest(Dialect::kModern, Make(Command::kGet, {"/abcd"}), &s);
+    EncodeRequest(Dialect::kModern, MakeRequest(Command::kGet, {"/abcd"}), &s);
     CHECK_THAT(ParseError(s, limits), Catch::Contains("GET key length 5 exceeds the limit of 4"));
   }
   SECTION("too many keys in one request") {
     StoreLimits limits;
     limits.max_keys_per_request = 2;
     std::string s = ModernPrelude();
-    EncodeRequest(Dialect::kModern, Make(Command::kWait, {"/a", "/b", "/c"}), &s);
+    EncodeRequest(Dialect::kModern, MakeRequest(Command::kWait, {"/a", "/b", "/c"}), &s);
     CHECK_THAT(ParseError(s, limits), Catch::Contains("WAIT names 3 keys; the limit is 2"));
   }
   SECTION("negative MULTI_SET count") {
@@ -296,7 +287,7 @@ TEST_CASE("malformed streams are refused with a message naming the value", "[wir
     limits.max_request_bytes = 100;
     std::string s = ModernPrelude();
     EncodeRequest(Dialect::kModern,
-                  Make(Command::kMultiSet, {"/a", std::string(40, 'x'), "/b", std::string(40, 'y')}),
+                  MakeRequest(Command::kMultiSet, {"/a", std::string(40, 'x'), "/b", std::string(40, 'y')}),
                   &s);
     CHECK_THAT(ParseError(s, limits), Catch::Contains("MULTI_SET request exceeds 100 bytes"));
   }
@@ -309,8 +300,8 @@ TEST_CASE("malformed streams are refused with a message naming the value", "[wir
 
 TEST_CASE("on_request can stop the parse; the rest is kept for later", "[wire]") {
   std::string s = ModernPrelude();
-  EncodeRequest(Dialect::kModern, Make(Command::kGetNumKeys), &s);
-  EncodeRequest(Dialect::kModern, Make(Command::kGet, {"/k"}), &s);
+  EncodeRequest(Dialect::kModern, MakeRequest(Command::kGetNumKeys), &s);
+  EncodeRequest(Dialect::kModern, MakeRequest(Command::kGet, {"/k"}), &s);
   RequestParser p(StoreLimits{});
   int calls = 0;
   CHECK(p.Consume(s, [&](Request&) { return ++calls < 2; }) == Result::kStopped);
@@ -321,7 +312,7 @@ TEST_CASE("on_request can stop the parse; the rest is kept for later", "[wire]")
 TEST_CASE("a large value split into many pieces is assembled without re-parsing", "[wire]") {
   const std::string value(3 * 1024 * 1024, 'q');
   std::string s = ModernPrelude();
-  EncodeRequest(Dialect::kModern, Make(Command::kSet, {"/big", value}), &s);
+  EncodeRequest(Dialect::kModern, MakeRequest(Command::kSet, {"/big", value}), &s);
   auto got = ParseAll(s, 4096);
   REQUIRE(got.size() == 2);
   CHECK(got[1].args[1] == value);

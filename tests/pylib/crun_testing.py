@@ -1,0 +1,65 @@
+"""Helpers shared by crun's Python test suites (stdlib only): run `crun store` as a real process
+and speak the 2.x wire protocol over a raw socket."""
+import select
+import signal
+import socket
+import struct
+import subprocess
+
+VALIDATE = b"\x00" + struct.pack("<I", 0x3C85F7CE)
+
+
+def start_store(crun, *args, preexec_fn=None):
+    """Starts `crun store ARGS` and returns (process, port) once it has announced its address.
+    Defaults to a free loopback port."""
+    if "--port" not in args:
+        args = ("--host", "127.0.0.1", "--port", "0", *args)
+    proc = subprocess.Popen([crun, "store", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, preexec_fn=preexec_fn)
+    ready, _, _ = select.select([proc.stdout], [], [], 30)
+    if not ready:
+        proc.kill()
+        raise AssertionError("crun store printed no address within 30 s")
+    line = proc.stdout.readline().decode()
+    if "listening on" not in line:
+        proc.kill()
+        raise AssertionError(f"unexpected first line from crun store: {line!r}: "
+                             f"{proc.stderr.read().decode()[-2000:]}")
+    return proc, int(line.rsplit(":", 1)[1])
+
+
+def stop_store(proc, sig=signal.SIGTERM, timeout=30):
+    """Signals the store and returns (exit code, stderr); kills it if it does not stop."""
+    proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc.returncode, err.decode()
+
+
+def recv_exact(sock, n):
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("store closed the connection")
+        data += chunk
+    return data
+
+
+def raw_add(sock, key, delta):
+    """ADD on a 2.x connection (VALIDATE already sent); returns the new value. Raw keys: no
+    '/' is prepended, unlike PyTorch's client."""
+    k = key.encode()
+    sock.sendall(b"\x04" + struct.pack("<Q", len(k)) + k + struct.pack("<q", delta))
+    return struct.unpack("<q", recv_exact(sock, 8))[0]
+
+
+def connect_2x(port, timeout=10):
+    """A raw connection that has sent VALIDATE: the store now speaks 2.x to it."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    sock.sendall(VALIDATE)
+    return sock
