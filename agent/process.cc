@@ -1,0 +1,221 @@
+#include "agent/process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include <boost/asio/posix/stream_descriptor.hpp>
+
+namespace crun::agent {
+namespace {
+
+namespace asio = boost::asio;
+
+constexpr std::array<std::pair<int, const char*>, 31> kSignals = {{
+    {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},     {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+    {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"},   {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+    {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"},   {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+    {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"},   {SIGTERM, "SIGTERM"}, {SIGSTKFLT, "SIGSTKFLT"},
+    {SIGCHLD, "SIGCHLD"}, {SIGCONT, "SIGCONT"},   {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"},
+    {SIGTTIN, "SIGTTIN"}, {SIGTTOU, "SIGTTOU"},   {SIGURG, "SIGURG"},   {SIGXCPU, "SIGXCPU"},
+    {SIGXFSZ, "SIGXFSZ"}, {SIGVTALRM, "SIGVTALRM"}, {SIGPROF, "SIGPROF"}, {SIGWINCH, "SIGWINCH"},
+    {SIGIO, "SIGIO"},     {SIGPWR, "SIGPWR"},     {SIGSYS, "SIGSYS"},
+}};
+
+// Restores what a fresh program expects: no blocked signals, default dispositions.
+void ResetSignalsInChild() {
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  for (int s = 1; s < NSIG; ++s) {
+    if (s != SIGKILL && s != SIGSTOP) signal(s, SIG_DFL);
+  }
+}
+
+class PidfdWatcher final : public ExitWatcher {
+ public:
+  PidfdWatcher(asio::io_context& io, pid_t pid, int pidfd, Callback cb)
+      : pid_(pid), fd_(io, pidfd), callback_(std::move(cb)) {
+    fd_.async_wait(asio::posix::stream_descriptor::wait_read,
+                   [this](const boost::system::error_code& ec) {
+                     if (ec) return;  // cancelled: the watcher is being destroyed
+                     Reap();
+                   });
+  }
+  ~PidfdWatcher() override {
+    boost::system::error_code ec;
+    fd_.close(ec);
+  }
+
+ private:
+  void Reap() {
+    int status = 0;
+    pid_t r;
+    do {
+      r = ::waitpid(pid_, &status, 0);
+    } while (r < 0 && errno == EINTR);
+    ExitStatus exit;
+    if (r == pid_ && WIFSIGNALED(status)) {
+      exit.signaled = true;
+      exit.value = WTERMSIG(status);
+    } else if (r == pid_) {
+      exit.value = WEXITSTATUS(status);
+    } else {
+      exit.value = 255;  // reaped elsewhere; should not happen for our own children
+    }
+    auto cb = std::move(callback_);
+    cb(exit);  // may destroy this watcher: nothing touches members after this line
+  }
+
+  pid_t pid_;
+  asio::posix::stream_descriptor fd_;
+  Callback callback_;
+};
+
+}  // namespace
+
+std::string SignalName(int signo) {
+  for (const auto& [n, name] : kSignals) {
+    if (n == signo) return name;
+  }
+  return "signal " + std::to_string(signo);
+}
+
+int ParseSignal(const std::string& text) {
+  if (!text.empty() && std::all_of(text.begin(), text.end(), ::isdigit)) {
+    const int n = std::stoi(text);
+    return n > 0 && n < NSIG ? n : -1;
+  }
+  const std::string full = text.rfind("SIG", 0) == 0 ? text : "SIG" + text;
+  for (const auto& [n, name] : kSignals) {
+    if (full == name) return n;
+  }
+  return -1;
+}
+
+std::string ExitStatus::Describe() const {
+  if (signaled) return "signal " + std::to_string(value) + " (" + SignalName(value) + ")";
+  return "exit code " + std::to_string(value);
+}
+
+StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec) {
+  if (spec.argv.empty()) return InvalidArgument("no program to start");
+  // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
+  std::vector<char*> argv, envp;
+  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (const auto& e : spec.envp) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  int report[2];
+  if (::pipe2(report, O_CLOEXEC) != 0) return PosixError("pipe", errno);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int err = errno;
+    ::close(report[0]);
+    ::close(report[1]);
+    return PosixError("fork for '" + spec.argv[0] + "'", err);
+  }
+  if (pid == 0) {
+    ::close(report[0]);
+    ::setpgid(0, 0);
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);  // crun died before the line above
+    ResetSignalsInChild();
+    if (spec.stdout_fd >= 0) ::dup2(spec.stdout_fd, STDOUT_FILENO);
+    if (spec.stderr_fd >= 0) ::dup2(spec.stderr_fd, STDERR_FILENO);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    const int err = errno;
+    ssize_t ignored = ::write(report[1], &err, sizeof err);
+    (void)ignored;
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here, so the group exists whichever side runs first
+  ::close(report[1]);
+  int err = 0;
+  ssize_t n;
+  do {
+    n = ::read(report[0], &err, sizeof err);
+  } while (n < 0 && errno == EINTR);
+  ::close(report[0]);
+  if (n == sizeof err) {
+    int status;
+    ::waitpid(pid, &status, 0);
+    return PosixError("cannot start '" + spec.argv[0] + "'", err);
+  }
+  return pid;
+}
+
+StatusOr<std::unique_ptr<ExitWatcher>> ExitWatcher::Watch(asio::io_context& io, pid_t pid,
+                                                           Callback on_exit) {
+  // glibc declares pidfd_open without C linkage for C++; the system call is the same.
+  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return PosixError("pidfd_open for pid " + std::to_string(pid), errno);
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  return std::unique_ptr<ExitWatcher>(new PidfdWatcher(io, pid, fd, std::move(on_exit)));
+}
+
+StatusOr<std::unique_ptr<GroupGuard>> GroupGuard::Start() {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return PosixError("pipe for the group guard", errno);
+  const pid_t pid = ::fork();
+  if (pid < 0) return PosixError("fork for the group guard", errno);
+  if (pid == 0) {
+    // The guard: its own session (a kill of crun's process group spares it), deaf to the
+    // terminal's signals, holding nothing of crun's but the pipe.
+    ::setsid();
+    ::signal(SIGINT, SIG_IGN);
+    ::signal(SIGTERM, SIG_IGN);
+    ::signal(SIGHUP, SIG_IGN);
+    ::signal(SIGQUIT, SIG_IGN);
+    if (p[0] != 3) {
+      ::dup2(p[0], 3);
+    } else {
+      ::fcntl(3, F_SETFD, 0);
+    }
+    ::close_range(4, ~0U, 0);
+    ::close(STDIN_FILENO);
+    std::set<pid_t> groups;
+    std::int32_t message;
+    for (;;) {
+      const ssize_t n = ::read(3, &message, sizeof message);
+      if (n == sizeof message) {
+        if (message > 0) groups.insert(message);
+        if (message < 0) groups.erase(-message);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      break;  // EOF: crun is gone (or done)
+    }
+    for (pid_t g : groups) ::kill(-g, SIGKILL);
+    ::_exit(0);
+  }
+  ::close(p[0]);
+  return std::unique_ptr<GroupGuard>(new GroupGuard(pid, p[1]));
+}
+
+GroupGuard::~GroupGuard() {
+  ::close(fd_);  // the guard kills whatever is still registered, then exits
+  int status;
+  ::waitpid(pid_, &status, 0);
+}
+
+void GroupGuard::Send(std::int32_t message) {
+  ssize_t n;
+  do {
+    n = ::write(fd_, &message, sizeof message);
+  } while (n < 0 && errno == EINTR);
+}
+
+void GroupGuard::Add(pid_t pgid) { Send(static_cast<std::int32_t>(pgid)); }
+void GroupGuard::Forget(pid_t pgid) { Send(-static_cast<std::int32_t>(pgid)); }
+
+}  // namespace crun::agent

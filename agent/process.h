@@ -1,0 +1,76 @@
+// POSIX process supervision for workers (Linux).
+//
+// * SpawnProcess: fork + exec, the child leading its own process group (so a signal reaches
+//   its children too) with SIGKILL as its parent-death signal. An exec failure comes back as a
+//   Status naming the program and errno; nothing is left running.
+// * ExitWatcher: calls back on the event loop the moment a process exits (pidfd readiness, no
+//   polling) and reaps it.
+// * GroupGuard: a helper process that outlives crun: it kills every registered process group
+//   when crun dies, even by SIGKILL, so no worker or grandchild survives its launcher.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "rendezvous/store/status.h"
+
+namespace crun::agent {
+
+struct ProcessSpec {
+  std::vector<std::string> argv;  // argv[0] is looked up on PATH when it has no '/'
+  std::vector<std::string> envp;  // "KEY=VALUE"
+  int stdout_fd = -1;             // -1: inherit crun's
+  int stderr_fd = -1;
+};
+
+struct ExitStatus {
+  bool signaled = false;
+  int value = 0;  // exit code, or signal number when signaled
+
+  bool success() const { return !signaled && value == 0; }
+  // The shell's convention: the exit code, or 128 + signal.
+  int ShellCode() const { return signaled ? 128 + value : value; }
+  // "exit code 3", "signal 9 (SIGKILL)"
+  std::string Describe() const;
+};
+
+// "SIGKILL" for 9, "signal 77" for unknown numbers.
+std::string SignalName(int signo);
+// Parses "SIGTERM", "TERM" or "15"; -1 when unknown.
+int ParseSignal(const std::string& name);
+
+StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec);
+
+class ExitWatcher {
+ public:
+  using Callback = std::function<void(ExitStatus)>;
+  // Watches `pid` (a child of this process). The callback runs once, on `io`'s thread.
+  static StatusOr<std::unique_ptr<ExitWatcher>> Watch(boost::asio::io_context& io, pid_t pid,
+                                                      Callback on_exit);
+  virtual ~ExitWatcher() = default;
+};
+
+class GroupGuard {
+ public:
+  // Starts the guard process.
+  static StatusOr<std::unique_ptr<GroupGuard>> Start();
+  ~GroupGuard();
+  // The guard kills this group if crun dies before Forget().
+  void Add(pid_t pgid);
+  // The group is gone; its id may be reused by others.
+  void Forget(pid_t pgid);
+
+ private:
+  GroupGuard(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
+  void Send(std::int32_t message);
+  pid_t pid_;
+  int fd_;
+};
+
+}  // namespace crun::agent

@@ -1,0 +1,59 @@
+#include "agent/worker_env.h"
+
+#include <crun/worker/env_names.h>
+
+extern char** environ;
+
+namespace crun::agent {
+
+Environment CurrentEnvironment() {
+  Environment env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string entry(*e);
+    const auto eq = entry.find('=');
+    if (eq == std::string::npos) continue;
+    env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  return env;
+}
+
+Environment BuildWorkerEnvironment(const GroupAssignment& g, int local_rank,
+                                   const std::string& error_file,
+                                   const std::string& attempt_log_dir, const Environment& base) {
+  Environment env = base;
+  auto set = [&env](const char* name, const std::string& value) { env[name] = value; };
+  auto num = [](int v) { return std::to_string(v); };
+  set(env::kLocalRank, num(local_rank));
+  set(env::kRank, num(g.base_rank + local_rank));
+  set(env::kGroupRank, num(g.group_rank));
+  set(env::kRoleRank, num(g.base_role_rank + local_rank));
+  set(env::kRoleName, g.role);
+  set(env::kLocalWorldSize, num(g.local_world_size));
+  set(env::kWorldSize, num(g.world_size));
+  set(env::kGroupWorldSize, num(g.group_world_size));
+  set(env::kRoleWorldSize, num(g.role_world_size));
+  set(env::kMasterAddr, g.master_addr);
+  set(env::kMasterPort, std::to_string(g.master_port));
+  set(env::kRestartCount, num(g.restart_count));
+  set(env::kMaxRestarts, num(g.max_restarts));
+  set(env::kRunId, g.run_id);
+  // Workers are clients of the store crun hosts for this attempt.
+  set(env::kUseAgentStore, "True");
+  set(env::kErrorFile, error_file);
+  // Async NCCL error handling defaults on, unless the user chose otherwise (either name).
+  for (const char* name : {env::kNcclAsyncErrorHandling, env::kNcclAsyncErrorHandlingOld}) {
+    if (!base.contains(name)) set(name, "1");
+  }
+  set(env::kCrunAttempt, num(g.restart_count));
+  set(env::kCrunLogDir, attempt_log_dir);
+  return env;
+}
+
+std::vector<std::string> ToEnvp(const Environment& env) {
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+}  // namespace crun::agent

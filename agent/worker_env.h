@@ -1,0 +1,43 @@
+// Builds each worker's environment: the one place where the contract of env_names.h is
+// written (docs/environment.md). Pure: no I/O, the parent environment is passed in.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace crun::agent {
+
+using Environment = std::map<std::string, std::string>;
+
+// This process's environment as a map.
+Environment CurrentEnvironment();
+
+// What the rendezvous decided for this node's group in one attempt.
+struct GroupAssignment {
+  std::string run_id;
+  std::string role = "default";
+  int group_rank = 0;        // this node
+  int group_world_size = 1;  // nodes
+  int local_world_size = 1;  // workers on this node
+  int world_size = 1;        // workers in the job
+  int base_rank = 0;         // RANK of local rank 0
+  int role_world_size = 1;
+  int base_role_rank = 0;
+  std::string master_addr;   // the attempt's store
+  std::uint16_t master_port = 0;
+  int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT
+  int max_restarts = 0;
+};
+
+// `base` updated with the contract for `local_rank`; `error_file` may be empty (then
+// TORCHELASTIC_ERROR_FILE is set empty, as torchrun does without a log directory).
+Environment BuildWorkerEnvironment(const GroupAssignment& group, int local_rank,
+                                   const std::string& error_file,
+                                   const std::string& attempt_log_dir, const Environment& base);
+
+// "KEY=VALUE" strings for execve.
+std::vector<std::string> ToEnvp(const Environment& env);
+
+}  // namespace crun::agent

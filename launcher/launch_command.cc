@@ -1,0 +1,266 @@
+#include "launcher/launch_command.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <boost/asio/io_context.hpp>
+#include <CLI/CLI.hpp>
+#include <spdlog/spdlog.h>
+
+#include "agent/local_agent.h"
+#include "launcher/logging.h"
+
+namespace crun::launcher {
+namespace {
+
+struct LaunchOptions {
+  std::string nnodes = "1:1";
+  std::string nproc_per_node = "1";
+  bool standalone = false;
+  int max_restarts = 0;
+  double monitor_interval = 0.1;  // accepted for compatibility: crun does not poll
+  std::string role = "default";
+  bool module = false;
+  bool no_python = false;
+  std::string rdzv_id = "none";
+  std::string master_addr = "127.0.0.1";
+  int master_port = -1;  // -1: a fresh free port per attempt
+  int node_rank = 0;
+  double shutdown_timeout = -1;  // -1: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s
+  std::string signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  std::string log_level = "warn";
+  std::vector<std::string> command;  // script and its arguments
+};
+
+int UsageError(const std::string& message) {
+  std::fprintf(stderr, "crun: %s\n", message.c_str());
+  return 2;
+}
+
+int CountGpus() {
+  int n = 0;
+  for (int i = 0; i < 1024; ++i) {
+    if (::access(("/dev/nvidia" + std::to_string(i)).c_str(), F_OK) != 0) break;
+    ++n;
+  }
+  return n;
+}
+
+// int | cpu | gpu | auto -> a count, or an error naming the value.
+StatusOr<int> ResolveNproc(const std::string& v) {
+  if (v == "cpu") return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (v == "gpu") {
+    const int gpus = CountGpus();
+    if (gpus == 0) return InvalidArgument("--nproc-per-node gpu: no GPU found on this host");
+    return gpus;
+  }
+  if (v == "auto") {
+    const int gpus = CountGpus();
+    return gpus > 0 ? gpus : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  try {
+    std::size_t used = 0;
+    const int n = std::stoi(v, &used);
+    if (used == v.size() && n > 0) return n;
+  } catch (const std::exception&) {
+  }
+  return InvalidArgument("--nproc-per-node '" + v +
+                         "' is not a positive number, 'cpu', 'gpu' or 'auto'");
+}
+
+Status CheckSingleNode(const std::string& nnodes) {
+  if (nnodes == "1" || nnodes == "1:1") return Status::Ok();
+  return InvalidArgument("--nnodes '" + nnodes +
+                         "': only one node is supported yet (multi-node rendezvous is not "
+                         "implemented)");
+}
+
+bool IsExecutableOnPath(const std::string& program) {
+  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
+  std::size_t start = 0;
+  while (start <= dirs.size()) {
+    const auto end = dirs.find(':', start);
+    const std::string dir = dirs.substr(start, end == std::string::npos ? std::string::npos
+                                                                        : end - start);
+    if (::access(((dir.empty() ? "." : dir) + "/" + program).c_str(), X_OK) == 0) return true;
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return false;
+}
+
+// The worker's argv, torchrun's way: [PYTHON_EXEC, -u, (-m), script, args...] or, with
+// --no-python, [script, args...].
+StatusOr<std::vector<std::string>> WorkerCommand(const LaunchOptions& o) {
+  if (o.command.empty()) return InvalidArgument("no training script given");
+  if (o.module && o.no_python) return InvalidArgument("-m/--module and --no-python exclude each other");
+  const std::string& script = o.command[0];
+  if (o.no_python) {
+    if (!IsExecutableOnPath(script)) {
+      return InvalidArgument("--no-python: '" + script + "' is not an executable file");
+    }
+    return o.command;
+  }
+  if (!o.module && ::access(script.c_str(), R_OK) != 0) {
+    return InvalidArgument("training script '" + script + "' does not exist or is not readable");
+  }
+  const char* python = std::getenv("PYTHON_EXEC");
+  std::vector<std::string> argv{python != nullptr && *python ? python : "python3", "-u"};
+  if (o.module) argv.push_back("-m");
+  argv.insert(argv.end(), o.command.begin(), o.command.end());
+  return argv;
+}
+
+StatusOr<std::vector<int>> ParseSignals(const std::string& list) {
+  std::vector<int> out;
+  std::stringstream in(list);
+  std::string name;
+  while (std::getline(in, name, ',')) {
+    if (name.empty()) continue;
+    const int s = agent::ParseSignal(name);
+    if (s < 0 || s == SIGKILL || s == SIGSTOP) {
+      return InvalidArgument("--signals-to-handle: '" + name + "' is not a signal crun can handle");
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::string RandomRunId() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+  return buf;
+}
+
+void AddOptions(CLI::App& app, LaunchOptions& o) {
+  auto pet = [](const char* name) { return std::string("PET_") + name; };
+  app.add_option("--nnodes", o.nnodes, "Number of nodes, N or MIN:MAX (1 for now)")
+      ->envname(pet("NNODES"))->capture_default_str()->group("Job");
+  app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
+                 "Workers on this node: a number, cpu, gpu or auto")
+      ->envname(pet("NPROC_PER_NODE"))->capture_default_str()->group("Job");
+  app.add_flag("--standalone", o.standalone, "Single-node job with its own store on a free port")
+      ->envname(pet("STANDALONE"))->group("Job");
+  app.add_option("--rdzv-id,--rdzv_id", o.rdzv_id, "Run id (TORCHELASTIC_RUN_ID)")
+      ->envname(pet("RDZV_ID"))->capture_default_str()->group("Job");
+  app.add_option("--role", o.role, "Role name of the workers (ROLE_NAME)")
+      ->envname(pet("ROLE"))->capture_default_str()->group("Job");
+  app.add_option("--max-restarts,--max_restarts", o.max_restarts,
+                 "Restarts of the worker group allowed after a failure")
+      ->envname(pet("MAX_RESTARTS"))->check(CLI::NonNegativeNumber)->capture_default_str()
+      ->group("Restarts and shutdown");
+  app.add_option("--monitor-interval,--monitor_interval", o.monitor_interval,
+                 "Accepted for torchrun compatibility; crun sees exits at once and never polls")
+      ->envname(pet("MONITOR_INTERVAL"))->check(CLI::NonNegativeNumber)
+      ->group("Restarts and shutdown");
+  app.add_option("--shutdown-timeout,--shutdown_timeout", o.shutdown_timeout,
+                 "Seconds between the stop signal and SIGKILL (default: "
+                 "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)")
+      ->envname(pet("SHUTDOWN_TIMEOUT"))->check(CLI::NonNegativeNumber)
+      ->group("Restarts and shutdown");
+  app.add_option("--signals-to-handle,--signals_to_handle", o.signals,
+                 "Signals forwarded to the workers, comma-separated (SIGUSR1/SIGUSR2 may be added)")
+      ->envname(pet("SIGNALS_TO_HANDLE"))->capture_default_str()->group("Restarts and shutdown");
+  app.add_flag("-m,--module", o.module, "Run the script as a Python module (python -m)")
+      ->envname(pet("MODULE"))->group("Worker program");
+  app.add_flag("--no-python,--no_python", o.no_python, "Run the script as a program, not with Python")
+      ->envname(pet("NO_PYTHON"))->group("Worker program");
+  app.add_option("--master-addr,--master_addr", o.master_addr,
+                 "Address of the store the workers use (MASTER_ADDR)")
+      ->envname(pet("MASTER_ADDR"))->capture_default_str()->group("Static rendezvous");
+  app.add_option("--master-port,--master_port", o.master_port,
+                 "Port of that store (default: a free port, new for every attempt)")
+      ->envname(pet("MASTER_PORT"))->check(CLI::Range(0, 65535))->group("Static rendezvous");
+  app.add_option("--node-rank,--node_rank", o.node_rank, "This node's rank (0 on one node)")
+      ->envname(pet("NODE_RANK"))->check(CLI::NonNegativeNumber)->capture_default_str()
+      ->group("Static rendezvous");
+  app.add_option("--log-level", o.log_level, "crun's own messages: trace .. off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
+      ->capture_default_str()->group("Logs");
+}
+
+}  // namespace
+
+int RunLaunch(int argc, char** argv) {
+  CLI::App app{"crun: a native elastic launcher for distributed training.\n"
+               "  crun [options] script.py [args...]    (torchrun-compatible)\n"
+               "  crun store --help                      (a standalone c10d store)",
+               "crun"};
+  app.set_version_flag("--version", "crun " CRUN_VERSION);
+  app.prefix_command();  // everything from the script on belongs to the worker
+  LaunchOptions o;
+  AddOptions(app, o);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return UsageError(e.what());
+  }
+  o.command = app.remaining();
+  if (!o.command.empty() && o.command[0] == "--") o.command.erase(o.command.begin());
+
+  if (auto s = CheckSingleNode(o.nnodes); !s.ok()) return UsageError(s.message());
+  if (o.node_rank != 0) {
+    return UsageError("--node-rank " + std::to_string(o.node_rank) + " on a one-node job");
+  }
+  auto nproc = ResolveNproc(o.nproc_per_node);
+  if (!nproc.ok()) return UsageError(nproc.status().message());
+  auto command = WorkerCommand(o);
+  if (!command.ok()) return UsageError(command.status().message());
+  auto signals = ParseSignals(o.signals);
+  if (!signals.ok()) return UsageError(signals.status().message());
+  double shutdown = o.shutdown_timeout;
+  if (shutdown < 0) {
+    const char* env = std::getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+    try {
+      shutdown = env != nullptr ? std::stod(env) : 30.0;
+    } catch (const std::exception&) {
+      return UsageError(std::string("TORCH_ELASTIC_SHUTDOWN_TIMEOUT '") + env +
+                        "' is not a number of seconds");
+    }
+  }
+
+  SetUpLogging("launch", o.log_level);
+  if (*nproc > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    ::setenv("OMP_NUM_THREADS", "1", 1);
+    std::fprintf(stderr, "crun: OMP_NUM_THREADS was unset; set to 1 for each of the %d workers "
+                         "(set it to tune)\n", *nproc);
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  agent::LocalRendezvousOptions rdzv;
+  rdzv.run_id = o.standalone || o.rdzv_id == "none" ? RandomRunId() : o.rdzv_id;
+  if (!o.standalone && o.rdzv_id != "none") rdzv.run_id = o.rdzv_id;
+  rdzv.role = o.role;
+  rdzv.nproc = *nproc;
+  rdzv.max_restarts = o.max_restarts;
+  rdzv.store_host = o.master_addr;
+  rdzv.store_port = o.master_port > 0 ? static_cast<std::uint16_t>(o.master_port) : 0;
+
+  agent::AgentOptions agent_options;
+  agent_options.command = std::move(command).value();
+  agent_options.nproc = *nproc;
+  agent_options.max_restarts = o.max_restarts;
+  agent_options.shutdown_timeout = std::chrono::milliseconds(static_cast<long>(shutdown * 1000));
+  agent_options.forward_signals = std::move(signals).value();
+  agent_options.host_name = host;
+
+  boost::asio::io_context io(1);
+  agent::LocalAgent agent(io, std::move(agent_options), agent::MakeLocalRendezvous(io, rdzv));
+  return agent.Run();
+}
+
+}  // namespace crun::launcher

@@ -1,0 +1,179 @@
+"""`crun script.py` on one node with real processes and signals: the worker environment,
+restarts, exit codes, signal forwarding, the grace period, and no survivors."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+CRUN = os.environ["CRUN_BIN"]
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers", "behave.py")
+LIMIT_S = 60
+
+
+def wait_for(predicate, what, limit=LIMIT_S):
+    """Polls an observable condition (files written, processes gone) up to a deadline."""
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes once it is not running.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class Launch(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="crun-launch-")
+
+    def crun(self, *args, nproc=2, worker_args=(), **kw):
+        cmd = [CRUN, "--nproc-per-node", str(nproc), *args, WORKER, self.dir, *worker_args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT_S, **kw)
+
+    def start(self, *args, nproc=2, worker_args=()):
+        cmd = [CRUN, "--nproc-per-node", str(nproc), *args, WORKER, self.dir, *worker_args]
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def env(self, rank, attempt=0):
+        with open(os.path.join(self.dir, f"env_{rank}_{attempt}.json")) as f:
+            return json.load(f)
+
+    def ready(self, n, attempt=0):
+        wait_for(lambda: all(os.path.exists(os.path.join(self.dir, f"ready_{r}_{attempt}.json"))
+                             for r in range(n)), f"{n} workers ready")
+        pids = []
+        for r in range(n):
+            with open(os.path.join(self.dir, f"ready_{r}_{attempt}.json")) as f:
+                pids.append(json.load(f))
+        return pids
+
+    def test_worker_environment_contract(self):
+        r = self.crun("--rdzv-id", "job7", "--role", "trainer", nproc=3)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        ports = set()
+        for rank in range(3):
+            e = self.env(rank)
+            expected = {
+                "LOCAL_RANK": str(rank), "RANK": str(rank), "GROUP_RANK": "0",
+                "ROLE_RANK": str(rank), "ROLE_NAME": "trainer", "LOCAL_WORLD_SIZE": "3",
+                "WORLD_SIZE": "3", "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": "3",
+                "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_RESTART_COUNT": "0",
+                "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "job7",
+                "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+                "NCCL_ASYNC_ERROR_HANDLING": "1", "OMP_NUM_THREADS": "1",
+            }
+            for k, v in expected.items():
+                self.assertEqual(e.get(k), v, f"rank {rank}: {k}")
+            self.assertIn("TORCHELASTIC_ERROR_FILE", e)
+            ports.add(e["MASTER_PORT"])
+        self.assertEqual(len(ports), 1)
+        self.assertIn("OMP_NUM_THREADS", r.stderr)
+
+    def test_crash_restart_success_with_a_fresh_store(self):
+        r = self.crun("--max-restarts", "2",
+                      worker_args=["--fail-rank", "1", "--fail-attempt", "0", "--code", "3"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.env(0, 1)["TORCHELASTIC_RESTART_COUNT"], "1")
+        self.assertNotEqual(self.env(1, 0)["MASTER_PORT"], self.env(1, 1)["MASTER_PORT"])
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "env_0_2.json")))
+        self.assertIn("rank 1", r.stderr)
+
+    def test_budget_exhausted_returns_the_root_cause_code(self):
+        r = self.crun("--max-restarts", "1", worker_args=["--fail-rank", "1", "--code", "7"])
+        self.assertEqual(r.returncode, 7, r.stderr)
+        self.assertTrue(os.path.exists(os.path.join(self.dir, "env_1_1.json")))
+        self.assertIn("rank 1 (local rank 1", r.stderr)
+        self.assertIn("exit code 7", r.stderr)
+
+    def test_sigterm_is_forwarded_and_reflected_in_the_exit_code(self):
+        p = self.start(worker_args=["--mode", "wait"])
+        self.ready(2)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=LIMIT_S)
+        self.assertEqual(p.returncode, 128 + signal.SIGTERM, err)
+        for rank in range(2):
+            with open(os.path.join(self.dir, f"signal_{rank}_0.json")) as f:
+                self.assertEqual(json.load(f)["signal"], signal.SIGTERM)
+
+    def test_sigusr1_can_be_forwarded(self):
+        p = self.start("--signals-to-handle", "SIGTERM,SIGUSR1", worker_args=["--mode", "wait"])
+        self.ready(2)
+        p.send_signal(signal.SIGUSR1)
+        _, err = p.communicate(timeout=LIMIT_S)
+        self.assertEqual(p.returncode, 128 + signal.SIGUSR1, err)
+
+    def test_worker_ignoring_sigterm_is_killed_after_the_grace(self):
+        p = self.start("--shutdown-timeout", "0.3", worker_args=["--mode", "ignore-term"])
+        pids = [x["worker"] for x in self.ready(2)]
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=LIMIT_S)
+        self.assertEqual(p.returncode, 128 + signal.SIGTERM, err)
+        self.assertIn("SIGKILL", err)
+        for pid in pids:
+            self.assertFalse(alive(pid))
+
+    def test_sigkill_of_crun_leaves_no_worker_or_grandchild(self):
+        p = self.start(worker_args=["--mode", "grandchild"])
+        procs = self.ready(2)
+        pids = [x["worker"] for x in procs] + [x["grandchild"] for x in procs]
+        self.assertTrue(all(alive(pid) for pid in pids))
+        p.kill()
+        p.communicate(timeout=LIMIT_S)
+        wait_for(lambda: not any(alive(pid) for pid in pids), "every worker and grandchild gone")
+
+    def test_bad_input_exits_2_naming_the_value_and_starts_nothing(self):
+        plain = os.path.join(self.dir, "not_a_program.txt")
+        with open(plain, "w") as f:
+            f.write("data\n")
+        os.chmod(plain, 0o644)
+        cases = [
+            (["--nproc-per-node", "two", WORKER, self.dir], "two"),
+            (["--no-such-flag", WORKER], "--no-such-flag"),
+            (["--max-restarts", "-1", WORKER], "-1"),
+            (["--nnodes", "2", WORKER, self.dir], "--nnodes '2'"),
+            (["missing_script.py"], "missing_script.py"),
+            (["--no-python", plain], plain),
+            (["--signals-to-handle", "SIGNOPE", WORKER], "SIGNOPE"),
+            ([], "no training script"),
+        ]
+        for args, needle in cases:
+            with self.subTest(args=args):
+                r = subprocess.run([CRUN, *args], capture_output=True, text=True, timeout=LIMIT_S)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn(needle, r.stderr)
+        self.assertEqual(glob.glob(os.path.join(self.dir, "env_*")), [])  # nothing started
+
+    def test_no_python_runs_a_binary_and_substitutes_local_rank(self):
+        r = subprocess.run([CRUN, "--nproc-per-node", "2", "--no-python", "sh", "-c",
+                            'echo "lr=${local_rank} rank=$RANK" >> ' + self.dir + "/out"],
+                           capture_output=True, text=True, timeout=LIMIT_S)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(self.dir, "out")) as f:
+            self.assertEqual(sorted(f.read().split("\n")[:2]), ["lr=0 rank=0", "lr=1 rank=1"])
+
+    def test_version_and_help(self):
+        r = subprocess.run([CRUN, "--version"], capture_output=True, text=True, timeout=LIMIT_S)
+        self.assertEqual(r.returncode, 0)
+        self.assertIn("crun 0.1.0", r.stdout)
+        r = subprocess.run([CRUN, "--help"], capture_output=True, text=True, timeout=LIMIT_S)
+        for flag in ["--nproc-per-node", "--max-restarts", "--shutdown-timeout", "--no-python"]:
+            self.assertIn(flag, r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

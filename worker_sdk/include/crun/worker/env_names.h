@@ -1,0 +1,32 @@
+// The worker environment contract: the variable names crun sets for every worker (the same
+// names torchrun uses, so stock PyTorch programs work unchanged). The agent writes them in
+// one place (agent/worker_env.cc); the worker SDK reads them in one place. Header-only, no
+// dependencies: GPU machines build the SDK with nothing else. docs/environment.md.
+#pragma once
+
+namespace crun::env {
+
+inline constexpr char kLocalRank[] = "LOCAL_RANK";
+inline constexpr char kRank[] = "RANK";
+inline constexpr char kGroupRank[] = "GROUP_RANK";
+inline constexpr char kRoleRank[] = "ROLE_RANK";
+inline constexpr char kRoleName[] = "ROLE_NAME";
+inline constexpr char kLocalWorldSize[] = "LOCAL_WORLD_SIZE";
+inline constexpr char kWorldSize[] = "WORLD_SIZE";
+inline constexpr char kGroupWorldSize[] = "GROUP_WORLD_SIZE";
+inline constexpr char kRoleWorldSize[] = "ROLE_WORLD_SIZE";
+inline constexpr char kMasterAddr[] = "MASTER_ADDR";
+inline constexpr char kMasterPort[] = "MASTER_PORT";
+inline constexpr char kRestartCount[] = "TORCHELASTIC_RESTART_COUNT";
+inline constexpr char kMaxRestarts[] = "TORCHELASTIC_MAX_RESTARTS";
+inline constexpr char kRunId[] = "TORCHELASTIC_RUN_ID";
+inline constexpr char kUseAgentStore[] = "TORCHELASTIC_USE_AGENT_STORE";
+inline constexpr char kErrorFile[] = "TORCHELASTIC_ERROR_FILE";
+inline constexpr char kNcclAsyncErrorHandling[] = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
+inline constexpr char kNcclAsyncErrorHandlingOld[] = "NCCL_ASYNC_ERROR_HANDLING";  // 1.13 name
+inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";
+// crun's own additions.
+inline constexpr char kCrunAttempt[] = "CRUN_ATTEMPT";        // 0, 1, ... (restarts of the group)
+inline constexpr char kCrunLogDir[] = "CRUN_ATTEMPT_LOG_DIR";  // this worker's log directory
+
+}  // namespace crun::env
