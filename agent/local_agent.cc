@@ -1,11 +1,20 @@
 #include "agent/local_agent.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
+
+#include "agent/failure_report.h"
+#include "agent/line_pump.h"
 
 namespace crun::agent {
 namespace {
@@ -20,6 +29,28 @@ std::string Substitute(std::string arg, int local_rank) {
     at += value.size();
   }
   return arg;
+}
+
+std::string ReplaceAll(std::string s, const std::string& what, const std::string& with) {
+  for (auto at = s.find(what); at != std::string::npos; at = s.find(what, at + with.size())) {
+    s.replace(at, what.size(), with);
+  }
+  return s;
+}
+
+int BitFor(const std::vector<int>& masks, int lr) {
+  return lr < static_cast<int>(masks.size()) ? masks[static_cast<std::size_t>(lr)] : 0;
+}
+
+std::vector<std::string> FileTail(const std::string& path, std::size_t lines) {
+  std::ifstream in(path);
+  std::deque<std::string> tail;
+  std::string line;
+  while (std::getline(in, line)) {
+    tail.push_back(line);
+    if (tail.size() > lines) tail.pop_front();
+  }
+  return {tail.begin(), tail.end()};
 }
 
 // The shell's codes for a program that cannot be run.
@@ -37,6 +68,8 @@ struct LocalAgent::Impl {
     pid_t pid = 0;
     bool running = false;
     std::unique_ptr<ExitWatcher> watcher;
+    std::unique_ptr<LinePump> out_pump, err_pump;
+    std::string dir, error_file;
   };
   enum class Phase { kRunning, kStopping, kDone };
 
@@ -81,10 +114,29 @@ struct LocalAgent::Impl {
     workers.clear();
     workers.resize(static_cast<std::size_t>(options.nproc));
     for (int lr = 0; lr < options.nproc; ++lr) {
+      auto& w = workers[static_cast<std::size_t>(lr)];
+      w.local_rank = lr;
+      w.dir = options.log_dir + "/" + group.run_id + "/attempt_" + std::to_string(attempt) + "/" +
+              std::to_string(lr);
+      std::error_code ec;
+      std::filesystem::create_directories(w.dir, ec);
+      if (ec) {
+        spdlog::error("cannot create log directory {}: {}", w.dir, ec.message());
+        failed_to_launch = true;
+        launch_error = 1;
+        if (running == 0) return Finish(launch_error);
+        return BeginStop(SIGTERM);
+      }
+      w.error_file = w.dir + "/error.json";
+      std::filesystem::remove(w.error_file, ec);  // a rerun with the same log dir and run id
       ProcessSpec spec;
       for (const auto& a : options.command) spec.argv.push_back(Substitute(a, lr));
-      spec.envp = ToEnvp(BuildWorkerEnvironment(group, lr, "", "", base));
+      spec.envp = ToEnvp(BuildWorkerEnvironment(group, lr, w.error_file, w.dir, base));
+      std::vector<int> child_fds;  // closed in crun once the worker has them
+      SetUpStream(w, 1, &spec.stdout_fd, &child_fds);
+      SetUpStream(w, 2, &spec.stderr_fd, &child_fds);
       auto pid = SpawnProcess(spec);
+      for (int fd : child_fds) ::close(fd);
       if (!pid.ok()) {
         spdlog::error("local rank {}: {}", lr, pid.status().message());
         launch_error = LaunchFailureCode(pid.status());
@@ -92,8 +144,6 @@ struct LocalAgent::Impl {
         if (running == 0) return Finish(launch_error);
         return BeginStop(SIGTERM);
       }
-      auto& w = workers[static_cast<std::size_t>(lr)];
-      w.local_rank = lr;
       w.pid = *pid;
       w.running = true;
       ++running;
@@ -110,12 +160,74 @@ struct LocalAgent::Impl {
                  group.master_addr, group.master_port);
   }
 
+  // Routes one stream (1 stdout, 2 stderr) of worker `w`: straight to the console, straight to
+  // a file (-r), or through a pump (tee, prefix, or stderr kept for the failure report).
+  void SetUpStream(Worker& w, int bit, int* child_fd, std::vector<int>* child_fds) {
+    const int lr = w.local_rank;
+    const bool shown = options.console_ranks.empty() ||
+                       std::find(options.console_ranks.begin(), options.console_ranks.end(), lr) !=
+                           options.console_ranks.end();
+    const bool tee = BitFor(options.tees, lr) & bit;
+    const bool redirect = (BitFor(options.redirects, lr) & bit) && !tee;
+    const int console = bit == 1 ? STDOUT_FILENO : STDERR_FILENO;
+    const std::string path = w.dir + (bit == 1 ? "/stdout.log" : "/stderr.log");
+    int file = -1;
+    if (tee || redirect) {
+      file = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (file < 0) spdlog::warn("cannot write {}: {}", path, std::strerror(errno));
+    }
+    if (redirect && file >= 0) {
+      *child_fd = file;
+      child_fds->push_back(file);
+      return;
+    }
+    if (!tee && bit == 1) {  // stdout untouched: the worker writes to crun's own
+      if (!shown) {
+        *child_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+        child_fds->push_back(*child_fd);
+      }
+      return;
+    }
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) {
+      spdlog::warn("local rank {}: no pipe for its output ({}): it writes to crun's console",
+                   lr, std::strerror(errno));
+      if (file >= 0) ::close(file);
+      return;
+    }
+    *child_fd = p[1];
+    child_fds->push_back(p[1]);
+    PumpTargets targets;
+    targets.console_fd = shown ? console : -1;
+    if (tee) {
+      targets.prefix = ReplaceAll(ReplaceAll(ReplaceAll(options.prefix_template, "${role_name}",
+                                                        group.role),
+                                             "${rank}", std::to_string(group.base_rank + lr)),
+                                  "${local_rank}", std::to_string(lr));
+    }
+    targets.file_fd = file;
+    ++open_pumps;
+    auto pump = std::make_unique<LinePump>(io, p[0], targets, [this, file] {
+      if (file >= 0) ::close(file);
+      --open_pumps;
+      MaybeEndAttempt();
+    });
+    (bit == 1 ? w.out_pump : w.err_pump) = std::move(pump);
+  }
+
   void OnExit(int lr, ExitStatus status) {
     auto& w = workers[static_cast<std::size_t>(lr)];
     w.running = false;
     --running;
     if (!status.success()) {
-      failures.push_back({group.base_rank + lr, lr, w.pid, status, std::chrono::system_clock::now()});
+      FailureRecord f;
+      f.rank = group.base_rank + lr;
+      f.local_rank = lr;
+      f.pid = w.pid;
+      f.exit = status;
+      f.when = std::chrono::system_clock::now();
+      f.error_file = w.error_file;
+      failures.push_back(std::move(f));
       if (phase == Phase::kRunning) {
         spdlog::warn("rank {} (local rank {}, pid {}) on {} failed with {}; stopping the other "
                      "workers",
@@ -123,7 +235,19 @@ struct LocalAgent::Impl {
         BeginStop(SIGTERM);
       }
     }
-    if (running == 0) OnAllExited();
+    if (running == 0) {
+      // Whatever the workers left behind in their groups goes with them; that also closes
+      // the last writers of their output pipes.
+      for (const auto& x : workers) {
+        if (x.pid > 0) ::kill(-x.pid, SIGKILL);
+      }
+      MaybeEndAttempt();
+    }
+  }
+
+  // The attempt is over once every worker has exited and all their output has been read.
+  void MaybeEndAttempt() {
+    if (running == 0 && open_pumps == 0 && phase != Phase::kDone) OnAllExited();
   }
 
   void BeginStop(int signo) {
@@ -162,19 +286,16 @@ struct LocalAgent::Impl {
 
   void OnAllExited() {
     kill_timer.cancel();
-    // Whatever the workers left behind in their groups goes with them.
     for (const auto& w : workers) {
-      if (w.pid > 0) {
-        ::kill(-w.pid, SIGKILL);
-        guard->Forget(w.pid);
-      }
+      if (w.pid > 0) guard->Forget(w.pid);
     }
     if (stopped_by_signal != 0) return Finish(128 + stopped_by_signal);
     if (failed_to_launch) return Finish(launch_error);
     if (failures.empty()) return Finish(0);
-    const WorkerFailure& root = *std::min_element(
-        failures.begin(), failures.end(),
-        [](const auto& a, const auto& b) { return a.when < b.when; });
+    std::sort(failures.begin(), failures.end(),
+              [](const auto& a, const auto& b) { return a.when < b.when; });
+    for (auto& f : failures) f.stderr_tail = StderrTail(f.local_rank);
+    const FailureRecord& root = failures.front();
     if (attempt < options.max_restarts) {
       ++attempt;
       spdlog::warn("restarting the worker group: attempt {} of at most {} (root cause: rank {} "
@@ -184,12 +305,41 @@ struct LocalAgent::Impl {
       asio::post(io, [this] { StartAttempt(); });
       return;
     }
-    spdlog::error("job failed: rank {} (local rank {}, pid {}) on {} exited with {}{}", root.rank,
-                  root.local_rank, root.pid, options.host_name, root.exit.Describe(),
-                  options.max_restarts > 0
-                      ? " after " + std::to_string(options.max_restarts) + " restarts"
-                      : std::string());
+    Report();
     Finish(root.exit.ShellCode());
+  }
+
+  std::vector<std::string> StderrTail(int lr) {
+    const auto& w = workers[static_cast<std::size_t>(lr)];
+    if (w.err_pump) return {w.err_pump->tail().begin(), w.err_pump->tail().end()};
+    return FileTail(w.dir + "/stderr.log", 20);
+  }
+
+  void Report() {
+    ReportContext c;
+    c.run_id = group.run_id;
+    c.host = options.host_name;
+    c.role = group.role;
+    c.entrypoint = options.entrypoint;
+    c.attempt = attempt;
+    c.max_restarts = options.max_restarts;
+    std::fputs(FormatReport(c, failures).c_str(), stderr);
+    const std::string json_path = options.log_dir + "/" + group.run_id + "/failure.json";
+    std::ofstream(json_path) << ReportJson(c, failures).dump(2) << "\n";
+    std::fprintf(stderr, "crun: failure report written to %s\n", json_path.c_str());
+    if (!options.parent_error_file.empty()) {
+      // As torchrun does: the root cause's error file, with its exit code as errorCode.
+      const int code = failures.front().exit.ShellCode();
+      auto error = ReadErrorFile(failures.front().error_file);
+      nlohmann::json j;
+      if (error && error->raw["message"].is_object()) {
+        j = error->raw;
+      } else {
+        j["message"]["message"] = error ? error->message : FormatReport(c, failures);
+      }
+      j["message"]["errorCode"] = code;
+      std::ofstream(options.parent_error_file) << j.dump() << "\n";
+    }
   }
 
   void Finish(int code = -1) {
@@ -208,10 +358,11 @@ struct LocalAgent::Impl {
   asio::signal_set signals;
   asio::steady_timer kill_timer;
   std::vector<Worker> workers;
-  std::vector<WorkerFailure> failures;
+  std::vector<FailureRecord> failures;
   GroupAssignment group;
   Phase phase = Phase::kRunning;
   int running = 0;
+  int open_pumps = 0;
   int attempt = 0;
   int stopped_by_signal = 0;
   bool failed_to_launch = false;

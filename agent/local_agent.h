@@ -31,14 +31,18 @@ struct AgentOptions {
   std::chrono::milliseconds shutdown_timeout{30'000};
   std::vector<int> forward_signals;  // empty: SIGTERM, SIGINT, SIGHUP, SIGQUIT
   std::string host_name;             // for reports
-};
+  std::string entrypoint;            // the script or program, for reports
 
-struct WorkerFailure {
-  int rank = 0;
-  int local_rank = 0;
-  pid_t pid = 0;
-  ExitStatus exit;
-  std::chrono::system_clock::time_point when;
+  // Logs (docs/cli.md): <log_dir>/<run_id>/attempt_<n>/<local_rank>/{stdout,stderr}.log and
+  // error.json. Bitmasks per local rank: 1 stdout, 2 stderr (absent ranks: 0).
+  std::string log_dir;             // must exist
+  std::vector<int> redirects;      // to the file only
+  std::vector<int> tees;           // to the file and the console, prefixed
+  std::vector<int> console_ranks;  // empty: every local rank reaches the console
+  // ${role_name}, ${rank}, ${local_rank} are replaced.
+  std::string prefix_template = "[${role_name}${rank}]:";
+  // crun's own TORCHELASTIC_ERROR_FILE (set by a scheduler): gets the root cause's error.
+  std::string parent_error_file;
 };
 
 class LocalAgent {

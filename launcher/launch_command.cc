@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <random>
 #include <thread>
 
@@ -34,6 +37,10 @@ struct LaunchOptions {
   double shutdown_timeout = -1;  // -1: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s
   std::string signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   std::string log_level = "warn";
+  std::string log_dir;
+  std::string redirects = "0";
+  std::string tee = "0";
+  std::string local_ranks_filter;
   std::vector<std::string> command;  // script and its arguments
 };
 
@@ -133,6 +140,61 @@ StatusOr<std::vector<int>> ParseSignals(const std::string& list) {
   return out;
 }
 
+// torchrun's Std spec: "3" for every local rank, or "0:1,1:2" per local rank (others 0).
+// Values are bitmasks: 1 stdout, 2 stderr, 3 both.
+StatusOr<std::vector<int>> ParseStdSpec(const std::string& flag, const std::string& spec,
+                                        int nproc) {
+  auto bad = [&] {
+    return InvalidArgument(flag + " '" + spec + "': expected 0-3 or local_rank:value,... (1 "
+                           "stdout, 2 stderr, 3 both)");
+  };
+  auto value = [](const std::string& v) -> int {
+    return v.size() == 1 && v[0] >= '0' && v[0] <= '3' ? v[0] - '0' : -1;
+  };
+  std::vector<int> out(static_cast<std::size_t>(nproc), 0);
+  if (spec.find(':') == std::string::npos) {
+    const int v = value(spec);
+    if (v < 0) return bad();
+    std::fill(out.begin(), out.end(), v);
+    return out;
+  }
+  std::stringstream in(spec);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const auto colon = item.find(':');
+    if (colon == std::string::npos) return bad();
+    int lr = -1;
+    try {
+      lr = std::stoi(item.substr(0, colon));
+    } catch (const std::exception&) {
+      return bad();
+    }
+    const int v = value(item.substr(colon + 1));
+    if (lr < 0 || v < 0) return bad();
+    if (lr < nproc) out[static_cast<std::size_t>(lr)] = v;
+  }
+  return out;
+}
+
+StatusOr<std::vector<int>> ParseRankList(const std::string& list, int nproc) {
+  std::vector<int> out;
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    try {
+      std::size_t used = 0;
+      const int lr = std::stoi(item, &used);
+      if (used != item.size() || lr < 0 || lr >= nproc) throw std::out_of_range(item);
+      out.push_back(lr);
+    } catch (const std::exception&) {
+      return InvalidArgument("--local-ranks-filter: '" + item + "' is not a local rank in 0.." +
+                             std::to_string(nproc - 1));
+    }
+  }
+  return out;
+}
+
 std::string RandomRunId() {
   std::random_device rd;
   char buf[17];
@@ -182,6 +244,21 @@ void AddOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--node-rank,--node_rank", o.node_rank, "This node's rank (0 on one node)")
       ->envname(pet("NODE_RANK"))->check(CLI::NonNegativeNumber)->capture_default_str()
       ->group("Static rendezvous");
+  app.add_option("--log-dir,--log_dir", o.log_dir,
+                 "Base directory of <run-id>/attempt_<n>/<local-rank>/{stdout,stderr}.log, "
+                 "error.json (default: a new temporary directory)")
+      ->envname(pet("LOG_DIR"))->group("Logs");
+  app.add_option("-r,--redirects", o.redirects,
+                 "Send worker output to the log files only: 1 stdout, 2 stderr, 3 both; or "
+                 "per local rank, e.g. 0:1,1:2")
+      ->envname(pet("REDIRECTS"))->capture_default_str()->group("Logs");
+  app.add_option("-t,--tee", o.tee,
+                 "Send worker output to the log files and, prefixed, to the console (same "
+                 "format; prefix template: $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)")
+      ->envname(pet("TEE"))->capture_default_str()->group("Logs");
+  app.add_option("--local-ranks-filter,--local_ranks_filter", o.local_ranks_filter,
+                 "Comma list of local ranks whose output reaches the console")
+      ->envname(pet("LOCAL_RANKS_FILTER"))->group("Logs");
   app.add_option("--log-level", o.log_level, "crun's own messages: trace .. off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
       ->capture_default_str()->group("Logs");
@@ -231,6 +308,27 @@ int RunLaunch(int argc, char** argv) {
     }
   }
 
+  auto redirects = ParseStdSpec("--redirects", o.redirects, *nproc);
+  if (!redirects.ok()) return UsageError(redirects.status().message());
+  auto tees = ParseStdSpec("--tee", o.tee, *nproc);
+  if (!tees.ok()) return UsageError(tees.status().message());
+  auto console_ranks = ParseRankList(o.local_ranks_filter, *nproc);
+  if (!console_ranks.ok()) return UsageError(console_ranks.status().message());
+  std::string log_dir = o.log_dir;
+  if (log_dir.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/crun_XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      return UsageError("cannot create a log directory from '" + pattern + "': " +
+                        std::strerror(errno));
+    }
+    log_dir = pattern;
+  } else {
+    std::error_code ec;
+    std::filesystem::create_directories(log_dir, ec);
+    if (ec) return UsageError("--log-dir '" + log_dir + "': " + ec.message());
+  }
+
   SetUpLogging("launch", o.log_level);
   if (*nproc > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     ::setenv("OMP_NUM_THREADS", "1", 1);
@@ -257,6 +355,17 @@ int RunLaunch(int argc, char** argv) {
   agent_options.shutdown_timeout = std::chrono::milliseconds(static_cast<long>(shutdown * 1000));
   agent_options.forward_signals = std::move(signals).value();
   agent_options.host_name = host;
+  agent_options.entrypoint = o.command[0];
+  agent_options.log_dir = log_dir;
+  agent_options.redirects = std::move(redirects).value();
+  agent_options.tees = std::move(tees).value();
+  agent_options.console_ranks = std::move(console_ranks).value();
+  if (const char* t = std::getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); t != nullptr && *t) {
+    agent_options.prefix_template = t;
+  }
+  if (const char* e = std::getenv("TORCHELASTIC_ERROR_FILE"); e != nullptr) {
+    agent_options.parent_error_file = e;
+  }
 
   boost::asio::io_context io(1);
   agent::LocalAgent agent(io, std::move(agent_options), agent::MakeLocalRendezvous(io, rdzv));

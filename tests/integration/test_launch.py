@@ -166,6 +166,74 @@ class Launch(unittest.TestCase):
         with open(os.path.join(self.dir, "out")) as f:
             self.assertEqual(sorted(f.read().split("\n")[:2]), ["lr=0 rank=0", "lr=1 rank=1"])
 
+    def test_tee_prefixes_console_lines_and_writes_plain_files(self):
+        r = self.crun("-t", "3", "--log-dir", self.dir + "/logs", "--rdzv-id", "job1",
+                      worker_args=["--mode", "chatty"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for rank in range(2):
+            self.assertIn(f"[default{rank}]:out rank={rank} line=2", r.stdout)
+            self.assertIn(f"[default{rank}]:err rank={rank} line=2", r.stderr)
+            with open(f"{self.dir}/logs/job1/attempt_0/{rank}/stdout.log") as f:
+                self.assertTrue(f.readline().startswith(f"out rank={rank} line=0"))
+
+    def test_redirect_keeps_output_off_the_console(self):
+        r = self.crun("-r", "3", "--log-dir", self.dir + "/logs", "--rdzv-id", "job2",
+                      worker_args=["--mode", "chatty"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("line=", r.stdout + r.stderr)
+        with open(f"{self.dir}/logs/job2/attempt_0/1/stderr.log") as f:
+            self.assertEqual(len(f.readlines()), 3)
+
+    def test_local_ranks_filter(self):
+        r = self.crun("--local-ranks-filter", "1", "-t", "1", worker_args=["--mode", "chatty"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("rank=1", r.stdout)
+        self.assertNotIn("rank=0", r.stdout)
+        r = self.crun("--local-ranks-filter", "5")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("'5'", r.stderr)
+
+    def test_lines_never_interleave_mid_line(self):
+        r = self.crun("-t", "3", nproc=4, worker_args=["--mode", "chatty", "--lines", "2000"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = [l for l in r.stdout.splitlines() if "line=" in l]
+        self.assertEqual(len(lines), 4 * 2000)
+        for line in lines:
+            self.assertRegex(line, r"^\[default(\d)\]:out rank=\1 line=\d+ x{200}$")
+
+    def test_failure_report_without_error_file_shows_last_stderr_lines(self):
+        r = self.crun("--log-dir", self.dir + "/logs", "--rdzv-id", "job3",
+                      worker_args=["--mode", "chatty", "--fail-rank", "1", "--code", "4"])
+        self.assertEqual(r.returncode, 4)
+        report = r.stderr[r.stderr.index("Root cause"):]
+        self.assertIn("rank      : 1 (local rank 1", report)
+        self.assertIn("exit      : exit code 4", report)
+        self.assertIn("error file: <none written>", report)
+        self.assertIn("err rank=1 line=2", report)
+        with open(f"{self.dir}/logs/job3/failure.json") as f:
+            j = json.load(f)
+        self.assertEqual(j["failures"][0]["rank"], 1)
+        self.assertEqual(j["failures"][0]["exit_code"], 4)
+        self.assertTrue(any("line=2" in l for l in j["failures"][0]["stderr_tail"]))
+
+    def test_failure_report_uses_torchelastic_error_file(self):
+        parent_error = os.path.join(self.dir, "crun_error.json")
+        env = dict(os.environ, PYTHON_EXEC="/usr/bin/python3", TORCHELASTIC_ERROR_FILE=parent_error)
+        record = os.path.join(os.path.dirname(WORKER), "record_fail.py")
+        r = subprocess.run([CRUN, "--nproc-per-node", "2", "--log-dir", self.dir + "/logs",
+                            "--rdzv-id", "job4", record],
+                           capture_output=True, text=True, timeout=LIMIT_S, env=env)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        report = r.stderr[r.stderr.index("Root cause"):]
+        self.assertIn(f"error file: {self.dir}/logs/job4/attempt_0/1/error.json", report)
+        self.assertIn("error     : ValueError: intentional failure on rank 1", report)
+        self.assertIn("traceback :", report)
+        self.assertIn("raise ValueError", report)
+        with open(parent_error) as f:
+            copied = json.load(f)
+        self.assertEqual(copied["message"]["errorCode"], 1)
+        self.assertIn("intentional failure", copied["message"]["message"])
+
     def test_version_and_help(self):
         r = subprocess.run([CRUN, "--version"], capture_output=True, text=True, timeout=LIMIT_S)
         self.assertEqual(r.returncode, 0)

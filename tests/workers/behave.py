@@ -6,6 +6,7 @@
   wait          write a ready file, then sleep until a signal; a SIGTERM is recorded
   ignore-term   like wait, but ignore SIGTERM (to be SIGKILLed after the grace period)
   grandchild    start a child that sleeps in the same process group, record both pids, wait
+  chatty        write --lines numbered lines to stdout and stderr, then exit like `exit`
 """
 import argparse
 import json
@@ -20,6 +21,7 @@ ap.add_argument("--fail-rank", type=int, default=-1)
 ap.add_argument("--fail-attempt", type=int, default=-1)
 ap.add_argument("--code", type=int, default=1)
 ap.add_argument("--mode", default="exit")
+ap.add_argument("--lines", type=int, default=3)
 args = ap.parse_args()
 
 rank = int(os.environ["RANK"])
@@ -35,7 +37,14 @@ def write(name, data):
 
 
 write(f"env_{tag}.json", dict(os.environ))
-if args.mode == "exit":
+if args.mode == "chatty":
+    pad = "x" * 200  # long lines: a torn write would show
+    for i in range(args.lines):
+        sys.stdout.write(f"out rank={rank} line={i} {pad}\n")
+        sys.stderr.write(f"err rank={rank} line={i} {pad}\n")
+    sys.stdout.flush()
+    sys.stderr.flush()
+if args.mode in ("exit", "chatty"):
     failing = rank == args.fail_rank and args.fail_attempt in (-1, attempt)
     sys.exit(args.code if failing else 0)
 

@@ -1,0 +1,119 @@
+#include "agent/failure_report.h"
+
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+namespace crun::agent {
+namespace {
+
+std::string IsoTime(std::chrono::system_clock::time_point t) {
+  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() % 1000;
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[80];
+  std::snprintf(out, sizeof out, "%s.%03lldZ", buf, static_cast<long long>(ms));
+  return out;
+}
+
+std::string Indent(const std::string& text, const std::string& pad) {
+  std::stringstream in(text);
+  std::string line, out;
+  while (std::getline(in, line)) out += pad + line + "\n";
+  return out;
+}
+
+void AppendBlock(std::string& out, const FailureRecord& f, const ReportContext& c) {
+  out += "  time      : " + IsoTime(f.when) + "\n";
+  out += "  host      : " + c.host + "\n";
+  out += "  rank      : " + std::to_string(f.rank) + " (local rank " + std::to_string(f.local_rank) +
+         ", role " + c.role + ")\n";
+  out += "  pid       : " + std::to_string(f.pid) + "\n";
+  out += "  exit      : " + f.exit.Describe() + "\n";
+  auto error = ReadErrorFile(f.error_file);
+  out += "  error file: " + (error ? f.error_file : std::string("<none written>")) + "\n";
+  if (error) {
+    out += "  error     : " + error->message + "\n";
+    if (!error->traceback.empty()) out += "  traceback :\n" + Indent(error->traceback, "    ");
+  } else if (!f.stderr_tail.empty()) {
+    out += "  last stderr lines:\n";
+    for (const auto& line : f.stderr_tail) out += "    " + line + "\n";
+  }
+}
+
+}  // namespace
+
+std::optional<ErrorFileContent> ReadErrorFile(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("message")) return std::nullopt;
+  ErrorFileContent c;
+  c.raw = j;
+  const auto& m = j["message"];
+  if (m.is_object()) {  // {"message": {"message": "...", "extraInfo": {"py_callstack": ...}}}
+    if (m.contains("message") && m["message"].is_string()) c.message = m["message"];
+    if (m.contains("extraInfo") && m["extraInfo"].is_object() &&
+        m["extraInfo"].contains("py_callstack") && m["extraInfo"]["py_callstack"].is_string()) {
+      c.traceback = m["extraInfo"]["py_callstack"];
+    }
+  } else if (m.is_string()) {  // the newer flat format
+    c.message = m;
+  }
+  return c;
+}
+
+std::string FormatReport(const ReportContext& c, const std::vector<FailureRecord>& failures) {
+  const std::string rule(72, '=');
+  std::string out = rule + "\n";
+  out += "crun: " + c.entrypoint + " FAILED (run " + c.run_id + ", attempt " +
+         std::to_string(c.attempt) + ", " + std::to_string(c.max_restarts) +
+         " restarts allowed)\n";
+  out += std::string(72, '-') + "\nRoot cause (first failure):\n";
+  if (!failures.empty()) AppendBlock(out, failures.front(), c);
+  out += std::string(72, '-') + "\nOther failures:";
+  if (failures.size() <= 1) out += " none";
+  out += "\n";
+  for (std::size_t i = 1; i < failures.size(); ++i) {
+    const auto& f = failures[i];
+    out += "  rank " + std::to_string(f.rank) + " (local rank " + std::to_string(f.local_rank) +
+           ", pid " + std::to_string(f.pid) + "): " + f.exit.Describe() + " at " +
+           IsoTime(f.when) + "\n";
+  }
+  return out + rule + "\n";
+}
+
+nlohmann::json ReportJson(const ReportContext& c, const std::vector<FailureRecord>& failures) {
+  nlohmann::json j;
+  j["run_id"] = c.run_id;
+  j["host"] = c.host;
+  j["role"] = c.role;
+  j["entrypoint"] = c.entrypoint;
+  j["attempt"] = c.attempt;
+  j["max_restarts"] = c.max_restarts;
+  j["failures"] = nlohmann::json::array();
+  for (const auto& f : failures) {
+    nlohmann::json e;
+    e["time"] = IsoTime(f.when);
+    e["rank"] = f.rank;
+    e["local_rank"] = f.local_rank;
+    e["pid"] = f.pid;
+    e["exit_code"] = f.exit.signaled ? nlohmann::json(nullptr) : nlohmann::json(f.exit.value);
+    e["signal"] = f.exit.signaled ? nlohmann::json(SignalName(f.exit.value)) : nlohmann::json(nullptr);
+    e["error_file"] = f.error_file;
+    if (auto err = ReadErrorFile(f.error_file)) {
+      e["message"] = err->message;
+      e["traceback"] = err->traceback;
+    } else {
+      e["stderr_tail"] = f.stderr_tail;
+    }
+    j["failures"].push_back(e);
+  }
+  return j;
+}
+
+}  // namespace crun::agent

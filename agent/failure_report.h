@@ -1,0 +1,51 @@
+// The failure report: which rank failed first (the root cause), on which host, how, and why:
+// the traceback from its torchelastic error file (written by @record), or else the last lines
+// of its stderr. Other failures follow. Pure formatting; reading the error file is the only I/O.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/process.h"
+
+namespace crun::agent {
+
+struct FailureRecord {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = 0;
+  ExitStatus exit;
+  std::chrono::system_clock::time_point when;
+  std::string error_file;                // path given to the worker
+  std::vector<std::string> stderr_tail;  // last lines, when no error file was written
+};
+
+struct ReportContext {
+  std::string run_id;
+  std::string host;
+  std::string role;
+  std::string entrypoint;  // the script or program
+  int attempt = 0;
+  int max_restarts = 0;
+};
+
+struct ErrorFileContent {
+  std::string message;    // "ValueError: intentional failure on rank 0"
+  std::string traceback;  // the worker's Python call stack
+  nlohmann::json raw;
+};
+
+// Reads a torchelastic error file (either format); nullopt when absent or unreadable.
+std::optional<ErrorFileContent> ReadErrorFile(const std::string& path);
+
+// `failures` sorted by time: the first is the root cause.
+std::string FormatReport(const ReportContext& context, const std::vector<FailureRecord>& failures);
+nlohmann::json ReportJson(const ReportContext& context, const std::vector<FailureRecord>& failures);
+
+}  // namespace crun::agent

@@ -1,0 +1,65 @@
+#include "agent/line_pump.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace crun::agent {
+namespace {
+
+void WriteAll(int fd, const std::string& data) {
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n > 0) {
+      done += static_cast<std::size_t>(n);
+    } else if (n < 0 && errno != EINTR) {
+      return;  // the console or file is gone: the worker must not be blocked by it
+    }
+  }
+}
+
+}  // namespace
+
+LinePump::LinePump(boost::asio::io_context& io, int read_fd, PumpTargets targets,
+                   std::function<void()> on_eof)
+    : pipe_(io, read_fd), targets_(std::move(targets)), on_eof_(std::move(on_eof)) {
+  Read();
+}
+
+void LinePump::Read() {
+  pipe_.async_read_some(boost::asio::buffer(buffer_),
+                        [this](const boost::system::error_code& ec, std::size_t n) {
+                          if (ec == boost::asio::error::operation_aborted) return;
+                          if (ec) {  // EOF: the worker and everything it started are gone
+                            if (!pending_.empty()) Emit(pending_);
+                            pending_.clear();
+                            boost::system::error_code ignored;
+                            pipe_.close(ignored);
+                            if (on_eof_) std::exchange(on_eof_, nullptr)();
+                            return;
+                          }
+                          pending_.append(buffer_, n);
+                          std::size_t start = 0;
+                          for (auto nl = pending_.find('\n'); nl != std::string::npos;
+                               nl = pending_.find('\n', start)) {
+                            Emit(std::string_view(pending_).substr(start, nl - start));
+                            start = nl + 1;
+                          }
+                          pending_.erase(0, start);
+                          Read();
+                        });
+}
+
+void LinePump::Emit(std::string_view line) {
+  if (targets_.file_fd >= 0) WriteAll(targets_.file_fd, std::string(line) + "\n");
+  if (targets_.console_fd >= 0) {
+    WriteAll(targets_.console_fd, targets_.prefix + std::string(line) + "\n");
+  }
+  if (targets_.tail_lines > 0) {
+    tail_.emplace_back(line);
+    if (tail_.size() > targets_.tail_lines) tail_.pop_front();
+  }
+}
+
+}  // namespace crun::agent

@@ -1,0 +1,46 @@
+// LinePump: carries one worker stream (a pipe) to its destinations line by line: a file, the
+// console (with a prefix such as "[default3]:"), or both, and keeps the last lines for the
+// failure report. Each line is written with one write(), so lines of different workers never
+// interleave mid-line. Runs on the agent's event loop; a line with no newline at EOF is
+// flushed as one.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+
+namespace crun::agent {
+
+struct PumpTargets {
+  int console_fd = -1;  // -1: not shown on the console
+  std::string prefix;   // put before each console line
+  int file_fd = -1;     // -1: no file; the pump does not own it
+  std::size_t tail_lines = 20;
+};
+
+class LinePump {
+ public:
+  // Takes ownership of `read_fd`. `on_eof` runs once, when every writer has closed the pipe.
+  LinePump(boost::asio::io_context& io, int read_fd, PumpTargets targets,
+           std::function<void()> on_eof);
+  LinePump(const LinePump&) = delete;
+  LinePump& operator=(const LinePump&) = delete;
+
+  const std::deque<std::string>& tail() const { return tail_; }
+
+ private:
+  void Read();
+  void Emit(std::string_view line);
+
+  boost::asio::posix::stream_descriptor pipe_;
+  PumpTargets targets_;
+  std::function<void()> on_eof_;
+  std::string pending_;
+  std::deque<std::string> tail_;
+  char buffer_[16384];
+};
+
+}  // namespace crun::agent
