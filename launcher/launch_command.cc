@@ -336,6 +336,8 @@ int RunLaunch(int argc, char** argv) {
                          "(set it to tune)\n", *nproc);
   }
   ::signal(SIGPIPE, SIG_IGN);
+  // As torchrun 2.x does: workers see which signals their launcher forwards.
+  ::setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", o.signals.c_str(), 1);
 
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);

@@ -204,6 +204,9 @@ TEST_CASE("1.13 and 2.x clients share one store", "[server]") {
   modern.SendRequest(Dialect::kModern, MakeRequest(Command::kAdd, {"init/"}, 1));
   CHECK(modern.ReadI64() == 2);
   legacy.SendRequest(Dialect::kLegacy, MakeRequest(Command::kSet, {"/a", "xy"}));
+  // SET has no reply and travels on another connection: wait for it, as real clients do.
+  modern.SendRequest(Dialect::kModern, MakeRequest(Command::kWait, {"/a"}));
+  CHECK(modern.ReadU8() == crun::wire::kStopWaiting);
   modern.SendRequest(Dialect::kModern, MakeRequest(Command::kGet, {"/a"}));
   CHECK(modern.ReadBytes() == "xy");
   legacy.SendRequest(Dialect::kLegacy, MakeRequest(Command::kWait, {"/b"}));
