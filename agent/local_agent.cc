@@ -113,6 +113,7 @@ struct LocalAgent::Impl {
     const Environment base = CurrentEnvironment();
     workers.clear();
     workers.resize(static_cast<std::size_t>(options.nproc));
+    std::vector<std::pair<int, PendingProcess>> pending;
     for (int lr = 0; lr < options.nproc; ++lr) {
       auto& w = workers[static_cast<std::size_t>(lr)];
       w.local_rank = lr;
@@ -124,8 +125,7 @@ struct LocalAgent::Impl {
         spdlog::error("cannot create log directory {}: {}", w.dir, ec.message());
         failed_to_launch = true;
         launch_error = 1;
-        if (running == 0) return Finish(launch_error);
-        return BeginStop(SIGTERM);
+        break;
       }
       w.error_file = w.dir + "/error.json";
       std::filesystem::remove(w.error_file, ec);  // a rerun with the same log dir and run id
@@ -135,14 +135,25 @@ struct LocalAgent::Impl {
       std::vector<int> child_fds;  // closed in crun once the worker has them
       SetUpStream(w, 1, &spec.stdout_fd, &child_fds);
       SetUpStream(w, 2, &spec.stderr_fd, &child_fds);
-      auto pid = SpawnProcess(spec);
+      auto started = StartProcess(spec);
       for (int fd : child_fds) ::close(fd);
+      if (!started.ok()) {
+        spdlog::error("local rank {}: {}", lr, started.status().message());
+        launch_error = LaunchFailureCode(started.status());
+        failed_to_launch = true;
+        break;
+      }
+      pending.push_back({lr, std::move(started).value()});
+    }
+    // Second phase: every child execs in parallel; collect the reports.
+    for (auto& [lr, p] : pending) {
+      auto& w = workers[static_cast<std::size_t>(lr)];
+      auto pid = FinishStart(p);
       if (!pid.ok()) {
         spdlog::error("local rank {}: {}", lr, pid.status().message());
         launch_error = LaunchFailureCode(pid.status());
         failed_to_launch = true;
-        if (running == 0) return Finish(launch_error);
-        return BeginStop(SIGTERM);
+        continue;
       }
       w.pid = *pid;
       w.running = true;
@@ -155,6 +166,10 @@ struct LocalAgent::Impl {
       } else {
         w.watcher = std::move(watcher).value();
       }
+    }
+    if (failed_to_launch) {
+      if (running == 0) return Finish(launch_error);
+      return BeginStop(SIGTERM);
     }
     spdlog::info("attempt {}: started {} workers (store {}:{})", attempt, options.nproc,
                  group.master_addr, group.master_port);

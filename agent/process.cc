@@ -106,7 +106,7 @@ std::string ExitStatus::Describe() const {
   return "exit code " + std::to_string(value);
 }
 
-StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec) {
+StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
   if (spec.argv.empty()) return InvalidArgument("no program to start");
   // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
   std::vector<char*> argv, envp;
@@ -140,18 +140,29 @@ StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec) {
   }
   ::setpgid(pid, pid);  // also here, so the group exists whichever side runs first
   ::close(report[1]);
+  return PendingProcess{pid, report[0], spec.argv[0]};
+}
+
+StatusOr<pid_t> FinishStart(PendingProcess& pending) {
   int err = 0;
   ssize_t n;
   do {
-    n = ::read(report[0], &err, sizeof err);
+    n = ::read(pending.report_fd, &err, sizeof err);
   } while (n < 0 && errno == EINTR);
-  ::close(report[0]);
+  ::close(pending.report_fd);
+  pending.report_fd = -1;
   if (n == sizeof err) {
     int status;
-    ::waitpid(pid, &status, 0);
-    return PosixError("cannot start '" + spec.argv[0] + "'", err);
+    ::waitpid(pending.pid, &status, 0);
+    return PosixError("cannot start '" + pending.program + "'", err);
   }
-  return pid;
+  return pending.pid;
+}
+
+StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec) {
+  auto pending = StartProcess(spec);
+  if (!pending.ok()) return pending.status();
+  return FinishStart(*pending);
 }
 
 StatusOr<std::unique_ptr<ExitWatcher>> ExitWatcher::Watch(asio::io_context& io, pid_t pid,

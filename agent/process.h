@@ -45,6 +45,18 @@ std::string SignalName(int signo);
 // Parses "SIGTERM", "TERM" or "15"; -1 when unknown.
 int ParseSignal(const std::string& name);
 
+// A started child whose exec has not been confirmed yet.
+struct PendingProcess {
+  pid_t pid = -1;
+  int report_fd = -1;  // EOF once the child has exec'd; an errno if exec failed
+  std::string program;
+};
+
+// Two phases, so that many children exec at the same time: StartProcess forks and returns at
+// once; FinishStart waits for that child's exec and reports a failure (reaping the child).
+StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec);
+StatusOr<pid_t> FinishStart(PendingProcess& pending);
+// Both in one.
 StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec);
 
 class ExitWatcher {

@@ -10,4 +10,4 @@ $SUDO apt-get install -y -q \
   libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libspdlog-dev libcli11-dev nlohmann-json3-dev catch2 \
   python3 python3-venv python3-torch \
-  iproute2 procps
+  iproute2 procps time
