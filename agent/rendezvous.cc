@@ -27,6 +27,7 @@ class LocalRendezvous final : public Rendezvous {
     g.master_port = store_->port();
     g.restart_count = attempt;
     g.max_restarts = options_.max_restarts;
+    g.virtual_local_rank = options_.virtual_local_rank;
     return g;
   }
 

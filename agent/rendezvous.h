@@ -30,6 +30,7 @@ struct LocalRendezvousOptions {
   int max_restarts = 0;
   std::string store_host = "127.0.0.1";  // where the round's store listens; workers' MASTER_ADDR
   std::uint16_t store_port = 0;          // 0: a free port each round
+  bool virtual_local_rank = false;
 };
 
 // Runs on `io`'s thread (NextRound starts the store there).

@@ -30,6 +30,9 @@ struct LaunchOptions {
   std::string role = "default";
   bool module = false;
   bool no_python = false;
+  bool run_path = false;
+  bool virtual_local_rank = false;
+  std::string local_addr;
   std::string rdzv_id = "none";
   std::string master_addr = "127.0.0.1";
   int master_port = -1;  // -1: a fresh free port per attempt
@@ -107,6 +110,19 @@ bool IsExecutableOnPath(const std::string& program) {
 // --no-python, [script, args...].
 StatusOr<std::vector<std::string>> WorkerCommand(const LaunchOptions& o) {
   if (o.command.empty()) return InvalidArgument("no training script given");
+  if (o.run_path) {
+    // torchrun's --run-path: the script runs through runpy.run_path inside the interpreter
+    // (it takes precedence over --no-python, as in torchrun).
+    if (::access(o.command[0].c_str(), R_OK) != 0) {
+      return InvalidArgument("--run-path: '" + o.command[0] + "' does not exist or is not readable");
+    }
+    const char* python = std::getenv("PYTHON_EXEC");
+    std::vector<std::string> argv{python != nullptr && *python ? python : "python3", "-u", "-c",
+                                  "import runpy, sys; sys.argv = sys.argv[1:]; "
+                                  "runpy.run_path(sys.argv[0], run_name='__main__')"};
+    argv.insert(argv.end(), o.command.begin(), o.command.end());
+    return argv;
+  }
   if (o.module && o.no_python) return InvalidArgument("-m/--module and --no-python exclude each other");
   const std::string& script = o.command[0];
   if (o.no_python) {
@@ -235,6 +251,16 @@ void AddOptions(CLI::App& app, LaunchOptions& o) {
       ->envname(pet("MODULE"))->group("Worker program");
   app.add_flag("--no-python,--no_python", o.no_python, "Run the script as a program, not with Python")
       ->envname(pet("NO_PYTHON"))->group("Worker program");
+  app.add_flag("--run-path,--run_path", o.run_path,
+                "Run the script with runpy.run_path inside the interpreter")
+      ->envname(pet("RUN_PATH"))->group("Worker program");
+  app.add_flag("--virtual-local-rank,--virtual_local_rank", o.virtual_local_rank,
+               "Every worker sees LOCAL_RANK=0 and only its own GPU in CUDA_VISIBLE_DEVICES")
+      ->envname(pet("VIRTUAL_LOCAL_RANK"))->group("Worker program");
+  app.add_option("--local-addr,--local_addr", o.local_addr,
+                 "Address this node advertises: the store binds it and workers get it as "
+                 "MASTER_ADDR (overrides --master-addr)")
+      ->envname(pet("LOCAL_ADDR"))->group("Static rendezvous");
   app.add_option("--master-addr,--master_addr", o.master_addr,
                  "Address of the store the workers use (MASTER_ADDR)")
       ->envname(pet("MASTER_ADDR"))->capture_default_str()->group("Static rendezvous");
@@ -347,7 +373,8 @@ int RunLaunch(int argc, char** argv) {
   rdzv.role = o.role;
   rdzv.nproc = *nproc;
   rdzv.max_restarts = o.max_restarts;
-  rdzv.store_host = o.master_addr;
+  rdzv.store_host = o.local_addr.empty() ? o.master_addr : o.local_addr;
+  rdzv.virtual_local_rank = o.virtual_local_rank;
   rdzv.store_port = o.master_port > 0 ? static_cast<std::uint16_t>(o.master_port) : 0;
 
   agent::AgentOptions agent_options;

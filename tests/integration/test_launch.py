@@ -234,6 +234,26 @@ class Launch(unittest.TestCase):
         self.assertEqual(copied["message"]["errorCode"], 1)
         self.assertIn("intentional failure", copied["message"]["message"])
 
+    def test_virtual_local_rank(self):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="4,5")
+        r = subprocess.run([CRUN, "--nproc-per-node", "2", "--virtual-local-rank", WORKER,
+                            self.dir], capture_output=True, text=True, timeout=LIMIT_S, env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for rank, gpu in ((0, "4"), (1, "5")):
+            self.assertEqual(self.env(rank)["LOCAL_RANK"], "0")
+            self.assertEqual(self.env(rank)["RANK"], str(rank))
+            self.assertEqual(self.env(rank)["CUDA_VISIBLE_DEVICES"], gpu)
+
+    def test_run_path_runs_the_script_through_runpy(self):
+        r = self.crun("--run-path", worker_args=["--fail-rank", "1", "--code", "5"])
+        self.assertEqual(r.returncode, 5, r.stderr)
+        self.assertEqual(self.env(1)["RANK"], "1")  # written before it failed
+
+    def test_local_addr_is_the_store_address(self):
+        r = self.crun("--local-addr", "127.0.0.3")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.env(1)["MASTER_ADDR"], "127.0.0.3")
+
     def test_version_and_help(self):
         r = subprocess.run([CRUN, "--version"], capture_output=True, text=True, timeout=LIMIT_S)
         self.assertEqual(r.returncode, 0)

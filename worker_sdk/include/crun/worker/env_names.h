@@ -25,6 +25,7 @@ inline constexpr char kErrorFile[] = "TORCHELASTIC_ERROR_FILE";
 inline constexpr char kNcclAsyncErrorHandling[] = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
 inline constexpr char kNcclAsyncErrorHandlingOld[] = "NCCL_ASYNC_ERROR_HANDLING";  // 1.13 name
 inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";
+inline constexpr char kCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";
 // crun's own additions.
 inline constexpr char kCrunAttempt[] = "CRUN_ATTEMPT";        // 0, 1, ... (restarts of the group)
 inline constexpr char kCrunLogDir[] = "CRUN_ATTEMPT_LOG_DIR";  // this worker's log directory
