@@ -151,6 +151,8 @@ class Launch(unittest.TestCase):
             (["--signals-to-handle", "SIGNOPE", WORKER], "SIGNOPE"),
             ([], "no training script"),
         ]
+        if not os.path.exists("/dev/nvidia0"):  # CI machines have no GPU
+            cases.append((["--nproc-per-node", "gpu", WORKER, self.dir], "no GPU"))
         for args, needle in cases:
             with self.subTest(args=args):
                 r = subprocess.run([CRUN, *args], capture_output=True, text=True, timeout=LIMIT_S)
