@@ -53,12 +53,9 @@ std::vector<std::string> FileTail(const std::string& path, std::size_t lines) {
   return {tail.begin(), tail.end()};
 }
 
-// The shell's codes for a program that cannot be run.
-int LaunchFailureCode(const Status& s) {
-  if (s.message().find("No such file") != std::string::npos) return 127;
-  if (s.message().find("Permission denied") != std::string::npos) return 126;
-  return 1;
-}
+// The shell's codes for a program that cannot be run: 127 not found, 126 found but not
+// executable (or exec failed otherwise).
+int LaunchFailureCode(const Status& s) { return s.code() == StatusCode::kNotFound ? 127 : 126; }
 
 }  // namespace
 

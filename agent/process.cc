@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <set>
@@ -90,7 +92,8 @@ std::string SignalName(int signo) {
 }
 
 int ParseSignal(const std::string& text) {
-  if (!text.empty() && std::all_of(text.begin(), text.end(), ::isdigit)) {
+  if (!text.empty() && std::all_of(text.begin(), text.end(),
+                                   [](unsigned char c) { return std::isdigit(c) != 0; })) {
     const int n = std::stoi(text);
     return n > 0 && n < NSIG ? n : -1;
   }

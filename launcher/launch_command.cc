@@ -368,8 +368,8 @@ int RunLaunch(int argc, char** argv) {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   agent::LocalRendezvousOptions rdzv;
+  // As torchrun: --standalone always gets a fresh id.
   rdzv.run_id = o.standalone || o.rdzv_id == "none" ? RandomRunId() : o.rdzv_id;
-  if (!o.standalone && o.rdzv_id != "none") rdzv.run_id = o.rdzv_id;
   rdzv.role = o.role;
   rdzv.nproc = *nproc;
   rdzv.max_restarts = o.max_restarts;

@@ -45,6 +45,9 @@ Status PosixError(std::string_view context, int err) {
     case ETIMEDOUT:
       code = StatusCode::kTimeout;
       break;
+    case ENOENT:
+      code = StatusCode::kNotFound;
+      break;
     case EMFILE:
     case ENFILE:
     case ENOMEM:

@@ -256,6 +256,16 @@ class Launch(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(self.env(1)["MASTER_ADDR"], "127.0.0.3")
 
+    def test_exec_failure_is_reported_with_the_shells_code(self):
+        broken = os.path.join(self.dir, "broken.sh")
+        with open(broken, "w") as f:
+            f.write("#!/nonexistent/interpreter\n")
+        os.chmod(broken, 0o755)  # executable, but exec fails: its interpreter does not exist
+        r = subprocess.run([CRUN, "--nproc-per-node", "2", "--no-python", broken],
+                           capture_output=True, text=True, timeout=LIMIT_S)
+        self.assertEqual(r.returncode, 127, r.stderr)
+        self.assertIn(f"cannot start '{broken}'", r.stderr)
+
     def test_version_and_help(self):
         r = subprocess.run([CRUN, "--version"], capture_output=True, text=True, timeout=LIMIT_S)
         self.assertEqual(r.returncode, 0)
