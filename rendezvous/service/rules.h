@@ -1,0 +1,100 @@
+// Rendezvous rules: pure functions of (state, event, now) that return the next state and the
+// actions to take. No I/O, threads or clocks: the engine (issue 4, next step) feeds events and
+// applies actions; tests drive the rules as tables with invented times. docs/rendezvous.md.
+//
+// This first part covers forming rounds: nodes join; a round forms at once when max_nodes
+// have joined, or when the last-call window closes with at least min_nodes; nodes beyond
+// max_nodes are kept as spares; too few nodes by the join deadline fail the job.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "rendezvous/store/status.h"
+
+namespace crun::rdzv {
+
+using TimePoint = std::chrono::steady_clock::time_point;
+using Millis = std::chrono::milliseconds;
+
+inline constexpr Millis kDefaultJoinTimeout{600'000};   // torchrun's
+inline constexpr Millis kDefaultLastCallTimeout{1'000}; // torchrun: 30 s
+inline constexpr Millis kDefaultHeartbeatTimeout{3'000};
+
+struct Settings {
+  int min_nodes = 1;
+  int max_nodes = 1;
+  Millis join_timeout = kDefaultJoinTimeout;
+  Millis last_call_timeout = kDefaultLastCallTimeout;
+  Millis heartbeat_timeout = kDefaultHeartbeatTimeout;
+  int max_restarts = 0;
+
+  // Errors name the values: "max nodes (2) must be >= min nodes (4)".
+  Status Validate() const;
+  // Two agents of one run must agree; the message says which setting differs.
+  Status CheckCompatible(const Settings& other) const;
+};
+
+struct NodeDescription {
+  std::string node_id;  // unique per agent: a second agent with the same id is refused
+  std::string host;
+  int nproc = 1;
+  // A scheduler-imposed order (Slurm's node index); nodes without one come after, by host.
+  std::optional<int> requested_rank;
+};
+
+struct Assignment {
+  std::string node_id;
+  int group_rank = 0;
+  int group_world_size = 0;
+  int base_rank = 0;   // RANK of the node's local rank 0
+  int world_size = 0;  // workers in the round
+};
+
+// Actions the engine carries out.
+struct FormRound {
+  int round = 0;
+  std::vector<Assignment> assignments;  // in group-rank order
+  std::vector<std::string> spares;      // joined, kept for a node that is lost
+};
+struct RefuseJoin {
+  std::string node_id;
+  std::string reason;
+};
+struct FailJob {
+  std::string reason;
+};
+using Action = std::variant<FormRound, RefuseJoin, FailJob>;
+
+enum class Phase { kGathering, kRunning, kFailed };
+
+struct State {
+  Settings settings;
+  Phase phase = Phase::kGathering;
+  int round = -1;                      // the last round formed
+  std::vector<NodeDescription> joined;  // in join order, this round
+  std::optional<TimePoint> join_deadline;
+  std::optional<TimePoint> last_call_deadline;
+};
+
+struct Transition {
+  State state;
+  std::vector<Action> actions;
+  // When Tick must be called next (a deadline), if any.
+  std::optional<TimePoint> wake_at;
+};
+
+// A node asks to join the current gathering.
+Transition OnJoin(const State& state, const NodeDescription& node, const Settings& its_settings,
+                  TimePoint now);
+// Time passed: deadlines may have expired.
+Transition OnTick(const State& state, TimePoint now);
+
+// The order of group ranks: requested rank first (ascending), then host, then node id.
+std::vector<NodeDescription> RankOrder(std::vector<NodeDescription> nodes);
+
+}  // namespace crun::rdzv

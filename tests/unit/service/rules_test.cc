@@ -1,0 +1,189 @@
+// Rendezvous rules as tables: events at invented times in, state and actions out. No sockets,
+// threads, clocks or sleeps.
+#include <catch2/catch.hpp>
+
+#include "rendezvous/service/rules.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using crun::rdzv::Action;
+using crun::rdzv::FailJob;
+using crun::rdzv::FormRound;
+using crun::rdzv::NodeDescription;
+using crun::rdzv::OnJoin;
+using crun::rdzv::OnTick;
+using crun::rdzv::Phase;
+using crun::rdzv::RefuseJoin;
+using crun::rdzv::Settings;
+using crun::rdzv::State;
+using crun::rdzv::TimePoint;
+
+const TimePoint T0{};  // an arbitrary origin: the rules only compare times
+
+Settings Nodes(int min, int max) {
+  Settings s;
+  s.min_nodes = min;
+  s.max_nodes = max;
+  s.join_timeout = 60s;
+  s.last_call_timeout = 1s;
+  return s;
+}
+
+NodeDescription Node(const std::string& host, int nproc = 2, std::optional<int> rank = {}) {
+  return {host + "#1", host, nproc, rank};
+}
+
+State Start(const Settings& s) {
+  State st;
+  st.settings = s;
+  return st;
+}
+
+template <typename T>
+const T* Only(const std::vector<Action>& actions) {
+  REQUIRE(actions.size() == 1);
+  return std::get_if<T>(&actions[0]);
+}
+
+}  // namespace
+
+TEST_CASE("settings are validated with the values named", "[rules]") {
+  struct Row {
+    Settings s;
+    const char* message;
+  };
+  Settings bad_max = Nodes(4, 2);
+  Settings bad_min = Nodes(0, 2);
+  Settings bad_join = Nodes(1, 1);
+  bad_join.join_timeout = 0ms;
+  Settings bad_restarts = Nodes(1, 1);
+  bad_restarts.max_restarts = -1;
+  for (const auto& row : std::vector<Row>{
+           {bad_max, "max nodes (2) must be >= min nodes (4)"},
+           {bad_min, "min nodes (0) must be >= 1"},
+           {bad_join, "join_timeout (0 ms) must be positive"},
+           {bad_restarts, "max restarts (-1) must be >= 0"},
+       }) {
+    CHECK(row.s.Validate().message() == row.message);
+  }
+  CHECK(Nodes(2, 4).Validate().ok());
+}
+
+TEST_CASE("one node of 1:1 forms round 0 at once", "[rules]") {
+  auto t = OnJoin(Start(Nodes(1, 1)), Node("a", 4), Nodes(1, 1), T0);
+  const auto* round = Only<FormRound>(t.actions);
+  REQUIRE(round != nullptr);
+  CHECK(round->round == 0);
+  REQUIRE(round->assignments.size() == 1);
+  CHECK(round->assignments[0].group_rank == 0);
+  CHECK(round->assignments[0].world_size == 4);
+  CHECK(t.state.phase == Phase::kRunning);
+  CHECK_FALSE(t.wake_at.has_value());
+}
+
+TEST_CASE("2:4 waits for the last call after the second node, then forms", "[rules]") {
+  const Settings s = Nodes(2, 4);
+  auto t = OnJoin(Start(s), Node("b"), s, T0);
+  CHECK(t.actions.empty());
+  CHECK(t.wake_at == T0 + 60s);  // the join deadline
+  t = OnJoin(t.state, Node("a"), s, T0 + 5s);
+  CHECK(t.actions.empty());
+  CHECK(t.wake_at == T0 + 6s);  // last call closes 1 s after min was reached
+  t = OnTick(t.state, T0 + 5999ms);
+  CHECK(t.actions.empty());
+  t = OnTick(t.state, T0 + 6s);
+  const auto* round = Only<FormRound>(t.actions);
+  REQUIRE(round != nullptr);
+  REQUIRE(round->assignments.size() == 2);
+  CHECK(round->assignments[0].node_id == "a#1");  // rank order: by host
+  CHECK(round->assignments[1].base_rank == 2);
+  CHECK(round->assignments[1].world_size == 4);
+}
+
+TEST_CASE("reaching max forms at once, without a last call", "[rules]") {
+  const Settings s = Nodes(2, 3);
+  State st = Start(s);
+  for (const char* h : {"c", "a"}) st = OnJoin(st, Node(h), s, T0).state;
+  auto t = OnJoin(st, Node("b"), s, T0 + 10ms);
+  const auto* round = Only<FormRound>(t.actions);
+  REQUIRE(round != nullptr);
+  CHECK(round->assignments.size() == 3);
+  CHECK(round->assignments[2].node_id == "c#1");
+}
+
+TEST_CASE("ranks: heterogeneous nproc, imposed order first", "[rules]") {
+  const Settings s = Nodes(3, 3);
+  State st = Start(s);
+  st = OnJoin(st, Node("z", 8), s, T0).state;               // no imposed rank: last
+  st = OnJoin(st, Node("y", 1, 1), s, T0).state;            // imposed rank 1
+  auto t = OnJoin(st, Node("x", 4, 0), s, T0);              // imposed rank 0
+  const auto* round = Only<FormRound>(t.actions);
+  REQUIRE(round != nullptr);
+  struct Row {
+    const char* node;
+    int group_rank, base_rank;
+  };
+  const Row expected[] = {{"x#1", 0, 0}, {"y#1", 1, 4}, {"z#1", 2, 5}};
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(round->assignments[i].node_id == expected[i].node);
+    CHECK(round->assignments[i].group_rank == expected[i].group_rank);
+    CHECK(round->assignments[i].base_rank == expected[i].base_rank);
+    CHECK(round->assignments[i].world_size == 13);
+    CHECK(round->assignments[i].group_world_size == 3);
+  }
+}
+
+TEST_CASE("nodes beyond max are spares", "[rules]") {
+  State st = Start(Nodes(1, 2));
+  st.joined = {Node("c"), Node("a"), Node("b")};  // as after a re-join with an extra node
+  st.last_call_deadline = T0;
+  auto t = OnTick(st, T0);
+  const auto* round = Only<FormRound>(t.actions);
+  REQUIRE(round != nullptr);
+  CHECK(round->assignments.size() == 2);
+  CHECK(round->spares == std::vector<std::string>{"c#1"});
+}
+
+TEST_CASE("too few nodes by the join deadline fail the job, naming who came", "[rules]") {
+  const Settings s = Nodes(3, 4);
+  State st = Start(s);
+  st = OnJoin(st, Node("a"), s, T0).state;
+  st = OnJoin(st, Node("b"), s, T0 + 1s).state;
+  CHECK(OnTick(st, T0 + 59s).actions.empty());
+  auto t = OnTick(st, T0 + 60s);
+  const auto* fail = Only<FailJob>(t.actions);
+  REQUIRE(fail != nullptr);
+  CHECK(fail->reason == "only 2 of at least 3 nodes joined within 60000 ms (joined: a, b)");
+  CHECK(t.state.phase == Phase::kFailed);
+}
+
+TEST_CASE("joins that cannot be accepted are refused with the reason", "[rules]") {
+  const Settings s = Nodes(2, 4);
+  State st = OnJoin(Start(s), Node("a"), s, T0).state;
+  struct Row {
+    NodeDescription node;
+    Settings settings;
+    const char* reason;
+  };
+  NodeDescription zero = Node("z");
+  zero.nproc = 0;
+  for (const auto& row : std::vector<Row>{
+           {Node("a"), s, "another agent already joined as node 'a#1'"},
+           {Node("b"), Nodes(2, 3), "--nnodes differs: this job uses 2:4, the joining agent 2:3"},
+           {zero, s, "nproc 0 must be >= 1"},
+       }) {
+    auto t = OnJoin(st, row.node, row.settings, T0 + 1s);
+    const auto* refused = Only<RefuseJoin>(t.actions);
+    REQUIRE(refused != nullptr);
+    CHECK(refused->reason == row.reason);
+    CHECK(t.state.joined.size() == 1);
+  }
+  auto running = OnJoin(OnJoin(st, Node("b"), s, T0).state, Node("c"), s, T0);
+  running = OnTick(running.state, T0 + 1s);
+  REQUIRE(running.state.phase == Phase::kRunning);
+  const auto refused_late = OnJoin(running.state, Node("d"), s, T0 + 2s);
+  const auto* late = Only<RefuseJoin>(refused_late.actions);
+  REQUIRE(late != nullptr);
+  CHECK_THAT(late->reason, Catch::Contains("round 0 is running"));
+}
