@@ -2,9 +2,13 @@
 // actions to take. No I/O, threads or clocks: the engine (issue 4, next step) feeds events and
 // applies actions; tests drive the rules as tables with invented times. docs/rendezvous.md.
 //
-// This first part covers forming rounds: nodes join; a round forms at once when max_nodes
-// have joined, or when the last-call window closes with at least min_nodes; nodes beyond
-// max_nodes are kept as spares; too few nodes by the join deadline fail the job.
+// Rounds: nodes join; a round forms at once when max_nodes have joined, or when the last-call
+// window closes with at least min_nodes; nodes beyond max_nodes are spares; too few nodes by
+// the join deadline fail the job. While a round runs: a worker failure anywhere stops every
+// node and re-forms (one job-wide restart budget); a lost node (dropped session, or no
+// heartbeat within heartbeat_timeout) re-forms without spending the budget; a late joiner
+// triggers a scale-up round while below max_nodes and is a spare otherwise; too many rounds
+// too fast is a restart storm and fails the job; when every member succeeds, the job does.
 #pragma once
 
 #include <chrono>
@@ -32,6 +36,9 @@ struct Settings {
   Millis last_call_timeout = kDefaultLastCallTimeout;
   Millis heartbeat_timeout = kDefaultHeartbeatTimeout;
   int max_restarts = 0;
+  // More than this many rounds within storm_window fails the job (nodes flapping).
+  int storm_rounds = 10;
+  Millis storm_window{60'000};
 
   // Errors name the values: "max nodes (2) must be >= min nodes (4)".
   Status Validate() const;
@@ -58,6 +65,7 @@ struct Assignment {
 // Actions the engine carries out.
 struct FormRound {
   int round = 0;
+  int restart_count = 0;                // job-wide: TORCHELASTIC_RESTART_COUNT on every node
   std::vector<Assignment> assignments;  // in group-rank order
   std::vector<std::string> spares;      // joined, kept for a node that is lost
 };
@@ -68,17 +76,34 @@ struct RefuseJoin {
 struct FailJob {
   std::string reason;
 };
-using Action = std::variant<FormRound, RefuseJoin, FailJob>;
+// Every node stops its workers now and joins again (pushed to all nodes at once).
+struct StopAndRejoin {
+  std::string reason;
+  bool spends_restart = false;  // a failure (true) or a membership change (false)
+};
+struct SucceedJob {};
+using Action = std::variant<FormRound, RefuseJoin, FailJob, StopAndRejoin, SucceedJob>;
 
-enum class Phase { kGathering, kRunning, kFailed };
+enum class Phase { kGathering, kRunning, kFailed, kSucceeded };
+
+struct Member {
+  NodeDescription node;
+  TimePoint last_heartbeat;
+  bool succeeded = false;
+};
 
 struct State {
   Settings settings;
   Phase phase = Phase::kGathering;
   int round = -1;                      // the last round formed
-  std::vector<NodeDescription> joined;  // in join order, this round
+  std::vector<NodeDescription> joined;  // in join order, while gathering
   std::optional<TimePoint> join_deadline;
   std::optional<TimePoint> last_call_deadline;
+  std::vector<Member> members;          // the running round's nodes
+  std::vector<NodeDescription> spares;  // connected, outside the round
+  std::vector<std::string> lost_hosts;  // for reports
+  int restarts_used = 0;
+  std::vector<TimePoint> round_times;   // for restart-storm detection
 };
 
 struct Transition {
@@ -91,8 +116,16 @@ struct Transition {
 // A node asks to join the current gathering.
 Transition OnJoin(const State& state, const NodeDescription& node, const Settings& its_settings,
                   TimePoint now);
-// Time passed: deadlines may have expired.
+// Time passed: deadlines may have expired, heartbeats may be missing.
 Transition OnTick(const State& state, TimePoint now);
+Transition OnHeartbeat(const State& state, const std::string& node_id, TimePoint now);
+// A worker on `node_id` failed; `what` describes it for the report.
+Transition OnWorkerFailed(const State& state, const std::string& node_id, const std::string& what,
+                          TimePoint now);
+// The node's session broke (agent died) or the engine gave up on it.
+Transition OnNodeLost(const State& state, const std::string& node_id, TimePoint now);
+// Every worker of the node succeeded.
+Transition OnNodeSucceeded(const State& state, const std::string& node_id, TimePoint now);
 
 // The order of group ranks: requested rank first (ascending), then host, then node id.
 std::vector<NodeDescription> RankOrder(std::vector<NodeDescription> nodes);

@@ -14,7 +14,13 @@ using crun::rdzv::NodeDescription;
 using crun::rdzv::OnJoin;
 using crun::rdzv::OnTick;
 using crun::rdzv::Phase;
+using crun::rdzv::OnHeartbeat;
+using crun::rdzv::OnNodeLost;
+using crun::rdzv::OnNodeSucceeded;
+using crun::rdzv::OnWorkerFailed;
 using crun::rdzv::RefuseJoin;
+using crun::rdzv::StopAndRejoin;
+using crun::rdzv::SucceedJob;
 using crun::rdzv::Settings;
 using crun::rdzv::State;
 using crun::rdzv::TimePoint;
@@ -79,7 +85,7 @@ TEST_CASE("one node of 1:1 forms round 0 at once", "[rules]") {
   CHECK(round->assignments[0].group_rank == 0);
   CHECK(round->assignments[0].world_size == 4);
   CHECK(t.state.phase == Phase::kRunning);
-  CHECK_FALSE(t.wake_at.has_value());
+  CHECK(t.wake_at == T0 + 3s);  // the first heartbeat check
 }
 
 TEST_CASE("2:4 waits for the last call after the second node, then forms", "[rules]") {
@@ -179,11 +185,124 @@ TEST_CASE("joins that cannot be accepted are refused with the reason", "[rules]"
     CHECK(refused->reason == row.reason);
     CHECK(t.state.joined.size() == 1);
   }
-  auto running = OnJoin(OnJoin(st, Node("b"), s, T0).state, Node("c"), s, T0);
-  running = OnTick(running.state, T0 + 1s);
-  REQUIRE(running.state.phase == Phase::kRunning);
-  const auto refused_late = OnJoin(running.state, Node("d"), s, T0 + 2s);
-  const auto* late = Only<RefuseJoin>(refused_late.actions);
-  REQUIRE(late != nullptr);
-  CHECK_THAT(late->reason, Catch::Contains("round 0 is running"));
+}
+
+// A running 2:3 job of nodes a and b (formed by the last call at T0 + 1 s).
+State Running(int max_restarts = 1) {
+  Settings s = Nodes(2, 3);
+  s.max_restarts = max_restarts;
+  State st = Start(s);
+  st = OnJoin(st, Node("a"), s, T0).state;
+  st = OnJoin(st, Node("b"), s, T0).state;
+  auto t = OnTick(st, T0 + 1s);
+  REQUIRE(Only<FormRound>(t.actions) != nullptr);
+  return t.state;
+}
+
+State Rejoin(State st, TimePoint now, std::initializer_list<const char*> hosts) {
+  for (const char* h : hosts) st = OnJoin(st, Node(h), st.settings, now).state;
+  return OnTick(st, now + 1s).state;
+}
+
+TEST_CASE("a worker failure stops every node; the re-formed round carries the restart count",
+          "[rules]") {
+  State st = Running(/*max_restarts=*/1);
+  auto t = OnWorkerFailed(st, "b#1", "rank 3 on b: exit code 7", T0 + 10s);
+  const auto* stop = Only<StopAndRejoin>(t.actions);
+  REQUIRE(stop != nullptr);
+  CHECK(stop->spends_restart);
+  CHECK(stop->reason == "rank 3 on b: exit code 7");
+  CHECK(t.state.restarts_used == 1);
+  st = t.state;
+  st = OnJoin(st, Node("b"), st.settings, T0 + 10s).state;
+  auto formed = OnJoin(st, Node("a"), st.settings, T0 + 10s);
+  formed = OnTick(formed.state, T0 + 11s);
+  const auto* round = Only<FormRound>(formed.actions);
+  REQUIRE(round != nullptr);
+  CHECK(round->round == 1);
+  CHECK(round->restart_count == 1);  // the same job-wide number on every node
+  // The budget is spent: the next failure fails the job everywhere.
+  auto fail = OnWorkerFailed(formed.state, "a#1", "rank 0 on a: signal 9 (SIGKILL)", T0 + 20s);
+  const auto* f = Only<FailJob>(fail.actions);
+  REQUIRE(f != nullptr);
+  CHECK(f->reason == "rank 0 on a: signal 9 (SIGKILL) (after 1 restarts)");
+}
+
+TEST_CASE("a lost node re-forms the job without spending the budget", "[rules]") {
+  State st = Running(/*max_restarts=*/0);
+  auto t = OnNodeLost(st, "a#1", T0 + 5s);
+  const auto* stop = Only<StopAndRejoin>(t.actions);
+  REQUIRE(stop != nullptr);
+  CHECK_FALSE(stop->spends_restart);
+  CHECK(stop->reason == "node a (a#1) was lost");
+  CHECK(t.state.restarts_used == 0);
+  // Only b comes back: below min, so the job waits for the join deadline, then fails naming a.
+  st = OnJoin(t.state, Node("b"), t.state.settings, T0 + 5s).state;
+  auto fail = OnTick(st, T0 + 5s + 60s);
+  const auto* f = Only<FailJob>(fail.actions);
+  REQUIRE(f != nullptr);
+  CHECK_THAT(f->reason, Catch::Contains("only 1 of at least 2") && Catch::Contains("lost: a"));
+}
+
+TEST_CASE("missing heartbeats mark a node lost within the heartbeat timeout", "[rules]") {
+  State st = Running();
+  st = OnHeartbeat(st, "a#1", T0 + 3s).state;  // a is alive, b has said nothing since T0 + 1 s
+  auto quiet = OnTick(st, T0 + 3999ms);
+  CHECK(quiet.actions.empty());
+  CHECK(quiet.wake_at == T0 + 4s);
+  auto t = OnTick(st, T0 + 4s);
+  const auto* stop = Only<StopAndRejoin>(t.actions);
+  REQUIRE(stop != nullptr);
+  CHECK(stop->reason == "node b (b#1) was lost");
+}
+
+TEST_CASE("late joiners scale up below max and are spares at max", "[rules]") {
+  State st = Running();
+  auto t = OnJoin(st, Node("c"), st.settings, T0 + 2s);
+  const auto* stop = Only<StopAndRejoin>(t.actions);
+  REQUIRE(stop != nullptr);
+  CHECK_FALSE(stop->spends_restart);
+  CHECK(stop->reason == "node c joined: scaling up");
+  st = OnJoin(t.state, Node("a"), st.settings, T0 + 2s).state;
+  auto formed = OnJoin(st, Node("b"), st.settings, T0 + 2s);  // the third: max, at once
+  REQUIRE(Only<FormRound>(formed.actions) != nullptr);
+  CHECK(formed.state.members.size() == 3);
+  auto spare = OnJoin(formed.state, Node("d"), st.settings, T0 + 3s);
+  CHECK(spare.actions.empty());
+  REQUIRE(spare.state.spares.size() == 1);
+  CHECK(spare.state.spares[0].node_id == "d#1");
+}
+
+TEST_CASE("the job succeeds when every member has", "[rules]") {
+  State st = Running();
+  auto one = OnNodeSucceeded(st, "a#1", T0 + 2s);
+  CHECK(one.actions.empty());
+  // a is done: its silence from now on is no loss, while b keeps beating.
+  auto later = OnHeartbeat(one.state, "b#1", T0 + 4s);
+  later = OnTick(later.state, T0 + 6s);
+  CHECK(later.actions.empty());
+  auto both = OnNodeSucceeded(later.state, "b#1", T0 + 6s);
+  REQUIRE(Only<SucceedJob>(both.actions) != nullptr);
+  CHECK(both.state.phase == Phase::kSucceeded);
+}
+
+TEST_CASE("too many rounds too fast is a restart storm", "[rules]") {
+  State st = Running(/*max_restarts=*/0);
+  st.settings.storm_rounds = 3;
+  st.settings.storm_window = 60s;
+  TimePoint now = T0 + 2s;
+  // Rounds 1 and 2 after losses (not failures: the budget of 0 is not the limit here).
+  for (int i = 0; i < 2; ++i) {
+    st = OnNodeLost(st, "b#1", now).state;
+    st = Rejoin(st, now, {"a", "b"});
+    REQUIRE(st.phase == crun::rdzv::Phase::kRunning);
+    now += 1s;
+  }
+  st = OnNodeLost(st, "b#1", now).state;
+  st = OnJoin(st, Node("a"), st.settings, now).state;
+  st = OnJoin(st, Node("b"), st.settings, now).state;
+  auto t = OnTick(st, now + 1s);
+  const auto* f = Only<FailJob>(t.actions);
+  REQUIRE(f != nullptr);
+  CHECK_THAT(f->reason, Catch::StartsWith("restart storm: 4 rounds within 60000 ms"));
 }
