@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/local_agent.h"
+#include "launcher/local_rendezvous.h"
 #include "launcher/logging.h"
 
 namespace crun::launcher {
@@ -367,7 +368,7 @@ int RunLaunch(int argc, char** argv) {
 
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  agent::LocalRendezvousOptions rdzv;
+  LocalRendezvousOptions rdzv;
   // As torchrun: --standalone always gets a fresh id.
   rdzv.run_id = o.standalone || o.rdzv_id == "none" ? RandomRunId() : o.rdzv_id;
   rdzv.role = o.role;
@@ -397,7 +398,7 @@ int RunLaunch(int argc, char** argv) {
   }
 
   boost::asio::io_context io(1);
-  agent::LocalAgent agent(io, std::move(agent_options), agent::MakeLocalRendezvous(io, rdzv));
+  agent::LocalAgent agent(io, std::move(agent_options), MakeLocalRendezvous(io, rdzv));
   return agent.Run();
 }
 

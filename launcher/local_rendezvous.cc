@@ -1,6 +1,11 @@
-#include "agent/rendezvous.h"
+#include "launcher/local_rendezvous.h"
 
-namespace crun::agent {
+#include "rendezvous/server/store_server.h"
+
+namespace crun::launcher {
+
+using agent::GroupAssignment;
+using agent::Rendezvous;
 namespace {
 
 class LocalRendezvous final : public Rendezvous {
@@ -49,4 +54,4 @@ std::unique_ptr<Rendezvous> MakeLocalRendezvous(boost::asio::io_context& io,
   return std::make_unique<LocalRendezvous>(io, options);
 }
 
-}  // namespace crun::agent
+}  // namespace crun::launcher

@@ -1,0 +1,30 @@
+// The single-node rendezvous: the assignment is computed in-process and each round's store is
+// a fresh crun store on the launcher's own event loop (so a restarted worker never reads a key
+// of an earlier attempt).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+
+#include "agent/rendezvous.h"
+
+namespace crun::launcher {
+
+struct LocalRendezvousOptions {
+  std::string run_id;
+  std::string role = "default";
+  int nproc = 1;
+  int max_restarts = 0;
+  std::string store_host = "127.0.0.1";  // where the round's store listens; workers' MASTER_ADDR
+  std::uint16_t store_port = 0;          // 0: a free port each round
+  bool virtual_local_rank = false;
+};
+
+// Runs on `io`'s thread (NextRound starts the store there).
+std::unique_ptr<agent::Rendezvous> MakeLocalRendezvous(boost::asio::io_context& io,
+                                                const LocalRendezvousOptions& options);
+
+}  // namespace crun::launcher
