@@ -30,6 +30,15 @@ std::optional<TimePoint> EarliestDeadline(const State& s) {
   return t;
 }
 
+// While running: when the first unfinished member's heartbeat runs out.
+std::optional<TimePoint> NextHeartbeatDeadline(const State& s, TimePoint now) {
+  TimePoint next = now + s.settings.heartbeat_timeout;
+  for (const auto& m : s.members) {
+    if (!m.succeeded) next = std::min(next, m.last_heartbeat + s.settings.heartbeat_timeout);
+  }
+  return next;
+}
+
 // Forms a round from the joined nodes: the first max_nodes in rank order take part, the rest
 // are spares.
 Transition Form(State s, TimePoint now) {
@@ -55,10 +64,13 @@ Transition Form(State s, TimePoint now) {
   for (int i = 0; i < members; ++i) world += ordered[static_cast<std::size_t>(i)].nproc;
   int base = 0;
   s.members.clear();
+  s.member_index.clear();
+  s.members_succeeded = 0;
   s.spares.clear();
   for (int i = 0; i < members; ++i) {
     const auto& n = ordered[static_cast<std::size_t>(i)];
     round.assignments.push_back({n.node_id, i, members, base, world});
+    s.member_index[n.node_id] = s.members.size();
     s.members.push_back({n, now, false});
     base += n.nproc;
   }
@@ -77,8 +89,11 @@ Transition Form(State s, TimePoint now) {
 Transition Regather(State s, std::string reason, bool spends_restart, TimePoint now) {
   s.phase = Phase::kGathering;
   s.members.clear();
+  s.member_index.clear();
+  s.members_succeeded = 0;
   s.spares.clear();
   s.joined.clear();
+  s.present.clear();  // everyone joins again
   s.join_deadline = now + s.settings.join_timeout;
   s.last_call_deadline.reset();
   auto wake = s.join_deadline;
@@ -139,63 +154,56 @@ std::vector<NodeDescription> RankOrder(std::vector<NodeDescription> nodes) {
   return nodes;
 }
 
-Transition OnJoin(const State& state, const NodeDescription& node, const Settings& its_settings,
+Transition OnJoin(State s, const NodeDescription& node, const Settings& its_settings,
                   TimePoint now) {
-  State s = state;
   auto refuse = [&](std::string why) {
     Transition t{s, {RefuseJoin{node.node_id, std::move(why)}}, EarliestDeadline(s)};
     return t;
   };
-  if (auto c = state.settings.CheckCompatible(its_settings); !c.ok()) return refuse(c.message());
+  if (auto c = s.settings.CheckCompatible(its_settings); !c.ok()) return refuse(c.message());
   if (s.phase == Phase::kFailed) return refuse("the job has already failed");
   if (s.phase == Phase::kSucceeded) return refuse("the job has already finished");
-  const bool taken =
-      std::any_of(s.joined.begin(), s.joined.end(),
-                  [&](const auto& n) { return n.node_id == node.node_id; }) ||
-      std::any_of(s.members.begin(), s.members.end(),
-                  [&](const auto& m) { return m.node.node_id == node.node_id; }) ||
-      std::any_of(s.spares.begin(), s.spares.end(),
-                  [&](const auto& n) { return n.node_id == node.node_id; });
-  if (taken) return refuse("another agent already joined as node '" + node.node_id + "'");
+  if (s.present.count(node.node_id) != 0) return refuse("another agent already joined as node '" + node.node_id + "'");
   if (node.nproc < 1) return refuse("nproc " + std::to_string(node.nproc) + " must be >= 1");
   if (s.phase == Phase::kRunning) {
     if (static_cast<int>(s.members.size()) >= s.settings.max_nodes) {
       s.spares.push_back(node);  // held for a node that is lost
-      return Transition{s, {}, now + s.settings.heartbeat_timeout};
+      s.present.insert(node.node_id);
+      auto wake = NextHeartbeatDeadline(s, now);
+      return Transition{std::move(s), {}, wake};
     }
     // Scale-up: a membership change, not a failure.
     auto t = Regather(std::move(s), "node " + node.host + " joined: scaling up", false, now);
     t.state.joined.push_back(node);
+    t.state.present.insert(node.node_id);
     return t;
   }
 
   s.joined.push_back(node);
+  s.present.insert(node.node_id);
   if (!s.join_deadline) s.join_deadline = now + s.settings.join_timeout;
   const int count = static_cast<int>(s.joined.size());
   if (count >= s.settings.max_nodes) return Form(std::move(s), now);
   if (count >= s.settings.min_nodes && !s.last_call_deadline) {
     s.last_call_deadline = now + s.settings.last_call_timeout;
   }
-  Transition t{s, {}, EarliestDeadline(s)};
-  return t;
+  auto wake = EarliestDeadline(s);
+  return Transition{std::move(s), {}, wake};
 }
 
-Transition OnTick(const State& state, TimePoint now) {
-  State s = state;
+Transition OnTick(State s, TimePoint now) {
   if (s.phase == Phase::kRunning) {
     // A node whose workers all succeeded is done: its silence is no loss.
     for (const auto& m : s.members) {
       if (!m.succeeded && now - m.last_heartbeat >= s.settings.heartbeat_timeout) {
-        return OnNodeLost(s, m.node.node_id, now);
+        const std::string id = m.node.node_id;
+        return OnNodeLost(std::move(s), id, now);
       }
     }
-    TimePoint next = now + s.settings.heartbeat_timeout;
-    for (const auto& m : s.members) {
-      if (!m.succeeded) next = std::min(next, m.last_heartbeat + s.settings.heartbeat_timeout);
-    }
-    return {s, {}, next};
+    auto wake = NextHeartbeatDeadline(s, now);
+    return {std::move(s), {}, wake};
   }
-  if (s.phase != Phase::kGathering) return {s, {}, std::nullopt};
+  if (s.phase != Phase::kGathering) return {std::move(s), {}, std::nullopt};
   const int count = static_cast<int>(s.joined.size());
   if (s.last_call_deadline && now >= *s.last_call_deadline && count >= s.settings.min_nodes) {
     return Form(std::move(s), now);
@@ -211,24 +219,23 @@ Transition OnTick(const State& state, TimePoint now) {
     Transition t{std::move(s), {FailJob{std::move(reason)}}, std::nullopt};
     return t;
   }
-  Transition t{s, {}, EarliestDeadline(s)};
-  return t;
+  auto wake = EarliestDeadline(s);
+  return Transition{std::move(s), {}, wake};
 }
 
-Transition OnHeartbeat(const State& state, const std::string& node_id, TimePoint now) {
-  State s = state;
-  for (auto& m : s.members) {
-    if (m.node.node_id == node_id) m.last_heartbeat = now;
+// Cheap: heartbeats arrive from every node every interval. The engine's next Tick does the
+// scan for silent nodes.
+Transition OnHeartbeat(State s, const std::string& node_id, TimePoint now) {
+  if (auto it = s.member_index.find(node_id); it != s.member_index.end()) {
+    s.members[it->second].last_heartbeat = now;
   }
-  return OnTick(s, now);
+  return {std::move(s), {}, std::nullopt};
 }
 
-Transition OnWorkerFailed(const State& state, const std::string& node_id, const std::string& what,
+Transition OnWorkerFailed(State s, const std::string& node_id, const std::string& what,
                           TimePoint now) {
-  State s = state;
-  const bool member = std::any_of(s.members.begin(), s.members.end(),
-                                  [&](const auto& m) { return m.node.node_id == node_id; });
-  if (s.phase != Phase::kRunning || !member) return {s, {}, std::nullopt};  // already handled
+  const bool member = s.member_index.count(node_id) != 0;
+  if (s.phase != Phase::kRunning || !member) return {std::move(s), {}, std::nullopt};  // handled
   if (s.restarts_used >= s.settings.max_restarts) {
     s.phase = Phase::kFailed;
     std::string reason = what + (s.settings.max_restarts > 0
@@ -240,14 +247,14 @@ Transition OnWorkerFailed(const State& state, const std::string& node_id, const 
   return Regather(std::move(s), what, true, now);
 }
 
-Transition OnNodeLost(const State& state, const std::string& node_id, TimePoint now) {
-  State s = state;
+Transition OnNodeLost(State s, const std::string& node_id, TimePoint now) {
+  s.present.erase(node_id);
   auto spare = std::find_if(s.spares.begin(), s.spares.end(),
                             [&](const auto& n) { return n.node_id == node_id; });
   if (spare != s.spares.end()) {  // a spare leaving changes nothing that runs
     s.spares.erase(spare);
-    return {s, {}, s.phase == Phase::kRunning ? std::optional(now + s.settings.heartbeat_timeout)
-                                              : EarliestDeadline(s)};
+    auto wake = s.phase == Phase::kRunning ? NextHeartbeatDeadline(s, now) : EarliestDeadline(s);
+    return {std::move(s), {}, wake};
   }
   auto joined = std::find_if(s.joined.begin(), s.joined.end(),
                              [&](const auto& n) { return n.node_id == node_id; });
@@ -255,29 +262,36 @@ Transition OnNodeLost(const State& state, const std::string& node_id, TimePoint 
     s.lost_hosts.push_back(joined->host);
     s.joined.erase(joined);
     if (static_cast<int>(s.joined.size()) < s.settings.min_nodes) s.last_call_deadline.reset();
-    return {s, {}, EarliestDeadline(s)};
+    auto wake = EarliestDeadline(s);
+    return {std::move(s), {}, wake};
   }
-  auto member = std::find_if(s.members.begin(), s.members.end(),
-                             [&](const auto& m) { return m.node.node_id == node_id; });
-  if (s.phase != Phase::kRunning || member == s.members.end()) return {s, {}, std::nullopt};
-  if (member->succeeded) return {s, {}, now + s.settings.heartbeat_timeout};  // done already
-  const std::string host = member->node.host;
+  auto index = s.member_index.find(node_id);
+  if (s.phase != Phase::kRunning || index == s.member_index.end()) {
+    return {std::move(s), {}, std::nullopt};
+  }
+  const Member& member = s.members[index->second];
+  if (member.succeeded) {  // done already
+    auto wake = NextHeartbeatDeadline(s, now);
+    return {std::move(s), {}, wake};
+  }
+  const std::string host = member.node.host;
   s.lost_hosts.push_back(host);
   // A membership change: survivors and spares re-join; the budget is not spent.
   return Regather(std::move(s), "node " + host + " (" + node_id + ") was lost", false, now);
 }
 
-Transition OnNodeSucceeded(const State& state, const std::string& node_id, TimePoint now) {
-  State s = state;
-  for (auto& m : s.members) {
-    if (m.node.node_id == node_id) m.succeeded = true;
+Transition OnNodeSucceeded(State s, const std::string& node_id, TimePoint /*now*/) {
+  if (auto it = s.member_index.find(node_id); it != s.member_index.end()) {
+    Member& m = s.members[it->second];
+    if (!m.succeeded) ++s.members_succeeded;
+    m.succeeded = true;
   }
   if (s.phase == Phase::kRunning &&
-      std::all_of(s.members.begin(), s.members.end(), [](const auto& m) { return m.succeeded; })) {
+      s.members_succeeded == static_cast<int>(s.members.size())) {
     s.phase = Phase::kSucceeded;
     return {std::move(s), {SucceedJob{}}, std::nullopt};
   }
-  return OnTick(s, now);
+  return {std::move(s), {}, std::nullopt};
 }
 
 }  // namespace crun::rdzv

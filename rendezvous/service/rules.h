@@ -15,6 +15,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <variant>
 #include <vector>
 
@@ -104,28 +106,35 @@ struct State {
   std::vector<std::string> lost_hosts;  // for reports
   int restarts_used = 0;
   std::vector<TimePoint> round_times;   // for restart-storm detection
+  // Indexes, so that an event costs O(1) whatever the number of nodes:
+  std::unordered_set<std::string> present;                    // ids in joined, members, spares
+  std::unordered_map<std::string, std::size_t> member_index;  // id -> position in members
+  int members_succeeded = 0;
 };
 
+// The functions take the state by value: the engine moves it in (no copy, whatever its size)
+// and tests pass copies.
 struct Transition {
   State state;
   std::vector<Action> actions;
-  // When Tick must be called next (a deadline), if any.
+  // When Tick must be called next (a deadline). nullopt: the previous deadline still holds
+  // (or, once the job has ended, none is needed). A Tick earlier than needed is harmless.
   std::optional<TimePoint> wake_at;
 };
 
 // A node asks to join the current gathering.
-Transition OnJoin(const State& state, const NodeDescription& node, const Settings& its_settings,
+Transition OnJoin(State state, const NodeDescription& node, const Settings& its_settings,
                   TimePoint now);
 // Time passed: deadlines may have expired, heartbeats may be missing.
-Transition OnTick(const State& state, TimePoint now);
-Transition OnHeartbeat(const State& state, const std::string& node_id, TimePoint now);
+Transition OnTick(State state, TimePoint now);
+Transition OnHeartbeat(State state, const std::string& node_id, TimePoint now);
 // A worker on `node_id` failed; `what` describes it for the report.
-Transition OnWorkerFailed(const State& state, const std::string& node_id, const std::string& what,
+Transition OnWorkerFailed(State state, const std::string& node_id, const std::string& what,
                           TimePoint now);
 // The node's session broke (agent died) or the engine gave up on it.
-Transition OnNodeLost(const State& state, const std::string& node_id, TimePoint now);
+Transition OnNodeLost(State state, const std::string& node_id, TimePoint now);
 // Every worker of the node succeeded.
-Transition OnNodeSucceeded(const State& state, const std::string& node_id, TimePoint now);
+Transition OnNodeSucceeded(State state, const std::string& node_id, TimePoint now);
 
 // The order of group ranks: requested rank first (ascending), then host, then node id.
 std::vector<NodeDescription> RankOrder(std::vector<NodeDescription> nodes);

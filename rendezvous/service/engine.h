@@ -1,0 +1,99 @@
+// The rendezvous engine: applies the rules (rules.h) to the jobs of many run ids and turns
+// their actions into messages for the agents' sessions. Single-threaded and clock-free: every
+// event comes with the time it happened, and NextWake() says when OnTick is due, so tests
+// drive it with invented times and the gRPC service (grpc_service.h) with the steady clock.
+//
+// * Sessions are numbered by the caller; a session binds to one (run id, node id) when its
+//   join is accepted. A second live session claiming a bound node id is refused.
+// * Each round gets a fresh worker store (hooks.start_store): MASTER_ADDR:MASTER_PORT in the
+//   assignment. MASTER_ADDR is options.advertise_addr, or else the host the agent dialed to
+//   reach this service (so a remote node never gets a loopback address).
+// * A job whose agents have all gone after it ended is replaced by a new one on the next join
+//   with its run id; up to options.keep_finished_jobs ended jobs stay visible to Status.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "crun/v1/rendezvous.pb.h"
+#include "rendezvous/service/rules.h"
+
+namespace crun::rdzv {
+
+using SessionId = std::uint64_t;
+
+inline constexpr std::uint32_t kProtocolVersion = 1;
+
+// A round's worker store; open until the handle is dropped.
+class RoundStore {
+ public:
+  virtual ~RoundStore() = default;
+  virtual std::uint16_t port() const = 0;
+};
+
+struct EngineHooks {
+  // Queues one message on a session; never blocks. A closed session ignores it.
+  std::function<void(SessionId, const v1::ServiceMessage&)> send;
+  // A fresh worker store for (run id, round).
+  std::function<StatusOr<std::unique_ptr<RoundStore>>(const std::string&, int)> start_store;
+};
+
+struct EngineOptions {
+  std::string advertise_addr;  // empty: the host each agent dialed
+  std::size_t keep_finished_jobs = 64;
+};
+
+class Engine {
+ public:
+  Engine(EngineHooks hooks, EngineOptions options);
+  ~Engine();
+
+  void OnMessage(SessionId session, const v1::AgentMessage& message, TimePoint now);
+  // The session's stream ended (agent gone, or it left).
+  void OnSessionClosed(SessionId session, TimePoint now);
+  void OnTick(TimePoint now);
+  // When OnTick is due next, if ever.
+  std::optional<TimePoint> NextWake() const;
+
+  v1::StatusResponse Status(const std::string& run_id, TimePoint now) const;
+  std::size_t live_sessions() const { return bound_.size(); }
+
+ private:
+  struct Job;
+  struct Binding {
+    std::string run_id;
+    std::string node_id;
+  };
+
+  void OnJoin(SessionId session, const v1::Join& join, TimePoint now);
+  void OnWorkersFailed(SessionId session, const v1::FailureReport& report, TimePoint now);
+  void Apply(Job& job, Transition t, TimePoint now);
+  void Finish(Job& job, bool success, const std::string& reason);
+  void SendToJob(const Job& job, const v1::ServiceMessage& m);
+  void Refuse(SessionId session, const std::string& reason);
+  void Unbind(SessionId session, TimePoint now);
+  Job& JobFor(const std::string& run_id, const Settings& settings, TimePoint now);
+  void EvictFinished();
+
+  EngineHooks hooks_;
+  EngineOptions options_;
+  std::map<std::string, std::unique_ptr<Job>> jobs_;
+  std::unordered_map<SessionId, Binding> bound_;
+  std::uint64_t finish_sequence_ = 0;
+};
+
+// Settings from their wire form (and back, for the agents).
+Settings FromProto(const v1::Settings& s);
+void ToProto(const Settings& s, v1::Settings* out);
+
+// "rank 3 (local rank 1) on node-b failed with exit code 2: ValueError: ..."
+std::string Describe(const v1::FailureReport& report);
+// The shell code of the report's first failure (exit code, or 128 + signal); 1 if none.
+int ExitCodeOf(const v1::FailureReport& report);
+
+}  // namespace crun::rdzv

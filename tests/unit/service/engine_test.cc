@@ -1,0 +1,315 @@
+// The engine as tables: sessions send messages at invented times; the test reads what each
+// session was sent. Stores are counted, not opened: no sockets, threads, clocks or sleeps.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <vector>
+
+#include "rendezvous/service/engine.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using crun::rdzv::Engine;
+using crun::rdzv::SessionId;
+using crun::rdzv::TimePoint;
+namespace v1 = crun::v1;
+
+const TimePoint T0{};
+
+class FakeStore final : public crun::rdzv::RoundStore {
+ public:
+  FakeStore(std::uint16_t port, int* open) : port_(port), open_(open) { ++*open_; }
+  ~FakeStore() override { --*open_; }
+  std::uint16_t port() const override { return port_; }
+
+ private:
+  std::uint16_t port_;
+  int* open_;
+};
+
+struct Harness {
+  std::map<SessionId, std::vector<v1::ServiceMessage>> inbox;
+  int stores_open = 0;
+  int stores_started = 0;
+  bool store_fails = false;
+  Engine engine;
+
+  explicit Harness(crun::rdzv::EngineOptions options = {})
+      : engine(crun::rdzv::EngineHooks{
+                   [this](SessionId s, const v1::ServiceMessage& m) { inbox[s].push_back(m); },
+                   [this](const std::string&, int) -> crun::StatusOr<std::unique_ptr<crun::rdzv::RoundStore>> {
+                     if (store_fails) return crun::Unavailable("port exhausted");
+                     ++stores_started;
+                     return std::unique_ptr<crun::rdzv::RoundStore>(
+                         std::make_unique<FakeStore>(static_cast<std::uint16_t>(40000 + stores_started),
+                                                     &stores_open));
+                   }},
+               std::move(options)) {}
+
+  void Join(SessionId s, const std::string& host, TimePoint t, int min = 2, int max = 2,
+            int nproc = 2, int max_restarts = 1, std::string run = "job7",
+            std::string node_id = "", std::uint32_t version = 1) {
+    v1::AgentMessage m;
+    auto* j = m.mutable_join();
+    j->set_protocol_version(version);
+    j->set_run_id(run);
+    j->set_service_host("10.0.0.1");
+    j->mutable_node()->set_node_id(node_id.empty() ? host : node_id);
+    j->mutable_node()->set_host(host);
+    j->mutable_node()->set_nproc(nproc);
+    auto* st = j->mutable_settings();
+    st->set_min_nodes(min);
+    st->set_max_nodes(max);
+    st->set_join_timeout_ms(60'000);
+    st->set_last_call_timeout_ms(1'000);
+    st->set_heartbeat_timeout_ms(3'000);
+    st->set_max_restarts(max_restarts);
+    engine.OnMessage(s, m, t);
+  }
+  void Heartbeat(SessionId s, TimePoint t) {
+    v1::AgentMessage m;
+    m.mutable_heartbeat()->set_sequence(1);
+    engine.OnMessage(s, m, t);
+  }
+  void Fail(SessionId s, const std::string& host, int rank, int code, TimePoint t) {
+    v1::AgentMessage m;
+    auto* r = m.mutable_workers_failed();
+    r->set_host(host);
+    auto* f = r->add_failures();
+    f->set_rank(rank);
+    f->set_exit_code(code);
+    f->set_message("ValueError: boom");
+    engine.OnMessage(s, m, t);
+  }
+  void Succeed(SessionId s, TimePoint t) {
+    v1::AgentMessage m;
+    m.mutable_workers_succeeded();
+    engine.OnMessage(s, m, t);
+  }
+  // The last message session `s` got; fails the test if none.
+  const v1::ServiceMessage& Last(SessionId s) {
+    REQUIRE_FALSE(inbox[s].empty());
+    return inbox[s].back();
+  }
+  void Tick(TimePoint t) {
+    auto wake = engine.NextWake();
+    REQUIRE(wake.has_value());
+    REQUIRE(*wake <= t);
+    engine.OnTick(t);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("engine: two nodes form a round with contiguous ranks and one store", "[engine]") {
+  Harness h;
+  h.Join(1, "node-b", T0, 2, 2, 3);
+  CHECK(h.inbox[1].empty());
+  h.Join(2, "node-a", T0 + 5ms, 2, 2, 2);
+  const auto& b = h.Last(1).assignment();
+  const auto& a = h.Last(2).assignment();
+  CHECK(a.group_rank() == 0);  // host order: node-a first
+  CHECK(a.base_rank() == 0);
+  CHECK(b.group_rank() == 1);
+  CHECK(b.base_rank() == 2);
+  CHECK(a.world_size() == 5);
+  CHECK(b.world_size() == 5);
+  CHECK(a.master_addr() == "10.0.0.1");  // the host the agents dialed
+  CHECK(a.master_port() == b.master_port());
+  CHECK(h.stores_open == 1);
+  CHECK(a.restart_count() == 0);
+}
+
+TEST_CASE("engine: MASTER_ADDR is the advertised address when one is set", "[engine]") {
+  crun::rdzv::EngineOptions o;
+  o.advertise_addr = "192.168.7.7";
+  Harness h(o);
+  h.Join(1, "a", T0, 1, 1);
+  CHECK(h.Last(1).assignment().master_addr() == "192.168.7.7");
+}
+
+TEST_CASE("engine: the last call forms a round at MIN; a late node scales up", "[engine]") {
+  Harness h;
+  h.Join(1, "a", T0, 2, 3);
+  h.Join(2, "b", T0 + 10ms, 2, 3);
+  CHECK(h.inbox[1].empty());
+  CHECK(*h.engine.NextWake() == T0 + 10ms + 1s);  // the last call
+  h.Tick(T0 + 10ms + 1s);
+  CHECK(h.Last(1).assignment().group_world_size() == 2);
+  const int first_round = h.Last(1).assignment().round();
+  h.Join(3, "c", T0 + 2s, 2, 3);
+  // Scale-up: everyone is told to stop and re-join; the budget is not spent.
+  CHECK(h.Last(1).has_stop_and_rejoin());
+  CHECK_FALSE(h.Last(1).stop_and_rejoin().spends_restart());
+  CHECK(h.Last(2).has_stop_and_rejoin());
+  h.Join(1, "a", T0 + 2s + 5ms, 2, 3);
+  h.Join(2, "b", T0 + 2s + 6ms, 2, 3);  // the third: MAX, so the round forms at once
+  for (SessionId s : {1, 2, 3}) {
+    const auto& r = h.Last(s).assignment();
+    CHECK(r.group_world_size() == 3);
+    CHECK(r.round() == first_round + 1);
+    CHECK(r.restart_count() == 0);
+  }
+  CHECK(h.stores_started == 2);
+  CHECK(h.stores_open == 1);  // the first round's store is closed
+}
+
+TEST_CASE("engine: a worker failure restarts every node with one job-wide count", "[engine]") {
+  Harness h;
+  h.Join(1, "a", T0);
+  h.Join(2, "b", T0);
+  h.Fail(2, "b", 3, 7, T0 + 1s);
+  CHECK(h.Last(1).stop_and_rejoin().spends_restart());
+  CHECK(h.Last(1).stop_and_rejoin().reason() ==
+        "rank 3 (local rank 0) on b failed with exit code 7: ValueError: boom");
+  CHECK(h.Last(2).has_stop_and_rejoin());
+  h.Join(2, "b", T0 + 1100ms);
+  h.Join(1, "a", T0 + 1200ms);
+  CHECK(h.Last(1).assignment().restart_count() == 1);
+  CHECK(h.Last(2).assignment().restart_count() == 1);
+
+  // The budget (1) is spent: the next failure ends the job on every node, same report.
+  h.Fail(1, "a", 0, 5, T0 + 2s);
+  for (SessionId s : {1, 2}) {
+    const auto& f = h.Last(s).finished();
+    CHECK_FALSE(f.success());
+    CHECK(f.exit_code() == 5);
+    CHECK(f.root_cause().host() == "a");
+    CHECK(f.root_cause().node_id() == "a");
+    CHECK(f.root_cause().failures(0).rank() == 0);
+  }
+  CHECK(h.stores_open == 0);
+  CHECK_FALSE(h.engine.NextWake().has_value());
+}
+
+TEST_CASE("engine: a signal's exit code is 128 + signal", "[engine]") {
+  Harness h;
+  h.Join(1, "a", T0, 1, 1, 1, 0);
+  v1::AgentMessage m;
+  auto* f = m.mutable_workers_failed()->add_failures();
+  f->set_signal(9);
+  h.engine.OnMessage(1, m, T0 + 1s);
+  CHECK(h.Last(1).finished().exit_code() == 137);
+}
+
+TEST_CASE("engine: a dropped session re-forms the survivors without spending", "[engine]") {
+  Harness h;
+  h.Join(1, "a", T0, 1, 3);
+  h.Join(2, "b", T0, 1, 3);
+  h.Join(3, "c", T0, 1, 3);
+  h.engine.OnSessionClosed(2, T0 + 1s);
+  CHECK(h.Last(1).stop_and_rejoin().reason() == "node b (b) was lost");
+  CHECK_FALSE(h.Last(1).stop_and_rejoin().spends_restart());
+  h.Join(1, "a", T0 + 1s, 1, 3);
+  h.Join(3, "c", T0 + 1s, 1, 3);
+  h.Tick(T0 + 2s);  // last call
+  CHECK(h.Last(1).assignment().group_world_size() == 2);
+  CHECK(h.Last(1).assignment().restart_count() == 0);
+  CHECK(h.Last(3).assignment().group_rank() == 1);
+}
+
+TEST_CASE("engine: a silent node is lost when its heartbeat is overdue", "[engine]") {
+  Harness h;
+  h.Join(1, "a", T0, 1, 2);
+  h.Join(2, "b", T0, 1, 2);
+  REQUIRE(h.Last(1).has_assignment());
+  for (auto t = 1s; t <= 5s; t += 1s) {
+    h.Heartbeat(1, T0 + t);  // b stays silent
+    if (auto w = h.engine.NextWake(); w && *w <= T0 + t) h.engine.OnTick(T0 + t);
+  }
+  CHECK(h.Last(1).stop_and_rejoin().reason() == "node b (b) was lost");
+  CHECK(h.Last(2).has_stop_and_rejoin());  // told too, in case it comes back
+  auto status = h.engine.Status("job7", T0 + 5s);
+  REQUIRE(status.jobs_size() == 1);
+  CHECK(status.jobs(0).lost_hosts(0) == "b");
+}
+
+TEST_CASE("engine: below MIN after a loss, the job fails at the join deadline", "[engine]") {
+  Harness h;
+  h.Join(1, "a", T0);
+  h.Join(2, "b", T0);
+  h.engine.OnSessionClosed(2, T0 + 1s);
+  h.Join(1, "a", T0 + 1s);
+  h.Tick(T0 + 61s);
+  const auto& f = h.Last(1).finished();
+  CHECK_FALSE(f.success());
+  CHECK(f.exit_code() == 1);
+  CHECK(f.reason() == "only 1 of at least 2 nodes joined within 60000 ms (joined: a); lost: b");
+}
+
+TEST_CASE("engine: joins are refused with the reason", "[engine]") {
+  Harness h;
+  h.Join(1, "a", T0, 2, 4);
+  h.Join(2, "b", T0, 2, 3);
+  CHECK(h.Last(2).refused().reason() ==
+        "--nnodes differs: this job uses 2:4, the joining agent 2:3");
+  h.Join(3, "a", T0);  // node id "a" is taken by session 1
+  CHECK(h.Last(3).refused().reason() ==
+        "another agent already joined run 'job7' as node 'a' (give each agent its own node id)");
+  h.Join(4, "c", T0, 2, 4, 2, 1, "job7", "", 2);
+  CHECK(h.Last(4).refused().reason() ==
+        "protocol version 2 is not supported: this service speaks version 1");
+  h.Join(5, "d", T0, 3, 1);
+  CHECK(h.Last(5).refused().reason() == "max nodes (1) must be >= min nodes (3)");
+  // The refused sessions are not bound: their leaving changes nothing.
+  h.engine.OnSessionClosed(2, T0 + 1s);
+  h.engine.OnSessionClosed(3, T0 + 1s);
+  CHECK(h.engine.live_sessions() == 1);
+  CHECK(h.inbox[1].empty());
+}
+
+TEST_CASE("engine: two run ids are independent jobs", "[engine]") {
+  Harness h;
+  h.Join(1, "a", T0, 1, 1, 1, 0, "job1");
+  h.Join(2, "a", T0, 2, 2, 4, 0, "job2");  // same node id, other job: fine
+  CHECK(h.Last(1).assignment().world_size() == 1);
+  CHECK(h.inbox[2].empty());
+  h.Join(3, "b", T0, 2, 2, 4, 0, "job2");
+  CHECK(h.Last(2).assignment().world_size() == 8);
+  CHECK(h.stores_open == 2);
+  h.Succeed(1, T0 + 1s);
+  CHECK(h.Last(1).finished().success());
+  CHECK(h.Last(1).finished().exit_code() == 0);
+  CHECK(h.inbox[2].size() == 1);  // job2 untouched
+  auto all = h.engine.Status("", T0 + 1s);
+  REQUIRE(all.jobs_size() == 2);
+  CHECK(all.jobs(0).phase() == "succeeded");
+  CHECK(all.jobs(1).phase() == "running");
+  CHECK(all.jobs(1).nodes_size() == 2);
+}
+
+TEST_CASE("engine: a finished run id starts afresh once its agents are gone", "[engine]") {
+  Harness h;
+  h.Join(1, "a", T0, 1, 1, 1, 0);
+  h.Fail(1, "a", 0, 3, T0 + 1s);
+  CHECK(h.Last(1).finished().exit_code() == 3);
+  h.Join(2, "a", T0 + 2s, 1, 1, 1, 0);  // session 1 still open: the job has ended
+  CHECK(h.Last(2).refused().reason() ==
+        "another agent already joined run 'job7' as node 'a' (give each agent its own node id)");
+  h.engine.OnSessionClosed(1, T0 + 3s);
+  h.Join(2, "a", T0 + 4s, 1, 1, 1, 0);
+  CHECK(h.Last(2).assignment().round() == 0);
+}
+
+TEST_CASE("engine: a store that cannot start fails the job with the reason", "[engine]") {
+  Harness h;
+  h.store_fails = true;
+  h.Join(1, "a", T0, 1, 1);
+  CHECK(h.Last(1).finished().reason() ==
+        "cannot start the worker store of round 0: port exhausted");
+}
+
+TEST_CASE("engine: spares get told they wait, and replace a lost node", "[engine]") {
+  Harness h;
+  h.Join(1, "a", T0, 1, 2);
+  h.Join(2, "b", T0, 1, 2);
+  h.Join(3, "c", T0 + 1s, 1, 2);
+  CHECK(h.inbox[3].empty());  // held quietly until a round needs it
+  h.engine.OnSessionClosed(1, T0 + 2s);
+  CHECK(h.Last(3).has_stop_and_rejoin());
+  h.Join(2, "b", T0 + 2s, 1, 2);
+  h.Join(3, "c", T0 + 2s, 1, 2);  // MAX again at once
+  CHECK(h.Last(3).assignment().group_world_size() == 2);
+  CHECK(h.Last(3).assignment().group_rank() == 1);
+}
