@@ -102,7 +102,12 @@ void Engine::OnMessage(SessionId session, const v1::AgentMessage& m, TimePoint n
   }
 }
 
+void Engine::Log(const std::string& line) const {
+  if (hooks_.log) hooks_.log(line);
+}
+
 void Engine::Refuse(SessionId session, const std::string& reason) {
+  Log("refused a join: " + reason);
   v1::ServiceMessage m;
   m.mutable_refused()->set_reason(reason);
   hooks_.send(session, m);
@@ -231,6 +236,7 @@ void Engine::Finish(Job& job, bool success, const std::string& reason) {
     f->set_exit_code(success ? 0 : 1);
   }
   if (!success) job.last_failure = reason;
+  Log(job.run_id + ": job " + (success ? "succeeded" : "failed: " + reason));
   SendToJob(job, m);
   EvictFinished();
 }
@@ -251,6 +257,12 @@ void Engine::Apply(Job& job, Transition t, TimePoint now) {
         return;
       }
       job.store = std::move(store).value();
+      Log(job.run_id + ": round " + std::to_string(round->round) + " formed: " +
+          std::to_string(round->assignments.size()) + " nodes, " +
+          std::to_string(round->assignments.empty() ? 0 : round->assignments.front().world_size) +
+          " workers, restart " + std::to_string(round->restart_count) + ", store port " +
+          std::to_string(job.store->port()) +
+          (round->spares.empty() ? "" : ", " + std::to_string(round->spares.size()) + " spares"));
       job.group_ranks.clear();
       job.world_size = round->assignments.empty() ? 0 : round->assignments.front().world_size;
       for (const auto& a : round->assignments) {
@@ -280,6 +292,7 @@ void Engine::Apply(Job& job, Transition t, TimePoint now) {
         hooks_.send(session->second, m);
       }
     } else if (auto* stop = std::get_if<StopAndRejoin>(&action)) {
+      Log(job.run_id + ": stop and re-join: " + stop->reason);
       v1::ServiceMessage m;
       m.mutable_stop_and_rejoin()->set_reason(stop->reason);
       m.mutable_stop_and_rejoin()->set_spends_restart(stop->spends_restart);

@@ -41,6 +41,8 @@ struct EngineHooks {
   std::function<void(SessionId, const v1::ServiceMessage&)> send;
   // A fresh worker store for (run id, round).
   std::function<StatusOr<std::unique_ptr<RoundStore>>(const std::string&, int)> start_store;
+  // What happened, one line per decision ("job7: round 2 formed: 3 nodes, 24 workers"). Optional.
+  std::function<void(const std::string&)> log;
 };
 
 struct EngineOptions {
@@ -76,6 +78,7 @@ class Engine {
   void Finish(Job& job, bool success, const std::string& reason);
   void SendToJob(const Job& job, const v1::ServiceMessage& m);
   void Refuse(SessionId session, const std::string& reason);
+  void Log(const std::string& line) const;
   void Unbind(SessionId session, TimePoint now);
   Job& JobFor(const std::string& run_id, const Settings& settings, TimePoint now);
   void EvictFinished();

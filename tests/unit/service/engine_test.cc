@@ -44,7 +44,8 @@ struct Harness {
                      return std::unique_ptr<crun::rdzv::RoundStore>(
                          std::make_unique<FakeStore>(static_cast<std::uint16_t>(40000 + stores_started),
                                                      &stores_open));
-                   }},
+                   },
+                   nullptr},
                std::move(options)) {}
 
   void Join(SessionId s, const std::string& host, TimePoint t, int min = 2, int max = 2,

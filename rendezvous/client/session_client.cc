@@ -1,0 +1,95 @@
+#include "rendezvous/client/session_client.h"
+
+namespace crun::rdzv {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const ChannelOptions& o) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(o.keepalive_interval.count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(o.keepalive_timeout.count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  // Names are never resolved through a proxy; the service is dialed directly.
+  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  if (o.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+SessionClient::SessionClient(v1::Rendezvous::Stub& stub, MessageCallback on_message,
+                             DoneCallback on_done)
+    : on_message_(std::move(on_message)), on_done_(std::move(on_done)) {
+  context_.set_wait_for_ready(true);
+  stub.async()->Session(&context_, this);
+  StartRead(&in_);
+  StartCall();
+}
+
+SessionClient::~SessionClient() { Close(); }
+
+void SessionClient::Send(v1::AgentMessage m) {
+  if (const auto* next = writes_.Push(std::move(m))) StartWrite(next);
+}
+
+void SessionClient::OnReadDone(bool ok) {
+  if (!ok) return;  // the stream is ending: OnDone follows
+  on_message_(std::move(in_));
+  in_.Clear();
+  StartRead(&in_);
+}
+
+void SessionClient::OnWriteDone(bool ok) {
+  if (!ok) writes_.Close();
+  if (const auto* next = writes_.Done()) {
+    StartWrite(next);
+    return;
+  }
+  std::unique_lock lock(mu_);
+  if (closing_ && ok && !writes_done_started_) {
+    writes_done_started_ = true;
+    lock.unlock();
+    StartWritesDone();
+  }
+}
+
+void SessionClient::OnWritesDoneDone(bool) {}
+
+void SessionClient::OnDone(const grpc::Status& status) {
+  writes_.Close();
+  Status s = Status::Ok();
+  if (!status.ok()) {
+    s = Unavailable(status.error_message() + " (gRPC code " +
+                    std::to_string(static_cast<int>(status.error_code())) + ")");
+  }
+  on_done_(s);
+  std::lock_guard lock(mu_);
+  done_ = true;
+  cv_.notify_all();
+}
+
+void SessionClient::Close(std::chrono::milliseconds grace) {
+  bool start_writes_done = false;
+  {
+    std::lock_guard lock(mu_);
+    if (done_) return;
+    if (!closing_) {
+      closing_ = true;
+      if (writes_.Close(/*drain=*/true)) {
+        writes_done_started_ = true;
+        start_writes_done = true;
+      }
+    }
+  }
+  if (start_writes_done) StartWritesDone();
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_for(lock, grace, [this] { return done_; })) {
+    lock.unlock();
+    context_.TryCancel();
+    lock.lock();
+    cv_.wait(lock, [this] { return done_; });
+  }
+}
+
+}  // namespace crun::rdzv

@@ -1,0 +1,72 @@
+// SessionClient: an agent's end of the crun.v1 Session stream, on gRPC's callback API (no
+// thread of its own). Messages from the service arrive through `on_message` on a gRPC thread,
+// in order; `on_done` runs once when the stream ends, with why. Send never blocks.
+//
+// The session waits for the service to become reachable (gRPC reconnects with a short
+// backoff: 20 ms, growing to 1 s), so agents may start before the host that serves the
+// endpoint; giving up is the caller's join timeout. Keepalive pings notice a service that
+// went silent (a cut link) within `keepalive_timeout`.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "crun/v1/rendezvous.grpc.pb.h"
+#include "rendezvous/service/write_queue.h"
+#include "rendezvous/store/status.h"
+
+namespace crun::rdzv {
+
+struct ChannelOptions {
+  std::chrono::milliseconds keepalive_interval{1'000};
+  std::chrono::milliseconds keepalive_timeout{3'000};
+  // A connection of its own (not shared with other channels to the same endpoint).
+  bool own_connection = true;
+};
+
+// "host:port" (IPv6 as "[::1]:29400").
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const ChannelOptions& options);
+
+class SessionClient final : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServiceMessage> {
+ public:
+  using MessageCallback = std::function<void(v1::ServiceMessage)>;
+  using DoneCallback = std::function<void(const Status&)>;
+
+  SessionClient(v1::Rendezvous::Stub& stub, MessageCallback on_message, DoneCallback on_done);
+  // Closes (see Close) and waits for the stream to end.
+  ~SessionClient() override;
+
+  void Send(v1::AgentMessage m);
+  // Writes what is queued, then half-closes, and waits up to `grace` for the service to end
+  // the stream before cancelling it. Returns once the stream has ended.
+  void Close(std::chrono::milliseconds grace = std::chrono::milliseconds(500));
+  // Ends the stream now, dropping what is queued.
+  void Cancel() { context_.TryCancel(); }
+
+  void OnReadDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnWritesDoneDone(bool ok) override;
+  void OnDone(const grpc::Status& status) override;
+
+ private:
+  void WaitDone();
+
+  grpc::ClientContext context_;
+  v1::ServiceMessage in_;
+  WriteQueue<v1::AgentMessage> writes_;
+  MessageCallback on_message_;
+  DoneCallback on_done_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  bool closing_ = false;
+  bool writes_done_started_ = false;
+};
+
+}  // namespace crun::rdzv

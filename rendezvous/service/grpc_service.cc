@@ -1,0 +1,289 @@
+#include "rendezvous/service/grpc_service.h"
+
+#include <atomic>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include "crun/v1/rendezvous.grpc.pb.h"
+#include "rendezvous/server/store_server.h"
+#include "rendezvous/service/engine.h"
+#include "rendezvous/service/write_queue.h"
+
+namespace crun::rdzv {
+namespace {
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+
+class SessionReactor;
+
+class StoreHandle final : public RoundStore {
+ public:
+  explicit StoreHandle(std::unique_ptr<StoreServer> s) : server_(std::move(s)) {}
+  ~StoreHandle() override { server_->Stop(); }
+  std::uint16_t port() const override { return server_->port(); }
+
+ private:
+  std::unique_ptr<StoreServer> server_;
+};
+
+// Everything the gRPC threads and the engine's thread share. Engine, timer and stores are
+// touched on the engine's thread only; the registry of live streams under its mutex.
+struct Core {
+  explicit Core(ServiceOptions o) : options(std::move(o)), timer(io) {}
+
+  void SendTo(SessionId id, const v1::ServiceMessage& m);
+  void Received(SessionId id, v1::AgentMessage m) {
+    asio::post(io, [this, id, m = std::move(m)] {
+      if (!engine) return;
+      engine->OnMessage(id, m, Clock::now());
+      Rearm();
+    });
+  }
+  void Closed(SessionId id) {
+    asio::post(io, [this, id] {
+      if (!engine) return;
+      engine->OnSessionClosed(id, Clock::now());
+      Rearm();
+    });
+  }
+  // Keeps one timer on the engine's next deadline.
+  void Rearm() {
+    auto wake = engine->NextWake();
+    if (wake == armed) return;
+    armed = wake;
+    if (!wake) {
+      timer.cancel();
+      return;
+    }
+    timer.expires_at(*wake);
+    timer.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || !engine) return;
+      armed.reset();
+      engine->OnTick(Clock::now());
+      Rearm();
+    });
+  }
+
+  ServiceOptions options;
+  asio::io_context io;
+  asio::steady_timer timer;
+  std::optional<Clock::time_point> armed;
+  std::unique_ptr<Engine> engine;
+  std::atomic<SessionId> next_session{1};
+  std::mutex mu;
+  std::unordered_map<SessionId, SessionReactor*> streams;
+};
+
+class SessionReactor final
+    : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServiceMessage> {
+ public:
+  SessionReactor(Core* core) : core_(core), id_(core->next_session++) {
+    {
+      std::lock_guard lock(core_->mu);
+      core_->streams[id_] = this;
+    }
+    StartRead(&in_);
+  }
+
+  void Send(const v1::ServiceMessage& m) {
+    if (const auto* next = writes_.Push(m)) StartWrite(next);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the agent closed its side, or the stream broke
+      ReportClosed();
+      finishing_ = true;
+      if (writes_.Close()) FinishOnce();
+      return;
+    }
+    core_->Received(id_, std::move(in_));
+    in_.Clear();
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) writes_.Close();
+    if (const auto* next = writes_.Done()) {
+      StartWrite(next);
+    } else if (finishing_) {
+      FinishOnce();
+    }
+  }
+
+  void OnCancel() override {
+    ReportClosed();
+    finishing_ = true;
+    if (writes_.Close()) FinishOnce();
+  }
+
+  void OnDone() override {
+    {
+      std::lock_guard lock(core_->mu);
+      core_->streams.erase(id_);
+    }
+    ReportClosed();
+    delete this;
+  }
+
+ private:
+  void ReportClosed() {
+    if (!closed_reported_.exchange(true)) core_->Closed(id_);
+  }
+  void FinishOnce() {
+    if (!finished_.exchange(true)) Finish(grpc::Status::OK);
+  }
+
+  Core* core_;
+  SessionId id_;
+  v1::AgentMessage in_;
+  WriteQueue<v1::ServiceMessage> writes_;
+  std::atomic<bool> finishing_{false};
+  std::atomic<bool> finished_{false};
+  std::atomic<bool> closed_reported_{false};
+};
+
+void Core::SendTo(SessionId id, const v1::ServiceMessage& m) {
+  std::lock_guard lock(mu);
+  if (auto it = streams.find(id); it != streams.end()) it->second->Send(m);
+}
+
+class ServiceImpl final : public v1::Rendezvous::CallbackService {
+ public:
+  explicit ServiceImpl(Core* core) : core_(core) {}
+
+  grpc::ServerBidiReactor<v1::AgentMessage, v1::ServiceMessage>* Session(
+      grpc::CallbackServerContext*) override {
+    return new SessionReactor(core_);
+  }
+
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
+                                   const v1::StatusRequest* request,
+                                   v1::StatusResponse* response) override {
+    auto* reactor = context->DefaultReactor();
+    asio::post(core_->io, [this, reactor, request, response] {
+      if (core_->engine) *response = core_->engine->Status(request->run_id(), Clock::now());
+      reactor->Finish(grpc::Status::OK);
+    });
+    return reactor;
+  }
+
+ private:
+  Core* core_;
+};
+
+class GrpcRendezvousService final : public RendezvousService {
+ public:
+  explicit GrpcRendezvousService(const ServiceOptions& options)
+      : core_(std::make_unique<Core>(options)), service_(core_.get()) {}
+  ~GrpcRendezvousService() override { Stop(); }
+
+  Status Init() {
+    const auto& o = core_->options;
+    EngineHooks hooks;
+    Core* core = core_.get();
+    hooks.send = [core](SessionId id, const v1::ServiceMessage& m) { core->SendTo(id, m); };
+    hooks.start_store = [core](const std::string&, int) -> StatusOr<std::unique_ptr<RoundStore>> {
+      StoreServerOptions so;
+      so.host = core->options.host;
+      auto server = StoreServer::Start(core->io, so);
+      if (!server.ok()) return server.status();
+      return std::unique_ptr<RoundStore>(std::make_unique<StoreHandle>(std::move(server).value()));
+    };
+    if (o.log_decisions) hooks.log = [](const std::string& line) { spdlog::info("{}", line); };
+    EngineOptions eo;
+    eo.advertise_addr = o.advertise_addr;
+    eo.keep_finished_jobs = o.keep_finished_jobs;
+    core_->engine = std::make_unique<Engine>(std::move(hooks), eo);
+
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder builder;
+    const bool v6 = o.host.find(':') != std::string::npos;
+    const std::string address = (v6 ? "[" + o.host + "]" : o.host) + ":" + std::to_string(o.port);
+    int selected = 0;
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &selected);
+    builder.RegisterService(&service_);
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second daemon must fail
+    // Agents ping to notice a dead service quickly; let them.
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 200);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    server_ = builder.BuildAndStart();
+    if (!server_ || selected == 0) {
+      server_.reset();
+      return Unavailable("cannot listen on " + address +
+                         " (address in use, not an address of this host, or no permission)");
+    }
+    port_ = static_cast<std::uint16_t>(selected);
+    if (auto* health = server_->GetHealthCheckService()) {
+      health->SetServingStatus("crun.v1.Rendezvous", true);
+    }
+    thread_ = std::thread([this] {
+      auto work = asio::make_work_guard(core_->io);
+      core_->io.run();
+    });
+    return Status::Ok();
+  }
+
+  std::uint16_t port() const override { return port_; }
+
+  void Stop() override {
+    if (stopped_.exchange(true)) return;
+    if (server_) {
+      // Sessions are cancelled at once; a Status call in flight still completes (the engine's
+      // thread keeps running until below).
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+      server_->Wait();
+    }
+    if (thread_.joinable()) {
+      asio::post(core_->io, [this] {
+        core_->timer.cancel();
+        core_->engine.reset();  // closes the stores, on their own thread
+        core_->io.stop();
+      });
+      thread_.join();
+    }
+  }
+
+  ServiceStats stats() override {
+    std::promise<ServiceStats> p;
+    auto f = p.get_future();
+    asio::post(core_->io, [this, &p] {
+      ServiceStats s;
+      if (core_->engine) {
+        s.sessions = core_->engine->live_sessions();
+        s.jobs = static_cast<std::uint64_t>(core_->engine->Status("", Clock::now()).jobs_size());
+      }
+      p.set_value(s);
+    });
+    return f.get();
+  }
+
+ private:
+  std::unique_ptr<Core> core_;
+  ServiceImpl service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::thread thread_;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<RendezvousService>> RendezvousService::Start(const ServiceOptions& options) {
+  auto service = std::make_unique<GrpcRendezvousService>(options);
+  CRUN_RETURN_IF_ERROR(service->Init());
+  return std::unique_ptr<RendezvousService>(std::move(service));
+}
+
+}  // namespace crun::rdzv

@@ -1,0 +1,44 @@
+// The rendezvous service over gRPC (proto/crun/v1/rendezvous.proto): the engine (engine.h) on
+// a thread and event loop of its own, behind gRPC's callback API (no thread per session, so
+// one daemon holds thousands of agents). The standard grpc.health.v1 service runs beside it.
+//
+// Each agent's Session stream feeds the engine in order; the engine's messages are queued on
+// the stream without blocking. A stream that ends or breaks is a lost node at once. Each
+// round's worker store (a crun StoreServer) listens on the service's host, on a free port.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "rendezvous/store/status.h"
+
+namespace crun::rdzv {
+
+struct ServiceOptions {
+  // gRPC listens here; the rounds' worker stores bind the same host.
+  std::string host = "0.0.0.0";
+  std::uint16_t port = 29400;  // 0: a free port (read it back with port())
+  // MASTER_ADDR given to every agent; empty: the host each agent dialed.
+  std::string advertise_addr;
+  std::size_t keep_finished_jobs = 64;
+  bool log_decisions = true;  // one spdlog line per round, stop, refusal, outcome
+};
+
+struct ServiceStats {
+  std::uint64_t sessions = 0;  // bound to a job
+  std::uint64_t jobs = 0;
+};
+
+class RendezvousService {
+ public:
+  // Listening when this returns; an error names host:port ("address already in use").
+  static StatusOr<std::unique_ptr<RendezvousService>> Start(const ServiceOptions& options);
+  virtual ~RendezvousService() = default;
+  virtual std::uint16_t port() const = 0;
+  // Ends every session, closes the stores, joins the thread. Idempotent.
+  virtual void Stop() = 0;
+  virtual ServiceStats stats() = 0;
+};
+
+}  // namespace crun::rdzv

@@ -1,0 +1,263 @@
+// The rendezvous service over real gRPC on loopback: sessions, pushed messages, the round's
+// worker store, Status, the health service, a second daemon on a taken port. Waits are on
+// messages arriving (condition variables), never on time.
+#include <catch2/catch.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+#include <grpcpp/generic/generic_stub.h>
+
+#include "rendezvous/client/session_client.h"
+#include "rendezvous/service/grpc_service.h"
+#include "rendezvous/store/tcp_store_client.h"
+
+namespace {
+
+using crun::rdzv::RendezvousService;
+using crun::rdzv::ServiceOptions;
+using crun::rdzv::SessionClient;
+namespace v1 = crun::v1;
+
+std::unique_ptr<RendezvousService> StartService() {
+  ServiceOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.log_decisions = false;
+  auto s = RendezvousService::Start(o);
+  REQUIRE(s.ok());
+  return std::move(s).value();
+}
+
+// One agent's session, with its messages collected for the test to wait on.
+class Agent {
+ public:
+  Agent(std::uint16_t port, std::string node)
+      : node_(std::move(node)),
+        channel_(crun::rdzv::MakeChannel("127.0.0.1:" + std::to_string(port), {})),
+        stub_(v1::Rendezvous::NewStub(channel_)) {
+    client_ = std::make_unique<SessionClient>(
+        *stub_,
+        [this](v1::ServiceMessage m) {
+          std::lock_guard lock(mu_);
+          inbox_.push_back(std::move(m));
+          cv_.notify_all();
+        },
+        [this](const crun::Status& s) {
+          std::lock_guard lock(mu_);
+          done_ = true;
+          done_status_ = s;
+          cv_.notify_all();
+        });
+  }
+
+  void Join(int min = 2, int max = 2, int max_restarts = 1, const std::string& run = "job7") {
+    v1::AgentMessage m;
+    auto* j = m.mutable_join();
+    j->set_protocol_version(1);
+    j->set_run_id(run);
+    j->set_service_host("127.0.0.1");
+    j->mutable_node()->set_node_id(node_);
+    j->mutable_node()->set_host(node_);
+    j->mutable_node()->set_nproc(2);
+    j->mutable_settings()->set_min_nodes(min);
+    j->mutable_settings()->set_max_nodes(max);
+    j->mutable_settings()->set_max_restarts(max_restarts);
+    j->mutable_settings()->set_last_call_timeout_ms(100);
+    client_->Send(m);
+  }
+  void Fail(int rank, int code) {
+    v1::AgentMessage m;
+    m.mutable_workers_failed()->set_host(node_);
+    auto* f = m.mutable_workers_failed()->add_failures();
+    f->set_rank(rank);
+    f->set_exit_code(code);
+    client_->Send(m);
+  }
+  void Succeed() {
+    v1::AgentMessage m;
+    m.mutable_workers_succeeded();
+    client_->Send(m);
+  }
+  // The next message the service pushed (in order).
+  v1::ServiceMessage Next() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return !inbox_.empty() || done_; });
+    REQUIRE_FALSE(inbox_.empty());
+    auto m = std::move(inbox_.front());
+    inbox_.pop_front();
+    return m;
+  }
+  crun::Status WaitDone() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+    return done_status_;
+  }
+  void Drop() { client_->Cancel(); }
+  void Close() { client_->Close(); }
+  v1::Rendezvous::Stub& stub() { return *stub_; }
+
+ private:
+  std::string node_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Rendezvous::Stub> stub_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::ServiceMessage> inbox_;
+  bool done_ = false;
+  crun::Status done_status_ = crun::Status::Ok();
+  std::unique_ptr<SessionClient> client_;  // last: destroyed (and closed) first
+};
+
+}  // namespace
+
+TEST_CASE("grpc service: a round forms and its worker store is reachable", "[grpc]") {
+  auto service = StartService();
+  Agent a(service->port(), "node-a"), b(service->port(), "node-b");
+  a.Join();
+  b.Join();
+  auto ra = a.Next().assignment();
+  auto rb = b.Next().assignment();
+  CHECK(ra.group_rank() == 0);
+  CHECK(rb.group_rank() == 1);
+  CHECK(rb.base_rank() == 2);
+  CHECK(ra.world_size() == 4);
+  CHECK(ra.master_addr() == "127.0.0.1");
+  REQUIRE(ra.master_port() == rb.master_port());
+
+  crun::TcpStoreClientOptions so;
+  so.host = ra.master_addr();
+  so.port = static_cast<std::uint16_t>(ra.master_port());
+  auto store = crun::TcpStoreClient::Connect(so);
+  REQUIRE(store.ok());
+  REQUIRE((*store)->Set("k", "v").ok());
+  CHECK((*store)->Get("k").value() == "v");
+
+  v1::StatusRequest req;
+  v1::StatusResponse resp;
+  grpc::ClientContext ctx;
+  REQUIRE(a.stub().Status(&ctx, req, &resp).ok());
+  REQUIRE(resp.jobs_size() == 1);
+  CHECK(resp.jobs(0).phase() == "running");
+  CHECK(resp.jobs(0).nodes_size() == 2);
+  CHECK(service->stats().sessions == 2);
+}
+
+TEST_CASE("grpc service: a failure is pushed to every node; a dropped agent is lost", "[grpc]") {
+  auto service = StartService();
+  Agent a(service->port(), "node-a"), b(service->port(), "node-b"), c(service->port(), "node-c");
+  a.Join(2, 3);
+  b.Join(2, 3);
+  c.Join(2, 3);
+  for (auto* x : {&a, &b, &c}) REQUIRE(x->Next().has_assignment());
+  b.Fail(3, 7);
+  for (auto* x : {&a, &b, &c}) {
+    auto m = x->Next();
+    REQUIRE(m.has_stop_and_rejoin());
+    CHECK(m.stop_and_rejoin().spends_restart());
+  }
+  a.Join(2, 3);
+  b.Join(2, 3);
+  c.Join(2, 3);
+  for (auto* x : {&a, &b, &c}) CHECK(x->Next().assignment().restart_count() == 1);
+
+  c.Drop();  // the agent process died: its stream breaks
+  for (auto* x : {&a, &b}) {
+    auto m = x->Next();
+    REQUIRE(m.has_stop_and_rejoin());
+    CHECK(m.stop_and_rejoin().reason() == "node node-c (node-c) was lost");
+  }
+  a.Join(2, 3);
+  b.Join(2, 3);
+  auto ra = a.Next().assignment();  // after the 100 ms last call
+  CHECK(ra.group_world_size() == 2);
+  CHECK(ra.restart_count() == 1);   // a loss spends nothing
+  CHECK(b.Next().assignment().group_world_size() == 2);
+
+  a.Succeed();
+  b.Succeed();
+  CHECK(a.Next().finished().success());
+  CHECK(b.Next().finished().success());
+}
+
+TEST_CASE("grpc service: budget exhausted -> the same report on every node", "[grpc]") {
+  auto service = StartService();
+  Agent a(service->port(), "node-a"), b(service->port(), "node-b");
+  a.Join(2, 2, 0);
+  b.Join(2, 2, 0);
+  REQUIRE(a.Next().has_assignment());
+  REQUIRE(b.Next().has_assignment());
+  a.Fail(1, 42);
+  auto fa = a.Next().finished();
+  auto fb = b.Next().finished();
+  CHECK_FALSE(fa.success());
+  CHECK(fa.exit_code() == 42);
+  CHECK(fb.exit_code() == 42);
+  CHECK(fa.root_cause().SerializeAsString() == fb.root_cause().SerializeAsString());
+  CHECK(fb.root_cause().host() == "node-a");
+}
+
+TEST_CASE("grpc service: conflicting settings are refused, naming them", "[grpc]") {
+  auto service = StartService();
+  Agent a(service->port(), "node-a"), b(service->port(), "node-b");
+  a.Join(2, 4);
+  b.Join(2, 3);
+  CHECK(b.Next().refused().reason() == "--nnodes differs: this job uses 2:4, the joining agent 2:3");
+}
+
+TEST_CASE("grpc service: the standard health service reports SERVING", "[grpc]") {
+  auto service = StartService();
+  auto channel = crun::rdzv::MakeChannel("127.0.0.1:" + std::to_string(service->port()), {});
+  grpc::GenericStub generic(channel);
+  for (const std::string service_name : {"", "crun.v1.Rendezvous"}) {
+    // grpc.health.v1.HealthCheckRequest{service = name}: field 1, length-delimited.
+    std::string request;
+    if (!service_name.empty()) {
+      request = std::string("\x0a", 1) + static_cast<char>(service_name.size()) + service_name;
+    }
+    grpc::Slice slice(request);
+    grpc::ByteBuffer in(&slice, 1), out;
+    grpc::ClientContext ctx;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &in, &out,
+                      [&](grpc::Status s) {
+                        std::lock_guard lock(mu);
+                        status = s;
+                        done = true;
+                        cv.notify_all();
+                      });
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return done; });
+    REQUIRE(status.ok());
+    std::vector<grpc::Slice> slices;
+    REQUIRE(out.Dump(&slices).ok());
+    std::string body;
+    for (const auto& s : slices) body.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    CHECK(body == std::string("\x08\x01", 2));  // status: SERVING
+  }
+}
+
+TEST_CASE("grpc service: a taken port is an error naming it", "[grpc]") {
+  auto first = StartService();
+  ServiceOptions o;
+  o.host = "127.0.0.1";
+  o.port = first->port();
+  o.log_decisions = false;
+  auto second = RendezvousService::Start(o);
+  REQUIRE_FALSE(second.ok());
+  CHECK_THAT(second.status().message(),
+             Catch::Contains("cannot listen on 127.0.0.1:" + std::to_string(first->port())));
+}
+
+TEST_CASE("grpc service: stopping the service ends every agent's session", "[grpc]") {
+  auto service = StartService();
+  Agent a(service->port(), "node-a");
+  a.Join(1, 1);
+  REQUIRE(a.Next().has_assignment());
+  service->Stop();
+  CHECK_FALSE(a.WaitDone().ok());
+}
