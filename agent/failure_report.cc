@@ -28,12 +28,12 @@ std::string Indent(const std::string& text, const std::string& pad) {
 
 void AppendBlock(std::string& out, const FailureRecord& f, const ReportContext& c) {
   out += "  time      : " + IsoTime(f.when) + "\n";
-  out += "  host      : " + c.host + "\n";
+  out += "  host      : " + (f.host.empty() ? c.host : f.host) + "\n";
   out += "  rank      : " + std::to_string(f.rank) + " (local rank " + std::to_string(f.local_rank) +
          ", role " + c.role + ")\n";
   out += "  pid       : " + std::to_string(f.pid) + "\n";
   out += "  exit      : " + f.exit.Describe() + "\n";
-  auto error = ReadErrorFile(f.error_file);
+  const auto& error = f.error;
   out += "  error file: " + (error ? f.error_file : std::string("<none written>")) + "\n";
   if (error) {
     out += "  error     : " + error->message + "\n";
@@ -80,7 +80,8 @@ std::string FormatReport(const ReportContext& c, const std::vector<FailureRecord
   out += "\n";
   for (std::size_t i = 1; i < failures.size(); ++i) {
     const auto& f = failures[i];
-    out += "  rank " + std::to_string(f.rank) + " (local rank " + std::to_string(f.local_rank) +
+    out += "  rank " + std::to_string(f.rank) + " on " + (f.host.empty() ? c.host : f.host) +
+           " (local rank " + std::to_string(f.local_rank) +
            ", pid " + std::to_string(f.pid) + "): " + f.exit.Describe() + " at " +
            IsoTime(f.when) + "\n";
   }
@@ -99,13 +100,14 @@ nlohmann::json ReportJson(const ReportContext& c, const std::vector<FailureRecor
   for (const auto& f : failures) {
     nlohmann::json e;
     e["time"] = IsoTime(f.when);
+    e["host"] = f.host.empty() ? c.host : f.host;
     e["rank"] = f.rank;
     e["local_rank"] = f.local_rank;
     e["pid"] = f.pid;
     e["exit_code"] = f.exit.signaled ? nlohmann::json(nullptr) : nlohmann::json(f.exit.value);
     e["signal"] = f.exit.signaled ? nlohmann::json(SignalName(f.exit.value)) : nlohmann::json(nullptr);
     e["error_file"] = f.error_file;
-    if (auto err = ReadErrorFile(f.error_file)) {
+    if (const auto& err = f.error) {
       e["message"] = err->message;
       e["traceback"] = err->traceback;
     } else {

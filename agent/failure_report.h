@@ -16,29 +16,33 @@
 
 namespace crun::agent {
 
+struct ErrorFileContent {
+  std::string message;    // "ValueError: intentional failure on rank 0"
+  std::string traceback;  // the worker's Python call stack
+  nlohmann::json raw;
+};
+
+// One failed worker. Everything the report shows is in here (read when the worker exited),
+// so a record can travel to other nodes and be printed there the same way.
 struct FailureRecord {
+  std::string host;
   int rank = 0;
   int local_rank = 0;
   pid_t pid = 0;
   ExitStatus exit;
   std::chrono::system_clock::time_point when;
   std::string error_file;                // path given to the worker
-  std::vector<std::string> stderr_tail;  // last lines, when no error file was written
+  std::optional<ErrorFileContent> error; // what it wrote there, if anything
+  std::vector<std::string> stderr_tail;  // last lines of its stderr
 };
 
 struct ReportContext {
   std::string run_id;
-  std::string host;
+  std::string host;  // for records that name none
   std::string role;
   std::string entrypoint;  // the script or program
   int attempt = 0;
   int max_restarts = 0;
-};
-
-struct ErrorFileContent {
-  std::string message;    // "ValueError: intentional failure on rank 0"
-  std::string traceback;  // the worker's Python call stack
-  nlohmann::json raw;
 };
 
 // Reads a torchelastic error file (either format); nullopt when absent or unreadable.

@@ -1,5 +1,6 @@
 #include "agent/line_pump.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -39,16 +40,36 @@ void LinePump::Read() {
                             if (on_eof_) std::exchange(on_eof_, nullptr)();
                             return;
                           }
-                          pending_.append(buffer_, n);
-                          std::size_t start = 0;
-                          for (auto nl = pending_.find('\n'); nl != std::string::npos;
-                               nl = pending_.find('\n', start)) {
-                            Emit(std::string_view(pending_).substr(start, nl - start));
-                            start = nl + 1;
-                          }
-                          pending_.erase(0, start);
+                          Consume(n);
                           Read();
                         });
+}
+
+void LinePump::Consume(std::size_t n) {
+  pending_.append(buffer_, n);
+  std::size_t start = 0;
+  for (auto nl = pending_.find('\n'); nl != std::string::npos; nl = pending_.find('\n', start)) {
+    Emit(std::string_view(pending_).substr(start, nl - start));
+    start = nl + 1;
+  }
+  pending_.erase(0, start);
+}
+
+void LinePump::DrainAvailable() {
+  if (!pipe_.is_open()) return;
+  const int fd = pipe_.native_handle();
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0 && !(flags & O_NONBLOCK)) ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer_, sizeof buffer_);
+    if (n > 0) {
+      Consume(static_cast<std::size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else {
+      return;  // empty for now (EAGAIN), or EOF, which the pending read will see
+    }
+  }
 }
 
 void LinePump::Emit(std::string_view line) {

@@ -30,9 +30,14 @@ class LinePump {
   LinePump& operator=(const LinePump&) = delete;
 
   const std::deque<std::string>& tail() const { return tail_; }
+  // Reads what the pipe holds right now, without waiting: a worker that just exited has
+  // written its last lines, and the failure report wants them before the event loop would
+  // get to them.
+  void DrainAvailable();
 
  private:
   void Read();
+  void Consume(std::size_t n);
   void Emit(std::string_view line);
 
   boost::asio::posix::stream_descriptor pipe_;

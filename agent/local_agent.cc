@@ -59,7 +59,7 @@ int LaunchFailureCode(const Status& s) { return s.code() == StatusCode::kNotFoun
 
 }  // namespace
 
-struct LocalAgent::Impl {
+struct LocalAgent::Impl final : RendezvousEvents {
   struct Worker {
     int local_rank = 0;
     pid_t pid = 0;
@@ -68,7 +68,11 @@ struct LocalAgent::Impl {
     std::unique_ptr<LinePump> out_pump, err_pump;
     std::string dir, error_file;
   };
-  enum class Phase { kRunning, kStopping, kDone };
+  // kWaiting: no workers; joined, or reported the round's end, and waiting for the
+  // rendezvous. kRunning: workers run. kStopping: they are being stopped.
+  enum class Phase { kWaiting, kRunning, kStopping, kDone };
+  // What to do once the workers are down.
+  enum class Next { kNone, kRejoin, kConclude };
 
   Impl(asio::io_context& io_, AgentOptions o, std::unique_ptr<Rendezvous> r)
       : io(io_), options(std::move(o)), rdzv(std::move(r)), signals(io_), kill_timer(io_) {
@@ -84,7 +88,8 @@ struct LocalAgent::Impl {
     guard = std::move(g).value();
     for (int s : options.forward_signals) signals.add(s);
     ArmSignals();
-    StartAttempt();
+    rdzv->Start(this);
+    rdzv->Join();
     io.run();
     return exit_code;
   }
@@ -97,16 +102,47 @@ struct LocalAgent::Impl {
     });
   }
 
-  void StartAttempt() {
-    phase = Phase::kRunning;
-    failures.clear();
-    auto assignment = rdzv->NextRound(attempt);
-    if (!assignment.ok()) {
-      spdlog::error("rendezvous for attempt {} failed: {}", attempt, assignment.status().message());
-      exit_code = 1;
-      return Finish();
+  // ---- rendezvous events ----------------------------------------------------------------
+
+  void OnAssignment(const GroupAssignment& g) override {
+    if (phase != Phase::kWaiting || stopped_by_signal != 0) return;
+    if (g.spare) {
+      spdlog::info("round {}: this node is a spare (the round is full); waiting", g.round);
+      return;
     }
-    group = std::move(assignment).value();
+    StartAttempt(g);
+  }
+
+  void OnStopAndRejoin(const std::string& reason, bool spends_restart) override {
+    if (phase == Phase::kDone || stopped_by_signal != 0) return;
+    if (spends_restart) {
+      spdlog::warn("restarting the worker group (restart {} of at most {}): {}",
+                   group.restart_count + 1, options.max_restarts, reason);
+    } else {
+      spdlog::warn("re-forming the job: {}", reason);
+    }
+    next = Next::kRejoin;
+    if (phase == Phase::kRunning) return BeginStop(SIGTERM);
+    if (phase == Phase::kWaiting) AfterWorkersDown();
+  }
+
+  void OnFinished(const JobOutcome& o) override {
+    if (phase == Phase::kDone) return;
+    outcome = o;
+    next = Next::kConclude;
+    if (phase == Phase::kRunning) return BeginStop(SIGTERM);
+    if (phase == Phase::kWaiting) AfterWorkersDown();
+  }
+
+  // ---- workers ----------------------------------------------------------------------------
+
+  void StartAttempt(const GroupAssignment& g) {
+    phase = Phase::kRunning;
+    next = Next::kNone;
+    failures.clear();
+    failure_reported = false;
+    failed_to_launch = false;
+    group = g;
     const Environment base = CurrentEnvironment();
     workers.clear();
     workers.resize(static_cast<std::size_t>(options.nproc));
@@ -114,14 +150,12 @@ struct LocalAgent::Impl {
     for (int lr = 0; lr < options.nproc; ++lr) {
       auto& w = workers[static_cast<std::size_t>(lr)];
       w.local_rank = lr;
-      w.dir = options.log_dir + "/" + group.run_id + "/attempt_" + std::to_string(attempt) + "/" +
-              std::to_string(lr);
+      w.dir = options.log_dir + "/" + group.run_id + "/attempt_" + std::to_string(group.round) +
+              "/" + std::to_string(lr);
       std::error_code ec;
       std::filesystem::create_directories(w.dir, ec);
       if (ec) {
-        spdlog::error("cannot create log directory {}: {}", w.dir, ec.message());
-        failed_to_launch = true;
-        launch_error = 1;
+        LaunchFailed(lr, 1, "cannot create log directory " + w.dir + ": " + ec.message());
         break;
       }
       w.error_file = w.dir + "/error.json";
@@ -135,9 +169,7 @@ struct LocalAgent::Impl {
       auto started = StartProcess(spec);
       for (int fd : child_fds) ::close(fd);
       if (!started.ok()) {
-        spdlog::error("local rank {}: {}", lr, started.status().message());
-        launch_error = LaunchFailureCode(started.status());
-        failed_to_launch = true;
+        LaunchFailed(lr, LaunchFailureCode(started.status()), started.status().message());
         break;
       }
       pending.push_back({lr, std::move(started).value()});
@@ -147,9 +179,7 @@ struct LocalAgent::Impl {
       auto& w = workers[static_cast<std::size_t>(lr)];
       auto pid = FinishStart(p);
       if (!pid.ok()) {
-        spdlog::error("local rank {}: {}", lr, pid.status().message());
-        launch_error = LaunchFailureCode(pid.status());
-        failed_to_launch = true;
+        LaunchFailed(lr, LaunchFailureCode(pid.status()), pid.status().message());
         continue;
       }
       w.pid = *pid;
@@ -165,11 +195,35 @@ struct LocalAgent::Impl {
       }
     }
     if (failed_to_launch) {
-      if (running == 0) return Finish(launch_error);
+      ReportFailures();
+      if (running == 0) return MaybeEndAttempt();
       return BeginStop(SIGTERM);
     }
-    spdlog::info("attempt {}: started {} workers (store {}:{})", attempt, options.nproc,
-                 group.master_addr, group.master_port);
+    spdlog::info("round {} (restart {}): started {} workers, ranks {}..{} of {} (store {}:{})",
+                 group.round, group.restart_count, options.nproc, group.base_rank,
+                 group.base_rank + options.nproc - 1, group.world_size, group.master_addr,
+                 group.master_port);
+  }
+
+  // A worker that could not be started counts as failed with the shell's code.
+  void LaunchFailed(int lr, int code, const std::string& why) {
+    spdlog::error("local rank {}: {}", lr, why);
+    FailureRecord f;
+    f.host = options.host_name;
+    f.rank = group.base_rank + lr;
+    f.local_rank = lr;
+    f.exit = ExitStatus{false, code};
+    f.when = std::chrono::system_clock::now();
+    f.stderr_tail = {why};
+    failures.push_back(std::move(f));
+    failed_to_launch = true;
+  }
+
+  // The round's first failure goes to the rendezvous at once, so every node can stop.
+  void ReportFailures() {
+    if (failure_reported || failures.empty()) return;
+    failure_reported = true;
+    rdzv->ReportFailure(failures);
   }
 
   // Routes one stream (1 stdout, 2 stderr) of worker `w`: straight to the console, straight to
@@ -233,17 +287,22 @@ struct LocalAgent::Impl {
     --running;
     if (!status.success()) {
       FailureRecord f;
+      f.host = options.host_name;
       f.rank = group.base_rank + lr;
       f.local_rank = lr;
       f.pid = w.pid;
       f.exit = status;
       f.when = std::chrono::system_clock::now();
       f.error_file = w.error_file;
+      f.error = ReadErrorFile(w.error_file);
+      if (w.err_pump) w.err_pump->DrainAvailable();
+      f.stderr_tail = StderrTail(lr);
       failures.push_back(std::move(f));
       if (phase == Phase::kRunning) {
         spdlog::warn("rank {} (local rank {}, pid {}) on {} failed with {}; stopping the other "
                      "workers",
                      group.base_rank + lr, lr, w.pid, options.host_name, status.Describe());
+        ReportFailures();
         BeginStop(SIGTERM);
       }
     }
@@ -259,14 +318,19 @@ struct LocalAgent::Impl {
 
   // The attempt is over once every worker has exited and all their output has been read.
   void MaybeEndAttempt() {
-    if (running == 0 && open_pumps == 0 && phase != Phase::kDone) OnAllExited();
+    if (running == 0 && open_pumps == 0 &&
+        (phase == Phase::kRunning || phase == Phase::kStopping)) {
+      OnAllExited();
+    }
   }
 
   void BeginStop(int signo) {
+    if (phase == Phase::kStopping && signo == SIGTERM) return;  // already on its way down
     phase = Phase::kStopping;
     for (const auto& w : workers) {
       if (w.running) ::kill(-w.pid, signo);
     }
+    if (running == 0) return MaybeEndAttempt();
     kill_timer.expires_after(options.shutdown_timeout);
     kill_timer.async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;
@@ -292,7 +356,9 @@ struct LocalAgent::Impl {
     }
     stopped_by_signal = signo;
     spdlog::warn("received {}: forwarding it to {} workers", SignalName(signo), running);
-    if (running == 0) return Finish(128 + signo);
+    rdzv->Leave("crun on " + options.host_name + " received " + SignalName(signo));
+    if (phase != Phase::kRunning && phase != Phase::kStopping) return Finish(128 + signo);
+    phase = Phase::kRunning;  // so that the signal itself is forwarded
     BeginStop(signo);
   }
 
@@ -301,24 +367,41 @@ struct LocalAgent::Impl {
     for (const auto& w : workers) {
       if (w.pid > 0) guard->Forget(w.pid);
     }
+    phase = Phase::kWaiting;
     if (stopped_by_signal != 0) return Finish(128 + stopped_by_signal);
-    if (failed_to_launch) return Finish(launch_error);
-    if (failures.empty()) return Finish(0);
     std::sort(failures.begin(), failures.end(),
               [](const auto& a, const auto& b) { return a.when < b.when; });
-    for (auto& f : failures) f.stderr_tail = StderrTail(f.local_rank);
-    const FailureRecord& root = failures.front();
-    if (attempt < options.max_restarts) {
-      ++attempt;
-      spdlog::warn("restarting the worker group: attempt {} of at most {} (root cause: rank {} "
-                   "{})",
-                   attempt, options.max_restarts, root.rank, root.exit.Describe());
-      // Not from inside this exit callback: starting replaces the watchers, this one included.
-      asio::post(io, [this] { StartAttempt(); });
-      return;
+    for (auto& f : failures) {
+      if (f.pid != 0) f.stderr_tail = StderrTail(f.local_rank);  // complete now
     }
-    Report();
-    Finish(root.exit.ShellCode());
+    if (failures.empty() && next == Next::kNone) {
+      rdzv->ReportSuccess();  // the job succeeds when every node has
+    }
+    AfterWorkersDown();
+  }
+
+  // No workers run: act on what the rendezvous decided, or wait for it.
+  void AfterWorkersDown() {
+    if (next == Next::kRejoin) {
+      next = Next::kNone;
+      failures.clear();
+      rdzv->Join();
+    } else if (next == Next::kConclude) {
+      Conclude();
+    }
+  }
+
+  void Conclude() {
+    if (outcome.success) return Finish(0);
+    const bool mine = !failures.empty() && outcome.root_node_id == rdzv->node_id();
+    if (mine) {
+      Report(failures);  // this node's full report, the same root cause first
+    } else if (!outcome.root_report.empty()) {
+      Report(outcome.root_report);
+    } else {
+      std::fprintf(stderr, "crun: the job failed: %s\n", outcome.reason.c_str());
+    }
+    Finish(outcome.exit_code);
   }
 
   std::vector<std::string> StderrTail(int lr) {
@@ -327,40 +410,44 @@ struct LocalAgent::Impl {
     return FileTail(w.dir + "/stderr.log", 20);
   }
 
-  void Report() {
+  void Report(const std::vector<FailureRecord>& report) {
     ReportContext c;
     c.run_id = group.run_id;
     c.host = options.host_name;
     c.role = group.role;
     c.entrypoint = options.entrypoint;
-    c.attempt = attempt;
+    c.attempt = group.restart_count;
     c.max_restarts = options.max_restarts;
-    std::fputs(FormatReport(c, failures).c_str(), stderr);
+    std::fputs(FormatReport(c, report).c_str(), stderr);
+    if (!outcome.reason.empty() && report.front().host != options.host_name) {
+      std::fprintf(stderr, "crun: the job failed on another node: %s\n", outcome.reason.c_str());
+    }
     const std::string json_path = options.log_dir + "/" + group.run_id + "/failure.json";
-    std::ofstream(json_path) << ReportJson(c, failures).dump(2) << "\n";
+    std::error_code ec;
+    std::filesystem::create_directories(options.log_dir + "/" + group.run_id, ec);
+    std::ofstream(json_path) << ReportJson(c, report).dump(2) << "\n";
     std::fprintf(stderr, "crun: failure report written to %s\n", json_path.c_str());
     if (!options.parent_error_file.empty()) {
       // As torchrun does: the root cause's error file, with its exit code as errorCode.
-      const int code = failures.front().exit.ShellCode();
-      auto error = ReadErrorFile(failures.front().error_file);
+      const auto& root = report.front();
       nlohmann::json j;
-      if (error && error->raw["message"].is_object()) {
-        j = error->raw;
+      if (root.error && root.error->raw.is_object() && root.error->raw["message"].is_object()) {
+        j = root.error->raw;
       } else {
-        j["message"]["message"] = error ? error->message : FormatReport(c, failures);
+        j["message"]["message"] = root.error ? root.error->message : FormatReport(c, report);
       }
-      j["message"]["errorCode"] = code;
+      j["message"]["errorCode"] = root.exit.ShellCode();
       std::ofstream(options.parent_error_file) << j.dump() << "\n";
     }
   }
 
-  void Finish(int code = -1) {
-    if (code >= 0) exit_code = code;
+  void Finish(int code) {
+    exit_code = code;
     phase = Phase::kDone;
     boost::system::error_code ec;
     signals.cancel(ec);
     kill_timer.cancel();
-    rdzv->Shutdown();
+    rdzv->Leave(code == 0 ? "done" : "exit code " + std::to_string(code));
   }
 
   asio::io_context& io;
@@ -372,13 +459,14 @@ struct LocalAgent::Impl {
   std::vector<Worker> workers;
   std::vector<FailureRecord> failures;
   GroupAssignment group;
-  Phase phase = Phase::kRunning;
+  JobOutcome outcome;
+  Phase phase = Phase::kWaiting;
+  Next next = Next::kNone;
   int running = 0;
   int open_pumps = 0;
-  int attempt = 0;
   int stopped_by_signal = 0;
   bool failed_to_launch = false;
-  int launch_error = 0;
+  bool failure_reported = false;
   int exit_code = 0;
 };
 

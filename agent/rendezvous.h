@@ -1,21 +1,54 @@
-// The agent's view of the rendezvous: "give me this node's assignment for the next round".
-// Implementations: the in-process one for a single node (launcher/local_rendezvous.h), and
-// the multi-node service's client over gRPC (issue 4).
+// The agent's view of the rendezvous. The agent asks to join; the rendezvous answers with
+// events: an assignment for a round, "stop your workers and join again", or the job's final
+// outcome. The agent reports how its workers ended. Implementations: the in-process one for a
+// single node (launcher/local_rendezvous.h) and the gRPC client of the rendezvous service
+// (agent/service_rendezvous.h).
+//
+// Events are delivered on the agent's event loop and never from inside a call below.
 #pragma once
 
+#include <string>
+#include <vector>
+
+#include "agent/failure_report.h"
 #include "agent/worker_env.h"
-#include "rendezvous/store/status.h"
 
 namespace crun::agent {
+
+struct JobOutcome {
+  bool success = false;
+  int exit_code = 0;   // what this crun exits with: the same on every node
+  std::string reason;  // "all workers succeeded", "only 1 of at least 2 nodes joined ..."
+  std::string root_node_id;                // the node whose failure ended the job, if one did
+  std::vector<FailureRecord> root_report;  // its failures, the root cause first
+};
+
+class RendezvousEvents {
+ public:
+  virtual ~RendezvousEvents() = default;
+  // A round formed. group.spare: this node waits outside it, for a node that is lost.
+  virtual void OnAssignment(const GroupAssignment& group) = 0;
+  // Stop the workers; Join() again once they are down. spends_restart: a failure caused it
+  // (else a membership change).
+  virtual void OnStopAndRejoin(const std::string& reason, bool spends_restart) = 0;
+  virtual void OnFinished(const JobOutcome& outcome) = 0;
+};
 
 class Rendezvous {
  public:
   virtual ~Rendezvous() = default;
-  // The assignment for round `attempt`; its MASTER_ADDR:MASTER_PORT is a store nobody used
-  // before, so a restarted worker can never read a key of an earlier attempt.
-  virtual StatusOr<GroupAssignment> NextRound(int attempt) = 0;
-  // Closes the last round's store.
-  virtual void Shutdown() = 0;
+  virtual void Start(RendezvousEvents* events) = 0;
+  // Ready for the next round (no workers running).
+  virtual void Join() = 0;
+  // The first failure of this node's round, the root cause first; sent at once so every
+  // node can stop.
+  virtual void ReportFailure(const std::vector<FailureRecord>& failures) = 0;
+  // Every worker of this node exited 0.
+  virtual void ReportSuccess() = 0;
+  // This node leaves the job (a signal stopped it); no events follow.
+  virtual void Leave(const std::string& reason) = 0;
+  // Identity in reports: which node a root cause came from.
+  virtual std::string node_id() const = 0;
 };
 
 }  // namespace crun::agent

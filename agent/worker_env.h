@@ -29,6 +29,8 @@ struct GroupAssignment {
   std::uint16_t master_port = 0;
   int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT
   int max_restarts = 0;
+  int round = 0;             // the rendezvous round (logs go to attempt_<round>)
+  bool spare = false;        // this node waits outside the round
   // Every worker sees LOCAL_RANK=0 and only its own GPU: CUDA_VISIBLE_DEVICES is entry
   // `local_rank` of the parent's list, or `local_rank` itself when the parent set none.
   bool virtual_local_rank = false;

@@ -1,26 +1,40 @@
 #include "launcher/local_rendezvous.h"
 
+#include <boost/asio/post.hpp>
+
 #include "rendezvous/server/store_server.h"
 
 namespace crun::launcher {
 
+using agent::FailureRecord;
 using agent::GroupAssignment;
+using agent::JobOutcome;
 using agent::Rendezvous;
+using agent::RendezvousEvents;
 namespace {
 
 class LocalRendezvous final : public Rendezvous {
  public:
   LocalRendezvous(boost::asio::io_context& io, LocalRendezvousOptions options)
       : io_(io), options_(std::move(options)) {}
-  ~LocalRendezvous() override { Shutdown(); }
+  ~LocalRendezvous() override { StopStore(); }
 
-  StatusOr<GroupAssignment> NextRound(int attempt) override {
-    Shutdown();
+  void Start(RendezvousEvents* events) override { events_ = events; }
+
+  // Every round is a restart: its store is new, so a restarted worker never reads a key of
+  // an earlier attempt.
+  void Join() override {
+    StopStore();
     StoreServerOptions store;
     store.host = options_.store_host;
     store.port = options_.store_port;
     auto server = StoreServer::Start(io_, store);
-    if (!server.ok()) return server.status();
+    if (!server.ok()) {
+      JobOutcome o;
+      o.exit_code = 1;
+      o.reason = "cannot start the worker store: " + server.status().message();
+      return Post([this, o] { events_->OnFinished(o); });
+    }
     store_ = std::move(server).value();
     GroupAssignment g;
     g.run_id = options_.run_id;
@@ -30,21 +44,54 @@ class LocalRendezvous final : public Rendezvous {
     g.role_world_size = options_.nproc;
     g.master_addr = options_.store_host;
     g.master_port = store_->port();
-    g.restart_count = attempt;
+    g.restart_count = restarts_;
+    g.round = restarts_;
     g.max_restarts = options_.max_restarts;
     g.virtual_local_rank = options_.virtual_local_rank;
-    return g;
+    Post([this, g] { events_->OnAssignment(g); });
   }
 
-  void Shutdown() override {
+  void ReportFailure(const std::vector<FailureRecord>& failures) override {
+    const FailureRecord& root = failures.front();
+    const std::string what = "rank " + std::to_string(root.rank) + " failed with " +
+                             root.exit.Describe();
+    if (restarts_ < options_.max_restarts) {
+      ++restarts_;
+      return Post([this, what] { events_->OnStopAndRejoin(what, true); });
+    }
+    JobOutcome o;
+    o.exit_code = root.exit.ShellCode();
+    o.reason = what;
+    o.root_node_id = node_id();
+    o.root_report = failures;
+    Post([this, o] { events_->OnFinished(o); });
+  }
+
+  void ReportSuccess() override {
+    JobOutcome o;
+    o.success = true;
+    o.reason = "all workers succeeded";
+    Post([this, o] { events_->OnFinished(o); });
+  }
+
+  void Leave(const std::string&) override { StopStore(); }
+  std::string node_id() const override { return "local"; }
+
+ private:
+  template <typename F>
+  void Post(F f) {
+    boost::asio::post(io_, std::move(f));
+  }
+  void StopStore() {
     if (store_) store_->Stop();
     store_.reset();
   }
 
- private:
   boost::asio::io_context& io_;
   LocalRendezvousOptions options_;
+  RendezvousEvents* events_ = nullptr;
   std::unique_ptr<StoreServer> store_;
+  int restarts_ = 0;
 };
 
 }  // namespace
