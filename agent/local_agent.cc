@@ -398,6 +398,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
       Report(failures);  // this node's full report, the same root cause first
     } else if (!outcome.root_report.empty()) {
       Report(outcome.root_report);
+      std::fprintf(stderr, "crun: the job failed on node '%s': %s\n",
+                   outcome.root_node_id.c_str(), outcome.reason.c_str());
     } else {
       std::fprintf(stderr, "crun: the job failed: %s\n", outcome.reason.c_str());
     }
@@ -419,9 +421,6 @@ struct LocalAgent::Impl final : RendezvousEvents {
     c.attempt = group.restart_count;
     c.max_restarts = options.max_restarts;
     std::fputs(FormatReport(c, report).c_str(), stderr);
-    if (!outcome.reason.empty() && report.front().host != options.host_name) {
-      std::fprintf(stderr, "crun: the job failed on another node: %s\n", outcome.reason.c_str());
-    }
     const std::string json_path = options.log_dir + "/" + group.run_id + "/failure.json";
     std::error_code ec;
     std::filesystem::create_directories(options.log_dir + "/" + group.run_id, ec);

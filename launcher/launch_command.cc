@@ -11,13 +11,20 @@
 #include <random>
 #include <thread>
 
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <boost/asio/io_context.hpp>
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
 #include "agent/local_agent.h"
+#include "agent/service_rendezvous.h"
 #include "launcher/local_rendezvous.h"
 #include "launcher/logging.h"
+#include "launcher/rendezvous_command.h"
+#include "rendezvous/service/grpc_service.h"
 
 namespace crun::launcher {
 namespace {
@@ -35,6 +42,9 @@ struct LaunchOptions {
   bool virtual_local_rank = false;
   std::string local_addr;
   std::string rdzv_id = "none";
+  std::string rdzv_backend;   // empty: crun's dynamic backend with an endpoint, else static
+  std::string rdzv_endpoint;  // host[:port]
+  std::string rdzv_conf;      // key=value,...
   std::string master_addr = "127.0.0.1";
   int master_port = -1;  // -1: a fresh free port per attempt
   int node_rank = 0;
@@ -84,11 +94,152 @@ StatusOr<int> ResolveNproc(const std::string& v) {
                          "' is not a positive number, 'cpu', 'gpu' or 'auto'");
 }
 
-Status CheckSingleNode(const std::string& nnodes) {
-  if (nnodes == "1" || nnodes == "1:1") return Status::Ok();
-  return InvalidArgument("--nnodes '" + nnodes +
-                         "': only one node is supported yet (multi-node rendezvous is not "
-                         "implemented)");
+struct NodeRange {
+  int min = 1;
+  int max = 1;
+};
+
+// "N" or "MIN:MAX".
+StatusOr<NodeRange> ParseNnodes(const std::string& v) {
+  auto number = [](const std::string& t, int* out) {
+    try {
+      std::size_t used = 0;
+      *out = std::stoi(t, &used);
+      return used == t.size() && *out >= 1;
+    } catch (const std::exception&) {
+      return false;
+    }
+  };
+  NodeRange r;
+  const auto colon = v.find(':');
+  const bool ok = colon == std::string::npos
+                      ? number(v, &r.min) && number(v, &r.max)
+                      : number(v.substr(0, colon), &r.min) && number(v.substr(colon + 1), &r.max);
+  if (!ok || r.max < r.min) {
+    return InvalidArgument("--nnodes '" + v + "': expected N or MIN:MAX with 1 <= MIN <= MAX");
+  }
+  return r;
+}
+
+// --rdzv-conf: torchrun's keys (times in seconds) plus crun's node_id.
+struct RdzvConf {
+  std::optional<double> join_timeout, last_call_timeout, close_timeout, heartbeat_interval,
+      heartbeat_timeout, read_timeout;
+  std::optional<bool> is_host;
+  std::string node_id;
+};
+
+StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
+  RdzvConf c;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) {
+      return InvalidArgument("--rdzv-conf: '" + item + "' is not key=value");
+    }
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    auto seconds = [&](std::optional<double>* out) -> Status {
+      try {
+        std::size_t used = 0;
+        const double d = std::stod(value, &used);
+        if (used == value.size() && d > 0) {
+          *out = d;
+          return Status::Ok();
+        }
+      } catch (const std::exception&) {
+      }
+      return InvalidArgument("--rdzv-conf: " + key + "='" + value +
+                             "' is not a number of seconds > 0");
+    };
+    if (key == "join_timeout" || key == "timeout") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.join_timeout));
+    } else if (key == "last_call_timeout") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.last_call_timeout));
+    } else if (key == "close_timeout") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.close_timeout));
+    } else if (key == "heartbeat_interval" || key == "keep_alive_interval") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.heartbeat_interval));
+    } else if (key == "heartbeat_timeout") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.heartbeat_timeout));
+    } else if (key == "read_timeout") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.read_timeout));
+    } else if (key == "is_host") {
+      static const std::vector<std::string> yes{"1", "true", "yes", "y", "True", "TRUE"},
+          no{"0", "false", "no", "n", "False", "FALSE"};
+      if (std::find(yes.begin(), yes.end(), value) != yes.end()) {
+        c.is_host = true;
+      } else if (std::find(no.begin(), no.end(), value) != no.end()) {
+        c.is_host = false;
+      } else {
+        return InvalidArgument("--rdzv-conf: is_host='" + value + "' is not true or false");
+      }
+    } else if (key == "node_id") {
+      if (value.empty()) return InvalidArgument("--rdzv-conf: node_id is empty");
+      c.node_id = value;
+    } else {
+      return InvalidArgument("--rdzv-conf: unknown key '" + key +
+                             "' (known: join_timeout, last_call_timeout, close_timeout, "
+                             "heartbeat_interval, heartbeat_timeout, read_timeout, is_host, "
+                             "node_id)");
+    }
+  }
+  if (c.heartbeat_interval && c.heartbeat_timeout && *c.heartbeat_interval >= *c.heartbeat_timeout) {
+    return InvalidArgument("--rdzv-conf: heartbeat_interval (" +
+                           std::to_string(*c.heartbeat_interval) +
+                           " s) must be shorter than heartbeat_timeout (" +
+                           std::to_string(*c.heartbeat_timeout) + " s)");
+  }
+  return c;
+}
+
+std::chrono::milliseconds Ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+}
+
+// Whether `host` names this machine: localhost, a loopback or local interface address, this
+// host's name, or a name that resolves to one of those.
+bool NamesThisHost(const std::string& host) {
+  if (host == "localhost") return true;
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) == 0 && host == name) return true;
+  std::vector<std::string> local;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) == 0) {
+    for (auto* i = ifs; i != nullptr; i = i->ifa_next) {
+      if (i->ifa_addr == nullptr) continue;
+      const int family = i->ifa_addr->sa_family;
+      if (family != AF_INET && family != AF_INET6) continue;
+      char buf[NI_MAXHOST];
+      const socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+      if (::getnameinfo(i->ifa_addr, len, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) == 0) {
+        std::string a = buf;
+        if (auto pct = a.find('%'); pct != std::string::npos) a.resize(pct);
+        local.push_back(a);
+      }
+    }
+    ::freeifaddrs(ifs);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  bool match = false;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) == 0) {
+    for (auto* r = res; r != nullptr && !match; r = r->ai_next) {
+      char buf[NI_MAXHOST];
+      if (::getnameinfo(r->ai_addr, r->ai_addrlen, buf, sizeof buf, nullptr, 0,
+                        NI_NUMERICHOST) != 0) {
+        continue;
+      }
+      const std::string a = buf;
+      match = a.rfind("127.", 0) == 0 || a == "::1" ||
+              std::find(local.begin(), local.end(), a) != local.end();
+    }
+    ::freeaddrinfo(res);
+  }
+  return match;
 }
 
 bool IsExecutableOnPath(const std::string& program) {
@@ -221,7 +372,7 @@ std::string RandomRunId() {
 
 void AddOptions(CLI::App& app, LaunchOptions& o) {
   auto pet = [](const char* name) { return std::string("PET_") + name; };
-  app.add_option("--nnodes", o.nnodes, "Number of nodes, N or MIN:MAX (1 for now)")
+  app.add_option("--nnodes", o.nnodes, "Number of nodes, N or MIN:MAX")
       ->envname(pet("NNODES"))->capture_default_str()->group("Job");
   app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
                  "Workers on this node: a number, cpu, gpu or auto")
@@ -230,6 +381,19 @@ void AddOptions(CLI::App& app, LaunchOptions& o) {
       ->envname(pet("STANDALONE"))->group("Job");
   app.add_option("--rdzv-id,--rdzv_id", o.rdzv_id, "Run id (TORCHELASTIC_RUN_ID)")
       ->envname(pet("RDZV_ID"))->capture_default_str()->group("Job");
+  app.add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend,
+                 "crun (alias c10d): the rendezvous service at --rdzv-endpoint; static: fixed "
+                 "--node-rank with the store at --master-addr:--master-port (default: crun when "
+                 "an endpoint is given, else static)")
+      ->envname(pet("RDZV_BACKEND"))->group("Rendezvous");
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint,
+                 "host[:port] of the rendezvous service (port 29400); the node whose address it "
+                 "is hosts the service in its crun, unless a `crun rendezvous` runs there")
+      ->envname(pet("RDZV_ENDPOINT"))->group("Rendezvous");
+  app.add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf,
+                 "key=value,...: join_timeout, last_call_timeout, close_timeout, "
+                 "heartbeat_interval, heartbeat_timeout, read_timeout (seconds), is_host, node_id")
+      ->envname(pet("RDZV_CONF"))->group("Rendezvous");
   app.add_option("--role", o.role, "Role name of the workers (ROLE_NAME)")
       ->envname(pet("ROLE"))->capture_default_str()->group("Job");
   app.add_option("--max-restarts,--max_restarts", o.max_restarts,
@@ -268,7 +432,9 @@ void AddOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--master-port,--master_port", o.master_port,
                  "Port of that store (default: a free port, new for every attempt)")
       ->envname(pet("MASTER_PORT"))->check(CLI::Range(0, 65535))->group("Static rendezvous");
-  app.add_option("--node-rank,--node_rank", o.node_rank, "This node's rank (0 on one node)")
+  app.add_option("--node-rank,--node_rank", o.node_rank,
+                 "This node's rank: required by the static backend; with crun's backend it "
+                 "imposes the node order (as a scheduler would)")
       ->envname(pet("NODE_RANK"))->check(CLI::NonNegativeNumber)->capture_default_str()
       ->group("Static rendezvous");
   app.add_option("--log-dir,--log_dir", o.log_dir,
@@ -314,9 +480,54 @@ int RunLaunch(int argc, char** argv) {
   o.command = app.remaining();
   if (!o.command.empty() && o.command[0] == "--") o.command.erase(o.command.begin());
 
-  if (auto s = CheckSingleNode(o.nnodes); !s.ok()) return UsageError(s.message());
-  if (o.node_rank != 0) {
+  auto nodes = ParseNnodes(o.nnodes);
+  if (!nodes.ok()) return UsageError(nodes.status().message());
+  const bool node_rank_given = app.count("--node-rank") > 0 || std::getenv("PET_NODE_RANK");
+  const std::string& backend = o.rdzv_backend;
+  if (backend == "etcd" || backend == "etcd-v2") {
+    return UsageError("--rdzv-backend " + backend + " is not supported: crun's own service "
+                      "(--rdzv-backend c10d or crun, with --rdzv-endpoint) replaces it");
+  }
+  if (!backend.empty() && backend != "static" && backend != "c10d" && backend != "crun") {
+    return UsageError("--rdzv-backend '" + backend + "': expected crun, c10d or static");
+  }
+  // Which rendezvous: one node in-process, static, or crun's service.
+  enum class Mode { kLocal, kStatic, kService } mode = Mode::kLocal;
+  if (o.standalone) {
+    if (nodes->max != 1) return UsageError("--standalone runs one node; --nnodes is '" + o.nnodes + "'");
+  } else if (backend == "c10d" || backend == "crun" || (backend.empty() && !o.rdzv_endpoint.empty())) {
+    mode = Mode::kService;
+  } else if (nodes->max > 1) {
+    mode = Mode::kStatic;
+  }
+  if (mode == Mode::kService && o.rdzv_endpoint.empty()) {
+    return UsageError("--rdzv-backend " + backend + " needs --rdzv-endpoint host[:port]");
+  }
+  if (mode == Mode::kStatic) {
+    if (nodes->min != nodes->max) {
+      return UsageError("--nnodes '" + o.nnodes + "': the static backend needs a fixed number "
+                        "of nodes (use --rdzv-endpoint for an elastic range)");
+    }
+    if (o.node_rank >= nodes->max) {
+      return UsageError("--node-rank " + std::to_string(o.node_rank) + " is not below --nnodes " +
+                        std::to_string(nodes->max));
+    }
+    if (o.master_port <= 0) {
+      return UsageError("the static backend needs --master-port (the store node 0 hosts)");
+    }
+  } else if (mode == Mode::kLocal && o.node_rank != 0) {
     return UsageError("--node-rank " + std::to_string(o.node_rank) + " on a one-node job");
+  }
+  Endpoint endpoint;
+  RdzvConf conf;
+  if (mode == Mode::kService) {
+    std::string error;
+    if (!ParseEndpoint(o.rdzv_endpoint, 29400, &endpoint, &error)) {
+      return UsageError("--rdzv-endpoint: " + error);
+    }
+    auto c = ParseRdzvConf(o.rdzv_conf);
+    if (!c.ok()) return UsageError(c.status().message());
+    conf = std::move(c).value();
   }
   auto nproc = ResolveNproc(o.nproc_per_node);
   if (!nproc.ok()) return UsageError(nproc.status().message());
@@ -398,8 +609,77 @@ int RunLaunch(int argc, char** argv) {
   }
 
   boost::asio::io_context io(1);
-  agent::LocalAgent agent(io, std::move(agent_options), MakeLocalRendezvous(io, rdzv));
-  return agent.Run();
+  if (mode != Mode::kService) {
+    if (mode == Mode::kStatic) {
+      rdzv.node_rank = o.node_rank;
+      rdzv.nnodes = nodes->max;
+      rdzv.static_store = true;
+      rdzv.host_store = o.node_rank == 0;
+      rdzv.store_host = o.master_addr;
+      rdzv.store_port = static_cast<std::uint16_t>(o.master_port);
+    }
+    agent::LocalAgent agent(io, std::move(agent_options), MakeLocalRendezvous(io, rdzv));
+    return agent.Run();
+  }
+
+  agent::ServiceRendezvousOptions so;
+  so.endpoint_host = endpoint.host;
+  so.endpoint_port = endpoint.port;
+  so.run_id = o.rdzv_id == "none" ? std::string("default") : o.rdzv_id;
+  so.role = o.role;
+  so.host = host;
+  so.node_id = conf.node_id.empty() ? std::string(host) : conf.node_id;
+  if (!o.local_addr.empty()) so.addresses.push_back(o.local_addr);
+  so.nproc = *nproc;
+  if (node_rank_given) so.requested_rank = o.node_rank;
+  so.settings.min_nodes = nodes->min;
+  so.settings.max_nodes = nodes->max;
+  so.settings.max_restarts = o.max_restarts;
+  if (conf.join_timeout) so.settings.join_timeout = Ms(*conf.join_timeout);
+  if (conf.last_call_timeout) so.settings.last_call_timeout = Ms(*conf.last_call_timeout);
+  if (conf.heartbeat_timeout) so.settings.heartbeat_timeout = Ms(*conf.heartbeat_timeout);
+  so.heartbeat_interval = conf.heartbeat_interval
+                              ? Ms(*conf.heartbeat_interval)
+                              : std::min(std::chrono::milliseconds(1000),
+                                         so.settings.heartbeat_timeout / 3);
+  if (so.heartbeat_interval >= so.settings.heartbeat_timeout) {
+    return UsageError("--rdzv-conf: heartbeat_interval must be shorter than heartbeat_timeout (" +
+                      std::to_string(so.settings.heartbeat_timeout.count()) + " ms)");
+  }
+  so.keepalive_timeout = conf.read_timeout ? Ms(*conf.read_timeout) : so.settings.heartbeat_timeout;
+  so.virtual_local_rank = o.virtual_local_rank;
+
+  // The node the endpoint names hosts the service in this process (unless is_host says
+  // otherwise); when its port is taken, another crun or a daemon serves it: join that one.
+  std::unique_ptr<crun::rdzv::RendezvousService> hosted;
+  const bool try_host = conf.is_host.value_or(NamesThisHost(endpoint.host));
+  if (try_host) {
+    crun::rdzv::ServiceOptions service;
+    service.host = endpoint.host.find(':') != std::string::npos ? "::" : "0.0.0.0";
+    service.port = endpoint.port;
+    service.advertise_addr = o.local_addr;
+    auto started = crun::rdzv::RendezvousService::Start(service);
+    if (started.ok()) {
+      hosted = std::move(started).value();
+      spdlog::info("hosting the rendezvous service on port {}", endpoint.port);
+    } else if (conf.is_host.value_or(false)) {
+      std::fprintf(stderr, "crun: is_host=1 but %s\n", started.status().message().c_str());
+      return 1;
+    } else {
+      spdlog::info("port {} is served already (another crun or `crun rendezvous`): joining it",
+                   endpoint.port);
+    }
+  }
+  int code = 0;
+  {
+    agent::LocalAgent agent(io, std::move(agent_options), agent::MakeServiceRendezvous(io, so));
+    code = agent.Run();
+  }
+  if (hosted) {
+    // The other nodes were sent the outcome with ours: let their sessions end first.
+    hosted->Stop(conf.close_timeout ? Ms(*conf.close_timeout) : std::chrono::milliseconds(5000));
+  }
+  return code;
 }
 
 }  // namespace crun::launcher

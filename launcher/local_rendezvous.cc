@@ -24,26 +24,32 @@ class LocalRendezvous final : public Rendezvous {
   // Every round is a restart: its store is new, so a restarted worker never reads a key of
   // an earlier attempt.
   void Join() override {
-    StopStore();
-    StoreServerOptions store;
-    store.host = options_.store_host;
-    store.port = options_.store_port;
-    auto server = StoreServer::Start(io_, store);
-    if (!server.ok()) {
-      JobOutcome o;
-      o.exit_code = 1;
-      o.reason = "cannot start the worker store: " + server.status().message();
-      return Post([this, o] { events_->OnFinished(o); });
+    if (!options_.static_store) StopStore();
+    if (options_.host_store && !store_) {
+      StoreServerOptions store;
+      store.host = options_.static_store ? "::" : options_.store_host;
+      store.port = options_.store_port;
+      auto server = StoreServer::Start(io_, store);
+      if (!server.ok()) {
+        JobOutcome o;
+        o.exit_code = 1;
+        o.reason = "cannot start the worker store: " + server.status().message();
+        return Post([this, o] { events_->OnFinished(o); });
+      }
+      store_ = std::move(server).value();
     }
-    store_ = std::move(server).value();
     GroupAssignment g;
     g.run_id = options_.run_id;
     g.role = options_.role;
+    g.group_rank = options_.node_rank;
+    g.group_world_size = options_.nnodes;
     g.local_world_size = options_.nproc;
-    g.world_size = options_.nproc;
-    g.role_world_size = options_.nproc;
+    g.world_size = options_.nproc * options_.nnodes;
+    g.role_world_size = g.world_size;
+    g.base_rank = options_.node_rank * options_.nproc;
+    g.base_role_rank = g.base_rank;
     g.master_addr = options_.store_host;
-    g.master_port = store_->port();
+    g.master_port = store_ ? store_->port() : options_.store_port;
     g.restart_count = restarts_;
     g.round = restarts_;
     g.max_restarts = options_.max_restarts;

@@ -21,6 +21,12 @@ struct LocalRendezvousOptions {
   std::string store_host = "127.0.0.1";  // where the round's store listens; workers' MASTER_ADDR
   std::uint16_t store_port = 0;          // 0: a free port each round
   bool virtual_local_rank = false;
+  // The static backend (torchrun's): a fixed number of nodes with fixed ranks, one store at
+  // master_addr:master_port hosted by node 0 for the whole job; restarts are per node.
+  int node_rank = 0;
+  int nnodes = 1;
+  bool static_store = false;  // keep one store (fixed port) for every round
+  bool host_store = true;     // false on nodes other than 0: the store is elsewhere
 };
 
 // Runs on `io`'s thread (NextRound starts the store there).

@@ -1,18 +1,24 @@
-// crun: the command-line entry point. `crun store ...` runs the standalone store; anything
-// else is the torchrun-compatible launcher.
+// crun: the command-line entry point. `crun store`, `crun rendezvous` and `crun status` are
+// subcommands; anything else is the torchrun-compatible launcher.
 #include <cstring>
 
 #include <CLI/CLI.hpp>
 
 #include "launcher/launch_command.h"
+#include "launcher/rendezvous_command.h"
 #include "launcher/store_command.h"
 
 int main(int argc, char** argv) {
-  if (argc > 1 && std::strcmp(argv[1], "store") == 0) {
-    CLI::App app{"crun store: a standalone c10d-compatible TCP store"};
+  const bool store = argc > 1 && std::strcmp(argv[1], "store") == 0;
+  const bool rendezvous = argc > 1 && std::strcmp(argv[1], "rendezvous") == 0;
+  const bool status = argc > 1 && std::strcmp(argv[1], "status") == 0;
+  if (store || rendezvous || status) {
+    CLI::App app{"crun " + std::string(argv[1])};
     app.require_subcommand(1);
     int exit_code = 0;
-    crun::launcher::AddStoreCommand(app, &exit_code);
+    if (store) crun::launcher::AddStoreCommand(app, &exit_code);
+    if (rendezvous) crun::launcher::AddRendezvousCommand(app, &exit_code);
+    if (status) crun::launcher::AddStatusCommand(app, &exit_code);
     try {
       app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {

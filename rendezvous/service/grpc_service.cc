@@ -186,7 +186,7 @@ class GrpcRendezvousService final : public RendezvousService {
  public:
   explicit GrpcRendezvousService(const ServiceOptions& options)
       : core_(std::make_unique<Core>(options)), service_(core_.get()) {}
-  ~GrpcRendezvousService() override { Stop(); }
+  ~GrpcRendezvousService() override { Stop(std::chrono::milliseconds(200)); }
 
   Status Init() {
     const auto& o = core_->options;
@@ -237,12 +237,12 @@ class GrpcRendezvousService final : public RendezvousService {
 
   std::uint16_t port() const override { return port_; }
 
-  void Stop() override {
+  void Stop(std::chrono::milliseconds grace) override {
     if (stopped_.exchange(true)) return;
     if (server_) {
-      // Sessions are cancelled at once; a Status call in flight still completes (the engine's
-      // thread keeps running until below).
-      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+      // Sessions still open after the grace are cancelled; a Status call in flight completes
+      // (the engine's thread keeps running until below).
+      server_->Shutdown(std::chrono::system_clock::now() + grace);
       server_->Wait();
     }
     if (thread_.joinable()) {

@@ -7,6 +7,7 @@
 // round's worker store (a crun StoreServer) listens on the service's host, on a free port.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -36,8 +37,9 @@ class RendezvousService {
   static StatusOr<std::unique_ptr<RendezvousService>> Start(const ServiceOptions& options);
   virtual ~RendezvousService() = default;
   virtual std::uint16_t port() const = 0;
-  // Ends every session, closes the stores, joins the thread. Idempotent.
-  virtual void Stop() = 0;
+  // Waits up to `grace` for the agents to end their sessions (they do on a job's outcome),
+  // then ends the rest, closes the stores and joins the thread. Idempotent.
+  virtual void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(200)) = 0;
   virtual ServiceStats stats() = 0;
 };
 

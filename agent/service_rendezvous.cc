@@ -1,0 +1,260 @@
+#include "agent/service_rendezvous.h"
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <spdlog/spdlog.h>
+
+#include "rendezvous/client/session_client.h"
+#include "rendezvous/service/engine.h"
+
+namespace crun::agent {
+namespace {
+
+namespace asio = boost::asio;
+namespace v1 = crun::v1;
+
+v1::FailureReport ToProto(const std::string& node_id, const std::vector<FailureRecord>& failures) {
+  v1::FailureReport r;
+  r.set_node_id(node_id);
+  if (!failures.empty()) r.set_host(failures.front().host);
+  for (const auto& f : failures) {
+    auto* w = r.add_failures();
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        f.when.time_since_epoch()).count();
+    w->set_time_unix_ms(ms);
+    w->set_rank(f.rank);
+    w->set_local_rank(f.local_rank);
+    w->set_pid(f.pid);
+    if (f.exit.signaled) {
+      w->set_signal(f.exit.value);
+    } else {
+      w->set_exit_code(f.exit.value);
+    }
+    if (f.error) {
+      w->set_message(f.error->message);
+      w->set_traceback(f.error->traceback);
+    }
+    for (const auto& line : f.stderr_tail) w->add_stderr_tail(line);
+    w->set_error_file(f.error_file);
+  }
+  return r;
+}
+
+std::vector<FailureRecord> FromProto(const v1::FailureReport& r) {
+  std::vector<FailureRecord> out;
+  for (const auto& w : r.failures()) {
+    FailureRecord f;
+    f.host = r.host();
+    f.rank = w.rank();
+    f.local_rank = w.local_rank();
+    f.pid = w.pid();
+    f.exit = w.exit_case() == v1::WorkerFailure::kSignal ? ExitStatus{true, w.signal()}
+                                                         : ExitStatus{false, w.exit_code()};
+    f.when = std::chrono::system_clock::time_point(std::chrono::milliseconds(w.time_unix_ms()));
+    f.error_file = w.error_file();
+    if (!w.message().empty() || !w.traceback().empty()) {
+      ErrorFileContent e;
+      e.message = w.message();
+      e.traceback = w.traceback();
+      f.error = std::move(e);
+    }
+    f.stderr_tail.assign(w.stderr_tail().begin(), w.stderr_tail().end());
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+class ServiceRendezvous final : public Rendezvous {
+ public:
+  ServiceRendezvous(asio::io_context& io, ServiceRendezvousOptions o)
+      : io_(io), o_(std::move(o)), heartbeat_(io), join_timer_(io),
+        work_(asio::make_work_guard(io)),
+        target_(GrpcTarget(o_.endpoint_host, o_.endpoint_port)) {}
+
+  ~ServiceRendezvous() override { Leave("shutting down"); }
+
+  void Start(RendezvousEvents* events) override {
+    events_ = events;
+    rdzv::ChannelOptions co;
+    co.keepalive_interval = o_.heartbeat_interval;
+    co.keepalive_timeout = o_.keepalive_timeout;
+    channel_ = rdzv::MakeChannel(target_, co);
+    stub_ = v1::Rendezvous::NewStub(channel_);
+    client_ = std::make_unique<rdzv::SessionClient>(
+        *stub_,
+        [this](v1::ServiceMessage m) {
+          asio::post(io_, [this, m = std::move(m)] { Handle(m); });
+        },
+        [this](const Status& s) { asio::post(io_, [this, s] { OnSessionEnded(s); }); });
+    ArmHeartbeat();
+    // Reachability: the service enforces the join timeout once we reach it; this timer only
+    // ends a wait for an endpoint that never answered.
+    join_timer_.expires_after(o_.settings.join_timeout);
+    join_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || ended_ || heard_) return;
+      if (channel_->GetState(false) == GRPC_CHANNEL_READY) return;
+      End(1, "cannot reach the rendezvous service at " + target_ + " within " +
+                 std::to_string(o_.settings.join_timeout.count()) +
+                 " ms (join_timeout): is `crun rendezvous` or the host node's crun running "
+                 "there, and is the port open?");
+    });
+  }
+
+  void Join() override {
+    if (ended_) return;
+    v1::AgentMessage m;
+    auto* j = m.mutable_join();
+    j->set_protocol_version(rdzv::kProtocolVersion);
+    j->set_run_id(o_.run_id);
+    j->set_service_host(o_.endpoint_host);
+    auto* n = j->mutable_node();
+    n->set_node_id(o_.node_id);
+    n->set_host(o_.host);
+    for (const auto& a : o_.addresses) n->add_addresses(a);
+    n->set_nproc(o_.nproc);
+    if (o_.requested_rank) n->set_requested_rank(*o_.requested_rank);
+    rdzv::ToProto(o_.settings, j->mutable_settings());
+    client_->Send(std::move(m));
+  }
+
+  void ReportFailure(const std::vector<FailureRecord>& failures) override {
+    if (ended_) return;
+    v1::AgentMessage m;
+    *m.mutable_workers_failed() = ToProto(o_.node_id, failures);
+    client_->Send(std::move(m));
+  }
+
+  void ReportSuccess() override {
+    if (ended_) return;
+    v1::AgentMessage m;
+    m.mutable_workers_succeeded();
+    client_->Send(std::move(m));
+  }
+
+  void Leave(const std::string& reason) override {
+    if (left_) return;
+    left_ = true;
+    ended_ = true;
+    heartbeat_.cancel();
+    join_timer_.cancel();
+    if (client_) {
+      v1::AgentMessage m;
+      m.mutable_leave()->set_reason(reason);
+      client_->Send(std::move(m));
+      client_->Close();
+    }
+    work_.reset();
+  }
+
+  std::string node_id() const override { return o_.node_id; }
+
+ private:
+  void ArmHeartbeat() {
+    heartbeat_.expires_after(o_.heartbeat_interval);
+    heartbeat_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || ended_) return;
+      v1::AgentMessage m;
+      m.mutable_heartbeat()->set_sequence(++sequence_);
+      client_->Send(std::move(m));
+      ArmHeartbeat();
+    });
+  }
+
+  void Handle(const v1::ServiceMessage& m) {
+    if (ended_) return;
+    heard_ = true;
+    switch (m.kind_case()) {
+      case v1::ServiceMessage::kAssignment: {
+        const auto& a = m.assignment();
+        GroupAssignment g;
+        g.run_id = o_.run_id;
+        g.role = o_.role;
+        g.group_rank = a.group_rank();
+        g.group_world_size = a.group_world_size();
+        g.local_world_size = o_.nproc;
+        g.world_size = a.world_size();
+        g.base_rank = a.base_rank();
+        g.role_world_size = a.world_size();
+        g.base_role_rank = a.base_rank();
+        g.master_addr = a.master_addr();
+        g.master_port = static_cast<std::uint16_t>(a.master_port());
+        g.restart_count = a.restart_count();
+        g.max_restarts = o_.settings.max_restarts;
+        g.round = a.round();
+        g.spare = a.spare();
+        g.virtual_local_rank = o_.virtual_local_rank;
+        return events_->OnAssignment(g);
+      }
+      case v1::ServiceMessage::kStopAndRejoin:
+        return events_->OnStopAndRejoin(m.stop_and_rejoin().reason(),
+                                        m.stop_and_rejoin().spends_restart());
+      case v1::ServiceMessage::kFinished: {
+        const auto& f = m.finished();
+        JobOutcome o;
+        o.success = f.success();
+        o.exit_code = f.exit_code();
+        o.reason = f.reason();
+        if (f.has_root_cause()) {
+          o.root_node_id = f.root_cause().node_id();
+          o.root_report = FromProto(f.root_cause());
+        }
+        ended_ = true;
+        heartbeat_.cancel();
+        join_timer_.cancel();
+        return events_->OnFinished(o);
+      }
+      case v1::ServiceMessage::kRefused:
+        return End(1, "the rendezvous service at " + target_ + " refused this node (run '" +
+                          o_.run_id + "', node '" + o_.node_id + "'): " + m.refused().reason());
+      case v1::ServiceMessage::KIND_NOT_SET:
+        return;
+    }
+  }
+
+  void OnSessionEnded(const Status& s) {
+    if (ended_) return;
+    End(1, "lost the rendezvous service at " + target_ + ": " +
+               (s.ok() ? std::string("it ended the session") : s.message()));
+  }
+
+  void End(int code, const std::string& reason) {
+    ended_ = true;
+    heartbeat_.cancel();
+    join_timer_.cancel();
+    spdlog::error("{}", reason);
+    JobOutcome o;
+    o.exit_code = code;
+    o.reason = reason;
+    events_->OnFinished(o);
+  }
+
+  asio::io_context& io_;
+  ServiceRendezvousOptions o_;
+  asio::steady_timer heartbeat_;
+  asio::steady_timer join_timer_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::string target_;
+  RendezvousEvents* events_ = nullptr;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Rendezvous::Stub> stub_;
+  std::unique_ptr<rdzv::SessionClient> client_;
+  std::uint64_t sequence_ = 0;
+  bool heard_ = false;
+  bool ended_ = false;
+  bool left_ = false;
+};
+
+}  // namespace
+
+std::string GrpcTarget(const std::string& host, std::uint16_t port) {
+  const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+std::unique_ptr<Rendezvous> MakeServiceRendezvous(asio::io_context& io,
+                                                  const ServiceRendezvousOptions& options) {
+  return std::make_unique<ServiceRendezvous>(io, options);
+}
+
+}  // namespace crun::agent

@@ -1,0 +1,209 @@
+#include "launcher/rendezvous_command.h"
+
+#include <csignal>
+#include <cstdio>
+#include <memory>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "agent/service_rendezvous.h"
+#include "crun/v1/rendezvous.grpc.pb.h"
+#include "launcher/logging.h"
+#include "rendezvous/client/session_client.h"
+#include "rendezvous/server/store_server.h"
+#include "rendezvous/service/grpc_service.h"
+
+namespace crun::launcher {
+namespace {
+
+struct RendezvousCommandOptions {
+  rdzv::ServiceOptions service;
+  std::string log_level = "info";
+};
+
+int RunRendezvous(const RendezvousCommandOptions& o) {
+  SetUpLogging("rendezvous", o.log_level);
+  RaiseDescriptorLimit();
+  std::signal(SIGPIPE, SIG_IGN);
+  boost::asio::io_context io;
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  auto service = rdzv::RendezvousService::Start(o.service);
+  if (!service.ok()) {
+    spdlog::error("{}", service.status().message());
+    return 1;
+  }
+  signals.async_wait([&](const boost::system::error_code& ec, int signo) {
+    if (ec) return;
+    spdlog::info("stopping on {}", signo == SIGINT ? "SIGINT" : "SIGTERM");
+  });
+  std::printf("crun rendezvous listening on %s\n",
+              agent::GrpcTarget(o.service.host, (*service)->port()).c_str());
+  std::fflush(stdout);
+  io.run();  // until a signal
+  (*service)->Stop();
+  return 0;
+}
+
+struct StatusCommandOptions {
+  std::string endpoint;
+  std::string run_id;
+  bool json = false;
+  double timeout = 5;
+};
+
+std::string Age(std::int64_t ms) {
+  if (ms < 1000) return std::to_string(ms) + " ms";
+  return std::to_string(ms / 1000) + "." + std::to_string(ms % 1000 / 100) + " s";
+}
+
+int RunStatus(const StatusCommandOptions& o) {
+  Endpoint e;
+  std::string error;
+  if (!ParseEndpoint(o.endpoint, 29400, &e, &error)) {
+    std::fprintf(stderr, "crun status: %s\n", error.c_str());
+    return 2;
+  }
+  const std::string target = agent::GrpcTarget(e.host, e.port);
+  auto channel = rdzv::MakeChannel(target, {});
+  auto stub = v1::Rendezvous::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(static_cast<long>(o.timeout * 1000)));
+  v1::StatusRequest req;
+  req.set_run_id(o.run_id);
+  v1::StatusResponse resp;
+  auto s = stub->Status(&ctx, req, &resp);
+  if (!s.ok()) {
+    std::fprintf(stderr, "crun status: no answer from the rendezvous service at %s: %s\n",
+                 target.c_str(), s.error_message().c_str());
+    return 1;
+  }
+  if (!o.run_id.empty() && resp.jobs_size() == 0) {
+    std::fprintf(stderr, "crun status: %s knows no job with run id '%s'\n", target.c_str(),
+                 o.run_id.c_str());
+    return 1;
+  }
+  if (o.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& j : resp.jobs()) {
+      nlohmann::json job{{"run_id", j.run_id()}, {"phase", j.phase()}, {"round", j.round()},
+                         {"restarts_used", j.restarts_used()}, {"max_restarts", j.max_restarts()},
+                         {"min_nodes", j.min_nodes()}, {"max_nodes", j.max_nodes()},
+                         {"world_size", j.world_size()}, {"last_failure", j.last_failure()},
+                         {"lost_hosts", std::vector<std::string>(j.lost_hosts().begin(),
+                                                                 j.lost_hosts().end())}};
+      job["nodes"] = nlohmann::json::array();
+      for (const auto& n : j.nodes()) {
+        job["nodes"].push_back({{"node_id", n.node_id()}, {"host", n.host()},
+                                {"state", n.state()}, {"group_rank", n.group_rank()},
+                                {"nproc", n.nproc()},
+                                {"last_heartbeat_ms_ago", n.last_heartbeat_ms_ago()}});
+      }
+      out.push_back(job);
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  if (resp.jobs_size() == 0) std::printf("no jobs at %s\n", target.c_str());
+  for (const auto& j : resp.jobs()) {
+    std::printf("job %s: %s, round %d, nodes %d:%d, world size %d, restarts %d of %d\n",
+                j.run_id().c_str(), j.phase().c_str(), j.round(), j.min_nodes(), j.max_nodes(),
+                j.world_size(), j.restarts_used(), j.max_restarts());
+    if (!j.last_failure().empty()) std::printf("  last failure: %s\n", j.last_failure().c_str());
+    if (j.lost_hosts_size() > 0) {
+      std::string lost;
+      for (const auto& h : j.lost_hosts()) lost += (lost.empty() ? "" : ", ") + h;
+      std::printf("  lost: %s\n", lost.c_str());
+    }
+    std::printf("  %-24s %-20s %-10s %5s %6s  %s\n", "NODE", "HOST", "STATE", "RANK", "NPROC",
+                "LAST HEARTBEAT");
+    for (const auto& n : j.nodes()) {
+      std::printf("  %-24s %-20s %-10s %5s %6d  %s\n", n.node_id().c_str(), n.host().c_str(),
+                  n.state().c_str(),
+                  n.group_rank() < 0 ? "-" : std::to_string(n.group_rank()).c_str(), n.nproc(),
+                  n.state() == "member" ? (Age(n.last_heartbeat_ms_ago()) + " ago").c_str() : "-");
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+bool ParseEndpoint(const std::string& text, std::uint16_t default_port, Endpoint* out,
+                   std::string* error) {
+  std::string host = text, port;
+  if (!text.empty() && text.front() == '[') {  // [v6]:port
+    const auto close = text.find(']');
+    if (close == std::string::npos) {
+      *error = "endpoint '" + text + "': missing ']'";
+      return false;
+    }
+    host = text.substr(1, close - 1);
+    if (close + 1 < text.size()) {
+      if (text[close + 1] != ':') {
+        *error = "endpoint '" + text + "': expected ':' after ']'";
+        return false;
+      }
+      port = text.substr(close + 2);
+    }
+  } else if (std::count(text.begin(), text.end(), ':') == 1) {
+    const auto colon = text.find(':');
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+  }  // else: a host name, IPv4 or bare IPv6 literal without a port
+  if (host.empty()) {
+    *error = "endpoint '" + text + "' names no host";
+    return false;
+  }
+  out->host = host;
+  out->port = default_port;
+  if (!port.empty()) {
+    char* end = nullptr;
+    const long p = std::strtol(port.c_str(), &end, 10);
+    if (*end != '\0' || p < 1 || p > 65535) {
+      *error = "endpoint '" + text + "': port '" + port + "' is not in 1..65535";
+      return false;
+    }
+    out->port = static_cast<std::uint16_t>(p);
+  }
+  return true;
+}
+
+void AddRendezvousCommand(CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<RendezvousCommandOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "rendezvous", "Run the rendezvous daemon: agents of many jobs (run ids) join it over gRPC");
+  o->service.host = "0.0.0.0";
+  o->service.port = 29400;
+  cmd->add_option("--host", o->service.host,
+                  "Address to bind (gRPC and the jobs' worker stores); '::' for IPv6 too")
+      ->capture_default_str();
+  cmd->add_option("--port", o->service.port, "gRPC port; 0 picks a free one")
+      ->check(CLI::Range(0, 65535))->capture_default_str();
+  cmd->add_option("--advertise-addr", o->service.advertise_addr,
+                  "MASTER_ADDR given to workers (default: the address each agent dialed)");
+  cmd->add_option("--keep-finished-jobs", o->service.keep_finished_jobs,
+                  "Ended jobs kept for `crun status`")->capture_default_str();
+  cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error or off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
+      ->capture_default_str();
+  cmd->callback([o, exit_code] { *exit_code = RunRendezvous(*o); });
+}
+
+void AddStatusCommand(CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<StatusCommandOptions>();
+  CLI::App* cmd = app.add_subcommand("status", "Show the jobs a rendezvous service coordinates");
+  cmd->add_option("--rdzv-endpoint,--rdzv_endpoint", o->endpoint, "host[:port] (port 29400)")
+      ->required();
+  cmd->add_option("--rdzv-id,--rdzv_id", o->run_id, "Only this job");
+  cmd->add_flag("--json", o->json, "Machine-readable output");
+  cmd->add_option("--timeout", o->timeout, "Seconds to wait for the answer")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->callback([o, exit_code] { *exit_code = RunStatus(*o); });
+}
+
+}  // namespace crun::launcher

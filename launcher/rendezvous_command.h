@@ -1,0 +1,20 @@
+// `crun rendezvous`: the long-lived rendezvous daemon (many run ids at once), and
+// `crun status`: what a rendezvous service knows about its jobs.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace crun::launcher {
+
+void AddRendezvousCommand(CLI::App& app, int* exit_code);
+void AddStatusCommand(CLI::App& app, int* exit_code);
+
+// "host", "host:port", "[v6]:port", "v6" -> host and port (default_port when absent).
+struct Endpoint {
+  std::string host;
+  std::uint16_t port = 0;
+};
+bool ParseEndpoint(const std::string& text, std::uint16_t default_port, Endpoint* out,
+                   std::string* error);
+
+}  // namespace crun::launcher
