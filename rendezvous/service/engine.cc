@@ -145,6 +145,11 @@ void Engine::OnJoin(SessionId session, const v1::Join& join, TimePoint now) {
       return Refuse(session, "this session already joined run '" + b->second.run_id +
                                  "' as node '" + b->second.node_id + "'");
     }
+    auto& bound_job = *jobs_.at(b->second.run_id);
+    if (bound_job.state.phase == Phase::kGathering &&
+        bound_job.state.present.count(node.node_id()) != 0) {
+      return;  // joined already: nothing to do
+    }
   }
   Job& job = JobFor(join.run_id(), settings, now);
   if (auto owner = job.sessions.find(node.node_id());
@@ -296,7 +301,10 @@ void Engine::Apply(Job& job, Transition t, TimePoint now) {
       v1::ServiceMessage m;
       m.mutable_stop_and_rejoin()->set_reason(stop->reason);
       m.mutable_stop_and_rejoin()->set_spends_restart(stop->spends_restart);
-      SendToJob(job, m);
+      for (const auto& [node, session] : job.sessions) {
+        // A node that caused the new gathering by joining it is in it already.
+        if (job.state.present.count(node) == 0) hooks_.send(session, m);
+      }
     } else if (auto* fail = std::get_if<FailJob>(&action)) {
       Finish(job, false, fail->reason);
     } else if (std::get_if<SucceedJob>(&action) != nullptr) {

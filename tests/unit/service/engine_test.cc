@@ -144,6 +144,9 @@ TEST_CASE("engine: the last call forms a round at MIN; a late node scales up", "
   CHECK(h.Last(1).has_stop_and_rejoin());
   CHECK_FALSE(h.Last(1).stop_and_rejoin().spends_restart());
   CHECK(h.Last(2).has_stop_and_rejoin());
+  CHECK(h.inbox[3].empty());  // the newcomer has joined the new gathering already
+  h.Join(3, "c", T0 + 2s + 1ms, 2, 3);  // a repeated join changes nothing
+  CHECK(h.inbox[3].empty());
   h.Join(1, "a", T0 + 2s + 5ms, 2, 3);
   h.Join(2, "b", T0 + 2s + 6ms, 2, 3);  // the third: MAX, so the round forms at once
   for (SessionId s : {1, 2, 3}) {

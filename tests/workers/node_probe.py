@@ -1,0 +1,49 @@
+"""A multi-node test worker (stdlib only). Appends one JSON line per start to OUT/events.jsonl
+(pid, host's node id, ranks, world, store, restart count), then behaves as told:
+
+  node_probe.py OUT [--fail-rank R] [--fail-restart A] [--code C]
+                    [--exit-when-world N] [--until FILE]
+
+  default              exit 0 (or --code when this is the failing rank and restart)
+  --exit-when-world N  exit 0 if WORLD_SIZE == N, else wait for a signal
+  --until FILE         wait until OUT/FILE exists, then exit as by default
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("out")
+ap.add_argument("--fail-rank", type=int, default=-1)
+ap.add_argument("--fail-restart", type=int, default=-1)
+ap.add_argument("--code", type=int, default=1)
+ap.add_argument("--exit-when-world", type=int, default=0)
+ap.add_argument("--until", default="")
+args = ap.parse_args()
+
+env = os.environ
+event = {k: env.get(k) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE",
+                                 "GROUP_WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                                 "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                                 "TORCHELASTIC_RUN_ID", "NODE_TAG")}
+event["pid"] = os.getpid()
+line = (json.dumps(event) + "\n").encode()
+fd = os.open(os.path.join(args.out, "events.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+os.write(fd, line)  # one small O_APPEND write: lines of different workers never interleave
+os.close(fd)
+
+rank = int(env["RANK"])
+restart = int(env["TORCHELASTIC_RESTART_COUNT"])
+if args.exit_when_world and int(env["WORLD_SIZE"]) != args.exit_when_world:
+    signal.pause()  # SIGTERM (default action) ends it
+    sys.exit(1)
+if args.until:
+    while not os.path.exists(os.path.join(args.out, args.until)):
+        time.sleep(0.01)
+if rank == args.fail_rank and args.fail_restart in (-1, restart):
+    sys.stderr.write(f"node_probe: rank {rank} fails on purpose with {args.code}\n")
+    sys.exit(args.code)
+sys.exit(0)
