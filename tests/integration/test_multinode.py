@@ -132,14 +132,15 @@ class MultiNode(unittest.TestCase):
         for p in (a, b):
             code, err = self.finish(p)
             self.assertEqual(code, 0, err)
-        ev = self.events()
-        self.assertEqual(len(ev), 8)
         by_restart = {}
-        for e in ev:
+        for e in self.events():
             by_restart.setdefault(e["TORCHELASTIC_RESTART_COUNT"], []).append(e)
         self.assertEqual(sorted(by_restart), ["0", "1"])
-        for restart, group in by_restart.items():
-            self.assertEqual(sorted(int(e["RANK"]) for e in group), [0, 1, 2, 3])
+        # Round 0: rank 3 failed (the others may have been stopped before they recorded a
+        # start); round 1: every rank on both nodes, with restart count 1.
+        self.assertIn(3, [int(e["RANK"]) for e in by_restart["0"]])
+        self.assertEqual(sorted(int(e["RANK"]) for e in by_restart["1"]), [0, 1, 2, 3])
+        for group in by_restart.values():
             self.assertEqual(len({e["MASTER_PORT"] for e in group}), 1)
         # Each round has its own store: a restarted worker never sees a key of the last one.
         self.assertNotEqual(by_restart["0"][0]["MASTER_PORT"], by_restart["1"][0]["MASTER_PORT"])
