@@ -5,14 +5,12 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
-#include "rendezvous/client/session_client.h"
-#include "rendezvous/service/engine.h"
+#include "agent/session_client.h"
 
 namespace crun::agent {
 namespace {
 
 namespace asio = boost::asio;
-namespace v1 = crun::v1;
 
 v1::FailureReport ToProto(const std::string& node_id, const std::vector<FailureRecord>& failures) {
   v1::FailureReport r;
@@ -76,12 +74,12 @@ class ServiceRendezvous final : public Rendezvous {
 
   void Start(RendezvousEvents* events) override {
     events_ = events;
-    rdzv::ChannelOptions co;
+    ChannelOptions co;
     co.keepalive_interval = o_.heartbeat_interval;
     co.keepalive_timeout = o_.keepalive_timeout;
-    channel_ = rdzv::MakeChannel(target_, co);
+    channel_ = MakeChannel(target_, co);
     stub_ = v1::Rendezvous::NewStub(channel_);
-    client_ = std::make_unique<rdzv::SessionClient>(
+    client_ = std::make_unique<SessionClient>(
         *stub_,
         [this](v1::ServiceMessage m) {
           asio::post(io_, [this, m = std::move(m)] { Handle(m); });
@@ -105,7 +103,7 @@ class ServiceRendezvous final : public Rendezvous {
     if (ended_) return;
     v1::AgentMessage m;
     auto* j = m.mutable_join();
-    j->set_protocol_version(rdzv::kProtocolVersion);
+    j->set_protocol_version(kProtocolVersion);
     j->set_run_id(o_.run_id);
     j->set_service_host(o_.endpoint_host);
     auto* n = j->mutable_node();
@@ -114,7 +112,13 @@ class ServiceRendezvous final : public Rendezvous {
     for (const auto& a : o_.addresses) n->add_addresses(a);
     n->set_nproc(o_.nproc);
     if (o_.requested_rank) n->set_requested_rank(*o_.requested_rank);
-    rdzv::ToProto(o_.settings, j->mutable_settings());
+    auto* s = j->mutable_settings();
+    s->set_min_nodes(o_.settings.min_nodes);
+    s->set_max_nodes(o_.settings.max_nodes);
+    s->set_max_restarts(o_.settings.max_restarts);
+    s->set_join_timeout_ms(o_.settings.join_timeout.count());
+    s->set_last_call_timeout_ms(o_.settings.last_call_timeout.count());
+    s->set_heartbeat_timeout_ms(o_.settings.heartbeat_timeout.count());
     client_->Send(std::move(m));
   }
 
@@ -238,7 +242,7 @@ class ServiceRendezvous final : public Rendezvous {
   RendezvousEvents* events_ = nullptr;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
-  std::unique_ptr<rdzv::SessionClient> client_;
+  std::unique_ptr<SessionClient> client_;
   std::uint64_t sequence_ = 0;
   bool heard_ = false;
   bool ended_ = false;

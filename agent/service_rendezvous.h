@@ -18,9 +18,18 @@
 #include <boost/asio/io_context.hpp>
 
 #include "agent/rendezvous.h"
-#include "rendezvous/service/rules.h"
 
 namespace crun::agent {
+
+// The job's settings every agent of a run id must agree on (the service checks).
+struct JobSettings {
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int max_restarts = 0;
+  std::chrono::milliseconds join_timeout{0};       // also how long an unreachable endpoint is retried
+  std::chrono::milliseconds last_call_timeout{0};  // 0: the service's default
+  std::chrono::milliseconds heartbeat_timeout{0};  // 0: the service's default
+};
 
 struct ServiceRendezvousOptions {
   std::string endpoint_host;  // as the user gave it (also the workers' default MASTER_ADDR)
@@ -32,7 +41,7 @@ struct ServiceRendezvousOptions {
   std::vector<std::string> addresses;
   int nproc = 1;
   std::optional<int> requested_rank;
-  rdzv::Settings settings;
+  JobSettings settings;
   std::chrono::milliseconds heartbeat_interval{1'000};
   // How long a silent service (no answer to keepalive pings) is tolerated.
   std::chrono::milliseconds keepalive_timeout{3'000};

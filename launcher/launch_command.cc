@@ -25,6 +25,7 @@
 #include "launcher/logging.h"
 #include "launcher/rendezvous_command.h"
 #include "rendezvous/service/grpc_service.h"
+#include "rendezvous/service/rules.h"
 
 namespace crun::launcher {
 namespace {
@@ -184,12 +185,6 @@ StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
                              "heartbeat_interval, heartbeat_timeout, read_timeout, is_host, "
                              "node_id)");
     }
-  }
-  if (c.heartbeat_interval && c.heartbeat_timeout && *c.heartbeat_interval >= *c.heartbeat_timeout) {
-    return InvalidArgument("--rdzv-conf: heartbeat_interval (" +
-                           std::to_string(*c.heartbeat_interval) +
-                           " s) must be shorter than heartbeat_timeout (" +
-                           std::to_string(*c.heartbeat_timeout) + " s)");
   }
   return c;
 }
@@ -632,21 +627,28 @@ int RunLaunch(int argc, char** argv) {
   if (!o.local_addr.empty()) so.addresses.push_back(o.local_addr);
   so.nproc = *nproc;
   if (node_rank_given) so.requested_rank = o.node_rank;
-  so.settings.min_nodes = nodes->min;
-  so.settings.max_nodes = nodes->max;
-  so.settings.max_restarts = o.max_restarts;
-  if (conf.join_timeout) so.settings.join_timeout = Ms(*conf.join_timeout);
-  if (conf.last_call_timeout) so.settings.last_call_timeout = Ms(*conf.last_call_timeout);
-  if (conf.heartbeat_timeout) so.settings.heartbeat_timeout = Ms(*conf.heartbeat_timeout);
+  crun::rdzv::Settings settings;  // the service's defaults, overridden by --rdzv-conf
+  settings.min_nodes = nodes->min;
+  settings.max_nodes = nodes->max;
+  settings.max_restarts = o.max_restarts;
+  if (conf.join_timeout) settings.join_timeout = Ms(*conf.join_timeout);
+  if (conf.last_call_timeout) settings.last_call_timeout = Ms(*conf.last_call_timeout);
+  if (conf.heartbeat_timeout) settings.heartbeat_timeout = Ms(*conf.heartbeat_timeout);
+  if (auto v = settings.Validate(); !v.ok()) return UsageError(v.message());
+  so.settings = {settings.min_nodes,         settings.max_nodes,
+                 settings.max_restarts,      settings.join_timeout,
+                 settings.last_call_timeout, settings.heartbeat_timeout};
   so.heartbeat_interval = conf.heartbeat_interval
                               ? Ms(*conf.heartbeat_interval)
                               : std::min(std::chrono::milliseconds(1000),
-                                         so.settings.heartbeat_timeout / 3);
-  if (so.heartbeat_interval >= so.settings.heartbeat_timeout) {
-    return UsageError("--rdzv-conf: heartbeat_interval must be shorter than heartbeat_timeout (" +
-                      std::to_string(so.settings.heartbeat_timeout.count()) + " ms)");
+                                         settings.heartbeat_timeout / 3);
+  if (so.heartbeat_interval >= settings.heartbeat_timeout) {
+    return UsageError("--rdzv-conf: heartbeat_interval (" +
+                      std::to_string(so.heartbeat_interval.count()) +
+                      " ms) must be shorter than heartbeat_timeout (" +
+                      std::to_string(settings.heartbeat_timeout.count()) + " ms)");
   }
-  so.keepalive_timeout = conf.read_timeout ? Ms(*conf.read_timeout) : so.settings.heartbeat_timeout;
+  so.keepalive_timeout = conf.read_timeout ? Ms(*conf.read_timeout) : settings.heartbeat_timeout;
   so.virtual_local_rank = o.virtual_local_rank;
 
   // The node the endpoint names hosts the service in this process (unless is_host says

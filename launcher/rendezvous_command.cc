@@ -13,7 +13,7 @@
 #include "agent/service_rendezvous.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "launcher/logging.h"
-#include "rendezvous/client/session_client.h"
+#include "agent/session_client.h"
 #include "rendezvous/server/store_server.h"
 #include "rendezvous/service/grpc_service.h"
 
@@ -68,7 +68,7 @@ int RunStatus(const StatusCommandOptions& o) {
     return 2;
   }
   const std::string target = agent::GrpcTarget(e.host, e.port);
-  auto channel = rdzv::MakeChannel(target, {});
+  auto channel = agent::MakeChannel(target, {});
   auto stub = v1::Rendezvous::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +

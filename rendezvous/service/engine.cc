@@ -45,15 +45,6 @@ Settings FromProto(const v1::Settings& s) {
   return out;
 }
 
-void ToProto(const Settings& s, v1::Settings* out) {
-  out->set_min_nodes(s.min_nodes);
-  out->set_max_nodes(s.max_nodes);
-  out->set_join_timeout_ms(s.join_timeout.count());
-  out->set_last_call_timeout_ms(s.last_call_timeout.count());
-  out->set_heartbeat_timeout_ms(s.heartbeat_timeout.count());
-  out->set_max_restarts(s.max_restarts);
-}
-
 int ExitCodeOf(const v1::FailureReport& report) {
   if (report.failures_size() == 0) return 1;
   const auto& f = report.failures(0);
@@ -93,9 +84,9 @@ void Engine::OnMessage(SessionId session, const v1::AgentMessage& m, TimePoint n
       auto& job = *jobs_.at(b->second.run_id);
       const std::string node = b->second.node_id;
       if (m.kind_case() == v1::AgentMessage::kHeartbeat) {
-        return Apply(job, rdzv::OnHeartbeat(std::move(job.state), node, now), now);
+        return Apply(job, rdzv::OnHeartbeat(std::move(job.state), node, now));
       }
-      return Apply(job, OnNodeSucceeded(std::move(job.state), node, now), now);
+      return Apply(job, OnNodeSucceeded(std::move(job.state), node, now));
     }
     case v1::AgentMessage::KIND_NOT_SET:
       return;
@@ -113,7 +104,7 @@ void Engine::Refuse(SessionId session, const std::string& reason) {
   hooks_.send(session, m);
 }
 
-Engine::Job& Engine::JobFor(const std::string& run_id, const Settings& settings, TimePoint) {
+Engine::Job& Engine::JobFor(const std::string& run_id, const Settings& settings) {
   auto it = jobs_.find(run_id);
   // An ended job with nobody left is history: the same run id starts afresh.
   if (it != jobs_.end() && !(it->second->finished != 0 && it->second->sessions.empty())) {
@@ -151,7 +142,7 @@ void Engine::OnJoin(SessionId session, const v1::Join& join, TimePoint now) {
       return;  // joined already: nothing to do
     }
   }
-  Job& job = JobFor(join.run_id(), settings, now);
+  Job& job = JobFor(join.run_id(), settings);
   if (auto owner = job.sessions.find(node.node_id());
       owner != job.sessions.end() && owner->second != session) {
     return Refuse(session, "another agent already joined run '" + join.run_id() + "' as node '" +
@@ -172,7 +163,7 @@ void Engine::OnJoin(SessionId session, const v1::Join& join, TimePoint now) {
   bound_[session] = Binding{job.run_id, desc.node_id};
   job.sessions[desc.node_id] = session;
   job.dialed[desc.node_id] = join.service_host();
-  Apply(job, std::move(t), now);
+  Apply(job, std::move(t));
 }
 
 void Engine::OnWorkersFailed(SessionId session, const v1::FailureReport& report, TimePoint now) {
@@ -186,7 +177,7 @@ void Engine::OnWorkersFailed(SessionId session, const v1::FailureReport& report,
     job.root_cause->set_node_id(node);
     job.last_failure = Describe(report);
   }
-  Apply(job, rdzv::OnWorkerFailed(std::move(job.state), node, Describe(report), now), now);
+  Apply(job, rdzv::OnWorkerFailed(std::move(job.state), node, Describe(report), now));
 }
 
 void Engine::Unbind(SessionId session, TimePoint now) {
@@ -200,7 +191,7 @@ void Engine::Unbind(SessionId session, TimePoint now) {
     EvictFinished();
     return;
   }
-  Apply(job, OnNodeLost(std::move(job.state), binding.node_id, now), now);
+  Apply(job, OnNodeLost(std::move(job.state), binding.node_id, now));
 }
 
 void Engine::OnSessionClosed(SessionId session, TimePoint now) { Unbind(session, now); }
@@ -209,7 +200,7 @@ void Engine::OnTick(TimePoint now) {
   for (auto& [id, job] : jobs_) {
     if (job->wake && *job->wake <= now) {
       job->wake.reset();
-      Apply(*job, rdzv::OnTick(std::move(job->state), now), now);
+      Apply(*job, rdzv::OnTick(std::move(job->state), now));
     }
   }
 }
@@ -246,7 +237,7 @@ void Engine::Finish(Job& job, bool success, const std::string& reason) {
   EvictFinished();
 }
 
-void Engine::Apply(Job& job, Transition t, TimePoint now) {
+void Engine::Apply(Job& job, Transition t) {
   job.state = std::move(t.state);
   if (t.wake_at) job.wake = t.wake_at;
   if (Ended(job.state.phase)) job.wake.reset();
@@ -312,7 +303,6 @@ void Engine::Apply(Job& job, Transition t, TimePoint now) {
     }
     // RefuseJoin is answered by OnJoin, which knows the session.
   }
-  (void)now;
 }
 
 void Engine::EvictFinished() {

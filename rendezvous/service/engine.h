@@ -74,13 +74,13 @@ class Engine {
 
   void OnJoin(SessionId session, const v1::Join& join, TimePoint now);
   void OnWorkersFailed(SessionId session, const v1::FailureReport& report, TimePoint now);
-  void Apply(Job& job, Transition t, TimePoint now);
+  void Apply(Job& job, Transition t);
   void Finish(Job& job, bool success, const std::string& reason);
   void SendToJob(const Job& job, const v1::ServiceMessage& m);
   void Refuse(SessionId session, const std::string& reason);
   void Log(const std::string& line) const;
   void Unbind(SessionId session, TimePoint now);
-  Job& JobFor(const std::string& run_id, const Settings& settings, TimePoint now);
+  Job& JobFor(const std::string& run_id, const Settings& settings);
   void EvictFinished();
 
   EngineHooks hooks_;
@@ -90,9 +90,8 @@ class Engine {
   std::uint64_t finish_sequence_ = 0;
 };
 
-// Settings from their wire form (and back, for the agents).
+// Settings from their wire form (0 for a time: the default).
 Settings FromProto(const v1::Settings& s);
-void ToProto(const Settings& s, v1::Settings* out);
 
 // "rank 3 (local rank 1) on node-b failed with exit code 2: ValueError: ..."
 std::string Describe(const v1::FailureReport& report);

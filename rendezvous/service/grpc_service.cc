@@ -17,7 +17,7 @@
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "rendezvous/server/store_server.h"
 #include "rendezvous/service/engine.h"
-#include "rendezvous/service/write_queue.h"
+#include "rendezvous/store/write_queue.h"
 
 namespace crun::rdzv {
 namespace {

@@ -7,34 +7,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 CRUN = os.environ["CRUN_BIN"]
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers", "behave.py")
 LIMIT_S = 60
 
-
-def wait_for(predicate, what, limit=LIMIT_S):
-    """Polls an observable condition (files written, processes gone) up to a deadline."""
-    deadline = time.monotonic() + limit
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it is gone for our purposes once it is not running.
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from crun_testing import alive, wait_for  # noqa: E402
 
 
 class Launch(unittest.TestCase):

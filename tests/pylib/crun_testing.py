@@ -5,6 +5,25 @@ import signal
 import socket
 import struct
 import subprocess
+import time
+
+
+def wait_for(predicate, what, limit=60):
+    """Polls an observable condition (files written, processes gone) up to a deadline."""
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def alive(pid):
+    """Whether `pid` runs: a zombie answers kill(0) but is gone for our purposes."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 VALIDATE = b"\x00" + struct.pack("<I", 0x3C85F7CE)
 

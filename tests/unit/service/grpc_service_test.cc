@@ -9,7 +9,7 @@
 
 #include <grpcpp/generic/generic_stub.h>
 
-#include "rendezvous/client/session_client.h"
+#include "agent/session_client.h"
 #include "rendezvous/service/grpc_service.h"
 #include "rendezvous/store/tcp_store_client.h"
 
@@ -17,7 +17,7 @@ namespace {
 
 using crun::rdzv::RendezvousService;
 using crun::rdzv::ServiceOptions;
-using crun::rdzv::SessionClient;
+using crun::agent::SessionClient;
 namespace v1 = crun::v1;
 
 std::unique_ptr<RendezvousService> StartService() {
@@ -35,7 +35,7 @@ class Agent {
  public:
   Agent(std::uint16_t port, std::string node)
       : node_(std::move(node)),
-        channel_(crun::rdzv::MakeChannel("127.0.0.1:" + std::to_string(port), {})),
+        channel_(crun::agent::MakeChannel("127.0.0.1:" + std::to_string(port), {})),
         stub_(v1::Rendezvous::NewStub(channel_)) {
     client_ = std::make_unique<SessionClient>(
         *stub_,
@@ -201,14 +201,15 @@ TEST_CASE("grpc service: budget exhausted -> the same report on every node", "[g
 TEST_CASE("grpc service: conflicting settings are refused, naming them", "[grpc]") {
   auto service = StartService();
   Agent a(service->port(), "node-a"), b(service->port(), "node-b");
-  a.Join(2, 4);
-  b.Join(2, 3);
-  CHECK(b.Next().refused().reason() == "--nnodes differs: this job uses 2:4, the joining agent 2:3");
+  a.Join(1, 1);
+  REQUIRE(a.Next().has_assignment());  // the job exists with a's settings before b joins
+  b.Join(1, 2);
+  CHECK(b.Next().refused().reason() == "--nnodes differs: this job uses 1:1, the joining agent 1:2");
 }
 
 TEST_CASE("grpc service: the standard health service reports SERVING", "[grpc]") {
   auto service = StartService();
-  auto channel = crun::rdzv::MakeChannel("127.0.0.1:" + std::to_string(service->port()), {});
+  auto channel = crun::agent::MakeChannel("127.0.0.1:" + std::to_string(service->port()), {});
   grpc::GenericStub generic(channel);
   for (const std::string service_name : {"", "crun.v1.Rendezvous"}) {
     // grpc.health.v1.HealthCheckRequest{service = name}: field 1, length-delimited.

@@ -1,6 +1,6 @@
-#include "rendezvous/client/session_client.h"
+#include "agent/session_client.h"
 
-namespace crun::rdzv {
+namespace crun::agent {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const ChannelOptions& o) {
   grpc::ChannelArguments args;
@@ -92,4 +92,4 @@ void SessionClient::Close(std::chrono::milliseconds grace) {
   }
 }
 
-}  // namespace crun::rdzv
+}  // namespace crun::agent

@@ -1,3 +1,6 @@
+// The agent's gRPC client of the rendezvous service (the only agent code that includes the
+// generated headers, with service_rendezvous.cc).
+//
 // SessionClient: an agent's end of the crun.v1 Session stream, on gRPC's callback API (no
 // thread of its own). Messages from the service arrive through `on_message` on a gRPC thread,
 // in order; `on_done` runs once when the stream ends, with why. Send never blocks.
@@ -9,6 +12,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -18,10 +22,15 @@
 #include <grpcpp/grpcpp.h>
 
 #include "crun/v1/rendezvous.grpc.pb.h"
-#include "rendezvous/service/write_queue.h"
+#include "rendezvous/store/write_queue.h"
 #include "rendezvous/store/status.h"
 
-namespace crun::rdzv {
+namespace crun::agent {
+
+namespace v1 = crun::v1;
+
+// The protocol version this client speaks (crun.v1).
+inline constexpr std::uint32_t kProtocolVersion = 1;
 
 struct ChannelOptions {
   std::chrono::milliseconds keepalive_interval{1'000};
@@ -69,4 +78,4 @@ class SessionClient final : public grpc::ClientBidiReactor<v1::AgentMessage, v1:
   bool writes_done_started_ = false;
 };
 
-}  // namespace crun::rdzv
+}  // namespace crun::agent

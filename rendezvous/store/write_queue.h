@@ -1,4 +1,5 @@
-// WriteQueue: the messages waiting for a gRPC stream, which takes one write at a time. Push
+// WriteQueue: the messages waiting for a stream that takes one write at a time (a gRPC
+// stream, for the rendezvous service and the agent's client). Push
 // may be called from any thread; the reactor starts the write Push or Done hands back. The
 // element handed back stays valid until the next Done (a deque keeps its elements in place).
 #pragma once
@@ -6,7 +7,7 @@
 #include <deque>
 #include <mutex>
 
-namespace crun::rdzv {
+namespace crun {
 
 template <typename Message>
 class WriteQueue {
@@ -38,10 +39,6 @@ class WriteQueue {
     drain_ = drain;
     return !writing_;
   }
-  bool Idle() {
-    std::lock_guard lock(mu_);
-    return !writing_;
-  }
 
  private:
   std::mutex mu_;
@@ -51,4 +48,4 @@ class WriteQueue {
   bool drain_ = false;
 };
 
-}  // namespace crun::rdzv
+}  // namespace crun
