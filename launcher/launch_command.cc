@@ -237,6 +237,43 @@ bool NamesThisHost(const std::string& host) {
   return match;
 }
 
+// The local address this host would use to reach host:port (a connected UDP socket sends
+// nothing; the kernel just picks the route), or "" when the name does not resolve or no route
+// exists. Used for the default node id, so agents that share a host name (containers, network
+// namespaces) still get distinct ids.
+std::string LocalAddressToward(const std::string& host, std::uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return "";
+  std::string found;
+  for (auto* r = res; r != nullptr && found.empty(); r = r->ai_next) {
+    const int fd = ::socket(r->ai_family, r->ai_socktype | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    char buf[NI_MAXHOST];
+    if (::connect(fd, r->ai_addr, r->ai_addrlen) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        ::getnameinfo(reinterpret_cast<sockaddr*>(&local), len, buf, sizeof buf, nullptr, 0,
+                      NI_NUMERICHOST) == 0) {
+      found = buf;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return found;
+}
+
+// The node id when --rdzv-conf gives none: the host name, qualified by this host's address
+// toward the endpoint unless that is loopback (one machine: the host name alone is clearest).
+std::string DefaultNodeId(const std::string& host_name, const Endpoint& endpoint) {
+  const std::string addr = LocalAddressToward(endpoint.host, endpoint.port);
+  if (addr.empty() || addr.rfind("127.", 0) == 0 || addr == "::1") return host_name;
+  return host_name + "@" + addr;
+}
+
 bool IsExecutableOnPath(const std::string& program) {
   if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0;
   const char* path = std::getenv("PATH");
@@ -623,7 +660,7 @@ int RunLaunch(int argc, char** argv) {
   so.run_id = o.rdzv_id == "none" ? std::string("default") : o.rdzv_id;
   so.role = o.role;
   so.host = host;
-  so.node_id = conf.node_id.empty() ? std::string(host) : conf.node_id;
+  so.node_id = conf.node_id.empty() ? DefaultNodeId(host, endpoint) : conf.node_id;
   if (!o.local_addr.empty()) so.addresses.push_back(o.local_addr);
   so.nproc = *nproc;
   if (node_rank_given) so.requested_rank = o.node_rank;

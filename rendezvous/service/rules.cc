@@ -197,7 +197,12 @@ Transition OnTick(State s, TimePoint now) {
     for (const auto& m : s.members) {
       if (!m.succeeded && now - m.last_heartbeat >= s.settings.heartbeat_timeout) {
         const std::string id = m.node.node_id;
-        return OnNodeLost(std::move(s), id, now);
+        const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(
+            now - m.last_heartbeat);
+        return OnNodeLost(std::move(s), id, now,
+                          "no heartbeat for " + std::to_string(silent.count()) +
+                              " ms (heartbeat_timeout " +
+                              std::to_string(s.settings.heartbeat_timeout.count()) + " ms)");
       }
     }
     auto wake = NextHeartbeatDeadline(s, now);
@@ -247,7 +252,8 @@ Transition OnWorkerFailed(State s, const std::string& node_id, const std::string
   return Regather(std::move(s), what, true, now);
 }
 
-Transition OnNodeLost(State s, const std::string& node_id, TimePoint now) {
+Transition OnNodeLost(State s, const std::string& node_id, TimePoint now,
+                      const std::string& cause) {
   s.present.erase(node_id);
   auto spare = std::find_if(s.spares.begin(), s.spares.end(),
                             [&](const auto& n) { return n.node_id == node_id; });
@@ -277,7 +283,8 @@ Transition OnNodeLost(State s, const std::string& node_id, TimePoint now) {
   const std::string host = member.node.host;
   s.lost_hosts.push_back(host);
   // A membership change: survivors and spares re-join; the budget is not spent.
-  return Regather(std::move(s), "node " + host + " (" + node_id + ") was lost", false, now);
+  return Regather(std::move(s), "node " + host + " (" + node_id + ") was lost: " + cause, false,
+                  now);
 }
 
 Transition OnNodeSucceeded(State s, const std::string& node_id, TimePoint /*now*/) {

@@ -132,7 +132,8 @@ Transition OnHeartbeat(State state, const std::string& node_id, TimePoint now);
 Transition OnWorkerFailed(State state, const std::string& node_id, const std::string& what,
                           TimePoint now);
 // The node's session broke (agent died) or the engine gave up on it.
-Transition OnNodeLost(State state, const std::string& node_id, TimePoint now);
+Transition OnNodeLost(State state, const std::string& node_id, TimePoint now,
+                      const std::string& cause = "its session ended");
 // Every worker of the node succeeded.
 Transition OnNodeSucceeded(State state, const std::string& node_id, TimePoint now);
 

@@ -17,7 +17,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers
 LIMIT_S = 60
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from crun_testing import alive, wait_for  # noqa: E402
+from crun_testing import alive, kill_all, probe_events, wait_for  # noqa: E402
 
 
 def free_port():
@@ -38,10 +38,7 @@ class MultiNode(unittest.TestCase):
         self.procs = []
 
     def tearDown(self):
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
+        kill_all(self.procs)
 
     def node(self, tag, *args, nproc=2, nnodes="2", endpoint=None, conf="", worker_args=()):
         """Starts one node's crun; `tag` is its node id. Node "a" hosts the service in its
@@ -62,11 +59,7 @@ class MultiNode(unittest.TestCase):
         return p.returncode, err
 
     def events(self):
-        path = os.path.join(self.dir, "events.jsonl")
-        if not os.path.exists(path):
-            return []
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+        return probe_events(self.dir)
 
     def test_forms_at_max_with_contiguous_ranks_and_one_store(self):
         a = self.node("a", nproc=2)

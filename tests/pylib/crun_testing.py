@@ -1,5 +1,7 @@
 """Helpers shared by crun's Python test suites (stdlib only): run `crun store` as a real process
 and speak the 2.x wire protocol over a raw socket."""
+import json
+import os
 import select
 import signal
 import socket
@@ -24,6 +26,23 @@ def alive(pid):
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+def kill_all(procs):
+    """Test teardown: SIGKILL whatever of `procs` still runs, and reap it."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
+def probe_events(out_dir):
+    """The lines tests/workers/node_probe.py appended to OUT/events.jsonl, one per start."""
+    path = os.path.join(out_dir, "events.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
 
 VALIDATE = b"\x00" + struct.pack("<I", 0x3C85F7CE)
 

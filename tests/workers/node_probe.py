@@ -1,17 +1,20 @@
 """A multi-node test worker (stdlib only). Appends one JSON line per start to OUT/events.jsonl
-(pid, host's node id, ranks, world, store, restart count), then behaves as told:
+(pid, start time, host's node id, ranks, world, store, restart count), then behaves as told:
 
   node_probe.py OUT [--fail-rank R] [--fail-restart A] [--code C]
-                    [--exit-when-world N] [--until FILE]
+                    [--exit-when-world N] [--until FILE] [--connect-master]
 
   default              exit 0 (or --code when this is the failing rank and restart)
   --exit-when-world N  exit 0 if WORLD_SIZE == N, else wait for a signal
   --until FILE         wait until OUT/FILE exists, then exit as by default
+  --connect-master     first open a TCP connection to MASTER_ADDR:MASTER_PORT and record the
+                       local address it came from ("connected_from")
 """
 import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -22,6 +25,7 @@ ap.add_argument("--fail-restart", type=int, default=-1)
 ap.add_argument("--code", type=int, default=1)
 ap.add_argument("--exit-when-world", type=int, default=0)
 ap.add_argument("--until", default="")
+ap.add_argument("--connect-master", action="store_true")
 args = ap.parse_args()
 
 env = os.environ
@@ -30,6 +34,10 @@ event = {k: env.get(k) for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE
                                  "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
                                  "TORCHELASTIC_RUN_ID", "NODE_TAG")}
 event["pid"] = os.getpid()
+if args.connect_master:
+    with socket.create_connection((env["MASTER_ADDR"], int(env["MASTER_PORT"])), timeout=30) as c:
+        event["connected_from"] = c.getsockname()[0]
+event["t"] = time.time()  # wall clock: one kernel, so comparable across namespaces
 line = (json.dumps(event) + "\n").encode()
 fd = os.open(os.path.join(args.out, "events.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 os.write(fd, line)  # one small O_APPEND write: lines of different workers never interleave

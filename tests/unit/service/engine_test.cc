@@ -203,7 +203,7 @@ TEST_CASE("engine: a dropped session re-forms the survivors without spending", "
   h.Join(2, "b", T0, 1, 3);
   h.Join(3, "c", T0, 1, 3);
   h.engine.OnSessionClosed(2, T0 + 1s);
-  CHECK(h.Last(1).stop_and_rejoin().reason() == "node b (b) was lost");
+  CHECK(h.Last(1).stop_and_rejoin().reason() == "node b (b) was lost: its session ended");
   CHECK_FALSE(h.Last(1).stop_and_rejoin().spends_restart());
   h.Join(1, "a", T0 + 1s, 1, 3);
   h.Join(3, "c", T0 + 1s, 1, 3);
@@ -222,7 +222,8 @@ TEST_CASE("engine: a silent node is lost when its heartbeat is overdue", "[engin
     h.Heartbeat(1, T0 + t);  // b stays silent
     if (auto w = h.engine.NextWake(); w && *w <= T0 + t) h.engine.OnTick(T0 + t);
   }
-  CHECK(h.Last(1).stop_and_rejoin().reason() == "node b (b) was lost");
+  CHECK_THAT(h.Last(1).stop_and_rejoin().reason(),
+             Catch::StartsWith("node b (b) was lost: no heartbeat for "));
   CHECK(h.Last(2).has_stop_and_rejoin());  // told too, in case it comes back
   auto status = h.engine.Status("job7", T0 + 5s);
   REQUIRE(status.jobs_size() == 1);

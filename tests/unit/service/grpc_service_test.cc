@@ -166,7 +166,7 @@ TEST_CASE("grpc service: a failure is pushed to every node; a dropped agent is l
   for (auto* x : {&a, &b}) {
     auto m = x->Next();
     REQUIRE(m.has_stop_and_rejoin());
-    CHECK(m.stop_and_rejoin().reason() == "node node-c (node-c) was lost");
+    CHECK(m.stop_and_rejoin().reason() == "node node-c (node-c) was lost: its session ended");
   }
   a.Join(2, 3);
   b.Join(2, 3);

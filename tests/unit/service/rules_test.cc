@@ -234,7 +234,7 @@ TEST_CASE("a lost node re-forms the job without spending the budget", "[rules]")
   const auto* stop = Only<StopAndRejoin>(t.actions);
   REQUIRE(stop != nullptr);
   CHECK_FALSE(stop->spends_restart);
-  CHECK(stop->reason == "node a (a#1) was lost");
+  CHECK(stop->reason == "node a (a#1) was lost: its session ended");
   CHECK(t.state.restarts_used == 0);
   // Only b comes back: below min, so the job waits for the join deadline, then fails naming a.
   st = OnJoin(t.state, Node("b"), t.state.settings, T0 + 5s).state;
@@ -253,7 +253,8 @@ TEST_CASE("missing heartbeats mark a node lost within the heartbeat timeout", "[
   auto t = OnTick(st, T0 + 4s);
   const auto* stop = Only<StopAndRejoin>(t.actions);
   REQUIRE(stop != nullptr);
-  CHECK(stop->reason == "node b (b#1) was lost");
+  CHECK(stop->reason ==
+        "node b (b#1) was lost: no heartbeat for 3000 ms (heartbeat_timeout 3000 ms)");
 }
 
 TEST_CASE("late joiners scale up below max and are spares at max", "[rules]") {

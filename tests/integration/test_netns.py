@@ -1,0 +1,127 @@
+"""crun across "hosts" that are network namespaces, each with its own address on a bridged
+10.77.0.0/24 (tests/pylib/fabric.py): MASTER_ADDR is an address the other hosts reach, a host
+whose cable is pulled is found out by its missing heartbeats and the others go on without it,
+and a stock PyTorch DDP job (gloo) trains across two hosts. Needs root, as CI runs it."""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+CRUN = os.environ["CRUN_BIN"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROBE = os.path.join(HERE, "..", "workers", "node_probe.py")
+DDP = os.path.join(HERE, "..", "workers", "ddp_train.py")
+# Interpreters whose torch runs the DDP job (Debian's 1.13, PyPI's 2.x), comma-separated.
+TORCH_PYTHONS = [p for p in os.environ.get("TORCH_PYTHONS", "/usr/bin/python3").split(",") if p]
+PORT = 29400
+LIMIT_S = 120
+
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from crun_testing import alive, kill_all, probe_events, wait_for  # noqa: E402
+from fabric import Fabric  # noqa: E402
+
+
+class AcrossNamespaces(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="crun-netns-")
+        self.procs = []
+
+    def tearDown(self):
+        kill_all(self.procs)
+
+    def node(self, fab, host, nnodes, cmd, conf="", nproc=2, env=None):
+        """crun on `host`, joining the service that host "a" runs (its address is the
+        endpoint, so a's crun hosts it). Node ids are left to crun's default."""
+        endpoint = f"{fab.addr('a')}:{PORT}"
+        args = [CRUN, "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-endpoint",
+                endpoint, "--rdzv-id", "job"]
+        if conf:
+            args += ["--rdzv-conf", conf]
+        env = dict(os.environ, NODE_TAG=host, **(env or {}))
+        p = fab.popen(host, [*args, *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      text=True, env=env)
+        self.procs.append(p)
+        return p
+
+    def finish(self, p):
+        out, err = p.communicate(timeout=LIMIT_S)
+        return p.returncode, out, err
+
+    def events(self):
+        return probe_events(self.dir)
+
+    def test_master_addr_is_the_hosts_address_and_reachable_from_the_others(self):
+        with Fabric(["a", "b"]) as fab:
+            probe = [PROBE, self.dir, "--connect-master"]
+            a = self.node(fab, "a", "2", probe)
+            b = self.node(fab, "b", "2", probe)
+            for p in (a, b):
+                code, _, err = self.finish(p)
+                self.assertEqual(code, 0, err)
+            ev = self.events()
+            self.assertEqual(sorted(int(e["RANK"]) for e in ev), [0, 1, 2, 3])
+            for e in ev:
+                self.assertEqual(e["MASTER_ADDR"], fab.addr("a"), e)
+                # Each worker opened a TCP connection to MASTER_ADDR:MASTER_PORT from its own
+                # host's address: b's workers crossed the bridge.
+                self.assertEqual(e["connected_from"], fab.addr(e["NODE_TAG"]), e)
+
+    def test_a_host_whose_link_goes_down_is_lost_by_heartbeat_and_the_rest_re_form(self):
+        timeout_s, interval_s = 1.5, 0.25
+        conf = (f"heartbeat_timeout={timeout_s},heartbeat_interval={interval_s},"
+                "last_call_timeout=0.1")
+        probe = [PROBE, self.dir, "--exit-when-world", "4"]
+        with Fabric(["a", "b", "c"]) as fab:
+            nodes = {h: self.node(fab, h, "2:3", probe, conf=conf) for h in ("a", "b", "c")}
+            wait_for(lambda: sum(e["WORLD_SIZE"] == "6" for e in self.events()) == 6,
+                     "a round of three hosts")
+            c_workers = [e["pid"] for e in self.events() if e["NODE_TAG"] == "c"]
+            pulled = time.time()
+            fab.link_down("c")
+            for h in ("a", "b"):
+                code, _, err = self.finish(nodes[h])
+                self.assertEqual(code, 0, err)
+                self.assertRegex(err, r"re-forming the job: node \S+ \(\S+@10\.77\.0\.3\) was "
+                                      r"lost: no heartbeat for \d+ ms \(heartbeat_timeout 1500")
+            reformed = min(e["t"] for e in self.events() if e["WORLD_SIZE"] == "4")
+            detected = reformed - pulled
+            print(f"link down -> survivors' new workers running: {detected * 1000:.0f} ms "
+                  f"(heartbeat_timeout {timeout_s * 1000:.0f} ms)")
+            # Silence is all the service sees (no reset, no FIN), so only the heartbeat
+            # deadline can find it; TCP alone would take minutes. Bounded loosely: CI is shared.
+            self.assertLess(detected, timeout_s + 3.0)
+            self.assertEqual({e["TORCHELASTIC_RESTART_COUNT"] for e in self.events()}, {"0"})
+            # c cannot reach the service either: it stops its workers and says so.
+            code, _, err = self.finish(nodes["c"])
+            self.assertNotEqual(code, 0)
+            self.assertIn(f"lost the rendezvous service at {fab.addr('a')}:{PORT}", err)
+            wait_for(lambda: not any(alive(p) for p in c_workers), "c's workers to be gone")
+
+    def test_stock_pytorch_ddp_across_two_hosts(self):
+        for python in TORCH_PYTHONS:
+            with self.subTest(python=python), Fabric(["a", "b"]) as fab:
+                out = tempfile.mkdtemp(prefix="crun-netns-ddp-")
+                # gloo binds to the interface named here, as users set it on real clusters.
+                env = {"PYTHON_EXEC": python, "GLOO_SOCKET_IFNAME": "eth0"}
+                a = self.node(fab, "a", "2", [DDP, out], env=env)
+                b = self.node(fab, "b", "2", [DDP, out], env=env)
+                results = [self.finish(p) for p in (a, b)]
+                for code, stdout, err in results:
+                    self.assertEqual(code, 0, stdout + err)
+                self.assertIn("epoch 4", results[0][1])
+                check = subprocess.run(
+                    [python, "-c",
+                     "import sys, torch\n"
+                     "p = [torch.load(f'{sys.argv[1]}/params_{r}.pt') for r in range(4)]\n"
+                     "assert all(torch.equal(p[0], q) for q in p[1:]), p\n", out],
+                    capture_output=True, text=True, timeout=LIMIT_S)
+                self.assertEqual(check.returncode, 0, check.stderr)
+                losses = [float(x) for x in re.findall(r"epoch \d: loss ([0-9.]+)", results[0][1])]
+                self.assertLess(losses[-1], losses[0] / 2, results[0][1])  # it learned
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
