@@ -119,7 +119,8 @@ class AcrossNamespaces(unittest.TestCase):
                      "assert all(torch.equal(p[0], q) for q in p[1:]), p\n", out],
                     capture_output=True, text=True, timeout=LIMIT_S)
                 self.assertEqual(check.returncode, 0, check.stderr)
-                losses = [float(x) for x in re.findall(r"epoch \d: loss ([0-9.]+)", results[0][1])]
+                losses = [float(x)
+                          for x in re.findall(r"epoch \d: loss ([0-9.]+)", results[0][1])]
                 self.assertLess(losses[-1], losses[0] / 2, results[0][1])  # it learned
 
 
