@@ -1,6 +1,10 @@
 #include "agent/service_rendezvous.h"
 
+#include <random>
+
+#include <boost/asio/connect.hpp>
 #include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
@@ -66,7 +70,8 @@ std::vector<FailureRecord> FromProto(const v1::FailureReport& r) {
 class ServiceRendezvous final : public Rendezvous {
  public:
   ServiceRendezvous(asio::io_context& io, ServiceRendezvousOptions o)
-      : io_(io), o_(std::move(o)), heartbeat_(io), join_timer_(io),
+      : io_(io), o_(std::move(o)), heartbeat_(io), join_timer_(io), probe_(io), probe_timer_(io),
+        rng_(std::random_device{}()),
         work_(asio::make_work_guard(io)),
         target_(GrpcTarget(o_.endpoint_host, o_.endpoint_port)) {}
 
@@ -74,33 +79,33 @@ class ServiceRendezvous final : public Rendezvous {
 
   void Start(RendezvousEvents* events) override {
     events_ = events;
-    ChannelOptions co;
-    co.keepalive_interval = o_.heartbeat_interval;
-    co.keepalive_timeout = o_.keepalive_timeout;
-    channel_ = MakeChannel(target_, co);
-    stub_ = v1::Rendezvous::NewStub(channel_);
-    client_ = std::make_unique<SessionClient>(
-        *stub_,
-        [this](v1::ServiceMessage m) {
-          asio::post(io_, [this, m = std::move(m)] { Handle(m); });
-        },
-        [this](const Status& s) { asio::post(io_, [this, s] { OnSessionEnded(s); }); });
-    ArmHeartbeat();
     // Reachability: the service enforces the join timeout once we reach it; this timer only
     // ends a wait for an endpoint that never answered.
     join_timer_.expires_after(o_.settings.join_timeout);
     join_timer_.async_wait([this](const boost::system::error_code& ec) {
       if (ec || ended_ || heard_) return;
-      if (channel_->GetState(false) == GRPC_CHANNEL_READY) return;
+      if (channel_ && channel_->GetState(false) == GRPC_CHANNEL_READY) return;
       End(1, "cannot reach the rendezvous service at " + target_ + " within " +
                  std::to_string(o_.settings.join_timeout.count()) +
                  " ms (join_timeout): is `crun rendezvous` or the host node's crun running "
                  "there, and is the port open?");
     });
+    boost::system::error_code ec;
+    asio::ip::tcp::resolver resolver(io_);
+    probe_targets_ = resolver.resolve(o_.endpoint_host, std::to_string(o_.endpoint_port), ec);
+    if (ec) {
+      OpenSession();  // gRPC resolves again and reports; the join timer bounds the wait
+    } else {
+      Probe();
+    }
   }
 
   void Join() override {
     if (ended_) return;
+    if (!client_) {  // still waiting for the endpoint to listen
+      join_pending_ = true;
+      return;
+    }
     v1::AgentMessage m;
     auto* j = m.mutable_join();
     j->set_protocol_version(kProtocolVersion);
@@ -123,14 +128,14 @@ class ServiceRendezvous final : public Rendezvous {
   }
 
   void ReportFailure(const std::vector<FailureRecord>& failures) override {
-    if (ended_) return;
+    if (ended_ || !client_) return;
     v1::AgentMessage m;
     *m.mutable_workers_failed() = ToProto(o_.node_id, failures);
     client_->Send(std::move(m));
   }
 
   void ReportSuccess() override {
-    if (ended_) return;
+    if (ended_ || !client_) return;
     v1::AgentMessage m;
     m.mutable_workers_succeeded();
     client_->Send(std::move(m));
@@ -142,6 +147,9 @@ class ServiceRendezvous final : public Rendezvous {
     ended_ = true;
     heartbeat_.cancel();
     join_timer_.cancel();
+    probe_timer_.cancel();
+    boost::system::error_code ignored;
+    probe_.close(ignored);
     if (client_) {
       v1::AgentMessage m;
       m.mutable_leave()->set_reason(reason);
@@ -154,6 +162,45 @@ class ServiceRendezvous final : public Rendezvous {
   std::string node_id() const override { return o_.node_id; }
 
  private:
+  // Until the endpoint accepts a TCP connection, retry every 10 ms, growing by half up to 1 s
+  // (±20 % jitter, so that many agents spread out). gRPC's own reconnect backoff never waits
+  // less than 100 ms, which agents started together with the host node would always pay.
+  void Probe() {
+    asio::async_connect(probe_, probe_targets_,
+                        [this](const boost::system::error_code& ec, const asio::ip::tcp::endpoint&) {
+      if (ended_) return;
+      boost::system::error_code ignored;
+      probe_.close(ignored);
+      if (!ec) return OpenSession();
+      std::uniform_real_distribution<double> jitter(0.8, 1.2);
+      probe_timer_.expires_after(std::chrono::microseconds(
+          static_cast<long>(static_cast<double>(probe_backoff_.count()) * 1000 * jitter(rng_))));
+      probe_backoff_ = std::min(std::chrono::milliseconds(1000), probe_backoff_ * 3 / 2);
+      probe_timer_.async_wait([this](const boost::system::error_code& e) {
+        if (!e && !ended_) Probe();
+      });
+    });
+  }
+
+  void OpenSession() {
+    ChannelOptions co;
+    co.keepalive_interval = o_.heartbeat_interval;
+    co.keepalive_timeout = o_.keepalive_timeout;
+    channel_ = MakeChannel(target_, co);
+    stub_ = v1::Rendezvous::NewStub(channel_);
+    client_ = std::make_unique<SessionClient>(
+        *stub_,
+        [this](v1::ServiceMessage m) {
+          asio::post(io_, [this, m = std::move(m)] { Handle(m); });
+        },
+        [this](const Status& s) { asio::post(io_, [this, s] { OnSessionEnded(s); }); });
+    ArmHeartbeat();
+    if (join_pending_) {
+      join_pending_ = false;
+      Join();
+    }
+  }
+
   void ArmHeartbeat() {
     heartbeat_.expires_after(o_.heartbeat_interval);
     heartbeat_.async_wait([this](const boost::system::error_code& ec) {
@@ -237,6 +284,12 @@ class ServiceRendezvous final : public Rendezvous {
   ServiceRendezvousOptions o_;
   asio::steady_timer heartbeat_;
   asio::steady_timer join_timer_;
+  asio::ip::tcp::socket probe_;
+  asio::steady_timer probe_timer_;
+  asio::ip::tcp::resolver::results_type probe_targets_;
+  std::chrono::milliseconds probe_backoff_{10};
+  std::minstd_rand rng_;
+  bool join_pending_ = false;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::string target_;
   RendezvousEvents* events_ = nullptr;

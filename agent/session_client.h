@@ -5,9 +5,11 @@
 // thread of its own). Messages from the service arrive through `on_message` on a gRPC thread,
 // in order; `on_done` runs once when the stream ends, with why. Send never blocks.
 //
-// The session waits for the service to become reachable (gRPC reconnects with a short
-// backoff: 20 ms, growing to 1 s), so agents may start before the host that serves the
-// endpoint; giving up is the caller's join timeout. Keepalive pings notice a service that
+// The session waits for the service to become reachable (wait_for_ready; gRPC reconnects
+// with its own backoff, never under 100 ms, growing to 1 s), so agents may start before the
+// host that serves the endpoint; giving up is the caller's join timeout. (The agent first
+// waits for the endpoint to accept TCP with a finer backoff of its own, service_rendezvous.cc,
+// so that agents started together with the host node do not pay those 100 ms.) Keepalive pings notice a service that
 // went silent (a cut link) within `keepalive_timeout`.
 #pragma once
 

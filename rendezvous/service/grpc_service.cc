@@ -5,6 +5,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -43,20 +44,12 @@ struct Core {
   explicit Core(ServiceOptions o) : options(std::move(o)), timer(io) {}
 
   void SendTo(SessionId id, const v1::ServiceMessage& m);
-  void Received(SessionId id, v1::AgentMessage m) {
-    asio::post(io, [this, id, m = std::move(m)] {
-      if (!engine) return;
-      engine->OnMessage(id, m, Clock::now());
-      Rearm();
-    });
-  }
-  void Closed(SessionId id) {
-    asio::post(io, [this, id] {
-      if (!engine) return;
-      engine->OnSessionClosed(id, Clock::now());
-      Rearm();
-    });
-  }
+  // Messages from the gRPC threads queue in the inbox; the engine's thread is woken only when
+  // it was empty, and then takes everything that arrived meanwhile in one turn (under load, one
+  // wake-up serves many agents). Each message keeps the time it arrived.
+  // A stream's end goes the same way, so it is never handled before its last message.
+  void Received(SessionId id, v1::AgentMessage m) { Queue({id, std::move(m), Clock::now(), false}); }
+  void Closed(SessionId id) { Queue({id, {}, Clock::now(), true}); }
   // Keeps one timer on the engine's next deadline.
   void Rearm() {
     auto wake = engine->NextWake();
@@ -81,6 +74,39 @@ struct Core {
   std::optional<Clock::time_point> armed;
   std::unique_ptr<Engine> engine;
   std::atomic<SessionId> next_session{1};
+  struct Arrival {
+    SessionId session;
+    v1::AgentMessage message;
+    Clock::time_point at;
+    bool closed;
+  };
+  void Queue(Arrival a) {
+    bool wake = false;
+    {
+      std::lock_guard lock(inbox_mu);
+      wake = inbox.empty();
+      inbox.push_back(std::move(a));
+    }
+    if (wake) asio::post(io, [this] { DrainInbox(); });
+  }
+  void DrainInbox() {
+    std::vector<Arrival> batch;
+    {
+      std::lock_guard lock(inbox_mu);
+      batch.swap(inbox);
+    }
+    if (!engine) return;
+    for (auto& a : batch) {
+      if (a.closed) {
+        engine->OnSessionClosed(a.session, a.at);
+      } else {
+        engine->OnMessage(a.session, a.message, a.at);
+      }
+    }
+    Rearm();
+  }
+  std::mutex inbox_mu;
+  std::vector<Arrival> inbox;
   std::mutex mu;
   std::unordered_map<SessionId, SessionReactor*> streams;
 };

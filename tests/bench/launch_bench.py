@@ -18,8 +18,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXED = os.path.join(HERE, "..", "compat", "torchrun_fixed.py")
-BEGIN, END = "<!-- launch-bench:begin -->", "<!-- launch-bench:end -->"
-
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from bench_support import write_section  # noqa: E402
 
 
 def launchers(args):
@@ -93,7 +93,7 @@ def main():
 
 def write(args, rows):
     names = ["crun", "torchrun 2.x", "torchrun 1.13"]
-    lines = [BEGIN, "", "## Launcher: start, restart, memory", "",
+    lines = ["## Launcher: start, restart, memory", "",
              f"`tests/bench/launch_bench.py`, median of {args.rounds} runs each, on the same "
              "machine as above. Workers are trivial programs (`--no-python true`; for restarts "
              "`tests/workers/restart_probe.cc`, whose first instruction takes the time), so the "
@@ -112,16 +112,8 @@ def write(args, rows):
         lines.append(f"| {label} | " + " | ".join(f"{v:,.1f} {unit}" for v in vals) +
                      f" | {ratio:,.0f}× |")
     lines += ["", "Reproduce: `python3 tests/bench/launch_bench.py --crun build/launcher/crun "
-              "--probe build/tests/bench/restart_probe --torch2-python \"$(bash scripts/setup-torch2.sh)\"`", "", END]
-    section = "\n".join(lines)
-    text = open(args.out).read() if os.path.exists(args.out) else "# Benchmarks\n"
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    with open(args.out, "w") as f:
-        f.write(text)
-    print(f"wrote {args.out}", file=sys.stderr)
+              "--probe build/tests/bench/restart_probe --torch2-python \"$(bash scripts/setup-torch2.sh)\"`"]
+    write_section(args.out, "launch-bench", lines)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from bench_support import in_private_netns  # noqa: E402
+
 SERVER_SCRIPT = r"""
 import datetime, sys, torch.distributed as d
 kw = {}
@@ -175,19 +178,6 @@ def fmt_rate(r):
     spread = f" ±{r['spread_pct']:.0f}%" if "spread_pct" in r else ""
     return (f"{r['ops_per_s']:,.0f}{spread} ({r['p50_us']:.0f}/{r['p99_us']:.0f} µs; "
             f"{r['cpu_us_per_op']:.1f}/{r['user_us_per_op']:.2f} µs)")
-
-
-def in_private_netns(argv):
-    """Re-runs this script inside a fresh network namespace; returns its exit code."""
-    ns = f"crun-bench-{os.getpid()}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
-        env = dict(os.environ, CRUN_BENCH_IN_NETNS=ns)
-        return subprocess.run(["ip", "netns", "exec", ns, sys.executable, *argv],
-                              env=env).returncode
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
 def main():

@@ -1,0 +1,244 @@
+"""Rendezvous benchmark: crun's rendezvous service against torchrun's c10d rendezvous (PyTorch
+2.x from PyPI), same machine, same run. Writes its section of docs/benchmarks.md (between the
+rdzv-bench markers).
+
+  * launch -> all workers running, N real agents on loopback (N = 2, 4, 8, 16, 64): N launcher
+    processes started together with `--nnodes N --nproc-per-node 1`, the first one hosting
+    the rendezvous (is_host); each worker (restart_probe ... start; an argument torchrun cannot mistake for its own option) stamps its first instruction.
+    Time: from just before the first launcher is started to the last worker's stamp.
+  * failure -> every node's replacement workers running, 3 nodes x 2 workers: rank 0 fails
+    once every worker runs; time from its stamp to the last replacement's.
+  * simulated agents (rdzv_loadgen) against one `crun rendezvous` daemon: 1,000 and 10,000
+    agents forming a round, heartbeating, restarting after a failure, finishing; the
+    daemon's CPU time and RSS.
+
+Everything runs in a private network namespace with only loopback (needs root), like
+store_bench.py.
+
+Usage: rdzv_bench.py --crun BIN --probe BIN --loadgen BIN --torch2-python PY
+                     [--rounds 5] [--torch-rounds 3] [--out FILE]
+"""
+import argparse
+import glob
+import json
+import os
+import select
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from bench_support import in_private_netns, write_section  # noqa: E402
+
+AGENTS = (2, 4, 8, 16, 64)
+SIMULATED = (1000, 10000)
+LIMIT_S = 300
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def agent_cmd(args, launcher, n, i, port, nproc, max_restarts):
+    host = "1" if i == 0 else "0"
+    common = ["--nnodes", str(n), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+              "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench",
+              "--max-restarts", str(max_restarts)]
+    if launcher == "crun":
+        return [args.crun, *common, "--rdzv-conf", f"is_host={host},node_id=n{i}"]
+    return [args.torch2_python, "-m", "torch.distributed.run", *common,
+            "--rdzv-conf", f"is_host={host}", "--monitor-interval", "0.1"]
+
+
+def run_agents(args, launcher, n, nproc, probe_args, max_restarts=0):
+    """Starts n agents at once; returns (start time in ns, output dir) once all exit 0."""
+    out = tempfile.mkdtemp(prefix="crun-rdzv-bench-")
+    port = free_port()
+    env = dict(os.environ, OMP_NUM_THREADS="1", LOGLEVEL="WARNING")
+    t0 = time.time_ns()
+    procs = [subprocess.Popen([*agent_cmd(args, launcher, n, i, port, nproc, max_restarts),
+                               "--no-python", args.probe, out, *probe_args],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env=env)
+             for i in range(n)]
+    failed = []
+    for i, p in enumerate(procs):
+        try:
+            _, err = p.communicate(timeout=LIMIT_S)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"{launcher}: {n} agents did not finish within {LIMIT_S} s")
+        if p.returncode != 0:
+            failed.append(f"agent {i} exited {p.returncode}: {err[-400:]}")
+    if failed:
+        raise RuntimeError(f"{launcher} x{n}: " + "; ".join(failed[:2]))
+    return t0, out
+
+
+def stamps(out, prefix):
+    values = []
+    for path in glob.glob(os.path.join(out, prefix + "*")):
+        with open(path) as f:
+            values.append(int(f.read()))
+    return values
+
+
+def launch_to_running(args, launcher, n):
+    t0, out = run_agents(args, launcher, n, 1, ["start"])
+    starts = stamps(out, "start_")
+    shutil.rmtree(out)
+    if len(starts) != n:
+        raise RuntimeError(f"{launcher} x{n}: {len(starts)} of {n} workers started")
+    return (max(starts) - t0) / 1e6
+
+
+def failure_to_restarted(args, launcher, nodes=3, nproc=2):
+    _, out = run_agents(args, launcher, nodes, nproc, [], max_restarts=1)
+    crash = stamps(out, "crash")
+    starts = stamps(out, "start_")
+    shutil.rmtree(out)
+    if len(crash) != 1 or len(starts) != nodes * nproc:
+        raise RuntimeError(f"{launcher}: {len(starts)} of {nodes * nproc} replacements started")
+    return (max(starts) - crash[0]) / 1e6
+
+
+def start_daemon(crun):
+    p = subprocess.Popen([crun, "rendezvous", "--host", "127.0.0.1", "--port", "0"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ready, _, _ = select.select([p.stdout], [], [], 30)
+    line = p.stdout.readline() if ready else ""
+    if "listening on" not in line:
+        p.kill()
+        raise RuntimeError(f"crun rendezvous did not start: {line!r}")
+    return p, int(line.rsplit(":", 1)[1])
+
+
+def simulated(args, agents):
+    daemon, port = start_daemon(args.crun)
+    try:
+        r = subprocess.run([args.loadgen, "--endpoint", f"127.0.0.1:{port}", "--agents",
+                            str(agents), "--service-pid", str(daemon.pid), "--steady-ms",
+                            "3000"], capture_output=True, text=True, timeout=LIMIT_S)
+    finally:
+        daemon.terminate()
+        daemon.communicate(timeout=30)
+    if r.returncode != 0:
+        raise RuntimeError(f"rdzv_loadgen x{agents}: {r.stderr[-600:]}")
+    return json.loads(r.stdout)
+
+
+def measure(fn, rounds, what):
+    values = []
+    for _ in range(rounds):
+        values.append(fn())
+        print(f"  {what}: {values[-1]:,.1f} ms", file=sys.stderr)
+    return statistics.median(values)
+
+
+def main():
+    if "CRUN_BENCH_IN_NETNS" not in os.environ:
+        sys.exit(in_private_netns([os.path.abspath(__file__), *sys.argv[1:]]))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--crun", required=True)
+    ap.add_argument("--probe", required=True, help="the restart_probe binary")
+    ap.add_argument("--loadgen", required=True, help="the rdzv_loadgen binary")
+    ap.add_argument("--torch2-python", required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--torch-rounds", type=int, default=3)
+    ap.add_argument("--torch-max-agents", type=int, default=64,
+                    help="largest N to try with torchrun")
+    ap.add_argument("--out", default="docs/benchmarks.md")
+    args = ap.parse_args()
+    args.crun, args.probe, args.loadgen = (os.path.abspath(p) for p in
+                                           (args.crun, args.probe, args.loadgen))
+
+    launch = {}
+    for n in AGENTS:
+        launch[("crun", n)] = measure(lambda: launch_to_running(args, "crun", n), args.rounds,
+                                      f"crun x{n}")
+        if n <= args.torch_max_agents:
+            try:
+                launch[("torchrun", n)] = measure(
+                    lambda: launch_to_running(args, "torchrun", n), args.torch_rounds,
+                    f"torchrun x{n}")
+            except RuntimeError as e:
+                print(f"torchrun x{n}: {e}", file=sys.stderr)
+                launch[("torchrun", n)] = str(e)
+    restart = {
+        "crun": measure(lambda: failure_to_restarted(args, "crun"), args.rounds, "crun restart"),
+        "torchrun": measure(lambda: failure_to_restarted(args, "torchrun"), args.torch_rounds,
+                            "torchrun restart"),
+    }
+    sims = {}
+    for agents in SIMULATED:
+        runs = [simulated(args, agents) for _ in range(3)]
+        runs.sort(key=lambda r: r["form"]["ms"])
+        sims[agents] = runs[1]  # the run with the median formation time
+        print(f"  simulated x{agents}: form {sims[agents]['form']['ms']:.0f} ms",
+              file=sys.stderr)
+    write(args, launch, restart, sims)
+
+
+def cell(v):
+    return f"{v:,.1f} ms" if isinstance(v, float) else "failed"
+
+
+def write(args, launch, restart, sims):
+    lines = [
+        "## Rendezvous: forming, restarting, scale", "",
+        f"`tests/bench/rdzv_bench.py`, on the same machine, in a private network namespace "
+        f"(loopback). Real agents: median of {args.rounds} runs for crun and "
+        f"{args.torch_rounds} for torchrun 2.x (`--rdzv-backend c10d`, the first agent "
+        "`is_host`; `--monitor-interval 0.1`). Workers are `tests/workers/restart_probe.cc`, "
+        "whose first instruction takes the time.", "",
+        "| launch → all workers running | crun | torchrun 2.x (c10d) | torchrun / crun |",
+        "|---|---|---|---|"]
+    for n in AGENTS:
+        c, t = launch[("crun", n)], launch.get(("torchrun", n), "not run")
+        ratio = f"{t / c:,.0f}×" if isinstance(t, float) else "–"
+        lines.append(f"| {n} agents × 1 worker | {cell(c)} | "
+                     f"{cell(t) if t != 'not run' else 'not run'} | {ratio} |")
+    lines.append(f"| failure → every node's replacements running, 3 agents × 2 workers | "
+                 f"{cell(restart['crun'])} | {cell(restart['torchrun'])} | "
+                 f"{restart['torchrun'] / restart['crun']:,.0f}× |")
+    lines += [
+        "", "Simulated agents (`tests/bench/rdzv_loadgen.cc`: each a real crun.v1 session, "
+        "16 HTTP/2 connections shared) against one `crun rendezvous` daemon; the run with the "
+        "median formation time of 3, a fresh daemon each. *form*: from the first Join sent to "
+        "the last assignment received (min = max = N, 8 workers each). *failure*: one agent "
+        "reports a failed worker; every agent is told to stop, re-joins at once and holds the "
+        "next round. CPU is the daemon's (user + system, /proc), the load generator shares the "
+        "two cores.", "",
+        "| | " + " | ".join(f"{a:,} agents" for a in SIMULATED) + " |",
+        "|---|" + "---|" * len(SIMULATED)]
+    rows = [
+        ("form a round", lambda r: f"{r['form']['ms']:,.0f} ms"),
+        ("daemon CPU while forming", lambda r: f"{r['form']['service_cpu_s'] * 1000:,.0f} ms"),
+        ("failure → every agent told", lambda r: f"{r['told']['ms']:,.0f} ms"),
+        ("failure → every agent in the next round", lambda r: f"{r['reformed']['ms']:,.0f} ms"),
+        ("success reports → every agent has the outcome",
+         lambda r: f"{r['finish']['ms']:,.0f} ms"),
+        ("daemon CPU, every agent heartbeating each 1 s",
+         lambda r: f"{r['steady']['service_cpu_percent']:.0f} % of a core"),
+        ("daemon RSS idle → sessions open → peak",
+         lambda r: f"{r['service_idle_rss_mib']:.0f} → {r['service_rss_connected_mib']:.0f} → "
+                   f"{r['service_hwm_mib']:.0f} MiB"),
+    ]
+    for label, fmt in rows:
+        lines.append(f"| {label} | " + " | ".join(fmt(sims[a]) for a in SIMULATED) + " |")
+    lines += ["", "Reproduce: `python3 tests/bench/rdzv_bench.py --crun build/launcher/crun "
+              "--probe build/tests/bench/restart_probe --loadgen build/tests/bench/rdzv_loadgen "
+              "--torch2-python \"$(bash scripts/setup-torch2.sh)\"`"]
+    write_section(args.out, "rdzv-bench", lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""Helpers shared by the benchmark programs in tests/bench (stdlib only)."""
+import os
+import subprocess
+import sys
+
+
+def in_private_netns(argv):
+    """Re-runs a script (argv[0]) inside a fresh network namespace that has only loopback, with
+    CRUN_BENCH_IN_NETNS set; returns its exit code. Needs root. Keeps the host's resolver out of
+    the numbers: PyTorch 2.x's stores reverse-resolve peers and stall where DNS does not answer."""
+    ns = f"crun-bench-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
+        env = dict(os.environ, CRUN_BENCH_IN_NETNS=ns)
+        return subprocess.run(["ip", "netns", "exec", ns, sys.executable, *argv],
+                              env=env).returncode
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def write_section(path, name, lines):
+    """Puts `lines` between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in the markdown file
+    at `path` (appending the section when the markers are not there yet)."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    section = "\n".join([begin, "", *lines, "", end])
+    text = open(path).read() if os.path.exists(path) else "# Benchmarks\n"
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + section + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    with open(path, "w") as f:
+        f.write(text)
+    print(f"wrote {path}", file=sys.stderr)
