@@ -24,6 +24,7 @@
 #include "launcher/local_rendezvous.h"
 #include "launcher/logging.h"
 #include "launcher/rendezvous_command.h"
+#include "rendezvous/store/socket.h"
 #include "rendezvous/service/grpc_service.h"
 #include "rendezvous/service/rules.h"
 
@@ -235,35 +236,6 @@ bool NamesThisHost(const std::string& host) {
     ::freeaddrinfo(res);
   }
   return match;
-}
-
-// The local address this host would use to reach host:port (a connected UDP socket sends
-// nothing; the kernel just picks the route), or "" when the name does not resolve or no route
-// exists. Used for the default node id, so agents that share a host name (containers, network
-// namespaces) still get distinct ids.
-std::string LocalAddressToward(const std::string& host, std::uint16_t port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return "";
-  std::string found;
-  for (auto* r = res; r != nullptr && found.empty(); r = r->ai_next) {
-    const int fd = ::socket(r->ai_family, r->ai_socktype | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    sockaddr_storage local{};
-    socklen_t len = sizeof local;
-    char buf[NI_MAXHOST];
-    if (::connect(fd, r->ai_addr, r->ai_addrlen) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
-        ::getnameinfo(reinterpret_cast<sockaddr*>(&local), len, buf, sizeof buf, nullptr, 0,
-                      NI_NUMERICHOST) == 0) {
-      found = buf;
-    }
-    ::close(fd);
-  }
-  ::freeaddrinfo(res);
-  return found;
 }
 
 // The node id when --rdzv-conf gives none: the host name, qualified by this host's address

@@ -51,6 +51,11 @@ Status SendAll(int fd, std::string_view data, SteadyClock::time_point deadline,
 StatusOr<std::size_t> RecvSome(int fd, char* dst, std::size_t min, std::size_t max,
                                SteadyClock::time_point deadline, std::string_view peer);
 
+// The local address this host would use to reach host:port, numerically (a connected UDP
+// socket sends nothing; the kernel only picks the route), or "" when the name does not resolve
+// or no route exists. Gives agents and workers an address other hosts can reach them at.
+std::string LocalAddressToward(const std::string& host, std::uint16_t port);
+
 // Deadline `timeout` from now; a zero timeout means "no deadline" (c10d's kNoTimeout).
 SteadyClock::time_point DeadlineAfter(std::chrono::milliseconds timeout);
 

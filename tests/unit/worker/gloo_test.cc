@@ -1,0 +1,238 @@
+// Gloo process groups as threads over one in-process store: every collective and dtype, world
+// sizes 2 to 4 (including 3), two groups at once, and a rank that stops taking part making the
+// others fail within the timeout instead of hanging. Real Gloo TCP pairs on loopback.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <latch>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "crun/worker/gloo.h"
+#include "rendezvous/store/memory_store.h"
+#include "worker_sdk/src/half.h"
+
+// Catch2 assertions are not thread-safe: the rank threads assert under one lock, and never
+// with REQUIRE (its exception would end a thread, not the test).
+std::mutex catch_mu;
+#define T_CHECK(...)                        \
+  do {                                      \
+    std::lock_guard<std::mutex> l_(catch_mu); \
+    CHECK(__VA_ARGS__);                     \
+  } while (0)
+#define T_CHECK_THAT(arg, matcher)          \
+  do {                                      \
+    std::lock_guard<std::mutex> l_(catch_mu); \
+    CHECK_THAT(arg, matcher);               \
+  } while (0)
+#define T_OK(expr)                              \
+  do {                                          \
+    const crun::Status s_ = (expr);             \
+    std::lock_guard<std::mutex> l_(catch_mu);   \
+    INFO(s_.message());                         \
+    CHECK(s_.ok());                             \
+  } while (0)
+#define T_FAIL(msg)                         \
+  do {                                      \
+    std::lock_guard<std::mutex> l_(catch_mu); \
+    FAIL_CHECK(msg);                        \
+  } while (0)
+
+namespace {
+
+using namespace std::chrono_literals;
+using crun::worker::DType;
+using crun::worker::ProcessGroup;
+using crun::worker::ReduceOp;
+
+crun::worker::WorkerEnv EnvFor(int rank, int world) {
+  crun::worker::WorkerEnv e;
+  e.rank = rank;
+  e.world_size = world;
+  e.local_rank = rank;
+  e.local_world_size = world;
+  e.run_id = "gloo-test";
+  e.master_addr = "127.0.0.1";
+  e.master_port = 1;
+  return e;
+}
+
+// Runs `body(rank, group)` on `world` threads, each with its own group named `name`.
+void OnRanks(int world, const std::function<void(int, ProcessGroup&)>& body,
+             const std::string& name = "default", crun::Millis timeout = 30s) {
+  auto store = std::make_shared<crun::MemoryStore>();
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      crun::worker::Context ctx(EnvFor(r, world), store);
+      crun::worker::GlooOptions o;
+      o.name = name;
+      o.timeout = timeout;
+      auto group = crun::worker::MakeGlooGroup(ctx, o);
+      if (!group.ok()) {
+        errors[static_cast<std::size_t>(r)] = group.status().message();
+        return;
+      }
+      body(r, **group);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) T_CHECK(e.empty());
+}
+
+template <typename T>
+std::vector<T> Values(int rank, std::size_t n) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<T>((rank + 1) * 10 + static_cast<int>(i % 7));
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("gloo allreduce: every op on float32, float64, int32, int64", "[gloo]") {
+  for (int world : {2, 3, 4}) {
+    for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{300'001}}) {
+      std::vector<std::vector<double>> got(static_cast<std::size_t>(world) * 8);
+      OnRanks(world, [&](int rank, ProcessGroup& g) {
+        auto f32 = Values<float>(rank, n);
+        auto f64 = Values<double>(rank, n);
+        auto i32 = Values<std::int32_t>(rank, n);
+        auto i64 = Values<std::int64_t>(rank, n);
+        auto f32avg = Values<float>(rank, n);
+        auto i32min = Values<std::int32_t>(rank, n);
+        auto i64max = Values<std::int64_t>(rank, n);
+        auto f64min = Values<double>(rank, n);
+        T_OK(g.AllReduce(f32.data(), n, DType::kFloat32, ReduceOp::kSum));
+        T_OK(g.AllReduce(f64.data(), n, DType::kFloat64, ReduceOp::kSum));
+        T_OK(g.AllReduce(i32.data(), n, DType::kInt32, ReduceOp::kSum));
+        T_OK(g.AllReduce(i64.data(), n, DType::kInt64, ReduceOp::kSum));
+        T_OK(g.AllReduce(f32avg.data(), n, DType::kFloat32, ReduceOp::kAvg));
+        T_OK(g.AllReduce(i32min.data(), n, DType::kInt32, ReduceOp::kMin));
+        T_OK(g.AllReduce(i64max.data(), n, DType::kInt64, ReduceOp::kMax));
+        T_OK(g.AllReduce(f64min.data(), n, DType::kFloat64, ReduceOp::kMin));
+        for (std::size_t i = 0; i < n; ++i) {
+          const double k = static_cast<double>(i % 7);
+          const double sum = 10.0 * world * (world + 1) / 2 + world * k;
+          if (f32[i] != static_cast<float>(sum) || f64[i] != sum ||
+              i32[i] != static_cast<std::int32_t>(sum) || i64[i] != static_cast<std::int64_t>(sum) ||
+              std::abs(f32avg[i] - static_cast<float>(sum / world)) > 1e-4f ||
+              i32min[i] != static_cast<std::int32_t>(10 + k) ||
+              i64max[i] != static_cast<std::int64_t>(10 * world + k) || f64min[i] != 10 + k) {
+            T_FAIL("rank " << rank << " index " << i << " of " << n << " in world " << world);
+          }
+        }
+      });
+    }
+  }
+}
+
+TEST_CASE("gloo allreduce on float16 and bfloat16 reduces in float32", "[gloo]") {
+  using crun::worker::BFloat16ToFloat;
+  using crun::worker::FloatToBFloat16;
+  using crun::worker::FloatToHalf;
+  using crun::worker::HalfToFloat;
+  const std::size_t n = 4097;
+  OnRanks(3, [&](int rank, ProcessGroup& g) {
+    std::vector<std::uint16_t> h(n), b(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      h[i] = FloatToHalf(0.5f * static_cast<float>(rank + 1));
+      b[i] = FloatToBFloat16(static_cast<float>(rank + 1) * static_cast<float>(i % 5));
+    }
+    T_OK(g.AllReduce(h.data(), n, DType::kFloat16, ReduceOp::kSum));
+    T_OK(g.AllReduce(b.data(), n, DType::kBFloat16, ReduceOp::kMax));
+    for (std::size_t i = 0; i < n; ++i) {
+      T_CHECK(HalfToFloat(h[i]) == 3.0f);  // 0.5 + 1 + 1.5
+      T_CHECK(BFloat16ToFloat(b[i]) == 3.0f * static_cast<float>(i % 5));
+    }
+  });
+}
+
+TEST_CASE("gloo broadcast, allgather and barrier", "[gloo]") {
+  OnRanks(3, [&](int rank, ProcessGroup& g) {
+    std::vector<double> v(5000, rank == 2 ? 7.5 : -1.0);
+    T_OK(g.Broadcast(v.data(), v.size(), DType::kFloat64, 2));
+    for (double x : v) T_CHECK(x == 7.5);
+    std::vector<std::int64_t> mine(3, rank), all(9, -1);
+    T_OK(g.AllGather(mine.data(), all.data(), 3, DType::kInt64));
+    T_CHECK(all == std::vector<std::int64_t>{0, 0, 0, 1, 1, 1, 2, 2, 2});
+    T_OK(g.Barrier());
+    T_CHECK(g.Broadcast(v.data(), 1, DType::kFloat64, 3).code() ==
+          crun::StatusCode::kInvalidArgument);
+  });
+}
+
+TEST_CASE("gloo avg on integers is refused, naming the dtype", "[gloo]") {
+  OnRanks(2, [&](int, ProcessGroup& g) {
+    std::int32_t x = 1;
+    auto s = g.AllReduce(&x, 1, DType::kInt32, ReduceOp::kAvg);
+    T_CHECK(s.code() == crun::StatusCode::kInvalidArgument);
+    T_CHECK_THAT(s.message(), Catch::Contains("avg needs a floating dtype, not int32"));
+  });
+}
+
+TEST_CASE("two gloo groups of one job work at once", "[gloo]") {
+  auto store = std::make_shared<crun::MemoryStore>();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      crun::worker::Context ctx(EnvFor(r, 2), store);
+      crun::worker::GlooOptions a, b;
+      a.name = "grads";
+      b.name = "metrics";
+      auto ga = crun::worker::MakeGlooGroup(ctx, a);
+      auto gb = crun::worker::MakeGlooGroup(ctx, b);
+      T_CHECK(ga.ok());
+      T_CHECK(gb.ok());
+      if (!ga.ok() || !gb.ok()) return;
+      float x = static_cast<float>(r + 1), y = static_cast<float>(10 * (r + 1));
+      T_OK((*ga)->AllReduce(&x, 1, DType::kFloat32, ReduceOp::kSum));
+      T_OK((*gb)->AllReduce(&y, 1, DType::kFloat32, ReduceOp::kMax));
+      T_CHECK(x == 3.0f);
+      T_CHECK(y == 20.0f);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Rank 2 of 3 holds its group open but never joins the allreduce (a hung worker), or leaves
+// (a dead one): the others return within the timeout, saying which operation and rank.
+void CheckStalled(bool rank2_exits, crun::StatusCode expected) {
+  std::vector<crun::Status> results(3);
+  std::latch others_done(2);
+  OnRanks(
+      3,
+      [&](int rank, ProcessGroup& g) {
+        if (rank == 2) {
+          if (!rank2_exits) others_done.wait();  // hung: connected, but silent
+          return;
+        }
+        float x = 1;
+        results[static_cast<std::size_t>(rank)] =
+            g.AllReduce(&x, 1, DType::kFloat32, ReduceOp::kSum, 500ms);
+        // The group is broken now: the next call fails at once, saying why.
+        auto again = g.Barrier();
+        T_CHECK(!again.ok());
+        T_CHECK_THAT(again.message(), Catch::Contains("broken by an earlier error"));
+        others_done.count_down();
+      },
+      "stall");
+  for (int r = 0; r < 2; ++r) {
+    const auto& s = results[static_cast<std::size_t>(r)];
+    INFO(s.message());
+    T_CHECK(s.code() == expected);
+    T_CHECK_THAT(s.message(), Catch::StartsWith("gloo group 'stall', rank " + std::to_string(r) +
+                                              " of 3: allreduce of 1 float32 (sum)"));
+  }
+}
+
+TEST_CASE("a hung rank makes the others time out, not hang", "[gloo]") {
+  CheckStalled(false, crun::StatusCode::kTimeout);
+}
+
+TEST_CASE("a rank that exits makes the others fail at once, naming the peer", "[gloo]") {
+  CheckStalled(true, crun::StatusCode::kUnavailable);
+}

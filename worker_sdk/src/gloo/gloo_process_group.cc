@@ -1,0 +1,312 @@
+// The Gloo backend. Gloo reports failures by throwing; every call into it is wrapped here and
+// turned into a Status that names the operation, the rank and the group.
+#include <cstring>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "crun/worker/gloo.h"
+#include "rendezvous/store/socket.h"
+#include "worker_sdk/src/half.h"
+
+namespace crun::worker {
+namespace {
+
+// Gloo's view of the job's store: keys under the group's prefix. Gloo expects exceptions.
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(crun::Store& store, std::string prefix, Millis timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Check(store_.Set(prefix_ + key, std::string_view(data.data(), data.size())));
+  }
+  std::vector<char> get(const std::string& key) override {
+    Check(store_.Wait({prefix_ + key}, timeout_));
+    auto v = store_.Get(prefix_ + key);
+    Check(v.status());
+    return std::vector<char>(v->begin(), v->end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    std::vector<std::string> full;
+    full.reserve(keys.size());
+    for (const auto& k : keys) full.push_back(prefix_ + k);
+    Check(store_.Wait(full, t));
+  }
+
+ private:
+  static void Check(const Status& s) {
+    if (!s.ok()) throw std::runtime_error(s.message());
+  }
+  crun::Store& store_;
+  std::string prefix_;
+  Millis timeout_;
+};
+
+template <typename T, typename Op>
+void Combine(void* c, const void* a, const void* b, std::size_t n, Op op) {
+  auto* out = static_cast<T*>(c);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  for (std::size_t i = 0; i < n; ++i) out[i] = op(x[i], y[i]);
+}
+
+// 16-bit floats are reduced in float32 and rounded back.
+template <float (*ToFloat)(std::uint16_t), std::uint16_t (*FromFloat)(float), typename Op>
+void Combine16(void* c, const void* a, const void* b, std::size_t n, Op op) {
+  auto* out = static_cast<std::uint16_t*>(c);
+  const auto* x = static_cast<const std::uint16_t*>(a);
+  const auto* y = static_cast<const std::uint16_t*>(b);
+  for (std::size_t i = 0; i < n; ++i) out[i] = FromFloat(op(ToFloat(x[i]), ToFloat(y[i])));
+}
+
+struct Sum {
+  template <typename T>
+  T operator()(T a, T b) const { return a + b; }
+};
+struct Min {
+  template <typename T>
+  T operator()(T a, T b) const { return b < a ? b : a; }
+};
+struct Max {
+  template <typename T>
+  T operator()(T a, T b) const { return a < b ? b : a; }
+};
+
+template <typename Op>
+gloo::AllreduceOptions::Func FuncFor(DType t, Op op) {
+  switch (t) {
+    case DType::kFloat32:
+      return [op](void* c, const void* a, const void* b, std::size_t n) {
+        Combine<float>(c, a, b, n, op);
+      };
+    case DType::kFloat64:
+      return [op](void* c, const void* a, const void* b, std::size_t n) {
+        Combine<double>(c, a, b, n, op);
+      };
+    case DType::kInt32:
+      return [op](void* c, const void* a, const void* b, std::size_t n) {
+        Combine<std::int32_t>(c, a, b, n, op);
+      };
+    case DType::kInt64:
+      return [op](void* c, const void* a, const void* b, std::size_t n) {
+        Combine<std::int64_t>(c, a, b, n, op);
+      };
+    case DType::kFloat16:
+      return [op](void* c, const void* a, const void* b, std::size_t n) {
+        Combine16<HalfToFloat, FloatToHalf>(c, a, b, n, op);
+      };
+    case DType::kBFloat16:
+      return [op](void* c, const void* a, const void* b, std::size_t n) {
+        Combine16<BFloat16ToFloat, FloatToBFloat16>(c, a, b, n, op);
+      };
+  }
+  return {};
+}
+
+void Scale(void* data, std::size_t count, DType t, double factor) {
+  switch (t) {
+    case DType::kFloat32: {
+      auto* p = static_cast<float*>(data);
+      for (std::size_t i = 0; i < count; ++i) p[i] = static_cast<float>(p[i] * factor);
+      break;
+    }
+    case DType::kFloat64: {
+      auto* p = static_cast<double*>(data);
+      for (std::size_t i = 0; i < count; ++i) p[i] *= factor;
+      break;
+    }
+    case DType::kFloat16: {
+      auto* p = static_cast<std::uint16_t*>(data);
+      for (std::size_t i = 0; i < count; ++i) {
+        p[i] = FloatToHalf(static_cast<float>(HalfToFloat(p[i]) * factor));
+      }
+      break;
+    }
+    case DType::kBFloat16: {
+      auto* p = static_cast<std::uint16_t*>(data);
+      for (std::size_t i = 0; i < count; ++i) {
+        p[i] = FloatToBFloat16(static_cast<float>(BFloat16ToFloat(p[i]) * factor));
+      }
+      break;
+    }
+    case DType::kInt32:
+    case DType::kInt64:
+      break;  // refused before the operation
+  }
+}
+
+bool IsFloating(DType t) { return t != DType::kInt32 && t != DType::kInt64; }
+
+class GlooGroup final : public ProcessGroup {
+ public:
+  GlooGroup(std::shared_ptr<gloo::rendezvous::Context> ctx, std::string name)
+      : ctx_(std::move(ctx)), name_(std::move(name)) {}
+
+  int rank() const override { return ctx_->rank; }
+  int size() const override { return ctx_->size; }
+  std::string backend() const override { return "gloo"; }
+
+  Status AllReduce(void* data, std::size_t count, DType dtype, ReduceOp op,
+                   Millis timeout) override {
+    const std::string what = std::string("allreduce of ") + std::to_string(count) + " " +
+                             Name(dtype) + " (" + Name(op) + ")";
+    if (op == ReduceOp::kAvg && !IsFloating(dtype)) {
+      return InvalidArgument(Where(what) + ": avg needs a floating dtype, not " + Name(dtype));
+    }
+    if (count == 0) return Status::Ok();
+    return Run(what, [&] {
+      gloo::AllreduceOptions o(ctx_);
+      o.setTimeout(timeout);
+      o.setTag(NextTag());
+      // Gloo needs the element size; the reduction itself is ours, per dtype.
+      switch (SizeOf(dtype)) {
+        case 2:
+          o.setInput(static_cast<std::uint16_t*>(data), count);
+          o.setOutput(static_cast<std::uint16_t*>(data), count);
+          break;
+        case 4:
+          o.setInput(static_cast<std::uint32_t*>(data), count);
+          o.setOutput(static_cast<std::uint32_t*>(data), count);
+          break;
+        default:
+          o.setInput(static_cast<std::uint64_t*>(data), count);
+          o.setOutput(static_cast<std::uint64_t*>(data), count);
+          break;
+      }
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          o.setReduceFunction(FuncFor(dtype, Sum{}));
+          break;
+        case ReduceOp::kMin:
+          o.setReduceFunction(FuncFor(dtype, Min{}));
+          break;
+        case ReduceOp::kMax:
+          o.setReduceFunction(FuncFor(dtype, Max{}));
+          break;
+      }
+      gloo::allreduce(o);
+      if (op == ReduceOp::kAvg) Scale(data, count, dtype, 1.0 / size());
+    });
+  }
+
+  Status Broadcast(void* data, std::size_t count, DType dtype, int root,
+                   Millis timeout) override {
+    const std::string what = "broadcast of " + std::to_string(count) + " " + Name(dtype) +
+                             " from rank " + std::to_string(root);
+    if (root < 0 || root >= size()) {
+      return InvalidArgument(Where(what) + ": root must be in 0.." + std::to_string(size() - 1));
+    }
+    if (count == 0) return Status::Ok();
+    return Run(what, [&] {
+      gloo::BroadcastOptions o(ctx_);
+      o.setTimeout(timeout);
+      o.setTag(NextTag());
+      o.setRoot(root);
+      auto* bytes = static_cast<std::uint8_t*>(data);
+      if (rank() == root) o.setInput(bytes, count * SizeOf(dtype));
+      o.setOutput(bytes, count * SizeOf(dtype));
+      gloo::broadcast(o);
+    });
+  }
+
+  Status AllGather(const void* in, void* out, std::size_t count, DType dtype,
+                   Millis timeout) override {
+    const std::string what = "allgather of " + std::to_string(count) + " " + Name(dtype);
+    if (count == 0) return Status::Ok();
+    return Run(what, [&] {
+      gloo::AllgatherOptions o(ctx_);
+      o.setTimeout(timeout);
+      o.setTag(NextTag());
+      const std::size_t bytes = count * SizeOf(dtype);
+      // Gloo reads the input from its own slot of the output when they coincide; copy first.
+      auto* dst = static_cast<std::uint8_t*>(out);
+      std::memmove(dst + static_cast<std::size_t>(rank()) * bytes, in, bytes);
+      o.setOutput(dst, bytes * static_cast<std::size_t>(size()));
+      gloo::allgather(o);
+    });
+  }
+
+  Status Barrier(Millis timeout) override {
+    return Run("barrier", [&] {
+      gloo::BarrierOptions o(ctx_);
+      o.setTimeout(timeout);
+      o.setTag(NextTag());
+      gloo::barrier(o);
+    });
+  }
+
+ private:
+  std::string Where(const std::string& what) const {
+    return "gloo group '" + name_ + "', rank " + std::to_string(rank()) + " of " +
+           std::to_string(size()) + ": " + what;
+  }
+
+  template <typename F>
+  Status Run(const std::string& what, F&& f) {
+    if (!broken_.ok()) {
+      return Status(broken_.code(), Where(what) + ": the group is broken by an earlier "
+                                                  "error: " + broken_.message());
+    }
+    try {
+      f();
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      const std::string msg = e.what();
+      const bool timed_out = msg.find("Timed out") != std::string::npos ||
+                             msg.find("timed out") != std::string::npos;
+      broken_ = Status(timed_out ? StatusCode::kTimeout : StatusCode::kUnavailable,
+                       Where(what) + ": " + msg);
+      return broken_;
+    }
+  }
+
+  std::uint32_t NextTag() { return ++tag_; }
+
+  std::shared_ptr<gloo::rendezvous::Context> ctx_;
+  std::string name_;
+  std::uint32_t tag_ = 0;
+  Status broken_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ProcessGroup>> MakeGlooGroup(Context& context, const GlooOptions& o) {
+  const WorkerEnv& env = context.env();
+  std::string address = o.local_address;
+  if (address.empty()) address = LocalAddressToward(env.master_addr, env.master_port);
+  if (address.empty()) {
+    return Unavailable("rank " + std::to_string(env.rank) + ": no local address reaches " +
+                       "MASTER_ADDR " + env.master_addr + " (set GlooOptions.local_address)");
+  }
+  const std::string where = "gloo group '" + o.name + "', rank " + std::to_string(env.rank) +
+                            " of " + std::to_string(env.world_size);
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = address;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(env.rank, env.world_size);
+    ctx->setTimeout(o.timeout);
+    StoreAdapter store(context.store(), context.round_prefix() + "gloo/" + o.name + "/",
+                       o.timeout);
+    ctx->connectFullMesh(store, device);
+    auto group = std::make_unique<GlooGroup>(std::move(ctx), o.name);
+    group->set_timeout(o.timeout);
+    return std::unique_ptr<ProcessGroup>(std::move(group));
+  } catch (const std::exception& e) {
+    return Unavailable(where + ": cannot connect (local address " + address + "): " + e.what());
+  }
+}
+
+}  // namespace crun::worker
