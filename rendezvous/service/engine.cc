@@ -191,7 +191,7 @@ void Engine::Unbind(SessionId session, TimePoint now) {
     EvictFinished();
     return;
   }
-  Apply(job, OnNodeLost(std::move(job.state), binding.node_id, now));
+  Apply(job, OnNodeLost(std::move(job.state), binding.node_id, now, "its session ended"));
 }
 
 void Engine::OnSessionClosed(SessionId session, TimePoint now) { Unbind(session, now); }

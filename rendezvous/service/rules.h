@@ -132,8 +132,9 @@ Transition OnHeartbeat(State state, const std::string& node_id, TimePoint now);
 Transition OnWorkerFailed(State state, const std::string& node_id, const std::string& what,
                           TimePoint now);
 // The node's session broke (agent died) or the engine gave up on it.
+// `cause` ends the reason every node prints: "node h (id) was lost: <cause>".
 Transition OnNodeLost(State state, const std::string& node_id, TimePoint now,
-                      const std::string& cause = "its session ended");
+                      const std::string& cause);
 // Every worker of the node succeeded.
 Transition OnNodeSucceeded(State state, const std::string& node_id, TimePoint now);
 

@@ -230,7 +230,7 @@ TEST_CASE("a worker failure stops every node; the re-formed round carries the re
 
 TEST_CASE("a lost node re-forms the job without spending the budget", "[rules]") {
   State st = Running(/*max_restarts=*/0);
-  auto t = OnNodeLost(st, "a#1", T0 + 5s);
+  auto t = OnNodeLost(st, "a#1", T0 + 5s, "its session ended");
   const auto* stop = Only<StopAndRejoin>(t.actions);
   REQUIRE(stop != nullptr);
   CHECK_FALSE(stop->spends_restart);
@@ -294,12 +294,12 @@ TEST_CASE("too many rounds too fast is a restart storm", "[rules]") {
   TimePoint now = T0 + 2s;
   // Rounds 1 and 2 after losses (not failures: the budget of 0 is not the limit here).
   for (int i = 0; i < 2; ++i) {
-    st = OnNodeLost(st, "b#1", now).state;
+    st = OnNodeLost(st, "b#1", now, "its session ended").state;
     st = Rejoin(st, now, {"a", "b"});
     REQUIRE(st.phase == crun::rdzv::Phase::kRunning);
     now += 1s;
   }
-  st = OnNodeLost(st, "b#1", now).state;
+  st = OnNodeLost(st, "b#1", now, "its session ended").state;
   st = OnJoin(st, Node("a"), st.settings, now).state;
   st = OnJoin(st, Node("b"), st.settings, now).state;
   auto t = OnTick(st, now + 1s);

@@ -230,7 +230,8 @@ class GlooGroup final : public ProcessGroup {
       o.setTimeout(timeout);
       o.setTag(NextTag());
       const std::size_t bytes = count * SizeOf(dtype);
-      // Gloo reads the input from its own slot of the output when they coincide; copy first.
+      // Given no input, Gloo's allgather takes this rank's part from its own slot of the
+      // output: put it there first.
       auto* dst = static_cast<std::uint8_t*>(out);
       std::memmove(dst + static_cast<std::size_t>(rank()) * bytes, in, bytes);
       o.setOutput(dst, bytes * static_cast<std::size_t>(size()));
