@@ -14,6 +14,7 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kProtocol: return "protocol error";
     case StatusCode::kResourceExhausted: return "resource exhausted";
     case StatusCode::kInternal: return "internal error";
+    case StatusCode::kAborted: return "aborted";
   }
   return "unknown";
 }

@@ -24,6 +24,7 @@ enum class StatusCode {
   kProtocol,           // the peer sent bytes that break the wire protocol
   kResourceExhausted,  // a configured limit was hit
   kInternal,           // an unexpected error from the OS or a library
+  kAborted,            // the caller (or its group) gave the operation up
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -53,6 +54,7 @@ inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std
 inline Status ProtocolError(std::string m) { return {StatusCode::kProtocol, std::move(m)}; }
 inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
 inline Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
 
 // errno -> Status, wrapped once here: "connect to 10.0.0.5:29500: Connection refused".
 Status PosixError(std::string_view context, int err);

@@ -40,3 +40,22 @@ const char* Name(ReduceOp op) {
 }
 
 }  // namespace crun::worker
+
+namespace crun::worker {
+namespace {
+
+class Finished final : public Work {
+ public:
+  explicit Finished(Status s) : status_(std::move(s)) {}
+  bool Test() override { return true; }
+  Status Wait() override { return status_; }
+
+ private:
+  Status status_;
+};
+
+}  // namespace
+
+WorkPtr FinishedWork(Status status) { return std::make_shared<Finished>(std::move(status)); }
+
+}  // namespace crun::worker

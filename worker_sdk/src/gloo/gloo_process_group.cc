@@ -2,6 +2,7 @@
 // turned into a Status that names the operation, the rank and the group.
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -13,10 +14,12 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/types.h>
 
 #include "crun/worker/gloo.h"
 #include "rendezvous/store/socket.h"
 #include "worker_sdk/src/half.h"
+#include "worker_sdk/src/serial_executor.h"
 
 namespace crun::worker {
 namespace {
@@ -148,24 +151,39 @@ void Scale(void* data, std::size_t count, DType t, double factor) {
 
 bool IsFloating(DType t) { return t != DType::kInt32 && t != DType::kInt64; }
 
+gloo::AllreduceOptions::Func ReduceFunc(DType t, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return FuncFor(t, Sum{});
+    case ReduceOp::kMin:
+      return FuncFor(t, Min{});
+    case ReduceOp::kMax:
+      return FuncFor(t, Max{});
+  }
+  return {};
+}
+
+// Slot prefix of crun's own ring reduce-scatter; Gloo's collectives use small prefixes.
+constexpr std::uint8_t kReduceScatterSlotPrefix = 0x7c;
+
 class GlooGroup final : public ProcessGroup {
  public:
   GlooGroup(std::shared_ptr<gloo::rendezvous::Context> ctx, std::string name)
-      : ctx_(std::move(ctx)), name_(std::move(name)) {}
+      : ctx_(std::move(ctx)), name_(std::move(name)) {
+    executor_.set_owner(Where("group"));
+  }
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
   std::string backend() const override { return "gloo"; }
 
-  Status AllReduce(void* data, std::size_t count, DType dtype, ReduceOp op,
-                   Millis timeout) override {
-    const std::string what = std::string("allreduce of ") + std::to_string(count) + " " +
-                             Name(dtype) + " (" + Name(op) + ")";
-    if (op == ReduceOp::kAvg && !IsFloating(dtype)) {
-      return InvalidArgument(Where(what) + ": avg needs a floating dtype, not " + Name(dtype));
-    }
-    if (count == 0) return Status::Ok();
-    return Run(what, [&] {
+  WorkPtr AllReduceAsync(void* data, std::size_t count, DType dtype, ReduceOp op,
+                         Millis timeout) override {
+    std::string what = std::string("allreduce of ") + std::to_string(count) + " " +
+                       Name(dtype) + " (" + Name(op) + ")";
+    if (auto refused = RefuseIntegerAvg(what, dtype, op)) return refused;
+    return Submit(std::move(what), count, [=, this] {
       gloo::AllreduceOptions o(ctx_);
       o.setTimeout(timeout);
       o.setTag(NextTag());
@@ -184,32 +202,21 @@ class GlooGroup final : public ProcessGroup {
           o.setOutput(static_cast<std::uint64_t*>(data), count);
           break;
       }
-      switch (op) {
-        case ReduceOp::kSum:
-        case ReduceOp::kAvg:
-          o.setReduceFunction(FuncFor(dtype, Sum{}));
-          break;
-        case ReduceOp::kMin:
-          o.setReduceFunction(FuncFor(dtype, Min{}));
-          break;
-        case ReduceOp::kMax:
-          o.setReduceFunction(FuncFor(dtype, Max{}));
-          break;
-      }
+      o.setReduceFunction(ReduceFunc(dtype, op));
       gloo::allreduce(o);
       if (op == ReduceOp::kAvg) Scale(data, count, dtype, 1.0 / size());
     });
   }
 
-  Status Broadcast(void* data, std::size_t count, DType dtype, int root,
-                   Millis timeout) override {
-    const std::string what = "broadcast of " + std::to_string(count) + " " + Name(dtype) +
-                             " from rank " + std::to_string(root);
+  WorkPtr BroadcastAsync(void* data, std::size_t count, DType dtype, int root,
+                         Millis timeout) override {
+    std::string what = "broadcast of " + std::to_string(count) + " " + Name(dtype) +
+                       " from rank " + std::to_string(root);
     if (root < 0 || root >= size()) {
-      return InvalidArgument(Where(what) + ": root must be in 0.." + std::to_string(size() - 1));
+      return FinishedWork(InvalidArgument(Where(what) + ": root must be in 0.." +
+                                          std::to_string(size() - 1)));
     }
-    if (count == 0) return Status::Ok();
-    return Run(what, [&] {
+    return Submit(std::move(what), count, [=, this] {
       gloo::BroadcastOptions o(ctx_);
       o.setTimeout(timeout);
       o.setTag(NextTag());
@@ -221,11 +228,10 @@ class GlooGroup final : public ProcessGroup {
     });
   }
 
-  Status AllGather(const void* in, void* out, std::size_t count, DType dtype,
-                   Millis timeout) override {
-    const std::string what = "allgather of " + std::to_string(count) + " " + Name(dtype);
-    if (count == 0) return Status::Ok();
-    return Run(what, [&] {
+  WorkPtr AllGatherAsync(const void* in, void* out, std::size_t count, DType dtype,
+                         Millis timeout) override {
+    std::string what = "allgather of " + std::to_string(count) + " " + Name(dtype);
+    return Submit(std::move(what), count, [=, this] {
       gloo::AllgatherOptions o(ctx_);
       o.setTimeout(timeout);
       o.setTag(NextTag());
@@ -239,8 +245,19 @@ class GlooGroup final : public ProcessGroup {
     });
   }
 
-  Status Barrier(Millis timeout) override {
-    return Run("barrier", [&] {
+  WorkPtr ReduceScatterAsync(const void* in, void* out, std::size_t count, DType dtype,
+                             ReduceOp op, Millis timeout) override {
+    std::string what = std::string("reduce-scatter of ") + std::to_string(count) + " " +
+                       Name(dtype) + " per rank (" + Name(op) + ")";
+    if (auto refused = RefuseIntegerAvg(what, dtype, op)) return refused;
+    return Submit(std::move(what), count, [=, this] {
+      RingReduceScatter(in, out, count, dtype, op, timeout);
+      if (op == ReduceOp::kAvg) Scale(out, count, dtype, 1.0 / size());
+    });
+  }
+
+  WorkPtr BarrierAsync(Millis timeout) override {
+    return Submit("barrier", 1, [=, this] {
       gloo::BarrierOptions o(ctx_);
       o.setTimeout(timeout);
       o.setTag(NextTag());
@@ -248,37 +265,106 @@ class GlooGroup final : public ProcessGroup {
     });
   }
 
+  void Abort(const std::string& reason) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!broken_.ok()) return;
+      broken_ = Aborted("aborted: " + reason);
+      aborted_ = true;
+    }
+    ctx_->closeConnections();
+  }
+
  private:
+  WorkPtr RefuseIntegerAvg(const std::string& what, DType dtype, ReduceOp op) const {
+    if (op != ReduceOp::kAvg || IsFloating(dtype)) return nullptr;
+    return FinishedWork(
+        InvalidArgument(Where(what) + ": avg needs a floating dtype, not " + Name(dtype)));
+  }
+
   std::string Where(const std::string& what) const {
     return "gloo group '" + name_ + "', rank " + std::to_string(rank()) + " of " +
            std::to_string(size()) + ": " + what;
   }
 
+  // Queues `f` behind the group's earlier operations. It runs unless the group is broken by
+  // then; a Gloo exception breaks the group and closes its connections, so the peers waiting
+  // on this rank fail now rather than at their own timeout.
   template <typename F>
-  Status Run(const std::string& what, F&& f) {
-    if (!broken_.ok()) {
-      return Status(broken_.code(), Where(what) + ": the group is broken by an earlier "
-                                                  "error: " + broken_.message());
-    }
-    try {
-      f();
-      return Status::Ok();
-    } catch (const std::exception& e) {
-      const std::string msg = e.what();
-      const bool timed_out = msg.find("Timed out") != std::string::npos ||
-                             msg.find("timed out") != std::string::npos;
+  WorkPtr Submit(std::string what, std::size_t count, F f) {
+    return executor_.Submit([this, what = std::move(what), count, f = std::move(f)]() {
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (!broken_.ok()) {
+          if (aborted_) return Status(broken_.code(), Where(what) + ": " + broken_.message());
+          return Status(broken_.code(), Where(what) + ": the group is broken by an earlier "
+                                                      "error: " + broken_.message());
+        }
+      }
+      if (count == 0) return Status::Ok();
+      std::string failure;
+      try {
+        f();
+        return Status::Ok();
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      std::lock_guard<std::mutex> l(mu_);
+      if (aborted_) return Status(broken_.code(), Where(what) + ": " + broken_.message());
+      const bool timed_out = failure.find("Timed out") != std::string::npos ||
+                             failure.find("timed out") != std::string::npos;
       broken_ = Status(timed_out ? StatusCode::kTimeout : StatusCode::kUnavailable,
-                       Where(what) + ": " + msg);
+                       Where(what) + ": " + failure);
+      ctx_->closeConnections();
       return broken_;
+    });
+  }
+
+  // Ring reduce-scatter over Gloo's unbound buffers: in n-1 steps each rank passes one block
+  // to its right neighbour and folds the block from its left one into its own copy, so that
+  // rank r ends holding the full reduction of block r. Each rank sends and receives
+  // (n-1)/n of the input, the bandwidth optimum.
+  void RingReduceScatter(const void* in, void* out, std::size_t count, DType dtype,
+                         ReduceOp op, Millis timeout) {
+    const int n = size();
+    const int r = rank();
+    const std::size_t block = count * SizeOf(dtype);
+    const auto* src = static_cast<const std::uint8_t*>(in);
+    std::vector<std::uint8_t> acc(src, src + block * static_cast<std::size_t>(n));
+    if (n > 1) {
+      std::vector<std::uint8_t> incoming(block);
+      auto send_buf = ctx_->createUnboundBuffer(acc.data(), acc.size());
+      auto recv_buf = ctx_->createUnboundBuffer(incoming.data(), incoming.size());
+      const auto slot = gloo::Slot::build(kReduceScatterSlotPrefix, NextTag());
+      const auto reduce = ReduceFunc(dtype, op);
+      const int right = (r + 1) % n;
+      const int left = (r + n - 1) % n;
+      auto offset = [&](int step_block) {
+        return static_cast<std::size_t>((step_block % n + n) % n) * block;
+      };
+      for (int s = 0; s < n - 1; ++s) {
+        send_buf->send(right, slot, offset(r - s - 1), block);
+        recv_buf->recv(left, slot, 0, block);
+        if (!recv_buf->waitRecv(timeout) || !send_buf->waitSend(timeout)) {
+          throw std::runtime_error("reduce-scatter step " + std::to_string(s) + " was aborted");
+        }
+        std::uint8_t* mine = acc.data() + offset(r - s - 2);
+        reduce(mine, mine, incoming.data(), count);
+      }
     }
+    std::memcpy(out, acc.data() + static_cast<std::size_t>(r) * block, block);
   }
 
   std::uint32_t NextTag() { return ++tag_; }
 
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   std::string name_;
-  std::uint32_t tag_ = 0;
+  std::uint32_t tag_ = 0;  // used on the executor's thread only
+  std::mutex mu_;
   Status broken_;
+  bool aborted_ = false;
+  // Last member: destroyed first, so its thread is joined while the rest is still alive.
+  SerialExecutor executor_;
 };
 
 }  // namespace
