@@ -246,8 +246,12 @@ std::string DefaultNodeId(const std::string& host_name, const Endpoint& endpoint
   return host_name + "@" + addr;
 }
 
-bool IsExecutableOnPath(const std::string& program) {
-  if (program.find('/') != std::string::npos) return ::access(program.c_str(), X_OK) == 0;
+// Where a shell would find `program`: the path itself when it names a directory, else the
+// first executable match on PATH. Empty when there is none.
+std::string FindExecutable(const std::string& program) {
+  if (program.find('/') != std::string::npos) {
+    return ::access(program.c_str(), X_OK) == 0 ? program : std::string();
+  }
   const char* path = std::getenv("PATH");
   std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
   std::size_t start = 0;
@@ -255,11 +259,20 @@ bool IsExecutableOnPath(const std::string& program) {
     const auto end = dirs.find(':', start);
     const std::string dir = dirs.substr(start, end == std::string::npos ? std::string::npos
                                                                         : end - start);
-    if (::access(((dir.empty() ? "." : dir) + "/" + program).c_str(), X_OK) == 0) return true;
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
     if (end == std::string::npos) break;
     start = end + 1;
   }
-  return false;
+  return {};
+}
+
+// Whether `path` is a native program (an ELF file). Python cannot run one, so crun runs it as
+// itself even without --no-python: `crun --nproc-per-node 2 ./train` does what it says.
+bool IsNativeProgram(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "\x7f" "ELF", 4) == 0;
 }
 
 // The worker's argv, torchrun's way: [PYTHON_EXEC, -u, (-m), script, args...] or, with
@@ -282,10 +295,25 @@ StatusOr<std::vector<std::string>> WorkerCommand(const LaunchOptions& o) {
   if (o.module && o.no_python) return InvalidArgument("-m/--module and --no-python exclude each other");
   const std::string& script = o.command[0];
   if (o.no_python) {
-    if (!IsExecutableOnPath(script)) {
+    if (FindExecutable(script).empty()) {
       return InvalidArgument("--no-python: '" + script + "' is not an executable file");
     }
     return o.command;
+  }
+  if (!o.module) {
+    // A native program, given as a path or found on PATH (a script in the working directory
+    // comes first, as it would for Python).
+    const bool readable = ::access(script.c_str(), R_OK) == 0;
+    const std::string program = readable ? script : FindExecutable(script);
+    if (!program.empty() && IsNativeProgram(program)) {
+      if (::access(program.c_str(), X_OK) != 0) {
+        return InvalidArgument("'" + script + "' is a native program but not executable "
+                               "(chmod +x it)");
+      }
+      std::vector<std::string> argv = o.command;
+      if (script.find('/') == std::string::npos && readable) argv[0] = "./" + script;
+      return argv;
+    }
   }
   if (!o.module && ::access(script.c_str(), R_OK) != 0) {
     return InvalidArgument("training script '" + script + "' does not exist or is not readable");

@@ -121,6 +121,10 @@ class Launch(unittest.TestCase):
         with open(plain, "w") as f:
             f.write("data\n")
         os.chmod(plain, 0o644)
+        unrunnable_elf = os.path.join(self.dir, "train_without_x_bit")
+        with open("/bin/true", "rb") as src, open(unrunnable_elf, "wb") as dst:
+            dst.write(src.read())
+        os.chmod(unrunnable_elf, 0o644)
         cases = [
             (["--nproc-per-node", "two", WORKER, self.dir], "two"),
             (["--no-such-flag", WORKER], "--no-such-flag"),
@@ -129,6 +133,7 @@ class Launch(unittest.TestCase):
             (["--nnodes", "x", WORKER, self.dir], "--nnodes 'x'"),
             (["missing_script.py"], "missing_script.py"),
             (["--no-python", plain], plain),
+            ([unrunnable_elf], "is a native program but not executable"),
             (["--signals-to-handle", "SIGNOPE", WORKER], "SIGNOPE"),
             ([], "no training script"),
         ]
@@ -148,6 +153,25 @@ class Launch(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         with open(os.path.join(self.dir, "out")) as f:
             self.assertEqual(sorted(f.read().split("\n")[:2]), ["lr=0 rank=0", "lr=1 rank=1"])
+
+    def test_native_program_runs_as_itself_without_no_python(self):
+        # `sh` is found on PATH and is an ELF file: Python could not run it, so crun does.
+        r = subprocess.run([CRUN, "--nproc-per-node", "2", "sh", "-c",
+                            'echo "rank=$RANK" >> ' + self.dir + "/out"],
+                           capture_output=True, text=True, timeout=LIMIT_S)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(os.path.join(self.dir, "out")) as f:
+            self.assertEqual(sorted(f.read().split()), ["rank=0", "rank=1"])
+        # A program in the working directory, named without a path, is that one, not PATH's:
+        # here ./true is a copy of `false`.
+        local = os.path.join(self.dir, "true")
+        with open("/bin/false", "rb") as src, open(local, "wb") as dst:
+            dst.write(src.read())
+        os.chmod(local, 0o755)
+        r = subprocess.run([CRUN, "--nproc-per-node", "1", "true"], cwd=self.dir,
+                           capture_output=True, text=True, timeout=LIMIT_S)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("exit code 1", r.stderr)
 
     def test_tee_prefixes_console_lines_and_writes_plain_files(self):
         r = self.crun("-t", "3", "--log-dir", self.dir + "/logs", "--rdzv-id", "job1",

@@ -19,20 +19,27 @@ def wait_for(predicate, what, limit=60):
         time.sleep(0.01)
 
 
-def alive(pid):
-    """Whether `pid` runs: a zombie answers kill(0) but is gone for our purposes."""
+def proc_state(pid):
+    """The one-letter state of `pid` from /proc (R, S, T for stopped, Z for zombie), or None
+    when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
-        return False
+        return None
+
+
+def alive(pid):
+    """Whether `pid` runs: a zombie answers kill(0) but is gone for our purposes."""
+    return proc_state(pid) not in (None, "Z")
+
 
 def kill_all(procs):
-    """Test teardown: SIGKILL whatever of `procs` still runs, and reap it."""
+    """Test teardown: SIGKILL whatever of `procs` still runs, reap it, and close its pipes."""
     for p in procs:
         if p.poll() is None:
             p.kill()
-            p.communicate()
+        p.communicate()
 
 
 def probe_events(out_dir):
