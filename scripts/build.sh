@@ -3,5 +3,17 @@
 # Extra arguments go to the CMake configure step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRUN_WERROR=ON "$@"
+# The worker SDK's NCCL backend builds wherever the CUDA toolkit with NCCL is installed (it
+# needs no GPU to compile and link). CRUN_WITH_NCCL=ON|OFF overrides the detection.
+nccl="${CRUN_WITH_NCCL:-}"
+if [ -z "$nccl" ]; then
+  if command -v nvcc >/dev/null 2>&1 || [ -e /usr/local/cuda/include/nccl.h ]; then
+    nccl=ON
+  else
+    nccl=OFF
+    echo "build.sh: no CUDA toolkit found: building without the NCCL backend" >&2
+  fi
+fi
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRUN_WERROR=ON \
+  -DCRUN_WITH_NCCL="$nccl" "$@"
 cmake --build build -j2

@@ -1,5 +1,7 @@
 #include "crun/worker/process_group.h"
 
+#include "worker_sdk/src/group_state.h"
+
 namespace crun::worker {
 
 std::size_t SizeOf(DType t) {
@@ -57,5 +59,18 @@ class Finished final : public Work {
 }  // namespace
 
 WorkPtr FinishedWork(Status status) { return std::make_shared<Finished>(std::move(status)); }
+
+}  // namespace crun::worker
+
+namespace crun::worker {
+
+std::string DescribeReduce(const char* op_name, std::size_t count, DType dtype, ReduceOp op) {
+  return std::string(op_name) + " of " + std::to_string(count) + " " + Name(dtype) + " (" +
+         Name(op) + ")";
+}
+
+std::string DescribeMove(const char* op_name, std::size_t count, DType dtype) {
+  return std::string(op_name) + " of " + std::to_string(count) + " " + Name(dtype);
+}
 
 }  // namespace crun::worker

@@ -13,6 +13,7 @@
 
 #include "crun/worker/gloo.h"
 #include "rendezvous/store/memory_store.h"
+#include "tests/unit/worker/test_env.h"
 #include "worker_sdk/src/half.h"
 
 // Catch2 assertions are not thread-safe: the rank threads assert under one lock, and never
@@ -48,17 +49,7 @@ using crun::worker::DType;
 using crun::worker::ProcessGroup;
 using crun::worker::ReduceOp;
 
-crun::worker::WorkerEnv EnvFor(int rank, int world) {
-  crun::worker::WorkerEnv e;
-  e.rank = rank;
-  e.world_size = world;
-  e.local_rank = rank;
-  e.local_world_size = world;
-  e.run_id = "gloo-test";
-  e.master_addr = "127.0.0.1";
-  e.master_port = 1;
-  return e;
-}
+crun::worker::WorkerEnv EnvFor(int rank, int world) { return TestWorkerEnv(rank, world, "gloo-test"); }
 
 // Runs `body(rank, group)` on `world` threads, each with its own group named `name`. No body
 // starts before every rank has finished forming its group, so a body that leaves at once (a

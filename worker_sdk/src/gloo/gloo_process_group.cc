@@ -18,6 +18,7 @@
 
 #include "crun/worker/gloo.h"
 #include "rendezvous/store/socket.h"
+#include "worker_sdk/src/group_state.h"
 #include "worker_sdk/src/half.h"
 #include "worker_sdk/src/serial_executor.h"
 
@@ -149,8 +150,6 @@ void Scale(void* data, std::size_t count, DType t, double factor) {
   }
 }
 
-bool IsFloating(DType t) { return t != DType::kInt32 && t != DType::kInt64; }
-
 gloo::AllreduceOptions::Func ReduceFunc(DType t, ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
@@ -169,9 +168,9 @@ constexpr std::uint8_t kReduceScatterSlotPrefix = 0x7c;
 
 class GlooGroup final : public ProcessGroup {
  public:
-  GlooGroup(std::shared_ptr<gloo::rendezvous::Context> ctx, std::string name)
-      : ctx_(std::move(ctx)), name_(std::move(name)) {
-    executor_.set_owner(Where("group"));
+  GlooGroup(std::shared_ptr<gloo::rendezvous::Context> ctx, const std::string& name)
+      : ctx_(std::move(ctx)), state_("gloo", name, ctx_->rank, ctx_->size) {
+    executor_.set_owner(state_.Where("group"));
   }
 
   int rank() const override { return ctx_->rank; }
@@ -180,9 +179,8 @@ class GlooGroup final : public ProcessGroup {
 
   WorkPtr AllReduceAsync(void* data, std::size_t count, DType dtype, ReduceOp op,
                          Millis timeout) override {
-    std::string what = std::string("allreduce of ") + std::to_string(count) + " " +
-                       Name(dtype) + " (" + Name(op) + ")";
-    if (auto refused = RefuseIntegerAvg(what, dtype, op)) return refused;
+    std::string what = DescribeReduce("allreduce", count, dtype, op);
+    if (auto refused = state_.RefuseIntegerAvg(what, dtype, op)) return refused;
     return Submit(std::move(what), count, [=, this] {
       gloo::AllreduceOptions o(ctx_);
       o.setTimeout(timeout);
@@ -210,12 +208,9 @@ class GlooGroup final : public ProcessGroup {
 
   WorkPtr BroadcastAsync(void* data, std::size_t count, DType dtype, int root,
                          Millis timeout) override {
-    std::string what = "broadcast of " + std::to_string(count) + " " + Name(dtype) +
-                       " from rank " + std::to_string(root);
-    if (root < 0 || root >= size()) {
-      return FinishedWork(InvalidArgument(Where(what) + ": root must be in 0.." +
-                                          std::to_string(size() - 1)));
-    }
+    std::string what = DescribeMove("broadcast", count, dtype) + " from rank " +
+                       std::to_string(root);
+    if (auto refused = state_.RefuseRoot(what, root)) return refused;
     return Submit(std::move(what), count, [=, this] {
       gloo::BroadcastOptions o(ctx_);
       o.setTimeout(timeout);
@@ -230,8 +225,7 @@ class GlooGroup final : public ProcessGroup {
 
   WorkPtr AllGatherAsync(const void* in, void* out, std::size_t count, DType dtype,
                          Millis timeout) override {
-    std::string what = "allgather of " + std::to_string(count) + " " + Name(dtype);
-    return Submit(std::move(what), count, [=, this] {
+    return Submit(DescribeMove("allgather", count, dtype), count, [=, this] {
       gloo::AllgatherOptions o(ctx_);
       o.setTimeout(timeout);
       o.setTag(NextTag());
@@ -247,9 +241,8 @@ class GlooGroup final : public ProcessGroup {
 
   WorkPtr ReduceScatterAsync(const void* in, void* out, std::size_t count, DType dtype,
                              ReduceOp op, Millis timeout) override {
-    std::string what = std::string("reduce-scatter of ") + std::to_string(count) + " " +
-                       Name(dtype) + " per rank (" + Name(op) + ")";
-    if (auto refused = RefuseIntegerAvg(what, dtype, op)) return refused;
+    std::string what = DescribeReduce("reduce-scatter", count, dtype, op) + " per rank";
+    if (auto refused = state_.RefuseIntegerAvg(what, dtype, op)) return refused;
     return Submit(std::move(what), count, [=, this] {
       RingReduceScatter(in, out, count, dtype, op, timeout);
       if (op == ReduceOp::kAvg) Scale(out, count, dtype, 1.0 / size());
@@ -266,41 +259,17 @@ class GlooGroup final : public ProcessGroup {
   }
 
   void Abort(const std::string& reason) override {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (!broken_.ok()) return;
-      broken_ = Aborted("aborted: " + reason);
-      aborted_ = true;
-    }
-    ctx_->closeConnections();
+    if (state_.MarkAborted(reason)) ctx_->closeConnections();
   }
 
  private:
-  WorkPtr RefuseIntegerAvg(const std::string& what, DType dtype, ReduceOp op) const {
-    if (op != ReduceOp::kAvg || IsFloating(dtype)) return nullptr;
-    return FinishedWork(
-        InvalidArgument(Where(what) + ": avg needs a floating dtype, not " + Name(dtype)));
-  }
-
-  std::string Where(const std::string& what) const {
-    return "gloo group '" + name_ + "', rank " + std::to_string(rank()) + " of " +
-           std::to_string(size()) + ": " + what;
-  }
-
   // Queues `f` behind the group's earlier operations. It runs unless the group is broken by
   // then; a Gloo exception breaks the group and closes its connections, so the peers waiting
   // on this rank fail now rather than at their own timeout.
   template <typename F>
   WorkPtr Submit(std::string what, std::size_t count, F f) {
     return executor_.Submit([this, what = std::move(what), count, f = std::move(f)]() {
-      {
-        std::lock_guard<std::mutex> l(mu_);
-        if (!broken_.ok()) {
-          if (aborted_) return Status(broken_.code(), Where(what) + ": " + broken_.message());
-          return Status(broken_.code(), Where(what) + ": the group is broken by an earlier "
-                                                      "error: " + broken_.message());
-        }
-      }
+      CRUN_RETURN_IF_ERROR(state_.Usable(what));
       if (count == 0) return Status::Ok();
       std::string failure;
       try {
@@ -309,14 +278,13 @@ class GlooGroup final : public ProcessGroup {
       } catch (const std::exception& e) {
         failure = e.what();
       }
-      std::lock_guard<std::mutex> l(mu_);
-      if (aborted_) return Status(broken_.code(), Where(what) + ": " + broken_.message());
       const bool timed_out = failure.find("Timed out") != std::string::npos ||
                              failure.find("timed out") != std::string::npos;
-      broken_ = Status(timed_out ? StatusCode::kTimeout : StatusCode::kUnavailable,
-                       Where(what) + ": " + failure);
-      ctx_->closeConnections();
-      return broken_;
+      bool first = false;
+      Status s = state_.Break(timed_out ? StatusCode::kTimeout : StatusCode::kUnavailable, what,
+                              failure, &first);
+      if (first) ctx_->closeConnections();
+      return s;
     });
   }
 
@@ -358,11 +326,8 @@ class GlooGroup final : public ProcessGroup {
   std::uint32_t NextTag() { return ++tag_; }
 
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
-  std::string name_;
+  GroupState state_;
   std::uint32_t tag_ = 0;  // used on the executor's thread only
-  std::mutex mu_;
-  Status broken_;
-  bool aborted_ = false;
   // Last member: destroyed first, so its thread is joined while the rest is still alive.
   SerialExecutor executor_;
 };
