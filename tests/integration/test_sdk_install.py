@@ -1,0 +1,62 @@
+"""The worker SDK as a user gets it: `cmake --install` into a fresh prefix, then the example
+project in docs/examples/worker_sdk built two ways (find_package(crun_worker) and pkg-config)
+and run under crun."""
+import os
+import shutil
+import subprocess
+import tempfile
+import unittest
+
+CRUN = os.environ["CRUN_BIN"]
+BUILD_DIR = os.environ["CRUN_BUILD_DIR"]
+EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                       "examples", "worker_sdk")
+
+
+def run(cmd, **kw):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
+    if r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout[-3000:]}\n"
+                             f"{r.stderr[-3000:]}")
+    return r
+
+
+class InstalledSdk(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="crun-sdk-")
+        cls.prefix = os.path.join(cls.tmp, "prefix")
+        run(["cmake", "--install", BUILD_DIR, "--prefix", cls.prefix])
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def run_under_crun(self, program, nproc):
+        r = run([CRUN, "--nproc-per-node", str(nproc), program])
+        self.assertIn(f"average over {nproc} ranks: {(nproc + 1) / 2:g}", r.stdout)
+
+    def test_the_install_holds_only_the_sdk(self):
+        libs = sorted(os.listdir(os.path.join(self.prefix, "lib")))
+        self.assertEqual([f for f in libs if f.endswith(".a")],
+                         ["libcrun_store.a", "libcrun_worker.a"])
+        for header in ["crun/worker/context.h", "crun/worker/process_group.h",
+                       "rendezvous/store/status.h"]:
+            self.assertTrue(os.path.exists(os.path.join(self.prefix, "include", header)), header)
+
+    def test_find_package(self):
+        build = os.path.join(self.tmp, "cmake-build")
+        run(["cmake", "-S", EXAMPLE, "-B", build, f"-DCMAKE_PREFIX_PATH={self.prefix}"])
+        run(["cmake", "--build", build, "-j2"])
+        self.run_under_crun(os.path.join(build, "allreduce"), 2)
+
+    def test_pkg_config(self):
+        env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(self.prefix, "lib", "pkgconfig"))
+        flags = run(["pkg-config", "--cflags", "--libs", "crun_worker"], env=env).stdout.split()
+        program = os.path.join(self.tmp, "allreduce-pc")
+        run(["c++", os.path.join(EXAMPLE, "allreduce.cc"), "-o", program, *flags])
+        self.run_under_crun(program, 3)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
