@@ -8,6 +8,6 @@ $SUDO apt-get update -q
 $SUDO apt-get install -y -q \
   build-essential cmake ninja-build ccache pkg-config \
   libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-  libspdlog-dev libcli11-dev nlohmann-json3-dev catch2 libgloo-dev \
+  libspdlog-dev libcli11-dev nlohmann-json3-dev catch2 libgloo-dev libtorch-dev \
   python3 python3-venv python3-torch \
   iproute2 procps time

@@ -1,0 +1,63 @@
+// libtorch glue (CRUN_WITH_TORCH): data-parallel training of a torch::nn::Module over any
+// ProcessGroup.
+//
+//   BroadcastParameters(group, model);        // every rank starts from rank 0's weights
+//   GradientAverager avg(group, model);       // hooks the parameters once
+//   for (...) {
+//     optimizer.zero_grad();
+//     loss.backward();                        // buckets are averaged while backward runs
+//     avg.Finish();                           // waits; .grad() now holds the average
+//     optimizer.step();
+//   }
+//
+// Gradients are averaged in flat buckets of about `bucket_bytes`. A bucket starts its
+// asynchronous allreduce as soon as backward has produced all of its gradients, and buckets
+// start in one fixed order on every rank, so communication overlaps the rest of backward.
+// One backward per Finish(); a parameter that got no gradient on a rank counts as zero there.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include "crun/worker/checkpoint.h"
+#include "crun/worker/process_group.h"
+
+namespace crun::worker {
+
+// Copies rank `root`'s parameters and buffers to every rank.
+Status BroadcastParameters(ProcessGroup& group, torch::nn::Module& module, int root = 0);
+
+class GradientAverager {
+ public:
+  GradientAverager(ProcessGroup& group, torch::nn::Module& module,
+                   std::size_t bucket_bytes = 25u << 20);
+  ~GradientAverager();
+  GradientAverager(const GradientAverager&) = delete;
+  GradientAverager& operator=(const GradientAverager&) = delete;
+
+  // After backward: starts what has not started, waits for every bucket, and writes the
+  // averages into the parameters' .grad(). The first error (naming the bucket) is returned.
+  Status Finish();
+
+  std::size_t bucket_count() const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;  // shared with the autograd hooks
+};
+
+// Rank 0 saves `module` (and `optimizer`, if given) as checkpoint `step`, atomically; other
+// ranks do nothing.
+Status SaveCheckpoint(ProcessGroup& group, CheckpointDir& dir, std::uint64_t step,
+                      torch::nn::Module& module, torch::optim::Optimizer* optimizer = nullptr);
+
+// Every rank loads the newest checkpoint, if there is one, and returns its step.
+StatusOr<std::optional<std::uint64_t>> LoadNewestCheckpoint(
+    CheckpointDir& dir, torch::nn::Module& module, torch::optim::Optimizer* optimizer = nullptr);
+
+}  // namespace crun::worker

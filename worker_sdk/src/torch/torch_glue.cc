@@ -1,0 +1,253 @@
+// The libtorch glue: the only translation unit of the SDK that includes torch headers.
+#include <torch/cuda.h>
+#include <torch/serialize.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "crun/worker/torch.h"
+
+namespace crun::worker {
+namespace {
+
+StatusOr<DType> ToDType(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat: return DType::kFloat32;
+    case torch::kDouble: return DType::kFloat64;
+    case torch::kHalf: return DType::kFloat16;
+    case torch::kBFloat16: return DType::kBFloat16;
+    case torch::kInt: return DType::kInt32;
+    case torch::kLong: return DType::kInt64;
+    default:
+      return InvalidArgument(std::string("tensors of dtype ") + c10::toString(t) +
+                             " cannot be communicated (float32/64, float16, bfloat16, "
+                             "int32/64 can)");
+  }
+}
+
+// Collectives read device memory directly: make sure the kernels that produced it are done.
+void SyncIfCuda(const torch::Tensor& t) {
+  if (t.is_cuda()) torch::cuda::synchronize(t.device().index());
+}
+
+}  // namespace
+
+Status BroadcastParameters(ProcessGroup& group, torch::nn::Module& module, int root) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> tensors = module.parameters();
+  for (auto& b : module.buffers()) tensors.push_back(b);
+  // One flat tensor per (dtype, device), broadcast in one call each.
+  std::map<std::pair<int, std::string>, std::vector<torch::Tensor>> groups;
+  for (auto& t : tensors) {
+    groups[{static_cast<int>(t.scalar_type()), t.device().str()}].push_back(t);
+  }
+  for (auto& [key, members] : groups) {
+    auto dtype = ToDType(members.front().scalar_type());
+    if (!dtype.ok()) return dtype.status();
+    std::vector<torch::Tensor> views;
+    for (auto& t : members) views.push_back(t.reshape(-1));
+    torch::Tensor flat = torch::cat(views).contiguous();
+    SyncIfCuda(flat);
+    CRUN_RETURN_IF_ERROR(group.Broadcast(flat.data_ptr(), static_cast<std::size_t>(flat.numel()),
+                                         *dtype, root));
+    std::int64_t offset = 0;
+    for (auto& t : members) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view_as(t));
+      offset += t.numel();
+    }
+  }
+  return Status::Ok();
+}
+
+struct GradientAverager::State {
+  struct Bucket {
+    DType dtype;
+    torch::Tensor flat;
+    std::vector<std::size_t> params;  // indices into `params`
+    std::size_t pending = 0;          // gradients still to arrive this step
+    WorkPtr work;
+  };
+
+  ProcessGroup& group;
+  std::vector<torch::Tensor> params;
+  std::vector<std::size_t> bucket_of;
+  std::vector<std::int64_t> offset_of;
+  std::vector<bool> arrived;
+  std::vector<Bucket> buckets;
+  std::vector<unsigned> hooks;
+  std::mutex mu;
+  std::size_t next_launch = 0;
+
+  explicit State(ProcessGroup& g) : group(g) {}
+
+  // Buckets start strictly in order, on every rank the same: bucket k only after k-1.
+  void LaunchReady() {
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      Bucket& b = buckets[next_launch];
+      SyncIfCuda(b.flat);
+      b.work = group.AllReduceAsync(b.flat.data_ptr(), static_cast<std::size_t>(b.flat.numel()),
+                                    b.dtype, ReduceOp::kAvg, group.timeout());
+      ++next_launch;
+    }
+  }
+
+  void OnGrad(std::size_t i, const torch::Tensor& grad) {
+    torch::NoGradGuard no_grad;
+    std::lock_guard<std::mutex> l(mu);
+    Bucket& b = buckets[bucket_of[i]];
+    if (b.work) return;  // a second backward in one step: not supported, Finish() says so
+    b.flat.narrow(0, offset_of[i], params[i].numel()).copy_(grad.reshape(-1));
+    if (!arrived[i]) {
+      arrived[i] = true;
+      --b.pending;
+    }
+    LaunchReady();
+  }
+};
+
+GradientAverager::GradientAverager(ProcessGroup& group, torch::nn::Module& module,
+                                   std::size_t bucket_bytes)
+    : state_(std::make_shared<State>(group)) {
+  State& s = *state_;
+  for (auto& p : module.parameters()) {
+    if (p.requires_grad()) s.params.push_back(p);
+  }
+  s.bucket_of.resize(s.params.size());
+  s.offset_of.resize(s.params.size());
+  s.arrived.assign(s.params.size(), false);
+  // Backward produces the last layers' gradients first: fill buckets from the end, per dtype
+  // and device, closing a bucket once it holds `bucket_bytes`.
+  std::map<std::pair<int, std::string>, std::size_t> open;  // -> bucket index
+  std::vector<std::int64_t> sizes;
+  for (std::size_t k = s.params.size(); k-- > 0;) {
+    const torch::Tensor& p = s.params[k];
+    const std::pair<int, std::string> key{static_cast<int>(p.scalar_type()), p.device().str()};
+    auto it = open.find(key);
+    if (it == open.end()) {
+      auto dtype = ToDType(p.scalar_type());
+      if (!dtype.ok()) throw std::invalid_argument(dtype.status().message());
+      s.buckets.push_back(State::Bucket{*dtype, {}, {}, 0, nullptr});
+      sizes.push_back(0);
+      it = open.emplace(key, s.buckets.size() - 1).first;
+    }
+    const std::size_t b = it->second;
+    s.bucket_of[k] = b;
+    s.offset_of[k] = sizes[b];
+    sizes[b] += p.numel();
+    s.buckets[b].params.push_back(k);
+    if (static_cast<std::size_t>(sizes[b]) * p.element_size() >= bucket_bytes) open.erase(it);
+  }
+  for (std::size_t b = 0; b < s.buckets.size(); ++b) {
+    const torch::Tensor& first = s.params[s.buckets[b].params.front()];
+    s.buckets[b].flat = torch::zeros({sizes[b]}, first.options().requires_grad(false));
+    s.buckets[b].pending = s.buckets[b].params.size();
+  }
+  std::weak_ptr<State> weak = state_;
+  for (std::size_t i = 0; i < s.params.size(); ++i) {
+    s.hooks.push_back(s.params[i].register_hook([weak, i](torch::Tensor grad) {
+      if (auto st = weak.lock()) st->OnGrad(i, grad);
+    }));
+  }
+}
+
+GradientAverager::~GradientAverager() {
+  for (std::size_t i = 0; i < state_->params.size(); ++i) {
+    state_->params[i].remove_hook(state_->hooks[i]);
+  }
+  for (auto& b : state_->buckets) {
+    if (b.work) (void)b.work->Wait();  // its buffer is ours: let the collective finish first
+  }
+}
+
+std::size_t GradientAverager::bucket_count() const { return state_->buckets.size(); }
+
+Status GradientAverager::Finish() {
+  State& s = *state_;
+  {
+    torch::NoGradGuard no_grad;
+    std::lock_guard<std::mutex> l(s.mu);
+    // Parameters that got no gradient on this rank contribute zeros; then everything starts.
+    for (std::size_t i = 0; i < s.params.size(); ++i) {
+      if (s.arrived[i]) continue;
+      State::Bucket& b = s.buckets[s.bucket_of[i]];
+      b.flat.narrow(0, s.offset_of[i], s.params[i].numel()).zero_();
+      s.arrived[i] = true;
+      --b.pending;
+    }
+    s.LaunchReady();
+  }
+  Status first;
+  for (std::size_t k = 0; k < s.buckets.size(); ++k) {
+    Status st = s.buckets[k].work->Wait();
+    if (!st.ok() && first.ok()) {
+      first = Status(st.code(), "averaging gradient bucket " + std::to_string(k) + " of " +
+                                    std::to_string(s.buckets.size()) + ": " + st.message());
+    }
+  }
+  torch::NoGradGuard no_grad;
+  std::lock_guard<std::mutex> l(s.mu);
+  if (first.ok()) {
+    for (std::size_t i = 0; i < s.params.size(); ++i) {
+      torch::Tensor& p = s.params[i];
+      auto avg = s.buckets[s.bucket_of[i]].flat.narrow(0, s.offset_of[i], p.numel()).view_as(p);
+      if (!p.grad().defined()) {
+        p.mutable_grad() = avg.clone();
+      } else {
+        p.mutable_grad().copy_(avg);
+      }
+    }
+  }
+  for (auto& b : s.buckets) {
+    b.work = nullptr;
+    b.pending = b.params.size();
+  }
+  s.arrived.assign(s.params.size(), false);
+  s.next_launch = 0;
+  return first;
+}
+
+Status SaveCheckpoint(ProcessGroup& group, CheckpointDir& dir, std::uint64_t step,
+                      torch::nn::Module& module, torch::optim::Optimizer* optimizer) {
+  if (group.rank() != 0) return Status::Ok();
+  return dir.Save(step, [&](std::ostream& out) {
+    try {
+      torch::serialize::OutputArchive archive;
+      module.save(archive);
+      if (optimizer != nullptr) {
+        torch::serialize::OutputArchive opt;
+        optimizer->save(opt);
+        archive.write("crun.optimizer", opt);
+      }
+      archive.save_to(out);
+      return Status::Ok();
+    } catch (const std::exception& e) {
+      return InternalError("serialising checkpoint " + std::to_string(step) + ": " + e.what());
+    }
+  });
+}
+
+StatusOr<std::optional<std::uint64_t>> LoadNewestCheckpoint(CheckpointDir& dir,
+                                                            torch::nn::Module& module,
+                                                            torch::optim::Optimizer* optimizer) {
+  auto newest = dir.Newest();
+  if (!newest.ok()) return newest.status();
+  if (!newest->has_value()) return std::optional<std::uint64_t>();
+  const Checkpoint& c = **newest;
+  try {
+    torch::serialize::InputArchive archive;
+    archive.load_from(c.path);
+    module.load(archive);
+    if (optimizer != nullptr) {
+      torch::serialize::InputArchive opt;
+      archive.read("crun.optimizer", opt);
+      optimizer->load(opt);
+    }
+  } catch (const std::exception& e) {
+    return InternalError("loading checkpoint " + c.path + ": " + e.what());
+  }
+  return std::optional<std::uint64_t>(c.step);
+}
+
+}  // namespace crun::worker
