@@ -4,6 +4,9 @@
 //   gloo_worker check OUT_DIR MAX_BYTES
 //     Every collective and dtype from one element up to MAX_BYTES, verified element by
 //     element, and two groups working at the same time. Exit 0 when every result is right.
+//   gloo_worker bench OUT_DIR SIZES_BYTES
+//     Allreduce (float32, sum) timing for each comma-separated size: rank 0 writes
+//     OUT_DIR/bench.json with the median seconds per size (tests/bench/allreduce_bench.py).
 //   gloo_worker die OUT_DIR VICTIM kill|hang TIMEOUT_MS
 //     Every rank starts a 64 MiB allreduce; rank VICTIM dies (SIGKILL) or hangs (SIGSTOP) once
 //     the others have started theirs. The survivors record what their allreduce returned and
@@ -246,6 +249,43 @@ int Die(crun::worker::Context& ctx, const std::string& out, int victim, bool han
   return s.ok() ? 3 : 0;
 }
 
+// Repetitions for a size: enough to move about 1 GiB, between 3 and 50.
+int Repetitions(std::size_t bytes) {
+  const std::size_t target = std::size_t{1} << 30;
+  return static_cast<int>(std::clamp<std::size_t>(target / std::max<std::size_t>(bytes, 1), 3, 50));
+}
+
+int Bench(crun::worker::Context& ctx, const std::string& out, const std::string& sizes) {
+  auto made = crun::worker::MakeGlooGroup(ctx);
+  Require(made.status(), "gloo group");
+  ProcessGroup& g = **made;
+  nlohmann::json results = nlohmann::json::array();
+  std::size_t start = 0;
+  while (start < sizes.size()) {
+    const std::size_t comma = std::min(sizes.find(',', start), sizes.size());
+    const std::size_t bytes = std::stoull(sizes.substr(start, comma - start));
+    start = comma + 1;
+    std::vector<float> x(bytes / 4, 1.0f);
+    Require(g.AllReduce(x.data(), x.size(), DType::kFloat32, ReduceOp::kSum), "warm-up");
+    std::vector<double> seconds;
+    for (int i = 0, n = Repetitions(bytes); i < n; ++i) {
+      Require(g.Barrier(), "barrier");
+      const auto t0 = Clock::now();
+      Require(g.AllReduce(x.data(), x.size(), DType::kFloat32, ReduceOp::kSum), "allreduce");
+      seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    // The slowest rank's time is the collective's: take the max over ranks per repetition.
+    Require(g.AllReduce(seconds.data(), seconds.size(), DType::kFloat64, ReduceOp::kMax), "max");
+    std::sort(seconds.begin(), seconds.end());
+    results.push_back({{"bytes", bytes}, {"seconds", seconds[seconds.size() / 2]},
+                       {"repetitions", seconds.size()}});
+  }
+  if (g.rank() == 0) {
+    std::ofstream(out + "/bench.json") << nlohmann::json{{"world", g.size()}, {"results", results}}.dump() << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -266,6 +306,7 @@ int main(int argc, char** argv) {
     if (args[0] == "check" && args.size() == 3) {
       return Check(**ctx, args[1], std::stoull(args[2]));
     }
+    if (args[0] == "bench" && args.size() == 3) return Bench(**ctx, args[1], args[2]);
     if (args[0] == "die" && args.size() == 5) {
       return Die(**ctx, args[1], std::stoi(args[2]), args[3] == "hang", std::stol(args[4]));
     }

@@ -1,0 +1,95 @@
+"""Allreduce benchmark: the worker SDK's Gloo backend against PyTorch's ProcessGroupGloo, same
+machine, same run, both launched by crun on loopback. float32 sum, 4 KiB to 256 MiB, 2 and 4
+ranks. Reports nccl-tests' figures: algbw = bytes / time, busbw = algbw * 2(n-1)/n. Each
+figure is the median over repetitions of the slowest rank's time. Writes its section of
+docs/benchmarks.md (between the allreduce-bench markers).
+
+Usage: allreduce_bench.py --crun BIN --gloo-worker BIN [--torch-python PY ...]
+                          [--sizes 4096,...] [--worlds 2,4] [--out FILE]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from bench_support import write_section  # noqa: E402
+
+SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
+
+
+def run(crun, nproc, program, sizes):
+    out = tempfile.mkdtemp(prefix="crun-allreduce-")
+    r = subprocess.run([crun, "--standalone", "--nproc-per-node", str(nproc), *program, out,
+                        ",".join(map(str, sizes))], capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(program)} failed:\n{r.stderr[-3000:]}")
+    with open(os.path.join(out, "bench.json")) as f:
+        return json.load(f)
+
+
+def human(nbytes):
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes // size} {unit}"
+    return f"{nbytes} B"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--crun", required=True)
+    ap.add_argument("--gloo-worker", required=True)
+    ap.add_argument("--torch-python", action="append", default=[])
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("--out", default=os.path.join(HERE, "..", "..", "docs", "benchmarks.md"))
+    a = ap.parse_args()
+    sizes = [int(s) for s in a.sizes.split(",")]
+    worlds = [int(w) for w in a.worlds.split(",")]
+    anchors = a.torch_python or ["/usr/bin/python3"]
+    rows = []
+    for n in worlds:
+        ours = run(a.crun, n, [a.gloo_worker, "bench"], sizes)
+        theirs = [run(a.crun, n, ["--no-python", py, os.path.join(HERE, "torch_allreduce.py")],
+                      sizes) for py in anchors]
+        for k, nbytes in enumerate(sizes):
+            def bw(res):
+                alg = nbytes / res["results"][k]["seconds"] / 1e9
+                return alg, alg * 2 * (n - 1) / n
+            o_alg, o_bus = bw(ours)
+            cells = [f"{n}", human(nbytes), f"{ours['results'][k]['seconds'] * 1e3:.3f}",
+                     f"{o_alg:.2f}", f"{o_bus:.2f}"]
+            for t in theirs:
+                t_alg, t_bus = bw(t)
+                cells += [f"{t['results'][k]['seconds'] * 1e3:.3f}", f"{t_bus:.2f}",
+                          f"{o_bus / t_bus:.2f}x"]
+            rows.append("| " + " | ".join(cells) + " |")
+            print(rows[-1], file=sys.stderr)
+    head = ["ranks", "size", "crun ms", "crun algbw GB/s", "crun busbw GB/s"]
+    versions = []
+    for t in theirs:
+        versions.append(t["torch"])
+        head += [f"torch {t['torch']} ms", f"torch {t['torch']} busbw GB/s", "crun / torch"]
+    lines = [
+        "## Allreduce: the worker SDK's Gloo backend against PyTorch's ProcessGroupGloo",
+        "",
+        "Command: `python3 tests/bench/allreduce_bench.py --crun build/launcher/crun "
+        "--gloo-worker build/tests/integration/gloo_worker "
+        + " ".join(f"--torch-python {p}" for p in anchors) + "`. Both sides are launched by "
+        "crun on this machine (2 cores, loopback). They reduce float32 with sum and use the "
+        "same sizes, repetitions (enough for about 1 GiB, 3 to 50) and statistic: the median "
+        "over repetitions of the slowest rank's time. algbw = size / time; "
+        "busbw = algbw x 2(n-1)/n (nccl-tests).",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        *rows,
+    ]
+    write_section(a.out, "allreduce-bench", lines)
+
+
+if __name__ == "__main__":
+    main()
