@@ -28,6 +28,7 @@
 
 #include "crun/worker/context.h"
 #include "crun/worker/gloo.h"
+#include "tests/workers/json_report.h"
 #include "worker_sdk/src/half.h"
 
 namespace {
@@ -46,9 +47,7 @@ void Require(const crun::Status& s, const std::string& what) {
 }
 
 void WriteReport(const std::string& dir, int rank, const nlohmann::json& report) {
-  const std::string path = dir + "/rank" + std::to_string(rank) + ".json";
-  std::ofstream(path + ".tmp") << report.dump() << "\n";
-  std::rename((path + ".tmp").c_str(), path.c_str());
+  WriteJsonReport(dir + "/rank" + std::to_string(rank) + ".json", report);
 }
 
 // Element i of rank q's buffer: small integers, exact in every dtype (bfloat16 included).

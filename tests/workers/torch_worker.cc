@@ -22,6 +22,7 @@
 #include "crun/worker/gloo.h"
 #include "crun/worker/sampler.h"
 #include "crun/worker/torch.h"
+#include "tests/workers/json_report.h"
 
 namespace {
 
@@ -70,10 +71,6 @@ double Checksum(torch::nn::Module& m) {
   return sum;
 }
 
-void Write(const std::string& path, const nlohmann::json& j) {
-  std::ofstream(path + ".tmp") << j.dump() << "\n";
-  std::rename((path + ".tmp").c_str(), path.c_str());
-}
 
 int GradCheck(ProcessGroup& g, const std::string& out) {
   const std::int64_t shard = 6;
@@ -101,7 +98,7 @@ int GradCheck(ProcessGroup& g, const std::string& out) {
     torch::nn::functional::cross_entropy(reference->forward(x), y).backward();
     ref_opt.step();
   }
-  Write(out + "/rank" + std::to_string(g.rank()) + ".json",
+  WriteJsonReport(out + "/rank" + std::to_string(g.rank()) + ".json",
         {{"rank", g.rank()},
          {"buckets", avg.bucket_count()},
          {"moved", MaxDiff(*model, initial)},
@@ -150,7 +147,7 @@ int Resume(crun::worker::Context& ctx, ProcessGroup& g, const std::string& out,
       Require(g.Barrier(), "barrier after checkpoint");  // nobody runs ahead of the file
     }
   }
-  Write(out + "/final_rank" + std::to_string(g.rank()) + ".json",
+  WriteJsonReport(out + "/final_rank" + std::to_string(g.rank()) + ".json",
         {{"rank", g.rank()},
          {"resumed_from", start},
          {"restart_count", ctx.env().restart_count},

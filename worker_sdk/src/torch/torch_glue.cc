@@ -79,6 +79,7 @@ struct GradientAverager::State {
   std::vector<unsigned> hooks;
   std::mutex mu;
   std::size_t next_launch = 0;
+  bool repeated_backward = false;
 
   explicit State(ProcessGroup& g) : group(g) {}
 
@@ -97,12 +98,13 @@ struct GradientAverager::State {
     torch::NoGradGuard no_grad;
     std::lock_guard<std::mutex> l(mu);
     Bucket& b = buckets[bucket_of[i]];
-    if (b.work) return;  // a second backward in one step: not supported, Finish() says so
-    b.flat.narrow(0, offset_of[i], params[i].numel()).copy_(grad.reshape(-1));
-    if (!arrived[i]) {
-      arrived[i] = true;
-      --b.pending;
+    if (b.work || arrived[i]) {  // a second backward before Finish(): not supported
+      repeated_backward = true;
+      return;
     }
+    b.flat.narrow(0, offset_of[i], params[i].numel()).copy_(grad.reshape(-1));
+    arrived[i] = true;
+    --b.pending;
     LaunchReady();
   }
 };
@@ -179,6 +181,10 @@ Status GradientAverager::Finish() {
     s.LaunchReady();
   }
   Status first;
+  if (s.repeated_backward) {
+    first = InvalidArgument("GradientAverager: more than one backward pass before Finish(); "
+                            "gradient accumulation across backward passes is not supported");
+  }
   for (std::size_t k = 0; k < s.buckets.size(); ++k) {
     Status st = s.buckets[k].work->Wait();
     if (!st.ok() && first.ok()) {
@@ -205,6 +211,7 @@ Status GradientAverager::Finish() {
   }
   s.arrived.assign(s.params.size(), false);
   s.next_launch = 0;
+  s.repeated_backward = false;
   return first;
 }
 

@@ -13,7 +13,8 @@
 // Gradients are averaged in flat buckets of about `bucket_bytes`. A bucket starts its
 // asynchronous allreduce as soon as backward has produced all of its gradients, and buckets
 // start in one fixed order on every rank, so communication overlaps the rest of backward.
-// One backward per Finish(); a parameter that got no gradient on a rank counts as zero there.
+// One backward per Finish() (a second one makes Finish() return an error); a parameter that
+// got no gradient on a rank counts as zero there.
 #pragma once
 
 #include <cstdint>
