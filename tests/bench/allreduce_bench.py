@@ -5,7 +5,7 @@ figure is the median over repetitions of the slowest rank's time. Writes its sec
 docs/benchmarks.md (between the allreduce-bench markers).
 
 Usage: allreduce_bench.py --crun BIN --gloo-worker BIN [--torch-python PY ...]
-                          [--sizes 4096,...] [--worlds 2,4] [--out FILE]
+                          [--sizes 4096,...] [--worlds 2,4] [--rounds 3] [--out FILE]
 """
 import argparse
 import json
@@ -31,6 +31,16 @@ def run(crun, nproc, program, sizes):
         return json.load(f)
 
 
+def combine(runs):
+    """One result per size: the median over runs (the first run's other fields)."""
+    out = dict(runs[0])
+    out["results"] = []
+    for k, first in enumerate(runs[0]["results"]):
+        seconds = sorted(r["results"][k]["seconds"] for r in runs)
+        out["results"].append(dict(first, seconds=seconds[len(seconds) // 2]))
+    return out
+
+
 def human(nbytes):
     for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= size:
@@ -45,6 +55,7 @@ def main():
     ap.add_argument("--torch-python", action="append", default=[])
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)))
     ap.add_argument("--worlds", default="2,4")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "..", "..", "docs", "benchmarks.md"))
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
@@ -52,9 +63,17 @@ def main():
     anchors = a.torch_python or ["/usr/bin/python3"]
     rows = []
     for n in worlds:
-        ours = run(a.crun, n, [a.gloo_worker, "bench"], sizes)
-        theirs = [run(a.crun, n, ["--no-python", py, os.path.join(HERE, "torch_allreduce.py")],
-                      sizes) for py in anchors]
+        # Rounds alternate the sides, so drift in the machine's state hits both alike; each
+        # figure is the median over rounds of the per-run medians.
+        ours_runs, theirs_runs = [], [[] for _ in anchors]
+        for _ in range(a.rounds):
+            ours_runs.append(run(a.crun, n, [a.gloo_worker, "bench"], sizes))
+            for i, py in enumerate(anchors):
+                theirs_runs[i].append(run(a.crun, n, ["--no-python", py,
+                                                      os.path.join(HERE, "torch_allreduce.py")],
+                                          sizes))
+        ours = combine(ours_runs)
+        theirs = [combine(r) for r in theirs_runs]
         for k, nbytes in enumerate(sizes):
             def bw(res):
                 alg = nbytes / res["results"][k]["seconds"] / 1e9
@@ -81,7 +100,8 @@ def main():
         + " ".join(f"--torch-python {p}" for p in anchors) + "`. Both sides are launched by "
         "crun on this machine (2 cores, loopback). They reduce float32 with sum and use the "
         "same sizes, repetitions (enough for about 1 GiB, 3 to 50) and statistic: the median "
-        "over repetitions of the slowest rank's time. algbw = size / time; "
+        "over repetitions of the slowest rank's time, and of that the median over "
+        f"{a.rounds} rounds that alternate the sides. algbw = size / time; "
         "busbw = algbw x 2(n-1)/n (nccl-tests).",
         "",
         "| " + " | ".join(head) + " |",

@@ -1,5 +1,7 @@
 // The Gloo backend. Gloo reports failures by throwing; every call into it is wrapped here and
 // turned into a Status that names the operation, the rank and the group.
+#include <signal.h>
+
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -332,6 +334,19 @@ class GlooGroup final : public ProcessGroup {
   SerialExecutor executor_;
 };
 
+// Gloo writes to its sockets without MSG_NOSIGNAL: a peer that is gone would kill this process
+// with SIGPIPE instead of failing the collective. Ignore it, unless the program installed a
+// handler of its own (Python does the same at start-up).
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction current{};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    struct sigaction ignore{};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    ::sigaction(SIGPIPE, &ignore, nullptr);
+  }
+}
+
 }  // namespace
 
 StatusOr<std::unique_ptr<ProcessGroup>> MakeGlooGroup(Context& context, const GlooOptions& o) {
@@ -344,6 +359,7 @@ StatusOr<std::unique_ptr<ProcessGroup>> MakeGlooGroup(Context& context, const Gl
   }
   const std::string where = "gloo group '" + o.name + "', rank " + std::to_string(env.rank) +
                             " of " + std::to_string(env.world_size);
+  IgnoreSigpipeUnlessHandled();
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = address;

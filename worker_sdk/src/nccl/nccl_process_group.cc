@@ -22,6 +22,7 @@ using Clock = std::chrono::steady_clock;
 // How often a wait looks again: short next to any collective worth waiting for, long next to
 // the cost of a query (a few microseconds).
 constexpr auto kPollInterval = std::chrono::microseconds(50);
+constexpr auto kSpinFor = std::chrono::milliseconds(2);
 
 std::string CudaText(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + " (" + cudaGetErrorString(e) + ")";
@@ -184,11 +185,19 @@ class NcclWork final : public Work {
     return finished_;
   }
 
+  // Spins (yielding) for the first kSpinFor, where small operations finish, then polls at
+  // kPollInterval so long ones do not hold a core.
   Status Wait() override {
     std::lock_guard<std::mutex> l(mu_);
+    const auto spin_until = Clock::now() + kSpinFor;
     while (!finished_) {
       finished_ = comm_->Poll(what_, done_event_, deadline_, timeout_, &status_);
-      if (!finished_) std::this_thread::sleep_for(kPollInterval);
+      if (finished_) break;
+      if (Clock::now() < spin_until) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(kPollInterval);
+      }
     }
     return status_;
   }

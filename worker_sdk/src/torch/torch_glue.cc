@@ -237,14 +237,16 @@ Status SaveCheckpoint(ProcessGroup& group, CheckpointDir& dir, std::uint64_t ste
 
 StatusOr<std::optional<std::uint64_t>> LoadNewestCheckpoint(CheckpointDir& dir,
                                                             torch::nn::Module& module,
-                                                            torch::optim::Optimizer* optimizer) {
+                                                            torch::optim::Optimizer* optimizer,
+                                                            std::optional<torch::Device> device) {
   auto newest = dir.Newest();
   if (!newest.ok()) return newest.status();
   if (!newest->has_value()) return std::optional<std::uint64_t>();
   const Checkpoint& c = **newest;
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from(c.path);
+    // c10::optional is not std::optional in every libtorch.
+    archive.load_from(c.path, device ? c10::optional<torch::Device>(*device) : c10::nullopt);
     module.load(archive);
     if (optimizer != nullptr) {
       torch::serialize::InputArchive opt;

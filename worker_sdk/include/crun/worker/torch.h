@@ -58,7 +58,10 @@ Status SaveCheckpoint(ProcessGroup& group, CheckpointDir& dir, std::uint64_t ste
                       torch::nn::Module& module, torch::optim::Optimizer* optimizer = nullptr);
 
 // Every rank loads the newest checkpoint, if there is one, and returns its step.
+// `device`: where the saved tensors are loaded to (the module's device; default: where they
+// were saved from).
 StatusOr<std::optional<std::uint64_t>> LoadNewestCheckpoint(
-    CheckpointDir& dir, torch::nn::Module& module, torch::optim::Optimizer* optimizer = nullptr);
+    CheckpointDir& dir, torch::nn::Module& module, torch::optim::Optimizer* optimizer = nullptr,
+    std::optional<torch::Device> device = std::nullopt);
 
 }  // namespace crun::worker

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The worker SDK's GPU checks, for a GPU machine that has a compiler, CMake, the CUDA toolkit and
+# PyTorch (with its NCCL) but none of crun's other dependencies (docs/worker_sdk.md).
+#
+#   scripts/gpu-check.sh prepare   here: put the header-only Catch2 the tests need into .gpu/
+#   scripts/gpu-check.sh run OUT   there: SDK-only build with NCCL; the SDK's unit tests
+#                                  (nccl_unit_tests runs every collective on the GPU); the
+#                                  allreduce/allgather benchmark against PyTorch's
+#                                  ProcessGroupNCCL, launched by torchrun. Writes OUT/ctest.log
+#                                  and OUT/benchmarks.md (docs/benchmarks.md with its
+#                                  nccl-bench section filled in).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+case "${1:-}" in
+  prepare)
+    rm -rf .gpu/catch2 && mkdir -p .gpu/catch2/include .gpu/catch2/lib/cmake
+    cp -r /usr/include/catch2 .gpu/catch2/include/
+    cp -r /usr/lib/cmake/Catch2 .gpu/catch2/lib/cmake/
+    cp /usr/lib/libCatch2WithMain.a .gpu/catch2/lib/
+    echo "prepared .gpu/ (carry it with the run)"
+    ;;
+  run)
+    out=${2:?usage: gpu-check.sh run OUT}
+    py=${PYTHON:-python3}
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    # NCCL: the toolkit's if it has one, else the one PyTorch ships (the nvidia-nccl wheel).
+    nccl_root=${NCCL_ROOT:-}
+    if [[ -z "$nccl_root" ]]; then
+      hdr=$(find /usr/local/cuda/include "$($py -c 'import site; print(site.getsitepackages()[0])')/nvidia" \
+              -name nccl.h 2>/dev/null | head -1)
+      [[ -n "$hdr" ]] || { echo "gpu-check: nccl.h not found; set NCCL_ROOT" >&2; exit 1; }
+      nccl_root=$(dirname "$(dirname "$hdr")")
+    fi
+    if [[ ! -e "$nccl_root/lib/libnccl.so" && -e "$nccl_root/lib/libnccl.so.2" ]]; then
+      ln -sf libnccl.so.2 "$nccl_root/lib/libnccl.so"
+    fi
+    echo "gpu-check: NCCL from $nccl_root"
+    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCRUN_WERROR=ON \
+      -DCRUN_WORKER_SDK_ONLY=ON -DCRUN_WITH_GLOO=OFF -DCRUN_WITH_TORCH=OFF -DCRUN_WITH_NCCL=ON \
+      -DNCCL_ROOT="$nccl_root" -DCMAKE_PREFIX_PATH="$PWD/.gpu/catch2" \
+      -DCMAKE_POLICY_VERSION_MINIMUM=3.5
+    cmake --build build-gpu -j "$(nproc)"
+    export LD_LIBRARY_PATH="$nccl_root/lib:${LD_LIBRARY_PATH:-}"
+    mkdir -p "$out"
+    (cd build-gpu && ctest --output-on-failure -j 1) 2>&1 | tee "$out/ctest.log" || echo "gpu-check: ctest failed" >&2
+    cp docs/benchmarks.md "$out/benchmarks.md"
+    PYTHONUNBUFFERED=1 $py tests/bench/nccl_bench.py --bench build-gpu/tests/nccl_allreduce \
+      --torchrun "$py" --out "$out/benchmarks.md" --json-dir "$out"
+    ;;
+  *)
+    echo "usage: $0 prepare | run OUT" >&2
+    exit 2
+    ;;
+esac
