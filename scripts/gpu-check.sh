@@ -9,6 +9,8 @@
 #                                  ProcessGroupNCCL, launched by torchrun. Writes OUT/ctest.log
 #                                  and OUT/benchmarks.md (docs/benchmarks.md with its
 #                                  nccl-bench section filled in).
+#   scripts/gpu-check.sh train OUT there, after run: train (ResNet-18, synthetic CIFAR-10) on
+#                                  the GPU at fp32, bf16 and fp16; OUT/train_*.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,8 +50,29 @@ case "${1:-}" in
     PYTHONUNBUFFERED=1 $py tests/bench/nccl_bench.py --bench build-gpu/tests/nccl_allreduce \
       --torchrun "$py" --out "$out/benchmarks.md" --json-dir "$out"
     ;;
+  train)
+    # train on the GPU: libtorch from the PyTorch package, NCCL from run's build. ResNet-18
+    # on synthetic CIFAR-10 at fp32, bf16 and fp16 autocast (channels-last), launched by
+    # torchrun: OUT/train_*.json hold the metrics, OUT/train.log the output.
+    out=${2:?usage: gpu-check.sh train OUT}
+    py=${PYTHON:-python3}
+    torch_cmake=$($py -c 'import torch; print(torch.utils.cmake_prefix_path)')
+    cmake -S . -B build-gpu -DCRUN_WITH_TORCH=ON -DCMAKE_PREFIX_PATH="$PWD/.gpu/catch2;$torch_cmake" \
+      -DCMAKE_POLICY_VERSION_MINIMUM=3.5 > "$out/train-configure.log" 2>&1 ||
+      { tail -40 "$out/train-configure.log"; exit 1; }
+    cmake --build build-gpu -j "$(nproc)" --target train
+    mkdir -p "$out"
+    for mode in "fp32:--amp off" "bf16:--amp bf16 --channels-last" "fp16:--amp fp16 --channels-last"; do
+      name=${mode%%:*}
+      # shellcheck disable=SC2086
+      PYTHONUNBUFFERED=1 $py -m torch.distributed.run --standalone --nproc-per-node 1 --no-python \
+        build-gpu/train/train --model resnet18 --synthetic 50000 --epochs 2 --batch-size 256 \
+        --device cuda --log-every 50 ${mode#*:} --metrics-json "$out/train_$name.json" 2>&1 |
+        tee -a "$out/train.log"
+    done
+    ;;
   *)
-    echo "usage: $0 prepare | run OUT" >&2
+    echo "usage: $0 prepare | run OUT | train OUT" >&2
     exit 2
     ;;
 esac

@@ -217,7 +217,12 @@ Status GradientAverager::Finish() {
 
 Status SaveCheckpoint(ProcessGroup& group, CheckpointDir& dir, std::uint64_t step,
                       torch::nn::Module& module, torch::optim::Optimizer* optimizer) {
-  if (group.rank() != 0) return Status::Ok();
+  return SaveCheckpoint(group.rank(), dir, step, module, optimizer);
+}
+
+Status SaveCheckpoint(int rank, CheckpointDir& dir, std::uint64_t step, torch::nn::Module& module,
+                      torch::optim::Optimizer* optimizer) {
+  if (rank != 0) return Status::Ok();
   return dir.Save(step, [&](std::ostream& out) {
     try {
       torch::serialize::OutputArchive archive;

@@ -56,6 +56,9 @@ class GradientAverager {
 // ranks do nothing.
 Status SaveCheckpoint(ProcessGroup& group, CheckpointDir& dir, std::uint64_t step,
                       torch::nn::Module& module, torch::optim::Optimizer* optimizer = nullptr);
+// The same, for a program that knows its rank without a group (rank 0 writes).
+Status SaveCheckpoint(int rank, CheckpointDir& dir, std::uint64_t step, torch::nn::Module& module,
+                      torch::optim::Optimizer* optimizer = nullptr);
 
 // Every rank loads the newest checkpoint, if there is one, and returns its step.
 // `device`: where the saved tensors are loaded to (the module's device; default: where they
