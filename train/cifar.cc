@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 
 namespace crun::train {
 
@@ -137,6 +138,17 @@ Status WriteSyntheticCifar(const std::string& dir, std::size_t train_images,
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Unavailable("cannot create " + dir + ": " + ec.message());
+  // A stamp says which dataset the files hold: the same one again is not regenerated.
+  const std::string stamp_path = dir + "/crun-synthetic.txt";
+  const std::string stamp = "train=" + std::to_string(train_images) + " test=" +
+                            std::to_string(test_images) + " seed=" + std::to_string(seed) + "\n";
+  {
+    std::ifstream in(stamp_path);
+    std::stringstream have;
+    have << in.rdbuf();
+    if (in && have.str() == stamp) return Status::Ok();
+  }
+  std::filesystem::remove(stamp_path, ec);
   std::size_t first = 0;
   for (int k = 1; k <= 5; ++k) {
     const std::size_t count = train_images / 5 + (static_cast<std::size_t>(k) <= train_images % 5 ? 1 : 0);
@@ -144,7 +156,12 @@ Status WriteSyntheticCifar(const std::string& dir, std::size_t train_images,
     first += count;
   }
   // Test images come from a stream of their own: never copies of training images.
-  return WriteFile(dir + "/" + kTestFile, 0, test_images, Mix(seed + 0x7e57));
+  CRUN_RETURN_IF_ERROR(WriteFile(dir + "/" + kTestFile, 0, test_images, Mix(seed + 0x7e57)));
+  const std::string tmp = stamp_path + ".tmp." + std::to_string(::getpid());
+  std::ofstream(tmp) << stamp;
+  std::filesystem::rename(tmp, stamp_path, ec);
+  if (ec) return Unavailable("cannot write " + stamp_path + ": " + ec.message());
+  return Status::Ok();
 }
 
 Batch MakeBatch(const Dataset& data, const std::size_t* indices, std::size_t n, bool augment,

@@ -23,11 +23,13 @@
 
 #include "crun/worker/checkpoint.h"
 #include "crun/worker/context.h"
-#include "crun/worker/gloo.h"
 #include "crun/worker/sampler.h"
 #include "crun/worker/torch.h"
 #include "train/cifar.h"
 #include "train/options.h"
+#ifdef CRUN_WITH_GLOO
+#include "crun/worker/gloo.h"
+#endif
 #ifdef CRUN_WITH_NCCL
 #include "crun/worker/nccl.h"
 #endif
@@ -302,11 +304,15 @@ int Run(const Options& o) {
       Die(job, 2, "--device cuda with several workers needs a build with the NCCL backend (CRUN_WITH_NCCL)");
 #endif
     } else {
+#ifdef CRUN_WITH_GLOO
       worker::GlooOptions go;
       go.name = "train";
       auto g = worker::MakeGlooGroup(*job.context, go);
       if (!g.ok()) Die(job, 1, g.status().ToString());
       job.group = std::move(*g);
+#else
+      Die(job, 2, "--device cpu under a launcher needs a build with the Gloo backend (CRUN_WITH_GLOO)");
+#endif
     }
   }
   Progress progress(job.rank == 0, o.log_every);
