@@ -51,8 +51,8 @@ case "${1:-}" in
     cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCRUN_WERROR=ON \
       -DCRUN_WORKER_SDK_ONLY=ON -DCRUN_WITH_GLOO=OFF -DCRUN_WITH_TORCH=$with_torch \
       -DCRUN_WITH_NCCL=ON -DNCCL_ROOT="$nccl_root" -DCMAKE_PREFIX_PATH="$prefix" \
-      -DCMAKE_POLICY_VERSION_MINIMUM=3.5 > "$out/configure-$mode.log" 2>&1 ||
-      { tail -40 "$out/configure-$mode.log"; exit 1; }
+      -DCMAKE_POLICY_VERSION_MINIMUM=3.5 > "/tmp/crun-configure-$mode.log" 2>&1 ||
+      { tail -40 "/tmp/crun-configure-$mode.log"; exit 1; }
     if [[ $mode == run ]]; then
       cmake --build build-gpu -j "$(nproc)"
       (cd build-gpu && ctest --output-on-failure -j 1) 2>&1 | tee "$out/ctest.log" || echo "gpu-check: ctest failed" >&2
@@ -62,14 +62,20 @@ case "${1:-}" in
     else
       # ResNet-18 on synthetic CIFAR-10 at fp32, bf16 and fp16 autocast (the latter two
       # channels-last), one worker launched by torchrun, so the NCCL group is used.
+      # The same model, data and settings in PyTorch (tests/bench/ddp_cifar.py) as the anchor.
       cmake --build build-gpu -j "$(nproc)" --target train
+      data=/tmp/crun-gpu-cifar
       for m in "fp32:--amp off" "bf16:--amp bf16 --channels-last" "fp16:--amp fp16 --channels-last"; do
         name=${m%%:*}
         # shellcheck disable=SC2086
         PYTHONUNBUFFERED=1 $py -m torch.distributed.run --standalone --nproc-per-node 1 --no-python \
-          build-gpu/train/train --model resnet18 --synthetic 50000 --epochs 2 --batch-size 256 \
-          --device cuda --log-every 50 ${m#*:} --metrics-json "$out/train_$name.json" 2>&1 |
-          tee -a "$out/train.log"
+          build-gpu/train/train --model resnet18 --synthetic 50000 --data-dir $data --epochs 2 \
+          --batch-size 256 --device cuda --log-every 50 ${m#*:} \
+          --metrics-json "$out/train_$name.json" 2>&1 | tee -a "$out/train.log"
+        # shellcheck disable=SC2086
+        PYTHONUNBUFFERED=1 $py -m torch.distributed.run --standalone --nproc-per-node 1 \
+          tests/bench/ddp_cifar.py $data 2 256 "$out/torch_$name.json" --model resnet18 \
+          --device cuda ${m#*:} 2>&1 | tee -a "$out/train.log"
       done
     fi
     ;;

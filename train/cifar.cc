@@ -1,6 +1,7 @@
 #include "train/cifar.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -209,12 +210,15 @@ Batch MakeBatch(const Dataset& data, const std::size_t* indices, std::size_t n, 
 
 Prefetcher::Prefetcher(const Dataset& data, std::vector<std::size_t> indices,
                        std::size_t batch_size, bool drop_last, bool augment, std::uint64_t seed,
-                       std::size_t depth)
+                       std::size_t depth, int threads, bool low_priority)
     : data_(data), indices_(std::move(indices)), batch_size_(batch_size),
       batches_(drop_last ? indices_.size() / batch_size
                          : (indices_.size() + batch_size - 1) / batch_size),
-      augment_(augment), seed_(seed), depth_(std::max<std::size_t>(depth, 1)),
-      thread_([this] { Run(); }) {}
+      augment_(augment), seed_(seed), depth_(std::max<std::size_t>(depth, 1)) {
+  for (int t = 0; t < std::max(threads, 1); ++t) {
+    threads_.emplace_back([this, low_priority] { Run(low_priority); });
+  }
+}
 
 Prefetcher::~Prefetcher() {
   {
@@ -222,22 +226,27 @@ Prefetcher::~Prefetcher() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
+  for (auto& t : threads_) t.join();
 }
 
-void Prefetcher::Run() {
-  for (std::size_t k = 0; k < batches_; ++k) {
+void Prefetcher::Run(bool low_priority) {
+  // Linux applies nice per thread; failing to lower it only costs speed.
+  if (low_priority) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+  for (;;) {
+    std::size_t k = 0;
     {
       std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l, [&] { return stop_ || ready_.size() < depth_; });
-      if (stop_) return;
+      // Claim the next batch once it is within `depth` of the consumer.
+      cv_.wait(l, [&] { return stop_ || claimed_ == batches_ || claimed_ < taken_ + depth_; });
+      if (stop_ || claimed_ == batches_) return;
+      k = claimed_++;
     }
     const std::size_t begin = k * batch_size_;
     const std::size_t n = std::min(batch_size_, indices_.size() - begin);
     Batch b = MakeBatch(data_, indices_.data() + begin, n, augment_, Mix(seed_ + k));
     {
       std::lock_guard<std::mutex> l(mu_);
-      ready_.push_back(std::move(b));
+      ready_.emplace(k, std::move(b));
     }
     cv_.notify_all();
   }
@@ -246,9 +255,10 @@ void Prefetcher::Run() {
 bool Prefetcher::Next(Batch* out) {
   std::unique_lock<std::mutex> l(mu_);
   if (taken_ == batches_) return false;
-  cv_.wait(l, [&] { return !ready_.empty(); });
-  *out = std::move(ready_.front());
-  ready_.pop_front();
+  cv_.wait(l, [&] { return ready_.count(taken_) > 0; });
+  auto it = ready_.find(taken_);
+  *out = std::move(it->second);
+  ready_.erase(it);
   ++taken_;
   l.unlock();
   cv_.notify_all();

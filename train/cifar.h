@@ -11,7 +11,7 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -62,12 +62,17 @@ struct Batch {
 Batch MakeBatch(const Dataset& data, const std::size_t* indices, std::size_t n, bool augment,
                 std::uint64_t rng_seed);
 
-// Produces the batches of one epoch in order on a thread of its own, up to `depth` ahead of
-// the consumer. The last batch may be short unless `drop_last`.
+// Produces the batches of one epoch, handed out in order, built by `threads` threads of its
+// own up to `depth` batches ahead of the consumer. The last batch may be short unless
+// `drop_last`. Batch k's augmentation is seeded by seed and k alone, so the batches do not
+// depend on the number of threads. `low_priority` lowers the builders' scheduling priority
+// (nice 10), for CPU training, where every core runs the model and a builder preempting one of
+// its threads stalls them all.
 class Prefetcher {
  public:
   Prefetcher(const Dataset& data, std::vector<std::size_t> indices, std::size_t batch_size,
-             bool drop_last, bool augment, std::uint64_t seed, std::size_t depth = 4);
+             bool drop_last, bool augment, std::uint64_t seed, std::size_t depth = 4,
+             int threads = 1, bool low_priority = false);
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;
@@ -77,7 +82,7 @@ class Prefetcher {
   bool Next(Batch* out);
 
  private:
-  void Run();
+  void Run(bool low_priority);
 
   const Dataset& data_;
   const std::vector<std::size_t> indices_;
@@ -88,10 +93,11 @@ class Prefetcher {
   const std::size_t depth_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Batch> ready_;
-  std::size_t taken_ = 0;
+  std::map<std::size_t, Batch> ready_;  // built, not yet taken, by batch number
+  std::size_t claimed_ = 0;             // batches handed to a builder so far
+  std::size_t taken_ = 0;               // batches handed to the consumer so far
   bool stop_ = false;
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace crun::train

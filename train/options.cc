@@ -73,6 +73,7 @@ model and training
   --channels-last         NHWC memory format (CUDA)
   --device NAME           cpu | cuda | auto (default: cuda when a GPU is visible)
   --threads N             intra-op threads; default cores / LOCAL_WORLD_SIZE
+  --loader-threads N      threads building batches; default 1 on CPU, up to 8 on a GPU
   --seed N                default 0
 checkpoints, evaluation, output
   --checkpoint-dir DIR    save every --checkpoint-every epochs (rank 0, atomic) and resume
@@ -148,6 +149,7 @@ std::optional<Options> ParseOptions(const std::vector<std::string>& args, std::s
       {"--eval-every", {int_opt(&o.eval_every, 1, 100000), "an integer from 1"}},
       {"--seed", {int_opt(&o.seed, 0, (1LL << 62)), "a non-negative integer"}},
       {"--threads", {int_opt(&o.threads, 1, 1024), "an integer from 1 to 1024"}},
+      {"--loader-threads", {int_opt(&o.loader_threads, 1, 64), "an integer from 1 to 64"}},
       {"--metrics-json", {str_opt(&o.metrics_json), "a file name"}},
       {"--log-every", {int_opt(&o.log_every, 1, 1'000'000), "an integer from 1"}},
       {"--max-steps", {int_opt(&o.max_steps, 1, 1LL << 40), "an integer from 1"}},

@@ -32,6 +32,7 @@ struct Options {
   int eval_every = 1;             // epochs
   std::uint64_t seed = 0;
   int threads = 0;                // 0: cores / LOCAL_WORLD_SIZE
+  int loader_threads = 0;         // 0: 1 on CPU, up to 8 on a GPU
   std::string metrics_json;       // "": none
   int log_every = 20;             // steps, for plain (non-terminal) progress lines
   std::int64_t max_steps = 0;     // >0: stop each epoch after this many steps (benchmarks)

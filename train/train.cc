@@ -163,6 +163,15 @@ void Check(const Job& job, const Status& s, const std::string& what) {
   if (!s.ok()) Die(job, 1, what + ": " + s.ToString());
 }
 
+// A host batch on `dev`: on a GPU through pinned memory, copied asynchronously (libtorch's
+// pinned-memory cache keeps the buffer until the copy is done).
+torch::Tensor ToDevice(const torch::Tensor& host, torch::Device dev) {
+  if (!dev.is_cuda()) return host;  // used up within the step, before the batch is replaced
+  auto pinned = torch::empty(host.sizes(), host.options().pinned_memory(true));
+  pinned.copy_(host);
+  return pinned.to(dev, /*non_blocking=*/true);
+}
+
 // Sums int64 counters over the ranks (on the group's device).
 std::vector<std::int64_t> SumOverRanks(Job& job, std::vector<std::int64_t> v, torch::Device dev) {
   if (!job.group) return v;
@@ -227,9 +236,17 @@ class Progress {
  public:
   Progress(bool enabled, int log_every)
       : enabled_(enabled), tty_(enabled && ::isatty(STDOUT_FILENO)), log_every_(log_every) {}
+  // Whether Step() would print this step: the caller reads the loss (a GPU sync) only then.
+  bool WillPrint(std::size_t step, std::size_t steps) const {
+    if (!enabled_) return false;
+    if (step == steps) return true;
+    if (tty_) return Clock::now() - last_draw_ >= std::chrono::milliseconds(250);
+    return step % static_cast<std::size_t>(log_every_) == 0;
+  }
   void Step(int epoch, int epochs, std::size_t step, std::size_t steps, double loss, double lr,
             double images_per_s, double eta_s) {
-    if (!enabled_) return;
+    if (!WillPrint(step, steps)) return;
+    last_draw_ = Clock::now();
     const bool last = step == steps;
     if (tty_) {
       const int width = 24;
@@ -240,7 +257,7 @@ class Progress {
                   lr, images_per_s, Hms(eta_s).c_str());
       if (last) std::printf("\n");
       std::fflush(stdout);
-    } else if (last || step % static_cast<std::size_t>(log_every_) == 0) {
+    } else {
       std::printf("epoch %d/%d step %zu/%zu loss %.4f lr %.4f %.0f img/s eta %s\n", epoch, epochs,
                   step, steps, loss, lr, images_per_s, Hms(eta_s).c_str());
       std::fflush(stdout);
@@ -255,6 +272,7 @@ class Progress {
  private:
   bool enabled_, tty_;
   int log_every_;
+  Clock::time_point last_draw_{};
 };
 
 // ------------------------------------------------------------------------------------ main
@@ -287,6 +305,8 @@ int Run(const Options& o) {
                                  : torch::Device(torch::kCPU);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = o.threads > 0 ? o.threads : std::max(1, cores / std::max(1, job.local_world));
+  const int loader_threads =
+      o.loader_threads > 0 ? o.loader_threads : (cuda ? std::clamp(cores / std::max(1, job.local_world) - 1, 1, 8) : 1);
   torch::set_num_threads(threads);
   torch::manual_seed(o.seed);
 
@@ -384,14 +404,15 @@ int Run(const Options& o) {
     std::ostringstream s;
     s << "train: " << o.model << " (" << params << " parameters) on " << (cuda ? "cuda" : "cpu")
       << ", " << job.world << " worker(s) x batch " << o.batch_size << ", " << threads
-      << " thread(s) each, backend " << (job.group ? job.group->backend() : "none")
+      << " thread(s) each (+" << loader_threads << " loading), backend " << (job.group ? job.group->backend() : "none")
       << ", amp " << Name(o.amp) << (o.channels_last ? ", channels-last" : "") << "; "
       << train_set->size() << " training / " << test_set->size() << " test images";
     if (start_epoch > 0) s << "; resuming after epoch " << start_epoch << " (restart " << job.restart << ")";
     progress.Line(s.str());
   }
   std::unique_ptr<worker::GradientAverager> averager;
-  if (job.group) averager = std::make_unique<worker::GradientAverager>(*job.group, *model);
+  // One worker has nothing to average with.
+  if (job.group && job.world > 1) averager = std::make_unique<worker::GradientAverager>(*job.group, *model);
 
   worker::SamplerOptions so;
   so.seed = o.seed;
@@ -438,9 +459,10 @@ int Run(const Options& o) {
   for (int epoch = start_epoch; epoch < o.epochs; ++epoch) {
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     Prefetcher data(*train_set, sampler.indices(), static_cast<std::size_t>(o.batch_size), true, true,
-                    o.seed * 1000003ULL + static_cast<std::uint64_t>(epoch) * 7919ULL + static_cast<std::uint64_t>(job.rank));
+                    o.seed * 1000003ULL + static_cast<std::uint64_t>(epoch) * 7919ULL + static_cast<std::uint64_t>(job.rank),
+                    static_cast<std::size_t>(2 * loader_threads + 2), loader_threads, /*low_priority=*/!cuda);
     const auto epoch_start = Clock::now();
-    double loss_sum = 0;
+    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(dev));
     std::size_t loss_n = 0;
     Batch batch;
     for (std::size_t step = 1; step <= steps_run && data.Next(&batch); ++step) {
@@ -449,9 +471,9 @@ int Run(const Options& o) {
         static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
       }
       const long n = static_cast<long>(batch.size());
-      auto x = torch::from_blob(batch.images.data(), {n, 3, kSide, kSide}).to(dev, /*non_blocking=*/false);
+      auto x = ToDevice(torch::from_blob(batch.images.data(), {n, 3, kSide, kSide}), dev);
       if (o.channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
-      auto y = torch::from_blob(batch.labels.data(), {n}, torch::kInt64).to(dev);
+      auto y = ToDevice(torch::from_blob(batch.labels.data(), {n}, torch::kInt64), dev);
       optimizer.zero_grad();
       torch::Tensor loss;
       {
@@ -468,14 +490,15 @@ int Run(const Options& o) {
         // Dynamic loss scaling: the gradients are already the same on every rank, so every
         // rank takes the same decision.
         torch::NoGradGuard ng;
-        bool finite = true;
+        std::vector<torch::Tensor> grads;
         for (auto& p : model->parameters()) {
-          if (p.grad().defined() && !torch::isfinite(p.grad()).all().item<bool>()) finite = false;
+          if (p.grad().defined()) grads.push_back(p.mutable_grad());
         }
-        if (finite) {
-          for (auto& p : model->parameters()) {
-            if (p.grad().defined()) p.mutable_grad().div_(loss_scale);
-          }
+        // One fused kernel unscales every gradient and flags any inf/NaN; one sync reads it.
+        auto found_inf = torch::zeros({1}, torch::TensorOptions(torch::kFloat32).device(dev));
+        auto inv_scale = torch::full({1}, 1.0 / loss_scale, torch::TensorOptions(torch::kFloat32).device(dev));
+        at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+        if (found_inf.item<float>() == 0.0f) {
           if (++good_steps % 1000 == 0) loss_scale *= 2;
         } else {
           loss_scale /= 2;
@@ -485,17 +508,20 @@ int Run(const Options& o) {
         }
       }
       if (apply) optimizer.step();
-      last_loss = loss.item<double>();
-      loss_sum += last_loss;
+      loss_sum += loss.detach().to(torch::kFloat64);
       ++loss_n;
       images_trained += n;
       const double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
       const double ips = static_cast<double>(step) * static_cast<double>(o.batch_size) / std::max(elapsed, 1e-9);
       const double eta = elapsed / static_cast<double>(step) *
                          static_cast<double>((steps_run - step) + (o.epochs - epoch - 1) * steps_run);
-      progress.Step(epoch + 1, o.epochs, step, steps_run, loss_sum / static_cast<double>(loss_n), lr,
-                    ips * job.world, eta);
+      if (progress.WillPrint(step, steps_run)) {
+        progress.Step(epoch + 1, o.epochs, step, steps_run, loss_sum.item<double>() / static_cast<double>(loss_n),
+                      lr, ips * job.world, eta);
+      }
     }
+    const double epoch_loss = loss_sum.item<double>() / static_cast<double>(std::max<std::size_t>(loss_n, 1));
+    last_loss = epoch_loss;
     train_seconds += std::chrono::duration<double>(Clock::now() - epoch_start).count();
     // Batch-norm statistics are per rank: make rank 0's everyone's before evaluating and saving.
     if (job.group) Check(job, worker::BroadcastParameters(*job.group, *model), "synchronising buffers");
@@ -505,7 +531,7 @@ int Run(const Options& o) {
       accuracies.push_back(acc);
       char line[128];
       std::snprintf(line, sizeof(line), "epoch %d/%d: train loss %.4f, test accuracy %.2f %%", epoch + 1, o.epochs,
-                    loss_sum / static_cast<double>(std::max<std::size_t>(loss_n, 1)), acc * 100);
+                    epoch_loss, acc * 100);
       progress.Line(line);
     }
     if (ckpt && ((epoch + 1) % o.checkpoint_every == 0 || last)) {

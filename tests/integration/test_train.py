@@ -4,6 +4,7 @@ SIGKILLed mid-run is restarted by crun and training resumes from the newest chec
 from epoch 0; and the same when the next attempt has a different world size."""
 import json
 import os
+import pty
 import signal
 import subprocess
 import tempfile
@@ -107,6 +108,32 @@ class Train(unittest.TestCase):
         m = self.metrics_json()
         self.assertEqual((m["world_size"], m["start_epoch"]), (2, 3))
         self.assertTrue(m["parameters_identical"])
+
+    def test_progress_bar_on_a_terminal_plain_lines_otherwise(self):
+        args = [TRAIN, "--synthetic", "400", "--data-dir", self.data, "--epochs", "1",
+                "--batch-size", "50", "--log-every", "2"]
+        master, slave = pty.openpty()
+        p = subprocess.Popen(args, stdout=slave, stderr=subprocess.PIPE)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        os.close(master)
+        self.assertEqual(p.wait(timeout=300), 0, p.stderr.read())
+        tty = b"".join(chunks).decode()
+        self.assertIn("\repoch 1/1 [########################] 8/8 loss ", tty)
+        self.assertIn("ETA 0:00:00", tty)
+        r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("\r", r.stdout)
+        steps = [l for l in r.stdout.splitlines() if l.startswith("epoch 1/1 step ")]
+        self.assertEqual([l.split()[3] for l in steps], ["2/8", "4/8", "6/8", "8/8"])
 
     def test_bad_input_is_named(self):
         r = subprocess.run([TRAIN, "--synthetic", "100", "--epochs", "0"], capture_output=True,

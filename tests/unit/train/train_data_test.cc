@@ -180,3 +180,30 @@ TEST_CASE("input pipeline: normalised crops and flips, every index once, in orde
   Prefetcher dropped(d, order, 4, true, false, 1, 2);
   CHECK(dropped.batches() == 2);
 }
+
+TEST_CASE("input pipeline: several builder threads give the same batches in the same order",
+          "[train]") {
+  const fs::path dir = TempDir("threads");
+  REQUIRE(WriteSyntheticCifar(dir.string(), 300, 10, 3).ok());
+  auto d = LoadCifar(dir.string(), true);
+  REQUIRE(d.ok());
+  std::vector<std::size_t> order(d->size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = (i * 7) % order.size();
+  auto all = [&](int threads) {
+    Prefetcher p(*d, order, 32, false, true, 11, 3, threads);
+    std::vector<float> images;
+    std::vector<std::int64_t> labels;
+    Batch b;
+    while (p.Next(&b)) {
+      images.insert(images.end(), b.images.begin(), b.images.end());
+      labels.insert(labels.end(), b.labels.begin(), b.labels.end());
+    }
+    return std::make_pair(images, labels);
+  };
+  const auto one = all(1);
+  CHECK(one.second.size() == 300);
+  CHECK(all(4) == one);
+  // Abandoned half-way: the destructor stops the builders.
+  { Prefetcher p(*d, order, 32, false, true, 11, 3, 4); Batch b; p.Next(&b); }
+  fs::remove_all(dir);
+}
