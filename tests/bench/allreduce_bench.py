@@ -37,8 +37,17 @@ def combine(runs):
     out["results"] = []
     for k, first in enumerate(runs[0]["results"]):
         seconds = sorted(r["results"][k]["seconds"] for r in runs)
-        out["results"].append(dict(first, seconds=seconds[len(seconds) // 2]))
+        out["results"].append(dict(first, seconds=seconds[len(seconds) // 2],
+                                   low=seconds[0], high=seconds[-1]))
     return out
+
+
+def ms(res):
+    """The median and, over several rounds, the range: "0.405 (0.290-3.834)"."""
+    text = f"{res['seconds'] * 1e3:.3f}"
+    if res.get("high", res["seconds"]) > res.get("low", res["seconds"]):
+        text += f" ({res['low'] * 1e3:.3f}-{res['high'] * 1e3:.3f})"
+    return text
 
 
 def human(nbytes):
@@ -79,11 +88,11 @@ def main():
                 alg = nbytes / res["results"][k]["seconds"] / 1e9
                 return alg, alg * 2 * (n - 1) / n
             o_alg, o_bus = bw(ours)
-            cells = [f"{n}", human(nbytes), f"{ours['results'][k]['seconds'] * 1e3:.3f}",
+            cells = [f"{n}", human(nbytes), ms(ours["results"][k]),
                      f"{o_alg:.2f}", f"{o_bus:.2f}"]
             for t in theirs:
                 t_alg, t_bus = bw(t)
-                cells += [f"{t['results'][k]['seconds'] * 1e3:.3f}", f"{t_bus:.2f}",
+                cells += [ms(t["results"][k]), f"{t_bus:.2f}",
                           f"{o_bus / t_bus:.2f}x"]
             rows.append("| " + " | ".join(cells) + " |")
             print(rows[-1], file=sys.stderr)
@@ -95,13 +104,13 @@ def main():
     lines = [
         "## Allreduce: the worker SDK's Gloo backend against PyTorch's ProcessGroupGloo",
         "",
-        "Command: `python3 tests/bench/allreduce_bench.py --crun build/launcher/crun "
-        "--gloo-worker build/tests/integration/gloo_worker "
-        + " ".join(f"--torch-python {p}" for p in anchors) + "`. Both sides are launched by "
+        "Command: `python3 tests/bench/allreduce_bench.py " + " ".join(sys.argv[1:])
+        + "`. Both sides are launched by "
         "crun on this machine (2 cores, loopback). They reduce float32 with sum and use the "
         "same sizes, repetitions (enough for about 1 GiB, 3 to 50) and statistic: the median "
         "over repetitions of the slowest rank's time, and of that the median over "
-        f"{a.rounds} rounds that alternate the sides. algbw = size / time; "
+        f"{a.rounds} rounds that alternate the sides (in brackets: the lowest and highest "
+        "round). algbw = size / time; "
         "busbw = algbw x 2(n-1)/n (nccl-tests).",
         "",
         "| " + " | ".join(head) + " |",

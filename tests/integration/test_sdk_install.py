@@ -39,7 +39,7 @@ class InstalledSdk(unittest.TestCase):
     def test_the_install_holds_only_the_sdk(self):
         libs = sorted(os.listdir(os.path.join(self.prefix, "lib")))
         self.assertEqual([f for f in libs if f.endswith(".a")],
-                         ["libcrun_store.a", "libcrun_worker.a"])
+                         ["libcrun_store.a", "libcrun_worker.a", "libcrun_worker_torch.a"])
         for header in ["crun/worker/context.h", "crun/worker/process_group.h",
                        "rendezvous/store/status.h"]:
             self.assertTrue(os.path.exists(os.path.join(self.prefix, "include", header)), header)
@@ -49,6 +49,14 @@ class InstalledSdk(unittest.TestCase):
         run(["cmake", "-S", EXAMPLE, "-B", build, f"-DCMAKE_PREFIX_PATH={self.prefix}"])
         run(["cmake", "--build", build, "-j2"])
         self.run_under_crun(os.path.join(build, "allreduce"), 2)
+
+    def test_find_package_with_the_torch_component(self):
+        build = os.path.join(self.tmp, "cmake-build-torch")
+        run(["cmake", "-S", EXAMPLE, "-B", build, f"-DCMAKE_PREFIX_PATH={self.prefix}",
+             "-DWITH_TORCH=ON"])
+        run(["cmake", "--build", build, "-j2", "--target", "ddp_step"])
+        r = run([CRUN, "--nproc-per-node", "2", os.path.join(build, "ddp_step")])
+        self.assertIn("weights identical on 2 ranks after 5 averaged steps", r.stdout)
 
     def test_pkg_config(self):
         env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(self.prefix, "lib", "pkgconfig"))
