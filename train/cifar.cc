@@ -65,19 +65,13 @@ void SyntheticImage(int c, std::mt19937_64& rng, std::uint8_t* rec) {
   }
 }
 
-// Writes `count` images starting at image number `first` to `path` atomically.
-Status WriteFile(const std::string& path, std::size_t first, std::size_t count,
-                 std::uint64_t seed) {
-  std::vector<std::uint8_t> bytes(count * kRecord);
-  for (std::size_t i = 0; i < count; ++i) {
-    std::mt19937_64 rng(Mix(seed ^ Mix(first + i)));
-    const int c = static_cast<int>((first + i) % kClasses);
-    SyntheticImage(c, rng, bytes.data() + i * kRecord);
-  }
+// Puts `size` bytes at `path` atomically: a temporary file beside it, then a rename, so a
+// reader (another local rank) never sees a half-written file.
+Status WriteAtomically(const std::string& path, const void* data, std::size_t size) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    f.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
     f.flush();
     if (!f) {
       std::filesystem::remove(tmp);
@@ -88,6 +82,18 @@ Status WriteFile(const std::string& path, std::size_t first, std::size_t count,
   std::filesystem::rename(tmp, path, ec);
   if (ec) return Unavailable("cannot rename " + tmp + " to " + path + ": " + ec.message());
   return Status::Ok();
+}
+
+// Writes `count` images starting at image number `first` to `path`.
+Status WriteFile(const std::string& path, std::size_t first, std::size_t count,
+                 std::uint64_t seed) {
+  std::vector<std::uint8_t> bytes(count * kRecord);
+  for (std::size_t i = 0; i < count; ++i) {
+    std::mt19937_64 rng(Mix(seed ^ Mix(first + i)));
+    const int c = static_cast<int>((first + i) % kClasses);
+    SyntheticImage(c, rng, bytes.data() + i * kRecord);
+  }
+  return WriteAtomically(path, bytes.data(), bytes.size());
 }
 
 }  // namespace
@@ -158,11 +164,7 @@ Status WriteSyntheticCifar(const std::string& dir, std::size_t train_images,
   }
   // Test images come from a stream of their own: never copies of training images.
   CRUN_RETURN_IF_ERROR(WriteFile(dir + "/" + kTestFile, 0, test_images, Mix(seed + 0x7e57)));
-  const std::string tmp = stamp_path + ".tmp." + std::to_string(::getpid());
-  std::ofstream(tmp) << stamp;
-  std::filesystem::rename(tmp, stamp_path, ec);
-  if (ec) return Unavailable("cannot write " + stamp_path + ": " + ec.message());
-  return Status::Ok();
+  return WriteAtomically(stamp_path, stamp.data(), stamp.size());
 }
 
 Batch MakeBatch(const Dataset& data, const std::size_t* indices, std::size_t n, bool augment,

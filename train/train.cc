@@ -312,28 +312,25 @@ int Run(const Options& o) {
 
   // Process group: NCCL for GPUs, Gloo for CPUs.
   if (job.context) {
+    StatusOr<std::unique_ptr<ProcessGroup>> made =
+        InvalidArgument(std::string("--device ") + (cuda ? "cuda" : "cpu") + " under a launcher needs a build with the " +
+                        (cuda ? "NCCL backend (CRUN_WITH_NCCL)" : "Gloo backend (CRUN_WITH_GLOO)"));
     if (cuda) {
 #ifdef CRUN_WITH_NCCL
       worker::NcclOptions no;
       no.name = "train";
       no.device = dev.index();
-      auto g = worker::MakeNcclGroup(*job.context, no);
-      if (!g.ok()) Die(job, 1, g.status().ToString());
-      job.group = std::move(*g);
-#else
-      Die(job, 2, "--device cuda with several workers needs a build with the NCCL backend (CRUN_WITH_NCCL)");
+      made = worker::MakeNcclGroup(*job.context, no);
 #endif
     } else {
 #ifdef CRUN_WITH_GLOO
       worker::GlooOptions go;
       go.name = "train";
-      auto g = worker::MakeGlooGroup(*job.context, go);
-      if (!g.ok()) Die(job, 1, g.status().ToString());
-      job.group = std::move(*g);
-#else
-      Die(job, 2, "--device cpu under a launcher needs a build with the Gloo backend (CRUN_WITH_GLOO)");
+      made = worker::MakeGlooGroup(*job.context, go);
 #endif
     }
+    if (!made.ok()) Die(job, made.status().code() == StatusCode::kInvalidArgument ? 2 : 1, made.status().ToString());
+    job.group = std::move(*made);
   }
   Progress progress(job.rank == 0, o.log_every);
 

@@ -16,7 +16,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from bench_support import write_section  # noqa: E402
+from bench_support import human, write_section  # noqa: E402
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
 
@@ -48,13 +48,6 @@ def ms(res):
     if res.get("high", res["seconds"]) > res.get("low", res["seconds"]):
         text += f" ({res['low'] * 1e3:.3f}-{res['high'] * 1e3:.3f})"
     return text
-
-
-def human(nbytes):
-    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= size:
-            return f"{nbytes // size} {unit}"
-    return f"{nbytes} B"
 
 
 def main():

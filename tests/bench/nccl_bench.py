@@ -20,7 +20,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from bench_support import write_section  # noqa: E402
+from bench_support import human, write_section  # noqa: E402
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30]
 
@@ -43,13 +43,6 @@ def run(a, native, argv, sizes):
         raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
     with open(out) as f:
         return json.load(f)
-
-
-def human(nbytes):
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= size:
-            return f"{nbytes // size} {unit}"
-    return f"{nbytes} B"
 
 
 def main():

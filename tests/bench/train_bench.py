@@ -11,6 +11,7 @@ Usage: train_bench.py --crun BIN --train BIN [--torch-python PY ...] [--images N
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,11 +37,6 @@ def launch(crun, n, program, tries=2):
                        f"{next((l.strip() for l in last if 'exit' in l and ':' in l), 'failed')}")
         print(f"run failed (attempt {attempt + 1}):\n{r.stderr[-3000:]}", file=sys.stderr)
     raise SystemExit(f"{program(out)} failed {tries} times")
-
-
-def median(xs):
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
 
 
 def main():
@@ -79,9 +75,9 @@ def main():
                 other[i].append(m["images_per_second_per_worker"])
                 if len(versions) < len(anchors):
                     versions.append(m["torch"])
-        cells = [str(n), str(a.batch), f"{median(mine):.0f}"]
+        cells = [str(n), str(a.batch), f"{statistics.median(mine):.0f}"]
         for o in other:
-            cells += [f"{median(o):.0f}", f"{median(mine) / median(o):.2f}x"]
+            cells += [f"{statistics.median(o):.0f}", f"{statistics.median(mine) / statistics.median(o):.2f}x"]
         rows.append("| " + " | ".join(cells) + " |")
         print(rows[-1], file=sys.stderr)
     head = ["workers", "batch per worker", "crun train img/s per worker"]

@@ -32,3 +32,11 @@ def write_section(path, name, lines):
     with open(path, "w") as f:
         f.write(text)
     print(f"wrote {path}", file=sys.stderr)
+
+
+def human(nbytes):
+    """A byte count as a table shows it: "4 KiB", "256 MiB", "1 GiB"."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= size:
+            return f"{nbytes // size} {unit}"
+    return f"{nbytes} B"
