@@ -1,6 +1,7 @@
 """Allreduce benchmark: the worker SDK's Gloo backend against PyTorch's ProcessGroupGloo, same
-machine, same run, both launched by crun on loopback. float32 sum, 4 KiB to 256 MiB, 2 and 4
-ranks. Reports nccl-tests' figures: algbw = bytes / time, busbw = algbw * 2(n-1)/n. Each
+machine, same run, both launched by crun. float32 sum, 4 KiB to 256 MiB, 2 and 4 ranks. The SDK
+runs twice: as users get it (ranks of one host talk through shared memory) and with
+CRUN_GLOO_SHM=0 (Gloo's TCP pairs on loopback, the transport PyTorch uses). Reports nccl-tests' figures: algbw = bytes / time, busbw = algbw * 2(n-1)/n. Each
 figure is the median over repetitions of the slowest rank's time. Writes its section of
 docs/benchmarks.md (between the allreduce-bench markers).
 
@@ -21,10 +22,15 @@ from bench_support import human, write_section  # noqa: E402
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
 
 
-def run(crun, nproc, program, sizes):
+def run(crun, nproc, program, sizes, tcp=False):
     out = tempfile.mkdtemp(prefix="crun-allreduce-")
+    env = dict(os.environ)
+    env.pop("CRUN_GLOO_SHM", None)
+    if tcp:
+        env["CRUN_GLOO_SHM"] = "0"
     r = subprocess.run([crun, "--standalone", "--nproc-per-node", str(nproc), *program, out,
-                        ",".join(map(str, sizes))], capture_output=True, text=True, timeout=1800)
+                        ",".join(map(str, sizes))], capture_output=True, text=True, timeout=1800,
+                       env=env)
     if r.returncode != 0:
         raise SystemExit(f"{' '.join(program)} failed:\n{r.stderr[-3000:]}")
     with open(os.path.join(out, "bench.json")) as f:
@@ -67,43 +73,50 @@ def main():
     for n in worlds:
         # Rounds alternate the sides, so drift in the machine's state hits both alike; each
         # figure is the median over rounds of the per-run medians.
-        ours_runs, theirs_runs = [], [[] for _ in anchors]
+        ours_runs, tcp_runs, theirs_runs = [], [], [[] for _ in anchors]
         for _ in range(a.rounds):
             ours_runs.append(run(a.crun, n, [a.gloo_worker, "bench"], sizes))
+            tcp_runs.append(run(a.crun, n, [a.gloo_worker, "bench"], sizes, tcp=True))
             for i, py in enumerate(anchors):
                 theirs_runs[i].append(run(a.crun, n, ["--no-python", py,
                                                       os.path.join(HERE, "torch_allreduce.py")],
                                           sizes))
         ours = combine(ours_runs)
+        tcp = combine(tcp_runs)
+        if not ours.get("shared_memory") or tcp.get("shared_memory"):
+            raise SystemExit("the SDK did not use the transport asked for")
         theirs = [combine(r) for r in theirs_runs]
         for k, nbytes in enumerate(sizes):
             def bw(res):
                 alg = nbytes / res["results"][k]["seconds"] / 1e9
                 return alg, alg * 2 * (n - 1) / n
             o_alg, o_bus = bw(ours)
+            _, c_bus = bw(tcp)
             cells = [f"{n}", human(nbytes), ms(ours["results"][k]),
-                     f"{o_alg:.2f}", f"{o_bus:.2f}"]
+                     f"{o_alg:.2f}", f"{o_bus:.2f}", ms(tcp["results"][k]), f"{c_bus:.2f}"]
             for t in theirs:
                 t_alg, t_bus = bw(t)
                 cells += [ms(t["results"][k]), f"{t_bus:.2f}",
-                          f"{o_bus / t_bus:.2f}x"]
+                          f"{o_bus / t_bus:.2f}x", f"{c_bus / t_bus:.2f}x"]
             rows.append("| " + " | ".join(cells) + " |")
             print(rows[-1], file=sys.stderr)
-    head = ["ranks", "size", "crun ms", "crun algbw GB/s", "crun busbw GB/s"]
-    versions = []
+    head = ["ranks", "size", "crun ms", "crun algbw GB/s", "crun busbw GB/s", "crun tcp ms",
+            "crun tcp busbw GB/s"]
     for t in theirs:
-        versions.append(t["torch"])
-        head += [f"torch {t['torch']} ms", f"torch {t['torch']} busbw GB/s", "crun / torch"]
+        head += [f"torch {t['torch']} ms", f"torch {t['torch']} busbw GB/s", "crun / torch",
+                 "crun tcp / torch"]
     lines = [
         "## Allreduce: the worker SDK's Gloo backend against PyTorch's ProcessGroupGloo",
         "",
         "Command: `python3 tests/bench/allreduce_bench.py " + " ".join(sys.argv[1:])
-        + "`. Both sides are launched by "
-        "crun on this machine (2 cores, loopback). They reduce float32 with sum and use the "
+        + "`. Both sides are launched by crun on this machine (2 cores). 'crun' is the SDK as "
+        "users get it: ranks of one host reduce through shared memory. 'crun tcp' is the same "
+        "program with CRUN_GLOO_SHM=0: Gloo's TCP pairs on loopback, PyTorch's transport. All "
+        "reduce float32 with sum and use the "
         "same sizes, repetitions (enough for about 1 GiB, 3 to 50) and statistic: the median "
         "over repetitions of the slowest rank's time, and of that the median over "
         f"{a.rounds} rounds that alternate the sides (in brackets: the lowest and highest "
-        "round). algbw = size / time; "
+        "round). algbw = size / time; the ratios compare busbw; "
         "busbw = algbw x 2(n-1)/n (nccl-tests).",
         "",
         "| " + " | ".join(head) + " |",

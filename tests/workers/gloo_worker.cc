@@ -207,6 +207,7 @@ int Check(crun::worker::Context& ctx, const std::string& out, std::size_t max_by
   s.checks += 2;
 
   WriteReport(out, g.rank(), {{"rank", g.rank()}, {"world", g.size()}, {"checks", s.checks},
+                              {"shared_memory", crun::worker::GlooUsesSharedMemory(g)},
                               {"ok", true}});
   return 0;
 }
@@ -242,6 +243,7 @@ int Die(crun::worker::Context& ctx, const std::string& out, int victim, bool han
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
   WriteReport(out, g.rank(), {{"rank", g.rank()},
                               {"ok", s.ok()},
+                              {"shared_memory", crun::worker::GlooUsesSharedMemory(g)},
                               {"code", std::string(crun::StatusCodeName(s.code()))},
                               {"message", s.message()},
                               {"elapsed_ms", ms.count()}});
@@ -280,7 +282,9 @@ int Bench(crun::worker::Context& ctx, const std::string& out, const std::string&
                        {"repetitions", seconds.size()}});
   }
   if (g.rank() == 0) {
-    std::ofstream(out + "/bench.json") << nlohmann::json{{"world", g.size()}, {"results", results}}.dump() << "\n";
+    std::ofstream(out + "/bench.json") << nlohmann::json{{"world", g.size()},
+                                                     {"shared_memory", crun::worker::GlooUsesSharedMemory(g)},
+                                                     {"results", results}}.dump() << "\n";
   }
   return 0;
 }

@@ -1,6 +1,8 @@
 // Gloo process groups as threads over one in-process store: every collective and dtype, world
 // sizes 2 to 4 (including 3), two groups at once, and a rank that stops taking part making the
-// others fail within the timeout instead of hanging. Real Gloo TCP pairs on loopback.
+// others fail within the timeout instead of hanging. Every case runs on both transports: the
+// shared-memory channel (the default between ranks of one host) and Gloo's TCP pairs on
+// loopback.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -51,6 +53,12 @@ using crun::worker::ReduceOp;
 
 crun::worker::WorkerEnv EnvFor(int rank, int world) { return TestWorkerEnv(rank, world, "gloo-test"); }
 
+// The transport the current case runs on; each TEST_CASE sets it with TRANSPORTS().
+bool use_shm = true;
+#define TRANSPORTS()                          \
+  use_shm = GENERATE(true, false);            \
+  INFO((use_shm ? "shared memory" : "tcp"))
+
 // Runs `body(rank, group)` on `world` threads, each with its own group named `name`. No body
 // starts before every rank has finished forming its group, so a body that leaves at once (a
 // rank that exits) cannot break another rank's formation.
@@ -66,12 +74,15 @@ void OnRanks(int world, const std::function<void(int, ProcessGroup&)>& body,
       crun::worker::GlooOptions o;
       o.name = name;
       o.timeout = timeout;
+      o.shared_memory = use_shm;
       auto group = crun::worker::MakeGlooGroup(ctx, o);
       formed.arrive_and_wait();
       if (!group.ok()) {
         errors[static_cast<std::size_t>(r)] = group.status().message();
         return;
       }
+      // Threads of one process always share memory: the channel is used exactly when asked.
+      T_CHECK(crun::worker::GlooUsesSharedMemory(**group) == (use_shm && world > 1));
       body(r, **group);
     });
   }
@@ -89,6 +100,7 @@ std::vector<T> Values(int rank, std::size_t n) {
 }  // namespace
 
 TEST_CASE("gloo allreduce: every op on float32, float64, int32, int64", "[gloo]") {
+  TRANSPORTS();
   for (int world : {2, 3, 4}) {
     for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{300'001}}) {
       std::vector<std::vector<double>> got(static_cast<std::size_t>(world) * 8);
@@ -126,6 +138,7 @@ TEST_CASE("gloo allreduce: every op on float32, float64, int32, int64", "[gloo]"
 }
 
 TEST_CASE("gloo allreduce on float16 and bfloat16 reduces in float32", "[gloo]") {
+  TRANSPORTS();
   using crun::worker::BFloat16ToFloat;
   using crun::worker::FloatToBFloat16;
   using crun::worker::FloatToHalf;
@@ -147,6 +160,7 @@ TEST_CASE("gloo allreduce on float16 and bfloat16 reduces in float32", "[gloo]")
 }
 
 TEST_CASE("gloo broadcast, allgather and barrier", "[gloo]") {
+  TRANSPORTS();
   OnRanks(3, [&](int rank, ProcessGroup& g) {
     std::vector<double> v(5000, rank == 2 ? 7.5 : -1.0);
     T_OK(g.Broadcast(v.data(), v.size(), DType::kFloat64, 2));
@@ -160,7 +174,43 @@ TEST_CASE("gloo broadcast, allgather and barrier", "[gloo]") {
   });
 }
 
+TEST_CASE("collectives larger than a shared-memory slot, back to back", "[gloo]") {
+  TRANSPORTS();
+  // Several chunks each (a slot is 1 MiB), one collective straight after another, values
+  // changing every round: a rank refilling its slot while a slower one still reads it would
+  // show here as wrong numbers.
+  OnRanks(3, [&](int rank, ProcessGroup& g) {
+    const std::size_t n = 700'001;  // 2.8 MB of float32, not a multiple of anything
+    for (int round = 0; round < 6; ++round) {
+      std::vector<float> x(n);
+      for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>((rank + round) * 4 + static_cast<int>(i % 3));
+      T_OK(g.AllReduce(x.data(), n, DType::kFloat32, ReduceOp::kSum));
+      std::vector<std::int32_t> mine(n / 2, rank * 100 + round), all(3 * (n / 2), -1);
+      T_OK(g.AllGather(mine.data(), all.data(), n / 2, DType::kInt32));
+      std::vector<double> b(n / 2 + 3, rank == round % 3 ? round + 0.5 : -1.0);
+      T_OK(g.Broadcast(b.data(), b.size(), DType::kFloat64, round % 3));
+      std::vector<float> rs_in(3 * (n / 3)), rs_out(n / 3);
+      for (std::size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = static_cast<float>(rank + round + static_cast<int>(i % 5));
+      T_OK(g.ReduceScatter(rs_in.data(), rs_out.data(), n / 3, DType::kFloat32, ReduceOp::kMax));
+      bool good = true;
+      for (std::size_t i = 0; i < n && good; ++i) {
+        good = x[i] == static_cast<float>(4 * (3 * round + 3) + 3 * static_cast<int>(i % 3));
+      }
+      for (std::size_t i = 0; i < all.size() && good; ++i) {
+        good = all[i] == static_cast<std::int32_t>(i / (n / 2)) * 100 + round;
+      }
+      for (std::size_t i = 0; i < b.size() && good; ++i) good = b[i] == round + 0.5;
+      for (std::size_t i = 0; i < rs_out.size() && good; ++i) {
+        const std::size_t j = static_cast<std::size_t>(rank) * (n / 3) + i;
+        good = rs_out[i] == static_cast<float>(2 + round + static_cast<int>(j % 5));
+      }
+      if (!good) T_FAIL("rank " << rank << " round " << round << ": wrong values");
+    }
+  });
+}
+
 TEST_CASE("gloo avg on integers is refused, naming the dtype", "[gloo]") {
+  TRANSPORTS();
   OnRanks(2, [&](int, ProcessGroup& g) {
     std::int32_t x = 1;
     auto s = g.AllReduce(&x, 1, DType::kInt32, ReduceOp::kAvg);
@@ -170,6 +220,7 @@ TEST_CASE("gloo avg on integers is refused, naming the dtype", "[gloo]") {
 }
 
 TEST_CASE("two gloo groups of one job work at once", "[gloo]") {
+  TRANSPORTS();
   auto store = std::make_shared<crun::MemoryStore>();
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
@@ -178,6 +229,7 @@ TEST_CASE("two gloo groups of one job work at once", "[gloo]") {
       crun::worker::GlooOptions a, b;
       a.name = "grads";
       b.name = "metrics";
+      a.shared_memory = b.shared_memory = use_shm;
       auto ga = crun::worker::MakeGlooGroup(ctx, a);
       auto gb = crun::worker::MakeGlooGroup(ctx, b);
       T_CHECK(ga.ok());
@@ -194,6 +246,7 @@ TEST_CASE("two gloo groups of one job work at once", "[gloo]") {
 }
 
 TEST_CASE("gloo reduce-scatter: every op, dtypes, world sizes 1 to 5", "[gloo]") {
+  TRANSPORTS();
   for (int world : {1, 2, 3, 5}) {
     for (std::size_t n : {std::size_t{1}, std::size_t{777}, std::size_t{100'003}}) {
       OnRanks(world, [&](int rank, ProcessGroup& g) {
@@ -231,6 +284,7 @@ TEST_CASE("gloo reduce-scatter: every op, dtypes, world sizes 1 to 5", "[gloo]")
 }
 
 TEST_CASE("gloo reduce-scatter of bfloat16 reduces in float32", "[gloo]") {
+  TRANSPORTS();
   using crun::worker::BFloat16ToFloat;
   using crun::worker::FloatToBFloat16;
   OnRanks(4, [&](int rank, ProcessGroup& g) {
@@ -242,6 +296,7 @@ TEST_CASE("gloo reduce-scatter of bfloat16 reduces in float32", "[gloo]") {
 }
 
 TEST_CASE("async operations complete in the order issued, and test() tells when", "[gloo]") {
+  TRANSPORTS();
   OnRanks(3, [&](int rank, ProcessGroup& g) {
     // Each allreduce depends on the previous one's result: any reordering gives other numbers.
     std::vector<double> x(50'000, 1.0);
@@ -266,6 +321,7 @@ TEST_CASE("async operations complete in the order issued, and test() tells when"
 }
 
 TEST_CASE("abort: the aborting rank's work and its peers fail at once", "[gloo]") {
+  TRANSPORTS();
   std::latch peer_waiting(1);
   std::vector<crun::Status> results(2);
   OnRanks(
@@ -273,8 +329,12 @@ TEST_CASE("abort: the aborting rank's work and its peers fail at once", "[gloo]"
       [&](int rank, ProcessGroup& g) {
         float x = 1;
         if (rank == 0) {
-          // Rank 1 has not joined: this allreduce cannot finish before its 60 s timeout.
-          auto stuck = g.AllReduceAsync(&x, 1, DType::kFloat32, ReduceOp::kSum, 60s);
+          // Rank 1 has not joined: this allreduce cannot finish before its timeout. Over
+          // shared memory Abort() ends it at once, even when it is in flight; over TCP it may
+          // already be inside Gloo, which lets go only at the timeout (process_group.h), so
+          // that one is short there.
+          const auto stuck_timeout = use_shm ? crun::Millis(60s) : crun::Millis(3s);
+          auto stuck = g.AllReduceAsync(&x, 1, DType::kFloat32, ReduceOp::kSum, stuck_timeout);
           auto queued = g.BarrierAsync(60s);
           g.Abort("the trainer gave up");
           results[0] = stuck->Wait();
@@ -336,9 +396,11 @@ void CheckStalled(bool rank2_exits) {
 }
 
 TEST_CASE("a hung rank makes the others time out, not hang", "[gloo]") {
+  TRANSPORTS();
   CheckStalled(false);
 }
 
 TEST_CASE("a rank that exits makes the others fail at once, naming the peer", "[gloo]") {
+  TRANSPORTS();
   CheckStalled(true);
 }

@@ -2,6 +2,7 @@
 // turned into a Status that names the operation, the rank and the group.
 #include <signal.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -18,11 +19,13 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
+#include "crun/worker/env_names.h"
 #include "crun/worker/gloo.h"
 #include "rendezvous/store/socket.h"
 #include "worker_sdk/src/group_state.h"
-#include "worker_sdk/src/half.h"
+#include "worker_sdk/src/reduce.h"
 #include "worker_sdk/src/serial_executor.h"
+#include "worker_sdk/src/shm_channel.h"
 
 namespace crun::worker {
 namespace {
@@ -59,119 +62,20 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   Millis timeout_;
 };
 
-template <typename T, typename Op>
-void Combine(void* c, const void* a, const void* b, std::size_t n, Op op) {
-  auto* out = static_cast<T*>(c);
-  const auto* x = static_cast<const T*>(a);
-  const auto* y = static_cast<const T*>(b);
-  for (std::size_t i = 0; i < n; ++i) out[i] = op(x[i], y[i]);
-}
-
-// 16-bit floats are reduced in float32 and rounded back.
-template <float (*ToFloat)(std::uint16_t), std::uint16_t (*FromFloat)(float), typename Op>
-void Combine16(void* c, const void* a, const void* b, std::size_t n, Op op) {
-  auto* out = static_cast<std::uint16_t*>(c);
-  const auto* x = static_cast<const std::uint16_t*>(a);
-  const auto* y = static_cast<const std::uint16_t*>(b);
-  for (std::size_t i = 0; i < n; ++i) out[i] = FromFloat(op(ToFloat(x[i]), ToFloat(y[i])));
-}
-
-struct Sum {
-  template <typename T>
-  T operator()(T a, T b) const { return a + b; }
-};
-struct Min {
-  template <typename T>
-  T operator()(T a, T b) const { return b < a ? b : a; }
-};
-struct Max {
-  template <typename T>
-  T operator()(T a, T b) const { return a < b ? b : a; }
-};
-
-template <typename Op>
-gloo::AllreduceOptions::Func FuncFor(DType t, Op op) {
-  switch (t) {
-    case DType::kFloat32:
-      return [op](void* c, const void* a, const void* b, std::size_t n) {
-        Combine<float>(c, a, b, n, op);
-      };
-    case DType::kFloat64:
-      return [op](void* c, const void* a, const void* b, std::size_t n) {
-        Combine<double>(c, a, b, n, op);
-      };
-    case DType::kInt32:
-      return [op](void* c, const void* a, const void* b, std::size_t n) {
-        Combine<std::int32_t>(c, a, b, n, op);
-      };
-    case DType::kInt64:
-      return [op](void* c, const void* a, const void* b, std::size_t n) {
-        Combine<std::int64_t>(c, a, b, n, op);
-      };
-    case DType::kFloat16:
-      return [op](void* c, const void* a, const void* b, std::size_t n) {
-        Combine16<HalfToFloat, FloatToHalf>(c, a, b, n, op);
-      };
-    case DType::kBFloat16:
-      return [op](void* c, const void* a, const void* b, std::size_t n) {
-        Combine16<BFloat16ToFloat, FloatToBFloat16>(c, a, b, n, op);
-      };
-  }
-  return {};
-}
-
-void Scale(void* data, std::size_t count, DType t, double factor) {
-  switch (t) {
-    case DType::kFloat32: {
-      auto* p = static_cast<float*>(data);
-      for (std::size_t i = 0; i < count; ++i) p[i] = static_cast<float>(p[i] * factor);
-      break;
-    }
-    case DType::kFloat64: {
-      auto* p = static_cast<double*>(data);
-      for (std::size_t i = 0; i < count; ++i) p[i] *= factor;
-      break;
-    }
-    case DType::kFloat16: {
-      auto* p = static_cast<std::uint16_t*>(data);
-      for (std::size_t i = 0; i < count; ++i) {
-        p[i] = FloatToHalf(static_cast<float>(HalfToFloat(p[i]) * factor));
-      }
-      break;
-    }
-    case DType::kBFloat16: {
-      auto* p = static_cast<std::uint16_t*>(data);
-      for (std::size_t i = 0; i < count; ++i) {
-        p[i] = FloatToBFloat16(static_cast<float>(BFloat16ToFloat(p[i]) * factor));
-      }
-      break;
-    }
-    case DType::kInt32:
-    case DType::kInt64:
-      break;  // refused before the operation
-  }
-}
-
-gloo::AllreduceOptions::Func ReduceFunc(DType t, ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kAvg:
-      return FuncFor(t, Sum{});
-    case ReduceOp::kMin:
-      return FuncFor(t, Min{});
-    case ReduceOp::kMax:
-      return FuncFor(t, Max{});
-  }
-  return {};
-}
-
 // Slot prefix of crun's own ring reduce-scatter; Gloo's collectives use small prefixes.
 constexpr std::uint8_t kReduceScatterSlotPrefix = 0x7c;
 
+using Deadline = ShmChannel::Deadline;
+
+Deadline DeadlineAfter(Millis timeout) { return std::chrono::steady_clock::now() + timeout; }
+
+// Every operation goes through shared memory when all ranks share a host (shm_channel.h) and
+// over Gloo's TCP pairs otherwise.
 class GlooGroup final : public ProcessGroup {
  public:
-  GlooGroup(std::shared_ptr<gloo::rendezvous::Context> ctx, const std::string& name)
-      : ctx_(std::move(ctx)), state_("gloo", name, ctx_->rank, ctx_->size) {
+  GlooGroup(std::shared_ptr<gloo::rendezvous::Context> ctx, const std::string& name,
+            std::unique_ptr<ShmChannel> shm)
+      : ctx_(std::move(ctx)), state_("gloo", name, ctx_->rank, ctx_->size), shm_(std::move(shm)) {
     executor_.set_owner(state_.Where("group"));
   }
 
@@ -184,6 +88,7 @@ class GlooGroup final : public ProcessGroup {
     std::string what = DescribeReduce("allreduce", count, dtype, op);
     if (auto refused = state_.RefuseIntegerAvg(what, dtype, op)) return refused;
     return Submit(std::move(what), count, [=, this] {
+      if (shm_) return shm_->AllReduce(data, count, dtype, op, DeadlineAfter(timeout));
       gloo::AllreduceOptions o(ctx_);
       o.setTimeout(timeout);
       o.setTag(NextTag());
@@ -205,6 +110,7 @@ class GlooGroup final : public ProcessGroup {
       o.setReduceFunction(ReduceFunc(dtype, op));
       gloo::allreduce(o);
       if (op == ReduceOp::kAvg) Scale(data, count, dtype, 1.0 / size());
+      return Status::Ok();
     });
   }
 
@@ -214,6 +120,7 @@ class GlooGroup final : public ProcessGroup {
                        std::to_string(root);
     if (auto refused = state_.RefuseRoot(what, root)) return refused;
     return Submit(std::move(what), count, [=, this] {
+      if (shm_) return shm_->Broadcast(data, count * SizeOf(dtype), root, DeadlineAfter(timeout));
       gloo::BroadcastOptions o(ctx_);
       o.setTimeout(timeout);
       o.setTag(NextTag());
@@ -222,12 +129,14 @@ class GlooGroup final : public ProcessGroup {
       if (rank() == root) o.setInput(bytes, count * SizeOf(dtype));
       o.setOutput(bytes, count * SizeOf(dtype));
       gloo::broadcast(o);
+      return Status::Ok();
     });
   }
 
   WorkPtr AllGatherAsync(const void* in, void* out, std::size_t count, DType dtype,
                          Millis timeout) override {
     return Submit(DescribeMove("allgather", count, dtype), count, [=, this] {
+      if (shm_) return shm_->AllGather(in, out, count * SizeOf(dtype), DeadlineAfter(timeout));
       gloo::AllgatherOptions o(ctx_);
       o.setTimeout(timeout);
       o.setTag(NextTag());
@@ -238,6 +147,7 @@ class GlooGroup final : public ProcessGroup {
       std::memmove(dst + static_cast<std::size_t>(rank()) * bytes, in, bytes);
       o.setOutput(dst, bytes * static_cast<std::size_t>(size()));
       gloo::allgather(o);
+      return Status::Ok();
     });
   }
 
@@ -246,48 +156,64 @@ class GlooGroup final : public ProcessGroup {
     std::string what = DescribeReduce("reduce-scatter", count, dtype, op) + " per rank";
     if (auto refused = state_.RefuseIntegerAvg(what, dtype, op)) return refused;
     return Submit(std::move(what), count, [=, this] {
+      if (shm_) return shm_->ReduceScatter(in, out, count, dtype, op, DeadlineAfter(timeout));
       RingReduceScatter(in, out, count, dtype, op, timeout);
       if (op == ReduceOp::kAvg) Scale(out, count, dtype, 1.0 / size());
+      return Status::Ok();
     });
   }
 
   WorkPtr BarrierAsync(Millis timeout) override {
     return Submit("barrier", 1, [=, this] {
+      if (shm_) return shm_->Barrier(DeadlineAfter(timeout));
       gloo::BarrierOptions o(ctx_);
       o.setTimeout(timeout);
       o.setTag(NextTag());
       gloo::barrier(o);
+      return Status::Ok();
     });
   }
 
   void Abort(const std::string& reason) override {
-    if (state_.MarkAborted(reason)) ctx_->closeConnections();
+    if (state_.MarkAborted(reason)) TearDown();
   }
+
+  // Whether operations go through shared memory (tests and benchmarks ask).
+  bool uses_shared_memory() const { return shm_ != nullptr; }
 
  private:
   // Queues `f` behind the group's earlier operations. It runs unless the group is broken by
-  // then; a Gloo exception breaks the group and closes its connections, so the peers waiting
-  // on this rank fail now rather than at their own timeout.
+  // then; a failure (a Gloo exception or a shared-memory error) breaks the group and tears
+  // down its transports, so the peers waiting on this rank fail now rather than at their own
+  // timeout.
   template <typename F>
   WorkPtr Submit(std::string what, std::size_t count, F f) {
     return executor_.Submit([this, what = std::move(what), count, f = std::move(f)]() {
       CRUN_RETURN_IF_ERROR(state_.Usable(what));
       if (count == 0) return Status::Ok();
-      std::string failure;
+      Status failure;
       try {
-        f();
-        return Status::Ok();
+        failure = f();
+        if (failure.ok()) return failure;
       } catch (const std::exception& e) {
-        failure = e.what();
+        const std::string m = e.what();
+        const bool timed_out = m.find("Timed out") != std::string::npos ||
+                               m.find("timed out") != std::string::npos;
+        failure = Status(timed_out ? StatusCode::kTimeout : StatusCode::kUnavailable, m);
       }
-      const bool timed_out = failure.find("Timed out") != std::string::npos ||
-                             failure.find("timed out") != std::string::npos;
       bool first = false;
-      Status s = state_.Break(timed_out ? StatusCode::kTimeout : StatusCode::kUnavailable, what,
-                              failure, &first);
-      if (first) ctx_->closeConnections();
+      Status s = state_.Break(failure.code(), what, failure.message(), &first);
+      if (first) TearDown();
       return s;
     });
+  }
+
+  // Peers waiting on this rank fail at once: the shared-memory channel is marked broken and
+  // the TCP connections are closed. (Gloo does not wake a receive this rank itself has
+  // already posted: a TCP operation in flight here ends at its timeout; see Abort().)
+  void TearDown() {
+    if (shm_) shm_->Break();
+    ctx_->closeConnections();
   }
 
   // Ring reduce-scatter over Gloo's unbound buffers: in n-1 steps each rank passes one block
@@ -330,6 +256,7 @@ class GlooGroup final : public ProcessGroup {
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   GroupState state_;
   std::uint32_t tag_ = 0;  // used on the executor's thread only
+  std::unique_ptr<ShmChannel> shm_;  // null: Gloo's TCP pairs carry every operation
   // Last member: destroyed first, so its thread is joined while the rest is still alive.
   SerialExecutor executor_;
 };
@@ -369,12 +296,32 @@ StatusOr<std::unique_ptr<ProcessGroup>> MakeGlooGroup(Context& context, const Gl
     StoreAdapter store(context.store(), context.round_prefix() + "gloo/" + o.name + "/",
                        o.timeout);
     ctx->connectFullMesh(store, device);
-    auto group = std::make_unique<GlooGroup>(std::move(ctx), o.name);
+    std::unique_ptr<ShmChannel> shm;
+    {
+      // Every rank takes part, willing or not, so that all reach the same answer.
+      const char* env_shm = std::getenv(crun::env::kCrunGlooShm);
+      const bool willing = o.shared_memory && !(env_shm != nullptr && std::string(env_shm) == "0");
+      std::string why_not;
+      auto channel = ShmChannel::Connect(context.store(),
+                                         context.round_prefix() + "gloo/" + o.name + "/shm/",
+                                         env.rank, env.world_size, willing, o.timeout, &why_not);
+      if (!channel.ok()) {
+        return Status(channel.status().code(),
+                      where + ": cannot set up shared memory: " + channel.status().message());
+      }
+      shm = std::move(channel).value();
+    }
+    auto group = std::make_unique<GlooGroup>(std::move(ctx), o.name, std::move(shm));
     group->set_timeout(o.timeout);
     return std::unique_ptr<ProcessGroup>(std::move(group));
   } catch (const std::exception& e) {
     return Unavailable(where + ": cannot connect (local address " + address + "): " + e.what());
   }
+}
+
+bool GlooUsesSharedMemory(const ProcessGroup& group) {
+  const auto* gloo = dynamic_cast<const GlooGroup*>(&group);
+  return gloo != nullptr && gloo->uses_shared_memory();
 }
 
 }  // namespace crun::worker

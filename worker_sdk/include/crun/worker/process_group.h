@@ -66,8 +66,10 @@ class ProcessGroup {
   virtual WorkPtr BarrierAsync(Millis timeout) = 0;
 
   // Breaks the group from any thread: operations not yet finished on this rank return
-  // kAborted (the one in flight as soon as the backend lets go of it), later ones fail at
-  // once, and peers waiting on this rank fail at once instead of at their timeout.
+  // kAborted (the one in flight as soon as the backend lets go of it: at once over shared
+  // memory and NCCL; over Gloo's TCP pairs an operation already inside Gloo ends at its own
+  // timeout, because Gloo does not wake a receive it has posted), later ones fail at once,
+  // and peers waiting on this rank fail at once instead of at their timeout.
   virtual void Abort(const std::string& reason) = 0;
 
   // Blocking forms, with the given timeout or the group's default.
