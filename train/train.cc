@@ -6,6 +6,9 @@
 #include <torch/torch.h>
 #include <torch/version.h>
 #include <unistd.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -578,6 +581,15 @@ int Run(const Options& o) {
 }  // namespace crun::train
 
 int main(int argc, char** argv) {
+#if defined(__GLIBC__)
+  // A training step frees and reallocates the same large buffers (activations, gradients)
+  // every time. By default glibc hands big blocks back to the kernel on free (mmap'd ones
+  // are unmapped, a heap top over the trim threshold is trimmed), so every step page-faults
+  // and zeroes them again: about a sixth of resnet-small's CPU time here. Keep them instead.
+  // Measured on 2 vCPUs, 1 worker: 953-1013 images/s before, 1182-1219 after.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: blocks below it come from the heap
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
   std::string error;
   auto o = crun::train::ParseOptions(std::vector<std::string>(argv + 1, argv + argc), &error);
   if (!o) {
