@@ -585,8 +585,8 @@ int main(int argc, char** argv) {
   // A training step frees and reallocates the same large buffers (activations, gradients)
   // every time. By default glibc hands big blocks back to the kernel on free (mmap'd ones
   // are unmapped, a heap top over the trim threshold is trimmed), so every step page-faults
-  // and zeroes them again: about a sixth of resnet-small's CPU time here. Keep them instead.
-  // Measured on 2 vCPUs, 1 worker: 953-1013 images/s before, 1182-1219 after.
+  // and zeroes them again. Keep them instead. Measured on 2 vCPUs, resnet-small, 1 worker:
+  // 953-1013 images/s before, 1162-1219 after.
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: blocks below it come from the heap
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 #endif
