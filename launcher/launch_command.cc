@@ -24,6 +24,7 @@
 #include "launcher/local_rendezvous.h"
 #include "launcher/logging.h"
 #include "launcher/rendezvous_command.h"
+#include "launcher/slurm.h"
 #include "rendezvous/store/socket.h"
 #include "rendezvous/service/grpc_service.h"
 #include "rendezvous/service/rules.h"
@@ -57,6 +58,8 @@ struct LaunchOptions {
   std::string redirects = "0";
   std::string tee = "0";
   std::string local_ranks_filter;
+  bool slurm = false;  // one crun per node of a Slurm job step (launcher/slurm.h)
+  int slurm_port = 0;  // 0: the step's default port
   std::vector<std::string> command;  // script and its arguments
 };
 
@@ -464,6 +467,15 @@ void AddOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--master-port,--master_port", o.master_port,
                  "Port of that store (default: a free port, new for every attempt)")
       ->envname(pet("MASTER_PORT"))->check(CLI::Range(0, 65535))->group("Static rendezvous");
+  app.add_flag("--slurm", o.slurm,
+               "One crun per node of a Slurm job step (srun --ntasks-per-node=1 crun ...): "
+               "nodes, node order, run id and rendezvous host from SLURM_*; the default inside "
+               "a step when no --nnodes, --rdzv-endpoint or --standalone is given")
+      ->group("Slurm");
+  app.add_option("--slurm-port", o.slurm_port,
+                 "Port of the step's rendezvous on its first node (default: 10000 + (8 x job "
+                 "id + step id) mod 22000)")
+      ->check(CLI::Range(1, 65535))->group("Slurm");
   app.add_option("--node-rank,--node_rank", o.node_rank,
                  "This node's rank: required by the static backend; with crun's backend it "
                  "imposes the node order (as a scheduler would)")
@@ -512,9 +524,32 @@ int RunLaunch(int argc, char** argv) {
   o.command = app.remaining();
   if (!o.command.empty() && o.command[0] == "--") o.command.erase(o.command.begin());
 
+  // Under srun, one crun per node: asked for with --slurm, or the default inside a job step
+  // when nothing names the job's nodes otherwise.
+  const bool names_nodes = app.count("--nnodes") > 0 || !o.rdzv_endpoint.empty() ||
+                           o.standalone || app.count("--node-rank") > 0 ||
+                           !o.rdzv_backend.empty();
+  std::optional<SlurmNodeSettings> slurm;
+  if (o.slurm || (!names_nodes && InSlurmStep())) {
+    if (names_nodes) {
+      return UsageError("--slurm takes the nodes from the Slurm step: drop --nnodes, "
+                        "--node-rank, --rdzv-backend, --rdzv-endpoint and --standalone");
+    }
+    auto step = ReadSlurmStep();
+    if (!step.ok()) return UsageError("--slurm: " + step.status().message());
+    slurm = NodeSettings(*step, o.slurm_port > 0 ? o.slurm_port : SlurmDefaultPort(*step));
+    o.nnodes = std::to_string(slurm->nnodes);
+    o.node_rank = slurm->node_rank;
+    o.rdzv_backend = "crun";
+    o.rdzv_endpoint = slurm->host + ":" + std::to_string(slurm->port);
+    if (o.rdzv_id == "none") o.rdzv_id = slurm->run_id;
+  } else if (app.count("--slurm-port") > 0) {
+    return UsageError("--slurm-port " + std::to_string(o.slurm_port) + " without a Slurm step");
+  }
   auto nodes = ParseNnodes(o.nnodes);
   if (!nodes.ok()) return UsageError(nodes.status().message());
-  const bool node_rank_given = app.count("--node-rank") > 0 || std::getenv("PET_NODE_RANK");
+  const bool node_rank_given =
+      app.count("--node-rank") > 0 || std::getenv("PET_NODE_RANK") || slurm.has_value();
   const std::string& backend = o.rdzv_backend;
   if (backend == "etcd" || backend == "etcd-v2") {
     return UsageError("--rdzv-backend " + backend + " is not supported: crun's own service "
@@ -560,6 +595,9 @@ int RunLaunch(int argc, char** argv) {
     auto c = ParseRdzvConf(o.rdzv_conf);
     if (!c.ok()) return UsageError(c.status().message());
     conf = std::move(c).value();
+    // The step's first node hosts the rendezvous, whatever its name resolves to.
+    if (slurm && !conf.is_host) conf.is_host = slurm->is_host;
+    if (slurm && conf.node_id.empty()) conf.node_id = slurm->node_name;
   }
   auto nproc = ResolveNproc(o.nproc_per_node);
   if (!nproc.ok()) return UsageError(nproc.status().message());

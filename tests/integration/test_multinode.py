@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,13 +16,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers
 LIMIT_S = 60
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from crun_testing import alive, kill_all, probe_events, wait_for  # noqa: E402
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from crun_testing import alive, free_port, kill_all, probe_events, wait_for  # noqa: E402
 
 
 def root_cause(stderr):

@@ -42,6 +42,13 @@ def kill_all(procs):
         p.communicate()
 
 
+def free_port():
+    """A TCP port free on loopback right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def probe_events(out_dir):
     """The lines tests/workers/node_probe.py appended to OUT/events.jsonl, one per start."""
     path = os.path.join(out_dir, "events.jsonl")

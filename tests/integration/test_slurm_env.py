@@ -1,0 +1,109 @@
+"""crun inside a Slurm job step, one crun per node, with the step's SLURM_* variables as srun
+sets them but no Slurm daemons: the node list is expanded by crun, node ranks follow Slurm's
+order whatever order the nodes arrive in, the step's first node hosts the rendezvous, and the
+run id is the step's. Two "nodes" on loopback (127.0.0.1 and 127.0.0.2). Bad Slurm input is an
+error naming it, with nothing started. (The suite against real slurmctld/slurmd is issue 7's
+next step.)"""
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import unittest
+
+CRUN = os.environ["CRUN_BIN"]
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers", "node_probe.py")
+LIMIT_S = 60
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from crun_testing import free_port, kill_all, probe_events  # noqa: E402
+
+
+def step_env(node, **extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_"))}
+    env.update(SLURM_JOB_ID="4242", SLURM_STEP_ID="7", SLURM_STEP_NODELIST="127.0.0.[1-2]",
+               SLURM_STEP_NUM_NODES="2", SLURM_NODEID=str(node), SLURM_PROCID=str(node),
+               SLURM_LOCALID="0", SLURM_STEP_NUM_TASKS="2", SLURM_STEP_TASKS_PER_NODE="1(x2)",
+               NODE_TAG=f"n{node}")
+    env.update(extra)
+    return env
+
+
+class OneCrunPerNode(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="crun-slurm-env-")
+        self.procs = []
+
+    def tearDown(self):
+        kill_all(self.procs)
+
+    def node(self, node, *args, **env):
+        p = subprocess.Popen([CRUN, *args, "--nproc-per-node", "2", WORKER, self.dir],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=step_env(node, **env))
+        self.procs.append(p)
+        return p
+
+    def test_ranks_follow_slurm_node_order_and_the_first_node_hosts(self):
+        port = free_port()
+        # The second node starts first: the order must still be Slurm's, not arrival's.
+        second = self.node(1, "--slurm-port", str(port))
+        first = self.node(0, "--slurm-port", str(port))
+        for p in (second, first):
+            _, err = p.communicate(timeout=LIMIT_S)
+            self.assertEqual(p.returncode, 0, err[-3000:])
+        ev = probe_events(self.dir)
+        self.assertEqual(sorted(int(e["RANK"]) for e in ev), [0, 1, 2, 3])
+        for e in ev:
+            self.assertEqual(e["WORLD_SIZE"], "4")
+            self.assertEqual(e["GROUP_WORLD_SIZE"], "2")
+            self.assertEqual(e["GROUP_RANK"], e["NODE_TAG"][1:])
+            self.assertEqual(int(e["RANK"]) // 2, int(e["NODE_TAG"][1:]))
+            self.assertEqual(e["MASTER_ADDR"], "127.0.0.1")  # the step's first node
+            self.assertEqual(e["TORCHELASTIC_RUN_ID"], "slurm-4242.7")
+
+    def test_slurm_is_the_default_inside_a_step_and_the_port_is_the_steps(self):
+        # No --slurm and no --slurm-port: the step is recognised and its port derived
+        # (10000 + (8 * 4242 + 7) mod 22000 = 21943). SLURM_STEP_ID picks a port free here.
+        step_id = 7
+        while True:
+            want = 10000 + (8 * 4242 + step_id) % 22000
+            try:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", want))
+                break
+            except OSError:
+                step_id += 1
+        first = self.node(0, SLURM_STEP_ID=str(step_id))
+        second = self.node(1, SLURM_STEP_ID=str(step_id))
+        for p in (first, second):
+            _, err = p.communicate(timeout=LIMIT_S)
+            self.assertEqual(p.returncode, 0, err[-3000:])
+        ev = probe_events(self.dir)
+        self.assertEqual(len(ev), 4)
+        self.assertEqual({e["TORCHELASTIC_RUN_ID"] for e in ev}, {f"slurm-4242.{step_id}"})
+
+    def bad(self, args, env, text):
+        p = self.node(0, *args, **env)
+        _, err = p.communicate(timeout=LIMIT_S)
+        self.assertEqual(p.returncode, 2, err)
+        self.assertIn(text, err)
+        self.assertEqual(probe_events(self.dir), [])  # nothing started
+
+    def test_bad_slurm_input_is_named(self):
+        self.bad(["--slurm"], {"SLURM_STEP_NODELIST": "127.0.0.[1-2"},
+                 "SLURM_STEP_NODELIST: hostlist '127.0.0.[1-2': '[' without ']'")
+        self.bad(["--slurm"], {"SLURM_NODEID": "5"}, "SLURM_NODEID=5 is not below the 2 nodes")
+        self.bad(["--slurm", "--nnodes", "2"], {}, "--slurm takes the nodes from the Slurm step")
+        self.bad(["--slurm-port", "20000", "--standalone"], {}, "without a Slurm step")
+
+    def test_slurm_outside_a_step_is_named(self):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        p = subprocess.run([CRUN, "--slurm", WORKER, self.dir], capture_output=True, text=True,
+                           env=env, timeout=LIMIT_S)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("SLURM_JOB_ID is not set: not inside a Slurm job step", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
