@@ -147,8 +147,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
     workers.clear();
     workers.resize(static_cast<std::size_t>(options.nproc));
     std::vector<std::pair<int, PendingProcess>> pending;
-    for (int lr = 0; lr < options.nproc; ++lr) {
-      auto& w = workers[static_cast<std::size_t>(lr)];
+    for (int lr = options.first_local_rank; lr < options.first_local_rank + options.nproc; ++lr) {
+      auto& w = WorkerAt(lr);
       w.local_rank = lr;
       w.dir = options.log_dir + "/" + group.run_id + "/attempt_" + std::to_string(group.round) +
               "/" + std::to_string(lr);
@@ -176,7 +176,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     }
     // Second phase: every child execs in parallel; collect the reports.
     for (auto& [lr, p] : pending) {
-      auto& w = workers[static_cast<std::size_t>(lr)];
+      auto& w = WorkerAt(lr);
       auto pid = FinishStart(p);
       if (!pid.ok()) {
         LaunchFailed(lr, LaunchFailureCode(pid.status()), pid.status().message());
@@ -200,8 +200,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
       return BeginStop(SIGTERM);
     }
     spdlog::info("round {} (restart {}): started {} workers, ranks {}..{} of {} (store {}:{})",
-                 group.round, group.restart_count, options.nproc, group.base_rank,
-                 group.base_rank + options.nproc - 1, group.world_size, group.master_addr,
+                 group.round, group.restart_count, options.nproc,
+                 group.base_rank + options.first_local_rank,
+                 group.base_rank + options.first_local_rank + options.nproc - 1, group.world_size,
+                 group.master_addr,
                  group.master_port);
   }
 
@@ -282,7 +284,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   }
 
   void OnExit(int lr, ExitStatus status) {
-    auto& w = workers[static_cast<std::size_t>(lr)];
+    auto& w = WorkerAt(lr);
     w.running = false;
     --running;
     if (!status.success()) {
@@ -406,8 +408,13 @@ struct LocalAgent::Impl final : RendezvousEvents {
     Finish(outcome.exit_code);
   }
 
+  // The worker of local rank `lr` (one of this crun's).
+  Worker& WorkerAt(int lr) {
+    return workers[static_cast<std::size_t>(lr - options.first_local_rank)];
+  }
+
   std::vector<std::string> StderrTail(int lr) {
-    const auto& w = workers[static_cast<std::size_t>(lr)];
+    const auto& w = WorkerAt(lr);
     if (w.err_pump) return {w.err_pump->tail().begin(), w.err_pump->tail().end()};
     return FileTail(w.dir + "/stderr.log", 20);
   }

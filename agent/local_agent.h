@@ -27,6 +27,9 @@ struct AgentOptions {
   // The worker command line; "${local_rank}" in it is replaced per worker.
   std::vector<std::string> command;
   int nproc = 1;
+  // Local ranks first_local_rank .. first_local_rank + nproc - 1 run here: 0 for a crun that
+  // starts the whole node; SLURM_LOCALID for one crun per Slurm task (docs/slurm.md).
+  int first_local_rank = 0;
   int max_restarts = 0;
   std::chrono::milliseconds shutdown_timeout{30'000};
   std::vector<int> forward_signals;  // empty: SIGTERM, SIGINT, SIGHUP, SIGQUIT

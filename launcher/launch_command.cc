@@ -59,6 +59,7 @@ struct LaunchOptions {
   std::string tee = "0";
   std::string local_ranks_filter;
   bool slurm = false;  // one crun per node of a Slurm job step (launcher/slurm.h)
+  bool slurm_direct = false;  // one crun per worker: each Slurm task is one worker
   int slurm_port = 0;  // 0: the step's default port
   std::vector<std::string> command;  // script and its arguments
 };
@@ -472,9 +473,14 @@ void AddOptions(CLI::App& app, LaunchOptions& o) {
                "nodes, node order, run id and rendezvous host from SLURM_*; the default inside "
                "a step when no --nnodes, --rdzv-endpoint or --standalone is given")
       ->group("Slurm");
+  app.add_flag("--slurm-direct", o.slurm_direct,
+               "One crun per worker (srun --ntasks-per-node=4 crun --slurm-direct ...): RANK, "
+               "LOCAL_RANK, WORLD_SIZE, ... from the Slurm task; task 0 hosts the store on the "
+               "step's first node; restarts belong to Slurm")
+      ->group("Slurm");
   app.add_option("--slurm-port", o.slurm_port,
-                 "Port of the step's rendezvous on its first node (default: 10000 + (8 x job "
-                 "id + step id) mod 22000)")
+                 "Port of the step's rendezvous (--slurm) or store (--slurm-direct) on its "
+                 "first node (default: 10000 + (8 x job id + step id) mod 22000)")
       ->check(CLI::Range(1, 65535))->group("Slurm");
   app.add_option("--node-rank,--node_rank", o.node_rank,
                  "This node's rank: required by the static backend; with crun's backend it "
@@ -530,7 +536,27 @@ int RunLaunch(int argc, char** argv) {
                            o.standalone || app.count("--node-rank") > 0 ||
                            !o.rdzv_backend.empty();
   std::optional<SlurmNodeSettings> slurm;
-  if (o.slurm || (!names_nodes && InSlurmStep())) {
+  std::optional<SlurmTaskSettings> slurm_task;
+  if (o.slurm_direct) {
+    if (names_nodes || o.slurm) {
+      return UsageError("--slurm-direct takes the ranks from the Slurm task: drop --slurm, "
+                        "--nnodes, --node-rank, --rdzv-backend, --rdzv-endpoint and --standalone");
+    }
+    if (o.nproc_per_node != "1") {
+      return UsageError("--slurm-direct runs one worker per Slurm task, not --nproc-per-node " +
+                        o.nproc_per_node + " (ask srun for more tasks per node)");
+    }
+    if (o.max_restarts > 0) {
+      return UsageError("--slurm-direct: restarts belong to Slurm (srun --requeue, or a new "
+                        "step), not --max-restarts " + std::to_string(o.max_restarts));
+    }
+    auto step = ReadSlurmStep();
+    if (!step.ok()) return UsageError("--slurm-direct: " + step.status().message());
+    auto task = TaskSettings(*step, o.slurm_port > 0 ? o.slurm_port : SlurmDefaultPort(*step));
+    if (!task.ok()) return UsageError("--slurm-direct: " + task.status().message());
+    slurm_task = std::move(task).value();
+    if (o.rdzv_id == "none") o.rdzv_id = slurm_task->run_id;
+  } else if (o.slurm || (!names_nodes && InSlurmStep())) {
     if (names_nodes) {
       return UsageError("--slurm takes the nodes from the Slurm step: drop --nnodes, "
                         "--node-rank, --rdzv-backend, --rdzv-endpoint and --standalone");
@@ -616,11 +642,13 @@ int RunLaunch(int argc, char** argv) {
     }
   }
 
-  auto redirects = ParseStdSpec("--redirects", o.redirects, *nproc);
+  // Per-local-rank flags index by local rank: a Slurm task's is SLURM_LOCALID.
+  const int local_ranks = slurm_task ? slurm_task->local_rank + 1 : *nproc;
+  auto redirects = ParseStdSpec("--redirects", o.redirects, local_ranks);
   if (!redirects.ok()) return UsageError(redirects.status().message());
-  auto tees = ParseStdSpec("--tee", o.tee, *nproc);
+  auto tees = ParseStdSpec("--tee", o.tee, local_ranks);
   if (!tees.ok()) return UsageError(tees.status().message());
-  auto console_ranks = ParseRankList(o.local_ranks_filter, *nproc);
+  auto console_ranks = ParseRankList(o.local_ranks_filter, local_ranks);
   if (!console_ranks.ok()) return UsageError(console_ranks.status().message());
   std::string log_dir = o.log_dir;
   if (log_dir.empty()) {
@@ -680,6 +708,22 @@ int RunLaunch(int argc, char** argv) {
 
   boost::asio::io_context io(1);
   if (mode != Mode::kService) {
+    if (slurm_task) {
+      // Task 0's crun hosts the store on the step's first node for the whole step.
+      const SlurmTaskSettings& t = *slurm_task;
+      rdzv.static_store = true;
+      rdzv.host_store = t.rank == 0;
+      rdzv.store_host = t.master_addr;
+      rdzv.store_port = static_cast<std::uint16_t>(t.master_port);
+      agent::GroupAssignment g;
+      g.group_rank = t.group_rank;
+      g.group_world_size = t.group_world_size;
+      g.local_world_size = t.local_world_size;
+      g.world_size = t.world_size;
+      g.base_rank = t.rank - t.local_rank;  // so that RANK = base + LOCAL_RANK = SLURM_PROCID
+      rdzv.fixed_group = g;
+      agent_options.first_local_rank = t.local_rank;
+    }
     if (mode == Mode::kStatic) {
       rdzv.node_rank = o.node_rank;
       rdzv.nnodes = nodes->max;

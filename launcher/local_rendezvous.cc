@@ -54,6 +54,16 @@ class LocalRendezvous final : public Rendezvous {
     g.round = restarts_;
     g.max_restarts = options_.max_restarts;
     g.virtual_local_rank = options_.virtual_local_rank;
+    if (options_.fixed_group) {
+      const GroupAssignment& f = *options_.fixed_group;
+      g.group_rank = f.group_rank;
+      g.group_world_size = f.group_world_size;
+      g.local_world_size = f.local_world_size;
+      g.world_size = f.world_size;
+      g.role_world_size = f.world_size;
+      g.base_rank = f.base_rank;
+      g.base_role_rank = f.base_rank;
+    }
     Post([this, g] { events_->OnAssignment(g); });
   }
 

@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <boost/asio/io_context.hpp>
 
 #include "agent/rendezvous.h"
+#include "agent/worker_env.h"
 
 namespace crun::launcher {
 
@@ -27,6 +29,9 @@ struct LocalRendezvousOptions {
   int nnodes = 1;
   bool static_store = false;  // keep one store (fixed port) for every round
   bool host_store = true;     // false on nodes other than 0: the store is elsewhere
+  // One crun per Slurm task (docs/slurm.md): the ranks and sizes come from Slurm, not from
+  // node_rank x nproc. Its master_port is filled in from the store.
+  std::optional<agent::GroupAssignment> fixed_group;
 };
 
 // Runs on `io`'s thread (NextRound starts the store there).

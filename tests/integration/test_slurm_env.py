@@ -1,7 +1,9 @@
-"""crun inside a Slurm job step, one crun per node, with the step's SLURM_* variables as srun
-sets them but no Slurm daemons: the node list is expanded by crun, node ranks follow Slurm's
+"""crun inside a Slurm job step, with the step's SLURM_* variables as srun sets them but no
+Slurm daemons. One crun per node: the node list is expanded by crun, node ranks follow Slurm's
 order whatever order the nodes arrive in, the step's first node hosts the rendezvous, and the
-run id is the step's. Two "nodes" on loopback (127.0.0.1 and 127.0.0.2). Bad Slurm input is an
+run id is the step's. One crun per task (--slurm-direct): each task is one worker with the
+torchrun environment of its Slurm task, task 0 hosting the store; a stock PyTorch DDP job runs
+across the tasks. Two "nodes" on loopback (127.0.0.1 and 127.0.0.2). Bad Slurm input is an
 error naming it, with nothing started. (The suite against real slurmctld/slurmd is issue 7's
 next step.)"""
 import os
@@ -17,6 +19,10 @@ LIMIT_S = 60
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
 from crun_testing import free_port, kill_all, probe_events  # noqa: E402
+
+
+TORCH_PYTHON = os.environ.get("TORCH_PYTHON", "/usr/bin/python3")
+DDP = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers", "ddp_train.py")
 
 
 def step_env(node, **extra):
@@ -103,6 +109,89 @@ class OneCrunPerNode(unittest.TestCase):
                            env=env, timeout=LIMIT_S)
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("SLURM_JOB_ID is not set: not inside a Slurm job step", p.stderr)
+
+
+def task_env(proc, **extra):
+    """Task `proc` of `srun -N2 --ntasks-per-node=2` (block distribution)."""
+    return step_env(proc // 2, SLURM_PROCID=str(proc), SLURM_LOCALID=str(proc % 2),
+                    SLURM_STEP_NUM_TASKS="4", SLURM_STEP_TASKS_PER_NODE="2(x2)", **extra)
+
+
+class OneCrunPerTask(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="crun-slurm-direct-")
+        self.port = free_port()
+        self.procs = []
+
+    def tearDown(self):
+        kill_all(self.procs)
+
+    def tasks(self, *program, extra_args=(), **env):
+        for proc in (3, 1, 2, 0):  # task 0, the store's host, last
+            self.procs.append(subprocess.Popen(
+                [CRUN, "--slurm-direct", "--slurm-port", str(self.port), *extra_args, *program],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env=task_env(proc, **env)))
+        results = {}
+        for proc, p in zip((3, 1, 2, 0), self.procs):
+            _, err = p.communicate(timeout=LIMIT_S)
+            results[proc] = (p.returncode, err)
+        return results
+
+    def test_each_task_is_the_worker_slurm_placed(self):
+        results = self.tasks(WORKER, self.dir)
+        for proc, (code, err) in results.items():
+            self.assertEqual(code, 0, f"task {proc}: {err[-3000:]}")
+        ev = sorted(probe_events(self.dir), key=lambda e: int(e["RANK"]))
+        self.assertEqual([e["RANK"] for e in ev], ["0", "1", "2", "3"])
+        for e in ev:
+            rank = int(e["RANK"])
+            self.assertEqual(e["LOCAL_RANK"], str(rank % 2))
+            self.assertEqual(e["LOCAL_WORLD_SIZE"], "2")
+            self.assertEqual(e["GROUP_RANK"], str(rank // 2))
+            self.assertEqual(e["GROUP_WORLD_SIZE"], "2")
+            self.assertEqual(e["WORLD_SIZE"], "4")
+            self.assertEqual(e["MASTER_ADDR"], "127.0.0.1")
+            self.assertEqual(e["MASTER_PORT"], str(self.port))
+            self.assertEqual(e["TORCHELASTIC_RUN_ID"], "slurm-4242.7")
+            self.assertEqual(e["TORCHELASTIC_RESTART_COUNT"], "0")
+
+    def test_stock_pytorch_ddp_across_the_tasks(self):
+        results = self.tasks("--no-python", TORCH_PYTHON, DDP, self.dir)
+        for proc, (code, err) in results.items():
+            self.assertEqual(code, 0, f"task {proc}: {err[-3000:]}")
+        # DDP kept every rank's model identical.
+        check = subprocess.run(
+            [TORCH_PYTHON, "-c",
+             "import sys, torch\n"
+             "p = [torch.load(f'{sys.argv[1]}/params_{r}.pt') for r in range(4)]\n"
+             "assert all(torch.equal(p[0], q) for q in p[1:]), p\n", self.dir],
+            capture_output=True, text=True, timeout=LIMIT_S)
+        self.assertEqual(check.returncode, 0, check.stderr)
+
+    def test_a_failing_task_is_reported_with_its_rank_and_code(self):
+        results = self.tasks(WORKER, self.dir, "--fail-rank", "2", "--code", "3")
+        code, err = results[2]
+        self.assertEqual(code, 3, err)
+        self.assertIn("rank      : 2 (local rank 0", err)
+        for proc in (0, 1, 3):
+            self.assertEqual(results[proc][0], 0, results[proc][1][-2000:])
+
+    def test_direct_mode_refuses_what_belongs_to_slurm(self):
+        cases = [(["--nproc-per-node", "2"], "one worker per Slurm task"),
+                 (["--max-restarts", "1"], "restarts belong to Slurm"),
+                 (["--nnodes", "2"], "--slurm-direct takes the ranks from the Slurm task")]
+        for args, text in cases:
+            p = subprocess.run([CRUN, "--slurm-direct", *args, WORKER, self.dir],
+                               capture_output=True, text=True, env=task_env(1), timeout=LIMIT_S)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn(text, p.stderr)
+        p = subprocess.run([CRUN, "--slurm-direct", WORKER, self.dir], capture_output=True,
+                           text=True, env=task_env(0, SLURM_NODEID="1"), timeout=LIMIT_S)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("task 0 runs on 127.0.0.2, not on the step's first node 127.0.0.1",
+                      p.stderr)
+        self.assertEqual(probe_events(self.dir), [])
 
 
 if __name__ == "__main__":
