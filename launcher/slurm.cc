@@ -108,6 +108,9 @@ Status ExpandOne(std::string_view expr, std::string_view list, std::vector<std::
   return Status::Ok();
 }
 
+// The step's run id: the same for every node and task of the step, another for each step.
+std::string RunId(const SlurmStep& step) { return "slurm-" + step.job_id + "." + step.step_id; }
+
 const char* Lookup(const Getenv& getenv, const char* name) {
   return getenv ? getenv(name) : std::getenv(name);
 }
@@ -272,7 +275,7 @@ SlurmNodeSettings NodeSettings(const SlurmStep& step, int port) {
   SlurmNodeSettings s;
   s.nnodes = static_cast<int>(step.nodes.size());
   s.node_rank = step.node_id;
-  s.run_id = "slurm-" + step.job_id + "." + step.step_id;
+  s.run_id = RunId(step);
   s.host = step.nodes.front();
   s.port = port;
   s.is_host = step.node_id == 0;
@@ -318,7 +321,7 @@ StatusOr<SlurmTaskSettings> TaskSettings(const SlurmStep& step, int port) {
   s.group_world_size = static_cast<int>(step.nodes.size());
   s.master_addr = step.nodes.front();
   s.master_port = port;
-  s.run_id = "slurm-" + step.job_id + "." + step.step_id;
+  s.run_id = RunId(step);
   return s;
 }
 

@@ -24,7 +24,6 @@ import json
 import os
 import select
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,16 +33,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from bench_support import in_private_netns, write_section  # noqa: E402
+from crun_testing import free_port  # noqa: E402
 
 AGENTS = (2, 4, 8, 16, 64)
 SIMULATED = (1000, 10000)
 LIMIT_S = 300
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def agent_cmd(args, launcher, n, i, port, nproc, max_restarts):

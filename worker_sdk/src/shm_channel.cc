@@ -293,8 +293,6 @@ void ShmChannel::Break() {
   FutexWakeAll(&seg_->wake_seq);
 }
 
-std::size_t ShmChannel::slot_bytes() const { return slot_bytes_; }
-
 std::uint8_t* ShmChannel::Slot(int rank) const {
   const std::size_t index = (chunks_ % 2) * static_cast<std::size_t>(size_) +
                             static_cast<std::size_t>(rank);

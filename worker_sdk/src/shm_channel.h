@@ -52,8 +52,6 @@ class ShmChannel {
   // Breaks the channel from any thread: this rank's and every peer's waits fail at once.
   void Break();
 
-  std::size_t slot_bytes() const;
-
   struct Segment;  // the mapped layout (shm_channel.cc)
 
  private:
