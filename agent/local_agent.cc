@@ -349,6 +349,14 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   void OnSignal(int signo) {
     if (phase == Phase::kDone) return;
+    if (signo == SIGUSR1 || signo == SIGUSR2) {
+      // A notice, not a stop: the workers decide what it means.
+      spdlog::warn("received {}: passing it on to {} workers", SignalName(signo), running);
+      for (const auto& w : workers) {
+        if (w.running) ::kill(-w.pid, signo);
+      }
+      return;
+    }
     if (stopped_by_signal != 0) {
       // A second signal: no more grace.
       for (const auto& w : workers) {

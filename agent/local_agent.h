@@ -5,8 +5,11 @@
 // * A worker's exit is noticed the moment it happens (ExitWatcher); on a failure the rest of
 //   the group is stopped: stop signal -> grace (shutdown_timeout) -> SIGKILL, each to the
 //   worker's whole process group.
-// * Signals in `forward_signals` are passed to every worker's process group, then the same
-//   grace/kill sequence; Run() returns 128 + signal.
+// * Signals in `forward_signals` are passed to every worker's process group. SIGUSR1 and
+//   SIGUSR2 are notices (Slurm's `--signal=USR1@60` warning): passed on, and the workers go on
+//   being supervised as before; whatever they do next (checkpoint and exit 0, fail) is judged
+//   as usual. Any other signal stops the job: the same grace/kill sequence, and Run() returns
+//   128 + signal.
 // * Exit code: 0 when all workers succeed; otherwise the root cause's (the first failure in
 //   time): its exit code, or 128 + its signal.
 #pragma once

@@ -629,6 +629,12 @@ int RunLaunch(int argc, char** argv) {
   if (!nproc.ok()) return UsageError(nproc.status().message());
   auto command = WorkerCommand(o);
   if (!command.ok()) return UsageError(command.status().message());
+  // Under Slurm, its warning signals (--signal=USR1@60, scancel -s USR2) reach crun; by
+  // default they are passed on to the workers as notices rather than ending crun.
+  if ((slurm || slurm_task) && app.count("--signals-to-handle") == 0 &&
+      std::getenv("PET_SIGNALS_TO_HANDLE") == nullptr) {
+    o.signals += ",SIGUSR1,SIGUSR2";
+  }
   auto signals = ParseSignals(o.signals);
   if (!signals.ok()) return UsageError(signals.status().message());
   double shutdown = o.shutdown_timeout;
@@ -706,6 +712,7 @@ int RunLaunch(int argc, char** argv) {
     agent_options.parent_error_file = e;
   }
 
+  rdzv.store_linger = agent_options.shutdown_timeout;
   boost::asio::io_context io(1);
   if (mode != Mode::kService) {
     if (slurm_task) {

@@ -1,8 +1,12 @@
 #include "launcher/local_rendezvous.h"
 
+#include <thread>
+
 #include <boost/asio/post.hpp>
+#include <spdlog/spdlog.h>
 
 #include "rendezvous/server/store_server.h"
+#include "rendezvous/store/tcp_store_client.h"
 
 namespace crun::launcher {
 
@@ -17,7 +21,10 @@ class LocalRendezvous final : public Rendezvous {
  public:
   LocalRendezvous(boost::asio::io_context& io, LocalRendezvousOptions options)
       : io_(io), options_(std::move(options)) {}
-  ~LocalRendezvous() override { StopStore(); }
+  ~LocalRendezvous() override {
+    StopStore();
+    if (done_thread_.joinable()) done_thread_.join();
+  }
 
   void Start(RendezvousEvents* events) override { events_ = events; }
 
@@ -80,14 +87,14 @@ class LocalRendezvous final : public Rendezvous {
     o.reason = what;
     o.root_node_id = node_id();
     o.root_report = failures;
-    Post([this, o] { events_->OnFinished(o); });
+    Conclude(o);
   }
 
   void ReportSuccess() override {
     JobOutcome o;
     o.success = true;
     o.reason = "all workers succeeded";
-    Post([this, o] { events_->OnFinished(o); });
+    Conclude(o);
   }
 
   void Leave(const std::string&) override { StopStore(); }
@@ -103,11 +110,60 @@ class LocalRendezvous final : public Rendezvous {
     store_.reset();
   }
 
+  // This crun's workers are done for good. Alone, that is the end; sharing a static store, it
+  // first says so on the store, off the event loop (which serves the store when this crun
+  // hosts it), and the host waits there for the others (LocalRendezvousOptions::store_linger).
+  void Conclude(const JobOutcome& o) {
+    const int participants =
+        options_.fixed_group ? options_.fixed_group->world_size : options_.nnodes;
+    if (!options_.static_store || participants <= 1 || done_thread_.joinable()) {
+      return Post([this, o] { events_->OnFinished(o); });
+    }
+    const bool hosting = store_ != nullptr;
+    TcpStoreClientOptions c;
+    c.host = hosting ? "127.0.0.1" : options_.store_host;
+    c.port = hosting ? store_->port() : options_.store_port;
+    c.connect_timeout = std::chrono::seconds(5);
+    c.timeout = std::chrono::seconds(5);
+    done_thread_ = std::thread([this, o, c, hosting, participants] {
+      SayDone(c, hosting, participants);
+      Post([this, o] { events_->OnFinished(o); });
+    });
+  }
+
+  void SayDone(const TcpStoreClientOptions& c, bool hosting, int participants) const {
+    static constexpr char kDone[] = "/crun/done";
+    static constexpr char kAllDone[] = "/crun/all-done";
+    const std::string where = c.host + ":" + std::to_string(c.port);
+    auto client = TcpStoreClient::Connect(c);
+    if (!client.ok()) {
+      spdlog::info("not telling the store at {} that this crun is done: {}", where,
+                   client.status().message());
+      return;
+    }
+    auto n = (*client)->Add(kDone, 1);
+    if (!n.ok()) {
+      spdlog::info("not telling the store at {} that this crun is done: {}", where,
+                   n.status().message());
+      return;
+    }
+    if (*n >= participants) (void)(*client)->Set(kAllDone, "1");
+    if (!hosting || *n >= participants) return;
+    spdlog::info("keeping the store up until the other {} crun processes are done (at most {} "
+                 "ms)", participants - *n, options_.store_linger.count());
+    if (!(*client)->Wait({kAllDone}, options_.store_linger).ok()) {
+      auto now = (*client)->Add(kDone, 0);
+      spdlog::warn("stopping the store: {} of {} crun processes said they were done within {} ms",
+                   now.ok() ? *now : *n, participants, options_.store_linger.count());
+    }
+  }
+
   boost::asio::io_context& io_;
   LocalRendezvousOptions options_;
   RendezvousEvents* events_ = nullptr;
   std::unique_ptr<StoreServer> store_;
   int restarts_ = 0;
+  std::thread done_thread_;  // Conclude()'s word with the store
 };
 
 }  // namespace

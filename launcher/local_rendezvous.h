@@ -3,6 +3,7 @@
 // of an earlier attempt).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -32,6 +33,11 @@ struct LocalRendezvousOptions {
   // One crun per Slurm task (docs/slurm.md): the ranks and sizes come from Slurm, not from
   // node_rank x nproc. Its master_port is filled in from the store.
   std::optional<agent::GroupAssignment> fixed_group;
+  // With a static store shared by several crun processes (nnodes > 1, or a fixed_group of
+  // several tasks), each says on the store when its workers are done, and the store's host
+  // keeps serving after its own workers ended until all have said so, for at most this long:
+  // workers elsewhere may still be using the store (their last barrier, a late connect).
+  std::chrono::milliseconds store_linger{30000};
 };
 
 // Runs on `io`'s thread (NextRound starts the store there).

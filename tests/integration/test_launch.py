@@ -11,10 +11,11 @@ import unittest
 
 CRUN = os.environ["CRUN_BIN"]
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers", "behave.py")
+SIGNAL_PROBE = os.path.join(os.path.dirname(WORKER), "signal_probe.py")
 LIMIT_S = 60
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from crun_testing import alive, wait_for  # noqa: E402
+from crun_testing import alive, signal_events, wait_for  # noqa: E402
 
 
 class Launch(unittest.TestCase):
@@ -90,12 +91,22 @@ class Launch(unittest.TestCase):
             with open(os.path.join(self.dir, f"signal_{rank}_0.json")) as f:
                 self.assertEqual(json.load(f)["signal"], signal.SIGTERM)
 
-    def test_sigusr1_can_be_forwarded(self):
-        p = self.start("--signals-to-handle", "SIGTERM,SIGUSR1", worker_args=["--mode", "wait"])
-        self.ready(2)
+    def test_sigusr1_is_passed_on_as_a_notice_and_the_job_goes_on(self):
+        # Slurm's --signal=USR1@60 style warning: the workers get it from crun, checkpoint and
+        # exit 0 on their own, and the job is a success; crun stopped nobody.
+        p = subprocess.Popen([CRUN, "--nproc-per-node", "2", "--signals-to-handle",
+                              "SIGTERM,SIGUSR1", SIGNAL_PROBE, self.dir, "--exit-on", "SIGUSR1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: len(signal_events(self.dir, "start")) == 2, "2 workers started")
         p.send_signal(signal.SIGUSR1)
         _, err = p.communicate(timeout=LIMIT_S)
-        self.assertEqual(p.returncode, 128 + signal.SIGUSR1, err)
+        self.assertEqual(p.returncode, 0, err)
+        self.assertIn("received SIGUSR1: passing it on to 2 workers", err)
+        got = signal_events(self.dir, "signal")
+        self.assertEqual(sorted(e["rank"] for e in got), [0, 1])
+        for e in got:
+            self.assertEqual((e["sig"], e["from_pid"]), ("SIGUSR1", p.pid))
+        self.assertEqual(len(signal_events(self.dir, "saved")), 2)
 
     def test_worker_ignoring_sigterm_is_killed_after_the_grace(self):
         p = self.start("--shutdown-timeout", "0.3", worker_args=["--mode", "ignore-term"])

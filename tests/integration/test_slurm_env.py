@@ -18,7 +18,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers
 LIMIT_S = 60
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from crun_testing import free_port, kill_all, probe_events  # noqa: E402
+from crun_testing import free_port, kill_all, probe_events, wait_for  # noqa: E402
 
 
 TORCH_PYTHON = os.environ.get("TORCH_PYTHON", "/usr/bin/python3")
@@ -176,6 +176,32 @@ class OneCrunPerTask(unittest.TestCase):
         self.assertIn("rank      : 2 (local rank 0", err)
         for proc in (0, 1, 3):
             self.assertEqual(results[proc][0], 0, results[proc][1][-2000:])
+
+    def task(self, proc, *args):
+        p = subprocess.Popen([CRUN, "--slurm-direct", "--slurm-port", str(self.port), *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=task_env(proc))
+        self.procs.append(p)
+        return p
+
+    def test_task_0_keeps_the_store_up_until_every_task_is_done(self):
+        # Task 0's worker is over before the other tasks even start; their workers still
+        # reach the store, because task 0's crun waits for every task's crun to say it is done.
+        first = self.task(0, WORKER, self.dir)
+        wait_for(lambda: len(probe_events(self.dir)) == 1, "task 0's worker to run")
+        others = [self.task(proc, WORKER, self.dir, "--connect-master") for proc in (1, 2, 3)]
+        for p in [*others, first]:
+            _, err = p.communicate(timeout=LIMIT_S)
+            self.assertEqual(p.returncode, 0, err[-3000:])
+        self.assertEqual(sorted(e["RANK"] for e in probe_events(self.dir)),
+                         ["0", "1", "2", "3"])
+
+    def test_task_0_stops_waiting_for_absent_tasks_after_the_grace_period(self):
+        first = self.task(0, "--shutdown-timeout", "1", WORKER, self.dir)
+        _, err = first.communicate(timeout=LIMIT_S)
+        self.assertEqual(first.returncode, 0, err)
+        self.assertIn("stopping the store: 1 of 4 crun processes said they were done within "
+                      "1000 ms", err)
 
     def test_direct_mode_refuses_what_belongs_to_slurm(self):
         cases = [(["--nproc-per-node", "2"], "one worker per Slurm task"),

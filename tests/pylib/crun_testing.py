@@ -115,3 +115,14 @@ def connect_2x(port, timeout=10):
     sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     sock.sendall(VALIDATE)
     return sock
+
+
+def signal_events(out_dir, event=None):
+    """The lines tests/workers/signal_probe.py appended to OUT/signals.jsonl (start, signal,
+    saved), those of kind `event` only when given."""
+    path = os.path.join(out_dir, "signals.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    return [e for e in lines if event is None or e["event"] == event]

@@ -1,0 +1,249 @@
+"""crun under real Slurm: munged, slurmctld and two slurmd daemons (Debian's slurm-wlm), each
+node a network namespace with its own address and host name (tests/pylib/slurm_cluster.py),
+jobs submitted with sbatch and run by srun as users do. Both patterns: one crun per node
+(`srun --ntasks-per-node=1 crun --nproc-per-node 2 ...`) and one crun per task
+(`srun --ntasks-per-node=2 crun --slurm-direct ...`). Checked: ranks in Slurm's node order with
+global rank 0 on the first node, stock PyTorch DDP (gloo) across the nodes, a failed worker
+restarted by crun, the exit codes Slurm records, scancel reaching the workers as SIGTERM with
+crun's grace period, Slurm's `--signal=USR1@N` warning reaching them without ending the job,
+the sbatch scripts of docs/slurm.md, and no process left on any node after any job.
+
+Needs root and the Slurm packages, as CI has them. When the cluster cannot be built, every test
+here fails, saying why; nothing is skipped."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import unittest
+
+CRUN = os.environ["CRUN_BIN"]
+TRAIN = os.environ.get("TRAIN_BIN", "")
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "..", "workers")
+PROBE = os.path.join(WORKERS, "node_probe.py")
+SIGNAL_PROBE = os.path.join(WORKERS, "signal_probe.py")
+DDP = os.path.join(WORKERS, "ddp_train.py")
+DOC = os.path.join(HERE, "..", "..", "docs", "slurm.md")
+# Interpreters whose torch runs the DDP jobs (Debian's 1.13, PyPI's 2.x), comma-separated.
+TORCH_PYTHONS = [p for p in os.environ.get("TORCH_PYTHONS", "/usr/bin/python3").split(",") if p]
+NODES = ["node1", "node2"]
+
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from crun_testing import probe_events, signal_events, wait_for  # noqa: E402
+from slurm_cluster import SlurmCluster  # noqa: E402
+
+
+class RealSlurm(unittest.TestCase):
+    cluster = None
+
+    @classmethod
+    def setUpClass(cls):
+        # A ClusterError here fails every test of the class with its reason.
+        cls.cluster = SlurmCluster(NODES, cpus_per_node=4, kill_wait_s=30).__enter__()
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.cluster is not None:
+            cls.cluster.close()
+
+    def setUp(self):
+        self.c = self.cluster
+        self.out = self.c.path("jobs", self.id().rsplit(".", 1)[-1])
+        os.makedirs(self.out)
+        os.chmod(self.out, 0o777)
+
+    def tearDown(self):
+        # Whatever the job was, nothing of it may outlive it on any node: only slurmd is left.
+        for node in NODES:
+            daemon = self.c.daemons[f"slurmd-{node}"].pid
+            wait_for(lambda: self.c.host_pids(node) == [daemon],
+                     f"{node} to run nothing but slurmd (it runs "
+                     f"{self.c.host_pids(node)})", limit=60)
+
+    def submit(self, body, *sbatch_args, python=sys.executable, path_dirs=()):
+        """sbatch a script running `body` (bash), with crun's workers started by `python`."""
+        path = ":".join([*path_dirs, os.environ["PATH"]])
+        script = (f"#!/bin/bash\nexport PYTHON_EXEC={python} PATH={path}\n{body}\n")
+        return self.c.sbatch(script, *sbatch_args)
+
+    def output(self, job):
+        with open(self.c.path("jobs", f"slurm-{job}.out"), errors="replace") as f:
+            return f.read()
+
+    def finished(self, job, state, exit_code, limit=300):
+        fields = self.c.wait_job(job, limit=limit)
+        got = (fields["JobState"], fields["ExitCode"])
+        self.assertEqual(got, (state, exit_code), self.output(job)[-4000:])
+        return fields
+
+    def check_ddp(self, python):
+        check = subprocess.run(
+            [python, "-c",
+             "import sys, torch\n"
+             "p = [torch.load(f'{sys.argv[1]}/params_{r}.pt') for r in range(4)]\n"
+             "assert all(torch.equal(p[0], q) for q in p[1:]), p\n", self.out],
+            capture_output=True, text=True, timeout=120)
+        self.assertEqual(check.returncode, 0, check.stderr)
+
+    # --- one crun per node -------------------------------------------------------------------
+
+    def probe_job(self, crun_args, tasks_per_node):
+        """A job of node_probe workers, 2 per node, each connecting to MASTER_ADDR:MASTER_PORT;
+        checks what both patterns share and returns the workers' records in rank order."""
+        job = self.submit(f"srun {CRUN} {crun_args} {PROBE} {self.out} --connect-master",
+                          "--nodes=2", f"--ntasks-per-node={tasks_per_node}")
+        self.finished(job, "COMPLETED", "0:0")
+        events = sorted(probe_events(self.out), key=lambda e: int(e["RANK"]))
+        self.assertEqual([e["RANK"] for e in events], ["0", "1", "2", "3"])
+        for e in events:
+            rank = int(e["RANK"])
+            node = NODES[rank // 2]  # Slurm's node order: rank 0 on the first node
+            self.assertEqual((e["host"], e["GROUP_RANK"], e["LOCAL_RANK"]),
+                             (node, str(rank // 2), str(rank % 2)), e)
+            self.assertEqual(e["WORLD_SIZE"], "4")
+            self.assertEqual(e["TORCHELASTIC_RUN_ID"], f"slurm-{job}.0")
+            self.assertEqual(e["MASTER_ADDR"], "node1")  # the step's first node, by name
+            # Every worker reached MASTER_ADDR, from its own node's address.
+            self.assertEqual(e["connected_from"], self.c.fabric.addr(node))
+        return events
+
+    def test_per_node_ranks_follow_slurm_and_global_rank_0_is_on_the_first_node(self):
+        events = self.probe_job("--nproc-per-node 2", 1)
+        self.assertEqual({e["LOCAL_WORLD_SIZE"] for e in events}, {"2"})
+
+    def test_stock_pytorch_ddp_across_the_nodes(self):
+        for crun_args, tasks in (("--nproc-per-node 2", 1), ("--slurm-direct", 2)):
+            for python in TORCH_PYTHONS:
+                with self.subTest(pattern=crun_args, python=python):
+                    for f in os.listdir(self.out):
+                        os.unlink(os.path.join(self.out, f))
+                    job = self.submit(f"srun {CRUN} {crun_args} {DDP} {self.out}", "--nodes=2",
+                                      f"--ntasks-per-node={tasks}", python=python)
+                    self.finished(job, "COMPLETED", "0:0")
+                    self.assertIn("epoch 4", self.output(job))
+                    self.check_ddp(python)
+
+    def test_per_node_a_failed_worker_is_restarted_by_crun(self):
+        job = self.submit(f"srun {CRUN} --nproc-per-node 2 --max-restarts 1 {PROBE} {self.out} "
+                          f"--fail-rank 3 --fail-restart 0 --code 5 --fail-when-all-started",
+                          "--nodes=2", "--ntasks-per-node=1")
+        self.finished(job, "COMPLETED", "0:0")
+        starts = sorted((int(e["TORCHELASTIC_RESTART_COUNT"]), int(e["RANK"]))
+                        for e in probe_events(self.out))
+        self.assertEqual(starts, [(a, r) for a in (0, 1) for r in range(4)])
+        out = self.output(job)
+        self.assertIn("rank 3 (local rank 1", out)
+        self.assertIn("on node2", out)
+
+    def test_a_failure_is_reported_and_slurm_records_its_code(self):
+        # (pattern, srun tasks per node, failing rank, its code, the srun task that reports it)
+        cases = [("--nproc-per-node 2", 1, 2, 7, 1), ("--slurm-direct", 2, 3, 9, 3)]
+        for crun_args, tasks, rank, code, task in cases:
+            with self.subTest(pattern=crun_args):
+                job = self.submit(f"srun {CRUN} {crun_args} {PROBE} {self.out} --fail-rank "
+                                  f"{rank} --code {code}", "--nodes=2",
+                                  f"--ntasks-per-node={tasks}")
+                self.finished(job, "FAILED", f"{code}:0")
+                out = self.output(job)
+                self.assertIn(f"rank      : {rank} (local rank {rank % 2}", out)
+                self.assertIn("host      : node2", out)
+                self.assertIn(f"exit      : exit code {code}", out)
+                self.assertIn(f"task {task}: Exited with exit code {code}", out)  # srun's line
+
+    # --- one crun per task -------------------------------------------------------------------
+
+    def test_direct_each_task_is_its_worker_and_rank_0_is_on_the_first_node(self):
+        events = self.probe_job("--slurm-direct", 2)
+        self.assertEqual({e["LOCAL_WORLD_SIZE"] for e in events}, {"2"})
+
+    def test_direct_with_kill_on_bad_exit_a_failure_ends_every_task(self):
+        # The others would wait for the lost rank forever; srun --kill-on-bad-exit=1 (as
+        # docs/slurm.md advises for this mode) ends the step, and each crun stops its worker.
+        job = self.submit(f"srun --kill-on-bad-exit=1 {CRUN} --slurm-direct {SIGNAL_PROBE} "
+                          f"{self.out} --fail-rank 2 --code 6",
+                          "--nodes=2", "--ntasks-per-node=2")
+        # srun's exit status is its tasks' highest: 143, of those it terminated.
+        self.finished(job, "FAILED", "143:0")
+        terms = {e["rank"] for e in signal_events(self.out, "signal") if e["sig"] == "SIGTERM"}
+        self.assertEqual(terms, {0, 1, 3})
+        out = self.output(job)
+        self.assertIn("rank      : 2 (local rank 0", out)
+        self.assertIn("task 2: Exited with exit code 6", out)
+
+    # --- signals -----------------------------------------------------------------------------
+
+    def scancel_when_started(self, job, n):
+        wait_for(lambda: len(signal_events(self.out, "start")) == n, f"{n} workers started",
+                 limit=120)
+        self.c.scancel(job)
+
+    def test_scancel_reaches_every_worker_as_sigterm_with_the_grace_period(self):
+        patterns = {"per-node": ("--ntasks-per-node=1", "--nproc-per-node 2"),
+                    "direct": ("--ntasks-per-node=2", "--slurm-direct")}
+        for name, (tasks, mode) in patterns.items():
+            with self.subTest(pattern=name):
+                for f in os.listdir(self.out):
+                    os.unlink(os.path.join(self.out, f))
+                # Each worker takes 2 s to save a checkpoint after SIGTERM: crun's grace (30 s by
+                # default) and Slurm's KillWait (30 s) must both leave it that time.
+                job = self.submit(f"srun {CRUN} {mode} {SIGNAL_PROBE} {self.out} --save-s 2",
+                                  "--nodes=2", tasks)
+                self.scancel_when_started(job, 4)
+                self.finished(job, "CANCELLED", "0:15")
+                terms = {e["rank"] for e in signal_events(self.out, "signal")
+                         if e["sig"] == "SIGTERM"}
+                self.assertEqual(terms, {0, 1, 2, 3})
+                saved = sorted(e["rank"] for e in signal_events(self.out, "saved"))
+                self.assertEqual(saved, [0, 1, 2, 3], self.output(job)[-3000:])
+                self.assertIn("received SIGTERM: forwarding it to", self.output(job))
+
+    def test_scancel_a_worker_outstaying_cruns_grace_is_killed_by_crun(self):
+        # The checkpoint takes 20 s, crun's grace is 1 s: crun, not Slurm's KillWait (30 s),
+        # ends the workers, and says so.
+        job = self.submit(f"srun {CRUN} --nproc-per-node 2 --shutdown-timeout 1 {SIGNAL_PROBE} "
+                          f"{self.out} --save-s 20", "--nodes=2", "--ntasks-per-node=1")
+        self.scancel_when_started(job, 4)
+        self.finished(job, "CANCELLED", "0:15")
+        self.assertEqual(signal_events(self.out, "saved"), [])
+        out = self.output(job)
+        self.assertEqual(len(re.findall(r"still running 1000 ms after the stop signal: SIGKILL",
+                                        out)), 4, out[-3000:])
+
+    def test_slurm_warning_signal_is_passed_on_and_the_job_goes_on(self):
+        # --signal=USR1@55 with a one-minute limit: Slurm's controller sends the warning at its
+        # next time-limit check (it checks every 30 s). Each worker saves and exits 0 on it, so
+        # the job completes rather than being cut at its limit, and crun, which Slurm signals
+        # too, passes the notice on rather than dying of it.
+        job = self.submit(f"srun {CRUN} --nproc-per-node 2 {SIGNAL_PROBE} {self.out} "
+                          f"--exit-on SIGUSR1", "--nodes=2", "--ntasks-per-node=1", "--time=1",
+                          "--signal=USR1@55")
+        self.finished(job, "COMPLETED", "0:0", limit=120)
+        usr1 = {e["rank"] for e in signal_events(self.out, "signal") if e["sig"] == "SIGUSR1"}
+        self.assertEqual(usr1, {0, 1, 2, 3})
+        self.assertEqual(len(signal_events(self.out, "saved")), 4)
+        self.assertIn("received SIGUSR1: passing it on to 2 workers", self.output(job))
+
+    # --- the documentation's scripts ---------------------------------------------------------
+
+    def test_the_sbatch_scripts_of_docs_slurm_md_run_as_written(self):
+        with open(DOC) as f:
+            scripts = re.findall(r"```bash\n(#!/bin/bash\n.*?)```", f.read(), re.S)
+        scripts = [s for s in scripts if "#SBATCH" in s]
+        self.assertEqual(len(scripts), 2, "docs/slurm.md should show both patterns")
+        self.assertTrue(TRAIN, "TRAIN_BIN is not set")
+        for i, script in enumerate(scripts):
+            with self.subTest(script=i):
+                # crun and train on PATH, as after `cmake --install`; the script runs verbatim.
+                path = ":".join([os.path.dirname(CRUN), os.path.dirname(TRAIN),
+                                 os.environ["PATH"]])
+                job = self.c.sbatch(script, env={"PATH": path})
+                fields = self.c.wait_job(job, limit=600)
+                self.assertEqual((fields["JobState"], fields["ExitCode"]), ("COMPLETED", "0:0"),
+                                 self.output(job)[-4000:])
+                self.assertRegex(self.output(job), r"\(4 worker\(s\)\).*parameters identical "
+                                                   r"on all ranks: yes")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
