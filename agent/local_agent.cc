@@ -358,7 +358,14 @@ struct LocalAgent::Impl final : RendezvousEvents {
       return;
     }
     if (stopped_by_signal != 0) {
-      // A second signal: no more grace.
+      // Already stopping. A second Ctrl-C (or SIGQUIT) is someone at a terminal who will not
+      // wait: no more grace. A repeated SIGTERM or SIGHUP is not: Slurm, for one, sends
+      // SIGTERM more than once at a job's time limit, and the grace stands.
+      if (signo != SIGINT && signo != SIGQUIT) {
+        spdlog::warn("received {} again: the workers keep their grace period", SignalName(signo));
+        return;
+      }
+      spdlog::warn("received {} again: SIGKILL to the workers now", SignalName(signo));
       for (const auto& w : workers) {
         if (w.running) ::kill(-w.pid, SIGKILL);
       }

@@ -9,7 +9,8 @@
 //   SIGUSR2 are notices (Slurm's `--signal=USR1@60` warning): passed on, and the workers go on
 //   being supervised as before; whatever they do next (checkpoint and exit 0, fail) is judged
 //   as usual. Any other signal stops the job: the same grace/kill sequence, and Run() returns
-//   128 + signal.
+//   128 + signal. A second SIGINT or SIGQUIT while stopping ends the grace at once; a repeated
+//   SIGTERM or SIGHUP does not (Slurm repeats SIGTERM at a time limit).
 // * Exit code: 0 when all workers succeed; otherwise the root cause's (the first failure in
 //   time): its exit code, or 128 + its signal.
 #pragma once

@@ -94,10 +94,8 @@ class Launch(unittest.TestCase):
     def test_sigusr1_is_passed_on_as_a_notice_and_the_job_goes_on(self):
         # Slurm's --signal=USR1@60 style warning: the workers get it from crun, checkpoint and
         # exit 0 on their own, and the job is a success; crun stopped nobody.
-        p = subprocess.Popen([CRUN, "--nproc-per-node", "2", "--signals-to-handle",
-                              "SIGTERM,SIGUSR1", SIGNAL_PROBE, self.dir, "--exit-on", "SIGUSR1"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: len(signal_events(self.dir, "start")) == 2, "2 workers started")
+        p, _ = self.probe_signalled("--exit-on", "SIGUSR1",
+                                    crun_args=("--signals-to-handle", "SIGTERM,SIGUSR1"))
         p.send_signal(signal.SIGUSR1)
         _, err = p.communicate(timeout=LIMIT_S)
         self.assertEqual(p.returncode, 0, err)
@@ -107,6 +105,41 @@ class Launch(unittest.TestCase):
         for e in got:
             self.assertEqual((e["sig"], e["from_pid"]), ("SIGUSR1", p.pid))
         self.assertEqual(len(signal_events(self.dir, "saved")), 2)
+
+    def probe_signalled(self, *probe_args, crun_args=()):
+        """crun over two signal_probe workers, started; returns (crun, send) where send(sig)
+        signals crun and returns once both workers have recorded that signal."""
+        p = subprocess.Popen([CRUN, "--nproc-per-node", "2", *crun_args, SIGNAL_PROBE, self.dir,
+                              *probe_args],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: len(signal_events(self.dir, "start")) == 2, "2 workers started")
+
+        def send(sig):
+            before = len(signal_events(self.dir, "signal"))
+            p.send_signal(sig)
+            wait_for(lambda: len(signal_events(self.dir, "signal")) >= before + 2,
+                     f"both workers to get {sig.name}")
+        return p, send
+
+    def test_a_repeated_sigterm_keeps_the_grace(self):
+        # As Slurm does at a time limit: SIGTERM, then SIGTERM again. The workers still get
+        # their whole grace to save (1 s each here).
+        p, send = self.probe_signalled("--save-s", "1")
+        send(signal.SIGTERM)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=LIMIT_S)
+        self.assertEqual(p.returncode, 128 + signal.SIGTERM, err)
+        self.assertIn("received SIGTERM again: the workers keep their grace period", err)
+        self.assertEqual(len(signal_events(self.dir, "saved")), 2, err)
+
+    def test_a_second_ctrl_c_ends_the_grace(self):
+        p, send = self.probe_signalled("--exit-on", "SIGINT", "--save-s", "600")
+        send(signal.SIGINT)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=LIMIT_S)
+        self.assertEqual(p.returncode, 128 + signal.SIGINT, err)
+        self.assertIn("received SIGINT again: SIGKILL to the workers now", err)
+        self.assertEqual(signal_events(self.dir, "saved"), [])
 
     def test_worker_ignoring_sigterm_is_killed_after_the_grace(self):
         p = self.start("--shutdown-timeout", "0.3", worker_args=["--mode", "ignore-term"])
