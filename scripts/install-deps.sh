@@ -11,4 +11,5 @@ $SUDO apt-get install -y -q \
   libspdlog-dev libcli11-dev nlohmann-json3-dev catch2 libgloo-dev libtorch-dev \
   python3 python3-venv python3-torch \
   iproute2 procps time \
-  slurmctld slurmd slurm-client munge
+  slurmctld slurmd slurm-client munge \
+  clang libclang-rt-14-dev

@@ -1,5 +1,6 @@
 #include "rendezvous/store/wire.h"
 
+#include <algorithm>
 #include <array>
 #include <cassert>
 #include <cstdio>
@@ -259,9 +260,16 @@ RequestParser::Step RequestParser::Sniff() {
                                                                      : Dialect::kLegacy;
     return Step::kDone;
   }
-  if (first == 0xCE && available() >= 4 && LoadU32(view_.data() + pos_) == kValidationMagic) {
-    return Fail("client sends the magic before every request (an Aug 2023 nightly format); "
-                "use a released PyTorch");
+  if (first == 0xCE) {
+    // Possibly the magic itself: decide on all 4 bytes, however they are split.
+    char magic[4];
+    for (int i = 0; i < 4; ++i) magic[i] = static_cast<char>((kValidationMagic >> (8 * i)) & 0xFF);
+    const std::size_t seen = std::min<std::size_t>(available(), 4);
+    if (view_.substr(pos_, seen) == std::string_view(magic, seen)) {
+      if (seen < 4) return Step::kNeedMore;
+      return Fail("client sends the magic before every request (an Aug 2023 nightly format); "
+                  "use a released PyTorch");
+    }
   }
   if (first < kLegacyCodes.size()) {
     dialect_ = Dialect::kLegacy;
