@@ -12,7 +12,6 @@ Needs root and the Slurm packages, as CI has them. When the cluster cannot be bu
 here fails, saying why; nothing is skipped."""
 import os
 import re
-import signal
 import subprocess
 import sys
 import unittest

@@ -22,20 +22,22 @@ import time
 from fabric import Fabric
 
 CONTROLLER = "ctl"
-DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel", "mungekey")
+PROGRAMS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "scancel",
+            "sinfo")
 
 
 class ClusterError(RuntimeError):
     pass
 
 
-def missing_programs():
-    return [p for p in DAEMONS if shutil.which(p) is None
-            and not os.path.exists(os.path.join("/usr/sbin", p))]
-
-
 def _which(prog):
-    return shutil.which(prog) or os.path.join("/usr/sbin", prog)
+    """The program's path: on PATH, or in /usr/sbin (not on a non-root PATH); None if neither."""
+    path = shutil.which(prog) or os.path.join("/usr/sbin", prog)
+    return path if os.access(path, os.X_OK) else None
+
+
+def missing_programs():
+    return [p for p in PROGRAMS if _which(p) is None]
 
 
 class SlurmCluster:
@@ -194,9 +196,10 @@ PartitionName=test Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Sta
             _which("slurmd"), "-D", "-N", node, "-f", self.conf]))
 
     def _quiet_ok(self, cmd, needle):
-        r = subprocess.run(self.fabric.command(CONTROLLER, cmd), capture_output=True, text=True,
-                           env=self.env(), timeout=30)
-        return r.returncode == 0 and needle in r.stdout
+        try:
+            return needle in self._run(cmd, "")
+        except ClusterError:
+            return False
 
     def _wait(self, ready, proc, what, limit=60):
         deadline = time.monotonic() + limit
