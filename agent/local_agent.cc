@@ -64,6 +64,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     int local_rank = 0;
     pid_t pid = 0;
     bool running = false;
+    ExitStatus exit;  // once it has exited
     std::unique_ptr<ExitWatcher> watcher;
     std::unique_ptr<LinePump> out_pump, err_pump;
     std::string dir, error_file;
@@ -286,6 +287,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   void OnExit(int lr, ExitStatus status) {
     auto& w = WorkerAt(lr);
     w.running = false;
+    w.exit = status;
     --running;
     if (!status.success()) {
       FailureRecord f;
@@ -385,7 +387,16 @@ struct LocalAgent::Impl final : RendezvousEvents {
       if (w.pid > 0) guard->Forget(w.pid);
     }
     phase = Phase::kWaiting;
-    if (stopped_by_signal != 0) return Finish(128 + stopped_by_signal);
+    if (stopped_by_signal != 0) {
+      std::string how;
+      for (const auto& w : workers) {
+        if (w.pid <= 0) continue;
+        how += (how.empty() ? "" : ", ") + std::string("rank ") +
+               std::to_string(group.base_rank + w.local_rank) + " " + w.exit.Describe();
+      }
+      spdlog::warn("the workers stopped after {}: {}", SignalName(stopped_by_signal), how);
+      return Finish(128 + stopped_by_signal);
+    }
     std::sort(failures.begin(), failures.end(),
               [](const auto& a, const auto& b) { return a.when < b.when; });
     for (auto& f : failures) {
