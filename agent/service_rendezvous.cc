@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/session_client.h"
+#include "rendezvous/service/security.h"
 
 namespace crun::agent {
 namespace {
@@ -95,13 +96,14 @@ class ServiceRendezvous final : public Rendezvous {
     ChannelOptions co;
     co.keepalive_interval = o_.heartbeat_interval;
     co.keepalive_timeout = o_.keepalive_timeout;
+    if (o_.security.tls()) co.credentials = rdzv::ChannelCredentials(o_.security);
     channel_ = MakeChannel(target_, co);
     stub_ = v1::Rendezvous::NewStub(channel_);
     boost::system::error_code ec;
     asio::ip::tcp::resolver resolver(io_);
     probe_targets_ = resolver.resolve(o_.endpoint_host, std::to_string(o_.endpoint_port), ec);
     if (ec) {
-      OpenSession();  // gRPC resolves again and reports; the join timer bounds the wait
+      OpenSession(false);  // gRPC resolves again and reports; the join timer bounds the wait
     } else {
       Probe();
     }
@@ -178,7 +180,7 @@ class ServiceRendezvous final : public Rendezvous {
       if (ended_) return;
       boost::system::error_code ignored;
       probe_.close(ignored);
-      if (!ec) return OpenSession();
+      if (!ec) return OpenSession(true);
       std::uniform_real_distribution<double> jitter(0.8, 1.2);
       probe_timer_.expires_after(std::chrono::microseconds(
           static_cast<long>(static_cast<double>(probe_backoff_.count()) * 1000 * jitter(rng_))));
@@ -189,13 +191,19 @@ class ServiceRendezvous final : public Rendezvous {
     });
   }
 
-  void OpenSession() {
+  // `listening`: the endpoint accepted a TCP connection just now, so a session that cannot be
+  // set up (TLS on one side only, not a crun service) fails at once instead of being retried.
+  void OpenSession(bool listening) {
+    listening_ = listening;
+    CallOptions call;
+    call.token = o_.security.token;
+    call.wait_for_ready = !listening;
     client_ = std::make_unique<SessionClient>(
         *stub_,
         [this](v1::ServiceMessage m) {
           asio::post(io_, [this, m = std::move(m)] { Handle(m); });
         },
-        [this](const Status& s) { asio::post(io_, [this, s] { OnSessionEnded(s); }); });
+        [this](const Status& s) { asio::post(io_, [this, s] { OnSessionEnded(s); }); }, call);
     ArmHeartbeat();
     if (join_pending_) {
       join_pending_ = false;
@@ -267,6 +275,21 @@ class ServiceRendezvous final : public Rendezvous {
 
   void OnSessionEnded(const Status& s) {
     if (ended_) return;
+    if (s.code() == StatusCode::kPermissionDenied) {
+      return End(1, "the rendezvous service at " + target_ + " refused this node (run '" +
+                        o_.run_id + "', node '" + o_.node_id + "'): " + s.message() +
+                        (o_.security.token.empty() ? "" : " (this node's token is from " +
+                                                              o_.security.token_source + ")"));
+    }
+    if (!heard_ && listening_ && !s.ok()) {
+      // The port is open but no session came of it.
+      return End(1, "cannot open a session with the rendezvous service at " + target_ + ": " +
+                        s.message() + (o_.security.tls()
+                            ? " (this node uses TLS: does the service? Its certificate must "
+                              "be signed by --tls-ca and name '" + o_.endpoint_host + "')"
+                            : " (this node speaks plaintext: if the service uses TLS, give "
+                              "--tls-ca; or the port is not a crun rendezvous service)"));
+    }
     End(1, "lost the rendezvous service at " + target_ + ": " +
                (s.ok() ? std::string("it ended the session") : s.message()));
   }
@@ -300,6 +323,7 @@ class ServiceRendezvous final : public Rendezvous {
   std::unique_ptr<SessionClient> client_;
   std::uint64_t sequence_ = 0;
   bool heard_ = false;
+  bool listening_ = false;
   bool ended_ = false;
   bool left_ = false;
 };

@@ -18,6 +18,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "agent/rendezvous.h"
+#include "rendezvous/service/security.h"
 
 namespace crun::agent {
 
@@ -46,6 +47,8 @@ struct ServiceRendezvousOptions {
   // How long a silent service (no answer to keepalive pings) is tolerated.
   std::chrono::milliseconds keepalive_timeout{3'000};
   bool virtual_local_rank = false;
+  // Job token and TLS for the session (rendezvous/service/security.h).
+  rdzv::Security security;
 };
 
 std::unique_ptr<Rendezvous> MakeServiceRendezvous(boost::asio::io_context& io,

@@ -1,5 +1,7 @@
 #include "agent/session_client.h"
 
+#include "rendezvous/service/security.h"
+
 namespace crun::agent {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const ChannelOptions& o) {
@@ -15,13 +17,15 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const Chan
   // Names are never resolved through a proxy; the service is dialed directly.
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
   if (o.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(
+      target, o.credentials ? o.credentials : grpc::InsecureChannelCredentials(), args);
 }
 
 SessionClient::SessionClient(v1::Rendezvous::Stub& stub, MessageCallback on_message,
-                             DoneCallback on_done)
+                             DoneCallback on_done, const CallOptions& call)
     : on_message_(std::move(on_message)), on_done_(std::move(on_done)) {
-  context_.set_wait_for_ready(true);
+  context_.set_wait_for_ready(call.wait_for_ready);
+  if (!call.token.empty()) context_.AddMetadata(rdzv::kTokenHeader, call.token);
   stub.async()->Session(&context_, this);
   StartRead(&in_);
   StartCall();
@@ -59,7 +63,10 @@ void SessionClient::OnWritesDoneDone(bool) {}
 void SessionClient::OnDone(const grpc::Status& status) {
   writes_.Close();
   Status s = Status::Ok();
-  if (!status.ok()) {
+  if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+      status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    s = PermissionDenied(status.error_message());
+  } else if (!status.ok()) {
     s = Unavailable(status.error_message() + " (gRPC code " +
                     std::to_string(static_cast<int>(status.error_code())) + ")");
   }

@@ -5,7 +5,7 @@
 // thread of its own). Messages from the service arrive through `on_message` on a gRPC thread,
 // in order; `on_done` runs once when the stream ends, with why. Send never blocks.
 //
-// The session waits for the service to become reachable (wait_for_ready; gRPC reconnects
+// The session waits for the service to become reachable (wait_for_ready unless told not to; gRPC reconnects
 // with its own backoff, never under 100 ms, growing to 1 s), so agents may start before the
 // host that serves the endpoint; giving up is the caller's join timeout. (The agent first
 // waits for the endpoint to accept TCP with a finer backoff of its own, service_rendezvous.cc,
@@ -39,6 +39,15 @@ struct ChannelOptions {
   std::chrono::milliseconds keepalive_timeout{3'000};
   // A connection of its own (not shared with other channels to the same endpoint).
   bool own_connection = true;
+  // Plaintext when null; else TLS (rdzv::ChannelCredentials).
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+};
+
+// What each call carries and how it waits.
+struct CallOptions {
+  std::string token;  // the job token; empty: none sent
+  // Wait for the service to become reachable (gRPC retries) rather than fail at once.
+  bool wait_for_ready = true;
 };
 
 // "host:port" (IPv6 as "[::1]:29400").
@@ -49,7 +58,8 @@ class SessionClient final : public grpc::ClientBidiReactor<v1::AgentMessage, v1:
   using MessageCallback = std::function<void(v1::ServiceMessage)>;
   using DoneCallback = std::function<void(const Status&)>;
 
-  SessionClient(v1::Rendezvous::Stub& stub, MessageCallback on_message, DoneCallback on_done);
+  SessionClient(v1::Rendezvous::Stub& stub, MessageCallback on_message, DoneCallback on_done,
+                const CallOptions& call = {});
   // Closes (see Close) and waits for the stream to end.
   ~SessionClient() override;
 

@@ -16,6 +16,7 @@
 #include <sys/socket.h>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/address.hpp>
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
@@ -61,6 +62,7 @@ struct LaunchOptions {
   bool slurm = false;  // one crun per node of a Slurm job step (launcher/slurm.h)
   bool slurm_direct = false;  // one crun per worker: each Slurm task is one worker
   int slurm_port = 0;  // 0: the step's default port
+  rdzv::SecurityFlags security;  // job token and TLS of the rendezvous service
   std::vector<std::string> command;  // script and its arguments
 };
 
@@ -198,48 +200,80 @@ std::chrono::milliseconds Ms(double seconds) {
   return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
 }
 
+// The numeric addresses of this machine's interfaces.
+std::vector<std::string> LocalAddresses() {
+  std::vector<std::string> local;
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return local;
+  for (auto* i = ifs; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    const int family = i->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    char buf[NI_MAXHOST];
+    const socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    if (::getnameinfo(i->ifa_addr, len, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) == 0) {
+      std::string a = buf;
+      if (auto pct = a.find('%'); pct != std::string::npos) a.resize(pct);
+      local.push_back(a);
+    }
+  }
+  ::freeifaddrs(ifs);
+  return local;
+}
+
+// The numeric addresses `host` resolves to here (itself when it is a literal).
+std::vector<std::string> ResolveNumeric(const std::string& host) {
+  std::vector<std::string> out;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return out;
+  for (auto* r = res; r != nullptr; r = r->ai_next) {
+    char buf[NI_MAXHOST];
+    if (::getnameinfo(r->ai_addr, r->ai_addrlen, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) ==
+        0) {
+      out.push_back(buf);
+    }
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+bool IsLoopbackAddress(const std::string& a) { return a.rfind("127.", 0) == 0 || a == "::1"; }
+
 // Whether `host` names this machine: localhost, a loopback or local interface address, this
 // host's name, or a name that resolves to one of those.
 bool NamesThisHost(const std::string& host) {
   if (host == "localhost") return true;
   char name[256] = {};
   if (::gethostname(name, sizeof name - 1) == 0 && host == name) return true;
-  std::vector<std::string> local;
-  ifaddrs* ifs = nullptr;
-  if (::getifaddrs(&ifs) == 0) {
-    for (auto* i = ifs; i != nullptr; i = i->ifa_next) {
-      if (i->ifa_addr == nullptr) continue;
-      const int family = i->ifa_addr->sa_family;
-      if (family != AF_INET && family != AF_INET6) continue;
-      char buf[NI_MAXHOST];
-      const socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-      if (::getnameinfo(i->ifa_addr, len, buf, sizeof buf, nullptr, 0, NI_NUMERICHOST) == 0) {
-        std::string a = buf;
-        if (auto pct = a.find('%'); pct != std::string::npos) a.resize(pct);
-        local.push_back(a);
-      }
+  const auto local = LocalAddresses();
+  for (const auto& a : ResolveNumeric(host)) {
+    if (IsLoopbackAddress(a) || std::find(local.begin(), local.end(), a) != local.end()) {
+      return true;
     }
-    ::freeifaddrs(ifs);
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  bool match = false;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) == 0) {
-    for (auto* r = res; r != nullptr && !match; r = r->ai_next) {
-      char buf[NI_MAXHOST];
-      if (::getnameinfo(r->ai_addr, r->ai_addrlen, buf, sizeof buf, nullptr, 0,
-                        NI_NUMERICHOST) != 0) {
-        continue;
-      }
-      const std::string a = buf;
-      match = a.rfind("127.", 0) == 0 || a == "::1" ||
-              std::find(local.begin(), local.end(), a) != local.end();
+  return false;
+}
+
+// Where to listen for a service or store that other nodes reach as `host`: the address itself
+// when it is a literal, loopback for "localhost", else the interface address the name
+// resolves to here. Only a name that resolves to no interface address of this machine but a
+// loopback one (Debian maps a machine's own name to 127.0.1.1), or to none at all, listens on
+// every interface ("::"); the others reach it under an address this host cannot see.
+std::string BindAddressFor(const std::string& host) {
+  if (host == "localhost") return "127.0.0.1";
+  boost::system::error_code ec;
+  boost::asio::ip::make_address(host, ec);
+  if (!ec) return host;
+  const auto local = LocalAddresses();
+  for (const auto& a : ResolveNumeric(host)) {
+    if (!IsLoopbackAddress(a) && std::find(local.begin(), local.end(), a) != local.end()) {
+      return a;
     }
-    ::freeaddrinfo(res);
   }
-  return match;
+  return "::";
 }
 
 // The node id when --rdzv-conf gives none: the host name, qualified by this host's address
@@ -505,6 +539,7 @@ void AddOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--log-level", o.log_level, "crun's own messages: trace .. off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
       ->capture_default_str()->group("Logs");
+  AddSecurityFlags(&app, &o.security);
 }
 
 }  // namespace
@@ -625,6 +660,21 @@ int RunLaunch(int argc, char** argv) {
     if (slurm && !conf.is_host) conf.is_host = slurm->is_host;
     if (slurm && conf.node_id.empty()) conf.node_id = slurm->node_name;
   }
+  rdzv::Security security;
+  if (mode == Mode::kService) {
+    auto loaded = rdzv::LoadSecurity(o.security, "client");
+    if (!loaded.ok()) return UsageError(loaded.status().message());
+    security = std::move(loaded).value();
+  } else {
+    for (const char* flag : {"--token-file", "--tls-cert", "--tls-key", "--tls-ca"}) {
+      if (app.count(flag) > 0) {
+        return UsageError(std::string(flag) + " secures crun's rendezvous service: it needs "
+                          "--rdzv-endpoint (or --slurm)");
+      }
+    }
+  }
+  // The workers have no use for the token: keep it out of their environment.
+  ::unsetenv("CRUN_TOKEN");
   auto nproc = ResolveNproc(o.nproc_per_node);
   if (!nproc.ok()) return UsageError(nproc.status().message());
   auto command = WorkerCommand(o);
@@ -721,6 +771,7 @@ int RunLaunch(int argc, char** argv) {
       rdzv.static_store = true;
       rdzv.host_store = t.rank == 0;
       rdzv.store_host = t.master_addr;
+      rdzv.bind_host = BindAddressFor(t.master_addr);
       rdzv.store_port = static_cast<std::uint16_t>(t.master_port);
       agent::GroupAssignment g;
       g.group_rank = t.group_rank;
@@ -737,6 +788,7 @@ int RunLaunch(int argc, char** argv) {
       rdzv.static_store = true;
       rdzv.host_store = o.node_rank == 0;
       rdzv.store_host = o.master_addr;
+      rdzv.bind_host = BindAddressFor(o.master_addr);
       rdzv.store_port = static_cast<std::uint16_t>(o.master_port);
     }
     agent::LocalAgent agent(io, std::move(agent_options), MakeLocalRendezvous(io, rdzv));
@@ -776,6 +828,7 @@ int RunLaunch(int argc, char** argv) {
   }
   so.keepalive_timeout = conf.read_timeout ? Ms(*conf.read_timeout) : settings.heartbeat_timeout;
   so.virtual_local_rank = o.virtual_local_rank;
+  so.security = security;
 
   // The node the endpoint names hosts the service in this process (unless is_host says
   // otherwise); when its port is taken, another crun or a daemon serves it: join that one.
@@ -783,13 +836,23 @@ int RunLaunch(int argc, char** argv) {
   const bool try_host = conf.is_host.value_or(NamesThisHost(endpoint.host));
   if (try_host) {
     crun::rdzv::ServiceOptions service;
-    service.host = endpoint.host.find(':') != std::string::npos ? "::" : "0.0.0.0";
+    service.host = BindAddressFor(endpoint.host);
     service.port = endpoint.port;
     service.advertise_addr = o.local_addr;
+    service.security = security;
+    if (security.tls() && security.cert_pem.empty()) {
+      return UsageError("this node hosts the rendezvous service (" + o.rdzv_endpoint +
+                        ") with TLS: it needs its certificate and key (--tls-cert, --tls-key)");
+    }
     auto started = crun::rdzv::RendezvousService::Start(service);
     if (started.ok()) {
       hosted = std::move(started).value();
       spdlog::info("hosting the rendezvous service on port {}", endpoint.port);
+      if (security.token.empty() && !rdzv::LoopbackOnly(endpoint.host)) {
+        spdlog::warn("the rendezvous service on port {} has no job token: anyone who can "
+                     "reach it can join or end this job (set CRUN_TOKEN_FILE or CRUN_TOKEN on "
+                     "every node; docs/security.md)", endpoint.port);
+      }
     } else if (conf.is_host.value_or(false)) {
       std::fprintf(stderr, "crun: is_host=1 but %s\n", started.status().message().c_str());
       return 1;

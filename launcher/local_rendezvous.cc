@@ -34,7 +34,7 @@ class LocalRendezvous final : public Rendezvous {
     if (!options_.static_store) StopStore();
     if (options_.host_store && !store_) {
       StoreServerOptions store;
-      store.host = options_.static_store ? "::" : options_.store_host;
+      store.host = options_.bind_host.empty() ? options_.store_host : options_.bind_host;
       store.port = options_.store_port;
       auto server = StoreServer::Start(io_, store);
       if (!server.ok()) {
@@ -121,7 +121,9 @@ class LocalRendezvous final : public Rendezvous {
     }
     const bool hosting = store_ != nullptr;
     TcpStoreClientOptions c;
-    c.host = hosting ? "127.0.0.1" : options_.store_host;
+    const std::string& bound = options_.bind_host.empty() ? options_.store_host : options_.bind_host;
+    c.host = !hosting ? options_.store_host
+                      : (bound == "::" || bound == "0.0.0.0" ? std::string("127.0.0.1") : bound);
     c.port = hosting ? store_->port() : options_.store_port;
     c.connect_timeout = std::chrono::seconds(5);
     c.timeout = std::chrono::seconds(5);

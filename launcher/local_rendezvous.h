@@ -30,6 +30,9 @@ struct LocalRendezvousOptions {
   int nnodes = 1;
   bool static_store = false;  // keep one store (fixed port) for every round
   bool host_store = true;     // false on nodes other than 0: the store is elsewhere
+  // Where the hosted store listens when that is not store_host itself: the interface address
+  // other nodes reach store_host by ("::", every interface, only when none is known).
+  std::string bind_host;
   // One crun per Slurm task (docs/slurm.md): the ranks and sizes come from Slurm, not from
   // node_rank x nproc. Its master_port is filled in from the store.
   std::optional<agent::GroupAssignment> fixed_group;

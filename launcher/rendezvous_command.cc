@@ -22,11 +22,32 @@ namespace {
 
 struct RendezvousCommandOptions {
   rdzv::ServiceOptions service;
+  rdzv::SecurityFlags security;
+  bool insecure = false;
   std::string log_level = "info";
 };
 
-int RunRendezvous(const RendezvousCommandOptions& o) {
+int RunRendezvous(RendezvousCommandOptions o) {
+  auto security = rdzv::LoadSecurity(o.security, "service");
+  if (!security.ok()) {
+    std::fprintf(stderr, "crun rendezvous: %s\n", security.status().message().c_str());
+    return 2;
+  }
+  o.service.security = std::move(security).value();
+  if (o.service.security.token.empty() && !o.insecure && !rdzv::LoopbackOnly(o.service.host)) {
+    std::fprintf(stderr,
+                 "crun rendezvous: refusing to serve %s without a job token: anyone who can "
+                 "reach port %u could join, stop or read the jobs. Give the token with "
+                 "--token-file (or CRUN_TOKEN_FILE / CRUN_TOKEN) on the daemon and every node, "
+                 "bind a loopback address, or say --insecure on a network you trust "
+                 "(docs/security.md)\n",
+                 o.service.host.c_str(), static_cast<unsigned>(o.service.port));
+    return 2;
+  }
   SetUpLogging("rendezvous", o.log_level);
+  if (o.service.security.token.empty() && !rdzv::LoopbackOnly(o.service.host)) {
+    spdlog::warn("--insecure: serving {} without a job token", o.service.host);
+  }
   RaiseDescriptorLimit();
   std::signal(SIGPIPE, SIG_IGN);
   boost::asio::io_context io;
@@ -49,6 +70,7 @@ int RunRendezvous(const RendezvousCommandOptions& o) {
 }
 
 struct StatusCommandOptions {
+  rdzv::SecurityFlags security;
   std::string endpoint;
   std::string run_id;
   bool json = false;
@@ -67,10 +89,18 @@ int RunStatus(const StatusCommandOptions& o) {
     std::fprintf(stderr, "crun status: %s\n", error.c_str());
     return 2;
   }
+  auto security = rdzv::LoadSecurity(o.security, "client");
+  if (!security.ok()) {
+    std::fprintf(stderr, "crun status: %s\n", security.status().message().c_str());
+    return 2;
+  }
   const std::string target = agent::GrpcTarget(e.host, e.port);
-  auto channel = agent::MakeChannel(target, {});
+  agent::ChannelOptions co;
+  if (security->tls()) co.credentials = rdzv::ChannelCredentials(*security);
+  auto channel = agent::MakeChannel(target, co);
   auto stub = v1::Rendezvous::NewStub(channel);
   grpc::ClientContext ctx;
+  if (!security->token.empty()) ctx.AddMetadata(rdzv::kTokenHeader, security->token);
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(static_cast<long>(o.timeout * 1000)));
   v1::StatusRequest req;
@@ -78,6 +108,11 @@ int RunStatus(const StatusCommandOptions& o) {
   v1::StatusResponse resp;
   auto s = stub->Status(&ctx, req, &resp);
   if (!s.ok()) {
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      std::fprintf(stderr, "crun status: the rendezvous service at %s refused the request: %s\n",
+                   target.c_str(), s.error_message().c_str());
+      return 1;
+    }
     std::fprintf(stderr, "crun status: no answer from the rendezvous service at %s: %s\n",
                  target.c_str(), s.error_message().c_str());
     return 1;
@@ -191,6 +226,10 @@ void AddRendezvousCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
       ->capture_default_str();
+  AddSecurityFlags(cmd, &o->security);
+  cmd->add_flag("--insecure", o->insecure,
+                "Serve a non-loopback address without a job token (a trusted network only)")
+      ->group("Security");
   cmd->callback([o, exit_code] { *exit_code = RunRendezvous(*o); });
 }
 
@@ -203,7 +242,21 @@ void AddStatusCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--json", o->json, "Machine-readable output");
   cmd->add_option("--timeout", o->timeout, "Seconds to wait for the answer")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  AddSecurityFlags(cmd, &o->security);
   cmd->callback([o, exit_code] { *exit_code = RunStatus(*o); });
+}
+
+void AddSecurityFlags(CLI::App* app, rdzv::SecurityFlags* f) {
+  app->add_option("--token-file", f->token_file,
+                  "File holding the job token every rendezvous call must carry "
+                  "(else CRUN_TOKEN_FILE, CRUN_TOKEN)")->group("Security");
+  app->add_option("--tls-cert", f->tls_cert, "PEM certificate: the service's, or this "
+                  "client's for mutual TLS (else CRUN_TLS_CERT)")->group("Security");
+  app->add_option("--tls-key", f->tls_key, "PEM private key of --tls-cert (else CRUN_TLS_KEY)")
+      ->group("Security");
+  app->add_option("--tls-ca", f->tls_ca, "PEM CA: clients verify the service with it; a "
+                  "service with it requires client certificates (else CRUN_TLS_CA)")
+      ->group("Security");
 }
 
 }  // namespace crun::launcher

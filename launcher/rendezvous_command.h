@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "rendezvous/service/security.h"
+
 namespace crun::launcher {
 
 void AddRendezvousCommand(CLI::App& app, int* exit_code);
@@ -14,6 +16,9 @@ struct Endpoint {
   std::string host;
   std::uint16_t port = 0;
 };
+// --token-file, --tls-cert, --tls-key, --tls-ca (docs/security.md), in a "Security" group.
+void AddSecurityFlags(CLI::App* app, rdzv::SecurityFlags* flags);
+
 bool ParseEndpoint(const std::string& text, std::uint16_t default_port, Endpoint* out,
                    std::string* error);
 

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/post.hpp>
@@ -12,6 +13,7 @@
 #include <fstream>
 #include <future>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <spdlog/spdlog.h>
 
@@ -85,7 +87,13 @@ class AsioStoreServer final : public StoreServer {
     endpoint_ = FormatEndpoint(address->to_string(), port_);
     max_connections_ = options_.max_connections;
     shared_.name = "store " + endpoint_;
-    shared_.on_close = [this](Session* s) { sessions_.erase(s); };
+    shared_.on_close = [this](Session* s) { OnSessionClosed(s); };
+    for (const auto& a : options_.allowed_peers) {
+      boost::system::error_code bad;
+      auto parsed = asio::ip::make_address(a, bad);
+      if (bad) return InvalidArgument("store: allowed peer '" + a + "' is not an IP address");
+      allowed_.insert(parsed.to_string());
+    }
     reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     spdlog::info("{}: listening (backlog {}, {} connections, descriptor limit {})", shared_.name,
                  backlog,
@@ -116,6 +124,8 @@ class AsioStoreServer final : public StoreServer {
     s.open_connections = shared_.open.load(std::memory_order_relaxed);
     s.accepted = accepted_.load(std::memory_order_relaxed);
     s.refused = refused_.load(std::memory_order_relaxed);
+    s.refused_per_peer = refused_per_peer_.load(std::memory_order_relaxed);
+    s.refused_strangers = refused_strangers_.load(std::memory_order_relaxed);
     s.protocol_errors = shared_.protocol_errors.load(std::memory_order_relaxed);
     s.requests = shared_.requests.load(std::memory_order_relaxed);
     s.pending_waits = shared_.state.pending_waits();
@@ -161,8 +171,26 @@ class AsioStoreServer final : public StoreServer {
         Refuse(std::move(socket), "connection limit of " + std::to_string(max_connections_));
         continue;
       }
+      const std::string peer = PeerAddress(socket);
+      if (!allowed_.empty() && allowed_.count(peer) == 0) {
+        RefuseStranger(std::move(socket), peer);
+        continue;
+      }
+      if (options_.max_connections_per_peer > 0 &&
+          per_peer_[peer] >= options_.max_connections_per_peer) {
+        const auto n = refused_per_peer_.fetch_add(1, std::memory_order_relaxed) + 1;
+        boost::system::error_code ignored;
+        socket.close(ignored);
+        if ((n & (n - 1)) == 0) {
+          spdlog::warn("{}: refused connection #{} from {}: it has {} open, the limit per "
+                       "address", shared_.name, n, peer, options_.max_connections_per_peer);
+        }
+        continue;
+      }
       ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
       auto session = std::make_shared<Session>(std::move(socket), &shared_);
+      ++per_peer_[peer];
+      session_peer_[session.get()] = peer;
       sessions_.emplace(session.get(), session);
       session->Start();
     }
@@ -176,6 +204,38 @@ class AsioStoreServer final : public StoreServer {
         if (!stopped_) OnAcceptable();
       });
     }
+  }
+
+  // The client's IP address as the allow-list spells it: IPv4 clients of a dual-stack socket
+  // as plain IPv4.
+  static std::string PeerAddress(const tcp::socket& socket) {
+    boost::system::error_code ec;
+    const auto remote = socket.remote_endpoint(ec);
+    if (ec) return "?";
+    auto a = remote.address();
+    if (a.is_v6() && a.to_v6().is_v4_mapped()) {
+      a = asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+    }
+    return a.to_string();
+  }
+
+  void RefuseStranger(tcp::socket socket, const std::string& peer) {
+    const auto n = refused_strangers_.fetch_add(1, std::memory_order_relaxed) + 1;
+    boost::system::error_code ec;
+    socket.close(ec);
+    if (n <= 10 || (n & (n - 1)) == 0) {
+      spdlog::warn("{}: refused connection #{} from {}: not an address of this job's nodes",
+                   shared_.name, n, peer);
+    }
+  }
+
+  void OnSessionClosed(Session* s) {
+    sessions_.erase(s);
+    auto it = session_peer_.find(s);
+    if (it == session_peer_.end()) return;
+    auto count = per_peer_.find(it->second);
+    if (count != per_peer_.end() && --count->second == 0) per_peer_.erase(count);
+    session_peer_.erase(it);
   }
 
   void Refuse(tcp::socket socket, const std::string& why) {
@@ -219,6 +279,11 @@ class AsioStoreServer final : public StoreServer {
   bool stopped_ = false;
   std::atomic<std::uint64_t> accepted_{0};
   std::atomic<std::uint64_t> refused_{0};
+  std::atomic<std::uint64_t> refused_per_peer_{0};
+  std::atomic<std::uint64_t> refused_strangers_{0};
+  std::unordered_set<std::string> allowed_;  // empty: everyone
+  std::unordered_map<std::string, std::size_t> per_peer_;  // open connections per address
+  std::unordered_map<Session*, std::string> session_peer_;
 };
 
 }  // namespace

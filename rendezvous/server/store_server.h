@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
 
@@ -38,6 +39,12 @@ struct StoreServerOptions {
   std::size_t max_connections = 0;
   // 0: the system maximum (net.core.somaxconn).
   int backlog = 0;
+  // At most this many connections open from one IP address at a time (0: no such bound).
+  std::size_t max_connections_per_peer = 0;
+  // When not empty, only these IP addresses (literals; an IPv4 client of a dual-stack socket
+  // counts as its IPv4 address) may connect: the others are closed on accept, counted and
+  // logged with their address. The rendezvous service lists a round's nodes here.
+  std::vector<std::string> allowed_peers;
 
   Status Validate() const;
 };
@@ -46,6 +53,8 @@ struct StoreServerStats {
   std::uint64_t open_connections = 0;
   std::uint64_t accepted = 0;
   std::uint64_t refused = 0;          // over max_connections or at the descriptor limit
+  std::uint64_t refused_per_peer = 0; // over max_connections_per_peer
+  std::uint64_t refused_strangers = 0;  // from an address not in allowed_peers
   std::uint64_t protocol_errors = 0;  // connections closed for a malformed or oversize request
   std::uint64_t requests = 0;
   std::uint64_t pending_waits = 0;    // WAITs and BARRIERs not answered yet

@@ -10,6 +10,8 @@ struct Engine::Job {
   std::optional<TimePoint> wake;
   std::unordered_map<std::string, SessionId> sessions;     // node id -> its live session
   std::unordered_map<std::string, std::string> dialed;     // node id -> host it dialed
+  // node id -> the addresses its workers may reach the store from (its session's, declared)
+  std::unordered_map<std::string, std::vector<std::string>> addresses;
   std::unordered_map<std::string, int> group_ranks;        // of the last round formed
   int world_size = 0;
   std::unique_ptr<RoundStore> store;
@@ -69,10 +71,11 @@ Engine::Engine(EngineHooks hooks, EngineOptions options)
 
 Engine::~Engine() = default;
 
-void Engine::OnMessage(SessionId session, const v1::AgentMessage& m, TimePoint now) {
+void Engine::OnMessage(SessionId session, const v1::AgentMessage& m, TimePoint now,
+                       const std::string& peer_ip) {
   switch (m.kind_case()) {
     case v1::AgentMessage::kJoin:
-      return OnJoin(session, m.join(), now);
+      return OnJoin(session, m.join(), now, peer_ip);
     case v1::AgentMessage::kWorkersFailed:
       return OnWorkersFailed(session, m.workers_failed(), now);
     case v1::AgentMessage::kLeave:
@@ -118,7 +121,8 @@ Engine::Job& Engine::JobFor(const std::string& run_id, const Settings& settings)
   return ref;
 }
 
-void Engine::OnJoin(SessionId session, const v1::Join& join, TimePoint now) {
+void Engine::OnJoin(SessionId session, const v1::Join& join, TimePoint now,
+                    const std::string& peer_ip) {
   if (join.protocol_version() != kProtocolVersion) {
     return Refuse(session, "protocol version " + std::to_string(join.protocol_version()) +
                                " is not supported: this service speaks version " +
@@ -163,6 +167,10 @@ void Engine::OnJoin(SessionId session, const v1::Join& join, TimePoint now) {
   bound_[session] = Binding{job.run_id, desc.node_id};
   job.sessions[desc.node_id] = session;
   job.dialed[desc.node_id] = join.service_host();
+  auto& addresses = job.addresses[desc.node_id];
+  addresses.clear();
+  if (!peer_ip.empty()) addresses.push_back(peer_ip);
+  for (const auto& a : node.addresses()) addresses.push_back(a);
   Apply(job, std::move(t));
 }
 
@@ -244,7 +252,16 @@ void Engine::Apply(Job& job, Transition t) {
   for (auto& action : t.actions) {
     if (auto* round = std::get_if<FormRound>(&action)) {
       job.store.reset();
-      auto store = hooks_.start_store(job.run_id, round->round);
+      std::vector<std::string> allowed;
+      for (const auto& a : round->assignments) {
+        auto known = job.addresses.find(a.node_id);
+        if (known == job.addresses.end() || known->second.empty()) {
+          allowed.clear();  // a member of unknown address: no list rather than a wrong one
+          break;
+        }
+        allowed.insert(allowed.end(), known->second.begin(), known->second.end());
+      }
+      auto store = hooks_.start_store(job.run_id, round->round, allowed);
       if (!store.ok()) {
         job.state.phase = Phase::kFailed;
         job.wake.reset();

@@ -19,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "crun/v1/rendezvous.pb.h"
 #include "rendezvous/service/rules.h"
@@ -39,8 +40,11 @@ class RoundStore {
 struct EngineHooks {
   // Queues one message on a session; never blocks. A closed session ignores it.
   std::function<void(SessionId, const v1::ServiceMessage&)> send;
-  // A fresh worker store for (run id, round).
-  std::function<StatusOr<std::unique_ptr<RoundStore>>(const std::string&, int)> start_store;
+  // A fresh worker store for (run id, round), open to the listed IP addresses only: those the
+  // round's agents connected from and those they declared (empty when none is known).
+  std::function<StatusOr<std::unique_ptr<RoundStore>>(const std::string&, int,
+                                                      const std::vector<std::string>&)>
+      start_store;
   // What happened, one line per decision ("job7: round 2 formed: 3 nodes, 24 workers"). Optional.
   std::function<void(const std::string&)> log;
 };
@@ -55,7 +59,9 @@ class Engine {
   Engine(EngineHooks hooks, EngineOptions options);
   ~Engine();
 
-  void OnMessage(SessionId session, const v1::AgentMessage& message, TimePoint now);
+  // `peer_ip`: the address the session comes from (the gRPC layer knows it; "" if not).
+  void OnMessage(SessionId session, const v1::AgentMessage& message, TimePoint now,
+                 const std::string& peer_ip = "");
   // The session's stream ended (agent gone, or it left).
   void OnSessionClosed(SessionId session, TimePoint now);
   void OnTick(TimePoint now);
@@ -72,7 +78,7 @@ class Engine {
     std::string node_id;
   };
 
-  void OnJoin(SessionId session, const v1::Join& join, TimePoint now);
+  void OnJoin(SessionId session, const v1::Join& join, TimePoint now, const std::string& peer_ip);
   void OnWorkersFailed(SessionId session, const v1::FailureReport& report, TimePoint now);
   void Apply(Job& job, Transition t);
   void Finish(Job& job, bool success, const std::string& reason);

@@ -48,8 +48,13 @@ struct Core {
   // it was empty, and then takes everything that arrived meanwhile in one turn (under load, one
   // wake-up serves many agents). Each message keeps the time it arrived.
   // A stream's end goes the same way, so it is never handled before its last message.
-  void Received(SessionId id, v1::AgentMessage m) { Queue({id, std::move(m), Clock::now(), false}); }
-  void Closed(SessionId id) { Queue({id, {}, Clock::now(), true}); }
+  void Received(SessionId id, v1::AgentMessage m, const std::string& peer_ip) {
+    std::string peer = m.has_join() ? peer_ip : std::string();
+    Queue({id, std::move(m), Clock::now(), false, std::move(peer)});
+  }
+  void Closed(SessionId id) { Queue({id, {}, Clock::now(), true, {}}); }
+  // OK when the call carries the job token (or none is needed); else the refusal, logged.
+  grpc::Status Authorize(const grpc::CallbackServerContext* context, const char* call);
   // Keeps one timer on the engine's next deadline.
   void Rearm() {
     auto wake = engine->NextWake();
@@ -79,6 +84,7 @@ struct Core {
     v1::AgentMessage message;
     Clock::time_point at;
     bool closed;
+    std::string peer_ip;  // joins only
   };
   void Queue(Arrival a) {
     bool wake = false;
@@ -100,7 +106,7 @@ struct Core {
       if (a.closed) {
         engine->OnSessionClosed(a.session, a.at);
       } else {
-        engine->OnMessage(a.session, a.message, a.at);
+        engine->OnMessage(a.session, a.message, a.at, a.peer_ip);
       }
     }
     Rearm();
@@ -109,12 +115,42 @@ struct Core {
   std::vector<Arrival> inbox;
   std::mutex mu;
   std::unordered_map<SessionId, SessionReactor*> streams;
+  std::atomic<std::uint64_t> refused_calls{0};
+};
+
+grpc::Status Core::Authorize(const grpc::CallbackServerContext* context, const char* call) {
+  const std::string& token = options.security.token;
+  if (token.empty()) return grpc::Status::OK;
+  const auto& md = context->client_metadata();
+  const auto it = md.find(kTokenHeader);
+  const bool given = it != md.end();
+  if (given && TokenMatches(token, std::string_view(it->second.data(), it->second.size()))) {
+    return grpc::Status::OK;
+  }
+  const auto n = refused_calls.fetch_add(1, std::memory_order_relaxed) + 1;
+  const std::string why = given ? "a wrong job token" : "no job token";
+  if (n <= 10 || (n & (n - 1)) == 0) {  // a flood stays visible without flooding the log
+    spdlog::warn("refused {} call #{} from {}: {}", call, n, PeerIp(context->peer()), why);
+  }
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      given ? "the job token does not match the rendezvous service's"
+                            : "the rendezvous service requires a job token: give every node "
+                              "the job's token (--token-file, CRUN_TOKEN_FILE or CRUN_TOKEN)");
+}
+
+// A session refused before it started: ends at once with the refusal.
+class RefusedSession final
+    : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServiceMessage> {
+ public:
+  explicit RefusedSession(const grpc::Status& s) { Finish(s); }
+  void OnDone() override { delete this; }
 };
 
 class SessionReactor final
     : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServiceMessage> {
  public:
-  SessionReactor(Core* core) : core_(core), id_(core->next_session++) {
+  SessionReactor(Core* core, std::string peer_ip)
+      : core_(core), id_(core->next_session++), peer_ip_(std::move(peer_ip)) {
     {
       std::lock_guard lock(core_->mu);
       core_->streams[id_] = this;
@@ -133,7 +169,7 @@ class SessionReactor final
       if (writes_.Close()) FinishOnce();
       return;
     }
-    core_->Received(id_, std::move(in_));
+    core_->Received(id_, std::move(in_), peer_ip_);
     in_.Clear();
     StartRead(&in_);
   }
@@ -172,6 +208,7 @@ class SessionReactor final
 
   Core* core_;
   SessionId id_;
+  std::string peer_ip_;
   v1::AgentMessage in_;
   WriteQueue<v1::ServiceMessage> writes_;
   std::atomic<bool> finishing_{false};
@@ -189,14 +226,19 @@ class ServiceImpl final : public v1::Rendezvous::CallbackService {
   explicit ServiceImpl(Core* core) : core_(core) {}
 
   grpc::ServerBidiReactor<v1::AgentMessage, v1::ServiceMessage>* Session(
-      grpc::CallbackServerContext*) override {
-    return new SessionReactor(core_);
+      grpc::CallbackServerContext* context) override {
+    if (auto s = core_->Authorize(context, "Session"); !s.ok()) return new RefusedSession(s);
+    return new SessionReactor(core_, PeerIp(context->peer()));
   }
 
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const v1::StatusRequest* request,
                                    v1::StatusResponse* response) override {
     auto* reactor = context->DefaultReactor();
+    if (auto s = core_->Authorize(context, "Status"); !s.ok()) {
+      reactor->Finish(s);
+      return reactor;
+    }
     asio::post(core_->io, [this, reactor, request, response] {
       if (core_->engine) *response = core_->engine->Status(request->run_id(), Clock::now());
       reactor->Finish(grpc::Status::OK);
@@ -219,9 +261,12 @@ class GrpcRendezvousService final : public RendezvousService {
     EngineHooks hooks;
     Core* core = core_.get();
     hooks.send = [core](SessionId id, const v1::ServiceMessage& m) { core->SendTo(id, m); };
-    hooks.start_store = [core](const std::string&, int) -> StatusOr<std::unique_ptr<RoundStore>> {
+    hooks.start_store = [core](const std::string&, int, const std::vector<std::string>& allowed)
+        -> StatusOr<std::unique_ptr<RoundStore>> {
       StoreServerOptions so;
       so.host = core->options.host;
+      if (core->options.store_allow_list) so.allowed_peers = allowed;
+      so.max_connections_per_peer = core->options.store_connections_per_peer;
       auto server = StoreServer::Start(core->io, so);
       if (!server.ok()) return server.status();
       return std::unique_ptr<RoundStore>(std::make_unique<StoreHandle>(std::move(server).value()));
@@ -237,7 +282,7 @@ class GrpcRendezvousService final : public RendezvousService {
     const bool v6 = o.host.find(':') != std::string::npos;
     const std::string address = (v6 ? "[" + o.host + "]" : o.host) + ":" + std::to_string(o.port);
     int selected = 0;
-    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &selected);
+    builder.AddListeningPort(address, ServerCredentials(o.security), &selected);
     builder.RegisterService(&service_);
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second daemon must fail
     // Agents ping to notice a dead service quickly; let them.
@@ -286,6 +331,7 @@ class GrpcRendezvousService final : public RendezvousService {
     auto f = p.get_future();
     asio::post(core_->io, [this, &p] {
       ServiceStats s;
+      s.refused_calls = core_->refused_calls.load(std::memory_order_relaxed);
       if (core_->engine) {
         s.sessions = core_->engine->live_sessions();
         s.jobs = static_cast<std::uint64_t>(core_->engine->Status("", Clock::now()).jobs_size());

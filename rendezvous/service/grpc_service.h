@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "rendezvous/service/security.h"
 #include "rendezvous/store/status.h"
 
 namespace crun::rdzv {
@@ -24,11 +25,18 @@ struct ServiceOptions {
   std::string advertise_addr;
   std::size_t keep_finished_jobs = 64;
   bool log_decisions = true;  // one spdlog line per round, stop, refusal, outcome
+  // Job token (every call must carry it when set) and TLS (security.h).
+  Security security;
+  // Each round's worker store accepts only its nodes' addresses (security.h, docs/security.md).
+  bool store_allow_list = true;
+  // Connections one address may hold open on a round's store (0: no bound).
+  std::size_t store_connections_per_peer = 4096;
 };
 
 struct ServiceStats {
   std::uint64_t sessions = 0;  // bound to a job
   std::uint64_t jobs = 0;
+  std::uint64_t refused_calls = 0;  // without the job token, or with a wrong one
 };
 
 class RendezvousService {

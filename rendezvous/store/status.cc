@@ -15,6 +15,7 @@ std::string_view StatusCodeName(StatusCode code) {
     case StatusCode::kResourceExhausted: return "resource exhausted";
     case StatusCode::kInternal: return "internal error";
     case StatusCode::kAborted: return "aborted";
+    case StatusCode::kPermissionDenied: return "permission denied";
   }
   return "unknown";
 }

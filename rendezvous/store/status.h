@@ -25,6 +25,7 @@ enum class StatusCode {
   kResourceExhausted,  // a configured limit was hit
   kInternal,           // an unexpected error from the OS or a library
   kAborted,            // the caller (or its group) gave the operation up
+  kPermissionDenied,   // the peer refused us: no or wrong credentials, or not on its list
 };
 
 std::string_view StatusCodeName(StatusCode code);
@@ -55,6 +56,9 @@ inline Status ProtocolError(std::string m) { return {StatusCode::kProtocol, std:
 inline Status ResourceExhausted(std::string m) { return {StatusCode::kResourceExhausted, std::move(m)}; }
 inline Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 inline Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
+inline Status PermissionDenied(std::string m) {
+  return {StatusCode::kPermissionDenied, std::move(m)};
+}
 
 // errno -> Status, wrapped once here: "connect to 10.0.0.5:29500: Connection refused".
 Status PosixError(std::string_view context, int err);

@@ -2,6 +2,7 @@
 // session was sent. Stores are counted, not opened: no sockets, threads, clocks or sleeps.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
@@ -32,15 +33,18 @@ struct Harness {
   std::map<SessionId, std::vector<v1::ServiceMessage>> inbox;
   int stores_open = 0;
   int stores_started = 0;
+  std::vector<std::vector<std::string>> store_allowed;  // per store started
   bool store_fails = false;
   Engine engine;
 
   explicit Harness(crun::rdzv::EngineOptions options = {})
       : engine(crun::rdzv::EngineHooks{
                    [this](SessionId s, const v1::ServiceMessage& m) { inbox[s].push_back(m); },
-                   [this](const std::string&, int) -> crun::StatusOr<std::unique_ptr<crun::rdzv::RoundStore>> {
+                   [this](const std::string&, int, const std::vector<std::string>& allowed)
+                       -> crun::StatusOr<std::unique_ptr<crun::rdzv::RoundStore>> {
                      if (store_fails) return crun::Unavailable("port exhausted");
                      ++stores_started;
+                     store_allowed.push_back(allowed);
                      return std::unique_ptr<crun::rdzv::RoundStore>(
                          std::make_unique<FakeStore>(static_cast<std::uint16_t>(40000 + stores_started),
                                                      &stores_open));
@@ -51,6 +55,18 @@ struct Harness {
   void Join(SessionId s, const std::string& host, TimePoint t, int min = 2, int max = 2,
             int nproc = 2, int max_restarts = 1, std::string run = "job7",
             std::string node_id = "", std::uint32_t version = 1) {
+    engine.OnMessage(s, JoinMessage(host, min, max, nproc, max_restarts, run, node_id, version), t);
+  }
+  // A join arriving from `peer_ip`, declaring `declared` addresses (two-node job).
+  void JoinFrom(SessionId s, const std::string& host, const std::string& peer_ip,
+                std::vector<std::string> declared, TimePoint t) {
+    auto m = JoinMessage(host, 2, 2, 2, 1, "job7", "", 1);
+    for (const auto& a : declared) m.mutable_join()->mutable_node()->add_addresses(a);
+    engine.OnMessage(s, m, t, peer_ip);
+  }
+  static v1::AgentMessage JoinMessage(const std::string& host, int min, int max, int nproc,
+                                      int max_restarts, const std::string& run,
+                                      const std::string& node_id, std::uint32_t version) {
     v1::AgentMessage m;
     auto* j = m.mutable_join();
     j->set_protocol_version(version);
@@ -66,7 +82,7 @@ struct Harness {
     st->set_last_call_timeout_ms(1'000);
     st->set_heartbeat_timeout_ms(3'000);
     st->set_max_restarts(max_restarts);
-    engine.OnMessage(s, m, t);
+    return m;
   }
   void Heartbeat(SessionId s, TimePoint t) {
     v1::AgentMessage m;
@@ -317,4 +333,22 @@ TEST_CASE("engine: spares get told they wait, and replace a lost node", "[engine
   h.Join(3, "c", T0 + 2s, 1, 2);  // MAX again at once
   CHECK(h.Last(3).assignment().group_world_size() == 2);
   CHECK(h.Last(3).assignment().group_rank() == 1);
+}
+
+TEST_CASE("a round's store admits the addresses its members joined from and declared", "[engine]") {
+  Harness h;
+  h.JoinFrom(1, "node-a", "10.0.0.2", {}, T0);
+  h.JoinFrom(2, "node-b", "10.0.0.3", {"192.168.7.3"}, T0);
+  REQUIRE(h.stores_started == 1);
+  auto allowed = h.store_allowed.at(0);
+  std::sort(allowed.begin(), allowed.end());
+  CHECK(allowed == std::vector<std::string>{"10.0.0.2", "10.0.0.3", "192.168.7.3"});
+}
+
+TEST_CASE("a member of unknown address leaves the round's store without a list", "[engine]") {
+  Harness h;
+  h.JoinFrom(1, "node-a", "10.0.0.2", {}, T0);
+  h.JoinFrom(2, "node-b", "", {}, T0);  // e.g. a session that is not over TCP
+  REQUIRE(h.stores_started == 1);
+  CHECK(h.store_allowed.at(0).empty());
 }
