@@ -1,6 +1,8 @@
 #include "tests/unit/server/raw_client.h"
 
 #include <poll.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <stdexcept>
@@ -12,6 +14,26 @@ RawClient::RawClient(const std::string& host, std::uint16_t port)
   auto fd = ConnectTcp(host, port, SteadyClock::now() + std::chrono::seconds(20));
   if (!fd.ok()) throw std::runtime_error(fd.status().ToString());
   fd_ = std::move(fd).value();
+}
+
+RawClient RawClient::From(const std::string& source, const std::string& host,
+                          std::uint16_t port) {
+  RawClient c;
+  c.peer_ = FormatEndpoint(host, port);
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source.c_str(), &from.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  ::inet_pton(AF_INET, host.c_str(), &to.sin_addr);
+  if (fd.get() < 0 || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&from), sizeof from) != 0 ||
+      ::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+    throw std::runtime_error("connect from " + source + " to " + c.peer_ + " failed");
+  }
+  c.fd_ = std::move(fd);
+  return c;
 }
 
 void RawClient::Send(std::string_view bytes) {

@@ -15,6 +15,8 @@ class RawClient {
  public:
   // Connects to host:port (no handshake); throws on failure.
   RawClient(const std::string& host, std::uint16_t port);
+  // The same from a chosen IPv4 source address (127.0.0.2: "another host" on loopback).
+  static RawClient From(const std::string& source, const std::string& host, std::uint16_t port);
 
   void Send(std::string_view bytes);
   void SendRequest(wire::Dialect dialect, const wire::Request& request);
@@ -33,6 +35,7 @@ class RawClient {
   int fd() const { return fd_.get(); }
 
  private:
+  RawClient() = default;
   UniqueFd fd_;
   std::string peer_;
   std::uint32_t nonce_ = 1000;

@@ -475,3 +475,64 @@ TEST_CASE("client: a store that goes away breaks the client with a clear error",
   auto again = c->Get("/k");
   CHECK_THAT(again.status().message(), Catch::Contains("unusable after an earlier failure"));
 }
+
+TEST_CASE("an allow-list admits its addresses only; a stranger is closed, counted, harmless",
+          "[server]") {
+  crun::StoreServerOptions options;
+  options.host = "127.0.0.1";
+  options.allowed_peers = {"127.0.0.1"};
+  auto server = StartServer(options);
+  auto member = ConnectClient(server->port());
+  REQUIRE(member->Set("k", "v").ok());
+  auto stranger = RawClient::From("127.0.0.2", "127.0.0.1", server->port());
+  CHECK(stranger.ClosedByPeer());
+  auto stats = server->stats();
+  CHECK(stats.refused_strangers == 1);
+  CHECK(stats.open_connections == 1);
+  CHECK(*member->Get("k") == "v");
+}
+
+TEST_CASE("an IPv4 client of a dual-stack store matches its IPv4 address on the list",
+          "[server]") {
+  crun::StoreServerOptions options;
+  options.host = "::";
+  options.allowed_peers = {"127.0.0.2"};
+  auto started = crun::BackgroundStoreServer::Start(options);  // StartServer would bind 127.0.0.1
+  REQUIRE(started.ok());
+  auto& server = *started;
+  auto member = RawClient::From("127.0.0.2", "127.0.0.1", server->port());
+  member.Validate();
+  member.ExpectInSync();
+  CHECK(RawClient("127.0.0.1", server->port()).ClosedByPeer());
+  CHECK(server->stats().refused_strangers == 1);
+}
+
+TEST_CASE("an allow-list entry that is not an address is refused with the value named",
+          "[server]") {
+  crun::StoreServerOptions options;
+  options.allowed_peers = {"node-a"};
+  boost::asio::io_context io;
+  auto s = crun::StoreServer::Start(io, options);
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.status().message(), Catch::Contains("'node-a'"));
+}
+
+TEST_CASE("connections per address are bounded; other addresses and freed slots go on",
+          "[server]") {
+  crun::StoreServerOptions options;
+  options.max_connections_per_peer = 2;
+  auto server = StartServer(options);
+  std::vector<std::unique_ptr<crun::TcpStoreClient>> held;
+  for (int i = 0; i < 2; ++i) held.push_back(ConnectClient(server->port()));
+  CHECK(RawClient("127.0.0.1", server->port()).ClosedByPeer());
+  CHECK(server->stats().refused_per_peer == 1);
+  // Another address has its own allowance.
+  auto other = RawClient::From("127.0.0.3", "127.0.0.1", server->port());
+  other.Validate();
+  other.ExpectInSync();
+  held.pop_back();
+  REQUIRE(Eventually([&] { return server->stats().open_connections == 2; }));
+  auto again = ConnectClient(server->port());
+  REQUIRE(again->Set("k", "v").ok());
+  CHECK(server->stats().refused_per_peer == 1);
+}
