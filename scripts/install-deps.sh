@@ -10,6 +10,6 @@ $SUDO apt-get install -y -q \
   libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libspdlog-dev libcli11-dev nlohmann-json3-dev catch2 libgloo-dev libtorch-dev \
   python3 python3-venv python3-torch \
-  iproute2 procps time \
+  iproute2 procps time openssl \
   slurmctld slurmd slurm-client munge \
   clang libclang-rt-14-dev
