@@ -83,6 +83,18 @@ void AddStoreCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--max-store-bytes", l.max_store_bytes, "Keys plus values held in total")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--max-waits-per-connection", l.max_waits_per_connection,
+                  "WAITs/BARRIERs pending plus keys watched, per connection")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--max-pending-waits", l.max_pending_waits,
+                  "WAITs/BARRIERs pending on the whole store")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--max-connections-per-peer", s.max_connections_per_peer,
+                  "Connections one IP address may hold at once; 0 = no bound")
+      ->capture_default_str();
+  cmd->add_option("--allow", s.allowed_peers,
+                  "Accept connections only from these IP addresses (repeatable); none = anyone")
+      ->group("Security");
   cmd->add_option("--log-level", options->log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
       ->capture_default_str();

@@ -150,12 +150,15 @@ bool Session::Handle(wire::Request& r) {
       wire::AppendU8(&out_, state.Check(a) ? wire::kCheckReady : wire::kCheckNotReady);
       break;
     case Command::kWait:
-      if (state.Wait(a, this)) wire::AppendU8(&out_, wire::kStopWaiting);
+      status = CanHoldAnother();
+      if (status.ok() && state.Wait(a, this)) wire::AppendU8(&out_, wire::kStopWaiting);
       break;
     case Command::kGetNumKeys:
       wire::AppendI64(&out_, state.NumKeys());
       break;
     case Command::kWatchKey:
+      status = CanHoldAnother();
+      if (!status.ok()) break;
       state.Watch(a[0], this);
       wire::AppendU8(&out_, static_cast<std::uint8_t>(wire::WatchEvent::kRegistered));
       break;
@@ -200,6 +203,8 @@ bool Session::Handle(wire::Request& r) {
       break;
     }
     case Command::kBarrier: {
+      status = CanHoldAnother();
+      if (!status.ok()) break;
       auto released = state.Barrier(std::move(a[0]), r.number, this);
       if (!released.ok()) {
         status = released.status();
@@ -271,6 +276,21 @@ void Session::OnWritten(const boost::system::error_code& ec) {
     read_paused_ = false;
     ContinueReading();
   }
+}
+
+Status Session::CanHoldAnother() const {
+  const StoreLimits& l = shared_->limits;
+  const std::size_t mine = shared_->state.held_by(this);
+  if (mine >= l.max_waits_per_connection) {
+    return ResourceExhausted("this connection already holds " + std::to_string(mine) +
+                             " waits and watches, the limit per connection");
+  }
+  const std::size_t all = shared_->state.pending_waits();
+  if (all >= l.max_pending_waits) {
+    return ResourceExhausted("the store already holds " + std::to_string(all) +
+                             " pending waits, its limit");
+  }
+  return Status::Ok();
 }
 
 void Session::Fail(const std::string& why) {

@@ -65,6 +65,8 @@ class Session final : public std::enable_shared_from_this<Session>, public Store
   void ScheduleFlush();
   void OnWritten(const boost::system::error_code& ec);
   void Fail(const std::string& why);
+  // Whether this connection may hold one more wait or watch (StoreLimits).
+  Status CanHoldAnother() const;
   std::string Peer() const;
   std::size_t pending_output() const { return out_.size() + sending_.size(); }
 

@@ -300,6 +300,10 @@ Status StoreServerOptions::Validate() const {
                            ") must be >= max key bytes + max value bytes (" +
                            std::to_string(limits.max_key_bytes + limits.max_value_bytes) + ")");
   }
+  if (limits.max_waits_per_connection == 0) {
+    return InvalidArgument("max waits per connection must be positive");
+  }
+  if (limits.max_pending_waits == 0) return InvalidArgument("max pending waits must be positive");
   if (backlog < 0) return InvalidArgument("backlog " + std::to_string(backlog) + " is negative");
   return Status::Ok();
 }

@@ -161,6 +161,7 @@ std::int64_t KvState::QueueLen(const std::string& key) const {
 void KvState::Register(std::unique_ptr<Waiter> waiter, const std::vector<std::string>& on_keys) {
   for (const auto& key : on_keys) waiting_[key].push_back(waiter.get());
   waits_of_[waiter->listener].push_back(std::move(waiter));
+  ++pending_;
 }
 
 bool KvState::Wait(const std::vector<std::string>& keys, StoreListener* listener) {
@@ -211,6 +212,7 @@ void KvState::Complete(Waiter* waiter) {
   auto it = std::find_if(mine.begin(), mine.end(), [&](const auto& w) { return w.get() == waiter; });
   std::unique_ptr<Waiter> owned = std::move(*it);
   mine.erase(it);
+  --pending_;
   if (mine.empty()) waits_of_.erase(listener);
   listener->OnWaitDone();
 }
@@ -251,6 +253,7 @@ bool KvState::CancelWaits(StoreListener* listener) {
       if (w->second.empty()) waiting_.erase(w);
     }
   }
+  pending_ -= it->second.size();
   waits_of_.erase(it);
   return true;
 }
@@ -280,9 +283,11 @@ void KvState::Notify(WatchEvent event, const std::string& key, std::string_view 
   for (StoreListener* l : it->second) l->OnWatchEvent(event, key, old_value, new_value);
 }
 
-std::size_t KvState::pending_waits() const {
+std::size_t KvState::held_by(const StoreListener* listener) const {
+  auto* key = const_cast<StoreListener*>(listener);
   std::size_t n = 0;
-  for (const auto& [l, waits] : waits_of_) n += waits.size();
+  if (auto w = waits_of_.find(key); w != waits_of_.end()) n += w->second.size();
+  if (auto w = watched_by_.find(key); w != watched_by_.end()) n += w->second.size();
   return n;
 }
 

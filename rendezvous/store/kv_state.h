@@ -83,7 +83,9 @@ class KvState {
   void Forget(StoreListener* listener);
 
   std::uint64_t bytes() const { return bytes_; }
-  std::size_t pending_waits() const;
+  std::size_t pending_waits() const { return pending_; }
+  // WAITs and BARRIERs of this listener not answered yet, plus the keys it watches.
+  std::size_t held_by(const StoreListener* listener) const;
 
  private:
   struct Waiter {
@@ -103,6 +105,7 @@ class KvState {
 
   std::uint64_t max_bytes_;
   std::uint64_t bytes_ = 0;
+  std::size_t pending_ = 0;  // registered waiters
   std::unordered_map<std::string, std::string> data_;
   std::unordered_map<std::string, std::deque<std::string>> queues_;
   std::unordered_map<std::string, std::vector<Waiter*>> waiting_;  // key -> waiters on it

@@ -19,6 +19,11 @@ struct StoreLimits {
   std::size_t max_request_bytes = 256 * 1024 * 1024;
   // Keys plus values held by the whole store; writes past it close the writer's connection.
   std::uint64_t max_store_bytes = 4ULL * 1024 * 1024 * 1024;
+  // WAITs and BARRIERs pending plus keys watched (1.13) on one connection. A c10d client
+  // blocks on one wait at a time; only a misbehaving one pipelines thousands.
+  std::size_t max_waits_per_connection = 1024;
+  // Pending WAITs and BARRIERs of all connections together.
+  std::size_t max_pending_waits = 1024 * 1024;
 };
 
 }  // namespace crun

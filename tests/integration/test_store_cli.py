@@ -9,7 +9,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from crun_testing import VALIDATE, raw_add, start_store  # noqa: E402
+from crun_testing import VALIDATE, raw_add, start_store, stop_store  # noqa: E402
 
 CRUN = os.environ["CRUN_BIN"]
 
@@ -131,10 +131,39 @@ class StoreCli(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertIn("process descriptor limit", err)
 
+    def test_allow_list_closes_strangers_and_serves_the_listed(self):
+        proc, port = start("--allow", "127.0.0.1", "--max-waits-per-connection", "8")
+        try:
+            stranger = socket.socket()
+            stranger.bind(("127.0.0.2", 0))
+            stranger.connect(("127.0.0.1", port))
+            stranger.settimeout(30)
+            stranger.sendall(VALIDATE)
+            try:
+                self.assertEqual(stranger.recv(1), b"")
+            except ConnectionResetError:
+                pass
+            stranger.close()
+            member = socket.create_connection(("127.0.0.1", port), timeout=30)
+            member.sendall(VALIDATE)
+            self.assertEqual(raw_add(member, "k", 2), 2)
+            member.close()
+        finally:
+            code, err = stop_store(proc)
+        self.assertEqual(code, 0, err)
+        self.assertIn("refused connection #1 from 127.0.0.2: not an address of this job's nodes",
+                      err)
+        r = subprocess.run([CRUN, "store", "--port", "0", "--allow", "node-a"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("allowed peer 'node-a' is not an IP address", r.stderr)
+
     def test_help_lists_the_limits(self):
         r = subprocess.run([CRUN, "store", "--help"], capture_output=True, text=True, timeout=30)
         self.assertEqual(r.returncode, 0)
-        for flag in ["--host", "--port", "--max-connections", "--max-value-bytes", "--backlog"]:
+        for flag in ["--host", "--port", "--max-connections", "--max-value-bytes", "--backlog",
+                     "--max-connections-per-peer", "--max-waits-per-connection",
+                     "--max-pending-waits", "--allow"]:
             self.assertIn(flag, r.stdout)
 
 

@@ -536,3 +536,45 @@ TEST_CASE("connections per address are bounded; other addresses and freed slots 
   REQUIRE(again->Set("k", "v").ok());
   CHECK(server->stats().refused_per_peer == 1);
 }
+
+TEST_CASE("waits held per connection and in total are bounded; others carry on", "[server]") {
+  crun::StoreServerOptions options;
+  options.limits.max_waits_per_connection = 3;
+  options.limits.max_pending_waits = 5;
+  auto server = StartServer(options);
+  auto bystander = ConnectClient(server->port());
+  // A client pipelining waits it will never see answered: the fourth closes its connection.
+  RawClient greedy = Modern(server->port());
+  for (int i = 0; i < 4; ++i) {
+    greedy.SendRequest(Dialect::kModern, MakeRequest(Command::kWait, {"/never" + std::to_string(i)}));
+  }
+  CHECK(greedy.ClosedByPeer());
+  REQUIRE(Eventually([&] { return server->stats().pending_waits == 0; }));
+  // Across connections: 3 + 2 fill the store's five; the sixth is refused.
+  RawClient a = Modern(server->port()), b = Modern(server->port()), c = Modern(server->port());
+  for (int i = 0; i < 3; ++i) a.SendRequest(Dialect::kModern, MakeRequest(Command::kWait, {"/x"}));
+  for (int i = 0; i < 2; ++i) b.SendRequest(Dialect::kModern, MakeRequest(Command::kWait, {"/x"}));
+  REQUIRE(Eventually([&] { return server->stats().pending_waits == 5; }));
+  c.SendRequest(Dialect::kModern, MakeRequest(Command::kWait, {"/x"}));
+  CHECK(c.ClosedByPeer());
+  // The held waits are answered when the key comes, and the bystander never noticed.
+  REQUIRE(bystander->Set("/x", "1").ok());
+  for (int i = 0; i < 3; ++i) CHECK(a.ReadU8() == crun::wire::kStopWaiting);
+  for (int i = 0; i < 2; ++i) CHECK(b.ReadU8() == crun::wire::kStopWaiting);
+  CHECK(*bystander->Get("/x") == "1");
+  CHECK(server->stats().protocol_errors == 2);
+}
+
+TEST_CASE("a client that sends half a frame and stalls delays nobody", "[server]") {
+  auto server = StartServer();
+  RawClient slow = Modern(server->port());
+  std::string frame;
+  crun::wire::EncodeRequest(Dialect::kModern, MakeRequest(Command::kSet, {"/slow", "value"}),
+                            &frame);
+  slow.Send(frame.substr(0, frame.size() / 2));  // and nothing more, for now
+  auto c = ConnectClient(server->port());
+  for (int i = 0; i < 1000; ++i) REQUIRE(*c->Add("/n", 1) == i + 1);
+  slow.Send(frame.substr(frame.size() / 2));
+  slow.ExpectInSync();
+  CHECK(*c->Get("/slow") == "value");
+}
