@@ -80,7 +80,10 @@ void Session::ReadMore(bool drained) {
   for (int i = 0; i < kReadsPerWake && !closed_ && !drained; ++i) {
     boost::system::error_code rec;
     const std::size_t n = socket_.read_some(asio::buffer(shared_->read_buffer), rec);
-    if (rec == asio::error::would_block || rec == asio::error::try_again) break;
+    if (rec == asio::error::would_block || rec == asio::error::try_again) {
+      drained = true;  // empty: wait for readiness (going on would spin until data came)
+      break;
+    }
     if (rec) {
       OnRead(rec, 0);
       return;

@@ -108,16 +108,24 @@ Status Settings::Validate() const {
     return InvalidArgument("max nodes (" + std::to_string(max_nodes) + ") must be >= min nodes (" +
                            std::to_string(min_nodes) + ")");
   }
+  if (max_nodes > kMaxNodes) {
+    return InvalidArgument("max nodes (" + std::to_string(max_nodes) + ") must be <= " +
+                           std::to_string(kMaxNodes));
+  }
   auto positive = [](const char* name, Millis v) -> Status {
+    if (v.count() > kMaxTimeout.count()) {
+      return InvalidArgument(std::string(name) + " (" + std::to_string(v.count()) +
+                             " ms) must be at most 30 days");
+    }
     if (v.count() > 0) return Status::Ok();
     return InvalidArgument(std::string(name) + " (" + std::to_string(v.count()) +
                            " ms) must be positive");
   };
   CRUN_RETURN_IF_ERROR(positive("join_timeout", join_timeout));
   CRUN_RETURN_IF_ERROR(positive("heartbeat_timeout", heartbeat_timeout));
-  if (last_call_timeout.count() < 0) {
+  if (last_call_timeout.count() < 0 || last_call_timeout > kMaxTimeout) {
     return InvalidArgument("last_call_timeout (" + std::to_string(last_call_timeout.count()) +
-                           " ms) must not be negative");
+                           " ms) must be 0 to 30 days");
   }
   if (max_restarts < 0) {
     return InvalidArgument("max restarts (" + std::to_string(max_restarts) + ") must be >= 0");
@@ -164,7 +172,10 @@ Transition OnJoin(State s, const NodeDescription& node, const Settings& its_sett
   if (s.phase == Phase::kFailed) return refuse("the job has already failed");
   if (s.phase == Phase::kSucceeded) return refuse("the job has already finished");
   if (s.present.count(node.node_id) != 0) return refuse("another agent already joined as node '" + node.node_id + "'");
-  if (node.nproc < 1) return refuse("nproc " + std::to_string(node.nproc) + " must be >= 1");
+  if (node.nproc < 1 || node.nproc > kMaxNprocPerNode) {
+    return refuse("nproc " + std::to_string(node.nproc) + " must be 1 to " +
+                  std::to_string(kMaxNprocPerNode));
+  }
   if (s.phase == Phase::kRunning) {
     if (static_cast<int>(s.members.size()) >= s.settings.max_nodes) {
       s.spares.push_back(node);  // held for a node that is lost

@@ -30,6 +30,11 @@ using Millis = std::chrono::milliseconds;
 inline constexpr Millis kDefaultJoinTimeout{600'000};   // torchrun's
 inline constexpr Millis kDefaultLastCallTimeout{1'000}; // torchrun: 30 s
 inline constexpr Millis kDefaultHeartbeatTimeout{3'000};
+// Bounds on what an agent may ask for: the job's world size fits an int with room to spare,
+// and deadlines stay far from the clock's range.
+inline constexpr int kMaxNodes = 100'000;
+inline constexpr int kMaxNprocPerNode = 4'096;
+inline constexpr Millis kMaxTimeout{30LL * 24 * 3600 * 1000};  // 30 days
 
 struct Settings {
   int min_nodes = 1;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "rendezvous/store/wire.h"
+#include "tests/fuzz/tight_limits.h"
 
 namespace {
 
@@ -21,18 +22,9 @@ struct Outcome {
   std::string error;
 };
 
-crun::StoreLimits TightLimits() {
-  crun::StoreLimits l;
-  l.max_key_bytes = 64;
-  l.max_value_bytes = 512;
-  l.max_keys_per_request = 16;
-  l.max_request_bytes = 2048;
-  return l;
-}
-
 Outcome Parse(std::string_view stream, std::size_t chunk) {
   Outcome out;
-  crun::wire::RequestParser parser(TightLimits());
+  crun::wire::RequestParser parser(crun::fuzz::TightLimits());
   for (std::size_t at = 0; at < stream.size(); at += chunk) {
     // A fresh copy per chunk: the parser must not keep pointers into a caller's buffer.
     std::string piece(stream.substr(at, chunk));

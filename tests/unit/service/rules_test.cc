@@ -2,6 +2,8 @@
 // threads, clocks or sleeps.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
+
 #include "rendezvous/service/rules.h"
 
 namespace {
@@ -65,7 +67,16 @@ TEST_CASE("settings are validated with the values named", "[rules]") {
   bad_join.join_timeout = 0ms;
   Settings bad_restarts = Nodes(1, 1);
   bad_restarts.max_restarts = -1;
+  // Past the bounds (found by tests/fuzz/rendezvous_engine_fuzz: a deadline of
+  // now + INT64_MAX ms overflowed the clock).
+  Settings huge_heartbeat = Nodes(1, 1);
+  huge_heartbeat.heartbeat_timeout = crun::rdzv::Millis(INT64_MAX);
+  Settings huge_last_call = Nodes(1, 1);
+  huge_last_call.last_call_timeout = crun::rdzv::Millis(31LL * 24 * 3600 * 1000);
   for (const auto& row : std::vector<Row>{
+           {Nodes(1, 100'001), "max nodes (100001) must be <= 100000"},
+           {huge_heartbeat, "heartbeat_timeout (9223372036854775807 ms) must be at most 30 days"},
+           {huge_last_call, "last_call_timeout (2678400000 ms) must be 0 to 30 days"},
            {bad_max, "max nodes (2) must be >= min nodes (4)"},
            {bad_min, "min nodes (0) must be >= 1"},
            {bad_join, "join_timeout (0 ms) must be positive"},
@@ -174,10 +185,13 @@ TEST_CASE("joins that cannot be accepted are refused with the reason", "[rules]"
   };
   NodeDescription zero = Node("z");
   zero.nproc = 0;
+  NodeDescription huge = Node("h");
+  huge.nproc = INT32_MAX;  // two of them would overflow the world size
   for (const auto& row : std::vector<Row>{
            {Node("a"), s, "another agent already joined as node 'a#1'"},
            {Node("b"), Nodes(2, 3), "--nnodes differs: this job uses 2:4, the joining agent 2:3"},
-           {zero, s, "nproc 0 must be >= 1"},
+           {zero, s, "nproc 0 must be 1 to 4096"},
+           {huge, s, "nproc 2147483647 must be 1 to 4096"},
        }) {
     auto t = OnJoin(st, row.node, row.settings, T0 + 1s);
     const auto* refused = Only<RefuseJoin>(t.actions);
