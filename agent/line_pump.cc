@@ -4,20 +4,25 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+
+#include <spdlog/spdlog.h>
 
 namespace crun::agent {
 namespace {
 
-void WriteAll(int fd, const std::string& data) {
+// 0, or the errno of the write that failed.
+int WriteAll(int fd, const std::string& data) {
   std::size_t done = 0;
   while (done < data.size()) {
     const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
     if (n > 0) {
       done += static_cast<std::size_t>(n);
     } else if (n < 0 && errno != EINTR) {
-      return;  // the console or file is gone: the worker must not be blocked by it
+      return errno;  // the console or file is gone: the worker must not be blocked by it
     }
   }
+  return 0;
 }
 
 }  // namespace
@@ -73,7 +78,15 @@ void LinePump::DrainAvailable() {
 }
 
 void LinePump::Emit(std::string_view line) {
-  if (targets_.file_fd >= 0) WriteAll(targets_.file_fd, std::string(line) + "\n");
+  if (targets_.file_fd >= 0 && !file_failed_) {
+    if (const int err = WriteAll(targets_.file_fd, std::string(line) + "\n"); err != 0) {
+      // Disk full, quota, I/O error: say so once; the console (if shown) still has it all.
+      file_failed_ = true;
+      spdlog::warn("cannot write {} to {}: {}; from here on it goes {}", targets_.stream_name,
+                   targets_.file_path, std::strerror(err),
+                   targets_.console_fd >= 0 ? "to the console only" : "nowhere");
+    }
+  }
   if (targets_.console_fd >= 0) {
     WriteAll(targets_.console_fd, targets_.prefix + std::string(line) + "\n");
   }

@@ -18,6 +18,8 @@ struct PumpTargets {
   int console_fd = -1;  // -1: not shown on the console
   std::string prefix;   // put before each console line
   int file_fd = -1;     // -1: no file; the pump does not own it
+  std::string file_path;  // for the warning when the file cannot be written (disk full)
+  std::string stream_name;  // "rank 3 stdout", for that warning
   std::size_t tail_lines = 20;
 };
 
@@ -43,6 +45,7 @@ class LinePump {
   boost::asio::posix::stream_descriptor pipe_;
   PumpTargets targets_;
   std::function<void()> on_eof_;
+  bool file_failed_ = false;  // a write failed: warned once, the file gets no more lines
   std::string pending_;
   std::deque<std::string> tail_;
   char buffer_[16384];

@@ -137,6 +137,14 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   // ---- workers ----------------------------------------------------------------------------
 
+  // Whether `pid` is stopped (state T in /proc: SIGSTOP, SIGTSTP, a tracer).
+  static bool IsStopped(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto close = stat.rfind(')');
+    return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
+  }
+
   void StartAttempt(const GroupAssignment& g) {
     phase = Phase::kRunning;
     next = Next::kNone;
@@ -275,6 +283,9 @@ struct LocalAgent::Impl final : RendezvousEvents {
                                   "${local_rank}", std::to_string(lr));
     }
     targets.file_fd = file;
+    targets.file_path = path;
+    targets.stream_name = "rank " + std::to_string(group.base_rank + lr) +
+                          (bit == 1 ? " stdout" : " stderr");
     ++open_pumps;
     auto pump = std::make_unique<LinePump>(io, p[0], targets, [this, file] {
       if (file >= 0) ::close(file);
@@ -332,7 +343,16 @@ struct LocalAgent::Impl final : RendezvousEvents {
     if (phase == Phase::kStopping && signo == SIGTERM) return;  // already on its way down
     phase = Phase::kStopping;
     for (const auto& w : workers) {
-      if (w.running) ::kill(-w.pid, signo);
+      if (!w.running) continue;
+      ::kill(-w.pid, signo);
+      if (IsStopped(w.pid)) {
+        // A stopped process keeps the signal pending and would only meet SIGKILL at the end
+        // of the grace: let it run, so that it can act on the signal now.
+        spdlog::warn("rank {} (pid {}) was stopped (SIGSTOP or a debugger): sending SIGCONT so "
+                     "that it can act on {}", group.base_rank + w.local_rank, w.pid,
+                     SignalName(signo));
+        ::kill(-w.pid, SIGCONT);
+      }
     }
     if (running == 0) return MaybeEndAttempt();
     kill_timer.expires_after(options.shutdown_timeout);

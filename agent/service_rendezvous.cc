@@ -71,7 +71,8 @@ std::vector<FailureRecord> FromProto(const v1::FailureReport& r) {
 class ServiceRendezvous final : public Rendezvous {
  public:
   ServiceRendezvous(asio::io_context& io, ServiceRendezvousOptions o)
-      : io_(io), o_(std::move(o)), heartbeat_(io), join_timer_(io), probe_(io), probe_timer_(io),
+      : io_(io), o_(std::move(o)), heartbeat_(io), join_timer_(io), reconnect_timer_(io),
+        probe_(io), probe_timer_(io),
         rng_(std::random_device{}()),
         work_(asio::make_work_guard(io)),
         target_(GrpcTarget(o_.endpoint_host, o_.endpoint_port)) {}
@@ -156,10 +157,14 @@ class ServiceRendezvous final : public Rendezvous {
     ended_ = true;
     heartbeat_.cancel();
     join_timer_.cancel();
+    reconnect_timer_.cancel();
     probe_timer_.cancel();
     boost::system::error_code ignored;
     probe_.close(ignored);
-    if (client_) {
+    if (client_ && reconnecting_) {
+      client_->Cancel();  // a session still waiting for the service: nobody to say goodbye to
+      client_->Close();
+    } else if (client_) {
       v1::AgentMessage m;
       m.mutable_leave()->set_reason(reason);
       client_->Send(std::move(m));
@@ -197,7 +202,9 @@ class ServiceRendezvous final : public Rendezvous {
     listening_ = listening;
     CallOptions call;
     call.token = o_.security.token;
-    call.wait_for_ready = !listening;
+    // Reconnecting, the channel may still be in its backoff from the outage: wait for it
+    // (reconnect_timeout bounds the wait) rather than fail at once.
+    call.wait_for_ready = !listening || reconnecting_;
     client_ = std::make_unique<SessionClient>(
         *stub_,
         [this](v1::ServiceMessage m) {
@@ -214,7 +221,7 @@ class ServiceRendezvous final : public Rendezvous {
   void ArmHeartbeat() {
     heartbeat_.expires_after(o_.heartbeat_interval);
     heartbeat_.async_wait([this](const boost::system::error_code& ec) {
-      if (ec || ended_) return;
+      if (ec || ended_ || !client_) return;
       v1::AgentMessage m;
       m.mutable_heartbeat()->set_sequence(++sequence_);
       client_->Send(std::move(m));
@@ -244,6 +251,9 @@ class ServiceRendezvous final : public Rendezvous {
         g.max_restarts = o_.settings.max_restarts;
         g.round = a.round();
         g.spare = a.spare();
+        durable_ = a.durable_service();
+        reconnecting_ = false;
+        reconnect_timer_.cancel();
         g.virtual_local_rank = o_.virtual_local_rank;
         return events_->OnAssignment(g);
       }
@@ -281,6 +291,9 @@ class ServiceRendezvous final : public Rendezvous {
                         (o_.security.token.empty() ? "" : " (this node's token is from " +
                                                               o_.security.token_source + ")"));
     }
+    if (durable_ && (heard_ || reconnecting_)) {
+      return Reconnect(s.ok() ? std::string("it ended the session") : s.message());
+    }
     if (!heard_ && listening_ && !s.ok()) {
       // The port is open but no session came of it.
       return End(1, "cannot open a session with the rendezvous service at " + target_ + ": " +
@@ -294,10 +307,34 @@ class ServiceRendezvous final : public Rendezvous {
                (s.ok() ? std::string("it ended the session") : s.message()));
   }
 
+  // The daemon went away mid-job (a restart, an upgrade): stop the workers (their store went
+  // with it) and rejoin once it answers again; give up after reconnect_timeout.
+  void Reconnect(const std::string& why) {
+    retired_.push_back(std::move(client_));  // ended; destroyed with this rendezvous
+    heartbeat_.cancel();
+    probe_backoff_ = std::chrono::milliseconds(5);
+    if (reconnecting_) return Probe();  // a try that failed: again, within the same deadline
+    heard_ = false;
+    reconnecting_ = true;
+    const std::string lost = "lost the rendezvous service at " + target_ + " (" + why + ")";
+    spdlog::warn("{}: it is a daemon, so this node stops its workers and rejoins when it is "
+                 "back (for up to {} ms, reconnect_timeout)", lost,
+                 o_.reconnect_timeout.count());
+    reconnect_timer_.expires_after(o_.reconnect_timeout);
+    reconnect_timer_.async_wait([this, lost](const boost::system::error_code& ec) {
+      if (ec || ended_ || heard_) return;
+      End(1, lost + " and it was not back within " + std::to_string(o_.reconnect_timeout.count()) +
+                 " ms (reconnect_timeout)");
+    });
+    Probe();
+    events_->OnStopAndRejoin(lost + "; rejoining when it is back", false);
+  }
+
   void End(int code, const std::string& reason) {
     ended_ = true;
     heartbeat_.cancel();
     join_timer_.cancel();
+    reconnect_timer_.cancel();
     spdlog::error("{}", reason);
     JobOutcome o;
     o.exit_code = code;
@@ -309,6 +346,7 @@ class ServiceRendezvous final : public Rendezvous {
   ServiceRendezvousOptions o_;
   asio::steady_timer heartbeat_;
   asio::steady_timer join_timer_;
+  asio::steady_timer reconnect_timer_;
   asio::ip::tcp::socket probe_;
   asio::steady_timer probe_timer_;
   asio::ip::tcp::resolver::results_type probe_targets_;
@@ -320,9 +358,12 @@ class ServiceRendezvous final : public Rendezvous {
   RendezvousEvents* events_ = nullptr;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
+  std::vector<std::unique_ptr<SessionClient>> retired_;  // sessions that ended (reconnects)
   std::unique_ptr<SessionClient> client_;
   std::uint64_t sequence_ = 0;
   bool heard_ = false;
+  bool durable_ = false;  // the service said it outlives jobs (RoundAssignment.durable_service)
+  bool reconnecting_ = false;  // between losing a durable service and its next assignment
   bool listening_ = false;
   bool ended_ = false;
   bool left_ = false;

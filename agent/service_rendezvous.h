@@ -46,6 +46,10 @@ struct ServiceRendezvousOptions {
   std::chrono::milliseconds heartbeat_interval{1'000};
   // How long a silent service (no answer to keepalive pings) is tolerated.
   std::chrono::milliseconds keepalive_timeout{3'000};
+  // A durable service (a `crun rendezvous` daemon) that goes away: the workers stop and the
+  // agent rejoins when it is back, for at most this long. A service hosted by a node's crun
+  // dies with that node: losing it ends the job at once.
+  std::chrono::milliseconds reconnect_timeout{60'000};
   bool virtual_local_rank = false;
   // Job token and TLS for the session (rendezvous/service/security.h).
   rdzv::Security security;

@@ -27,6 +27,10 @@ SessionClient::SessionClient(v1::Rendezvous::Stub& stub, MessageCallback on_mess
   context_.set_wait_for_ready(call.wait_for_ready);
   if (!call.token.empty()) context_.AddMetadata(rdzv::kTokenHeader, call.token);
   stub.async()->Session(&context_, this);
+  // The hold keeps OnDone away while this side may still start operations (Send, Close from
+  // other threads): starting one after OnDone has begun is undefined. It goes when the stream
+  // ends (OnReadDone(false)) or Close() is done with it.
+  AddHold();
   StartRead(&in_);
   StartCall();
 }
@@ -34,11 +38,20 @@ SessionClient::SessionClient(v1::Rendezvous::Stub& stub, MessageCallback on_mess
 SessionClient::~SessionClient() { Close(); }
 
 void SessionClient::Send(v1::AgentMessage m) {
+  std::lock_guard lock(ops_mu_);
+  if (hold_released_) return;  // the stream is over (or closing): nothing more goes out
   if (const auto* next = writes_.Push(std::move(m))) StartWrite(next);
 }
 
+void SessionClient::ReleaseHold() {
+  std::lock_guard lock(ops_mu_);
+  if (hold_released_) return;
+  hold_released_ = true;
+  RemoveHold();
+}
+
 void SessionClient::OnReadDone(bool ok) {
-  if (!ok) return;  // the stream is ending: OnDone follows
+  if (!ok) return ReleaseHold();  // the stream is ending: OnDone follows
   on_message_(std::move(in_));
   in_.Clear();
   StartRead(&in_);
@@ -77,19 +90,25 @@ void SessionClient::OnDone(const grpc::Status& status) {
 }
 
 void SessionClient::Close(std::chrono::milliseconds grace) {
-  bool start_writes_done = false;
   {
-    std::lock_guard lock(mu_);
-    if (done_) return;
-    if (!closing_) {
-      closing_ = true;
-      if (writes_.Close(/*drain=*/true)) {
-        writes_done_started_ = true;
-        start_writes_done = true;
+    std::lock_guard ops(ops_mu_);
+    if (!hold_released_) {  // the stream is live: half-close it once the queue is written
+      bool start_writes_done = false;
+      {
+        std::lock_guard lock(mu_);
+        if (!closing_) {
+          closing_ = true;
+          if (writes_.Close(/*drain=*/true)) {
+            writes_done_started_ = true;
+            start_writes_done = true;
+          }
+        }
       }
+      if (start_writes_done) StartWritesDone();
+      hold_released_ = true;
+      RemoveHold();
     }
   }
-  if (start_writes_done) StartWritesDone();
   std::unique_lock lock(mu_);
   if (!cv_.wait_for(lock, grace, [this] { return done_; })) {
     lock.unlock();

@@ -77,6 +77,7 @@ class SessionClient final : public grpc::ClientBidiReactor<v1::AgentMessage, v1:
 
  private:
   void WaitDone();
+  void ReleaseHold();
 
   grpc::ClientContext context_;
   v1::ServiceMessage in_;
@@ -88,6 +89,10 @@ class SessionClient final : public grpc::ClientBidiReactor<v1::AgentMessage, v1:
   bool done_ = false;
   bool closing_ = false;
   bool writes_done_started_ = false;
+  // Starting operations and releasing the hold exclude each other: after the release, only
+  // reactions (OnWriteDone) start operations.
+  std::mutex ops_mu_;
+  bool hold_released_ = false;
 };
 
 }  // namespace crun::agent

@@ -132,7 +132,7 @@ StatusOr<NodeRange> ParseNnodes(const std::string& v) {
 // --rdzv-conf: torchrun's keys (times in seconds) plus crun's node_id.
 struct RdzvConf {
   std::optional<double> join_timeout, last_call_timeout, close_timeout, heartbeat_interval,
-      heartbeat_timeout, read_timeout;
+      heartbeat_timeout, read_timeout, reconnect_timeout;
   std::optional<bool> is_host;
   std::string node_id;
 };
@@ -173,6 +173,8 @@ StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
       CRUN_RETURN_IF_ERROR(seconds(&c.heartbeat_timeout));
     } else if (key == "read_timeout") {
       CRUN_RETURN_IF_ERROR(seconds(&c.read_timeout));
+    } else if (key == "reconnect_timeout") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.reconnect_timeout));
     } else if (key == "is_host") {
       static const std::vector<std::string> yes{"1", "true", "yes", "y", "True", "TRUE"},
           no{"0", "false", "no", "n", "False", "FALSE"};
@@ -189,8 +191,8 @@ StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
     } else {
       return InvalidArgument("--rdzv-conf: unknown key '" + key +
                              "' (known: join_timeout, last_call_timeout, close_timeout, "
-                             "heartbeat_interval, heartbeat_timeout, read_timeout, is_host, "
-                             "node_id)");
+                             "heartbeat_interval, heartbeat_timeout, read_timeout, "
+                             "reconnect_timeout, is_host, node_id)");
     }
   }
   return c;
@@ -462,7 +464,8 @@ void AddOptions(CLI::App& app, LaunchOptions& o) {
       ->envname(pet("RDZV_ENDPOINT"))->group("Rendezvous");
   app.add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf,
                  "key=value,...: join_timeout, last_call_timeout, close_timeout, "
-                 "heartbeat_interval, heartbeat_timeout, read_timeout (seconds), is_host, node_id")
+                 "heartbeat_interval, heartbeat_timeout, read_timeout, reconnect_timeout "
+                 "(seconds), is_host, node_id")
       ->envname(pet("RDZV_CONF"))->group("Rendezvous");
   app.add_option("--role", o.role, "Role name of the workers (ROLE_NAME)")
       ->envname(pet("ROLE"))->capture_default_str()->group("Job");
@@ -828,6 +831,7 @@ int RunLaunch(int argc, char** argv) {
   }
   so.keepalive_timeout = conf.read_timeout ? Ms(*conf.read_timeout) : settings.heartbeat_timeout;
   so.virtual_local_rank = o.virtual_local_rank;
+  if (conf.reconnect_timeout) so.reconnect_timeout = Ms(*conf.reconnect_timeout);
   so.security = security;
 
   // The node the endpoint names hosts the service in this process (unless is_host says

@@ -34,6 +34,7 @@ int RunRendezvous(RendezvousCommandOptions o) {
     return 2;
   }
   o.service.security = std::move(security).value();
+  o.service.durable = true;  // it outlives jobs: its agents wait for it across a restart
   if (o.service.security.token.empty() && !o.insecure && !rdzv::LoopbackOnly(o.service.host)) {
     std::fprintf(stderr,
                  "crun rendezvous: refusing to serve %s without a job token: anyone who can "

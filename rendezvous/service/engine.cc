@@ -293,6 +293,7 @@ void Engine::Apply(Job& job, Transition t) {
                                                            : options_.advertise_addr);
         r->set_master_port(job.store->port());
         r->set_restart_count(round->restart_count);
+        r->set_durable_service(options_.durable);
         hooks_.send(session->second, m);
       }
       for (const auto& spare : round->spares) {
@@ -302,6 +303,7 @@ void Engine::Apply(Job& job, Transition t) {
         m.mutable_assignment()->set_round(round->round);
         m.mutable_assignment()->set_spare(true);
         m.mutable_assignment()->set_restart_count(round->restart_count);
+        m.mutable_assignment()->set_durable_service(options_.durable);
         hooks_.send(session->second, m);
       }
     } else if (auto* stop = std::get_if<StopAndRejoin>(&action)) {

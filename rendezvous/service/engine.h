@@ -52,6 +52,7 @@ struct EngineHooks {
 struct EngineOptions {
   std::string advertise_addr;  // empty: the host each agent dialed
   std::size_t keep_finished_jobs = 64;
+  bool durable = false;  // told to agents in every assignment (RoundAssignment.durable_service)
 };
 
 class Engine {

@@ -275,6 +275,7 @@ class GrpcRendezvousService final : public RendezvousService {
     EngineOptions eo;
     eo.advertise_addr = o.advertise_addr;
     eo.keep_finished_jobs = o.keep_finished_jobs;
+    eo.durable = o.durable;
     core_->engine = std::make_unique<Engine>(std::move(hooks), eo);
 
     grpc::EnableDefaultHealthCheckService(true);

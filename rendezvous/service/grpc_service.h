@@ -24,6 +24,8 @@ struct ServiceOptions {
   // MASTER_ADDR given to every agent; empty: the host each agent dialed.
   std::string advertise_addr;
   std::size_t keep_finished_jobs = 64;
+  // A daemon that outlives its jobs: agents that lose it reconnect instead of failing.
+  bool durable = false;
   bool log_decisions = true;  // one spdlog line per round, stop, refusal, outcome
   // Job token (every call must carry it when set) and TLS (security.h).
   Security security;

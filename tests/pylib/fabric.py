@@ -5,6 +5,7 @@ its own loopback; nothing is routed anywhere else. Needs root (CAP_NET_ADMIN) an
     with Fabric(["a", "b"]) as fab:
         fab.popen("a", [...])          # runs inside host a's namespace
         fab.link_down("b")             # b's cable pulled: its packets vanish, no reset is sent
+        fab.link_up("b")               # and plugged back in
 """
 import os
 import subprocess
@@ -81,3 +82,7 @@ class Fabric:
         """Pulls `host`'s cable at the switch: from then on its packets and the packets sent to
         it are dropped silently, as when a host freezes or its switch port dies."""
         _ip("-n", self.switch, "link", "set", self.port_name(host), "down")
+
+    def link_up(self, host):
+        """Plugs `host`'s cable back in (the partition heals)."""
+        _ip("-n", self.switch, "link", "set", self.port_name(host), "up")
