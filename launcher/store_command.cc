@@ -2,6 +2,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <functional>
 #include <memory>
 
 #include <boost/asio/io_context.hpp>
@@ -27,6 +28,7 @@ int RunStore(const StoreCommandOptions& options) {
   // Signals are caught from before the address is announced: whoever read it may stop us.
   std::signal(SIGPIPE, SIG_IGN);
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  boost::asio::signal_set usr1(io, SIGUSR1);
   auto server = StoreServer::Start(io, options.server);
   if (!server.ok()) {
     spdlog::error("{}", server.status().message());
@@ -37,17 +39,23 @@ int RunStore(const StoreCommandOptions& options) {
     spdlog::info("{}: stopping on {}", (*server)->endpoint(),
                  signo == SIGINT ? "SIGINT" : "SIGTERM");
     (*server)->Stop();
+    usr1.cancel();
   });
+  // `kill -USR1` asks for the counters (docs/store_protocol.md, limits), whatever the log level.
+  std::function<void()> arm_stats = [&] {
+    usr1.async_wait([&](const boost::system::error_code& ec, int) {
+      if (ec) return;
+      spdlog::warn("{}: stats: {}", (*server)->endpoint(), FormatStats((*server)->stats()));
+      arm_stats();
+    });
+  };
+  arm_stats();
   // The one line scripts read to learn the port (useful with --port 0).
   std::printf("crun store listening on %s\n", (*server)->endpoint().c_str());
   std::fflush(stdout);
   spdlog::debug("descriptor limit {}", descriptors);
   io.run();
-  const auto stats = (*server)->stats();
-  spdlog::info("{}: stopped after {} connections ({} refused, {} closed for protocol errors), {} "
-               "requests",
-               (*server)->endpoint(), stats.accepted, stats.refused, stats.protocol_errors,
-               stats.requests);
+  spdlog::info("{}: stopped: {}", (*server)->endpoint(), FormatStats((*server)->stats()));
   return 0;
 }
 

@@ -288,6 +288,17 @@ class AsioStoreServer final : public StoreServer {
 
 }  // namespace
 
+std::string FormatStats(const StoreServerStats& s) {
+  return std::to_string(s.open_connections) + " open, " + std::to_string(s.accepted) +
+         " accepted, " + std::to_string(s.refused) + " refused at a limit, " +
+         std::to_string(s.refused_per_peer) + " refused per address, " +
+         std::to_string(s.refused_strangers) + " refused strangers, " +
+         std::to_string(s.protocol_errors) + " closed for protocol errors, " +
+         std::to_string(s.requests) + " requests, " + std::to_string(s.pending_waits) +
+         " waits pending, " + std::to_string(s.stored_bytes) + " bytes stored, " +
+         std::to_string(s.read_pauses) + " read pauses";
+}
+
 Status StoreServerOptions::Validate() const {
   if (host.empty()) return InvalidArgument("store bind host is empty");
   if (limits.max_key_bytes == 0) return InvalidArgument("max key bytes must be positive");

@@ -100,6 +100,9 @@ class BackgroundStoreServer {
   std::string endpoint_;
 };
 
+// "3 open, 10 accepted, 1 refused at a limit, 0 refused per address, 2 refused strangers, ..."
+std::string FormatStats(const StoreServerStats& s);
+
 // Raises this process's soft descriptor limit to the hard limit; returns the new soft limit.
 std::uint64_t RaiseDescriptorLimit();
 

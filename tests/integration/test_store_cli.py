@@ -1,11 +1,13 @@
 """`crun store` as an operator meets it: flags, errors, signals, what is left behind."""
 import os
 import resource
+import select
 import signal
 import socket
 import struct
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
@@ -18,6 +20,25 @@ def start(*args, nofile=None):
     limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile \
         else None
     return start_store(CRUN, *args, preexec_fn=limit)
+
+
+def read_line_with(stream, marker, timeout=30):
+    """Reads `stream` (a pipe) up to the first line that contains `marker`; returns (that
+    line, everything read), as text."""
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([stream], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            break
+        chunk = os.read(stream.fileno(), 4096)
+        if not chunk:
+            break
+        buf += chunk
+        for line in buf.split(b"\n"):
+            if marker in line:
+                return line.decode(), buf.decode()
+    raise AssertionError(f"no line with {marker!r} within {timeout} s: {buf.decode()[-2000:]}")
 
 
 def finish(proc, timeout=30):
@@ -147,12 +168,18 @@ class StoreCli(unittest.TestCase):
             member = socket.create_connection(("127.0.0.1", port), timeout=30)
             member.sendall(VALIDATE)
             self.assertEqual(raw_add(member, "k", 2), 2)
+            # The counters, on request: the member is still connected, the stranger counted.
+            proc.send_signal(signal.SIGUSR1)
+            stats, log = read_line_with(proc.stderr, b"stats: ")
+            for part in ("1 open", "2 accepted", "1 refused strangers", "2 requests",
+                         "0 closed for protocol errors"):
+                self.assertIn(part, stats)
             member.close()
         finally:
             code, err = stop_store(proc)
         self.assertEqual(code, 0, err)
         self.assertIn("refused connection #1 from 127.0.0.2: not an address of this job's nodes",
-                      err)
+                      log + err)
         r = subprocess.run([CRUN, "store", "--port", "0", "--allow", "node-a"],
                            capture_output=True, text=True, timeout=30)
         self.assertNotEqual(r.returncode, 0)
