@@ -69,6 +69,37 @@ class AcrossNamespaces(unittest.TestCase):
                 # host's address: b's workers crossed the bridge.
                 self.assertEqual(e["connected_from"], fab.addr(e["NODE_TAG"]), e)
 
+    def test_a_host_outside_the_job_is_refused_by_the_rounds_store(self):
+        with Fabric(["a", "b", "x"]) as fab:
+            probe = [PROBE, self.dir, "--connect-master", "--until", "go"]
+            a = self.node(fab, "a", "2", probe)
+            b = self.node(fab, "b", "2", probe)
+            wait_for(lambda: len(self.events()) == 4, "the job's four workers connected")
+            e = self.events()[0]
+            # Host x is on the same network but not in the job: the store closes it unanswered.
+            knock = ("import socket, struct, sys\n"
+                     "s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)\n"
+                     "s.sendall(b'\\x00' + struct.pack('<I', 0x3C85F7CE))\n"
+                     "try:\n"
+                     "    print('answered' if s.recv(1) else 'closed')\n"
+                     "except ConnectionResetError:\n"
+                     "    print('closed')\n")
+            r = subprocess.run(fab.command("x", [sys.executable, "-c", knock, e["MASTER_ADDR"],
+                                                 e["MASTER_PORT"]]),
+                               capture_output=True, text=True, timeout=LIMIT_S)
+            self.assertEqual(r.stdout.strip(), "closed", r.stderr)
+            open(os.path.join(self.dir, "go"), "w").close()
+            errs = {}
+            for host, p in (("a", a), ("b", b)):
+                code, _, errs[host] = self.finish(p)
+                self.assertEqual(code, 0, errs[host])
+            # a's crun hosts the service and its stores: it logs the refusal.
+            self.assertIn(f"refused connection #1 from {fab.addr('x')}: not an address of this "
+                          "job's nodes", errs["a"])
+            # The job's own workers reached it from both hosts.
+            self.assertEqual({ev["connected_from"] for ev in self.events()},
+                             {fab.addr("a"), fab.addr("b")})
+
     def test_a_host_whose_link_goes_down_is_lost_by_heartbeat_and_the_rest_re_form(self):
         timeout_s, interval_s = 1.5, 0.25
         conf = (f"heartbeat_timeout={timeout_s},heartbeat_interval={interval_s},"
