@@ -135,6 +135,7 @@ class ServiceRendezvous final : public Rendezvous {
     s->set_last_call_timeout_ms(o_.settings.last_call_timeout.count());
     s->set_heartbeat_timeout_ms(o_.settings.heartbeat_timeout.count());
     client_->Send(std::move(m));
+    join_sent_ = true;
   }
 
   void ReportFailure(const std::vector<FailureRecord>& failures) override {
@@ -180,18 +181,27 @@ class ServiceRendezvous final : public Rendezvous {
   // (±20 % jitter, so that many agents spread out). gRPC's own reconnect backoff never waits
   // less than 100 ms, which agents started together with the host node would always pay.
   void Probe() {
+    if (probing_) return;  // one chain of attempts at a time
+    probing_ = true;
+    ProbeAttempt();
+  }
+
+  void ProbeAttempt() {
     asio::async_connect(probe_, probe_targets_,
                         [this](const boost::system::error_code& ec, const asio::ip::tcp::endpoint&) {
       if (ended_) return;
       boost::system::error_code ignored;
       probe_.close(ignored);
-      if (!ec) return OpenSession(true);
+      if (!ec) {
+        probing_ = false;
+        return OpenSession(true);
+      }
       std::uniform_real_distribution<double> jitter(0.8, 1.2);
       probe_timer_.expires_after(std::chrono::microseconds(
           static_cast<long>(static_cast<double>(probe_backoff_.count()) * 1000 * jitter(rng_))));
       probe_backoff_ = std::min(std::chrono::milliseconds(1000), probe_backoff_ * 3 / 2);
       probe_timer_.async_wait([this](const boost::system::error_code& e) {
-        if (!e && !ended_) Probe();
+        if (!e && !ended_) ProbeAttempt();
       });
     });
   }
@@ -200,6 +210,7 @@ class ServiceRendezvous final : public Rendezvous {
   // set up (TLS on one side only, not a crun service) fails at once instead of being retried.
   void OpenSession(bool listening) {
     listening_ = listening;
+    join_sent_ = false;
     CallOptions call;
     call.token = o_.security.token;
     // Reconnecting, the channel may still be in its backoff from the outage: wait for it
@@ -313,7 +324,12 @@ class ServiceRendezvous final : public Rendezvous {
     retired_.push_back(std::move(client_));  // ended; destroyed with this rendezvous
     heartbeat_.cancel();
     probe_backoff_ = std::chrono::milliseconds(5);
-    if (reconnecting_) return Probe();  // a try that failed: again, within the same deadline
+    if (reconnecting_) {
+      // A try that failed: again, within the same deadline. A join it carried is sent again
+      // on the next session (the workers are down and the agent waits for an assignment).
+      if (join_sent_) join_pending_ = true;
+      return Probe();
+    }
     heard_ = false;
     reconnecting_ = true;
     const std::string lost = "lost the rendezvous service at " + target_ + " (" + why + ")";
@@ -353,6 +369,8 @@ class ServiceRendezvous final : public Rendezvous {
   std::chrono::milliseconds probe_backoff_{5};
   std::minstd_rand rng_;
   bool join_pending_ = false;
+  bool join_sent_ = false;  // on the current session
+  bool probing_ = false;    // a probe connect is in flight
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::string target_;
   RendezvousEvents* events_ = nullptr;

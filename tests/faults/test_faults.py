@@ -295,7 +295,13 @@ class Faults(unittest.TestCase):
             wait_for(lambda: not any(alive(p) for p in first), "the first round's workers gone")
             d = self.daemon(fab)  # ... and rejoin the new daemon by themselves.
             t1 = time.time()
-            self.running(8)
+            try:
+                self.running(8)
+            except AssertionError:
+                for p in (a, b, d):
+                    p.kill()
+                raise AssertionError("no rejoin; crun a:\n" + a.communicate()[1] + "\ncrun b:\n" +
+                                     b.communicate()[1] + "\ndaemon:\n" + d.communicate()[1])
             second = [e for e in self.events() if e["pid"] not in first]
             rejoined = max(e["t"] for e in second) - t1
             self.go()
