@@ -10,7 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/session_client.h"
-#include "rendezvous/service/security.h"
+#include "rendezvous/store/security.h"
 
 namespace crun::agent {
 namespace {
@@ -97,7 +97,7 @@ class ServiceRendezvous final : public Rendezvous {
     ChannelOptions co;
     co.keepalive_interval = o_.heartbeat_interval;
     co.keepalive_timeout = o_.keepalive_timeout;
-    if (o_.security.tls()) co.credentials = rdzv::ChannelCredentials(o_.security);
+    co.security = o_.security;
     channel_ = MakeChannel(target_, co);
     stub_ = v1::Rendezvous::NewStub(channel_);
     boost::system::error_code ec;

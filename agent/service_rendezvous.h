@@ -18,7 +18,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "agent/rendezvous.h"
-#include "rendezvous/service/security.h"
+#include "rendezvous/store/security.h"
 
 namespace crun::agent {
 
@@ -51,8 +51,8 @@ struct ServiceRendezvousOptions {
   // dies with that node: losing it ends the job at once.
   std::chrono::milliseconds reconnect_timeout{60'000};
   bool virtual_local_rank = false;
-  // Job token and TLS for the session (rendezvous/service/security.h).
-  rdzv::Security security;
+  // Job token and TLS for the session (rendezvous/store/security.h).
+  crun::Security security;
 };
 
 std::unique_ptr<Rendezvous> MakeServiceRendezvous(boost::asio::io_context& io,

@@ -1,6 +1,6 @@
 #include "agent/session_client.h"
 
-#include "rendezvous/service/security.h"
+#include "rendezvous/store/security.h"
 
 namespace crun::agent {
 
@@ -17,15 +17,22 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const Chan
   // Names are never resolved through a proxy; the service is dialed directly.
   args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
   if (o.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(
-      target, o.credentials ? o.credentials : grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (o.security.tls()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = o.security.ca_pem;  // empty: gRPC's default roots
+    ssl.pem_private_key = o.security.key_pem;
+    ssl.pem_cert_chain = o.security.cert_pem;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  return grpc::CreateCustomChannel(target, credentials, args);
 }
 
 SessionClient::SessionClient(v1::Rendezvous::Stub& stub, MessageCallback on_message,
                              DoneCallback on_done, const CallOptions& call)
     : on_message_(std::move(on_message)), on_done_(std::move(on_done)) {
   context_.set_wait_for_ready(call.wait_for_ready);
-  if (!call.token.empty()) context_.AddMetadata(rdzv::kTokenHeader, call.token);
+  if (!call.token.empty()) context_.AddMetadata(crun::kTokenHeader, call.token);
   stub.async()->Session(&context_, this);
   // The hold keeps OnDone away while this side may still start operations (Send, Close from
   // other threads): starting one after OnDone has begun is undefined. It goes when the stream

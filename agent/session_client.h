@@ -24,6 +24,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "crun/v1/rendezvous.grpc.pb.h"
+#include "rendezvous/store/security.h"
 #include "rendezvous/store/write_queue.h"
 #include "rendezvous/store/status.h"
 
@@ -39,8 +40,8 @@ struct ChannelOptions {
   std::chrono::milliseconds keepalive_timeout{3'000};
   // A connection of its own (not shared with other channels to the same endpoint).
   bool own_connection = true;
-  // Plaintext when null; else TLS (rdzv::ChannelCredentials).
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // TLS when it holds a certificate or a CA (security.h), else plaintext.
+  Security security;
 };
 
 // What each call carries and how it waits.

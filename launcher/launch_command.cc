@@ -62,7 +62,7 @@ struct LaunchOptions {
   bool slurm = false;  // one crun per node of a Slurm job step (launcher/slurm.h)
   bool slurm_direct = false;  // one crun per worker: each Slurm task is one worker
   int slurm_port = 0;  // 0: the step's default port
-  rdzv::SecurityFlags security;  // job token and TLS of the rendezvous service
+  crun::SecurityFlags security;  // job token and TLS of the rendezvous service
   std::vector<std::string> command;  // script and its arguments
 };
 
@@ -663,9 +663,9 @@ int RunLaunch(int argc, char** argv) {
     if (slurm && !conf.is_host) conf.is_host = slurm->is_host;
     if (slurm && conf.node_id.empty()) conf.node_id = slurm->node_name;
   }
-  rdzv::Security security;
+  crun::Security security;
   if (mode == Mode::kService) {
-    auto loaded = rdzv::LoadSecurity(o.security, "client");
+    auto loaded = crun::LoadSecurity(o.security, "client");
     if (!loaded.ok()) return UsageError(loaded.status().message());
     security = std::move(loaded).value();
   } else {
@@ -852,7 +852,7 @@ int RunLaunch(int argc, char** argv) {
     if (started.ok()) {
       hosted = std::move(started).value();
       spdlog::info("hosting the rendezvous service on port {}", endpoint.port);
-      if (security.token.empty() && !rdzv::LoopbackOnly(endpoint.host)) {
+      if (security.token.empty() && !crun::LoopbackOnly(endpoint.host)) {
         spdlog::warn("the rendezvous service on port {} has no job token: anyone who can "
                      "reach it can join or end this job (set CRUN_TOKEN_FILE or CRUN_TOKEN on "
                      "every node; docs/security.md)", endpoint.port);

@@ -22,20 +22,20 @@ namespace {
 
 struct RendezvousCommandOptions {
   rdzv::ServiceOptions service;
-  rdzv::SecurityFlags security;
+  crun::SecurityFlags security;
   bool insecure = false;
   std::string log_level = "info";
 };
 
 int RunRendezvous(RendezvousCommandOptions o) {
-  auto security = rdzv::LoadSecurity(o.security, "service");
+  auto security = crun::LoadSecurity(o.security, "service");
   if (!security.ok()) {
     std::fprintf(stderr, "crun rendezvous: %s\n", security.status().message().c_str());
     return 2;
   }
   o.service.security = std::move(security).value();
   o.service.durable = true;  // it outlives jobs: its agents wait for it across a restart
-  if (o.service.security.token.empty() && !o.insecure && !rdzv::LoopbackOnly(o.service.host)) {
+  if (o.service.security.token.empty() && !o.insecure && !crun::LoopbackOnly(o.service.host)) {
     std::fprintf(stderr,
                  "crun rendezvous: refusing to serve %s without a job token: anyone who can "
                  "reach port %u could join, stop or read the jobs. Give the token with "
@@ -46,7 +46,7 @@ int RunRendezvous(RendezvousCommandOptions o) {
     return 2;
   }
   SetUpLogging("rendezvous", o.log_level);
-  if (o.service.security.token.empty() && !rdzv::LoopbackOnly(o.service.host)) {
+  if (o.service.security.token.empty() && !crun::LoopbackOnly(o.service.host)) {
     spdlog::warn("--insecure: serving {} without a job token", o.service.host);
   }
   RaiseDescriptorLimit();
@@ -71,7 +71,7 @@ int RunRendezvous(RendezvousCommandOptions o) {
 }
 
 struct StatusCommandOptions {
-  rdzv::SecurityFlags security;
+  crun::SecurityFlags security;
   std::string endpoint;
   std::string run_id;
   bool json = false;
@@ -90,18 +90,18 @@ int RunStatus(const StatusCommandOptions& o) {
     std::fprintf(stderr, "crun status: %s\n", error.c_str());
     return 2;
   }
-  auto security = rdzv::LoadSecurity(o.security, "client");
+  auto security = crun::LoadSecurity(o.security, "client");
   if (!security.ok()) {
     std::fprintf(stderr, "crun status: %s\n", security.status().message().c_str());
     return 2;
   }
   const std::string target = agent::GrpcTarget(e.host, e.port);
   agent::ChannelOptions co;
-  if (security->tls()) co.credentials = rdzv::ChannelCredentials(*security);
+  co.security = *security;
   auto channel = agent::MakeChannel(target, co);
   auto stub = v1::Rendezvous::NewStub(channel);
   grpc::ClientContext ctx;
-  if (!security->token.empty()) ctx.AddMetadata(rdzv::kTokenHeader, security->token);
+  if (!security->token.empty()) ctx.AddMetadata(crun::kTokenHeader, security->token);
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(static_cast<long>(o.timeout * 1000)));
   v1::StatusRequest req;
@@ -247,7 +247,7 @@ void AddStatusCommand(CLI::App& app, int* exit_code) {
   cmd->callback([o, exit_code] { *exit_code = RunStatus(*o); });
 }
 
-void AddSecurityFlags(CLI::App* app, rdzv::SecurityFlags* f) {
+void AddSecurityFlags(CLI::App* app, crun::SecurityFlags* f) {
   app->add_option("--token-file", f->token_file,
                   "File holding the job token every rendezvous call must carry "
                   "(else CRUN_TOKEN_FILE, CRUN_TOKEN)")->group("Security");

@@ -4,7 +4,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "rendezvous/service/security.h"
+#include "rendezvous/store/security.h"
 
 namespace crun::launcher {
 
@@ -17,7 +17,7 @@ struct Endpoint {
   std::uint16_t port = 0;
 };
 // --token-file, --tls-cert, --tls-key, --tls-ca (docs/security.md), in a "Security" group.
-void AddSecurityFlags(CLI::App* app, rdzv::SecurityFlags* flags);
+void AddSecurityFlags(CLI::App* app, crun::SecurityFlags* flags);
 
 bool ParseEndpoint(const std::string& text, std::uint16_t default_port, Endpoint* out,
                    std::string* error);

@@ -18,6 +18,7 @@
 #include <spdlog/spdlog.h>
 
 #include "rendezvous/server/session.h"
+#include "rendezvous/store/log_sampling.h"
 #include "rendezvous/store/socket.h"
 
 namespace crun {
@@ -168,23 +169,22 @@ class AsioStoreServer final : public StoreServer {
       }
       accepted_.fetch_add(1, std::memory_order_relaxed);
       if (max_connections_ > 0 && sessions_.size() >= max_connections_) {
-        Refuse(std::move(socket), "connection limit of " + std::to_string(max_connections_));
+        Refuse(std::move(socket), refused_,
+               "(connection limit of " + std::to_string(max_connections_) + "; " +
+                   std::to_string(sessions_.size()) + " open)");
         continue;
       }
       const std::string peer = PeerAddress(socket);
       if (!allowed_.empty() && allowed_.count(peer) == 0) {
-        RefuseStranger(std::move(socket), peer);
+        Refuse(std::move(socket), refused_strangers_,
+               "from " + peer + ": not an address of this job's nodes");
         continue;
       }
       if (options_.max_connections_per_peer > 0 &&
           per_peer_[peer] >= options_.max_connections_per_peer) {
-        const auto n = refused_per_peer_.fetch_add(1, std::memory_order_relaxed) + 1;
-        boost::system::error_code ignored;
-        socket.close(ignored);
-        if ((n & (n - 1)) == 0) {
-          spdlog::warn("{}: refused connection #{} from {}: it has {} open, the limit per "
-                       "address", shared_.name, n, peer, options_.max_connections_per_peer);
-        }
+        Refuse(std::move(socket), refused_per_peer_,
+               "from " + peer + ": it has " + std::to_string(options_.max_connections_per_peer) +
+                   " open, the limit per address");
         continue;
       }
       ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
@@ -219,16 +219,6 @@ class AsioStoreServer final : public StoreServer {
     return a.to_string();
   }
 
-  void RefuseStranger(tcp::socket socket, const std::string& peer) {
-    const auto n = refused_strangers_.fetch_add(1, std::memory_order_relaxed) + 1;
-    boost::system::error_code ec;
-    socket.close(ec);
-    if (n <= 10 || (n & (n - 1)) == 0) {
-      spdlog::warn("{}: refused connection #{} from {}: not an address of this job's nodes",
-                   shared_.name, n, peer);
-    }
-  }
-
   void OnSessionClosed(Session* s) {
     sessions_.erase(s);
     auto it = session_peer_.find(s);
@@ -238,8 +228,9 @@ class AsioStoreServer final : public StoreServer {
     session_peer_.erase(it);
   }
 
-  void Refuse(tcp::socket socket, const std::string& why) {
-    const auto n = refused_.fetch_add(1, std::memory_order_relaxed) + 1;
+  // Closes a connection refused on accept, counts it in `counter` and logs it (sampled).
+  void Refuse(tcp::socket socket, std::atomic<std::uint64_t>& counter, const std::string& why) {
+    const auto n = counter.fetch_add(1, std::memory_order_relaxed) + 1;
     boost::system::error_code ec;
     socket.close(ec);
     LogRefusal(n, why);
@@ -256,15 +247,11 @@ class AsioStoreServer final : public StoreServer {
     if (fd >= 0) ::close(fd);
     reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     const auto n = refused_.fetch_add(1, std::memory_order_relaxed) + 1;
-    LogRefusal(n, "process descriptor limit");
+    LogRefusal(n, "(process descriptor limit; " + std::to_string(sessions_.size()) + " open)");
   }
 
   void LogRefusal(std::uint64_t n, const std::string& why) {
-    // One line per power of two: a storm is visible without flooding the log.
-    if ((n & (n - 1)) == 0) {
-      spdlog::warn("{}: refused connection #{} ({}; {} open)", shared_.name, n, why,
-                   sessions_.size());
-    }
+    if (WorthLogging(n)) spdlog::warn("{}: refused connection #{} {}", shared_.name, n, why);
   }
 
   asio::io_context& io_;

@@ -18,6 +18,7 @@
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "rendezvous/server/store_server.h"
 #include "rendezvous/service/engine.h"
+#include "rendezvous/store/log_sampling.h"
 #include "rendezvous/store/write_queue.h"
 
 namespace crun::rdzv {
@@ -27,6 +28,16 @@ namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
 
 class SessionReactor;
+
+std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const Security& s) {
+  if (!s.tls()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions o(
+      s.ca_pem.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                       : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  o.pem_root_certs = s.ca_pem;  // with a CA, client certificates are required (mutual TLS)
+  o.pem_key_cert_pairs.push_back({s.key_pem, s.cert_pem});
+  return grpc::SslServerCredentials(o);
+}
 
 class StoreHandle final : public RoundStore {
  public:
@@ -129,7 +140,7 @@ grpc::Status Core::Authorize(const grpc::CallbackServerContext* context, const c
   }
   const auto n = refused_calls.fetch_add(1, std::memory_order_relaxed) + 1;
   const std::string why = given ? "a wrong job token" : "no job token";
-  if (n <= 10 || (n & (n - 1)) == 0) {  // a flood stays visible without flooding the log
+  if (WorthLogging(n)) {
     spdlog::warn("refused {} call #{} from {}: {}", call, n, PeerIp(context->peer()), why);
   }
   return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,

@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "rendezvous/service/security.h"
+#include "rendezvous/store/security.h"
 #include "rendezvous/store/status.h"
 
 namespace crun::rdzv {

@@ -4,9 +4,6 @@
 #include <catch2/catch.hpp>
 
 #include <condition_variable>
-#include <cstdio>
-#include <cstdlib>
-#include <filesystem>
 #include <deque>
 #include <mutex>
 
@@ -14,7 +11,7 @@
 
 #include "agent/session_client.h"
 #include "rendezvous/service/grpc_service.h"
-#include "rendezvous/service/security.h"
+#include "rendezvous/store/security.h"
 #include "rendezvous/store/tcp_store_client.h"
 
 namespace {
@@ -301,106 +298,6 @@ TEST_CASE("grpc service: Status needs the job token too", "[grpc][security]") {
     CHECK(stub->Status(&ctx, req, &resp).error_code() == grpc::StatusCode::UNAUTHENTICATED);
   }
   grpc::ClientContext ctx;
-  ctx.AddMetadata(crun::rdzv::kTokenHeader, "s3cret-token");
+  ctx.AddMetadata(crun::kTokenHeader, "s3cret-token");
   CHECK(stub->Status(&ctx, req, &resp).ok());
-}
-
-TEST_CASE("security: token comparison, peer addresses, loopback", "[security]") {
-  using crun::rdzv::LoopbackOnly;
-  using crun::rdzv::PeerIp;
-  using crun::rdzv::TokenMatches;
-  CHECK(TokenMatches("abc", "abc"));
-  CHECK_FALSE(TokenMatches("abc", "abd"));
-  CHECK_FALSE(TokenMatches("abc", "ab"));
-  CHECK_FALSE(TokenMatches("abc", "abcd"));
-  CHECK_FALSE(TokenMatches("abc", ""));
-  CHECK(PeerIp("ipv4:10.0.0.2:51234") == "10.0.0.2");
-  CHECK(PeerIp("ipv6:[::1]:5") == "::1");
-  CHECK(PeerIp("ipv6:%5B::1%5D:5") == "::1");
-  CHECK(PeerIp("ipv6:[::ffff:10.1.2.3]:77") == "10.1.2.3");
-  CHECK(PeerIp("unix:/tmp/x") == "unix:/tmp/x");
-  CHECK(LoopbackOnly("127.0.0.1"));
-  CHECK(LoopbackOnly("127.3.0.1"));
-  CHECK(LoopbackOnly("::1"));
-  CHECK(LoopbackOnly("[::1]"));
-  CHECK(LoopbackOnly("localhost"));
-  CHECK_FALSE(LoopbackOnly("0.0.0.0"));
-  CHECK_FALSE(LoopbackOnly("::"));
-  CHECK_FALSE(LoopbackOnly("10.0.0.1"));
-  CHECK_FALSE(LoopbackOnly("node-a"));
-}
-
-TEST_CASE("security: loading the token and TLS files names what is wrong", "[security]") {
-  using crun::rdzv::LoadSecurity;
-  using crun::rdzv::SecurityFlags;
-  ::unsetenv("CRUN_TOKEN");
-  ::unsetenv("CRUN_TOKEN_FILE");
-  char dir[] = "/tmp/crun-security-XXXXXX";
-  REQUIRE(::mkdtemp(dir) != nullptr);
-  const std::string token_file = std::string(dir) + "/token";
-  SECTION("no token, no TLS") {
-    auto s = LoadSecurity({}, "client");
-    REQUIRE(s.ok());
-    CHECK(s->token.empty());
-    CHECK_FALSE(s->tls());
-  }
-  SECTION("a token file, trailing newline dropped; it wins over CRUN_TOKEN") {
-    std::FILE* f = std::fopen(token_file.c_str(), "w");
-    std::fputs("t0ken\n", f);
-    std::fclose(f);
-    ::setenv("CRUN_TOKEN", "other", 1);
-    SecurityFlags flags;
-    flags.token_file = token_file;
-    auto s = LoadSecurity(flags, "client");
-    ::unsetenv("CRUN_TOKEN");
-    REQUIRE(s.ok());
-    CHECK(s->token == "t0ken");
-    CHECK_THAT(s->token_source, Catch::Contains(token_file));
-  }
-  SECTION("CRUN_TOKEN") {
-    ::setenv("CRUN_TOKEN", "from-env", 1);
-    auto s = LoadSecurity({}, "client");
-    ::unsetenv("CRUN_TOKEN");
-    REQUIRE(s.ok());
-    CHECK(s->token == "from-env");
-  }
-  SECTION("a missing token file, an empty one, a binary one") {
-    SecurityFlags flags;
-    flags.token_file = token_file + ".absent";
-    auto missing = LoadSecurity(flags, "client");
-    REQUIRE_FALSE(missing.ok());
-    CHECK_THAT(missing.status().message(), Catch::Contains("--token-file " + token_file + ".absent"));
-    std::fclose(std::fopen(token_file.c_str(), "w"));
-    flags.token_file = token_file;
-    auto empty = LoadSecurity(flags, "client");
-    REQUIRE_FALSE(empty.ok());
-    CHECK_THAT(empty.status().message(), Catch::Contains("empty"));
-    std::FILE* f = std::fopen(token_file.c_str(), "w");
-    std::fputs("ab\x01" "cd", f);
-    std::fclose(f);
-    auto binary = LoadSecurity(flags, "client");
-    REQUIRE_FALSE(binary.ok());
-    CHECK_THAT(binary.status().message(), Catch::Contains("printable ASCII"));
-  }
-  SECTION("a certificate without its key, a key that is not PEM, a service CA without a cert") {
-    std::FILE* f = std::fopen(token_file.c_str(), "w");
-    std::fputs("-----BEGIN CERTIFICATE-----\nxx\n-----END CERTIFICATE-----\n", f);
-    std::fclose(f);
-    SecurityFlags flags;
-    flags.tls_cert = token_file;
-    auto lone = LoadSecurity(flags, "client");
-    REQUIRE_FALSE(lone.ok());
-    CHECK_THAT(lone.status().message(), Catch::Contains("without its key"));
-    flags.tls_key = token_file;  // a certificate is no key
-    auto bad_key = LoadSecurity(flags, "client");
-    REQUIRE_FALSE(bad_key.ok());
-    CHECK_THAT(bad_key.status().message(), Catch::Contains("not a PEM private key"));
-    SecurityFlags ca_only;
-    ca_only.tls_ca = token_file;
-    CHECK(LoadSecurity(ca_only, "client").ok());
-    auto service = LoadSecurity(ca_only, "service");
-    REQUIRE_FALSE(service.ok());
-    CHECK_THAT(service.status().message(), Catch::Contains("--tls-cert"));
-  }
-  std::filesystem::remove_all(dir);
 }

@@ -7,23 +7,22 @@
 // * TLS for the gRPC service: the service presents --tls-cert/--tls-key; with --tls-ca it also
 //   requires and verifies client certificates (mutual TLS). Agents and `crun status` verify
 //   the service against --tls-ca (the system's roots without it) and present --tls-cert/--tls-key
-//   when given. CRUN_TLS_CERT, CRUN_TLS_KEY and CRUN_TLS_CA stand in for the flags.
+//   when given. CRUN_TLS_CERT, CRUN_TLS_KEY and CRUN_TLS_CA stand in for the flags. This file
+//   loads and checks them; gRPC credentials are made from them where gRPC is used: the
+//   service adapter (rendezvous/service) and the agent's client (agent/session_client.h).
+//
+// Shared by the service and the agent, so it sits in the bottom layer; plain C++ and POSIX,
+// and not part of crun_store (which the worker SDK installs).
 // * Loopback or not: LoopbackOnly() says whether an address reaches only this host, for the
 //   daemon's refusal to serve a network without a token.
 #pragma once
 
-#include <memory>
 #include <string>
 #include <string_view>
 
 #include "rendezvous/store/status.h"
 
-namespace grpc {
-class ChannelCredentials;
-class ServerCredentials;
-}  // namespace grpc
-
-namespace crun::rdzv {
+namespace crun {
 
 inline constexpr char kTokenHeader[] = "x-crun-token";
 
@@ -50,9 +49,6 @@ struct Security {
 // client needs the key exactly when it has a certificate.
 StatusOr<Security> LoadSecurity(const SecurityFlags& flags, std::string_view role);
 
-std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const Security& s);
-std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const Security& s);
-
 // Compares in time independent of where the strings differ.
 bool TokenMatches(std::string_view expected, std::string_view given);
 
@@ -64,4 +60,4 @@ std::string PeerIp(std::string_view grpc_peer);
 // "localhost". A name that is not a literal and not "localhost" is not loopback.
 bool LoopbackOnly(std::string_view host);
 
-}  // namespace crun::rdzv
+}  // namespace crun

@@ -1,5 +1,6 @@
-#include "rendezvous/service/security.h"
+#include "rendezvous/store/security.h"
 
+#include <arpa/inet.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -8,11 +9,8 @@
 #include <fstream>
 #include <sstream>
 
-#include <boost/asio/ip/address.hpp>
-#include <grpcpp/security/credentials.h>
-#include <grpcpp/security/server_credentials.h>
 
-namespace crun::rdzv {
+namespace crun {
 namespace {
 
 // `what` names where the path came from ("--tls-ca", "CRUN_TLS_CA") for the error.
@@ -121,25 +119,6 @@ StatusOr<Security> LoadSecurity(const SecurityFlags& flags, std::string_view rol
   return s;
 }
 
-std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const Security& s) {
-  if (!s.tls()) return grpc::InsecureServerCredentials();
-  grpc::SslServerCredentialsOptions o(
-      s.ca_pem.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-                       : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  o.pem_root_certs = s.ca_pem;
-  o.pem_key_cert_pairs.push_back({s.key_pem, s.cert_pem});
-  return grpc::SslServerCredentials(o);
-}
-
-std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const Security& s) {
-  if (!s.tls()) return grpc::InsecureChannelCredentials();
-  grpc::SslCredentialsOptions o;
-  o.pem_root_certs = s.ca_pem;  // empty: gRPC's default roots
-  o.pem_private_key = s.key_pem;
-  o.pem_cert_chain = s.cert_pem;
-  return grpc::SslCredentials(o);
-}
-
 bool TokenMatches(std::string_view expected, std::string_view given) {
   unsigned char diff = expected.size() == given.size() ? 0 : 1;
   const std::size_t n = expected.size();
@@ -179,9 +158,10 @@ bool LoopbackOnly(std::string_view host) {
   if (host == "localhost") return true;
   std::string h(host);
   if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
-  boost::system::error_code ec;
-  const auto a = boost::asio::ip::make_address(h, ec);
-  return !ec && a.is_loopback();
+  in_addr v4{};
+  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return ::inet_pton(AF_INET6, h.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
-}  // namespace crun::rdzv
+}  // namespace crun
