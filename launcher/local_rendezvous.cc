@@ -34,7 +34,7 @@ class LocalRendezvous final : public Rendezvous {
     if (!options_.static_store) StopStore();
     if (options_.host_store && !store_) {
       StoreServerOptions store;
-      store.host = options_.bind_host.empty() ? options_.store_host : options_.bind_host;
+      store.host = BindHost();
       store.port = options_.store_port;
       auto server = StoreServer::Start(io_, store);
       if (!server.ok()) {
@@ -105,6 +105,10 @@ class LocalRendezvous final : public Rendezvous {
   void Post(F f) {
     boost::asio::post(io_, std::move(f));
   }
+  // Where the hosted store listens (LocalRendezvousOptions::bind_host).
+  const std::string& BindHost() const {
+    return options_.bind_host.empty() ? options_.store_host : options_.bind_host;
+  }
   void StopStore() {
     if (store_) store_->Stop();
     store_.reset();
@@ -121,7 +125,7 @@ class LocalRendezvous final : public Rendezvous {
     }
     const bool hosting = store_ != nullptr;
     TcpStoreClientOptions c;
-    const std::string& bound = options_.bind_host.empty() ? options_.store_host : options_.bind_host;
+    const std::string bound = BindHost();
     c.host = !hosting ? options_.store_host
                       : (bound == "::" || bound == "0.0.0.0" ? std::string("127.0.0.1") : bound);
     c.port = hosting ? store_->port() : options_.store_port;
