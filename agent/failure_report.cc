@@ -67,6 +67,31 @@ std::optional<ErrorFileContent> ReadErrorFile(const std::string& path) {
   return c;
 }
 
+namespace {
+
+// The module a Python worker failed to import ("No module named 'torch'"), if that is how the
+// record reads.
+std::optional<std::string> MissingModule(const FailureRecord& f) {
+  static const std::string kMarker = "No module named '";
+  auto find = [](const std::string& text) -> std::optional<std::string> {
+    const auto at = text.find(kMarker);
+    if (at == std::string::npos) return std::nullopt;
+    const auto start = at + kMarker.size();
+    const auto end = text.find('\'', start);
+    if (end == std::string::npos) return std::nullopt;
+    return text.substr(start, end - start);
+  };
+  if (f.error) {
+    if (auto m = find(f.error->message)) return m;
+  }
+  for (auto it = f.stderr_tail.rbegin(); it != f.stderr_tail.rend(); ++it) {
+    if (auto m = find(*it)) return m;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::string FormatReport(const ReportContext& c, const std::vector<FailureRecord>& failures) {
   const std::string rule(72, '=');
   std::string out = rule + "\n";
@@ -75,6 +100,14 @@ std::string FormatReport(const ReportContext& c, const std::vector<FailureRecord
          " restarts allowed)\n";
   out += std::string(72, '-') + "\nRoot cause (first failure):\n";
   if (!failures.empty()) AppendBlock(out, failures.front(), c);
+  if (const auto module = failures.empty() || c.interpreter.empty()
+                              ? std::nullopt
+                              : MissingModule(failures.front())) {
+    const std::string top = module->substr(0, module->find('.'));
+    out += "  hint      : the workers ran " + c.interpreter + ", which cannot import '" + top +
+           "'; set PYTHON_EXEC to the Python that has it (e.g. PYTHON_EXEC=$VIRTUAL_ENV/bin/python) "
+           "or activate its environment before crun\n";
+  }
   out += std::string(72, '-') + "\nOther failures:";
   if (failures.size() <= 1) out += " none";
   out += "\n";

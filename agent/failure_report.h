@@ -43,6 +43,9 @@ struct ReportContext {
   std::string entrypoint;  // the script or program
   int attempt = 0;
   int max_restarts = 0;
+  // How Python workers' interpreter was chosen; when the root cause could not import a module,
+  // the report names it and PYTHON_EXEC. Empty for native programs.
+  std::string interpreter;
 };
 
 // Reads a torchelastic error file (either format); nullopt when absent or unreadable.

@@ -90,6 +90,14 @@ void LinePump::Emit(std::string_view line) {
   if (targets_.console_fd >= 0) {
     WriteAll(targets_.console_fd, targets_.prefix + std::string(line) + "\n");
   }
+  if (targets_.filtered_fd >= 0) {
+    for (const auto& f : targets_.filters) {
+      if (line.find(f) != std::string_view::npos) {
+        WriteAll(targets_.filtered_fd, targets_.filtered_prefix + std::string(line) + "\n");
+        break;
+      }
+    }
+  }
   if (targets_.tail_lines > 0) {
     tail_.emplace_back(line);
     if (tail_.size() > targets_.tail_lines) tail_.pop_front();

@@ -8,6 +8,7 @@
 #include <deque>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -21,6 +22,10 @@ struct PumpTargets {
   std::string file_path;  // for the warning when the file cannot be written (disk full)
   std::string stream_name;  // "rank 3 stdout", for that warning
   std::size_t tail_lines = 20;
+  // Lines containing any of `filters` also go to filtered_fd (not owned), with filtered_prefix.
+  std::vector<std::string> filters;
+  int filtered_fd = -1;
+  std::string filtered_prefix;
 };
 
 class LinePump {

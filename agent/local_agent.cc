@@ -107,6 +107,11 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   void OnAssignment(const GroupAssignment& g) override {
     if (phase != Phase::kWaiting || stopped_by_signal != 0) return;
+    group = g;
+    Event("torchelastic.rendezvous.round", "AGENT",
+          {{"round", g.round}, {"spare", g.spare}, {"group_world_size", g.group_world_size},
+           {"world_size", g.world_size}, {"master_addr", g.master_addr},
+           {"master_port", g.master_port}});
     if (g.spare) {
       spdlog::info("round {}: this node is a spare (the round is full); waiting", g.round);
       return;
@@ -116,6 +121,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   void OnStopAndRejoin(const std::string& reason, bool spends_restart) override {
     if (phase == Phase::kDone || stopped_by_signal != 0) return;
+    Event("torchelastic.agent.restart", "AGENT",
+          {{"reason", reason}, {"spends_restart", spends_restart}});
     if (spends_restart) {
       spdlog::warn("restarting the worker group (restart {} of at most {}): {}",
                    group.restart_count + 1, options.max_restarts, reason);
@@ -133,6 +140,35 @@ struct LocalAgent::Impl final : RendezvousEvents {
     next = Next::kConclude;
     if (phase == Phase::kRunning) return BeginStop(SIGTERM);
     if (phase == Phase::kWaiting) AfterWorkersDown();
+  }
+
+  // ---- events (--event-log-handler console) ------------------------------------------------
+
+  // One torchelastic-style event as a JSON line on stderr: {"name", "source", "timestamp"
+  // (ms since the epoch), "metadata"}.
+  void Event(const std::string& name, const char* source, nlohmann::json metadata) {
+    if (!options.console_events) return;
+    metadata["run_id"] = group.run_id;
+    metadata["role"] = group.role;
+    metadata["hostname"] = options.host_name;
+    metadata["group_rank"] = group.group_rank;
+    metadata["agent_restarts"] = group.restart_count;
+    const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::system_clock::now().time_since_epoch());
+    nlohmann::json e{{"name", name}, {"source", source}, {"timestamp", now.count()},
+                     {"metadata", std::move(metadata)}};
+    const std::string line = e.dump() + "\n";
+    ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
+    (void)ignored;
+  }
+
+  void WorkerEvent(const Worker& w, const char* state) {
+    nlohmann::json m{{"state", state},
+                     {"global_rank", group.base_rank + w.local_rank},
+                     {"local_rank", w.local_rank},
+                     {"worker_id", std::to_string(w.pid)},
+                     {"exit", w.exit.Describe()}};
+    Event(std::string("torchelastic.worker.status.") + state, "WORKER", std::move(m));
   }
 
   // ---- workers ----------------------------------------------------------------------------
@@ -159,17 +195,23 @@ struct LocalAgent::Impl final : RendezvousEvents {
     for (int lr = options.first_local_rank; lr < options.first_local_rank + options.nproc; ++lr) {
       auto& w = WorkerAt(lr);
       w.local_rank = lr;
-      w.dir = options.log_dir + "/" + group.run_id + "/attempt_" + std::to_string(group.round) +
-              "/" + std::to_string(lr);
+      const std::string attempt_dir = options.log_dir + "/attempt_" + std::to_string(group.round);
+      w.dir = attempt_dir + "/" + std::to_string(lr);
       std::error_code ec;
       std::filesystem::create_directories(w.dir, ec);
       if (ec) {
         LaunchFailed(lr, 1, "cannot create log directory " + w.dir + ": " + ec.message());
         break;
       }
+      if (lr == options.first_local_rank) OpenFilteredFiles(attempt_dir);
       w.error_file = w.dir + "/error.json";
-      std::filesystem::remove(w.error_file, ec);  // a rerun with the same log dir and run id
+      std::filesystem::remove(w.error_file, ec);  // a re-formed round with the same number
       ProcessSpec spec;
+      if (const auto i = static_cast<std::size_t>(lr - options.first_local_rank);
+          i < options.bindings.size()) {
+        spec.cpus = options.bindings[i].cpus;
+        spec.mem_nodes = options.bindings[i].mems;
+      }
       for (const auto& a : options.command) spec.argv.push_back(Substitute(a, lr));
       spec.envp = ToEnvp(BuildWorkerEnvironment(group, lr, w.error_file, w.dir, base));
       std::vector<int> child_fds;  // closed in crun once the worker has them
@@ -208,6 +250,11 @@ struct LocalAgent::Impl final : RendezvousEvents {
       if (running == 0) return MaybeEndAttempt();
       return BeginStop(SIGTERM);
     }
+    nlohmann::json pids = nlohmann::json::array();
+    for (const auto& w : workers) pids.push_back(w.pid);
+    Event("torchelastic.worker.status.HEALTHY", "AGENT",
+          {{"state", "HEALTHY"}, {"round", group.round}, {"world_size", group.world_size},
+           {"first_rank", group.base_rank + options.first_local_rank}, {"pids", pids}});
     spdlog::info("round {} (restart {}): started {} workers, ranks {}..{} of {} (store {}:{})",
                  group.round, group.restart_count, options.nproc,
                  group.base_rank + options.first_local_rank,
@@ -237,8 +284,17 @@ struct LocalAgent::Impl final : RendezvousEvents {
     rdzv->ReportFailure(failures);
   }
 
+  // The console prefix of local rank `lr`'s lines: the template with its macros filled in.
+  std::string PrefixOf(int lr) const {
+    std::string p = ReplaceAll(options.prefix_template, "${role_name}", group.role);
+    p = ReplaceAll(p, "${rank}", std::to_string(group.base_rank + lr));
+    p = ReplaceAll(p, "${local_rank}", std::to_string(lr));
+    return ReplaceAll(p, "${hostname}", options.host_name);
+  }
+
   // Routes one stream (1 stdout, 2 stderr) of worker `w`: straight to the console, straight to
-  // a file (-r), or through a pump (tee, prefix, or stderr kept for the failure report).
+  // a file (-r), or through a pump (tee, prefix, duplicate filters, or stderr kept for the
+  // failure report).
   void SetUpStream(Worker& w, int bit, int* child_fd, std::vector<int>* child_fds) {
     const int lr = w.local_rank;
     const bool shown = options.console_ranks.empty() ||
@@ -246,6 +302,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
                            options.console_ranks.end();
     const bool tee = BitFor(options.tees, lr) & bit;
     const bool redirect = (BitFor(options.redirects, lr) & bit) && !tee;
+    const auto& filters = bit == 1 ? options.stdout_filters : options.stderr_filters;
     const int console = bit == 1 ? STDOUT_FILENO : STDERR_FILENO;
     const std::string path = w.dir + (bit == 1 ? "/stdout.log" : "/stderr.log");
     int file = -1;
@@ -253,12 +310,13 @@ struct LocalAgent::Impl final : RendezvousEvents {
       file = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (file < 0) spdlog::warn("cannot write {}: {}", path, std::strerror(errno));
     }
-    if (redirect && file >= 0) {
+    if (redirect && file >= 0 && filters.empty()) {
       *child_fd = file;
       child_fds->push_back(file);
       return;
     }
-    if (!tee && bit == 1) {  // stdout untouched: the worker writes to crun's own
+    if (!tee && !redirect && bit == 1 && filters.empty()) {
+      // stdout untouched: the worker writes to crun's own
       if (!shown) {
         *child_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
         child_fds->push_back(*child_fd);
@@ -275,17 +333,17 @@ struct LocalAgent::Impl final : RendezvousEvents {
     *child_fd = p[1];
     child_fds->push_back(p[1]);
     PumpTargets targets;
-    targets.console_fd = shown ? console : -1;
-    if (tee) {
-      targets.prefix = ReplaceAll(ReplaceAll(ReplaceAll(options.prefix_template, "${role_name}",
-                                                        group.role),
-                                             "${rank}", std::to_string(group.base_rank + lr)),
-                                  "${local_rank}", std::to_string(lr));
-    }
+    targets.console_fd = shown && !redirect ? console : -1;
+    if (tee) targets.prefix = PrefixOf(lr);
     targets.file_fd = file;
     targets.file_path = path;
     targets.stream_name = "rank " + std::to_string(group.base_rank + lr) +
                           (bit == 1 ? " stdout" : " stderr");
+    if (!filters.empty()) {
+      targets.filters = filters;
+      targets.filtered_fd = bit == 1 ? filtered_out : filtered_err;
+      targets.filtered_prefix = PrefixOf(lr);
+    }
     ++open_pumps;
     auto pump = std::make_unique<LinePump>(io, p[0], targets, [this, file] {
       if (file >= 0) ::close(file);
@@ -295,11 +353,33 @@ struct LocalAgent::Impl final : RendezvousEvents {
     (bit == 1 ? w.out_pump : w.err_pump) = std::move(pump);
   }
 
+  // attempt_<n>/filtered_{stdout,stderr}.log, shared by the attempt's workers.
+  void OpenFilteredFiles(const std::string& attempt_dir) {
+    CloseFilteredFiles();
+    auto open = [&](const std::vector<std::string>& filters, const char* name) {
+      if (filters.empty()) return -1;
+      const std::string path = attempt_dir + "/" + name;
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (fd < 0) spdlog::warn("cannot write {}: {}", path, std::strerror(errno));
+      return fd;
+    };
+    filtered_out = open(options.stdout_filters, "filtered_stdout.log");
+    filtered_err = open(options.stderr_filters, "filtered_stderr.log");
+  }
+
+  void CloseFilteredFiles() {
+    for (int* fd : {&filtered_out, &filtered_err}) {
+      if (*fd >= 0) ::close(*fd);
+      *fd = -1;
+    }
+  }
+
   void OnExit(int lr, ExitStatus status) {
     auto& w = WorkerAt(lr);
     w.running = false;
     w.exit = status;
     --running;
+    WorkerEvent(w, status.success() ? "SUCCEEDED" : "FAILED");
     if (!status.success()) {
       FailureRecord f;
       f.host = options.host_name;
@@ -403,6 +483,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   void OnAllExited() {
     kill_timer.cancel();
+    CloseFilteredFiles();
     for (const auto& w : workers) {
       if (w.pid > 0) guard->Forget(w.pid);
     }
@@ -473,12 +554,17 @@ struct LocalAgent::Impl final : RendezvousEvents {
     c.entrypoint = options.entrypoint;
     c.attempt = group.restart_count;
     c.max_restarts = options.max_restarts;
+    c.interpreter = options.interpreter;
     std::fputs(FormatReport(c, report).c_str(), stderr);
-    const std::string json_path = options.log_dir + "/" + group.run_id + "/failure.json";
-    std::error_code ec;
-    std::filesystem::create_directories(options.log_dir + "/" + group.run_id, ec);
-    std::ofstream(json_path) << ReportJson(c, report).dump(2) << "\n";
-    std::fprintf(stderr, "crun: failure report written to %s\n", json_path.c_str());
+    const std::string json_path = options.log_dir + "/failure.json";
+    std::ofstream json(json_path);
+    json << ReportJson(c, report).dump(2) << "\n";
+    json.close();
+    if (json) {
+      std::fprintf(stderr, "crun: failure report written to %s\n", json_path.c_str());
+    } else {
+      std::fprintf(stderr, "crun: cannot write the failure report to %s\n", json_path.c_str());
+    }
     if (!options.parent_error_file.empty()) {
       // As torchrun does: the root cause's error file, with its exit code as errorCode.
       const auto& root = report.front();
@@ -494,6 +580,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
   }
 
   void Finish(int code) {
+    Event(code == 0 ? "torchelastic.worker.status.SUCCEEDED" : "torchelastic.worker.status.FAILED",
+          "AGENT", {{"state", code == 0 ? "SUCCEEDED" : "FAILED"}, {"exit_code", code}});
     exit_code = code;
     phase = Phase::kDone;
     boost::system::error_code ec;
@@ -516,6 +604,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   Next next = Next::kNone;
   int running = 0;
   int open_pumps = 0;
+  int filtered_out = -1, filtered_err = -1;  // this attempt's filtered_*.log
   int stopped_by_signal = 0;
   bool failed_to_launch = false;
   bool failure_reported = false;

@@ -40,14 +40,28 @@ struct AgentOptions {
   std::string host_name;             // for reports
   std::string entrypoint;            // the script or program, for reports
 
-  // Logs (docs/cli.md): <log_dir>/<run_id>/attempt_<n>/<local_rank>/{stdout,stderr}.log and
-  // error.json. Bitmasks per local rank: 1 stdout, 2 stderr (absent ranks: 0).
+  // Logs (docs/cli.md): <log_dir>/attempt_<n>/<local_rank>/{stdout,stderr}.log and
+  // error.json, <log_dir>/failure.json. log_dir is this run's and this node's alone.
+  // Bitmasks per local rank: 1 stdout, 2 stderr (absent ranks: 0).
   std::string log_dir;             // must exist
   std::vector<int> redirects;      // to the file only
   std::vector<int> tees;           // to the file and the console, prefixed
   std::vector<int> console_ranks;  // empty: every local rank reaches the console
-  // ${role_name}, ${rank}, ${local_rank} are replaced.
+  // ${role_name}, ${rank}, ${local_rank}, ${hostname} are replaced.
   std::string prefix_template = "[${role_name}${rank}]:";
+  // Lines containing one of these are also written, prefixed, to
+  // attempt_<n>/filtered_stdout.log (filtered_stderr.log): torchrun's duplicate filters.
+  std::vector<std::string> stdout_filters, stderr_filters;
+  // --event-log-handler console: lifecycle events as JSON lines on stderr (docs/cli.md).
+  bool console_events = false;
+  // --numa-binding: per local rank (index 0 is first_local_rank); empty: no binding.
+  struct Binding {
+    std::vector<int> cpus, mems;
+  };
+  std::vector<Binding> bindings;
+  // How Python workers' interpreter was chosen ("/usr/bin/python3 (python3 on PATH ...)"),
+  // for the report's hint when a module is missing; empty for native programs.
+  std::string interpreter;
   // crun's own TORCHELASTIC_ERROR_FILE (set by a scheduler): gets the root cause's error.
   std::string parent_error_file;
 };

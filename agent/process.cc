@@ -1,6 +1,7 @@
 #include "agent/process.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -117,6 +118,20 @@ StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
   argv.push_back(nullptr);
   for (const auto& e : spec.envp) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int c : spec.cpus) {
+    if (c < 0 || c >= CPU_SETSIZE) return InvalidArgument("CPU " + std::to_string(c) + " is out of range");
+    CPU_SET(c, &cpus);
+  }
+  // set_mempolicy's node mask: one bit per node, in unsigned longs.
+  constexpr int kMaxNodes = 1024;
+  constexpr int kBits = 8 * sizeof(unsigned long);
+  std::array<unsigned long, kMaxNodes / kBits> nodes{};
+  for (int n : spec.mem_nodes) {
+    if (n < 0 || n >= kMaxNodes) return InvalidArgument("NUMA node " + std::to_string(n) + " is out of range");
+    nodes[static_cast<std::size_t>(n / kBits)] |= 1UL << (n % kBits);
+  }
   int report[2];
   if (::pipe2(report, O_CLOEXEC) != 0) return PosixError("pipe", errno);
   const pid_t parent = ::getpid();
@@ -135,31 +150,51 @@ StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
     ResetSignalsInChild();
     if (spec.stdout_fd >= 0) ::dup2(spec.stdout_fd, STDOUT_FILENO);
     if (spec.stderr_fd >= 0) ::dup2(spec.stderr_fd, STDERR_FILENO);
+    // What failed, and its errno, for FinishStart.
+    auto fail = [&](int stage) {
+      const int what[2] = {stage, errno};
+      ssize_t ignored = ::write(report[1], what, sizeof what);
+      (void)ignored;
+      ::_exit(127);
+    };
+    if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof cpus, &cpus) != 0) fail(1);
+    if (!spec.mem_nodes.empty() &&
+        ::syscall(SYS_set_mempolicy, 2 /* MPOL_BIND */, nodes.data(), kMaxNodes + 1) != 0) {
+      fail(2);
+    }
     ::execvpe(argv[0], argv.data(), envp.data());
-    const int err = errno;
-    ssize_t ignored = ::write(report[1], &err, sizeof err);
-    (void)ignored;
-    ::_exit(127);
+    fail(0);
   }
   ::setpgid(pid, pid);  // also here, so the group exists whichever side runs first
   ::close(report[1]);
-  return PendingProcess{pid, report[0], spec.argv[0]};
+  return PendingProcess{pid, report[0], spec.argv[0], spec.cpus, spec.mem_nodes};
 }
 
 StatusOr<pid_t> FinishStart(PendingProcess& pending) {
-  int err = 0;
+  int what[2] = {0, 0};  // stage, errno
   ssize_t n;
   do {
-    n = ::read(pending.report_fd, &err, sizeof err);
+    n = ::read(pending.report_fd, what, sizeof what);
   } while (n < 0 && errno == EINTR);
   ::close(pending.report_fd);
   pending.report_fd = -1;
-  if (n == sizeof err) {
-    int status;
-    ::waitpid(pending.pid, &status, 0);
-    return PosixError("cannot start '" + pending.program + "'", err);
+  if (n != sizeof what) return pending.pid;
+  int status;
+  ::waitpid(pending.pid, &status, 0);
+  auto list = [](const std::vector<int>& v) {
+    std::string s;
+    for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+    return s;
+  };
+  if (what[0] == 1) {
+    return PosixError("cannot bind '" + pending.program + "' to CPUs " + list(pending.cpus),
+                      what[1]);
   }
-  return pending.pid;
+  if (what[0] == 2) {
+    return PosixError("cannot bind the memory of '" + pending.program + "' to NUMA nodes " +
+                          list(pending.mem_nodes), what[1]);
+  }
+  return PosixError("cannot start '" + pending.program + "'", what[1]);
 }
 
 StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec) {

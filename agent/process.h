@@ -1,8 +1,9 @@
 // POSIX process supervision for workers (Linux).
 //
 // * SpawnProcess: fork + exec, the child leading its own process group (so a signal reaches
-//   its children too) with SIGKILL as its parent-death signal. An exec failure comes back as a
-//   Status naming the program and errno; nothing is left running.
+//   its children too) with SIGKILL as its parent-death signal, bound to its CPUs and memory
+//   nodes if asked. An exec or binding failure comes back as a Status naming the program and
+//   errno; nothing is left running.
 // * ExitWatcher: calls back on the event loop the moment a process exits (pidfd readiness, no
 //   polling) and reaps it.
 // * GroupGuard: a helper process that outlives crun: it kills every registered process group
@@ -27,6 +28,10 @@ struct ProcessSpec {
   std::vector<std::string> envp;  // "KEY=VALUE"
   int stdout_fd = -1;             // -1: inherit crun's
   int stderr_fd = -1;
+  // --numa-binding: the CPUs the child may run on and the NUMA nodes its memory comes from
+  // (MPOL_BIND), set before exec. Empty: crun's own.
+  std::vector<int> cpus;
+  std::vector<int> mem_nodes;
 };
 
 struct ExitStatus {
@@ -48,8 +53,9 @@ int ParseSignal(const std::string& name);
 // A started child whose exec has not been confirmed yet.
 struct PendingProcess {
   pid_t pid = -1;
-  int report_fd = -1;  // EOF once the child has exec'd; an errno if exec failed
+  int report_fd = -1;  // EOF once the child has exec'd; stage and errno if that failed
   std::string program;
+  std::vector<int> cpus, mem_nodes;  // the binding asked for, for the message
 };
 
 // Two phases, so that many children exec at the same time: StartProcess forks and returns at

@@ -40,10 +40,10 @@ Environment BuildWorkerEnvironment(const GroupAssignment& g, int local_rank,
   // Workers are clients of the store crun hosts for this attempt.
   set(env::kUseAgentStore, "True");
   set(env::kErrorFile, error_file);
-  // Async NCCL error handling defaults on, unless the user chose otherwise (either name).
-  for (const char* name : {env::kNcclAsyncErrorHandling, env::kNcclAsyncErrorHandlingOld}) {
-    if (!base.contains(name)) set(name, "1");
-  }
+  // Async NCCL error handling defaults on, unless the user chose otherwise. Only the name
+  // PyTorch 2.x reads, as torchrun 2.x does: 2.x warns on every rank when it sees the old
+  // NCCL_ASYNC_ERROR_HANDLING, which is passed on only if the user set it (docs/environment.md).
+  if (!base.contains(env::kNcclAsyncErrorHandling)) set(env::kNcclAsyncErrorHandling, "1");
   if (g.virtual_local_rank) {
     set(env::kLocalRank, "0");
     std::string device = num(local_rank);

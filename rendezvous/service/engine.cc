@@ -149,8 +149,18 @@ void Engine::OnJoin(SessionId session, const v1::Join& join, TimePoint now,
   Job& job = JobFor(join.run_id(), settings);
   if (auto owner = job.sessions.find(node.node_id());
       owner != job.sessions.end() && owner->second != session) {
-    return Refuse(session, "another agent already joined run '" + join.run_id() + "' as node '" +
-                               node.node_id() + "' (give each agent its own node id)");
+    Refuse(session, "another agent already joined run '" + join.run_id() + "' as node '" +
+                        node.node_id() + "' (give each agent its own node id)");
+    if (job.state.phase == Phase::kGathering && job.state.round < 0) {
+      // Two agents claim one identity before the job ever ran: a configuration mistake (one
+      // node_id given to several agents) that leaves the job a node short. The agents already
+      // waiting are told now, not at their join timeout.
+      job.state.phase = Phase::kFailed;
+      Finish(job, false, "a second agent (on host " + node.host() + ") asked to join as node '" +
+                             node.node_id() + "', which another agent holds: give each agent "
+                             "its own --rdzv-conf node_id, or leave it unset (one per crun)");
+    }
+    return;
   }
   NodeDescription desc;
   desc.node_id = node.node_id();

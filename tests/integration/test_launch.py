@@ -30,6 +30,12 @@ class Launch(unittest.TestCase):
         cmd = [CRUN, "--nproc-per-node", str(nproc), *args, WORKER, self.dir, *worker_args]
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
+    def run_dir(self, run_id):
+        """This run's one log directory: <log-dir>/<run-id>/<host>_<random>."""
+        dirs = glob.glob(f"{self.dir}/logs/{run_id}/*_*")
+        self.assertEqual(len(dirs), 1, dirs)
+        return dirs[0]
+
     def env(self, rank, attempt=0):
         with open(os.path.join(self.dir, f"env_{rank}_{attempt}.json")) as f:
             return json.load(f)
@@ -56,10 +62,12 @@ class Launch(unittest.TestCase):
                 "MASTER_ADDR": "127.0.0.1", "TORCHELASTIC_RESTART_COUNT": "0",
                 "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "job7",
                 "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-                "NCCL_ASYNC_ERROR_HANDLING": "1", "OMP_NUM_THREADS": "1",
+                "OMP_NUM_THREADS": "1",
             }
             for k, v in expected.items():
                 self.assertEqual(e.get(k), v, f"rank {rank}: {k}")
+            # PyTorch 2.x warns on every rank about the old name: only the new one is set.
+            self.assertNotIn("NCCL_ASYNC_ERROR_HANDLING", e)
             self.assertIn("TORCHELASTIC_ERROR_FILE", e)
             ports.add(e["MASTER_PORT"])
         self.assertEqual(len(ports), 1)
@@ -230,7 +238,7 @@ class Launch(unittest.TestCase):
         for rank in range(2):
             self.assertIn(f"[default{rank}]:out rank={rank} line=2", r.stdout)
             self.assertIn(f"[default{rank}]:err rank={rank} line=2", r.stderr)
-            with open(f"{self.dir}/logs/job1/attempt_0/{rank}/stdout.log") as f:
+            with open(f"{self.run_dir('job1')}/attempt_0/{rank}/stdout.log") as f:
                 self.assertTrue(f.readline().startswith(f"out rank={rank} line=0"))
 
     def test_redirect_keeps_output_off_the_console(self):
@@ -238,7 +246,7 @@ class Launch(unittest.TestCase):
                       worker_args=["--mode", "chatty"])
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertNotIn("line=", r.stdout + r.stderr)
-        with open(f"{self.dir}/logs/job2/attempt_0/1/stderr.log") as f:
+        with open(f"{self.run_dir('job2')}/attempt_0/1/stderr.log") as f:
             self.assertEqual(len(f.readlines()), 3)
 
     def test_local_ranks_filter(self):
@@ -267,7 +275,7 @@ class Launch(unittest.TestCase):
         self.assertIn("exit      : exit code 4", report)
         self.assertIn("error file: <none written>", report)
         self.assertIn("err rank=1 line=2", report)
-        with open(f"{self.dir}/logs/job3/failure.json") as f:
+        with open(f"{self.run_dir('job3')}/failure.json") as f:
             j = json.load(f)
         self.assertEqual(j["failures"][0]["rank"], 1)
         self.assertEqual(j["failures"][0]["exit_code"], 4)
@@ -282,7 +290,7 @@ class Launch(unittest.TestCase):
                            capture_output=True, text=True, timeout=LIMIT_S, env=env)
         self.assertEqual(r.returncode, 1, r.stderr)
         report = r.stderr[r.stderr.index("Root cause"):]
-        self.assertIn(f"error file: {self.dir}/logs/job4/attempt_0/1/error.json", report)
+        self.assertIn(f"error file: {self.run_dir('job4')}/attempt_0/1/error.json", report)
         self.assertIn("error     : ValueError: intentional failure on rank 1", report)
         self.assertIn("traceback :", report)
         self.assertIn("raise ValueError", report)

@@ -165,7 +165,47 @@ class MultiNode(unittest.TestCase):
         code, err = self.finish(c)
         self.assertEqual(code, 1)
         self.assertIn("another agent already joined run 'job' as node 'a'", err)
-        a.kill()
+        # The agent already waiting is told at once, not at its join timeout (600 s).
+        code, err = self.finish(a)
+        self.assertEqual(code, 1, err)
+        self.assertIn("asked to join as node 'a', which another agent holds", err)
+
+    def plain_node(self, *args, nnodes="2", nproc=1, worker_args=()):
+        """A crun as a user would start it on a laptop: no node_id, no is_host."""
+        cmd = [CRUN, "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-endpoint",
+               f"127.0.0.1:{self.port}", "--rdzv-id", "job", *args, WORKER, self.dir,
+               *worker_args]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ, NODE_TAG="plain"))
+        self.procs.append(p)
+        return p
+
+    def test_two_agents_on_one_host_form_one_job(self):
+        # torchrun's c10d backend gives each agent its own identity; so does crun: the first
+        # hosts the service on the endpoint's port, the second finds it taken and joins.
+        a = self.plain_node(nproc=2)
+        b = self.plain_node(nproc=2)
+        for p in (a, b):
+            code, err = self.finish(p)
+            self.assertEqual(code, 0, err)
+        ev = self.events()
+        self.assertEqual(sorted(int(e["RANK"]) for e in ev), [0, 1, 2, 3])
+        self.assertEqual({e["GROUP_WORLD_SIZE"] for e in ev}, {"2"})
+        self.assertEqual(sorted(e["GROUP_RANK"] for e in ev), ["0", "0", "1", "1"])
+        self.assertEqual(len({e["MASTER_PORT"] for e in ev}), 1)
+
+    def test_four_agents_on_one_host_with_an_elastic_range(self):
+        procs = [self.plain_node("--rdzv-conf", "last_call_timeout=0.5", nnodes="2:4")
+                 for _ in range(4)]
+        for p in procs:
+            code, err = self.finish(p)
+            self.assertEqual(code, 0, err)
+        # Every agent ran in some round; the last round had all four once they had joined.
+        ev = self.events()
+        worlds = [int(e["WORLD_SIZE"]) for e in ev]
+        self.assertEqual(max(worlds), 4)
+        last = [e for e in ev if e["WORLD_SIZE"] == "4"]
+        self.assertEqual(sorted(int(e["RANK"]) for e in last)[:4], [0, 1, 2, 3])
 
     def test_an_unreachable_endpoint_fails_naming_it(self):
         p = self.node("x", conf="join_timeout=0.5")
@@ -175,7 +215,7 @@ class MultiNode(unittest.TestCase):
 
     def test_bad_rendezvous_flags_are_usage_errors(self):
         for args, message in [
-            (["--rdzv-conf", "bogus=1"], "unknown key 'bogus'"),
+            (["--rdzv-conf", "store_type=file"], "only store_type=tcp is accepted"),
             (["--rdzv-conf", "join_timeout=soon"], "join_timeout='soon' is not a number"),
             (["--rdzv-endpoint", "127.0.0.1:99999"], "port '99999' is not in 1..65535"),
             (["--rdzv-backend", "etcd"], "--rdzv-backend etcd is not supported"),
@@ -187,6 +227,14 @@ class MultiNode(unittest.TestCase):
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT_S)
             self.assertEqual(r.returncode, 2, (args, r.stderr))
             self.assertIn(message, r.stderr)
+        # An unknown key is named and ignored, as torchrun ignores it: the job goes on (and
+        # here, alone, runs out of join time).
+        r = subprocess.run([CRUN, "--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
+                            "--rdzv-conf", "bogus=1,join_timeout=0.3", WORKER, self.dir],
+                           capture_output=True, text=True, timeout=LIMIT_S)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("--rdzv-conf: ignoring unknown key 'bogus'", r.stderr)
+        self.assertIn("joined within", r.stderr)
 
     def test_daemon_serves_two_jobs_and_status_shows_them(self):
         daemon = subprocess.Popen([CRUN, "rendezvous", "--host", "127.0.0.1", "--port", "0"],

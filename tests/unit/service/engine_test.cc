@@ -265,9 +265,6 @@ TEST_CASE("engine: joins are refused with the reason", "[engine]") {
   h.Join(2, "b", T0, 2, 3);
   CHECK(h.Last(2).refused().reason() ==
         "--nnodes differs: this job uses 2:4, the joining agent 2:3");
-  h.Join(3, "a", T0);  // node id "a" is taken by session 1
-  CHECK(h.Last(3).refused().reason() ==
-        "another agent already joined run 'job7' as node 'a' (give each agent its own node id)");
   h.Join(4, "c", T0, 2, 4, 2, 1, "job7", "", 2);
   CHECK(h.Last(4).refused().reason() ==
         "protocol version 2 is not supported: this service speaks version 1");
@@ -275,9 +272,37 @@ TEST_CASE("engine: joins are refused with the reason", "[engine]") {
   CHECK(h.Last(5).refused().reason() == "max nodes (1) must be >= min nodes (3)");
   // The refused sessions are not bound: their leaving changes nothing.
   h.engine.OnSessionClosed(2, T0 + 1s);
-  h.engine.OnSessionClosed(3, T0 + 1s);
+  h.engine.OnSessionClosed(4, T0 + 1s);
   CHECK(h.engine.live_sessions() == 1);
   CHECK(h.inbox[1].empty());
+}
+
+TEST_CASE("engine: a duplicate node id while gathering fails the job for those waiting",
+          "[engine]") {
+  Harness h;
+  h.Join(1, "a", T0, 2, 4);
+  h.Join(2, "a", T0 + 1s, 2, 4);  // node id "a" is taken by session 1
+  CHECK(h.Last(2).refused().reason() ==
+        "another agent already joined run 'job7' as node 'a' (give each agent its own node id)");
+  // Session 1 would otherwise wait out its join timeout for a node that never comes.
+  REQUIRE(h.inbox[1].size() == 1);
+  const auto& f = h.Last(1).finished();
+  CHECK_FALSE(f.success());
+  CHECK(f.exit_code() == 1);
+  CHECK(f.reason().find("asked to join as node 'a', which another agent holds") !=
+        std::string::npos);
+  CHECK(h.engine.Status("job7", T0 + 1s).jobs(0).phase() == "failed");
+}
+
+TEST_CASE("engine: a duplicate node id of a running job is only refused", "[engine]") {
+  Harness h;
+  h.Join(1, "a", T0, 1, 2);
+  h.Join(2, "b", T0, 1, 2);
+  REQUIRE(h.Last(1).has_assignment());
+  const auto before = h.inbox[1].size();
+  h.Join(3, "a", T0 + 1s, 1, 2);
+  CHECK(h.Last(3).refused().reason().find("another agent already joined") == 0);
+  CHECK(h.inbox[1].size() == before);  // the running job is not disturbed
 }
 
 TEST_CASE("engine: two run ids are independent jobs", "[engine]") {

@@ -1,0 +1,386 @@
+#include "launcher/launch_options.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include "agent/process.h"
+#include "launcher/rendezvous_command.h"
+#include "rendezvous/store/numbers.h"
+
+namespace crun::launcher {
+namespace {
+
+constexpr int kMaxNodes = 100'000;            // as the rendezvous service allows
+constexpr double kMaxSeconds = 30 * 86'400.0;  // 30 days: beyond it clocks overflow nothing useful
+
+std::vector<std::string> Split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, sep)) out.push_back(item);
+  return out;
+}
+
+// Edit distance, for "did you mean".
+std::size_t Distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
+  auto pet = [](const char* name) { return std::string("PET_") + name; };
+  app.add_option("--nnodes", o.nnodes, "Number of nodes, N or MIN:MAX")
+      ->envname(pet("NNODES"))->capture_default_str()->group("Job");
+  app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
+                 "Workers on this node: a number, cpu, gpu, xpu or auto")
+      ->envname(pet("NPROC_PER_NODE"))->capture_default_str()->group("Job");
+  app.add_flag("--standalone", o.standalone, "Single-node job with its own store on a free port")
+      ->envname(pet("STANDALONE"))->group("Job");
+  app.add_option("--rdzv-id,--rdzv_id", o.rdzv_id, "Run id (TORCHELASTIC_RUN_ID)")
+      ->envname(pet("RDZV_ID"))->capture_default_str()->group("Job");
+  app.add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend,
+                 "crun (alias c10d): the rendezvous service at --rdzv-endpoint; static: fixed "
+                 "--node-rank with the store at --master-addr:--master-port (default: crun when "
+                 "an endpoint is given, else static)")
+      ->envname(pet("RDZV_BACKEND"))->group("Rendezvous");
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint,
+                 "host[:port] of the rendezvous service (port 29400); the node whose address it "
+                 "is hosts the service in its crun, unless a `crun rendezvous` runs there")
+      ->envname(pet("RDZV_ENDPOINT"))->group("Rendezvous");
+  app.add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf,
+                 "key=value,...: join_timeout, last_call_timeout, close_timeout, "
+                 "keep_alive_interval, keep_alive_max_attempt, heartbeat_timeout, read_timeout, "
+                 "reconnect_timeout (seconds), is_host, node_id, store_type (tcp)")
+      ->envname(pet("RDZV_CONF"))->group("Rendezvous");
+  app.add_option("--role", o.role, "Role name of the workers (ROLE_NAME)")
+      ->envname(pet("ROLE"))->capture_default_str()->group("Job");
+  app.add_option("--max-restarts,--max_restarts", o.max_restarts,
+                 "Restarts of the worker group allowed after a failure")
+      ->envname(pet("MAX_RESTARTS"))->capture_default_str()->group("Restarts and shutdown");
+  app.add_option("--monitor-interval,--monitor_interval", o.monitor_interval,
+                 "Accepted for torchrun compatibility; crun sees exits at once and never polls")
+      ->envname(pet("MONITOR_INTERVAL"))->group("Restarts and shutdown");
+  app.add_option("--shutdown-timeout,--shutdown_timeout", o.shutdown_timeout,
+                 "Seconds between the stop signal and SIGKILL (default: "
+                 "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)")
+      ->envname(pet("SHUTDOWN_TIMEOUT"))->group("Restarts and shutdown");
+  app.add_option("--signals-to-handle,--signals_to_handle", o.signals,
+                 "Signals forwarded to the workers, comma-separated (SIGUSR1/SIGUSR2 may be added)")
+      ->envname(pet("SIGNALS_TO_HANDLE"))->capture_default_str()->group("Restarts and shutdown");
+  app.add_option("--start-method,--start_method", o.start_method,
+                 "spawn, fork or forkserver: checked and accepted for torchrun compatibility "
+                 "(they choose how Python starts function entrypoints; crun execs every worker)")
+      ->envname(pet("START_METHOD"))->capture_default_str()->group("Worker program");
+  app.add_flag("-m,--module", o.module, "Run the script as a Python module (python -m)")
+      ->envname(pet("MODULE"))->group("Worker program");
+  app.add_flag("--no-python,--no_python", o.no_python, "Run the script as a program, not with Python")
+      ->envname(pet("NO_PYTHON"))->group("Worker program");
+  app.add_flag("--run-path,--run_path", o.run_path,
+               "Run the script with runpy.run_path inside the interpreter")
+      ->envname(pet("RUN_PATH"))->group("Worker program");
+  app.add_flag("--virtual-local-rank,--virtual_local_rank", o.virtual_local_rank,
+               "Every worker sees LOCAL_RANK=0 and only its own GPU in CUDA_VISIBLE_DEVICES")
+      ->envname(pet("VIRTUAL_LOCAL_RANK"))->group("Worker program");
+  app.add_option("--numa-binding,--numa_binding", o.numa_binding,
+                 "Bind each local rank's CPUs and memory near its GPU (GPU index = LOCAL_RANK): "
+                 "node, socket, exclusive or core-complex")
+      ->group("Worker program");
+  app.add_option("--local-addr,--local_addr", o.local_addr,
+                 "Address this node advertises: the store binds it and workers get it as "
+                 "MASTER_ADDR (overrides --master-addr)")
+      ->envname(pet("LOCAL_ADDR"))->group("Static rendezvous");
+  app.add_option("--master-addr,--master_addr", o.master_addr,
+                 "Address of the store the workers use (MASTER_ADDR)")
+      ->envname(pet("MASTER_ADDR"))->capture_default_str()->group("Static rendezvous");
+  app.add_option("--master-port,--master_port", o.master_port,
+                 "Port of that store (default: a free port, new for every attempt)")
+      ->envname(pet("MASTER_PORT"))->group("Static rendezvous");
+  app.add_flag("--slurm", o.slurm,
+               "One crun per node of a Slurm job step (srun --ntasks-per-node=1 crun ...): "
+               "nodes, node order, run id and rendezvous host from SLURM_*; the default inside "
+               "a step when no --nnodes, --rdzv-endpoint or --standalone is given")
+      ->group("Slurm");
+  app.add_flag("--slurm-direct", o.slurm_direct,
+               "One crun per worker (srun --ntasks-per-node=4 crun --slurm-direct ...): RANK, "
+               "LOCAL_RANK, WORLD_SIZE, ... from the Slurm task; task 0 hosts the store on the "
+               "step's first node; restarts belong to Slurm")
+      ->group("Slurm");
+  app.add_option("--slurm-port", o.slurm_port,
+                 "Port of the step's rendezvous (--slurm) or store (--slurm-direct) on its "
+                 "first node (default: 10000 + (8 x job id + step id) mod 22000)")
+      ->check(CLI::Range(1, 65535))->group("Slurm");
+  app.add_option("--node-rank,--node_rank", o.node_rank,
+                 "This node's rank: required by the static backend; with crun's backend it "
+                 "imposes the node order (as a scheduler would)")
+      ->envname(pet("NODE_RANK"))->capture_default_str()->group("Static rendezvous");
+  app.add_option("--log-dir,--log_dir", o.log_dir,
+                 "Base directory of <run-id>/<host>_<random>/attempt_<n>/<local-rank>/"
+                 "{stdout,stderr}.log, error.json (default: a new temporary directory)")
+      ->envname(pet("LOG_DIR"))->group("Logs");
+  app.add_option("-r,--redirects", o.redirects,
+                 "Send worker output to the log files only: 1 stdout, 2 stderr, 3 both; or "
+                 "per local rank, e.g. 0:1,1:2")
+      ->envname(pet("REDIRECTS"))->capture_default_str()->group("Logs");
+  app.add_option("-t,--tee", o.tee,
+                 "Send worker output to the log files and, prefixed, to the console (same "
+                 "format)")
+      ->envname(pet("TEE"))->capture_default_str()->group("Logs");
+  app.add_option("--local-ranks-filter,--local_ranks_filter", o.local_ranks_filter,
+                 "Comma list of local ranks whose output reaches the console")
+      ->envname(pet("LOCAL_RANKS_FILTER"))->group("Logs");
+  app.add_option("--log-line-prefix-template,--log_line_prefix_template",
+                 o.log_line_prefix_template,
+                 "Prefix of teed lines: ${role_name}, ${rank}, ${local_rank}, ${hostname} "
+                 "(default: $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else [${role_name}${rank}]:)")
+      ->envname(pet("LOG_LINE_PREFIX_TEMPLATE"))->group("Logs");
+  app.add_option("--duplicate-stdout-filters,--duplicate_stdout_filters",
+                 o.duplicate_stdout_filters,
+                 "Comma list of substrings (,, for a comma): stdout lines containing one are "
+                 "also written to attempt_<n>/filtered_stdout.log")
+      ->envname(pet("DUPLICATE_STDOUT_FILTERS"))->group("Logs");
+  app.add_option("--duplicate-stderr-filters,--duplicate_stderr_filters",
+                 o.duplicate_stderr_filters, "The same for stderr (filtered_stderr.log)")
+      ->envname(pet("DUPLICATE_STDERR_FILTERS"))->group("Logs");
+  app.add_option("--event-log-handler,--event_log_handler", o.event_log_handler,
+                 "null, or console: crun's lifecycle events as one JSON line each on stderr, "
+                 "with torchelastic's event names")
+      ->envname(pet("EVENT_LOG_HANDLER"))->capture_default_str()->group("Logs");
+  app.add_option("--logs-specs,--logs_specs", o.logs_specs,
+                 "torchrun's Python plugin for log layouts: only its default (DefaultLogsSpecs) "
+                 "is accepted")
+      ->group("Logs");
+  app.add_option("--log-level", o.log_level, "crun's own messages: trace .. off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
+      ->capture_default_str()->group("Logs");
+  app.add_option("--print-completion", o.print_completion,
+                 "Print a shell completion script (bash, zsh or tcsh) and exit")
+      ->group("Help");
+  AddSecurityFlags(&app, &o.security);
+}
+
+std::vector<std::string> KnownLongOptions(const CLI::App& app) {
+  std::vector<std::string> out;
+  for (const CLI::Option* opt : app.get_options()) {
+    for (const auto& name : opt->get_lnames()) out.push_back("--" + name);
+  }
+  return out;
+}
+
+std::string UnknownOptionMessage(const std::string& word, const std::vector<std::string>& known) {
+  const std::string name = word.substr(0, word.find('='));
+  std::string best;
+  std::size_t best_distance = 0;
+  for (const auto& k : known) {
+    const std::size_t d = Distance(name, k);
+    if (best.empty() || d < best_distance) {
+      best = k;
+      best_distance = d;
+    }
+  }
+  std::string message = "unknown option '" + name + "'";
+  // Close enough to be a typo: a few edits, relative to the length.
+  if (!best.empty() && best_distance <= std::max<std::size_t>(2, name.size() / 4)) {
+    message += " (did you mean " + best + "?)";
+  }
+  return message + "; crun --help lists the options";
+}
+
+StatusOr<std::string> CompletionScript(const std::string& shell,
+                                       const std::vector<std::string>& known) {
+  std::string words;
+  for (const auto& k : known) words += (words.empty() ? "" : " ") + k;
+  if (shell == "bash") {
+    return "# bash completion for crun: source it, or put it in "
+           "/etc/bash_completion.d/crun\n"
+           "complete -o default -o bashdefault -W \"" + words + "\" crun\n";
+  }
+  if (shell == "zsh") {
+    return "#compdef crun\n"
+           "_crun() {\n"
+           "  if [[ $PREFIX == -* ]]; then compadd -- " + words + "\n"
+           "  else _files; fi\n"
+           "}\n"
+           "compdef _crun crun\n";
+  }
+  if (shell == "tcsh") {
+    std::string bare;
+    for (const auto& k : known) bare += (bare.empty() ? "" : " ") + k.substr(2);
+    return "complete crun 'c/--/(" + bare + ")/' 'p/*/f/'\n";
+  }
+  return InvalidArgument("--print-completion '" + shell + "': expected bash, zsh or tcsh");
+}
+
+StatusOr<NodeRange> ParseNnodes(const std::string& v) {
+  const auto colon = v.find(':');
+  const std::string lo = v.substr(0, colon);
+  const std::string hi = colon == std::string::npos ? lo : v.substr(colon + 1);
+  const auto min = ParseInteger(lo, 1, kMaxNodes);
+  const auto max = ParseInteger(hi, 1, kMaxNodes);
+  if (!min || !max || *max < *min) {
+    return InvalidArgument("--nnodes '" + v + "': expected N or MIN:MAX with 1 <= MIN <= MAX <= " +
+                           std::to_string(kMaxNodes));
+  }
+  return NodeRange{static_cast<int>(*min), static_cast<int>(*max)};
+}
+
+StatusOr<int> ParseFlagInt(const std::string& flag, const std::string& v, int min, int max) {
+  if (auto n = ParseInteger(v, min, max)) return static_cast<int>(*n);
+  return InvalidArgument(flag + " '" + v + "': expected a whole number from " +
+                         std::to_string(min) + " to " + std::to_string(max));
+}
+
+StatusOr<double> ParseFlagSeconds(const std::string& flag, const std::string& v) {
+  if (auto s = ParseNumber(v, 0, kMaxSeconds)) return *s;
+  return InvalidArgument(flag + " '" + v + "': expected a number of seconds from 0 to " +
+                         std::to_string(static_cast<long>(kMaxSeconds)) + " (30 days)");
+}
+
+StatusOr<std::vector<int>> ParseStdSpec(const std::string& flag, const std::string& spec,
+                                        int nproc) {
+  auto bad = [&] {
+    return InvalidArgument(flag + " '" + spec + "': expected 0-3 or local_rank:value,... (1 "
+                           "stdout, 2 stderr, 3 both)");
+  };
+  std::vector<int> out(static_cast<std::size_t>(nproc), 0);
+  if (spec.find(':') == std::string::npos) {
+    const auto v = ParseInteger(spec, 0, 3);
+    if (!v) return bad();
+    std::fill(out.begin(), out.end(), static_cast<int>(*v));
+    return out;
+  }
+  for (const auto& item : Split(spec, ',')) {
+    const auto colon = item.find(':');
+    if (colon == std::string::npos) return bad();
+    const auto lr = ParseInteger(item.substr(0, colon), 0, 1 << 20);
+    const auto v = ParseInteger(item.substr(colon + 1), 0, 3);
+    if (!lr || !v) return bad();
+    if (*lr < nproc) out[static_cast<std::size_t>(*lr)] = static_cast<int>(*v);
+  }
+  return out;
+}
+
+StatusOr<std::vector<int>> ParseRankList(const std::string& list, int nproc) {
+  std::vector<int> out;
+  for (const auto& item : Split(list, ',')) {
+    if (item.empty()) continue;
+    const auto lr = ParseInteger(item, 0, nproc - 1);
+    if (!lr) {
+      return InvalidArgument("--local-ranks-filter: '" + item + "' is not a local rank in 0.." +
+                             std::to_string(nproc - 1));
+    }
+    out.push_back(static_cast<int>(*lr));
+  }
+  return out;
+}
+
+StatusOr<std::vector<int>> ParseSignals(const std::string& list) {
+  std::vector<int> out;
+  for (const auto& name : Split(list, ',')) {
+    if (name.empty()) continue;
+    const int s = agent::ParseSignal(name);
+    if (s < 0 || s == SIGKILL || s == SIGSTOP) {
+      return InvalidArgument("--signals-to-handle: '" + name + "' is not a signal crun can handle");
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<std::string> ParseFilters(const std::string& list) {
+  std::vector<std::string> out;
+  std::string current;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    if (list[i] != ',') {
+      current += list[i];
+    } else if (i + 1 < list.size() && list[i + 1] == ',') {
+      current += ',';  // ",," is a comma inside a filter
+      ++i;
+    } else {
+      if (!current.empty()) out.push_back(current);
+      current.clear();
+    }
+  }
+  if (!current.empty()) out.push_back(current);
+  return out;
+}
+
+StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
+  RdzvConf c;
+  for (const auto& item : Split(text, ',')) {
+    if (item.empty()) continue;
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) {
+      return InvalidArgument("--rdzv-conf: '" + item + "' is not key=value");
+    }
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    auto seconds = [&](std::optional<double>* out) -> Status {
+      if (auto s = ParseNumber(value, 0, kMaxSeconds); s && *s > 0) {
+        *out = *s;
+        return Status::Ok();
+      }
+      return InvalidArgument("--rdzv-conf: " + key + "='" + value +
+                             "' is not a number of seconds > 0 (at most 30 days)");
+    };
+    if (key == "join_timeout" || key == "timeout") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.join_timeout));
+    } else if (key == "last_call_timeout") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.last_call_timeout));
+    } else if (key == "close_timeout") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.close_timeout));
+    } else if (key == "heartbeat_interval" || key == "keep_alive_interval") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.heartbeat_interval));
+    } else if (key == "keep_alive_max_attempt") {
+      const auto n = ParseInteger(value, 1, 1000);
+      if (!n) {
+        return InvalidArgument("--rdzv-conf: keep_alive_max_attempt='" + value +
+                               "' is not a whole number from 1 to 1000");
+      }
+      c.keep_alive_max_attempt = static_cast<int>(*n);
+    } else if (key == "heartbeat_timeout") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.heartbeat_timeout));
+    } else if (key == "read_timeout") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.read_timeout));
+    } else if (key == "reconnect_timeout") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.reconnect_timeout));
+    } else if (key == "is_host") {
+      // torchrun's get_as_bool: 1/true/t/yes/y and 0/false/f/no/n, in any case.
+      std::string v = value;
+      std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      if (v == "1" || v == "true" || v == "t" || v == "yes" || v == "y") {
+        c.is_host = true;
+      } else if (v == "0" || v == "false" || v == "f" || v == "no" || v == "n") {
+        c.is_host = false;
+      } else {
+        return InvalidArgument("--rdzv-conf: is_host='" + value + "' is not true or false");
+      }
+    } else if (key == "node_id") {
+      if (value.empty()) return InvalidArgument("--rdzv-conf: node_id is empty");
+      c.node_id = value;
+    } else if (key == "store_type") {
+      if (value != "tcp") {
+        return InvalidArgument("--rdzv-conf: store_type='" + value +
+                               "': crun's rendezvous keeps its state in its own service and "
+                               "gives workers a TCP store; only store_type=tcp is accepted");
+      }
+    } else if (key == "rank") {
+      // The static backend's node rank, which torchrun injects itself: --node-rank sets it.
+    } else {
+      c.ignored.push_back(key);
+    }
+  }
+  return c;
+}
+
+}  // namespace crun::launcher

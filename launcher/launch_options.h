@@ -1,0 +1,108 @@
+// The launcher's command line: torchrun 2.x's options (both spellings, PET_* fallbacks) and
+// crun's own, as typed, and the parsers that turn each value into what it means. Parsers are
+// pure: they read nothing but their arguments, and an error names the flag and the value.
+// RunLaunch (launch_command.cc) validates everything with them before it creates anything.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "rendezvous/store/security.h"
+#include "rendezvous/store/status.h"
+
+namespace crun::launcher {
+
+// Values as given; numbers stay text until their parser has checked them.
+struct LaunchOptions {
+  std::string nnodes = "1:1";
+  std::string nproc_per_node = "1";
+  bool standalone = false;
+  std::string max_restarts = "0";
+  std::string monitor_interval = "0.1";  // accepted for compatibility: crun does not poll
+  std::string start_method = "spawn";    // accepted for compatibility: crun always execs
+  std::string role = "default";
+  bool module = false;
+  bool no_python = false;
+  bool run_path = false;
+  bool virtual_local_rank = false;
+  std::string local_addr;
+  std::string rdzv_id = "none";
+  std::string rdzv_backend;   // empty: crun's dynamic backend with an endpoint, else static
+  std::string rdzv_endpoint;  // host[:port]
+  std::string rdzv_conf;      // key=value,...
+  std::string master_addr = "127.0.0.1";
+  std::string master_port;    // empty: a fresh free port per attempt
+  std::string node_rank = "0";
+  std::string shutdown_timeout;  // empty: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s
+  std::string signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  std::string log_level = "warn";
+  std::string log_dir;
+  std::string redirects = "0";
+  std::string tee = "0";
+  std::string local_ranks_filter;
+  std::string log_line_prefix_template;  // empty: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
+  std::string duplicate_stdout_filters, duplicate_stderr_filters;
+  std::string event_log_handler = "null";
+  std::string logs_specs;    // torchrun's plugin hook: only its default is accepted
+  std::string numa_binding;  // empty: none
+  std::string print_completion;
+  bool slurm = false;         // one crun per node of a Slurm job step (launcher/slurm.h)
+  bool slurm_direct = false;  // one crun per worker: each Slurm task is one worker
+  int slurm_port = 0;         // 0: the step's default port
+  crun::SecurityFlags security;      // job token and TLS of the rendezvous service
+  std::vector<std::string> command;  // script and its arguments
+};
+
+// Declares every option on `app`, bound to `o`.
+void AddLaunchOptions(CLI::App& app, LaunchOptions& o);
+
+// Every long option the launcher knows, both spellings ("--nproc-per-node", "--nproc_per_node").
+std::vector<std::string> KnownLongOptions(const CLI::App& app);
+
+// For a word that looks like an option but is none: "unknown option '--nproc-per-nodes' (did
+// you mean --nproc-per-node?)". `word` may carry "=value".
+std::string UnknownOptionMessage(const std::string& word, const std::vector<std::string>& known);
+
+// A shell completion script for bash, zsh or tcsh listing `known`.
+StatusOr<std::string> CompletionScript(const std::string& shell,
+                                       const std::vector<std::string>& known);
+
+struct NodeRange {
+  int min = 1;
+  int max = 1;
+};
+// "N" or "MIN:MAX", 1 <= MIN <= MAX <= 100000.
+StatusOr<NodeRange> ParseNnodes(const std::string& v);
+
+// A whole number in [min, max] for `flag`: "--max-restarts '-1': expected a whole number >= 0".
+StatusOr<int> ParseFlagInt(const std::string& flag, const std::string& v, int min, int max);
+// Seconds for `flag`: finite, >= 0, at most 30 days.
+StatusOr<double> ParseFlagSeconds(const std::string& flag, const std::string& v);
+
+// torchrun's Std spec: "3" for every local rank, or "0:1,1:2" per local rank (others 0).
+// Values are bitmasks: 1 stdout, 2 stderr, 3 both.
+StatusOr<std::vector<int>> ParseStdSpec(const std::string& flag, const std::string& spec,
+                                        int nproc);
+// "0,2": local ranks in 0..nproc-1.
+StatusOr<std::vector<int>> ParseRankList(const std::string& list, int nproc);
+// "SIGTERM,SIGINT": signals crun may handle (not SIGKILL or SIGSTOP).
+StatusOr<std::vector<int>> ParseSignals(const std::string& list);
+// torchrun's duplicate filters: comma-separated substrings, ",," a literal comma.
+std::vector<std::string> ParseFilters(const std::string& list);
+
+// --rdzv-conf: torchrun's keys (times in seconds) plus crun's. Unknown keys are not errors
+// (torchrun ignores them): they come back in `ignored` for a warning.
+struct RdzvConf {
+  std::optional<double> join_timeout, last_call_timeout, close_timeout, heartbeat_interval,
+      heartbeat_timeout, read_timeout, reconnect_timeout;
+  std::optional<int> keep_alive_max_attempt;
+  std::optional<bool> is_host;
+  std::string node_id;
+  std::vector<std::string> ignored;
+};
+StatusOr<RdzvConf> ParseRdzvConf(const std::string& text);
+
+}  // namespace crun::launcher

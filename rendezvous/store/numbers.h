@@ -1,0 +1,19 @@
+// Strict parsing of numbers that people type (flags, environment variables, config keys): the
+// whole text must be the number, in range, and finite. No locale, no exceptions, no silent
+// clamping; callers turn an empty optional into a message that quotes the value.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace crun {
+
+// A decimal integer in [min, max]: "12", "-3". Not "", " 1", "+1", "1x", "0x10", "1e3".
+std::optional<std::int64_t> ParseInteger(std::string_view text, std::int64_t min,
+                                         std::int64_t max);
+
+// A finite decimal number in [min, max]: "0.5", "30", "1e-3". Not nan, inf, "", "1s".
+std::optional<double> ParseNumber(std::string_view text, double min, double max);
+
+}  // namespace crun
