@@ -313,14 +313,7 @@ Status PlanService(Plan& p, const LaunchOptions& o) {
   settings.max_restarts = p.max_restarts;
   if (conf.join_timeout) settings.join_timeout = Ms(*conf.join_timeout);
   if (conf.last_call_timeout) settings.last_call_timeout = Ms(*conf.last_call_timeout);
-  // torchrun's keep-alive: a node is dead once keep_alive_max_attempt heartbeats, one every
-  // keep_alive_interval, went missing. heartbeat_timeout, when given, says it directly.
-  if (conf.heartbeat_timeout) {
-    settings.heartbeat_timeout = Ms(*conf.heartbeat_timeout);
-  } else if (conf.heartbeat_interval || conf.keep_alive_max_attempt) {
-    settings.heartbeat_timeout = Ms(conf.heartbeat_interval.value_or(1.0) *
-                                    conf.keep_alive_max_attempt.value_or(3));
-  }
+  settings.heartbeat_timeout = HeartbeatTimeout(conf, settings.heartbeat_timeout);
   CRUN_RETURN_IF_ERROR(settings.Validate());
   p.heartbeat_interval = conf.heartbeat_interval
                              ? Ms(*conf.heartbeat_interval)

@@ -383,4 +383,16 @@ StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
   return c;
 }
 
+std::chrono::milliseconds HeartbeatTimeout(const RdzvConf& conf,
+                                           std::chrono::milliseconds fallback) {
+  auto ms = [](double seconds) {
+    return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+  };
+  if (conf.heartbeat_timeout) return ms(*conf.heartbeat_timeout);
+  if (conf.heartbeat_interval || conf.keep_alive_max_attempt) {
+    return ms(conf.heartbeat_interval.value_or(1.0) * conf.keep_alive_max_attempt.value_or(3));
+  }
+  return fallback;
+}
+
 }  // namespace crun::launcher

@@ -4,6 +4,7 @@
 // RunLaunch (launch_command.cc) validates everything with them before it creates anything.
 #pragma once
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -104,5 +105,10 @@ struct RdzvConf {
   std::vector<std::string> ignored;
 };
 StatusOr<RdzvConf> ParseRdzvConf(const std::string& text);
+
+// How long a silent node stays in the job: heartbeat_timeout when given; else, as torchrun's
+// c10d backend means its keys, keep_alive_max_attempt missed heartbeats of keep_alive_interval
+// (defaults 3 and 1 s) when either is given; else `fallback`.
+std::chrono::milliseconds HeartbeatTimeout(const RdzvConf& conf, std::chrono::milliseconds fallback);
 
 }  // namespace crun::launcher

@@ -264,7 +264,7 @@ class Faults(unittest.TestCase):
             self.go()
             (ca, ea), (cb2, eb2) = self.finish(a), self.finish(b2)
             self.assertEqual((ca, cb2), (0, 0), ea + eb2)
-            self.assertRegex(ea, r"node \S+ \(\S+@10\.77\.0\.2\) was lost: no heartbeat")
+            self.assertRegex(ea, r"node \S+ \(\S+@10\.77\.0\.2#\d+\) was lost: no heartbeat")
             self.assertEqual({e["TORCHELASTIC_RESTART_COUNT"] for e in self.events()}, {"0"})
         self.assertNothingLeft()
         self.record("partition of b (link down), healed, b's crun started again",

@@ -115,7 +115,7 @@ class AcrossNamespaces(unittest.TestCase):
             for h in ("a", "b"):
                 code, _, err = self.finish(nodes[h])
                 self.assertEqual(code, 0, err)
-                self.assertRegex(err, r"re-forming the job: node \S+ \(\S+@10\.77\.0\.3\) was "
+                self.assertRegex(err, r"re-forming the job: node \S+ \(\S+@10\.77\.0\.3#\d+\) was "
                                       r"lost: no heartbeat for \d+ ms \(heartbeat_timeout 1500")
             reformed = min(e["t"] for e in self.events() if e["WORLD_SIZE"] == "4")
             detected = reformed - pulled

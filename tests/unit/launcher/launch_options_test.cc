@@ -111,6 +111,20 @@ TEST_CASE("rdzv-conf takes torchrun's keys and crun's and ignores unknown ones",
   }
 }
 
+TEST_CASE("keep-alive keys set the heartbeat timeout as torchrun means them", "[options]") {
+  using std::chrono::milliseconds;
+  const milliseconds fallback(3000);
+  CHECK(HeartbeatTimeout(*ParseRdzvConf(""), fallback) == fallback);
+  // torchrun's defaults: a heartbeat every 5 s, dead after 3 missed.
+  CHECK(HeartbeatTimeout(*ParseRdzvConf("keep_alive_interval=5"), fallback) == milliseconds(15000));
+  CHECK(HeartbeatTimeout(*ParseRdzvConf("keep_alive_interval=0.5,keep_alive_max_attempt=4"),
+                         fallback) == milliseconds(2000));
+  CHECK(HeartbeatTimeout(*ParseRdzvConf("keep_alive_max_attempt=5"), fallback) ==
+        milliseconds(5000));
+  CHECK(HeartbeatTimeout(*ParseRdzvConf("keep_alive_interval=5,heartbeat_timeout=7"), fallback) ==
+        milliseconds(7000));
+}
+
 TEST_CASE("an unknown option is named with the closest known one", "[options]") {
   const Strings known{"--nproc-per-node", "--nproc_per_node", "--nnodes", "--max-restarts"};
   CHECK(UnknownOptionMessage("--nproc-per-nodes", known) ==
