@@ -19,7 +19,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXED = os.path.join(HERE, "..", "compat", "torchrun_fixed.py")
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from bench_support import write_section  # noqa: E402
+from bench_support import measured_at, write_section  # noqa: E402
 
 
 def launchers(args):
@@ -98,7 +98,8 @@ def write(args, rows):
              "machine as above. Workers are trivial programs (`--no-python true`; for restarts "
              "`tests/workers/restart_probe.cc`, whose first instruction takes the time), so the "
              "numbers are the launchers' own. *restart*: from the failing worker's last "
-             "timestamp to the last replacement's first one. *peak RSS*: the launcher process, from GNU time.", "",
+             "timestamp to the last replacement's first one. *peak RSS*: the launcher process, from GNU time. "
+             + measured_at(), "",
              "| | " + " | ".join(names) + " | torchrun 2.x / crun |",
              "|---|" + "---|" * (len(names) + 1)]
     for metric, label, unit in [("launch", "launch → exit, 2 workers", "ms"),

@@ -19,6 +19,19 @@ def in_private_netns(argv):
         subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
+def measured_at():
+    """"Measured at commit abc1234 (2026-11-23), on <machine>": what a table must say about
+    when it was true. A tree with uncommitted changes says so."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    def git(*args):
+        return subprocess.run(["git", "-C", here, *args], capture_output=True, text=True).stdout.strip()
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = " plus uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+    date = git("show", "-s", "--format=%cs", "HEAD")
+    cpus = os.cpu_count()
+    return f"Measured at commit {commit}{dirty} ({date}), on this machine ({cpus} CPUs)."
+
+
 def write_section(path, name, lines):
     """Puts `lines` between `<!-- NAME:begin -->` and `<!-- NAME:end -->` in the markdown file
     at `path` (appending the section when the markers are not there yet)."""
