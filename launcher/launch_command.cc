@@ -575,28 +575,59 @@ StatusOr<Plan> MakePlan(LaunchOptions o, const CLI::App& app) {
   return p;
 }
 
-// The run's own log directory: <base>/<run id>/<host>_<random>, made here and now (mode 0700).
-// Two nodes sharing a base (an NFS home) or two runs with the same id never share files.
-StatusOr<std::string> MakeRunLogDir(const std::string& given, const std::string& run_id,
-                                    const std::string& host) {
-  std::string base = given;
-  if (base.empty()) {
+// The run's own log directory, <base>/<run id>/<host>_<random> (mode 0700), made when the
+// plan is acted on. Two nodes sharing a base (an NFS home) or two runs with the same id never
+// share files.
+struct LogDirs {
+  std::string base, run, node;
+  bool made_base = false;  // a temporary base of crun's own
+  bool made_run = false;   // the run's directory did not exist before
+
+  // A run that never started a worker (an unreachable endpoint, a refused join) leaves
+  // nothing behind: the directories it made are removed while they are still empty.
+  void RemoveIfEmpty() const {
+    std::error_code ec;
+    if (!std::filesystem::is_empty(node, ec) || ec) return;
+    std::filesystem::remove(node, ec);
+    if (made_run && std::filesystem::is_empty(run, ec)) std::filesystem::remove(run, ec);
+    if (made_base && std::filesystem::is_empty(base, ec)) std::filesystem::remove(base, ec);
+  }
+};
+
+StatusOr<LogDirs> MakeRunLogDirs(const std::string& given, const std::string& run_id,
+                                 const std::string& host) {
+  LogDirs d;
+  d.base = given;
+  if (d.base.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     std::string pattern = std::string(tmp != nullptr && *tmp ? tmp : "/tmp") + "/crun_XXXXXX";
     if (::mkdtemp(pattern.data()) == nullptr) {
       return PosixError("cannot create a log directory from '" + pattern + "'", errno);
     }
-    base = pattern;
+    d.base = pattern;
+    d.made_base = true;
   }
-  const std::string run_dir = base + "/" + PathComponent(run_id);
-  std::error_code ec;
-  std::filesystem::create_directories(run_dir, ec);
-  if (ec) return InvalidArgument("--log-dir '" + base + "': cannot create " + run_dir + ": " + ec.message());
-  std::string pattern = run_dir + "/" + PathComponent(host) + "_XXXXXX";
-  if (::mkdtemp(pattern.data()) == nullptr) {
-    return PosixError("--log-dir '" + base + "': cannot create a directory in " + run_dir, errno);
+  d.run = d.base + "/" + PathComponent(run_id);
+  // Another crun sharing the base may remove an empty run directory between our two steps
+  // (RemoveIfEmpty): then make it again.
+  for (int attempt = 0;; ++attempt) {
+    std::error_code ec;
+    const bool made = std::filesystem::create_directories(d.run, ec);
+    if (ec) {
+      return InvalidArgument("--log-dir '" + d.base + "': cannot create " + d.run + ": " +
+                             ec.message());
+    }
+    d.made_run = d.made_run || made;
+    std::string pattern = d.run + "/" + PathComponent(host) + "_XXXXXX";
+    if (::mkdtemp(pattern.data()) != nullptr) {
+      d.node = pattern;
+      return d;
+    }
+    if (errno != ENOENT || attempt == 3) {
+      return PosixError("--log-dir '" + d.base + "': cannot create a directory in " + d.run,
+                        errno);
+    }
   }
-  return pattern;
 }
 
 // crun's rendezvous service: joined at the endpoint, and hosted here when the endpoint names
@@ -664,8 +695,9 @@ int Execute(Plan& p) {
   const LaunchOptions& o = p.o;
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  auto log_dir = MakeRunLogDir(o.log_dir, p.run_id, host);
-  if (!log_dir.ok()) return UsageError(log_dir.status().message());
+  auto dirs = MakeRunLogDirs(o.log_dir, p.run_id, host);
+  if (!dirs.ok()) return UsageError(dirs.status().message());
+  const std::string* log_dir = &dirs->node;
   SetUpLogging("launch", o.log_level);
   for (const auto& note : p.notes) std::fprintf(stderr, "crun: %s\n", note.c_str());
   spdlog::info("logs of this node: {}", *log_dir);
@@ -719,10 +751,17 @@ int Execute(Plan& p) {
       rdzv.bind_host = BindAddressFor(o.master_addr);
       rdzv.store_port = static_cast<std::uint16_t>(p.master_port);
     }
-    agent::LocalAgent agent(io, std::move(agent_options), MakeLocalRendezvous(io, rdzv));
-    return agent.Run();
+    int code = 0;
+    {
+      agent::LocalAgent agent(io, std::move(agent_options), MakeLocalRendezvous(io, rdzv));
+      code = agent.Run();
+    }
+    dirs->RemoveIfEmpty();
+    return code;
   }
-  return RunWithService(p, io, std::move(agent_options));
+  const int code = RunWithService(p, io, std::move(agent_options));
+  dirs->RemoveIfEmpty();
+  return code;
 }
 
 }  // namespace

@@ -44,7 +44,7 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--nnodes", o.nnodes, "Number of nodes, N or MIN:MAX")
       ->envname(pet("NNODES"))->capture_default_str()->group("Job");
   app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
-                 "Workers on this node: a number, cpu, gpu, xpu or auto")
+                 "Workers on this node: a number, cpu, gpu or auto")
       ->envname(pet("NPROC_PER_NODE"))->capture_default_str()->group("Job");
   app.add_flag("--standalone", o.standalone, "Single-node job with its own store on a free port")
       ->envname(pet("STANDALONE"))->group("Job");
@@ -68,14 +68,14 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->envname(pet("ROLE"))->capture_default_str()->group("Job");
   app.add_option("--max-restarts,--max_restarts", o.max_restarts,
                  "Restarts of the worker group allowed after a failure")
-      ->envname(pet("MAX_RESTARTS"))->capture_default_str()->group("Restarts and shutdown");
+      ->envname(pet("MAX_RESTARTS"))->type_name("INT")->capture_default_str()->group("Restarts and shutdown");
   app.add_option("--monitor-interval,--monitor_interval", o.monitor_interval,
                  "Accepted for torchrun compatibility; crun sees exits at once and never polls")
-      ->envname(pet("MONITOR_INTERVAL"))->group("Restarts and shutdown");
+      ->envname(pet("MONITOR_INTERVAL"))->type_name("SECONDS")->group("Restarts and shutdown");
   app.add_option("--shutdown-timeout,--shutdown_timeout", o.shutdown_timeout,
                  "Seconds between the stop signal and SIGKILL (default: "
                  "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)")
-      ->envname(pet("SHUTDOWN_TIMEOUT"))->group("Restarts and shutdown");
+      ->envname(pet("SHUTDOWN_TIMEOUT"))->type_name("SECONDS")->group("Restarts and shutdown");
   app.add_option("--signals-to-handle,--signals_to_handle", o.signals,
                  "Signals forwarded to the workers, comma-separated (SIGUSR1/SIGUSR2 may be added)")
       ->envname(pet("SIGNALS_TO_HANDLE"))->capture_default_str()->group("Restarts and shutdown");
@@ -106,7 +106,7 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->envname(pet("MASTER_ADDR"))->capture_default_str()->group("Static rendezvous");
   app.add_option("--master-port,--master_port", o.master_port,
                  "Port of that store (default: a free port, new for every attempt)")
-      ->envname(pet("MASTER_PORT"))->group("Static rendezvous");
+      ->envname(pet("MASTER_PORT"))->type_name("PORT")->group("Static rendezvous");
   app.add_flag("--slurm", o.slurm,
                "One crun per node of a Slurm job step (srun --ntasks-per-node=1 crun ...): "
                "nodes, node order, run id and rendezvous host from SLURM_*; the default inside "
@@ -124,7 +124,7 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--node-rank,--node_rank", o.node_rank,
                  "This node's rank: required by the static backend; with crun's backend it "
                  "imposes the node order (as a scheduler would)")
-      ->envname(pet("NODE_RANK"))->capture_default_str()->group("Static rendezvous");
+      ->envname(pet("NODE_RANK"))->type_name("INT")->capture_default_str()->group("Static rendezvous");
   app.add_option("--log-dir,--log_dir", o.log_dir,
                  "Base directory of <run-id>/<host>_<random>/attempt_<n>/<local-rank>/"
                  "{stdout,stderr}.log, error.json (default: a new temporary directory)")

@@ -74,6 +74,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default="docs/benchmarks.md")
     args = ap.parse_args()
+    args.measured_at = measured_at()  # before the run: the tree may change while it runs
     env = dict(os.environ, OMP_NUM_THREADS="1")
     rows = {}
     for name, cmd in launchers(args).items():
@@ -99,7 +100,7 @@ def write(args, rows):
              "`tests/workers/restart_probe.cc`, whose first instruction takes the time), so the "
              "numbers are the launchers' own. *restart*: from the failing worker's last "
              "timestamp to the last replacement's first one. *peak RSS*: the launcher process, from GNU time. "
-             + measured_at(), "",
+             + args.measured_at, "",
              "| | " + " | ".join(names) + " | torchrun 2.x / crun |",
              "|---|" + "---|" * (len(names) + 1)]
     for metric, label, unit in [("launch", "launch → exit, 2 workers", "ms"),

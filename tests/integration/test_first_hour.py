@@ -94,6 +94,23 @@ class FirstHour(unittest.TestCase):
         self.assertIn("training script 'missing_script.py' does not exist", r.stderr)
         self.assertEqual(os.listdir(tmp), [])
 
+    def test_a_job_that_never_starts_leaves_no_directory(self):
+        tmp = os.path.join(self.dir, "tmp")
+        os.mkdir(tmp)
+        r = self.crun("--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                      "--rdzv-conf", "join_timeout=0.3,is_host=0", ENV_DUMP, self.dir,
+                      env={"TMPDIR": tmp})
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("cannot reach the rendezvous service", r.stderr)
+        self.assertEqual(os.listdir(tmp), [])
+        # With --log-dir, the user's directory stays; crun's own part of it goes.
+        logs = os.path.join(self.dir, "logs")
+        r = self.crun("--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                      "--rdzv-conf", "join_timeout=0.3,is_host=0", "--log-dir", logs,
+                      ENV_DUMP, self.dir)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(os.listdir(logs), [])
+
     def fake_dev(self, *indices):
         root = os.path.join(self.dir, "root")
         for name in ["nvidiactl", "nvidia-uvm"] + [f"nvidia{i}" for i in indices]:

@@ -194,6 +194,18 @@ class MultiNode(unittest.TestCase):
         self.assertEqual(sorted(e["GROUP_RANK"] for e in ev), ["0", "0", "1", "1"])
         self.assertEqual(len({e["MASTER_PORT"] for e in ev}), 1)
 
+    def test_two_agents_on_one_host_join_a_daemon(self):
+        daemon = subprocess.Popen([CRUN, "rendezvous", "--host", "127.0.0.1", "--port",
+                                   str(self.port)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        self.procs.append(daemon)
+        self.assertIn("listening on", daemon.stdout.readline())
+        a, b = self.plain_node(nproc=1), self.plain_node(nproc=1)
+        for p in (a, b):
+            code, err = self.finish(p)
+            self.assertEqual(code, 0, err)
+        self.assertEqual(sorted(int(e["RANK"]) for e in self.events()), [0, 1])
+
     def test_four_agents_on_one_host_with_an_elastic_range(self):
         procs = [self.plain_node("--rdzv-conf", "last_call_timeout=0.5", nnodes="2:4")
                  for _ in range(4)]
