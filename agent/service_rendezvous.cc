@@ -294,6 +294,21 @@ class ServiceRendezvous final : public Rendezvous {
     }
   }
 
+  // Why a TLS session may not have come about, both sides named: the service's certificate,
+  // or (mutual TLS) this node's.
+  std::string TlsHint() const {
+    std::string hint = " (this node uses TLS: does the service? Its certificate must be signed by "
+                       "--tls-ca and name '" + o_.endpoint_host + "'";
+    if (o_.security.cert_pem.empty()) {
+      hint += "; a service that requires client certificates (mutual TLS) also needs "
+              "--tls-cert and --tls-key on this node)";
+    } else {
+      hint += "; with mutual TLS, this node's --tls-cert must be signed by a CA the service "
+              "trusts (its --tls-ca))";
+    }
+    return hint;
+  }
+
   void OnSessionEnded(const Status& s) {
     if (ended_) return;
     if (s.code() == StatusCode::kPermissionDenied) {
@@ -308,9 +323,7 @@ class ServiceRendezvous final : public Rendezvous {
     if (!heard_ && listening_ && !s.ok()) {
       // The port is open but no session came of it.
       return End(1, "cannot open a session with the rendezvous service at " + target_ + ": " +
-                        s.message() + (o_.security.tls()
-                            ? " (this node uses TLS: does the service? Its certificate must "
-                              "be signed by --tls-ca and name '" + o_.endpoint_host + "')"
+                        s.message() + (o_.security.tls() ? TlsHint()
                             : " (this node speaks plaintext: if the service uses TLS, give "
                               "--tls-ca; or the port is not a crun rendezvous service)"));
     }

@@ -105,6 +105,22 @@ bool NamesThisHost(const std::string& host) {
   return false;
 }
 
+// A host name the resolver says does not exist is an error now, not after join_timeout. A
+// resolver that cannot answer now (EAI_AGAIN) may answer later: that is left to the retries.
+Status CheckResolvable(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (res != nullptr) ::freeaddrinfo(res);
+  if (rc == EAI_NONAME || rc == EAI_FAIL || rc == EAI_NODATA) {
+    return InvalidArgument("--rdzv-endpoint: cannot resolve host '" + host + "': " +
+                           ::gai_strerror(rc));
+  }
+  return Status::Ok();
+}
+
 // Where to listen for a service or store that other nodes reach as `host`: the address itself
 // when it is a literal, loopback for "localhost", else the interface address the name
 // resolves to here. Only a name that resolves to no interface address of this machine but a
@@ -327,8 +343,13 @@ Status PlanService(Plan& p, const LaunchOptions& o) {
   }
   p.try_host = conf.is_host.value_or(NamesThisHost(p.endpoint.host));
   if (p.try_host && p.security.tls() && p.security.cert_pem.empty()) {
-    return InvalidArgument("this node hosts the rendezvous service (" + o.rdzv_endpoint +
-                           ") with TLS: it needs its certificate and key (--tls-cert, --tls-key)");
+    if (conf.is_host.value_or(false)) {
+      return InvalidArgument("is_host=1 with TLS: hosting the rendezvous service (" +
+                             o.rdzv_endpoint + ") needs its certificate and key (--tls-cert, "
+                             "--tls-key)");
+    }
+    // A TLS client on the service's own host (a `crun rendezvous` daemon there): it joins.
+    p.try_host = false;
   }
   return Status::Ok();
 }
@@ -340,6 +361,15 @@ StatusOr<Plan> MakePlan(LaunchOptions o, const CLI::App& app) {
   // when nothing names the job's nodes otherwise.
   const bool names_nodes = given("--nnodes") || !o.rdzv_endpoint.empty() || o.standalone ||
                            given("--node-rank") || !o.rdzv_backend.empty();
+  // A flag given with an empty value is a mistake (an unset shell variable), not "default".
+  for (const char* flag : {"--rdzv-endpoint", "--log-dir", "--rdzv-id", "--master-addr",
+                           "--local-addr", "--role", "--nproc-per-node", "--nnodes"}) {
+    if (const CLI::Option* opt = app.get_option(flag); opt->count() > 0 &&
+        opt->as<std::string>().empty()) {
+      return InvalidArgument(std::string(flag) + " is empty (an unset variable?)");
+    }
+  }
+  CRUN_RETURN_IF_ERROR(CheckRunId(o.rdzv_id));
   auto mr = ParseFlagInt("--max-restarts", o.max_restarts, 0, 1'000'000);
   if (!mr.ok()) return mr.status();
   p.max_restarts = *mr;
@@ -461,10 +491,10 @@ StatusOr<Plan> MakePlan(LaunchOptions o, const CLI::App& app) {
                       "' (as torchrun does; crun's keys are in docs/cli.md)");
   }
   if (p.mode == Mode::kService) {
-    std::string error;
-    if (!ParseEndpoint(o.rdzv_endpoint, 29400, &p.endpoint, &error)) {
-      return InvalidArgument("--rdzv-endpoint: " + error);
-    }
+    auto endpoint = crun::ParseEndpoint(o.rdzv_endpoint, 29400);
+    if (!endpoint.ok()) return InvalidArgument("--rdzv-endpoint: " + endpoint.status().message());
+    p.endpoint = *endpoint;
+    CRUN_RETURN_IF_ERROR(CheckResolvable(p.endpoint.host));
     // The step's first node hosts the rendezvous, whatever its name resolves to.
     if (p.slurm && !p.conf.is_host) p.conf.is_host = p.slurm->is_host;
     if (p.slurm && p.conf.node_id.empty()) p.conf.node_id = p.slurm->node_name;

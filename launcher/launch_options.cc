@@ -1,6 +1,7 @@
 #include "launcher/launch_options.h"
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "agent/process.h"
@@ -38,6 +39,25 @@ std::size_t Distance(const std::string& a, const std::string& b) {
 }
 
 }  // namespace
+
+CLI::Validator WholeNumber(std::int64_t min, std::int64_t max) {
+  return CLI::Validator(
+      [min, max](std::string& v) -> std::string {
+        if (ParseInteger(v, min, max)) return {};
+        return "'" + v + "' is not a whole number from " + std::to_string(min) + " to " +
+               std::to_string(max);
+      },
+      "INT");
+}
+
+CLI::Validator PositiveSeconds() {
+  return CLI::Validator(
+      [](std::string& v) -> std::string {
+        if (auto s = ParseNumber(v, 0, kMaxSeconds); s && *s > 0) return {};
+        return "'" + v + "' is not a number of seconds above 0 (at most 30 days)";
+      },
+      "SECONDS");
+}
 
 void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
   auto pet = [](const char* name) { return std::string("PET_") + name; };
@@ -120,7 +140,7 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--slurm-port", o.slurm_port,
                  "Port of the step's rendezvous (--slurm) or store (--slurm-direct) on its "
                  "first node (default: 10000 + (8 x job id + step id) mod 22000)")
-      ->check(CLI::Range(1, 65535))->group("Slurm");
+      ->check(WholeNumber(1, 65535))->group("Slurm");
   app.add_option("--node-rank,--node_rank", o.node_rank,
                  "This node's rank: required by the static backend; with crun's backend it "
                  "imposes the node order (as a scheduler would)")
@@ -222,6 +242,18 @@ StatusOr<std::string> CompletionScript(const std::string& shell,
   return InvalidArgument("--print-completion '" + shell + "': expected bash, zsh or tcsh");
 }
 
+Status CheckRunId(const std::string& id) {
+  const bool ok = !id.empty() && id.size() <= 128 && id[0] != '.' && id[0] != '-' &&
+                  std::all_of(id.begin(), id.end(), [](unsigned char c) {
+                    return std::isalnum(c) != 0 || std::strchr("._-:@+=", c) != nullptr;
+                  });
+  if (ok) return Status::Ok();
+  const std::string shown = id.size() > 40 ? id.substr(0, 40) + "..." : id;
+  return InvalidArgument("--rdzv-id '" + shown + "' (" + std::to_string(id.size()) +
+                         " characters): a run id is 1 to 128 letters, digits and ._-:@+=, not "
+                         "starting with '.' or '-'");
+}
+
 StatusOr<NodeRange> ParseNnodes(const std::string& v) {
   const auto colon = v.find(':');
   const std::string lo = v.substr(0, colon);
@@ -318,13 +350,20 @@ std::vector<std::string> ParseFilters(const std::string& list) {
 
 StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
   RdzvConf c;
-  for (const auto& item : Split(text, ',')) {
-    if (item.empty()) continue;
+  if (text.empty()) return c;
+  for (const auto& item : Split(text + ",", ',')) {  // the "," keeps a trailing empty item
+    if (item.empty()) {
+      // As torchrun: "a=1,,b=2" or ",,," is a mistake, not an empty option.
+      return InvalidArgument("--rdzv-conf '" + text + "': an empty item (expected "
+                             "key=value,key=value)");
+    }
     const auto eq = item.find('=');
     if (eq == std::string::npos) {
       return InvalidArgument("--rdzv-conf: '" + item + "' is not key=value");
     }
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (key.empty()) return InvalidArgument("--rdzv-conf: '" + item + "' has no key");
+    if (value.empty()) return InvalidArgument("--rdzv-conf: " + key + " has no value");
     auto seconds = [&](std::optional<double>* out) -> Status {
       if (auto s = ParseNumber(value, 0, kMaxSeconds); s && *s > 0) {
         *out = *s;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,6 +58,11 @@ struct LaunchOptions {
   std::vector<std::string> command;  // script and its arguments
 };
 
+// CLI11 checks with short messages: "--max-connections: '-1' is not a whole number from 0 to
+// 1000000" rather than a range written out to 300 digits or a wrapped-around unsigned.
+CLI::Validator WholeNumber(std::int64_t min, std::int64_t max);
+CLI::Validator PositiveSeconds();
+
 // Declares every option on `app`, bound to `o`.
 void AddLaunchOptions(CLI::App& app, LaunchOptions& o);
 
@@ -70,6 +76,10 @@ std::string UnknownOptionMessage(const std::string& word, const std::vector<std:
 // A shell completion script for bash, zsh or tcsh listing `known`.
 StatusOr<std::string> CompletionScript(const std::string& shell,
                                        const std::vector<std::string>& known);
+
+// A run id names files and directories: 1 to 128 of letters, digits and "._-:@+=", not
+// starting with '.' or '-'.
+Status CheckRunId(const std::string& id);
 
 struct NodeRange {
   int min = 1;

@@ -12,6 +12,7 @@
 
 #include "agent/service_rendezvous.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
+#include "launcher/launch_options.h"
 #include "launcher/logging.h"
 #include "agent/session_client.h"
 #include "rendezvous/server/store_server.h"
@@ -84,12 +85,13 @@ std::string Age(std::int64_t ms) {
 }
 
 int RunStatus(const StatusCommandOptions& o) {
-  Endpoint e;
-  std::string error;
-  if (!ParseEndpoint(o.endpoint, 29400, &e, &error)) {
-    std::fprintf(stderr, "crun status: %s\n", error.c_str());
+  SetUpLogging("status", "warn");  // gRPC's own lines go to debug, not onto the terminal
+  auto parsed = crun::ParseEndpoint(o.endpoint, 29400);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "crun status: --rdzv-endpoint: %s\n", parsed.status().message().c_str());
     return 2;
   }
+  const crun::Endpoint& e = *parsed;
   auto security = crun::LoadSecurity(o.security, "client");
   if (!security.ok()) {
     std::fprintf(stderr, "crun status: %s\n", security.status().message().c_str());
@@ -169,46 +171,6 @@ int RunStatus(const StatusCommandOptions& o) {
 
 }  // namespace
 
-bool ParseEndpoint(const std::string& text, std::uint16_t default_port, Endpoint* out,
-                   std::string* error) {
-  std::string host = text, port;
-  if (!text.empty() && text.front() == '[') {  // [v6]:port
-    const auto close = text.find(']');
-    if (close == std::string::npos) {
-      *error = "endpoint '" + text + "': missing ']'";
-      return false;
-    }
-    host = text.substr(1, close - 1);
-    if (close + 1 < text.size()) {
-      if (text[close + 1] != ':') {
-        *error = "endpoint '" + text + "': expected ':' after ']'";
-        return false;
-      }
-      port = text.substr(close + 2);
-    }
-  } else if (std::count(text.begin(), text.end(), ':') == 1) {
-    const auto colon = text.find(':');
-    host = text.substr(0, colon);
-    port = text.substr(colon + 1);
-  }  // else: a host name, IPv4 or bare IPv6 literal without a port
-  if (host.empty()) {
-    *error = "endpoint '" + text + "' names no host";
-    return false;
-  }
-  out->host = host;
-  out->port = default_port;
-  if (!port.empty()) {
-    char* end = nullptr;
-    const long p = std::strtol(port.c_str(), &end, 10);
-    if (*end != '\0' || p < 1 || p > 65535) {
-      *error = "endpoint '" + text + "': port '" + port + "' is not in 1..65535";
-      return false;
-    }
-    out->port = static_cast<std::uint16_t>(p);
-  }
-  return true;
-}
-
 void AddRendezvousCommand(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<RendezvousCommandOptions>();
   CLI::App* cmd = app.add_subcommand(
@@ -219,11 +181,12 @@ void AddRendezvousCommand(CLI::App& app, int* exit_code) {
                   "Address to bind (gRPC and the jobs' worker stores); '::' for IPv6 too")
       ->capture_default_str();
   cmd->add_option("--port", o->service.port, "gRPC port; 0 picks a free one")
-      ->check(CLI::Range(0, 65535))->capture_default_str();
+      ->check(WholeNumber(0, 65535))->capture_default_str();
   cmd->add_option("--advertise-addr", o->service.advertise_addr,
                   "MASTER_ADDR given to workers (default: the address each agent dialed)");
   cmd->add_option("--keep-finished-jobs", o->service.keep_finished_jobs,
-                  "Ended jobs kept for `crun status`")->capture_default_str();
+                  "Ended jobs kept for `crun status`")
+      ->check(WholeNumber(0, 1'000'000))->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
       ->capture_default_str();
@@ -242,7 +205,7 @@ void AddStatusCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--rdzv-id,--rdzv_id", o->run_id, "Only this job");
   cmd->add_flag("--json", o->json, "Machine-readable output");
   cmd->add_option("--timeout", o->timeout, "Seconds to wait for the answer")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(PositiveSeconds())->capture_default_str();
   AddSecurityFlags(cmd, &o->security);
   cmd->callback([o, exit_code] { *exit_code = RunStatus(*o); });
 }

@@ -10,11 +10,16 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
+#include "launcher/launch_options.h"
 #include "launcher/logging.h"
 #include "rendezvous/server/store_server.h"
 
 namespace crun::launcher {
 namespace {
+
+// The largest count or size any limit takes: 2^53, far beyond any machine, and still exact
+// in the double CLI11 may hold it in.
+constexpr std::int64_t kMaxCount = std::int64_t{1} << 53;
 
 struct StoreCommandOptions {
   StoreServerOptions server;
@@ -72,34 +77,34 @@ void AddStoreCommand(CLI::App& app, int* exit_code) {
                   "Address to bind: an IP or host name; '::' is every interface (IPv4 too)")
       ->capture_default_str();
   cmd->add_option("--port", s.port, "TCP port; 0 picks a free one")
-      ->check(CLI::Range(0, 65535))
+      ->check(WholeNumber(0, 65535))
       ->capture_default_str();
   cmd->add_option("--max-connections", s.max_connections,
                   "Connections held at once; 0 = as many as the descriptor limit allows (raised to its hard limit at start)")
-      ->capture_default_str();
+      ->check(WholeNumber(0, kMaxCount))->capture_default_str();
   cmd->add_option("--backlog", s.backlog, "listen() backlog; 0 = the system maximum")
-      ->check(CLI::NonNegativeNumber)
+      ->check(WholeNumber(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--max-key-bytes", l.max_key_bytes, "Longest key accepted")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(WholeNumber(1, kMaxCount))->capture_default_str();
   cmd->add_option("--max-value-bytes", l.max_value_bytes, "Largest value accepted")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(WholeNumber(1, kMaxCount))->capture_default_str();
   cmd->add_option("--max-keys-per-request", l.max_keys_per_request,
                   "Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(WholeNumber(1, kMaxCount))->capture_default_str();
   cmd->add_option("--max-request-bytes", l.max_request_bytes, "Largest single request")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(WholeNumber(1, kMaxCount))->capture_default_str();
   cmd->add_option("--max-store-bytes", l.max_store_bytes, "Keys plus values held in total")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(WholeNumber(1, kMaxCount))->capture_default_str();
   cmd->add_option("--max-waits-per-connection", l.max_waits_per_connection,
                   "WAITs/BARRIERs pending plus keys watched, per connection")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(WholeNumber(1, kMaxCount))->capture_default_str();
   cmd->add_option("--max-pending-waits", l.max_pending_waits,
                   "WAITs/BARRIERs pending on the whole store")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+      ->check(WholeNumber(1, kMaxCount))->capture_default_str();
   cmd->add_option("--max-connections-per-peer", s.max_connections_per_peer,
                   "Connections one IP address may hold at once; 0 = no bound")
-      ->capture_default_str();
+      ->check(WholeNumber(0, kMaxCount))->capture_default_str();
   cmd->add_option("--allow", s.allowed_peers,
                   "Accept connections only from these IP addresses (repeatable); none = anyone")
       ->group("Security");

@@ -276,7 +276,7 @@ Transition OnNodeLost(State s, const std::string& node_id, TimePoint now,
   auto joined = std::find_if(s.joined.begin(), s.joined.end(),
                              [&](const auto& n) { return n.node_id == node_id; });
   if (joined != s.joined.end()) {
-    s.lost_hosts.push_back(joined->host);
+    s.lost_hosts.push_back(node_id);  // the id: several nodes may share a host name
     s.joined.erase(joined);
     if (static_cast<int>(s.joined.size()) < s.settings.min_nodes) s.last_call_deadline.reset();
     auto wake = EarliestDeadline(s);
@@ -292,7 +292,7 @@ Transition OnNodeLost(State s, const std::string& node_id, TimePoint now,
     return {std::move(s), {}, wake};
   }
   const std::string host = member.node.host;
-  s.lost_hosts.push_back(host);
+  s.lost_hosts.push_back(node_id);
   // A membership change: survivors and spares re-join; the budget is not spent.
   return Regather(std::move(s), "node " + host + " (" + node_id + ") was lost: " + cause, false,
                   now);

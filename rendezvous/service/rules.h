@@ -108,7 +108,7 @@ struct State {
   std::optional<TimePoint> last_call_deadline;
   std::vector<Member> members;          // the running round's nodes
   std::vector<NodeDescription> spares;  // connected, outside the round
-  std::vector<std::string> lost_hosts;  // for reports
+  std::vector<std::string> lost_hosts;  // node ids of lost nodes, for reports
   int restarts_used = 0;
   std::vector<TimePoint> round_times;   // for restart-storm detection
   // Indexes, so that an event costs O(1) whatever the number of nodes:

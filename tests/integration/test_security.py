@@ -222,6 +222,21 @@ class Security(unittest.TestCase):
         self.assertIn("this node uses TLS: does the service?", err)
         self.stop(daemon)
 
+    def test_a_tls_client_on_the_daemons_host_joins_it(self):
+        # The endpoint names this host, but with no certificate of its own this crun cannot
+        # host the service: it joins the daemon that serves it (no is_host given).
+        certs = make_certificates(self.dir)
+        daemon, endpoint = self.daemon("--tls-cert", certs["service.pem"], "--tls-key",
+                                       certs["service.key"], "--token-file", self.token_file)
+        e = {k: v for k, v in os.environ.items() if not k.startswith("CRUN_")}
+        e.update(CRUN_TOKEN_FILE=self.token_file, NODE_TAG="local")
+        r = subprocess.run([CRUN, "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-endpoint",
+                            endpoint, "--rdzv-id", "job", "--tls-ca", certs["ca.pem"], PROBE,
+                            self.dir], capture_output=True, text=True, timeout=LIMIT_S, env=e)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([ev["NODE_TAG"] for ev in probe_events(self.dir)], ["local"])
+        self.stop(daemon)
+
     def test_mutual_tls_requires_a_client_certificate_signed_by_the_ca(self):
         certs = make_certificates(self.dir)
         daemon, endpoint = self.daemon("--tls-cert", certs["service.pem"], "--tls-key",
@@ -230,6 +245,10 @@ class Security(unittest.TestCase):
         code, err = self.finish(anonymous)
         self.assertEqual(code, 1, err)
         self.assertIn(f"cannot open a session with the rendezvous service at {endpoint}", err)
+        # Both sides are named: here it is this node's missing certificate.
+        self.assertIn("also needs --tls-cert and --tls-key on this node", err)
+        # gRPC's own log lines stay off the terminal.
+        self.assertNotRegex(err, r"(?m)^[EWID]\d{4} ")
         self.go()
         member = self.node("m", endpoint, "--tls-ca", certs["ca.pem"], "--tls-cert",
                            certs["client.pem"], "--tls-key", certs["client.key"], nnodes=1)

@@ -101,7 +101,11 @@ TEST_CASE("rdzv-conf takes torchrun's keys and crun's and ignores unknown ones",
            {"join_timeout=0", "--rdzv-conf: join_timeout='0'"},
            {"keep_alive_max_attempt=0", "--rdzv-conf: keep_alive_max_attempt='0'"},
            {"is_host=maybe", "--rdzv-conf: is_host='maybe'"},
-           {"node_id=", "--rdzv-conf: node_id is empty"},
+           {"node_id=", "--rdzv-conf: node_id has no value"},
+           {",,,", "--rdzv-conf ',,,': an empty item"},
+           {"a=1,,b=2", "--rdzv-conf 'a=1,,b=2': an empty item"},
+           {"join_timeout=1,", "--rdzv-conf 'join_timeout=1,': an empty item"},
+           {"=3", "--rdzv-conf: '=3' has no key"},
            {"justakey", "--rdzv-conf: 'justakey' is not key=value"},
        }) {
     INFO(row.text);
@@ -109,6 +113,20 @@ TEST_CASE("rdzv-conf takes torchrun's keys and crun's and ignores unknown ones",
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().message().rfind(row.message_starts, 0) == 0);
   }
+}
+
+TEST_CASE("a run id is a name for files", "[options]") {
+  for (const char* good : {"job7", "slurm-4242.3", "exp:lr=0.1", "a@b+c_d"}) {
+    INFO(good);
+    CHECK(CheckRunId(good).ok());
+  }
+  const std::vector<std::string> bad_ids{"",   "../../escape", "a/b", ".hidden",
+                                         "-x", "has space",    std::string(129, 'x')};
+  for (const std::string& bad : bad_ids) {
+    INFO(bad);
+    CHECK_FALSE(CheckRunId(bad).ok());
+  }
+  CHECK(CheckRunId(std::string(100000, 'x')).message().size() < 200);
 }
 
 TEST_CASE("keep-alive keys set the heartbeat timeout as torchrun means them", "[options]") {
