@@ -74,6 +74,7 @@ class ServiceRendezvous final : public Rendezvous {
       : io_(io), o_(std::move(o)), heartbeat_(io), join_timer_(io), reconnect_timer_(io),
         probe_(io), probe_timer_(io),
         rng_(std::random_device{}()),
+        incarnation_((std::uint64_t{std::random_device{}()} << 32) | std::random_device{}()),
         work_(asio::make_work_guard(io)),
         target_(GrpcTarget(o_.endpoint_host, o_.endpoint_port)) {}
 
@@ -86,11 +87,10 @@ class ServiceRendezvous final : public Rendezvous {
     join_timer_.expires_after(o_.settings.join_timeout);
     join_timer_.async_wait([this](const boost::system::error_code& ec) {
       if (ec || ended_ || heard_) return;
+      join_deadline_passed_ = true;
+      // Connected: the service enforces the join timeout itself and will say so.
       if (channel_ && channel_->GetState(false) == GRPC_CHANNEL_READY) return;
-      End(1, "cannot reach the rendezvous service at " + target_ + " within " +
-                 std::to_string(o_.settings.join_timeout.count()) +
-                 " ms (join_timeout): is `crun rendezvous` or the host node's crun running "
-                 "there, and is the port open?");
+      EndUnreachable();
     });
     // The channel connects only when the session starts; creating it first gets gRPC's
     // start-up out of the way while the probe waits.
@@ -126,6 +126,7 @@ class ServiceRendezvous final : public Rendezvous {
     n->set_host(o_.host);
     for (const auto& a : o_.addresses) n->add_addresses(a);
     n->set_nproc(o_.nproc);
+    n->set_incarnation(incarnation_);
     if (o_.requested_rank) n->set_requested_rank(*o_.requested_rank);
     auto* s = j->mutable_settings();
     s->set_min_nodes(o_.settings.min_nodes);
@@ -215,7 +216,8 @@ class ServiceRendezvous final : public Rendezvous {
     call.token = o_.security.token;
     // Reconnecting, the channel may still be in its backoff from the outage: wait for it
     // (reconnect_timeout bounds the wait) rather than fail at once.
-    call.wait_for_ready = !listening || reconnecting_;
+    // Retrying after a closed socket, fail fast again: three in a row tell a TLS mismatch.
+    call.wait_for_ready = !listening || reconnecting_ || (retrying_ && closed_in_a_row_ == 0);
     client_ = std::make_unique<SessionClient>(
         *stub_,
         [this](v1::ServiceMessage m) {
@@ -264,6 +266,7 @@ class ServiceRendezvous final : public Rendezvous {
         g.spare = a.spare();
         durable_ = a.durable_service();
         reconnecting_ = false;
+        retrying_ = false;
         reconnect_timer_.cancel();
         g.virtual_local_rank = o_.virtual_local_rank;
         return events_->OnAssignment(g);
@@ -320,8 +323,14 @@ class ServiceRendezvous final : public Rendezvous {
     if (durable_ && (heard_ || reconnecting_)) {
       return Reconnect(s.ok() ? std::string("it ended the session") : s.message());
     }
+    if (!heard_ && listening_ && !s.ok() && !IsMismatch(s.message())) {
+      // Not a word from the service yet, and nothing says it is the wrong kind of service: it
+      // is busy, stopped or restarting, or gone while the job gathers. Try again, as long as
+      // join_timeout allows (the join timer ends it), the join resent on the next session.
+      return RetrySession(s.message());
+    }
     if (!heard_ && listening_ && !s.ok()) {
-      // The port is open but no session came of it.
+      // The port is open, and what answered is not a crun service this node can talk to.
       return End(1, "cannot open a session with the rendezvous service at " + target_ + ": " +
                         s.message() + (o_.security.tls() ? TlsHint()
                             : " (this node speaks plaintext: if the service uses TLS, give "
@@ -329,6 +338,45 @@ class ServiceRendezvous final : public Rendezvous {
     }
     End(1, "lost the rendezvous service at " + target_ + ": " +
                (s.ok() ? std::string("it ended the session") : s.message()));
+  }
+
+  // Whether a session error shows the other side is not a crun service this node can talk
+  // to: TLS on one side only, a certificate refused, an HTTP/1 server. A closed socket is
+  // what a TLS service does to a plaintext client, but also what a restarting service does:
+  // it counts only when it happens three times in a row.
+  bool IsMismatch(const std::string& error) {
+    for (const char* sign : {"Ssl handshake failed", "SSL_ERROR", "certificate", "http1.x",
+                             "Handshake failed"}) {
+      if (error.find(sign) != std::string::npos) return true;
+    }
+    if (error.find("Socket closed") == std::string::npos) {
+      closed_in_a_row_ = 0;
+      return false;
+    }
+    return ++closed_in_a_row_ >= 3;
+  }
+
+  void EndUnreachable() {
+    End(1, "cannot reach the rendezvous service at " + target_ + " within " +
+               std::to_string(o_.settings.join_timeout.count()) +
+               " ms (join_timeout): is `crun rendezvous` or the host node's crun running "
+               "there, and is the port open?" +
+               (last_error_.empty() ? std::string() : " Last error: " + last_error_));
+  }
+
+  void RetrySession(const std::string& why) {
+    if (join_deadline_passed_) {
+      last_error_ = why;
+      return EndUnreachable();
+    }
+    if (!retrying_) spdlog::info("no session with {} yet ({}): retrying", target_, why);
+    retrying_ = true;
+    last_error_ = why;
+    retired_.push_back(std::move(client_));  // ended; destroyed with this rendezvous
+    heartbeat_.cancel();
+    if (join_sent_) join_pending_ = true;
+    probe_backoff_ = std::chrono::milliseconds(5);
+    Probe();
   }
 
   // The daemon went away mid-job (a restart, an upgrade): stop the workers (their store went
@@ -381,6 +429,7 @@ class ServiceRendezvous final : public Rendezvous {
   asio::ip::tcp::resolver::results_type probe_targets_;
   std::chrono::milliseconds probe_backoff_{5};
   std::minstd_rand rng_;
+  std::uint64_t incarnation_;  // this agent's, in every join (a node id taken over on return)
   bool join_pending_ = false;
   bool join_sent_ = false;  // on the current session
   bool probing_ = false;    // a probe connect is in flight
@@ -396,6 +445,10 @@ class ServiceRendezvous final : public Rendezvous {
   bool durable_ = false;  // the service said it outlives jobs (RoundAssignment.durable_service)
   bool reconnecting_ = false;  // between losing a durable service and its next assignment
   bool listening_ = false;
+  bool retrying_ = false;      // a session failed before the service said anything: again
+  bool join_deadline_passed_ = false;
+  int closed_in_a_row_ = 0;    // sessions that ended with "Socket closed" (IsMismatch)
+  std::string last_error_;     // of the last session that failed, for the final message
   bool ended_ = false;
   bool left_ = false;
 };

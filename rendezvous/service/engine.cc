@@ -9,6 +9,7 @@ struct Engine::Job {
   State state;
   std::optional<TimePoint> wake;
   std::unordered_map<std::string, SessionId> sessions;     // node id -> its live session
+  std::unordered_map<std::string, std::uint64_t> incarnations;  // node id -> its agent's
   std::unordered_map<std::string, std::string> dialed;     // node id -> host it dialed
   // node id -> the addresses its workers may reach the store from (its session's, declared)
   std::unordered_map<std::string, std::vector<std::string>> addresses;
@@ -148,6 +149,15 @@ void Engine::OnJoin(SessionId session, const v1::Join& join, TimePoint now,
   }
   Job& job = JobFor(join.run_id(), settings);
   if (auto owner = job.sessions.find(node.node_id());
+      owner != job.sessions.end() && owner->second != session && node.incarnation() != 0 &&
+      job.incarnations[node.node_id()] == node.incarnation()) {
+    // The same agent on a new session: its old one broke (a stopped service, a cut link) and
+    // this side has not noticed yet. The old session is let go as the node's loss (a running
+    // round re-forms), then the join proceeds as a fresh one.
+    Log(job.run_id + ": node '" + node.node_id() + "' is back on a new session");
+    Unbind(owner->second, now, "it came back on a new session");
+  }
+  if (auto owner = job.sessions.find(node.node_id());
       owner != job.sessions.end() && owner->second != session) {
     Refuse(session, "another agent already joined run '" + join.run_id() + "' as node '" +
                         node.node_id() + "' (give each agent its own node id)");
@@ -176,6 +186,7 @@ void Engine::OnJoin(SessionId session, const v1::Join& join, TimePoint now,
   }
   bound_[session] = Binding{job.run_id, desc.node_id};
   job.sessions[desc.node_id] = session;
+  job.incarnations[desc.node_id] = node.incarnation();
   job.dialed[desc.node_id] = join.service_host();
   auto& addresses = job.addresses[desc.node_id];
   addresses.clear();
@@ -198,7 +209,7 @@ void Engine::OnWorkersFailed(SessionId session, const v1::FailureReport& report,
   Apply(job, rdzv::OnWorkerFailed(std::move(job.state), node, Describe(report), now));
 }
 
-void Engine::Unbind(SessionId session, TimePoint now) {
+void Engine::Unbind(SessionId session, TimePoint now, const std::string& cause) {
   auto b = bound_.find(session);
   if (b == bound_.end()) return;
   const Binding binding = b->second;
@@ -209,7 +220,7 @@ void Engine::Unbind(SessionId session, TimePoint now) {
     EvictFinished();
     return;
   }
-  Apply(job, OnNodeLost(std::move(job.state), binding.node_id, now, "its session ended"));
+  Apply(job, OnNodeLost(std::move(job.state), binding.node_id, now, cause));
 }
 
 void Engine::OnSessionClosed(SessionId session, TimePoint now) { Unbind(session, now); }

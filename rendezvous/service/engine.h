@@ -4,7 +4,9 @@
 // drive it with invented times and the gRPC service (grpc_service.h) with the steady clock.
 //
 // * Sessions are numbered by the caller; a session binds to one (run id, node id) when its
-//   join is accepted. A second live session claiming a bound node id is refused.
+//   join is accepted. A second live session claiming a bound node id is refused, unless it
+//   carries the same agent incarnation: then it is that agent back on a new session, and the
+//   old session is let go as the node's loss before the join proceeds.
 // * Each round gets a fresh worker store (hooks.start_store): MASTER_ADDR:MASTER_PORT in the
 //   assignment. MASTER_ADDR is options.advertise_addr, or else the host the agent dialed to
 //   reach this service (so a remote node never gets a loopback address).
@@ -86,7 +88,7 @@ class Engine {
   void SendToJob(const Job& job, const v1::ServiceMessage& m);
   void Refuse(SessionId session, const std::string& reason);
   void Log(const std::string& line) const;
-  void Unbind(SessionId session, TimePoint now);
+  void Unbind(SessionId session, TimePoint now, const std::string& cause = "its session ended");
   Job& JobFor(const std::string& run_id, const Settings& settings);
   void EvictFinished();
 

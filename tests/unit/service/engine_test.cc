@@ -294,6 +294,61 @@ TEST_CASE("engine: a duplicate node id while gathering fails the job for those w
   CHECK(h.engine.Status("job7", T0 + 1s).jobs(0).phase() == "failed");
 }
 
+namespace {
+
+void JoinAs(Harness& h, SessionId s, const std::string& node, std::uint64_t incarnation,
+            TimePoint t, int min = 2, int max = 2) {
+  auto m = Harness::JoinMessage(node, min, max, 2, 1, "job7", "", 1);
+  m.mutable_join()->mutable_node()->set_incarnation(incarnation);
+  h.engine.OnMessage(s, m, t);
+}
+
+}  // namespace
+
+TEST_CASE("engine: the same agent back on a new session takes its node over while gathering",
+          "[engine]") {
+  Harness h;
+  JoinAs(h, 1, "a", 0xA1, T0);
+  // Session 1 broke where the service cannot see it yet (a stopped daemon, a cut link);
+  // agent a joins again on session 2.
+  JoinAs(h, 2, "a", 0xA1, T0 + 1s);
+  CHECK(h.inbox[2].empty());  // not refused
+  CHECK(h.inbox[1].empty());  // and the job was not failed
+  JoinAs(h, 3, "b", 0xB1, T0 + 2s);
+  REQUIRE(h.Last(2).has_assignment());
+  REQUIRE(h.Last(3).has_assignment());
+  CHECK(h.inbox[1].empty());  // the old session hears nothing more
+  CHECK(h.engine.live_sessions() == 2);
+  h.engine.OnSessionClosed(1, T0 + 3s);  // its end, seen late, changes nothing
+  CHECK(h.engine.Status("job7", T0 + 3s).jobs(0).phase() == "running");
+}
+
+TEST_CASE("engine: the same agent back during a round re-forms it", "[engine]") {
+  Harness h;
+  JoinAs(h, 1, "a", 0xA1, T0);
+  JoinAs(h, 2, "b", 0xB1, T0);
+  REQUIRE(h.Last(1).has_assignment());
+  JoinAs(h, 3, "a", 0xA1, T0 + 1s);
+  CHECK(h.Last(2).stop_and_rejoin().reason() ==
+        "node a (a) was lost: it came back on a new session");
+  CHECK_FALSE(h.Last(2).stop_and_rejoin().spends_restart());
+  JoinAs(h, 2, "b", 0xB1, T0 + 2s);  // b re-joins on its session, as agents do
+  REQUIRE(h.Last(3).has_assignment());
+  CHECK(h.Last(3).assignment().round() == 1);
+  CHECK(h.Last(3).assignment().restart_count() == 0);
+}
+
+TEST_CASE("engine: another agent with a taken node id is still refused", "[engine]") {
+  Harness h;
+  JoinAs(h, 1, "a", 0xA1, T0);
+  JoinAs(h, 2, "a", 0xA2, T0 + 1s);
+  CHECK(h.Last(2).refused().reason().find("another agent already joined") == 0);
+  Harness unknown;  // incarnation 0 (an older agent): never taken for the same agent
+  JoinAs(unknown, 1, "c", 0, T0);
+  JoinAs(unknown, 2, "c", 0, T0 + 1s);
+  CHECK(unknown.Last(2).refused().reason().find("another agent already joined") == 0);
+}
+
 TEST_CASE("engine: a duplicate node id of a running job is only refused", "[engine]") {
   Harness h;
   h.Join(1, "a", T0, 1, 2);
