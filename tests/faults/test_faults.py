@@ -24,7 +24,10 @@ LIMIT_S = 120
 FAST = "heartbeat_timeout=1.5,heartbeat_interval=0.25,last_call_timeout=0.1"
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from bench_support import measured_at  # noqa: E402
 from crun_testing import alive, kill_all, probe_events, proc_state, wait_for  # noqa: E402
+
+MEASURED_AT = measured_at()  # before the run: the tree may change while it runs
 from fabric import Fabric  # noqa: E402
 
 RESULTS = []  # (scenario, what the user sees, measured)
@@ -321,6 +324,40 @@ class Faults(unittest.TestCase):
                     "daemon started (killed to restarted: "
                     f"{ms(t1 - t0)} in this test)")
 
+    def test_a_partition_that_heals_is_rejoined_through_the_daemon(self):
+        with Fabric(["a", "b"]) as fab:
+            d = self.daemon(fab)
+            a = self.node(fab, "a", is_host=False)
+            b = self.node(fab, "b", is_host=False)
+            self.running(4)
+            first = {e["pid"] for e in self.events()}
+            fab.link_down("b")
+            time.sleep(10)  # the fault itself: b cut off for 10 s (heartbeat_timeout 1.5 s)
+            fab.link_up("b")
+            t1 = time.time()
+            try:
+                self.running(8)
+            except AssertionError:
+                for p in (a, b, d):
+                    p.kill()
+                raise AssertionError("no rejoin; crun a:\n" + a.communicate()[1] + "\ncrun b:\n" +
+                                     b.communicate()[1] + "\ndaemon:\n" + d.communicate()[1])
+            second = [e for e in self.events() if e["pid"] not in first]
+            rejoined = max(e["t"] for e in second) - t1
+            self.go()
+            (ca, ea), (cb, eb) = self.finish(a), self.finish(b)
+            self.assertEqual((ca, cb), (0, 0), ea + eb)
+            self.assertNotIn("another agent already joined", eb)
+            self.assertEqual(sorted(int(e["RANK"]) for e in second), [0, 1, 2, 3])
+            d.send_signal(signal.SIGTERM)
+            d.communicate(timeout=LIMIT_S)
+        self.assertNothingLeft()
+        self.record("partition of b for 10 s, healed, with a `crun rendezvous` daemon",
+                    "the daemon loses b after heartbeat_timeout and a waits for it; b stops its "
+                    "workers and reconnects when the link is back, taking its node id over "
+                    "(same agent incarnation); all 4 ranks run again; exit 0",
+                    f"all workers running again {ms(rejoined)} after the link came back")
+
     def test_a_daemon_that_stays_away_ends_the_job_after_reconnect_timeout(self):
         with Fabric(["a", "b"]) as fab:
             d = self.daemon(fab)
@@ -378,7 +415,7 @@ class Faults(unittest.TestCase):
                 text = f.read()
             begin, end = "<!-- faults:begin -->", "<!-- faults:end -->"
             text = re.sub(re.escape(begin) + ".*?" + re.escape(end),
-                          f"{begin}\n{table}\n{end}", text, flags=re.S)
+                          f"{begin}\n{MEASURED_AT}\n\n{table}\n{end}", text, flags=re.S)
             with open(doc, "w") as f:
                 f.write(text)
 
