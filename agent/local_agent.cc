@@ -15,6 +15,7 @@
 
 #include "agent/failure_report.h"
 #include "agent/line_pump.h"
+#include "agent/worker_cgroup.h"
 
 namespace crun::agent {
 namespace {
@@ -81,12 +82,23 @@ struct LocalAgent::Impl final : RendezvousEvents {
   }
 
   int Run() {
-    auto g = GroupGuard::Start();
+    std::string why_not;
+    cgroup = WorkerCgroup::Create(&why_not);
+    if (cgroup) {
+      spdlog::info("workers run in cgroup {}", cgroup->dir());
+    } else {
+      spdlog::info("no cgroup for the workers ({}): daemonised descendants are ended at the "
+                   "end of each attempt, but would survive a SIGKILL of crun", why_not);
+    }
+    auto g = GroupGuard::Start(cgroup ? cgroup->dir() : std::string());
     if (!g.ok()) {
       spdlog::error("{}", g.status().message());
       return 1;
     }
     guard = std::move(g).value();
+    if (auto sub = BecomeSubreaper(); !sub.ok()) {
+      spdlog::warn("{}: a worker's daemonised descendants may outlive the job", sub.message());
+    }
     for (int s : options.forward_signals) signals.add(s);
     ArmSignals();
     rdzv->Start(this);
@@ -207,6 +219,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
       w.error_file = w.dir + "/error.json";
       std::filesystem::remove(w.error_file, ec);  // a re-formed round with the same number
       ProcessSpec spec;
+      if (cgroup) spec.cgroup_procs = cgroup->dir() + "/cgroup.procs";
       if (const auto i = static_cast<std::size_t>(lr - options.first_local_rank);
           i < options.bindings.size()) {
         spec.cpus = options.bindings[i].cpus;
@@ -407,6 +420,14 @@ struct LocalAgent::Impl final : RendezvousEvents {
       for (const auto& x : workers) {
         if (x.pid > 0) ::kill(-x.pid, SIGKILL);
       }
+      // Descendants that left the workers' groups (setsid, double fork) end with the attempt
+      // too, which also closes any output pipe they held: everything in the workers' cgroup,
+      // and every orphan that came to crun as their subreaper.
+      if (cgroup) cgroup->KillAll();
+      if (const int strays = KillStrays({guard->pid()}); strays > 0) {
+        spdlog::warn("ended {} process(es) the workers left behind outside their process "
+                     "groups (daemonised descendants)", strays);
+      }
       MaybeEndAttempt();
     }
   }
@@ -593,6 +614,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   asio::io_context& io;
   AgentOptions options;
   std::unique_ptr<Rendezvous> rdzv;
+  std::unique_ptr<WorkerCgroup> cgroup;  // null where the machine gives crun none
   std::unique_ptr<GroupGuard> guard;
   asio::signal_set signals;
   asio::steady_timer kill_timer;

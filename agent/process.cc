@@ -1,6 +1,10 @@
 #include "agent/process.h"
 
+#include "agent/worker_cgroup.h"
+
+#include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -13,6 +17,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <set>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -157,6 +162,11 @@ StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
       (void)ignored;
       ::_exit(127);
     };
+    if (!spec.cgroup_procs.empty()) {
+      const int fd = ::open(spec.cgroup_procs.c_str(), O_WRONLY | O_CLOEXEC);
+      if (fd < 0 || ::write(fd, "0", 1) != 1) fail(3);
+      ::close(fd);
+    }
     if (!spec.cpus.empty() && ::sched_setaffinity(0, sizeof cpus, &cpus) != 0) fail(1);
     if (!spec.mem_nodes.empty() &&
         ::syscall(SYS_set_mempolicy, 2 /* MPOL_BIND */, nodes.data(), kMaxNodes + 1) != 0) {
@@ -167,7 +177,8 @@ StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
   }
   ::setpgid(pid, pid);  // also here, so the group exists whichever side runs first
   ::close(report[1]);
-  return PendingProcess{pid, report[0], spec.argv[0], spec.cpus, spec.mem_nodes};
+  return PendingProcess{pid, report[0], spec.argv[0], spec.cpus, spec.mem_nodes,
+                        spec.cgroup_procs};
 }
 
 StatusOr<pid_t> FinishStart(PendingProcess& pending) {
@@ -194,6 +205,10 @@ StatusOr<pid_t> FinishStart(PendingProcess& pending) {
     return PosixError("cannot bind the memory of '" + pending.program + "' to NUMA nodes " +
                           list(pending.mem_nodes), what[1]);
   }
+  if (what[0] == 3) {
+    return PosixError("cannot move '" + pending.program + "' into " + pending.cgroup_procs,
+                      what[1]);
+  }
   return PosixError("cannot start '" + pending.program + "'", what[1]);
 }
 
@@ -201,6 +216,55 @@ StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec) {
   auto pending = StartProcess(spec);
   if (!pending.ok()) return pending.status();
   return FinishStart(*pending);
+}
+
+std::vector<pid_t> ChildrenOfSelf() {
+  std::vector<pid_t> out;
+  DIR* tasks = ::opendir("/proc/self/task");
+  if (tasks == nullptr) return out;
+  while (const dirent* t = ::readdir(tasks)) {
+    if (t->d_name[0] == '.') continue;
+    std::ifstream in(std::string("/proc/self/task/") + t->d_name + "/children");
+    pid_t pid;
+    while (in >> pid) out.push_back(pid);
+  }
+  ::closedir(tasks);
+  return out;
+}
+
+Status BecomeSubreaper() {
+  if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) return PosixError("PR_SET_CHILD_SUBREAPER", errno);
+  return Status::Ok();
+}
+
+int KillStrays(const std::vector<pid_t>& keep, int limit) {
+  int found = 0;
+  const pid_t own_group = ::getpgrp();
+  // Killing a stray hands its own children to crun: sweep until none is left.
+  for (int sweep = 0; sweep < 64 && found < limit; ++sweep) {
+    std::vector<pid_t> strays;
+    for (pid_t c : ChildrenOfSelf()) {
+      if (std::find(keep.begin(), keep.end(), c) == keep.end()) strays.push_back(c);
+    }
+    if (strays.empty()) break;
+    for (pid_t c : strays) {
+      ++found;
+      const pid_t group = ::getpgid(c);
+      if (group > 0 && group != own_group) ::kill(-group, SIGKILL);
+      ::kill(c, SIGKILL);
+      // Reap it once it is gone; a process in uninterruptible sleep may take a moment, and is
+      // not waited for beyond a second (the next sweep, or crun's exit, deals with it).
+      const int fd = static_cast<int>(::syscall(SYS_pidfd_open, c, 0));
+      if (fd >= 0) {
+        pollfd p{fd, POLLIN, 0};
+        ::poll(&p, 1, 1000);
+        ::close(fd);
+      }
+      int status = 0;
+      ::waitpid(c, &status, WNOHANG);
+    }
+  }
+  return found;
 }
 
 StatusOr<std::unique_ptr<ExitWatcher>> ExitWatcher::Watch(asio::io_context& io, pid_t pid,
@@ -212,7 +276,7 @@ StatusOr<std::unique_ptr<ExitWatcher>> ExitWatcher::Watch(asio::io_context& io, 
   return std::unique_ptr<ExitWatcher>(new PidfdWatcher(io, pid, fd, std::move(on_exit)));
 }
 
-StatusOr<std::unique_ptr<GroupGuard>> GroupGuard::Start() {
+StatusOr<std::unique_ptr<GroupGuard>> GroupGuard::Start(const std::string& cgroup_dir) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return PosixError("pipe for the group guard", errno);
   const pid_t pid = ::fork();
@@ -245,6 +309,7 @@ StatusOr<std::unique_ptr<GroupGuard>> GroupGuard::Start() {
       break;  // EOF: crun is gone (or done)
     }
     for (pid_t g : groups) ::kill(-g, SIGKILL);
+    if (!cgroup_dir.empty()) KillAndRemoveCgroup(cgroup_dir);
     ::_exit(0);
   }
   ::close(p[0]);

@@ -32,6 +32,8 @@ struct ProcessSpec {
   // (MPOL_BIND), set before exec. Empty: crun's own.
   std::vector<int> cpus;
   std::vector<int> mem_nodes;
+  // A cgroup.procs file the child moves itself into before exec (WorkerCgroup); empty: none.
+  std::string cgroup_procs;
 };
 
 struct ExitStatus {
@@ -56,6 +58,7 @@ struct PendingProcess {
   int report_fd = -1;  // EOF once the child has exec'd; stage and errno if that failed
   std::string program;
   std::vector<int> cpus, mem_nodes;  // the binding asked for, for the message
+  std::string cgroup_procs;
 };
 
 // Two phases, so that many children exec at the same time: StartProcess forks and returns at
@@ -74,15 +77,30 @@ class ExitWatcher {
   virtual ~ExitWatcher() = default;
 };
 
+// The children of this process (every thread's), from /proc/self/task/*/children.
+std::vector<pid_t> ChildrenOfSelf();
+
+// Makes this process the reaper of its orphaned descendants (PR_SET_CHILD_SUBREAPER): a
+// worker's grandchild that daemonises (setsid + double fork) becomes crun's child instead of
+// init's, so crun can find it and end it with its job (KillStrays).
+Status BecomeSubreaper();
+
+// SIGKILLs every child of this process except `keep`, with its process group and whatever it
+// started in turn (they come to crun as orphans), and reaps them: up to `limit` in all, waiting
+// at most about a second. Returns how many were found.
+int KillStrays(const std::vector<pid_t>& keep, int limit = 4096);
+
 class GroupGuard {
  public:
-  // Starts the guard process.
-  static StatusOr<std::unique_ptr<GroupGuard>> Start();
+  // Starts the guard process. With `cgroup_dir`, the guard also ends every process in that
+  // cgroup and removes it when crun goes (KillAndRemoveCgroup).
+  static StatusOr<std::unique_ptr<GroupGuard>> Start(const std::string& cgroup_dir = "");
   ~GroupGuard();
   // The guard kills this group if crun dies before Forget().
   void Add(pid_t pgid);
   // The group is gone; its id may be reused by others.
   void Forget(pid_t pgid);
+  pid_t pid() const { return pid_; }
 
  private:
   GroupGuard(pid_t pid, int fd) : pid_(pid), fd_(fd) {}

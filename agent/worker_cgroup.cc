@@ -1,0 +1,124 @@
+#include "agent/worker_cgroup.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+namespace crun::agent {
+namespace {
+
+// The cgroup2 mount point, from /proc/self/mountinfo.
+std::string Cgroup2Mount() {
+  std::ifstream in("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    const auto dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream after(line.substr(dash + 3));
+    std::string type;
+    after >> type;
+    if (type != "cgroup2") continue;
+    std::istringstream fields(line);
+    std::string id, parent, dev, root, mount;
+    fields >> id >> parent >> dev >> root >> mount;
+    return mount;
+  }
+  return {};
+}
+
+// This process's cgroup2 path ("0::/some/path" in /proc/self/cgroup).
+std::string OwnCgroup2Path() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("0::", 0) == 0) return line.substr(3);
+  }
+  return {};
+}
+
+std::vector<pid_t> Procs(const std::string& dir) {
+  std::vector<pid_t> out;
+  std::ifstream in(dir + "/cgroup.procs");
+  pid_t pid;
+  while (in >> pid) out.push_back(pid);
+  return out;
+}
+
+bool WriteFile(const std::string& path, const char* text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::write(fd, text, std::strlen(text)) == static_cast<ssize_t>(std::strlen(text));
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+std::unique_ptr<WorkerCgroup> WorkerCgroup::Create(std::string* why_not) {
+  if (const char* opt = std::getenv("CRUN_CGROUP"); opt != nullptr && std::string(opt) == "0") {
+    *why_not = "CRUN_CGROUP=0";
+    return nullptr;
+  }
+  const std::string mount = Cgroup2Mount();
+  if (mount.empty()) {
+    *why_not = "no cgroup2 file system is mounted";
+    return nullptr;
+  }
+  std::string own = OwnCgroup2Path();
+  if (own == "/") own.clear();
+  const std::string dir = mount + own + "/crun-" + std::to_string(::getpid());
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    *why_not = "cannot create " + dir + ": " + std::strerror(errno);
+    return nullptr;
+  }
+  // A controller enabled below us may forbid processes here ("no internal processes"): find
+  // out now by moving a short-lived probe in, rather than at the first worker's start.
+  const pid_t probe = ::fork();
+  if (probe == 0) {
+    ::_exit(WriteFile(dir + "/cgroup.procs", "0") ? 0 : 1);
+  }
+  int status = 0;
+  ::waitpid(probe, &status, 0);
+  if (probe < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    ::rmdir(dir.c_str());
+    *why_not = "cannot move a process into " + dir;
+    return nullptr;
+  }
+  return std::unique_ptr<WorkerCgroup>(new WorkerCgroup(dir));
+}
+
+int WorkerCgroup::KillAll() const {
+  const auto procs = Procs(dir_);
+  if (procs.empty()) return 0;
+  if (!WriteFile(dir_ + "/cgroup.kill", "1")) {  // before Linux 5.14: one by one
+    for (pid_t p : procs) ::kill(p, SIGKILL);
+  }
+  return static_cast<int>(procs.size());
+}
+
+WorkerCgroup::~WorkerCgroup() { KillAndRemoveCgroup(dir_); }
+
+void KillAndRemoveCgroup(const std::string& dir) {
+  // Killed processes leave the cgroup once they are reaped (by crun, or by init for the
+  // orphans of a dead crun): wait for that a little, then give up quietly.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    if (Procs(dir).empty() && ::rmdir(dir.c_str()) == 0) return;
+    if (errno == ENOENT) return;
+    if (!WriteFile(dir + "/cgroup.kill", "1")) {
+      for (pid_t p : Procs(dir)) ::kill(p, SIGKILL);
+    }
+    ::poll(nullptr, 0, 10);
+  }
+}
+
+}  // namespace crun::agent
