@@ -219,7 +219,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
       w.error_file = w.dir + "/error.json";
       std::filesystem::remove(w.error_file, ec);  // a re-formed round with the same number
       ProcessSpec spec;
-      if (cgroup) spec.cgroup_procs = cgroup->dir() + "/cgroup.procs";
+      if (cgroup) {
+        spec.cgroup_fd = cgroup->fd();
+        spec.cgroup_dir = cgroup->dir();
+      }
       if (const auto i = static_cast<std::size_t>(lr - options.first_local_rank);
           i < options.bindings.size()) {
         spec.cpus = options.bindings[i].cpus;

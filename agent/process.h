@@ -32,8 +32,11 @@ struct ProcessSpec {
   // (MPOL_BIND), set before exec. Empty: crun's own.
   std::vector<int> cpus;
   std::vector<int> mem_nodes;
-  // A cgroup.procs file the child moves itself into before exec (WorkerCgroup); empty: none.
-  std::string cgroup_procs;
+  // A cgroup directory (WorkerCgroup) the child starts in: created straight into it with
+  // clone3(CLONE_INTO_CGROUP) where the kernel has it (no migration, which costs milliseconds),
+  // else moved there before exec. -1: none.
+  int cgroup_fd = -1;
+  std::string cgroup_dir;  // for messages and the fallback
 };
 
 struct ExitStatus {
@@ -58,7 +61,7 @@ struct PendingProcess {
   int report_fd = -1;  // EOF once the child has exec'd; stage and errno if that failed
   std::string program;
   std::vector<int> cpus, mem_nodes;  // the binding asked for, for the message
-  std::string cgroup_procs;
+  std::string cgroup_dir;
 };
 
 // Two phases, so that many children exec at the same time: StartProcess forks and returns at

@@ -81,20 +81,13 @@ std::unique_ptr<WorkerCgroup> WorkerCgroup::Create(std::string* why_not) {
     *why_not = "cannot create " + dir + ": " + std::strerror(errno);
     return nullptr;
   }
-  // A controller enabled below us may forbid processes here ("no internal processes"): find
-  // out now by moving a short-lived probe in, rather than at the first worker's start.
-  const pid_t probe = ::fork();
-  if (probe == 0) {
-    ::_exit(WriteFile(dir + "/cgroup.procs", "0") ? 0 : 1);
-  }
-  int status = 0;
-  ::waitpid(probe, &status, 0);
-  if (probe < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    *why_not = "cannot open " + dir + ": " + std::strerror(errno);
     ::rmdir(dir.c_str());
-    *why_not = "cannot move a process into " + dir;
     return nullptr;
   }
-  return std::unique_ptr<WorkerCgroup>(new WorkerCgroup(dir));
+  return std::unique_ptr<WorkerCgroup>(new WorkerCgroup(dir, fd));
 }
 
 int WorkerCgroup::KillAll() const {
@@ -106,7 +99,10 @@ int WorkerCgroup::KillAll() const {
   return static_cast<int>(procs.size());
 }
 
-WorkerCgroup::~WorkerCgroup() { KillAndRemoveCgroup(dir_); }
+WorkerCgroup::~WorkerCgroup() {
+  ::close(fd_);
+  KillAndRemoveCgroup(dir_);
+}
 
 void KillAndRemoveCgroup(const std::string& dir) {
   // Killed processes leave the cgroup once they are reaped (by crun, or by init for the

@@ -20,15 +20,17 @@ class WorkerCgroup {
   static std::unique_ptr<WorkerCgroup> Create(std::string* why_not);
   ~WorkerCgroup();  // KillAll, then removes the directory (once it is empty)
 
-  // The directory; a child writes "0" to its cgroup.procs (before exec) to join it.
+  // The directory, and a descriptor of it for clone3(CLONE_INTO_CGROUP) (ProcessSpec).
   const std::string& dir() const { return dir_; }
+  int fd() const { return fd_; }
   // SIGKILL to every process in it (cgroup.kill, else one by one from cgroup.procs). Returns
   // how many processes it held.
   int KillAll() const;
 
  private:
-  explicit WorkerCgroup(std::string dir) : dir_(std::move(dir)) {}
+  WorkerCgroup(std::string dir, int fd) : dir_(std::move(dir)), fd_(fd) {}
   std::string dir_;
+  int fd_;
 };
 
 // Ends every process in the cgroup at `dir` and removes it: what WorkerCgroup's destructor
