@@ -44,10 +44,6 @@ int UsageError(const std::string& message) {
   return 2;
 }
 
-std::chrono::milliseconds Ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
-}
-
 // The numeric addresses of this machine's interfaces.
 std::vector<std::string> LocalAddresses() {
   std::vector<std::string> local;
@@ -327,12 +323,12 @@ Status PlanService(Plan& p, const LaunchOptions& o) {
   settings.min_nodes = p.nodes.min;
   settings.max_nodes = p.nodes.max;
   settings.max_restarts = p.max_restarts;
-  if (conf.join_timeout) settings.join_timeout = Ms(*conf.join_timeout);
-  if (conf.last_call_timeout) settings.last_call_timeout = Ms(*conf.last_call_timeout);
+  if (conf.join_timeout) settings.join_timeout = Millis(*conf.join_timeout);
+  if (conf.last_call_timeout) settings.last_call_timeout = Millis(*conf.last_call_timeout);
   settings.heartbeat_timeout = HeartbeatTimeout(conf, settings.heartbeat_timeout);
   CRUN_RETURN_IF_ERROR(settings.Validate());
   p.heartbeat_interval = conf.heartbeat_interval
-                             ? Ms(*conf.heartbeat_interval)
+                             ? Millis(*conf.heartbeat_interval)
                              : std::min(std::chrono::milliseconds(1000),
                                         settings.heartbeat_timeout / 3);
   if (p.heartbeat_interval >= settings.heartbeat_timeout) {
@@ -680,9 +676,9 @@ int RunWithService(const Plan& p, boost::asio::io_context& io, agent::AgentOptio
                  settings.max_restarts,      settings.join_timeout,
                  settings.last_call_timeout, settings.heartbeat_timeout};
   so.heartbeat_interval = p.heartbeat_interval;
-  so.keepalive_timeout = conf.read_timeout ? Ms(*conf.read_timeout) : settings.heartbeat_timeout;
+  so.keepalive_timeout = conf.read_timeout ? Millis(*conf.read_timeout) : settings.heartbeat_timeout;
   so.virtual_local_rank = o.virtual_local_rank;
-  if (conf.reconnect_timeout) so.reconnect_timeout = Ms(*conf.reconnect_timeout);
+  if (conf.reconnect_timeout) so.reconnect_timeout = Millis(*conf.reconnect_timeout);
   so.security = p.security;
 
   std::unique_ptr<crun::rdzv::RendezvousService> hosted;
@@ -716,7 +712,7 @@ int RunWithService(const Plan& p, boost::asio::io_context& io, agent::AgentOptio
   }
   if (hosted) {
     // The other nodes were sent the outcome with ours: let their sessions end first.
-    hosted->Stop(conf.close_timeout ? Ms(*conf.close_timeout) : std::chrono::milliseconds(5000));
+    hosted->Stop(conf.close_timeout ? Millis(*conf.close_timeout) : std::chrono::milliseconds(5000));
   }
   return code;
 }

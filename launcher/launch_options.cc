@@ -144,7 +144,8 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--node-rank,--node_rank", o.node_rank,
                  "This node's rank: required by the static backend; with crun's backend it "
                  "imposes the node order (as a scheduler would)")
-      ->envname(pet("NODE_RANK"))->type_name("INT")->capture_default_str()->group("Static rendezvous");
+      ->envname(pet("NODE_RANK"))->type_name("INT")->capture_default_str()
+      ->group("Static rendezvous");
   app.add_option("--log-dir,--log_dir", o.log_dir,
                  "Base directory of <run-id>/<host>_<random>/attempt_<n>/<local-rank>/"
                  "{stdout,stderr}.log, error.json (default: a new temporary directory)")
@@ -422,14 +423,15 @@ StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
   return c;
 }
 
+std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+}
+
 std::chrono::milliseconds HeartbeatTimeout(const RdzvConf& conf,
                                            std::chrono::milliseconds fallback) {
-  auto ms = [](double seconds) {
-    return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
-  };
-  if (conf.heartbeat_timeout) return ms(*conf.heartbeat_timeout);
+  if (conf.heartbeat_timeout) return Millis(*conf.heartbeat_timeout);
   if (conf.heartbeat_interval || conf.keep_alive_max_attempt) {
-    return ms(conf.heartbeat_interval.value_or(1.0) * conf.keep_alive_max_attempt.value_or(3));
+    return Millis(conf.heartbeat_interval.value_or(1.0) * conf.keep_alive_max_attempt.value_or(3));
   }
   return fallback;
 }

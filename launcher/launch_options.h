@@ -116,6 +116,9 @@ struct RdzvConf {
 };
 StatusOr<RdzvConf> ParseRdzvConf(const std::string& text);
 
+// Seconds (as the flags give them) as a duration.
+std::chrono::milliseconds Millis(double seconds);
+
 // How long a silent node stays in the job: heartbeat_timeout when given; else, as torchrun's
 // c10d backend means its keys, keep_alive_max_attempt missed heartbeats of keep_alive_interval
 // (defaults 3 and 1 s) when either is given; else `fallback`.

@@ -276,6 +276,20 @@ class Faults(unittest.TestCase):
                     f"a alone after {ms(lost)}; back to 2 nodes {ms(rejoined)} after b's "
                     "new crun started")
 
+    def rejoined(self, first, since, *procs):
+        """Waits for a second round of all 4 workers; returns them and how long after `since`
+        the last one started. Without one, fails with every process's log."""
+        try:
+            self.running(8)
+        except AssertionError:
+            for p in procs:
+                p.kill()
+            logs = "\n".join(f"{name}:\n{p.communicate()[1]}"
+                              for name, p in zip(("crun a", "crun b", "daemon"), procs))
+            raise AssertionError("no rejoin; logs:\n" + logs)
+        second = [e for e in self.events() if e["pid"] not in first]
+        return second, max(e["t"] for e in second) - since
+
     def daemon(self, fab):
         p = fab.popen("a", [CRUN, "rendezvous", "--host", fab.addr("a"), "--port", str(PORT),
                             "--insecure", "--log-level", "warn"],
@@ -298,15 +312,7 @@ class Faults(unittest.TestCase):
             wait_for(lambda: not any(alive(p) for p in first), "the first round's workers gone")
             d = self.daemon(fab)  # ... and rejoin the new daemon by themselves.
             t1 = time.time()
-            try:
-                self.running(8)
-            except AssertionError:
-                for p in (a, b, d):
-                    p.kill()
-                raise AssertionError("no rejoin; crun a:\n" + a.communicate()[1] + "\ncrun b:\n" +
-                                     b.communicate()[1] + "\ndaemon:\n" + d.communicate()[1])
-            second = [e for e in self.events() if e["pid"] not in first]
-            rejoined = max(e["t"] for e in second) - t1
+            second, rejoined = self.rejoined(first, t1, a, b, d)
             self.go()
             (ca, ea), (cb, eb) = self.finish(a), self.finish(b)
             self.assertEqual((ca, cb), (0, 0), ea + eb)
@@ -335,15 +341,7 @@ class Faults(unittest.TestCase):
             time.sleep(10)  # the fault itself: b cut off for 10 s (heartbeat_timeout 1.5 s)
             fab.link_up("b")
             t1 = time.time()
-            try:
-                self.running(8)
-            except AssertionError:
-                for p in (a, b, d):
-                    p.kill()
-                raise AssertionError("no rejoin; crun a:\n" + a.communicate()[1] + "\ncrun b:\n" +
-                                     b.communicate()[1] + "\ndaemon:\n" + d.communicate()[1])
-            second = [e for e in self.events() if e["pid"] not in first]
-            rejoined = max(e["t"] for e in second) - t1
+            second, rejoined = self.rejoined(first, t1, a, b, d)
             self.go()
             (ca, ea), (cb, eb) = self.finish(a), self.finish(b)
             self.assertEqual((ca, cb), (0, 0), ea + eb)
