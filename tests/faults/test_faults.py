@@ -5,6 +5,7 @@ sees: every crun's exit code, the failure report, the restart count, and that no
 the job is left anywhere. Recovery times are measured (fault injected -> the job's new workers
 running, or -> the last crun exited) and printed as a table; with CRUN_FAULTS_DOC=FILE the
 table replaces the one between the markers in FILE (docs/reliability.md). Needs root."""
+import json
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ CRUN = os.environ["CRUN_BIN"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROBE = os.path.join(HERE, "..", "workers", "node_probe.py")
 BEHAVE = os.path.join(HERE, "..", "workers", "behave.py")
+DAEMONIZE = os.path.join(HERE, "..", "workers", "daemonize.py")
 PORT = 29400
 LIMIT_S = 120
 # Short, so that the scenarios run quickly; the defaults are 3 s and 1 s.
@@ -66,19 +68,31 @@ class Faults(unittest.TestCase):
                  limit=30)
 
     def node(self, fab, host, *crun_args, nnodes="2", conf=FAST, probe=("--until", "go"),
-             endpoint_host="a", is_host=None):
-        args = [CRUN, "--nnodes", nnodes, "--nproc-per-node", "2", "--rdzv-endpoint",
-                f"{fab.addr(endpoint_host)}:{PORT}", "--rdzv-id", "job", "--rdzv-conf",
-                conf + ("" if is_host is None else f",is_host={int(is_host)}"), *crun_args,
-                PROBE, self.dir, *probe]
+             endpoint_host="a", is_host=None, run_id="job", nproc=2, tag=None):
+        conf = ",".join(c for c in (conf, None if is_host is None else f"is_host={int(is_host)}")
+                        if c)
+        args = [CRUN, "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-endpoint",
+                f"{fab.addr(endpoint_host)}:{PORT}", "--rdzv-id", run_id,
+                *(("--rdzv-conf", conf) if conf else ()), *crun_args, PROBE, self.dir, *probe]
         p = fab.popen(host, args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                      env=dict(os.environ, NODE_TAG=host))
+                      env=dict(os.environ, NODE_TAG=tag or host))
         self.procs.append(p)
         return p
 
     def finish(self, p):
         _, err = p.communicate(timeout=LIMIT_S)
         return p.returncode, err
+
+    def go_and_succeed(self, *procs):
+        """Lets the workers finish; every crun in `procs` must exit 0. Returns their stderr."""
+        self.go()
+        done = [self.finish(p) for p in procs]
+        self.assertEqual([c for c, _ in done], [0] * len(procs), "".join(e for _, e in done))
+        return [e for _, e in done]
+
+    def stop_daemon(self, d):
+        d.send_signal(signal.SIGTERM)
+        d.communicate(timeout=LIMIT_S)
 
     def events(self, **match):
         return [e for e in probe_events(self.dir)
@@ -313,15 +327,11 @@ class Faults(unittest.TestCase):
             d = self.daemon(fab)  # ... and rejoin the new daemon by themselves.
             t1 = time.time()
             second, rejoined = self.rejoined(first, t1, a, b, d)
-            self.go()
-            (ca, ea), (cb, eb) = self.finish(a), self.finish(b)
-            self.assertEqual((ca, cb), (0, 0), ea + eb)
-            for err in (ea, eb):
+            for err in self.go_and_succeed(a, b):
                 self.assertIn(f"lost the rendezvous service at {fab.addr('a')}:{PORT}", err)
                 self.assertIn("it is a daemon, so this node stops its workers and rejoins", err)
             self.assertEqual(sorted(int(e["RANK"]) for e in second), [0, 1, 2, 3])
-            d.send_signal(signal.SIGTERM)
-            d.communicate(timeout=LIMIT_S)
+            self.stop_daemon(d)
         self.assertNothingLeft()
         self.record("`crun rendezvous` daemon SIGKILLed mid-job and started again",
                     "every crun stops its workers, waits for the daemon (`reconnect_timeout`, "
@@ -342,19 +352,122 @@ class Faults(unittest.TestCase):
             fab.link_up("b")
             t1 = time.time()
             second, rejoined = self.rejoined(first, t1, a, b, d)
-            self.go()
-            (ca, ea), (cb, eb) = self.finish(a), self.finish(b)
-            self.assertEqual((ca, cb), (0, 0), ea + eb)
+            _, eb = self.go_and_succeed(a, b)
             self.assertNotIn("another agent already joined", eb)
             self.assertEqual(sorted(int(e["RANK"]) for e in second), [0, 1, 2, 3])
-            d.send_signal(signal.SIGTERM)
-            d.communicate(timeout=LIMIT_S)
+            self.stop_daemon(d)
         self.assertNothingLeft()
         self.record("partition of b for 10 s, healed, with a `crun rendezvous` daemon",
                     "the daemon loses b after heartbeat_timeout and a waits for it; b stops its "
                     "workers and reconnects when the link is back, taking its node id over "
                     "(same agent incarnation); all 4 ranks run again; exit 0",
                     f"all workers running again {ms(rejoined)} after the link came back")
+
+    # ---- the daemon in trouble while agents gather -----------------------------------------
+
+    def joined(self, fab, n, run_id="job"):
+        """Whether the daemon on a lists at least `n` nodes in `run_id` (asked with `crun
+        status`)."""
+        r = subprocess.run(fab.command("a", [CRUN, "status", "--rdzv-endpoint",
+                                             f"{fab.addr('a')}:{PORT}", "--rdzv-id", run_id,
+                                             "--json", "--timeout", "2"]),
+                           capture_output=True, text=True, timeout=LIMIT_S)
+        return r.returncode == 0 and len(json.loads(r.stdout)[0]["nodes"]) >= n
+
+    def all_running(self, n, since, *procs):
+        """Waits for `n` workers to have started; returns how long after `since` the last one
+        did. Without them, fails with every process's log."""
+        try:
+            self.running(n)
+        except AssertionError:
+            for p in procs:
+                p.kill()
+            raise AssertionError("not every worker started; logs:\n" + "\n".join(
+                f"{' '.join(p.args[-6:])}:\n{p.communicate()[1]}" for p in procs))
+        return max(e["t"] for e in self.events()) - since
+
+    def test_a_daemon_stopped_for_5_s_while_agents_gather_is_waited_for(self):
+        with Fabric(["a", "b"]) as fab:
+            d = self.daemon(fab)
+            a = self.node(fab, "a", is_host=False)
+            wait_for(lambda: self.joined(fab, 1), "a to join")
+            d.send_signal(signal.SIGSTOP)
+            b = self.node(fab, "b", is_host=False)  # its connection waits in the backlog
+            time.sleep(5)  # the fault itself: a daemon that does nothing for 5 s
+            t0 = time.time()
+            d.send_signal(signal.SIGCONT)
+            started = self.all_running(4, t0, a, b, d)
+            self.go_and_succeed(a, b)
+            self.assertEqual(sorted(int(e["RANK"]) for e in self.events()), [0, 1, 2, 3])
+            self.stop_daemon(d)
+        self.assertNothingLeft()
+        self.record("`crun rendezvous` daemon SIGSTOPped for 5 s while the agents gather (a "
+                    "joined, b joining)", "nothing fails: both agents keep trying (join_timeout "
+                    "600 s), the round forms when the daemon runs again; one round; exit 0",
+                    f"all 4 workers running {ms(started)} after SIGCONT")
+
+    def test_a_daemon_killed_and_restarted_while_agents_gather_is_rejoined(self):
+        with Fabric(["a", "b"]) as fab:
+            d = self.daemon(fab)
+            a = self.node(fab, "a", is_host=False)
+            wait_for(lambda: self.joined(fab, 1), "a to join")
+            t0 = time.time()
+            d.kill()  # a crash, not a goodbye
+            d.communicate()
+            b = self.node(fab, "b", is_host=False)
+            time.sleep(1)  # the fault itself: the daemon is down for a second
+            d = self.daemon(fab)
+            t1 = time.time()
+            started = self.all_running(4, t1, a, b, d)
+            self.go_and_succeed(a, b)
+            self.assertEqual(sorted(e["NODE_TAG"] for e in self.events()), ["a", "a", "b", "b"])
+            self.stop_daemon(d)
+        self.assertNothingLeft()
+        self.record("`crun rendezvous` daemon SIGKILLed while the agents gather, started again "
+                    "1 s later", "a reconnects and joins again, b keeps trying until the daemon "
+                    "answers; one round of all 4 ranks; exit 0",
+                    f"all 4 workers running {ms(started)} after the new daemon started (down "
+                    f"for {ms(t1 - t0)})")
+
+    def fifty_jobs(self, stop_s):
+        """50 two-agent jobs (one agent on a, one on b, one worker each) started at once against
+        one daemon; with `stop_s`, the daemon is SIGSTOPped that long while they join. Returns
+        (seconds from the first agent's start to the last worker's, seconds from SIGCONT to the
+        last worker's start or None)."""
+        with Fabric(["a", "b"]) as fab:
+            d = self.daemon(fab)
+            t0 = time.time()
+            agents = [self.node(fab, host, is_host=False, conf="", run_id=f"j{i}", nproc=1,
+                                probe=(), tag=f"{i}{host}") for i in range(50) for host in "ab"]
+            resumed = None
+            if stop_s:
+                wait_for(lambda: self.joined(fab, 1, "j0"), "the first agent to join")
+                d.send_signal(signal.SIGSTOP)  # most of the 100 agents are still joining
+                time.sleep(stop_s)  # the fault itself
+                resumed = time.time()
+                d.send_signal(signal.SIGCONT)
+            last = self.all_running(100, t0, *agents, d)
+            failed = [(p.args[-6:], c, e[-2000:]) for p in agents
+                      for c, e in [self.finish(p)] if c != 0]
+            self.assertEqual(failed, [])
+            self.assertEqual(sorted(e["TORCHELASTIC_RUN_ID"] for e in self.events()),
+                             sorted(f"j{i}" for i in range(50) for _ in "ab"))
+            self.stop_daemon(d)
+        self.assertNothingLeft()
+        return last, None if resumed is None else last - (resumed - t0)
+
+    def test_fifty_jobs_started_at_once_against_one_daemon_all_run(self):
+        last, _ = self.fifty_jobs(0)
+        self.record("50 two-agent jobs started at once against one `crun rendezvous` daemon",
+                    "every one of the 100 agents joins its job and exits 0",
+                    f"all 100 workers ran within {ms(last)} of the first agent's start")
+
+    def test_fifty_jobs_with_the_daemon_stopped_for_1_s_during_the_joins_all_run(self):
+        last, after = self.fifty_jobs(1)
+        self.record("the same 50 jobs with the daemon SIGSTOPped for 1 s during the joins",
+                    "no agent gives up (each retries until join_timeout); every one exits 0",
+                    f"all 100 workers ran within {ms(last)} of the first agent's start, "
+                    f"{ms(after)} after SIGCONT")
 
     def test_a_daemon_that_stays_away_ends_the_job_after_reconnect_timeout(self):
         with Fabric(["a", "b"]) as fab:
@@ -398,6 +511,52 @@ class Faults(unittest.TestCase):
         self.record("log directory on a full disk (64 KiB tmpfs, `-t 3`)",
                     "one warning per stream naming the file and `No space left on device`; "
                     "every line still reaches the console; exit 0", "no recovery needed")
+
+    # ---- descendants ----------------------------------------------------------------------
+
+    def daemon_pids(self, out):
+        paths = [os.path.join(out, f"daemon_{rank}.pid") for rank in range(2)]
+        wait_for(lambda: all(os.path.exists(path) for path in paths), "the daemons' pids")
+        return [int(open(path).read()) for path in paths]
+
+    def test_daemonised_grandchildren_end_with_the_job_and_with_a_sigkilled_crun(self):
+        # Each worker double-forks a grandchild into a new session (tests/workers/daemonize.py).
+        normal = os.path.join(self.dir, "normal")
+        os.mkdir(normal)
+        r = subprocess.run([CRUN, "--nproc-per-node", "2", "--tee", "3", DAEMONIZE, normal],
+                           capture_output=True, text=True, timeout=LIMIT_S)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([p for p in self.daemon_pids(normal) if alive(p)], [],
+                         "a daemon outlived crun's exit")
+        self.assertIn("left behind outside their process groups", r.stderr)
+        self.record("a worker's daemonised grandchild (setsid + double fork), job ends normally",
+                    "crun, the subreaper of its orphans, kills it with its group at the attempt's "
+                    "end (one warning line); exit 0; nothing outlives crun",
+                    "gone before crun exited")
+
+        killed = os.path.join(self.dir, "killed")
+        os.mkdir(killed)
+        log = os.path.join(self.dir, "crun.log")  # not a pipe: a surviving daemon would hold it
+        with open(log, "w") as f:
+            p = subprocess.Popen([CRUN, "--log-level", "info", "--nproc-per-node", "2",
+                                  DAEMONIZE, killed, "--stay"], stdout=f, stderr=f)
+        self.procs.append(p)
+        pids = self.daemon_pids(killed)
+        t0 = time.time()
+        p.kill()
+        p.wait(timeout=LIMIT_S)
+        with open(log) as f:
+            err = f.read()
+        if "workers run in cgroup" not in err:
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            self.skipTest("this machine gives crun no cgroup: " + err[-300:])
+        wait_for(lambda: not any(alive(pid) for pid in pids), "the daemons to be gone", limit=10)
+        gone = time.time() - t0
+        self.assertNothingLeft()
+        self.record("the same with crun SIGKILLed (cgroup2 writable, as here)",
+                    "the workers run in crun's cgroup; crun's guard kills everything in it and "
+                    "removes it", f"grandchildren gone {ms(gone)} after the SIGKILL")
 
     @classmethod
     def tearDownClass(cls):

@@ -92,25 +92,6 @@ class Launch(unittest.TestCase):
                          limit=10)
                 self.assertIn("left behind outside their process groups", r.stderr)
 
-    def test_daemonised_descendants_die_with_a_sigkilled_crun_where_cgroups_allow(self):
-        daemonize = os.path.join(os.path.dirname(WORKER), "daemonize.py")
-        p = subprocess.Popen([CRUN, "--log-level", "info", "--nproc-per-node", "2", daemonize,
-                              self.dir, "--stay"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-        paths = [os.path.join(self.dir, f"daemon_{rank}.pid") for rank in range(2)]
-        wait_for(lambda: all(os.path.exists(path) for path in paths), "the daemons' pids")
-        pids = [int(open(path).read()) for path in paths]
-        p.kill()
-        _, err = p.communicate(timeout=LIMIT_S)
-        if "workers run in cgroup" not in err:
-            for pid in pids:
-                os.kill(pid, signal.SIGKILL)
-            self.skipTest("this machine gives crun no cgroup: " + err[-300:])
-        cgroup = err.split("workers run in cgroup ", 1)[1].split()[0]
-        wait_for(lambda: not any(alive(pid) for pid in pids), "the daemons to be gone",
-                 limit=10)
-        wait_for(lambda: not os.path.exists(cgroup), "the guard to remove the cgroup", limit=10)
-
     def test_crash_restart_success_with_a_fresh_store(self):
         r = self.crun("--max-restarts", "2",
                       worker_args=["--fail-rank", "1", "--fail-attempt", "0", "--code", "3"])

@@ -16,6 +16,8 @@ WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "worker
 PROBE = os.path.join(WORKERS, "node_probe.py")
 BEHAVE = os.path.join(WORKERS, "behave.py")
 LIMIT_S = 60
+# gRPC's own log line format (E1123 12:00:00.000 ... file.cc:N] ...): never on a terminal.
+GRPC_LOG_LINE = r"(?m)^[EWID]\d{4} "
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
 from crun_testing import (VALIDATE, free_port, kill_all, probe_events, raw_add,  # noqa: E402
@@ -205,6 +207,7 @@ class Security(unittest.TestCase):
         self.assertEqual(code, 1, err)
         self.assertIn(f"cannot open a session with the rendezvous service at {endpoint}", err)
         self.assertIn("if the service uses TLS, give --tls-ca", err)
+        self.assertNotRegex(err, GRPC_LOG_LINE)
         r = subprocess.run([CRUN, "status", "--rdzv-endpoint", endpoint, *tls, "--token-file",
                             self.token_file], capture_output=True, text=True, timeout=LIMIT_S)
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -220,7 +223,8 @@ class Security(unittest.TestCase):
         code, err = self.finish(lone)
         self.assertEqual(code, 1, err)
         self.assertIn("this node uses TLS: does the service?", err)
-        self.stop(daemon)
+        self.assertNotRegex(err, GRPC_LOG_LINE)
+        self.assertNotRegex(self.stop(daemon), GRPC_LOG_LINE)
 
     def test_a_tls_client_on_the_daemons_host_joins_it(self):
         # The endpoint names this host, but with no certificate of its own this crun cannot
@@ -248,14 +252,14 @@ class Security(unittest.TestCase):
         # Both sides are named: here it is this node's missing certificate.
         self.assertIn("also needs --tls-cert and --tls-key on this node", err)
         # gRPC's own log lines stay off the terminal.
-        self.assertNotRegex(err, r"(?m)^[EWID]\d{4} ")
+        self.assertNotRegex(err, GRPC_LOG_LINE)
         self.go()
         member = self.node("m", endpoint, "--tls-ca", certs["ca.pem"], "--tls-cert",
                            certs["client.pem"], "--tls-key", certs["client.key"], nnodes=1)
         code, err = self.finish(member)
         self.assertEqual(code, 0, err)
         self.assertEqual([e["NODE_TAG"] for e in probe_events(self.dir)], ["m"])
-        self.stop(daemon)
+        self.assertNotRegex(self.stop(daemon), GRPC_LOG_LINE)  # nor the daemon's
 
     def test_stores_listen_where_they_were_told_and_workers_never_see_the_token(self):
         # --standalone: loopback only.
