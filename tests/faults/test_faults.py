@@ -32,7 +32,7 @@ from crun_testing import alive, kill_all, probe_events, proc_state, wait_for  # 
 MEASURED_AT = measured_at()  # before the run: the tree may change while it runs
 from fabric import Fabric  # noqa: E402
 
-RESULTS = []  # (scenario, what the user sees, measured)
+RESULTS = []  # ((where in this file, order), scenario, what the user sees, measured)
 
 
 def job_processes(marker):
@@ -109,7 +109,10 @@ class Faults(unittest.TestCase):
                                                   TORCHELASTIC_RESTART_COUNT=restart))
 
     def record(self, scenario, outcome, measured):
-        RESULTS.append((scenario, outcome, measured))
+        # Rows in the order the scenarios are written here (workers, agents and the network,
+        # the daemon, descendants), not unittest's alphabetical running order.
+        line = getattr(type(self), self._testMethodName).__code__.co_firstlineno
+        RESULTS.append(((line, len(RESULTS)), scenario, outcome, measured))
         print(f"\n  {scenario}: {outcome}; {measured}")
 
     # ---- workers --------------------------------------------------------------------------
@@ -563,7 +566,7 @@ class Faults(unittest.TestCase):
         if not RESULTS:
             return
         rows = ["| fault | what the user sees | measured |", "|---|---|---|"]
-        rows += [f"| {s} | {o} | {m} |" for s, o, m in RESULTS]
+        rows += [f"| {s} | {o} | {m} |" for _, s, o, m in sorted(RESULTS)]
         table = "\n".join(rows)
         print("\n" + table)
         doc = os.environ.get("CRUN_FAULTS_DOC")
