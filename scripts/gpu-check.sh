@@ -1,33 +1,48 @@
 #!/usr/bin/env bash
-# The worker SDK's GPU checks, for a GPU machine that has a compiler, CMake, the CUDA toolkit and
-# PyTorch (with its NCCL) but none of crun's other dependencies (docs/worker_sdk.md).
+# The GPU path, for a GPU machine that has a compiler, CMake, the CUDA toolkit and PyTorch (with
+# its NCCL) but none of crun's other dependencies (no gRPC, no Boost): crun comes as the
+# relocatable tarball built here (docs/install.md) and launches everything there.
 #
-#   scripts/gpu-check.sh prepare   here: put the header-only Catch2 the tests need into .gpu/
-#   scripts/gpu-check.sh run OUT   there: SDK-only build with NCCL; the SDK's unit tests
-#                                  (nccl_unit_tests runs every collective on the GPU); the
-#                                  allreduce/allgather benchmark against PyTorch's
-#                                  ProcessGroupNCCL, launched by torchrun. Writes OUT/ctest.log
-#                                  and OUT/benchmarks.md (docs/benchmarks.md with its
-#                                  nccl-bench section filled in).
+#   scripts/gpu-check.sh prepare   here: the crun tarball (scripts/package.sh from ./build) and
+#                                  the header-only Catch2 the SDK's tests need, into .gpu/
+#   scripts/gpu-check.sh run OUT   there: crun from the tarball; stock PyTorch NCCL DDP under
+#                                  `crun --nproc-per-node gpu`, then the same with a GPU worker
+#                                  SIGKILLed and restarted; the SDK-only build with NCCL and its
+#                                  unit tests (nccl_unit_tests runs every collective on the
+#                                  GPU); the allreduce/allgather benchmark against PyTorch's
+#                                  ProcessGroupNCCL, both sides launched by crun. Writes
+#                                  OUT/ctest.log, OUT/ddp.log and OUT/benchmarks.md
+#                                  (docs/benchmarks.md with its nccl-bench section filled in).
 #   scripts/gpu-check.sh train OUT there, after run: train (ResNet-18, synthetic CIFAR-10) on
-#                                  the GPU at fp32, bf16 and fp16; OUT/train_*.json.
+#                                  the GPU at fp32, bf16 and fp16, and PyTorch's own loop as the
+#                                  anchor, all under crun; OUT/train_*.json, OUT/torch_*.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 case "${1:-}" in
   prepare)
-    rm -rf .gpu/catch2 && mkdir -p .gpu/catch2/include .gpu/catch2/lib/cmake
+    rm -rf .gpu && mkdir -p .gpu/catch2/include .gpu/catch2/lib/cmake
     cp -r /usr/include/catch2 .gpu/catch2/include/
     cp -r /usr/lib/cmake/Catch2 .gpu/catch2/lib/cmake/
     cp /usr/lib/libCatch2WithMain.a .gpu/catch2/lib/
-    echo "prepared .gpu/ (carry it with the run)"
+    bash scripts/package.sh --out .gpu/dist >/dev/null
+    cp .gpu/dist/crun-*-linux-x86_64.tar.gz .gpu/ && rm -rf .gpu/dist
+    echo "prepared .gpu/ (carry it with the run): $(ls .gpu/*.tar.gz)"
     ;;
   run | train)
     mode=$1
     out=${2:?usage: gpu-check.sh $1 OUT}
     mkdir -p "$out"
+    out=$(cd "$out" && pwd)
     py=${PYTHON:-python3}
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+    tarball=$(ls .gpu/crun-*-linux-x86_64.tar.gz 2>/dev/null | head -1)
+    [[ -n "$tarball" ]] || { echo "gpu-check: no crun tarball in .gpu/: run 'gpu-check.sh prepare' here first" >&2; exit 2; }
+    rm -rf .gpu/crun && mkdir -p .gpu/crun
+    tar -C .gpu/crun --strip-components 1 -xzf "$tarball"
+    crun="$PWD/.gpu/crun/bin/crun"
+    echo "gpu-check: $("$crun" --version) from $tarball; it needs: $(ldd "$crun" | awk '{print $1}' | tr '\n' ' ')"
+    export PYTHON_EXEC="$(command -v "$py")"
     # NCCL: the toolkit's if it has one, else the one PyTorch ships (the nvidia-nccl wheel).
     nccl_root=${NCCL_ROOT:-}
     if [[ -z "$nccl_root" ]]; then
@@ -54,26 +69,35 @@ case "${1:-}" in
       -DCMAKE_POLICY_VERSION_MINIMUM=3.5 > "/tmp/crun-configure-$mode.log" 2>&1 ||
       { tail -40 "/tmp/crun-configure-$mode.log"; exit 1; }
     if [[ $mode == run ]]; then
+      # Stock PyTorch DDP over NCCL, one worker per visible GPU; then a GPU worker SIGKILLed
+      # in the first attempt and the group restarted (--max-restarts 1).
+      ddp_out=$(mktemp -d)
+      { PYTHONUNBUFFERED=1 "$crun" --standalone --nproc-per-node gpu tests/workers/ddp_train.py "$ddp_out" --nccl &&
+        echo "gpu-check: DDP over NCCL under crun: exit 0" &&
+        PYTHONUNBUFFERED=1 "$crun" --standalone --nproc-per-node gpu --max-restarts 1 \
+          tests/workers/ddp_train.py "$ddp_out" --nccl --die-once &&
+        echo "gpu-check: DDP over NCCL, a worker SIGKILLed and restarted under crun: exit 0"; } 2>&1 |
+        tee "$out/ddp.log" || echo "gpu-check: a DDP run failed (OUT/ddp.log)" >&2
       cmake --build build-gpu -j "$(nproc)"
       (cd build-gpu && ctest --output-on-failure -j 1) 2>&1 | tee "$out/ctest.log" || echo "gpu-check: ctest failed" >&2
       cp docs/benchmarks.md "$out/benchmarks.md"
       PYTHONUNBUFFERED=1 $py tests/bench/nccl_bench.py --bench build-gpu/tests/nccl_allreduce \
-        --torchrun "$py" --out "$out/benchmarks.md" --json-dir "$out"
+        --crun "$crun" --torch-python "$py" --out "$out/benchmarks.md" --json-dir "$out"
     else
       # ResNet-18 on synthetic CIFAR-10 at fp32, bf16 and fp16 autocast (the latter two
-      # channels-last), one worker launched by torchrun, so the NCCL group is used.
-      # The same model, data and settings in PyTorch (tests/bench/ddp_cifar.py) as the anchor.
+      # channels-last), one worker under crun, so the NCCL group is used. The same model,
+      # data and settings in PyTorch (tests/bench/ddp_cifar.py) as the anchor, under crun too.
       cmake --build build-gpu -j "$(nproc)" --target train
       data=/tmp/crun-gpu-cifar
       for m in "fp32:--amp off" "bf16:--amp bf16 --channels-last" "fp16:--amp fp16 --channels-last"; do
         name=${m%%:*}
         # shellcheck disable=SC2086
-        PYTHONUNBUFFERED=1 $py -m torch.distributed.run --standalone --nproc-per-node 1 --no-python \
+        PYTHONUNBUFFERED=1 "$crun" --standalone --nproc-per-node 1 \
           build-gpu/train/train --model resnet18 --synthetic 50000 --data-dir $data --epochs 2 \
           --batch-size 256 --device cuda --log-every 50 ${m#*:} \
           --metrics-json "$out/train_$name.json" 2>&1 | tee -a "$out/train.log"
         # shellcheck disable=SC2086
-        PYTHONUNBUFFERED=1 $py -m torch.distributed.run --standalone --nproc-per-node 1 \
+        PYTHONUNBUFFERED=1 "$crun" --standalone --nproc-per-node 1 \
           tests/bench/ddp_cifar.py $data 2 256 "$out/torch_$name.json" --model resnet18 \
           --device cuda ${m#*:} 2>&1 | tee -a "$out/train.log"
       done

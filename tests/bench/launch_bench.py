@@ -2,11 +2,16 @@
 through tests/compat/torchrun_fixed.py), same machine, same run. Writes its section of
 docs/benchmarks.md (between the launch-bench markers).
 
+  * start -> exit with no work: `crun --version` (torchrun has no --version: `--help`)
   * launch -> exit: `--standalone --nproc-per-node N --no-python true`, N = 2 and 8
   * restart: a worker fails; time until every replacement is running (restart_probe.sh)
   * peak RSS of the launcher process itself (its workers are tiny: `true`, `sh`)
 
-Usage: launch_bench.py --crun BIN --probe BIN --torch2-python PY [--rounds 5] [--out FILE]
+Beside them, the physical limit in the same run: tests/bench/spawn_limit.cc (a static C
+program) forking, exec'ing and waiting for N copies of `true` (N = 0 for the no-work row).
+
+Usage: launch_bench.py --crun BIN --probe BIN --limit BIN --torch2-python PY [--rounds 5]
+                       [--out FILE]
 """
 import argparse
 import os
@@ -66,9 +71,27 @@ def restart_latency(cmd, nproc, probe):
     return (max(starts) - crash) / 1e6  # ms
 
 
+def limit_rows(args, env):
+    """The floor, timed the same way as the launchers: spawn_limit N true."""
+    rows = {}
+    for n in (0, 2, 8):
+        rows[("limit", "launch", n)] = statistics.median(
+            timed([args.limit, str(n), "true"], env) for _ in range(args.rounds * 4)) * 1000
+        print(f"{'limit':14} launch x{n}: {rows[('limit', 'launch', n)]:8.2f} ms", file=sys.stderr)
+    return rows
+
+
+def no_work(name, cmd):
+    """The launcher started and ended with nothing to do."""
+    if name == "crun":
+        return [cmd[0], "--version"]
+    return [*cmd[:-1], "--help"]  # torchrun has no --version; drop --standalone
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--crun", required=True)
+    ap.add_argument("--limit", required=True, help="the spawn_limit binary")
     ap.add_argument("--torch2-python", required=True)
     ap.add_argument("--probe", required=True, help="the restart_probe binary")
     ap.add_argument("--rounds", type=int, default=5)
@@ -76,12 +99,16 @@ def main():
     args = ap.parse_args()
     args.measured_at = measured_at()  # before the run: the tree may change while it runs
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    rows = {}
+    rows = limit_rows(args, env)
     for name, cmd in launchers(args).items():
+        rounds = args.rounds * 4 if name == "crun" else args.rounds  # milliseconds: more runs
+        rows[(name, "launch", 0)] = statistics.median(
+            timed(no_work(name, cmd), env) for _ in range(rounds)) * 1000
+        print(f"{name:14} no work: {rows[(name, 'launch', 0)]:8.2f} ms", file=sys.stderr)
         for n in (2, 8):
             run = [*cmd, "--nproc_per_node", str(n), "--no_python", "true"]
             rows[(name, "launch", n)] = statistics.median(
-                timed(run, env) for _ in range(args.rounds)) * 1000
+                timed(run, env) for _ in range(rounds)) * 1000
             rows[(name, "rss", n)] = max(peak_rss_kib(run, env) for _ in range(2)) / 1024
             print(f"{name:14} launch x{n}: {rows[(name, 'launch', n)]:8.1f} ms, "
                   f"peak RSS {rows[(name, 'rss', n)]:.1f} MiB", file=sys.stderr)
@@ -95,26 +122,36 @@ def main():
 def write(args, rows):
     names = ["crun", "torchrun 2.x", "torchrun 1.13"]
     lines = ["## Launcher: start, restart, memory", "",
-             f"`tests/bench/launch_bench.py`, median of {args.rounds} runs each, on the same "
-             "machine as above. Workers are trivial programs (`--no-python true`; for restarts "
+             f"`tests/bench/launch_bench.py`, median of {args.rounds} runs each ({args.rounds * 4} "
+             "for crun and the limit), on the same machine as above, each started from Python's "
+             "`subprocess` (whose own cost is in every figure, the limit's included). Workers are "
+             "trivial programs (`--no-python true`; for restarts "
              "`tests/workers/restart_probe.cc`, whose first instruction takes the time), so the "
-             "numbers are the launchers' own. *restart*: from the failing worker's last "
+             "numbers are the launchers' own. *limit*: `tests/bench/spawn_limit.cc`, a static C "
+             "program that forks, execs and waits for the same workers and does nothing else. "
+             "*no work*: `crun --version`; torchrun has no `--version`, so `--help`. "
+             "*restart*: from the failing worker's last "
              "timestamp to the last replacement's first one. *peak RSS*: the launcher process, from GNU time. "
              + args.measured_at, "",
-             "| | " + " | ".join(names) + " | torchrun 2.x / crun |",
-             "|---|" + "---|" * (len(names) + 1)]
-    for metric, label, unit in [("launch", "launch → exit, 2 workers", "ms"),
-                                ("launch", "launch → exit, 8 workers", "ms"),
-                                ("restart", "restart, 2 workers", "ms"),
-                                ("restart", "restart, 8 workers", "ms"),
-                                ("rss", "peak RSS, 8 workers", "MiB")]:
-        n = 2 if "2 workers" in label else 8
-        vals = [rows[(name, metric, n)] for name in names]
-        ratio = vals[1] / vals[0] if vals[0] else 0
-        lines.append(f"| {label} | " + " | ".join(f"{v:,.1f} {unit}" for v in vals) +
-                     f" | {ratio:,.0f}× |")
+             "| | crun | limit | crun / limit | torchrun 2.x | torchrun 1.13 | torchrun 2.x / crun |",
+             "|---|---|---|---|---|---|---|"]
+    for metric, label, unit, n in [("launch", "start → exit, no work", "ms", 0),
+                                   ("launch", "launch → exit, 2 workers", "ms", 2),
+                                   ("launch", "launch → exit, 8 workers", "ms", 8),
+                                   ("restart", "restart, 2 workers", "ms", 2),
+                                   ("restart", "restart, 8 workers", "ms", 8),
+                                   ("rss", "peak RSS, 8 workers", "MiB", 8)]:
+        crun, t2, t1 = (rows[(name, metric, n)] for name in names)
+        limit = rows.get(("limit", metric, n))
+        digits = 2 if metric == "launch" else 1
+        cells = [f"{crun:,.{digits}f} {unit}",
+                 f"{limit:,.{digits}f} {unit}" if limit else "—",
+                 f"{crun / limit:,.1f}×" if limit else "—",
+                 f"{t2:,.1f} {unit}", f"{t1:,.1f} {unit}", f"{t2 / crun:,.0f}×"]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += ["", "Reproduce: `python3 tests/bench/launch_bench.py --crun build/launcher/crun "
-              "--probe build/tests/bench/restart_probe --torch2-python \"$(bash scripts/setup-torch2.sh)\"`"]
+              "--probe build/tests/bench/restart_probe --limit build/tests/bench/spawn_limit "
+              "--torch2-python \"$(bash scripts/setup-torch2.sh)\"`"]
     write_section(args.out, "launch-bench", lines)
 
 

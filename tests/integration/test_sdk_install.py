@@ -1,24 +1,20 @@
-"""The worker SDK as a user gets it: `cmake --install` into a fresh prefix, then the example
+"""The worker SDK as a user gets it: `cmake --install` into a fresh prefix (crun, the SDK, docs
+and the systemd unit; scripts/package.sh packs the same install), then the example
 project in docs/examples/worker_sdk built two ways (find_package(crun_worker) and pkg-config)
 and run under crun."""
 import os
 import shutil
-import subprocess
+import sys
 import tempfile
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from crun_testing import run_checked as run  # noqa: E402
 
 CRUN = os.environ["CRUN_BIN"]
 BUILD_DIR = os.environ["CRUN_BUILD_DIR"]
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
                        "examples", "worker_sdk")
-
-
-def run(cmd, **kw):
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
-    if r.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout[-3000:]}\n"
-                             f"{r.stderr[-3000:]}")
-    return r
 
 
 class InstalledSdk(unittest.TestCase):
@@ -36,7 +32,8 @@ class InstalledSdk(unittest.TestCase):
         r = run([CRUN, "--nproc-per-node", str(nproc), program])
         self.assertIn(f"average over {nproc} ranks: {(nproc + 1) / 2:g}", r.stdout)
 
-    def test_the_install_holds_only_the_sdk(self):
+    def test_the_install_holds_the_sdk_and_crun(self):
+        self.assertEqual(os.listdir(os.path.join(self.prefix, "bin")), ["crun"])
         libs = sorted(os.listdir(os.path.join(self.prefix, "lib")))
         self.assertEqual([f for f in libs if f.endswith(".a")],
                          ["libcrun_store.a", "libcrun_worker.a", "libcrun_worker_torch.a"])

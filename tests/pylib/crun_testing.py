@@ -19,6 +19,15 @@ def wait_for(predicate, what, limit=60):
         time.sleep(0.01)
 
 
+def run_checked(cmd, timeout=600, **kw):
+    """Runs `cmd` to completion; a non-zero exit fails the test with the command's output."""
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    if r.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {r.returncode}:\n{r.stdout[-3000:]}\n"
+                             f"{r.stderr[-3000:]}")
+    return r
+
+
 def proc_state(pid):
     """The one-letter state of `pid` from /proc (R, S, T for stopped, Z for zombie), or None
     when it is gone."""
