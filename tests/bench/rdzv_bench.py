@@ -32,7 +32,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from bench_support import in_private_netns, write_section  # noqa: E402
+from bench_support import in_private_netns, measured_at, write_section  # noqa: E402
 from crun_testing import free_port  # noqa: E402
 
 AGENTS = (2, 4, 8, 16, 64)
@@ -153,6 +153,7 @@ def main():
                          "imported did not finish within 300 s on 2 cores and 24 GiB)")
     ap.add_argument("--out", default="docs/benchmarks.md")
     args = ap.parse_args()
+    args.measured_at = measured_at()  # before the run: the tree may change while it runs
     args.crun, args.probe, args.loadgen = (os.path.abspath(p) for p in
                                            (args.crun, args.probe, args.loadgen))
 
@@ -194,7 +195,7 @@ def write(args, launch, restart, sims):
         f"(loopback). Real agents: median of {args.rounds} runs for crun and "
         f"{args.torch_rounds} for torchrun 2.x (`--rdzv-backend c10d`, the first agent "
         "`is_host`; `--monitor-interval 0.1`). Workers are `tests/workers/restart_probe.cc`, "
-        "whose first instruction takes the time.", "",
+        "whose first instruction takes the time. " + args.measured_at, "",
         "| launch → all workers running | crun | torchrun 2.x (c10d) | torchrun / crun |",
         "|---|---|---|---|"]
     for n in AGENTS:
