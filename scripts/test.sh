@@ -5,5 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 TORCH2_PYTHON="$(bash scripts/setup-torch2.sh)"
-bash scripts/build.sh -DCRUN_TORCH2_PYTHON="$TORCH2_PYTHON"
+bash scripts/build.sh -DCRUN_BUILD_TESTS=ON -DCRUN_TORCH2_PYTHON="$TORCH2_PYTHON"
 ctest --test-dir build --output-on-failure --no-tests=error -j2

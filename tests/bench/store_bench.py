@@ -337,7 +337,7 @@ def write_report(args, versions, groups, names, results, storms, clients, ops, s
     w("## How to reproduce")
     w("")
     w("```sh")
-    w("bash scripts/build.sh")
+    w("bash scripts/build.sh -DCRUN_TORCH2_PYTHON=\"$(bash scripts/setup-torch2.sh)\"")
     w("python3 tests/bench/store_bench.py --crun build/launcher/crun \\")
     w("    --loadgen build/tests/bench/store_loadgen \\")
     w("    --torch2-python \"$(bash scripts/setup-torch2.sh)\"")

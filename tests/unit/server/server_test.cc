@@ -339,10 +339,10 @@ TEST_CASE("a backlog longer than one accept budget is drained without new arriva
   std::promise<void> holding;
   boost::asio::post(io, [&] {
     holding.set_value();
-    release.get_future().wait();
+    release.get_future().wait_for(60s);  // a deadline, should the test fail before releasing
   });
   std::thread loop([&] { io.run(); });
-  holding.get_future().wait();
+  REQUIRE(holding.get_future().wait_for(30s) == std::future_status::ready);
   constexpr int kClients = 600;  // well over the 256 accepts per wake-up
   std::vector<RawClient> clients;
   for (int i = 0; i < kClients; ++i) {

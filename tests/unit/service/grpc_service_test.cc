@@ -3,6 +3,7 @@
 // messages arriving (condition variables), never on time.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -20,6 +21,9 @@ using crun::rdzv::RendezvousService;
 using crun::rdzv::ServiceOptions;
 using crun::agent::SessionClient;
 namespace v1 = crun::v1;
+
+// Every wait on the service has a deadline: a service that never answers fails the test.
+constexpr std::chrono::seconds kDeadline{30};
 
 std::unique_ptr<RendezvousService> StartService(const std::string& token = "") {
   ServiceOptions o;
@@ -86,7 +90,7 @@ class Agent {
   // The next message the service pushed (in order).
   v1::ServiceMessage Next() {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [this] { return !inbox_.empty() || done_; });
+    REQUIRE(cv_.wait_for(lock, kDeadline, [this] { return !inbox_.empty() || done_; }));
     REQUIRE_FALSE(inbox_.empty());
     auto m = std::move(inbox_.front());
     inbox_.pop_front();
@@ -94,7 +98,7 @@ class Agent {
   }
   crun::Status WaitDone() {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [this] { return done_; });
+    REQUIRE(cv_.wait_for(lock, kDeadline, [this] { return done_; }));
     return done_status_;
   }
   void Drop() { client_->Cancel(); }
@@ -235,7 +239,7 @@ TEST_CASE("grpc service: the standard health service reports SERVING", "[grpc]")
                         cv.notify_all();
                       });
     std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return done; });
+    REQUIRE(cv.wait_for(lock, kDeadline, [&] { return done; }));
     REQUIRE(status.ok());
     std::vector<grpc::Slice> slices;
     REQUIRE(out.Dump(&slices).ok());

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs one libFuzzer target for a bounded time over a copy of its seed corpus (the repo's copy
-# stays as it is). A crash, leak, sanitizer report or disagreement fails it; the input that
-# did is kept under the work directory and named in the output.
-#   run_fuzzer.sh TARGET CORPUS_DIR SECONDS
+# Exploration, by hand or in a job of its own (ctest only replays the corpus: replay.sh): runs
+# one libFuzzer target for a bounded time over a copy of its seed corpus (the repo's copy stays
+# as it is). A crash, leak, sanitizer report or disagreement fails it; the input that did is
+# kept under the work directory and named in the output; add it to the corpus once fixed.
+#   explore.sh TARGET CORPUS_DIR SECONDS
+#   e.g. tests/fuzz/explore.sh build/tests/fuzz/store_parser_fuzz tests/fuzz/corpus/store_parser_fuzz 600
 set -euo pipefail
 target=$1 corpus=$2 seconds=$3
 work=$(mktemp -d "${TMPDIR:-/tmp}/crun-fuzz-XXXXXX")
