@@ -23,6 +23,8 @@
 
 #include <boost/asio/posix/stream_descriptor.hpp>
 
+#include "rendezvous/store/numbers.h"
+
 namespace crun::agent {
 namespace {
 
@@ -129,8 +131,8 @@ std::string SignalName(int signo) {
 int ParseSignal(const std::string& text) {
   if (!text.empty() && std::all_of(text.begin(), text.end(),
                                    [](unsigned char c) { return std::isdigit(c) != 0; })) {
-    const int n = std::stoi(text);
-    return n > 0 && n < NSIG ? n : -1;
+    const auto n = ParseInteger(text, 1, NSIG - 1);  // digits, but maybe 30 of them
+    return n ? static_cast<int>(*n) : -1;
   }
   const std::string full = text.rfind("SIG", 0) == 0 ? text : "SIG" + text;
   for (const auto& [n, name] : kSignals) {

@@ -24,6 +24,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "crun/v1/rendezvous.grpc.pb.h"
+#include "proto/protocol_version.h"
 #include "rendezvous/store/security.h"
 #include "rendezvous/store/write_queue.h"
 #include "rendezvous/store/status.h"
@@ -32,8 +33,7 @@ namespace crun::agent {
 
 namespace v1 = crun::v1;
 
-// The protocol version this client speaks (crun.v1).
-inline constexpr std::uint32_t kProtocolVersion = 1;
+using crun::kProtocolVersion;  // proto/protocol_version.h
 
 struct ChannelOptions {
   std::chrono::milliseconds keepalive_interval{1'000};

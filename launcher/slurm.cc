@@ -1,9 +1,10 @@
 #include "launcher/slurm.h"
 
 #include <cctype>
-#include <cerrno>
 #include <cstdlib>
 #include <limits>
+
+#include "rendezvous/store/numbers.h"
 
 namespace crun::launcher {
 namespace {
@@ -12,19 +13,14 @@ namespace {
 constexpr std::size_t kMaxHosts = std::size_t{1} << 20;
 
 StatusOr<std::int64_t> Number(std::string_view digits, std::string_view list) {
-  if (digits.empty() || digits.size() > 18) {
+  // Digits only (a '-' here would be a range's), at most 18 of them.
+  const auto v = digits.size() <= 18 ? ParseInteger(digits, 0, 999'999'999'999'999'999)
+                                     : std::nullopt;
+  if (!v) {
     return InvalidArgument("hostlist '" + std::string(list) + "': '" + std::string(digits) +
                            "' is not a number");
   }
-  std::int64_t v = 0;
-  for (char c : digits) {
-    if (!std::isdigit(static_cast<unsigned char>(c))) {
-      return InvalidArgument("hostlist '" + std::string(list) + "': '" + std::string(digits) +
-                             "' is not a number");
-    }
-    v = v * 10 + (c - '0');
-  }
-  return v;
+  return *v;
 }
 
 std::string Padded(std::int64_t v, std::size_t width) {
@@ -129,15 +125,12 @@ const char* First(const Getenv& getenv, std::initializer_list<const char*> names
 }
 
 StatusOr<int> Int(const char* name, const char* value, int min) {
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(value, &end, 10);
-  if (*value == '\0' || *end != '\0' || errno != 0 || v < min ||
-      v > std::numeric_limits<int>::max()) {
+  const auto v = ParseInteger(value, min, std::numeric_limits<int>::max());
+  if (!v) {
     return InvalidArgument(std::string(name) + "='" + value + "' is not an integer >= " +
                            std::to_string(min));
   }
-  return static_cast<int>(v);
+  return static_cast<int>(*v);
 }
 
 }  // namespace
@@ -266,8 +259,9 @@ StatusOr<SlurmStep> ReadSlurmStep(const Getenv& getenv) {
 }
 
 int SlurmDefaultPort(const SlurmStep& step) {
-  const std::uint64_t job = std::strtoull(step.job_id.c_str(), nullptr, 10);
-  const std::uint64_t id = std::strtoull(step.step_id.c_str(), nullptr, 10);
+  constexpr auto kMax = std::numeric_limits<std::int64_t>::max();
+  const auto job = static_cast<std::uint64_t>(ParseInteger(step.job_id, 0, kMax).value_or(0));
+  const auto id = static_cast<std::uint64_t>(ParseInteger(step.step_id, 0, kMax).value_or(0));
   return 10000 + static_cast<int>((8 * job + id) % 22000);
 }
 

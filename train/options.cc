@@ -1,32 +1,23 @@
 #include "train/options.h"
 
-#include <cerrno>
-#include <cmath>
-#include <cstdlib>
 #include <functional>
 #include <map>
+
+#include "rendezvous/store/numbers.h"
 
 namespace crun::train {
 namespace {
 
 bool ToInt(const std::string& s, long long lo, long long hi, long long* out) {
-  if (s.empty()) return false;
-  errno = 0;
-  char* end = nullptr;
-  const long long v = std::strtoll(s.c_str(), &end, 10);
-  if (*end != '\0' || errno != 0 || v < lo || v > hi) return false;
-  *out = v;
-  return true;
+  const auto v = ParseInteger(s, lo, hi);
+  if (v) *out = *v;
+  return v.has_value();
 }
 
 bool ToDouble(const std::string& s, double lo, double hi, double* out) {
-  if (s.empty()) return false;
-  errno = 0;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (*end != '\0' || errno != 0 || !std::isfinite(v) || v < lo || v > hi) return false;
-  *out = v;
-  return true;
+  const auto v = ParseNumber(s, lo, hi);
+  if (v) *out = *v;
+  return v.has_value();
 }
 
 }  // namespace

@@ -24,13 +24,14 @@
 #include <vector>
 
 #include "crun/v1/rendezvous.pb.h"
+#include "proto/protocol_version.h"
 #include "rendezvous/service/rules.h"
 
 namespace crun::rdzv {
 
 using SessionId = std::uint64_t;
 
-inline constexpr std::uint32_t kProtocolVersion = 1;
+using crun::kProtocolVersion;  // proto/protocol_version.h
 
 // A round's worker store; open until the handle is dropped.
 class RoundStore {

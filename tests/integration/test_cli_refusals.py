@@ -49,6 +49,8 @@ class CliRefusals(unittest.TestCase):
             (["--rdzv-id", "x" * 100_000], "(100000 characters): a run id is 1 to 128"),
             (["--master-port", "-1"], "--master-port '-1'"),
             (["--slurm-port", "0"], "'0' is not a whole number from 1 to 65535"),
+            (["--signals-to-handle", "99999999999999"],
+             "'99999999999999' is not a signal crun can handle"),
         ]:
             with self.subTest(args=[a[:40] for a in args]):
                 self.refused([*args, ENV_DUMP, self.dir], message)

@@ -1,10 +1,10 @@
 #include "crun/worker/context.h"
 
-#include <cerrno>
 #include <cstdlib>
 #include <limits>
 
 #include "crun/worker/env_names.h"
+#include "rendezvous/store/numbers.h"
 #include "rendezvous/store/tcp_store_client.h"
 
 namespace crun::worker {
@@ -31,12 +31,10 @@ class Reader {
     auto text = Text(name, fallback);
     if (!text.ok()) return text.status();
     const std::string& s = *text;
-    errno = 0;
-    char* end = nullptr;
-    const long v = std::strtol(s.c_str(), &end, 10);
-    if (s.empty() || end == nullptr || *end != '\0' || errno == ERANGE) {
-      return InvalidArgument(std::string(name) + "='" + s + "' is not an integer");
-    }
+    const auto parsed = ParseInteger(s, std::numeric_limits<long>::min(),
+                                     std::numeric_limits<long>::max());
+    if (!parsed) return InvalidArgument(std::string(name) + "='" + s + "' is not an integer");
+    const long v = static_cast<long>(*parsed);
     if (v < min || v > max) {
       return InvalidArgument(std::string(name) + "=" + s + " is out of range (" +
                              std::to_string(min) + ".." + std::to_string(max) + ")");

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <climits>
 #include <cstring>
 #include <fstream>
@@ -237,7 +238,14 @@ StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Connect(Store& store,
     if (!willing) {
       why = "shared memory is turned off";
     } else if (verdict == "ok") {
-      seg = Attach(name, std::stoull(token_hex, nullptr, 16), rank, size, &why);
+      std::uint64_t token = 0;
+      const char* end = token_hex.data() + token_hex.size();
+      const auto parsed = std::from_chars(token_hex.data(), end, token, 16);
+      if (token_hex.empty() || parsed.ec != std::errc() || parsed.ptr != end) {
+        why = "rank 0's offer '" + *offer + "' is malformed";  // not ours to throw on
+      } else {
+        seg = Attach(name, token, rank, size, &why);
+      }
     } else {
       why = "rank 0: " + offer->substr(std::min<std::size_t>(3, offer->size()));
     }

@@ -68,6 +68,9 @@ TEST_CASE("signals-to-handle takes names and numbers crun can catch", "[options]
   CHECK(*ParseSignals("SIGTERM,INT,15") == Ints{SIGTERM, SIGINT, SIGTERM});
   CHECK_FALSE(ParseSignals("SIGKILL").ok());
   CHECK_FALSE(ParseSignals("SIGNOPE").ok());
+  // Digits past any signal number, and past int: refused, not thrown (std::stoi did).
+  CHECK_FALSE(ParseSignals("65").ok());
+  CHECK_FALSE(ParseSignals("99999999999999999999").ok());
 }
 
 TEST_CASE("duplicate filters split on commas where a doubled comma is a comma", "[options]") {

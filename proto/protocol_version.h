@@ -1,0 +1,12 @@
+// The version of the crun.v1 rendezvous protocol (proto/crun/v1/rendezvous.proto) that this
+// build speaks: agents send it in Join, and the service refuses a different one. One
+// definition for both sides.
+#pragma once
+
+#include <cstdint>
+
+namespace crun {
+
+inline constexpr std::uint32_t kProtocolVersion = 1;
+
+}  // namespace crun
