@@ -33,7 +33,6 @@ namespace crun::agent {
 
 namespace v1 = crun::v1;
 
-using crun::kProtocolVersion;  // proto/protocol_version.h
 
 struct ChannelOptions {
   std::chrono::milliseconds keepalive_interval{1'000};

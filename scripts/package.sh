@@ -26,12 +26,15 @@ if [ ! -x "$crun" ]; then
   exit 2
 fi
 # A package must run where Debian's gRPC is not installed: only the C runtime may be shared.
-extra=$(ldd "$crun" | awk '{print $1}' | grep -v -E '^(linux-vdso\.so\.1|libc\.so\.6|libm\.so\.6|libgcc_s\.so\.1|/lib64/ld-linux-x86-64\.so\.2)$' || true)
+runtime='^(linux-vdso\.so\.1|libc\.so\.6|libm\.so\.6|libgcc_s\.so\.1'
+runtime+='|/lib64/ld-linux-x86-64\.so\.2)$'
+extra=$(ldd "$crun" | awk '{print $1}' | grep -v -E "$runtime" || true)
 if [ -n "$extra" ]; then
   echo "package.sh: $crun needs shared libraries beyond the C runtime:" $extra >&2
   echo "package.sh: configure with -DCRUN_STATIC_DEPS=ON (scripts/build.sh does)" >&2
   exit 2
 fi
+build=$(cd "$build" && pwd)
 version=$(sed -n 's/^CMAKE_PROJECT_VERSION:STATIC=//p' "$build/CMakeCache.txt")
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -48,8 +51,7 @@ tar -C "$stage" -czf "$out/$name.tar.gz" --owner=0 --group=0 "$name"
 echo "package.sh: $out/$name.tar.gz"
 
 # The Debian package: the same install under /usr, by CPack (dpkg-shlibdeps works out Depends).
-(cd "$stage" && cpack -G DEB --config "$(cd "$OLDPWD" && cd "$build" && pwd)/CPackConfig.cmake" \
-   -B "$stage/deb" >/dev/null)
+(cd "$stage" && cpack -G DEB --config "$build/CPackConfig.cmake" -B "$stage/deb" >/dev/null)
 deb=$(ls "$stage"/deb/*.deb)
 mv "$deb" "$out/"
 echo "package.sh: $out/$(basename "$deb")"

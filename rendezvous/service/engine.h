@@ -31,7 +31,6 @@ namespace crun::rdzv {
 
 using SessionId = std::uint64_t;
 
-using crun::kProtocolVersion;  // proto/protocol_version.h
 
 // A round's worker store; open until the handle is dropped.
 class RoundStore {

@@ -7,8 +7,8 @@ docs/benchmarks.md (between the launch-bench markers).
   * restart: a worker fails; time until every replacement is running (restart_probe.sh)
   * peak RSS of the launcher process itself (its workers are tiny: `true`, `sh`)
 
-Beside them, the physical limit in the same run: tests/bench/spawn_limit.cc (a static C
-program) forking, exec'ing and waiting for N copies of `true` (N = 0 for the no-work row).
+Beside them, the physical limit in the same run: tests/bench/spawn_limit.cc (a statically
+linked program) forking, exec'ing and waiting for N copies of `true` (N = 0 for the no-work row).
 
 Usage: launch_bench.py --crun BIN --probe BIN --limit BIN --torch2-python PY [--rounds 5]
                        [--out FILE]
@@ -127,13 +127,15 @@ def write(args, rows):
              "`subprocess` (whose own cost is in every figure, the limit's included). Workers are "
              "trivial programs (`--no-python true`; for restarts "
              "`tests/workers/restart_probe.cc`, whose first instruction takes the time), so the "
-             "numbers are the launchers' own. *limit*: `tests/bench/spawn_limit.cc`, a static C "
-             "program that forks, execs and waits for the same workers and does nothing else. "
+             "numbers are the launchers' own. *limit*: `tests/bench/spawn_limit.cc`, a "
+             "statically linked program that forks, execs and waits for the same workers and "
+             "does nothing else. "
              "*no work*: `crun --version`; torchrun has no `--version`, so `--help`. "
              "*restart*: from the failing worker's last "
              "timestamp to the last replacement's first one. *peak RSS*: the launcher process, from GNU time. "
              + args.measured_at, "",
-             "| | crun | limit | crun / limit | torchrun 2.x | torchrun 1.13 | torchrun 2.x / crun |",
+             "| | crun | limit | crun / limit | torchrun 2.x | torchrun 1.13 "
+             "| torchrun 2.x / crun |",
              "|---|---|---|---|---|---|---|"]
     for metric, label, unit, n in [("launch", "start → exit, no work", "ms", 0),
                                    ("launch", "launch → exit, 2 workers", "ms", 2),

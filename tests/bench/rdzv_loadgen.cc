@@ -120,7 +120,7 @@ struct Options {
 v1::AgentMessage JoinMessage(const Options& o, int index, const std::string& service_host) {
   v1::AgentMessage m;
   auto* j = m.mutable_join();
-  j->set_protocol_version(crun::agent::kProtocolVersion);
+  j->set_protocol_version(crun::kProtocolVersion);
   j->set_run_id(o.run_id);
   j->set_service_host(service_host);
   auto* n = j->mutable_node();

@@ -293,19 +293,32 @@ class Faults(unittest.TestCase):
                     f"a alone after {ms(lost)}; back to 2 nodes {ms(rejoined)} after b's "
                     "new crun started")
 
-    def rejoined(self, first, since, *procs):
-        """Waits for a second round of all 4 workers; returns them and how long after `since`
-        the last one started. Without one, fails with every process's log."""
+    def all_running(self, n, since, *procs):
+        """Waits for `n` workers to have started in all; returns how long after `since` the
+        last one did. Without them, fails with every process's log."""
         try:
-            self.running(8)
+            self.running(n)
         except AssertionError:
             for p in procs:
                 p.kill()
-            logs = "\n".join(f"{name}:\n{p.communicate()[1]}"
-                              for name, p in zip(("crun a", "crun b", "daemon"), procs))
-            raise AssertionError("no rejoin; logs:\n" + logs)
-        second = [e for e in self.events() if e["pid"] not in first]
-        return second, max(e["t"] for e in second) - since
+            raise AssertionError("not every worker started; logs:\n" + "\n".join(
+                f"{' '.join(p.args[-6:])}:\n{p.communicate()[1]}" for p in procs))
+        return max(e["t"] for e in self.events()) - since
+
+    def rejoined(self, first, since, *procs):
+        """Waits for a second round of all 4 workers; returns them and how long after `since`
+        the last one started."""
+        took = self.all_running(8, since, *procs)
+        return [e for e in self.events() if e["pid"] not in first], took
+
+    def daemon_job(self, fab, conf=FAST):
+        """A `crun rendezvous` daemon on a, an agent on a and on b, their 4 workers running;
+        returns the three processes and the workers' pids."""
+        d = self.daemon(fab)
+        a = self.node(fab, "a", is_host=False, conf=conf)
+        b = self.node(fab, "b", is_host=False, conf=conf)
+        self.running(4)
+        return d, a, b, {e["pid"] for e in self.events()}
 
     def daemon(self, fab):
         p = fab.popen("a", [CRUN, "rendezvous", "--host", fab.addr("a"), "--port", str(PORT),
@@ -317,11 +330,7 @@ class Faults(unittest.TestCase):
 
     def test_the_daemon_restarted_mid_job_is_rejoined(self):
         with Fabric(["a", "b"]) as fab:
-            d = self.daemon(fab)
-            a = self.node(fab, "a", is_host=False)
-            b = self.node(fab, "b", is_host=False)
-            self.running(4)
-            first = {e["pid"] for e in self.events()}
+            d, a, b, first = self.daemon_job(fab)
             t0 = time.time()
             d.kill()  # a crash, not a goodbye
             d.communicate()
@@ -345,11 +354,7 @@ class Faults(unittest.TestCase):
 
     def test_a_partition_that_heals_is_rejoined_through_the_daemon(self):
         with Fabric(["a", "b"]) as fab:
-            d = self.daemon(fab)
-            a = self.node(fab, "a", is_host=False)
-            b = self.node(fab, "b", is_host=False)
-            self.running(4)
-            first = {e["pid"] for e in self.events()}
+            d, a, b, first = self.daemon_job(fab)
             fab.link_down("b")
             time.sleep(10)  # the fault itself: b cut off for 10 s (heartbeat_timeout 1.5 s)
             fab.link_up("b")
@@ -376,18 +381,6 @@ class Faults(unittest.TestCase):
                                              "--json", "--timeout", "2"]),
                            capture_output=True, text=True, timeout=LIMIT_S)
         return r.returncode == 0 and len(json.loads(r.stdout)[0]["nodes"]) >= n
-
-    def all_running(self, n, since, *procs):
-        """Waits for `n` workers to have started; returns how long after `since` the last one
-        did. Without them, fails with every process's log."""
-        try:
-            self.running(n)
-        except AssertionError:
-            for p in procs:
-                p.kill()
-            raise AssertionError("not every worker started; logs:\n" + "\n".join(
-                f"{' '.join(p.args[-6:])}:\n{p.communicate()[1]}" for p in procs))
-        return max(e["t"] for e in self.events()) - since
 
     def test_a_daemon_stopped_for_5_s_while_agents_gather_is_waited_for(self):
         with Fabric(["a", "b"]) as fab:
@@ -474,11 +467,7 @@ class Faults(unittest.TestCase):
 
     def test_a_daemon_that_stays_away_ends_the_job_after_reconnect_timeout(self):
         with Fabric(["a", "b"]) as fab:
-            d = self.daemon(fab)
-            conf = FAST + ",reconnect_timeout=1"
-            a = self.node(fab, "a", is_host=False, conf=conf)
-            b = self.node(fab, "b", is_host=False, conf=conf)
-            self.running(4)
+            d, a, b, _ = self.daemon_job(fab, conf=FAST + ",reconnect_timeout=1")
             t0 = time.time()
             d.kill()
             d.communicate()
