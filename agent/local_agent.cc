@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -14,8 +13,10 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/failure_report.h"
-#include "agent/line_pump.h"
+#include "agent/report_writer.h"
 #include "agent/worker_cgroup.h"
+#include "agent/worker_streams.h"
+#include "base/proc.h"
 
 namespace crun::agent {
 namespace {
@@ -30,28 +31,6 @@ std::string Substitute(std::string arg, int local_rank) {
     at += value.size();
   }
   return arg;
-}
-
-std::string ReplaceAll(std::string s, const std::string& what, const std::string& with) {
-  for (auto at = s.find(what); at != std::string::npos; at = s.find(what, at + with.size())) {
-    s.replace(at, what.size(), with);
-  }
-  return s;
-}
-
-int BitFor(const std::vector<int>& masks, int lr) {
-  return lr < static_cast<int>(masks.size()) ? masks[static_cast<std::size_t>(lr)] : 0;
-}
-
-std::vector<std::string> FileTail(const std::string& path, std::size_t lines) {
-  std::ifstream in(path);
-  std::deque<std::string> tail;
-  std::string line;
-  while (std::getline(in, line)) {
-    tail.push_back(line);
-    if (tail.size() > lines) tail.pop_front();
-  }
-  return {tail.begin(), tail.end()};
 }
 
 // The shell's codes for a program that cannot be run: 127 not found, 126 found but not
@@ -77,8 +56,20 @@ struct LocalAgent::Impl final : RendezvousEvents {
   enum class Next { kNone, kRejoin, kConclude };
 
   Impl(asio::io_context& io_, AgentOptions o, std::unique_ptr<Rendezvous> r)
-      : io(io_), options(std::move(o)), rdzv(std::move(r)), signals(io_), kill_timer(io_) {
-    if (options.forward_signals.empty()) options.forward_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+      : io(io_),
+        options(std::move(o)),
+        rdzv(std::move(r)),
+        signals(io_),
+        kill_timer(io_),
+        streams(io_, StreamOptionsOf(options)) {
+    if (options.forward_signals.empty()) {
+      options.forward_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+    }
+  }
+
+  static StreamOptions StreamOptionsOf(const AgentOptions& o) {
+    return {o.redirects, o.tees, o.console_ranks, o.prefix_template, o.stdout_filters,
+            o.stderr_filters, o.host_name};
   }
 
   int Run() {
@@ -185,12 +176,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   // ---- workers ----------------------------------------------------------------------------
 
-  // Whether `pid` is stopped (state T in /proc: SIGSTOP, SIGTSTP, a tracer).
+  // Whether `pid` is stopped (SIGSTOP, SIGTSTP, a tracer).
   static bool IsStopped(pid_t pid) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const auto close = stat.rfind(')');
-    return close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'T';
+    const std::optional<char> state = ProcessState(pid);
+    return state == 'T' || state == 't';
   }
 
   void StartAttempt(const GroupAssignment& g) {
@@ -215,7 +204,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
         LaunchFailed(lr, 1, "cannot create log directory " + w.dir + ": " + ec.message());
         break;
       }
-      if (lr == options.first_local_rank) OpenFilteredFiles(attempt_dir);
+      if (lr == options.first_local_rank) streams.BeginAttempt(attempt_dir);
       w.error_file = w.dir + "/error.json";
       std::filesystem::remove(w.error_file, ec);  // a re-formed round with the same number
       ProcessSpec spec;
@@ -231,8 +220,9 @@ struct LocalAgent::Impl final : RendezvousEvents {
       for (const auto& a : options.command) spec.argv.push_back(Substitute(a, lr));
       spec.envp = ToEnvp(BuildWorkerEnvironment(group, lr, w.error_file, w.dir, base));
       std::vector<int> child_fds;  // closed in crun once the worker has them
-      SetUpStream(w, 1, &spec.stdout_fd, &child_fds);
-      SetUpStream(w, 2, &spec.stderr_fd, &child_fds);
+      const StreamOwner owner{group.role, group.base_rank + lr, lr, w.dir};
+      w.out_pump = Route(owner, 1, &spec.stdout_fd, &child_fds);
+      w.err_pump = Route(owner, 2, &spec.stderr_fd, &child_fds);
       auto started = StartProcess(spec);
       for (int fd : child_fds) ::close(fd);
       if (!started.ok()) {
@@ -279,15 +269,21 @@ struct LocalAgent::Impl final : RendezvousEvents {
                  group.master_port);
   }
 
-  // A worker that could not be started counts as failed with the shell's code.
-  void LaunchFailed(int lr, int code, const std::string& why) {
-    spdlog::error("local rank {}: {}", lr, why);
+  // A failure of local rank `lr`, now.
+  FailureRecord NewFailure(int lr, ExitStatus exit) const {
     FailureRecord f;
     f.host = options.host_name;
     f.rank = group.base_rank + lr;
     f.local_rank = lr;
-    f.exit = ExitStatus{false, code};
+    f.exit = exit;
     f.when = std::chrono::system_clock::now();
+    return f;
+  }
+
+  // A worker that could not be started counts as failed with the shell's code.
+  void LaunchFailed(int lr, int code, const std::string& why) {
+    spdlog::error("local rank {}: {}", lr, why);
+    FailureRecord f = NewFailure(lr, ExitStatus{false, code});
     f.stderr_tail = {why};
     failures.push_back(std::move(f));
     failed_to_launch = true;
@@ -300,93 +296,21 @@ struct LocalAgent::Impl final : RendezvousEvents {
     rdzv->ReportFailure(failures);
   }
 
-  // The console prefix of local rank `lr`'s lines: the template with its macros filled in.
-  std::string PrefixOf(int lr) const {
-    std::string p = ReplaceAll(options.prefix_template, "${role_name}", group.role);
-    p = ReplaceAll(p, "${rank}", std::to_string(group.base_rank + lr));
-    p = ReplaceAll(p, "${local_rank}", std::to_string(lr));
-    return ReplaceAll(p, "${hostname}", options.host_name);
-  }
-
-  // Routes one stream (1 stdout, 2 stderr) of worker `w`: straight to the console, straight to
-  // a file (-r), or through a pump (tee, prefix, duplicate filters, or stderr kept for the
-  // failure report).
-  void SetUpStream(Worker& w, int bit, int* child_fd, std::vector<int>* child_fds) {
-    const int lr = w.local_rank;
-    const bool shown = options.console_ranks.empty() ||
-                       std::find(options.console_ranks.begin(), options.console_ranks.end(), lr) !=
-                           options.console_ranks.end();
-    const bool tee = BitFor(options.tees, lr) & bit;
-    const bool redirect = (BitFor(options.redirects, lr) & bit) && !tee;
-    const auto& filters = bit == 1 ? options.stdout_filters : options.stderr_filters;
-    const int console = bit == 1 ? STDOUT_FILENO : STDERR_FILENO;
-    const std::string path = w.dir + (bit == 1 ? "/stdout.log" : "/stderr.log");
-    int file = -1;
-    if (tee || redirect) {
-      file = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (file < 0) spdlog::warn("cannot write {}: {}", path, std::strerror(errno));
-    }
-    if (redirect && file >= 0 && filters.empty()) {
-      *child_fd = file;
-      child_fds->push_back(file);
-      return;
-    }
-    if (!tee && !redirect && bit == 1 && filters.empty()) {
-      // stdout untouched: the worker writes to crun's own
-      if (!shown) {
-        *child_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-        child_fds->push_back(*child_fd);
-      }
-      return;
-    }
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC) != 0) {
-      spdlog::warn("local rank {}: no pipe for its output ({}): it writes to crun's console",
-                   lr, std::strerror(errno));
-      if (file >= 0) ::close(file);
-      return;
-    }
-    *child_fd = p[1];
-    child_fds->push_back(p[1]);
-    PumpTargets targets;
-    targets.console_fd = shown && !redirect ? console : -1;
-    if (tee) targets.prefix = PrefixOf(lr);
-    targets.file_fd = file;
-    targets.file_path = path;
-    targets.stream_name = "rank " + std::to_string(group.base_rank + lr) +
-                          (bit == 1 ? " stdout" : " stderr");
-    if (!filters.empty()) {
-      targets.filters = filters;
-      targets.filtered_fd = bit == 1 ? filtered_out : filtered_err;
-      targets.filtered_prefix = PrefixOf(lr);
-    }
-    ++open_pumps;
-    auto pump = std::make_unique<LinePump>(io, p[0], targets, [this, file] {
-      if (file >= 0) ::close(file);
+  // One stream of a worker, through WorkerStreams; a pump it starts counts until it ends.
+  std::unique_ptr<LinePump> Route(const StreamOwner& owner, int bit, int* child_fd,
+                                  std::vector<int>* child_fds) {
+    auto pump = streams.Route(owner, bit, child_fd, child_fds, [this] {
       --open_pumps;
       MaybeEndAttempt();
     });
-    (bit == 1 ? w.out_pump : w.err_pump) = std::move(pump);
+    if (pump) ++open_pumps;
+    return pump;
   }
 
-  // attempt_<n>/filtered_{stdout,stderr}.log, shared by the attempt's workers.
-  void OpenFilteredFiles(const std::string& attempt_dir) {
-    CloseFilteredFiles();
-    auto open = [&](const std::vector<std::string>& filters, const char* name) {
-      if (filters.empty()) return -1;
-      const std::string path = attempt_dir + "/" + name;
-      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-      if (fd < 0) spdlog::warn("cannot write {}: {}", path, std::strerror(errno));
-      return fd;
-    };
-    filtered_out = open(options.stdout_filters, "filtered_stdout.log");
-    filtered_err = open(options.stderr_filters, "filtered_stderr.log");
-  }
-
-  void CloseFilteredFiles() {
-    for (int* fd : {&filtered_out, &filtered_err}) {
-      if (*fd >= 0) ::close(*fd);
-      *fd = -1;
+  // Sends `signo` to the process group of every running worker.
+  void SignalRunning(int signo) {
+    for (const auto& w : workers) {
+      if (w.running) ::kill(-w.pid, signo);
     }
   }
 
@@ -397,13 +321,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
     --running;
     WorkerEvent(w, status.success() ? "SUCCEEDED" : "FAILED");
     if (!status.success()) {
-      FailureRecord f;
-      f.host = options.host_name;
-      f.rank = group.base_rank + lr;
-      f.local_rank = lr;
+      FailureRecord f = NewFailure(lr, status);
       f.pid = w.pid;
-      f.exit = status;
-      f.when = std::chrono::system_clock::now();
       f.error_file = w.error_file;
       f.error = ReadErrorFile(w.error_file);
       if (w.err_pump) w.err_pump->DrainAvailable();
@@ -463,13 +382,11 @@ struct LocalAgent::Impl final : RendezvousEvents {
     kill_timer.async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;
       for (const auto& w : workers) {
-        if (w.running) {
-          spdlog::warn("local rank {} (pid {}) still running {} ms after the stop signal: "
-                       "SIGKILL",
-                       w.local_rank, w.pid, options.shutdown_timeout.count());
-          ::kill(-w.pid, SIGKILL);
-        }
+        if (!w.running) continue;
+        spdlog::warn("local rank {} (pid {}) still running {} ms after the stop signal: SIGKILL",
+                     w.local_rank, w.pid, options.shutdown_timeout.count());
       }
+      SignalRunning(SIGKILL);
     });
   }
 
@@ -478,10 +395,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     if (signo == SIGUSR1 || signo == SIGUSR2) {
       // A notice, not a stop: the workers decide what it means.
       spdlog::warn("received {}: passing it on to {} workers", SignalName(signo), running);
-      for (const auto& w : workers) {
-        if (w.running) ::kill(-w.pid, signo);
-      }
-      return;
+      return SignalRunning(signo);
     }
     if (stopped_by_signal != 0) {
       // Already stopping. A second Ctrl-C (or SIGQUIT) is someone at a terminal who will not
@@ -492,10 +406,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
         return;
       }
       spdlog::warn("received {} again: SIGKILL to the workers now", SignalName(signo));
-      for (const auto& w : workers) {
-        if (w.running) ::kill(-w.pid, SIGKILL);
-      }
-      return;
+      return SignalRunning(SIGKILL);
     }
     stopped_by_signal = signo;
     spdlog::warn("received {}: forwarding it to {} workers", SignalName(signo), running);
@@ -507,7 +418,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   void OnAllExited() {
     kill_timer.cancel();
-    CloseFilteredFiles();
+    streams.EndAttempt();
     for (const auto& w : workers) {
       if (w.pid > 0) guard->Forget(w.pid);
     }
@@ -579,28 +490,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     c.attempt = group.restart_count;
     c.max_restarts = options.max_restarts;
     c.interpreter = options.interpreter;
-    std::fputs(FormatReport(c, report).c_str(), stderr);
-    const std::string json_path = options.log_dir + "/failure.json";
-    std::ofstream json(json_path);
-    json << ReportJson(c, report).dump(2) << "\n";
-    json.close();
-    if (json) {
-      std::fprintf(stderr, "crun: failure report written to %s\n", json_path.c_str());
-    } else {
-      std::fprintf(stderr, "crun: cannot write the failure report to %s\n", json_path.c_str());
-    }
-    if (!options.parent_error_file.empty()) {
-      // As torchrun does: the root cause's error file, with its exit code as errorCode.
-      const auto& root = report.front();
-      nlohmann::json j;
-      if (root.error && root.error->raw.is_object() && root.error->raw["message"].is_object()) {
-        j = root.error->raw;
-      } else {
-        j["message"]["message"] = root.error ? root.error->message : FormatReport(c, report);
-      }
-      j["message"]["errorCode"] = root.exit.ShellCode();
-      std::ofstream(options.parent_error_file) << j.dump() << "\n";
-    }
+    PublishReport(c, report, options.log_dir, options.parent_error_file);
   }
 
   void Finish(int code) {
@@ -621,6 +511,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   std::unique_ptr<GroupGuard> guard;
   asio::signal_set signals;
   asio::steady_timer kill_timer;
+  WorkerStreams streams;
   std::vector<Worker> workers;
   std::vector<FailureRecord> failures;
   GroupAssignment group;
@@ -629,7 +520,6 @@ struct LocalAgent::Impl final : RendezvousEvents {
   Next next = Next::kNone;
   int running = 0;
   int open_pumps = 0;
-  int filtered_out = -1, filtered_err = -1;  // this attempt's filtered_*.log
   int stopped_by_signal = 0;
   bool failed_to_launch = false;
   bool failure_reported = false;

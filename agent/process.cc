@@ -23,7 +23,7 @@
 
 #include <boost/asio/posix/stream_descriptor.hpp>
 
-#include "rendezvous/store/numbers.h"
+#include "base/numbers.h"
 
 namespace crun::agent {
 namespace {

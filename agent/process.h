@@ -19,7 +19,7 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "rendezvous/store/status.h"
+#include "base/status.h"
 
 namespace crun::agent {
 

@@ -10,7 +10,9 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/session_client.h"
-#include "rendezvous/store/security.h"
+#include "base/backoff.h"
+#include "base/endpoint.h"
+#include "base/security.h"
 
 namespace crun::agent {
 namespace {
@@ -73,10 +75,11 @@ class ServiceRendezvous final : public Rendezvous {
   ServiceRendezvous(asio::io_context& io, ServiceRendezvousOptions o)
       : io_(io), o_(std::move(o)), heartbeat_(io), join_timer_(io), reconnect_timer_(io),
         probe_(io), probe_timer_(io),
-        rng_(std::random_device{}()),
+        probe_backoff_(std::chrono::milliseconds(5), std::chrono::seconds(1), 1.5, 0.2,
+                       std::random_device{}()),
         incarnation_((std::uint64_t{std::random_device{}()} << 32) | std::random_device{}()),
         work_(asio::make_work_guard(io)),
-        target_(GrpcTarget(o_.endpoint_host, o_.endpoint_port)) {}
+        target_(FormatEndpoint(o_.endpoint_host, o_.endpoint_port)) {}
 
   ~ServiceRendezvous() override { Leave("shutting down"); }
 
@@ -86,7 +89,7 @@ class ServiceRendezvous final : public Rendezvous {
     // ends a wait for an endpoint that never answered.
     join_timer_.expires_after(o_.settings.join_timeout);
     join_timer_.async_wait([this](const boost::system::error_code& ec) {
-      if (ec || ended_ || heard_) return;
+      if (ec || Ended() || Heard()) return;
       join_deadline_passed_ = true;
       // Connected: the service enforces the join timeout itself and will say so.
       if (channel_ && channel_->GetState(false) == GRPC_CHANNEL_READY) return;
@@ -111,7 +114,7 @@ class ServiceRendezvous final : public Rendezvous {
   }
 
   void Join() override {
-    if (ended_) return;
+    if (Ended()) return;
     if (!client_) {  // still waiting for the endpoint to listen
       join_pending_ = true;
       return;
@@ -140,30 +143,25 @@ class ServiceRendezvous final : public Rendezvous {
   }
 
   void ReportFailure(const std::vector<FailureRecord>& failures) override {
-    if (ended_ || !client_) return;
+    if (Ended() || !client_) return;
     v1::AgentMessage m;
     *m.mutable_workers_failed() = ToProto(o_.node_id, failures);
     client_->Send(std::move(m));
   }
 
   void ReportSuccess() override {
-    if (ended_ || !client_) return;
+    if (Ended() || !client_) return;
     v1::AgentMessage m;
     m.mutable_workers_succeeded();
     client_->Send(std::move(m));
   }
 
   void Leave(const std::string& reason) override {
-    if (left_) return;
-    left_ = true;
-    ended_ = true;
-    heartbeat_.cancel();
-    join_timer_.cancel();
-    reconnect_timer_.cancel();
-    probe_timer_.cancel();
-    boost::system::error_code ignored;
-    probe_.close(ignored);
-    if (client_ && reconnecting_) {
+    if (state_ == State::kLeft) return;
+    const bool waiting = Reconnecting();
+    state_ = State::kLeft;
+    StopTimers();
+    if (client_ && waiting) {
       client_->Cancel();  // a session still waiting for the service: nobody to say goodbye to
       client_->Close();
     } else if (client_) {
@@ -178,6 +176,31 @@ class ServiceRendezvous final : public Rendezvous {
   std::string node_id() const override { return o_.node_id; }
 
  private:
+  // Where this agent stands with the service. Ended and left are final; the others move as
+  // sessions open, fail and hear from the service.
+  enum class State {
+    kProbing,       // first contact: the endpoint has not answered on a session yet
+    kRetrying,      // a session failed before the service said anything: trying again
+    kInJob,         // the service has spoken on this session
+    kReconnecting,  // lost a durable service: rejoining, within reconnect_timeout
+    kBack,          // reconnecting, and the service has spoken again (its assignment follows)
+    kEnded,         // finished, refused or given up: the agent is told, nothing else happens
+    kLeft,          // Leave() ran
+  };
+  bool Heard() const { return state_ == State::kInJob || state_ == State::kBack; }
+  bool Reconnecting() const { return state_ == State::kReconnecting || state_ == State::kBack; }
+  bool Ended() const { return state_ == State::kEnded || state_ == State::kLeft; }
+
+  // Every timer and the probe: nothing of this rendezvous runs after it.
+  void StopTimers() {
+    heartbeat_.cancel();
+    join_timer_.cancel();
+    reconnect_timer_.cancel();
+    probe_timer_.cancel();
+    boost::system::error_code ignored;
+    probe_.close(ignored);
+  }
+
   // Until the endpoint accepts a TCP connection, retry after 5 ms, growing by half up to 1 s
   // (±20 % jitter, so that many agents spread out). gRPC's own reconnect backoff never waits
   // less than 100 ms, which agents started together with the host node would always pay.
@@ -190,19 +213,16 @@ class ServiceRendezvous final : public Rendezvous {
   void ProbeAttempt() {
     asio::async_connect(probe_, probe_targets_,
                         [this](const boost::system::error_code& ec, const asio::ip::tcp::endpoint&) {
-      if (ended_) return;
+      if (Ended()) return;
       boost::system::error_code ignored;
       probe_.close(ignored);
       if (!ec) {
         probing_ = false;
         return OpenSession(true);
       }
-      std::uniform_real_distribution<double> jitter(0.8, 1.2);
-      probe_timer_.expires_after(std::chrono::microseconds(
-          static_cast<long>(static_cast<double>(probe_backoff_.count()) * 1000 * jitter(rng_))));
-      probe_backoff_ = std::min(std::chrono::milliseconds(1000), probe_backoff_ * 3 / 2);
+      probe_timer_.expires_after(probe_backoff_.Next());
       probe_timer_.async_wait([this](const boost::system::error_code& e) {
-        if (!e && !ended_) ProbeAttempt();
+        if (!e && !Ended()) ProbeAttempt();
       });
     });
   }
@@ -217,7 +237,8 @@ class ServiceRendezvous final : public Rendezvous {
     // Reconnecting, the channel may still be in its backoff from the outage: wait for it
     // (reconnect_timeout bounds the wait) rather than fail at once.
     // Retrying after a closed socket, fail fast again: three in a row tell a TLS mismatch.
-    call.wait_for_ready = !listening || reconnecting_ || (retrying_ && closed_in_a_row_ == 0);
+    call.wait_for_ready =
+        !listening || Reconnecting() || (state_ == State::kRetrying && closed_in_a_row_ == 0);
     client_ = std::make_unique<SessionClient>(
         *stub_,
         [this](v1::ServiceMessage m) {
@@ -234,7 +255,7 @@ class ServiceRendezvous final : public Rendezvous {
   void ArmHeartbeat() {
     heartbeat_.expires_after(o_.heartbeat_interval);
     heartbeat_.async_wait([this](const boost::system::error_code& ec) {
-      if (ec || ended_ || !client_) return;
+      if (ec || Ended() || !client_) return;
       v1::AgentMessage m;
       m.mutable_heartbeat()->set_sequence(++sequence_);
       client_->Send(std::move(m));
@@ -243,8 +264,8 @@ class ServiceRendezvous final : public Rendezvous {
   }
 
   void Handle(const v1::ServiceMessage& m) {
-    if (ended_) return;
-    heard_ = true;
+    if (Ended()) return;
+    state_ = Reconnecting() ? State::kBack : State::kInJob;
     switch (m.kind_case()) {
       case v1::ServiceMessage::kAssignment: {
         const auto& a = m.assignment();
@@ -265,8 +286,7 @@ class ServiceRendezvous final : public Rendezvous {
         g.round = a.round();
         g.spare = a.spare();
         durable_ = a.durable_service();
-        reconnecting_ = false;
-        retrying_ = false;
+        state_ = State::kInJob;
         reconnect_timer_.cancel();
         g.virtual_local_rank = o_.virtual_local_rank;
         return events_->OnAssignment(g);
@@ -284,9 +304,8 @@ class ServiceRendezvous final : public Rendezvous {
           o.root_node_id = f.root_cause().node_id();
           o.root_report = FromProto(f.root_cause());
         }
-        ended_ = true;
-        heartbeat_.cancel();
-        join_timer_.cancel();
+        state_ = State::kEnded;
+        StopTimers();
         return events_->OnFinished(o);
       }
       case v1::ServiceMessage::kRefused:
@@ -313,23 +332,23 @@ class ServiceRendezvous final : public Rendezvous {
   }
 
   void OnSessionEnded(const Status& s) {
-    if (ended_) return;
+    if (Ended()) return;
     if (s.code() == StatusCode::kPermissionDenied) {
       return End(1, "the rendezvous service at " + target_ + " refused this node (run '" +
                         o_.run_id + "', node '" + o_.node_id + "'): " + s.message() +
                         (o_.security.token.empty() ? "" : " (this node's token is from " +
                                                               o_.security.token_source + ")"));
     }
-    if (durable_ && (heard_ || reconnecting_)) {
+    if (durable_ && (Heard() || Reconnecting())) {
       return Reconnect(s.ok() ? std::string("it ended the session") : s.message());
     }
-    if (!heard_ && listening_ && !s.ok() && !IsMismatch(s.message())) {
+    if (!Heard() && listening_ && !s.ok() && !IsMismatch(s.message())) {
       // Not a word from the service yet, and nothing says it is the wrong kind of service: it
       // is busy, stopped or restarting, or gone while the job gathers. Try again, as long as
       // join_timeout allows (the join timer ends it), the join resent on the next session.
       return RetrySession(s.message());
     }
-    if (!heard_ && listening_ && !s.ok()) {
+    if (!Heard() && listening_ && !s.ok()) {
       // The port is open, and what answered is not a crun service this node can talk to.
       return End(1, "cannot open a session with the rendezvous service at " + target_ + ": " +
                         s.message() + (o_.security.tls() ? TlsHint()
@@ -369,13 +388,15 @@ class ServiceRendezvous final : public Rendezvous {
       last_error_ = why;
       return EndUnreachable();
     }
-    if (!retrying_) spdlog::info("no session with {} yet ({}): retrying", target_, why);
-    retrying_ = true;
+    if (state_ != State::kRetrying) {
+      spdlog::info("no session with {} yet ({}): retrying", target_, why);
+    }
+    state_ = State::kRetrying;
     last_error_ = why;
     retired_.push_back(std::move(client_));  // ended; destroyed with this rendezvous
     heartbeat_.cancel();
     if (join_sent_) join_pending_ = true;
-    probe_backoff_ = std::chrono::milliseconds(5);
+    probe_backoff_.Reset();
     Probe();
   }
 
@@ -384,34 +405,44 @@ class ServiceRendezvous final : public Rendezvous {
   void Reconnect(const std::string& why) {
     retired_.push_back(std::move(client_));  // ended; destroyed with this rendezvous
     heartbeat_.cancel();
-    probe_backoff_ = std::chrono::milliseconds(5);
-    if (reconnecting_) {
-      // A try that failed: again, within the same deadline. A join it carried is sent again
-      // on the next session (the workers are down and the agent waits for an assignment).
+    probe_backoff_.Reset();
+    if (Reconnecting()) {
+      // A try that failed: again, within the same deadline (the timer is armed again if the
+      // service had spoken: it may have passed meanwhile). A join it carried is sent again on
+      // the next session (the workers are down and the agent waits for an assignment).
+      if (state_ == State::kBack) ArmReconnectDeadline();
+      state_ = State::kReconnecting;
       if (join_sent_) join_pending_ = true;
       return Probe();
     }
-    heard_ = false;
-    reconnecting_ = true;
-    const std::string lost = "lost the rendezvous service at " + target_ + " (" + why + ")";
+    state_ = State::kReconnecting;
+    lost_ = "lost the rendezvous service at " + target_ + " (" + why + ")";
     spdlog::warn("{}: it is a daemon, so this node stops its workers and rejoins when it is "
-                 "back (for up to {} ms, reconnect_timeout)", lost,
+                 "back (for up to {} ms, reconnect_timeout)", lost_,
                  o_.reconnect_timeout.count());
-    reconnect_timer_.expires_after(o_.reconnect_timeout);
-    reconnect_timer_.async_wait([this, lost](const boost::system::error_code& ec) {
-      if (ec || ended_ || heard_) return;
-      End(1, lost + " and it was not back within " + std::to_string(o_.reconnect_timeout.count()) +
-                 " ms (reconnect_timeout)");
-    });
+    reconnect_deadline_ = std::chrono::steady_clock::now() + o_.reconnect_timeout;
+    ArmReconnectDeadline();
     Probe();
-    events_->OnStopAndRejoin(lost + "; rejoining when it is back", false);
+    events_->OnStopAndRejoin(lost_ + "; rejoining when it is back", false);
+  }
+
+  void ArmReconnectDeadline() {
+    reconnect_timer_.expires_at(reconnect_deadline_);
+    reconnect_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || state_ != State::kReconnecting) return;
+      End(1, lost_ + " and it was not back within " +
+                 std::to_string(o_.reconnect_timeout.count()) + " ms (reconnect_timeout)");
+    });
   }
 
   void End(int code, const std::string& reason) {
-    ended_ = true;
-    heartbeat_.cancel();
-    join_timer_.cancel();
-    reconnect_timer_.cancel();
+    if (Reconnecting() && client_) {
+      client_->Cancel();  // a session still waiting for the service: nobody to say goodbye to
+      client_->Close();
+      retired_.push_back(std::move(client_));
+    }
+    state_ = State::kEnded;
+    StopTimers();
     spdlog::error("{}", reason);
     JobOutcome o;
     o.exit_code = code;
@@ -427,8 +458,7 @@ class ServiceRendezvous final : public Rendezvous {
   asio::ip::tcp::socket probe_;
   asio::steady_timer probe_timer_;
   asio::ip::tcp::resolver::results_type probe_targets_;
-  std::chrono::milliseconds probe_backoff_{5};
-  std::minstd_rand rng_;
+  Backoff probe_backoff_;
   std::uint64_t incarnation_;  // this agent's, in every join (a node id taken over on return)
   bool join_pending_ = false;
   bool join_sent_ = false;  // on the current session
@@ -441,24 +471,17 @@ class ServiceRendezvous final : public Rendezvous {
   std::vector<std::unique_ptr<SessionClient>> retired_;  // sessions that ended (reconnects)
   std::unique_ptr<SessionClient> client_;
   std::uint64_t sequence_ = 0;
-  bool heard_ = false;
   bool durable_ = false;  // the service said it outlives jobs (RoundAssignment.durable_service)
-  bool reconnecting_ = false;  // between losing a durable service and its next assignment
   bool listening_ = false;
-  bool retrying_ = false;      // a session failed before the service said anything: again
   bool join_deadline_passed_ = false;
   int closed_in_a_row_ = 0;    // sessions that ended with "Socket closed" (IsMismatch)
   std::string last_error_;     // of the last session that failed, for the final message
-  bool ended_ = false;
-  bool left_ = false;
+  State state_ = State::kProbing;
+  std::chrono::steady_clock::time_point reconnect_deadline_;
+  std::string lost_;  // what was lost, for the reconnect deadline's message
 };
 
 }  // namespace
-
-std::string GrpcTarget(const std::string& host, std::uint16_t port) {
-  const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
 
 std::unique_ptr<Rendezvous> MakeServiceRendezvous(asio::io_context& io,
                                                   const ServiceRendezvousOptions& options) {

@@ -18,7 +18,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "agent/rendezvous.h"
-#include "rendezvous/store/security.h"
+#include "base/security.h"
 
 namespace crun::agent {
 
@@ -51,14 +51,11 @@ struct ServiceRendezvousOptions {
   // dies with that node: losing it ends the job at once.
   std::chrono::milliseconds reconnect_timeout{60'000};
   bool virtual_local_rank = false;
-  // Job token and TLS for the session (rendezvous/store/security.h).
+  // Job token and TLS for the session (base/security.h).
   crun::Security security;
 };
 
 std::unique_ptr<Rendezvous> MakeServiceRendezvous(boost::asio::io_context& io,
                                                   const ServiceRendezvousOptions& options);
-
-// "host:port" for gRPC, bracketing IPv6 literals.
-std::string GrpcTarget(const std::string& host, std::uint16_t port);
 
 }  // namespace crun::agent

@@ -1,6 +1,6 @@
 #include "agent/session_client.h"
 
-#include "rendezvous/store/security.h"
+#include "base/security.h"
 
 namespace crun::agent {
 

@@ -25,9 +25,9 @@
 
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "proto/protocol_version.h"
-#include "rendezvous/store/security.h"
-#include "rendezvous/store/write_queue.h"
-#include "rendezvous/store/status.h"
+#include "base/security.h"
+#include "base/write_queue.h"
+#include "base/status.h"
 
 namespace crun::agent {
 

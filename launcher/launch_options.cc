@@ -6,7 +6,7 @@
 
 #include "agent/process.h"
 #include "launcher/rendezvous_command.h"
-#include "rendezvous/store/numbers.h"
+#include "base/numbers.h"
 
 namespace crun::launcher {
 namespace {

@@ -12,8 +12,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "rendezvous/store/security.h"
-#include "rendezvous/store/status.h"
+#include "base/security.h"
+#include "base/status.h"
 
 namespace crun::launcher {
 

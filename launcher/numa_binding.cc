@@ -6,7 +6,7 @@
 #include <map>
 #include <sstream>
 
-#include "rendezvous/store/numbers.h"
+#include "base/numbers.h"
 
 namespace crun::launcher {
 namespace {

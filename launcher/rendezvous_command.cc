@@ -64,7 +64,7 @@ int RunRendezvous(RendezvousCommandOptions o) {
     spdlog::info("stopping on {}", signo == SIGINT ? "SIGINT" : "SIGTERM");
   });
   std::printf("crun rendezvous listening on %s\n",
-              agent::GrpcTarget(o.service.host, (*service)->port()).c_str());
+              crun::FormatEndpoint(o.service.host, (*service)->port()).c_str());
   std::fflush(stdout);
   io.run();  // until a signal
   (*service)->Stop();
@@ -97,7 +97,7 @@ int RunStatus(const StatusCommandOptions& o) {
     std::fprintf(stderr, "crun status: %s\n", security.status().message().c_str());
     return 2;
   }
-  const std::string target = agent::GrpcTarget(e.host, e.port);
+  const std::string target = crun::FormatEndpoint(e.host, e.port);
   agent::ChannelOptions co;
   co.security = *security;
   auto channel = agent::MakeChannel(target, co);

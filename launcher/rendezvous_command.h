@@ -4,8 +4,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "rendezvous/store/endpoint.h"
-#include "rendezvous/store/security.h"
+#include "base/endpoint.h"
+#include "base/security.h"
 
 namespace crun::launcher {
 

@@ -4,7 +4,7 @@
 #include <cstdlib>
 #include <limits>
 
-#include "rendezvous/store/numbers.h"
+#include "base/numbers.h"
 
 namespace crun::launcher {
 namespace {

@@ -4,7 +4,8 @@
 # relocatable tarball built here (docs/install.md) and launches everything there.
 #
 #   scripts/gpu-check.sh prepare   here: the crun tarball (scripts/package.sh from ./build) and
-#                                  the header-only Catch2 the SDK's tests need, into .gpu/
+#                                  the header-only Catch2 the SDK's tests need and nlohmann_json
+#                                  (train's metrics), into .gpu/
 #   scripts/gpu-check.sh run OUT   there: crun from the tarball; stock PyTorch NCCL DDP under
 #                                  `crun --nproc-per-node gpu`, then the same with a GPU worker
 #                                  SIGKILLed and restarted; the SDK-only build with NCCL and its
@@ -25,6 +26,10 @@ case "${1:-}" in
     cp -r /usr/include/catch2 .gpu/catch2/include/
     cp -r /usr/lib/cmake/Catch2 .gpu/catch2/lib/cmake/
     cp /usr/lib/libCatch2WithMain.a .gpu/catch2/lib/
+    # train writes its metrics with nlohmann_json (header-only): its headers and CMake package.
+    mkdir -p .gpu/nlohmann/include .gpu/nlohmann/share/cmake
+    cp -r /usr/include/nlohmann .gpu/nlohmann/include/
+    cp -r /usr/share/cmake/nlohmann_json .gpu/nlohmann/share/cmake/
     bash scripts/package.sh --out .gpu/dist >/dev/null
     cp .gpu/dist/crun-*-linux-x86_64.tar.gz .gpu/ && rm -rf .gpu/dist
     echo "prepared .gpu/ (carry it with the run): $(ls .gpu/*.tar.gz)"
@@ -60,7 +65,7 @@ case "${1:-}" in
     with_torch=OFF
     if [[ $mode == train ]]; then
       # libtorch from the PyTorch package.
-      prefix="$prefix;$($py -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+      prefix="$prefix;$PWD/.gpu/nlohmann;$($py -c 'import torch; print(torch.utils.cmake_prefix_path)')"
       with_torch=ON
     fi
     cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCRUN_WERROR=ON \

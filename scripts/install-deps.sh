@@ -13,4 +13,4 @@ $SUDO apt-get install -y -q \
   python3 python3-venv python3-torch python3-wheel dpkg-dev \
   iproute2 procps time openssl \
   slurmctld slurmd slurm-client munge \
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev clang-format-14

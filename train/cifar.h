@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "rendezvous/store/status.h"
+#include "base/status.h"
 
 namespace crun::train {
 

@@ -3,7 +3,7 @@
 #include <functional>
 #include <map>
 
-#include "rendezvous/store/numbers.h"
+#include "base/numbers.h"
 
 namespace crun::train {
 namespace {

@@ -1,10 +1,8 @@
 // train: CIFAR-10 on libtorch and crun's worker SDK, the reference workload
 // (`crun --nproc-per-node 2 train --synthetic 10000`). The one translation unit that includes
 // libtorch; options and data live in options.cc and cifar.cc. docs/train.md describes it.
-#include <ATen/autocast_mode.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
-#include <torch/version.h>
 #include <unistd.h>
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -24,11 +22,14 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "crun/worker/checkpoint.h"
 #include "crun/worker/context.h"
 #include "crun/worker/sampler.h"
 #include "crun/worker/torch.h"
 #include "train/cifar.h"
+#include "train/model.h"
 #include "train/options.h"
 #ifdef CRUN_WITH_GLOO
 #include "crun/worker/gloo.h"
@@ -42,107 +43,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using crun::worker::ProcessGroup;
-
-// ---------------------------------------------------------------------------------- model
-
-// Two 3x3 convolutions with batch norm and a shortcut (1x1 convolution where the shape changes).
-struct BasicBlockImpl : torch::nn::Module {
-  BasicBlockImpl(int in, int out, int stride)
-      : conv1(torch::nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)),
-        bn1(out),
-        conv2(torch::nn::Conv2dOptions(out, out, 3).stride(1).padding(1).bias(false)),
-        bn2(out) {
-    register_module("conv1", conv1);
-    register_module("bn1", bn1);
-    register_module("conv2", conv2);
-    register_module("bn2", bn2);
-    if (stride != 1 || in != out) {
-      shortcut = register_module(
-          "shortcut",
-          torch::nn::Sequential(
-              torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
-              torch::nn::BatchNorm2d(out)));
-    }
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    auto y = torch::relu(bn1(conv1(x)));
-    y = bn2(conv2(y));
-    return torch::relu(y + (shortcut.is_empty() ? x : shortcut->forward(x)));
-  }
-  torch::nn::Conv2d conv1;
-  torch::nn::BatchNorm2d bn1;
-  torch::nn::Conv2d conv2;
-  torch::nn::BatchNorm2d bn2;
-  torch::nn::Sequential shortcut{nullptr};
-};
-TORCH_MODULE(BasicBlock);
-
-// CIFAR ResNets: a 3x3 stem (no max-pool: the images are 32x32), stages of basic blocks, global
-// average pooling, one linear layer. resnet18: widths 64-512, two blocks per stage (11.2 M
-// parameters). resnet-small: widths 16-64, one block per stage, for CPUs.
-struct ResNetImpl : torch::nn::Module {
-  ResNetImpl(const std::vector<int>& widths, int blocks_per_stage)
-      : stem(torch::nn::Conv2dOptions(3, widths[0], 3).stride(1).padding(1).bias(false)),
-        bn(widths[0]) {
-    register_module("stem", stem);
-    register_module("bn", bn);
-    int in = widths[0];
-    for (std::size_t s = 0; s < widths.size(); ++s) {
-      for (int b = 0; b < blocks_per_stage; ++b) {
-        const int stride = (s > 0 && b == 0) ? 2 : 1;
-        blocks->push_back(BasicBlock(in, widths[s], stride));
-        in = widths[s];
-      }
-    }
-    register_module("blocks", blocks);
-    fc = register_module("fc", torch::nn::Linear(in, kClasses));
-  }
-  torch::Tensor forward(torch::Tensor x) {
-    x = torch::relu(bn(stem(x)));
-    x = blocks->forward(x);
-    x = torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1);
-    return fc(x);
-  }
-  torch::nn::Conv2d stem;
-  torch::nn::BatchNorm2d bn;
-  torch::nn::Sequential blocks;
-  torch::nn::Linear fc{nullptr};
-};
-TORCH_MODULE(ResNet);
-
-ResNet MakeModel(const std::string& name) {
-  if (name == "resnet18") return ResNet(std::vector<int>{64, 128, 256, 512}, 2);
-  return ResNet(std::vector<int>{16, 32, 64}, 1);
-}
-
-// ------------------------------------------------------------------------------ autocast
-
-// Autocast on the GPU; the C++ API changed in PyTorch 2.4.
-class AutocastScope {
- public:
-  AutocastScope(bool on, at::ScalarType dtype) : on_(on) {
-    if (!on_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
-#else
-    at::autocast::set_enabled(true);
-    at::autocast::set_autocast_gpu_dtype(dtype);
-#endif
-  }
-  ~AutocastScope() {
-    if (!on_) return;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-#else
-    at::autocast::set_enabled(false);
-#endif
-    at::autocast::clear_cache();
-  }
-
- private:
-  bool on_;
-};
 
 // ------------------------------------------------------------------------------- helpers
 
@@ -280,302 +180,409 @@ class Progress {
 
 // ------------------------------------------------------------------------------------ main
 
-int Run(const Options& o) {
-  Job job;
+// One worker's training, step by step: join the job, place it on a device, form the process
+// group, load the data, build (or resume) the model, run the epochs, check and report.
+class Training {
+ public:
+  explicit Training(const Options& o)
+      : o_(o), progress_(false, o.log_every), loss_scale_(o.amp == Amp::kFp16 ? 65536.0 : 1.0) {}
+
+  int Run() {
+    JoinJob();
+    Place();
+    FormGroup();
+    progress_ = Progress(job_.rank == 0, o_.log_every);
+    LoadData();
+    BuildModel();
+    Resume();
+    Announce();
+    const auto run_start = Clock::now();
+    model_->train();
+    for (int epoch = start_epoch_; epoch < o_.epochs; ++epoch) RunEpoch(epoch);
+    Finish(std::chrono::duration<double>(Clock::now() - run_start).count());
+    return 0;
+  }
+
+ private:
   // Under crun or torchrun the environment names the job; a broken one is an error. Run by
   // hand (no WORLD_SIZE at all) it trains alone.
-  if (std::getenv("WORLD_SIZE") != nullptr) {
+  void JoinJob() {
+    if (std::getenv("WORLD_SIZE") == nullptr) return;
     auto ctx = worker::Context::FromEnvironment();
-    if (!ctx.ok()) Die(job, 2, ctx.status().ToString());
-    job.context = std::move(*ctx);
-    const auto& env = job.context->env();
-    job.rank = env.rank;
-    job.world = env.world_size;
-    job.local_rank = env.local_rank;
-    job.local_world = env.local_world_size;
-    job.restart = env.restart_count;
+    if (!ctx.ok()) Die(job_, 2, ctx.status().ToString());
+    job_.context = std::move(*ctx);
+    const auto& env = job_.context->env();
+    job_.rank = env.rank;
+    job_.world = env.world_size;
+    job_.local_rank = env.local_rank;
+    job_.local_world = env.local_world_size;
+    job_.restart = env.restart_count;
   }
 
-  // Device.
-  const bool have_cuda = torch::cuda::is_available();
-  if (o.device == Device::kCuda && !have_cuda) {
-    Die(job, 2, "--device cuda: no CUDA device visible to this libtorch (torch::cuda::device_count() = " +
-                    std::to_string(torch::cuda::device_count()) + ")");
+  // The device (local rank's GPU, or the CPU) and the threads for compute and loading.
+  void Place() {
+    const bool have_cuda = torch::cuda::is_available();
+    if (o_.device == Device::kCuda && !have_cuda) {
+      Die(job_, 2,
+          "--device cuda: no CUDA device visible to this libtorch "
+          "(torch::cuda::device_count() = " +
+              std::to_string(torch::cuda::device_count()) + ")");
+    }
+    cuda_ = o_.device == Device::kCuda || (o_.device == Device::kAuto && have_cuda);
+    if (o_.amp != Amp::kOff && !cuda_) {
+      Die(job_, 2, "--amp " + std::string(Name(o_.amp)) + " needs a CUDA device");
+    }
+    if (cuda_) {
+      const auto gpus = std::max<std::int64_t>(torch::cuda::device_count(), 1);
+      dev_ = torch::Device(torch::kCUDA, static_cast<int>(job_.local_rank % gpus));
+    }
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int per_worker = cores / std::max(1, job_.local_world);
+    threads_ = o_.threads > 0 ? o_.threads : std::max(1, per_worker);
+    loader_threads_ = o_.loader_threads > 0 ? o_.loader_threads
+                                            : (cuda_ ? std::clamp(per_worker - 1, 1, 8) : 1);
+    torch::set_num_threads(threads_);
+    torch::manual_seed(o_.seed);
   }
-  const bool cuda = o.device == Device::kCuda || (o.device == Device::kAuto && have_cuda);
-  if (o.amp != Amp::kOff && !cuda) Die(job, 2, "--amp " + std::string(Name(o.amp)) + " needs a CUDA device");
-  const torch::Device dev = cuda ? torch::Device(torch::kCUDA, static_cast<int>(job.local_rank % std::max<std::int64_t>(torch::cuda::device_count(), 1)))
-                                 : torch::Device(torch::kCPU);
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = o.threads > 0 ? o.threads : std::max(1, cores / std::max(1, job.local_world));
-  const int loader_threads =
-      o.loader_threads > 0 ? o.loader_threads : (cuda ? std::clamp(cores / std::max(1, job.local_world) - 1, 1, 8) : 1);
-  torch::set_num_threads(threads);
-  torch::manual_seed(o.seed);
 
-  // Process group: NCCL for GPUs, Gloo for CPUs.
-  if (job.context) {
+  // The process group: NCCL for GPUs, Gloo for CPUs.
+  void FormGroup() {
+    if (!job_.context) return;
     StatusOr<std::unique_ptr<ProcessGroup>> made =
-        InvalidArgument(std::string("--device ") + (cuda ? "cuda" : "cpu") + " under a launcher needs a build with the " +
-                        (cuda ? "NCCL backend (CRUN_WITH_NCCL)" : "Gloo backend (CRUN_WITH_GLOO)"));
-    if (cuda) {
+        InvalidArgument(std::string("--device ") + (cuda_ ? "cuda" : "cpu") +
+                        " under a launcher needs a build with the " +
+                        (cuda_ ? "NCCL backend (CRUN_WITH_NCCL)" : "Gloo backend (CRUN_WITH_GLOO)"));
+    if (cuda_) {
 #ifdef CRUN_WITH_NCCL
       worker::NcclOptions no;
       no.name = "train";
-      no.device = dev.index();
-      made = worker::MakeNcclGroup(*job.context, no);
+      no.device = dev_.index();
+      made = worker::MakeNcclGroup(*job_.context, no);
 #endif
     } else {
 #ifdef CRUN_WITH_GLOO
       worker::GlooOptions go;
       go.name = "train";
-      made = worker::MakeGlooGroup(*job.context, go);
+      made = worker::MakeGlooGroup(*job_.context, go);
 #endif
     }
-    if (!made.ok()) Die(job, made.status().code() == StatusCode::kInvalidArgument ? 2 : 1, made.status().ToString());
-    job.group = std::move(*made);
-  }
-  Progress progress(job.rank == 0, o.log_every);
-
-  // Data: the binary files, generated first with --synthetic.
-  std::string data_dir = o.data_dir;
-  if (o.synthetic > 0) {
-    if (data_dir.empty()) {
-      data_dir = (std::filesystem::temp_directory_path() /
-                  ("crun-train-synthetic-" + std::to_string(o.synthetic) + "-" + std::to_string(o.seed)))
-                     .string();
+    if (!made.ok()) {
+      Die(job_, made.status().code() == StatusCode::kInvalidArgument ? 2 : 1,
+          made.status().ToString());
     }
-    const auto t0 = Clock::now();
-    Check(job, WriteSyntheticCifar(data_dir, static_cast<std::size_t>(o.synthetic),
-                                   static_cast<std::size_t>(std::max<std::int64_t>(o.synthetic / 5, 10)), o.seed),
-          "generating synthetic CIFAR-10");
+    job_.group = std::move(*made);
+  }
+
+  // The binary files, generated first with --synthetic.
+  void LoadData() {
+    std::string dir = o_.data_dir;
+    if (o_.synthetic > 0) {
+      if (dir.empty()) {
+        dir = (std::filesystem::temp_directory_path() /
+               ("crun-train-synthetic-" + std::to_string(o_.synthetic) + "-" +
+                std::to_string(o_.seed)))
+                  .string();
+      }
+      const auto t0 = Clock::now();
+      const auto test_images = static_cast<std::size_t>(std::max<std::int64_t>(o_.synthetic / 5, 10));
+      Check(job_,
+            WriteSyntheticCifar(dir, static_cast<std::size_t>(o_.synthetic), test_images, o_.seed),
+            "generating synthetic CIFAR-10");
+      std::ostringstream s;
+      s << "synthetic CIFAR-10: " << o_.synthetic << " training images in " << dir << " ("
+        << std::chrono::duration<double>(Clock::now() - t0).count() << " s)";
+      progress_.Line(s.str());
+    }
+    auto train_set = LoadCifar(dir, true);
+    if (!train_set.ok()) Die(job_, 2, train_set.status().ToString());
+    auto test_set = LoadCifar(dir, false);
+    if (!test_set.ok()) Die(job_, 2, test_set.status().ToString());
+    train_ = std::move(*train_set);
+    test_ = std::move(*test_set);
+    const auto global_batch = static_cast<std::size_t>(o_.batch_size) * static_cast<std::size_t>(job_.world);
+    if (train_.size() < global_batch) {
+      Die(job_, 2,
+          "--batch-size " + std::to_string(o_.batch_size) + " x " + std::to_string(job_.world) +
+              " workers is more than the " + std::to_string(train_.size()) + " training images");
+    }
+  }
+
+  void BuildModel() {
+    model_ = MakeModel(o_.model);
+    model_->to(dev_);
+    if (o_.channels_last) {
+      torch::NoGradGuard ng;
+      for (auto& p : model_->parameters()) {
+        if (p.dim() == 4) p.set_data(p.data().contiguous(at::MemoryFormat::ChannelsLast));
+      }
+    }
+    optimizer_ = std::make_unique<torch::optim::SGD>(
+        model_->parameters(), torch::optim::SGDOptions(o_.lr)
+                                  .momentum(o_.momentum)
+                                  .nesterov(o_.momentum > 0)
+                                  .weight_decay(o_.weight_decay));
+    // One worker has nothing to average with.
+    if (job_.group && job_.world > 1) {
+      averager_ = std::make_unique<worker::GradientAverager>(*job_.group, *model_);
+    }
+  }
+
+  // The newest checkpoint, if any; then rank 0's weights everywhere. Every rank must resume
+  // from the same epoch (a checkpoint directory not shared by all nodes would break this).
+  void Resume() {
+    if (!o_.checkpoint_dir.empty()) {
+      ckpt_.emplace(o_.checkpoint_dir, 2);
+      auto loaded = worker::LoadNewestCheckpoint(*ckpt_, *model_, optimizer_.get(), dev_);
+      if (!loaded.ok()) Die(job_, 1, loaded.status().ToString());
+      if (loaded->has_value()) start_epoch_ = static_cast<int>(**loaded);
+    }
+    if (!job_.group) return;
+    const auto epochs = GatherFromRanks(job_, start_epoch_, dev_);
+    for (int r = 0; r < job_.world; ++r) {
+      const auto theirs = epochs[static_cast<std::size_t>(r)];
+      if (theirs != start_epoch_) {
+        Die(job_, 1,
+            "rank " + std::to_string(r) + " resumes from epoch " + std::to_string(theirs) +
+                ", this rank from " + std::to_string(start_epoch_) +
+                ": is --checkpoint-dir shared by every node?");
+      }
+    }
+    Check(job_, worker::BroadcastParameters(*job_.group, *model_), "broadcasting parameters");
+  }
+
+  void Announce() {
+    std::size_t params = 0;
+    for (const auto& p : model_->parameters()) params += static_cast<std::size_t>(p.numel());
     std::ostringstream s;
-    s << "synthetic CIFAR-10: " << o.synthetic << " training images in " << data_dir << " ("
-      << std::chrono::duration<double>(Clock::now() - t0).count() << " s)";
-    progress.Line(s.str());
-  }
-  auto train_set = LoadCifar(data_dir, true);
-  if (!train_set.ok()) Die(job, 2, train_set.status().ToString());
-  auto test_set = LoadCifar(data_dir, false);
-  if (!test_set.ok()) Die(job, 2, test_set.status().ToString());
-  const std::size_t global_batch = static_cast<std::size_t>(o.batch_size) * static_cast<std::size_t>(job.world);
-  if (train_set->size() < global_batch) {
-    Die(job, 2, "--batch-size " + std::to_string(o.batch_size) + " x " + std::to_string(job.world) +
-                    " workers is more than the " + std::to_string(train_set->size()) + " training images");
-  }
-
-  // Model and optimizer; rank 0's initial weights everywhere.
-  ResNet model = MakeModel(o.model);
-  model->to(dev);
-  if (o.channels_last) {
-    torch::NoGradGuard ng;
-    for (auto& p : model->parameters()) {
-      if (p.dim() == 4) p.set_data(p.data().contiguous(at::MemoryFormat::ChannelsLast));
+    s << "train: " << o_.model << " (" << params << " parameters) on " << (cuda_ ? "cuda" : "cpu")
+      << ", " << job_.world << " worker(s) x batch " << o_.batch_size << ", " << threads_
+      << " thread(s) each (+" << loader_threads_ << " loading), backend "
+      << (job_.group ? job_.group->backend() : "none") << ", amp " << Name(o_.amp)
+      << (o_.channels_last ? ", channels-last" : "") << "; " << train_.size() << " training / "
+      << test_.size() << " test images";
+    if (start_epoch_ > 0) {
+      s << "; resuming after epoch " << start_epoch_ << " (restart " << job_.restart << ")";
     }
+    progress_.Line(s.str());
   }
-  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(o.lr)
-                                                       .momentum(o.momentum)
-                                                       .nesterov(o.momentum > 0)
-                                                       .weight_decay(o.weight_decay));
-  int start_epoch = 0;
-  std::optional<worker::CheckpointDir> ckpt;
-  if (!o.checkpoint_dir.empty()) {
-    ckpt.emplace(o.checkpoint_dir, 2);
-    auto loaded = worker::LoadNewestCheckpoint(*ckpt, *model, &optimizer, dev);
-    if (!loaded.ok()) Die(job, 1, loaded.status().ToString());
-    if (loaded->has_value()) start_epoch = static_cast<int>(**loaded);
-  }
-  // Every rank must resume from the same epoch (a checkpoint directory not shared by all
-  // nodes would break this): compare, then take rank 0's weights.
-  if (job.group) {
-    const auto epochs = GatherFromRanks(job, start_epoch, dev);
-    for (int r = 0; r < job.world; ++r) {
-      if (epochs[static_cast<std::size_t>(r)] != start_epoch) {
-        Die(job, 1, "rank " + std::to_string(r) + " resumes from epoch " +
-                        std::to_string(epochs[static_cast<std::size_t>(r)]) + ", this rank from " +
-                        std::to_string(start_epoch) + ": is --checkpoint-dir shared by every node?");
-      }
-    }
-    Check(job, worker::BroadcastParameters(*job.group, *model), "broadcasting parameters");
-  }
-  std::size_t params = 0;
-  for (const auto& p : model->parameters()) params += static_cast<std::size_t>(p.numel());
-  {
-    std::ostringstream s;
-    s << "train: " << o.model << " (" << params << " parameters) on " << (cuda ? "cuda" : "cpu")
-      << ", " << job.world << " worker(s) x batch " << o.batch_size << ", " << threads
-      << " thread(s) each (+" << loader_threads << " loading), backend " << (job.group ? job.group->backend() : "none")
-      << ", amp " << Name(o.amp) << (o.channels_last ? ", channels-last" : "") << "; "
-      << train_set->size() << " training / " << test_set->size() << " test images";
-    if (start_epoch > 0) s << "; resuming after epoch " << start_epoch << " (restart " << job.restart << ")";
-    progress.Line(s.str());
-  }
-  std::unique_ptr<worker::GradientAverager> averager;
-  // One worker has nothing to average with.
-  if (job.group && job.world > 1) averager = std::make_unique<worker::GradientAverager>(*job.group, *model);
 
-  worker::SamplerOptions so;
-  so.seed = o.seed;
-  so.drop_last = true;
-  worker::DistributedSampler sampler(train_set->size(), job.rank, job.world, so);
-  const std::size_t steps = std::max<std::size_t>(1, sampler.size() / static_cast<std::size_t>(o.batch_size));
-  const std::size_t steps_run = o.max_steps > 0 ? std::min<std::size_t>(steps, static_cast<std::size_t>(o.max_steps)) : steps;
-  const at::ScalarType amp_dtype = o.amp == Amp::kFp16 ? at::kHalf : at::kBFloat16;
-  double loss_scale = o.amp == Amp::kFp16 ? 65536.0 : 1.0;
-  int good_steps = 0;
-  std::int64_t skipped_steps = 0;
-
-  std::vector<double> accuracies;
-  double last_loss = 0, train_seconds = 0;
-  std::int64_t images_trained = 0;
-  const auto run_start = Clock::now();
-
-  auto evaluate = [&]() {
-    torch::NoGradGuard ng;
-    model->eval();
-    std::vector<std::size_t> mine;
-    for (std::size_t i = static_cast<std::size_t>(job.rank); i < test_set->size(); i += static_cast<std::size_t>(job.world)) mine.push_back(i);
-    std::int64_t correct = 0;
-    const std::size_t eb = 256;
-    for (std::size_t b = 0; b < mine.size(); b += eb) {
-      const std::size_t n = std::min(eb, mine.size() - b);
-      Batch batch = MakeBatch(*test_set, mine.data() + b, n, false, 0);
-      auto x = torch::from_blob(batch.images.data(), {static_cast<long>(n), 3, kSide, kSide}).to(dev);
-      if (o.channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
-      auto y = torch::from_blob(batch.labels.data(), {static_cast<long>(n)}, torch::kInt64).to(dev);
-      torch::Tensor out;
-      {
-        AutocastScope amp(o.amp != Amp::kOff, amp_dtype);
-        out = model->forward(x);
-      }
-      correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
-    }
-    model->train();
-    const auto sums = SumOverRanks(job, {correct, static_cast<std::int64_t>(mine.size())}, dev);
-    return static_cast<double>(sums[0]) / static_cast<double>(std::max<std::int64_t>(sums[1], 1));
-  };
-
-  model->train();
-  for (int epoch = start_epoch; epoch < o.epochs; ++epoch) {
-    sampler.set_epoch(static_cast<std::uint64_t>(epoch));
-    Prefetcher data(*train_set, sampler.indices(), static_cast<std::size_t>(o.batch_size), true, true,
-                    o.seed * 1000003ULL + static_cast<std::uint64_t>(epoch) * 7919ULL + static_cast<std::uint64_t>(job.rank),
-                    static_cast<std::size_t>(2 * loader_threads + 2), loader_threads, /*low_priority=*/!cuda);
-    const auto epoch_start = Clock::now();
-    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(dev));
-    std::size_t loss_n = 0;
-    Batch batch;
-    for (std::size_t step = 1; step <= steps_run && data.Next(&batch); ++step) {
-      const double lr = LearningRate(o, epoch + static_cast<double>(step - 1) / static_cast<double>(steps));
-      for (auto& group : optimizer.param_groups()) {
-        static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
-      }
-      const long n = static_cast<long>(batch.size());
-      auto x = ToDevice(torch::from_blob(batch.images.data(), {n, 3, kSide, kSide}), dev);
-      if (o.channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
-      auto y = ToDevice(torch::from_blob(batch.labels.data(), {n}, torch::kInt64), dev);
-      optimizer.zero_grad();
-      torch::Tensor loss;
-      {
-        AutocastScope amp(o.amp != Amp::kOff, amp_dtype);
-        auto logits = model->forward(x);
-        loss = torch::nn::functional::cross_entropy(
-            logits.to(torch::kFloat32), y,
-            torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(o.label_smoothing));
-      }
-      (loss_scale != 1.0 ? loss * loss_scale : loss).backward();
-      if (averager) Check(job, averager->Finish(), "averaging gradients");
-      bool apply = true;
-      if (o.amp == Amp::kFp16) {
-        // Dynamic loss scaling: the gradients are already the same on every rank, so every
-        // rank takes the same decision.
-        torch::NoGradGuard ng;
-        std::vector<torch::Tensor> grads;
-        for (auto& p : model->parameters()) {
-          if (p.grad().defined()) grads.push_back(p.mutable_grad());
-        }
-        // One fused kernel unscales every gradient and flags any inf/NaN; one sync reads it.
-        auto found_inf = torch::zeros({1}, torch::TensorOptions(torch::kFloat32).device(dev));
-        auto inv_scale = torch::full({1}, 1.0 / loss_scale, torch::TensorOptions(torch::kFloat32).device(dev));
-        at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
-        if (found_inf.item<float>() == 0.0f) {
-          if (++good_steps % 1000 == 0) loss_scale *= 2;
-        } else {
-          loss_scale /= 2;
-          good_steps = 0;
-          ++skipped_steps;
-          apply = false;
-        }
-      }
-      if (apply) optimizer.step();
-      loss_sum += loss.detach().to(torch::kFloat64);
-      ++loss_n;
-      images_trained += n;
-      const double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
-      const double ips = static_cast<double>(step) * static_cast<double>(o.batch_size) / std::max(elapsed, 1e-9);
-      const double eta = elapsed / static_cast<double>(step) *
-                         static_cast<double>((steps_run - step) + (o.epochs - epoch - 1) * steps_run);
-      if (progress.WillPrint(step, steps_run)) {
-        progress.Step(epoch + 1, o.epochs, step, steps_run, loss_sum.item<double>() / static_cast<double>(loss_n),
-                      lr, ips * job.world, eta);
-      }
-    }
-    const double epoch_loss = loss_sum.item<double>() / static_cast<double>(std::max<std::size_t>(loss_n, 1));
-    last_loss = epoch_loss;
-    train_seconds += std::chrono::duration<double>(Clock::now() - epoch_start).count();
+  void RunEpoch(int epoch) {
+    const double epoch_loss = TrainEpoch(epoch);
+    last_loss_ = epoch_loss;
     // Batch-norm statistics are per rank: make rank 0's everyone's before evaluating and saving.
-    if (job.group) Check(job, worker::BroadcastParameters(*job.group, *model), "synchronising buffers");
-    const bool last = epoch + 1 == o.epochs;
-    if ((epoch + 1) % o.eval_every == 0 || last) {
-      const double acc = evaluate();
-      accuracies.push_back(acc);
-      char line[128];
-      std::snprintf(line, sizeof(line), "epoch %d/%d: train loss %.4f, test accuracy %.2f %%", epoch + 1, o.epochs,
-                    epoch_loss, acc * 100);
-      progress.Line(line);
+    if (job_.group) {
+      Check(job_, worker::BroadcastParameters(*job_.group, *model_), "synchronising buffers");
     }
-    if (ckpt && ((epoch + 1) % o.checkpoint_every == 0 || last)) {
-      Check(job, worker::SaveCheckpoint(job.rank, *ckpt, static_cast<std::uint64_t>(epoch + 1), *model,
-                                        &optimizer),
+    const bool last = epoch + 1 == o_.epochs;
+    if ((epoch + 1) % o_.eval_every == 0 || last) {
+      const double acc = Evaluate();
+      accuracies_.push_back(acc);
+      char line[128];
+      std::snprintf(line, sizeof(line), "epoch %d/%d: train loss %.4f, test accuracy %.2f %%",
+                    epoch + 1, o_.epochs, epoch_loss, acc * 100);
+      progress_.Line(line);
+    }
+    if (ckpt_ && ((epoch + 1) % o_.checkpoint_every == 0 || last)) {
+      Check(job_,
+            worker::SaveCheckpoint(job_.rank, *ckpt_, static_cast<std::uint64_t>(epoch + 1),
+                                   *model_, optimizer_.get()),
             "saving checkpoint " + std::to_string(epoch + 1));
     }
   }
 
-  const auto hashes = GatherFromRanks(job, ParameterHash(*model), dev);
-  const bool identical = std::all_of(hashes.begin(), hashes.end(), [&](std::int64_t h) { return h == hashes[0]; });
-  const double wall = std::chrono::duration<double>(Clock::now() - run_start).count();
-  const double ips_worker = static_cast<double>(images_trained) / std::max(train_seconds, 1e-9);
-  if (job.rank == 0) {
-    const double final_acc = accuracies.empty() ? -1 : accuracies.back();
-    char line[256];
-    std::snprintf(line, sizeof(line),
-                  "done: %d epoch(s) from epoch %d in %.1f s; %.1f images/s per worker (%d worker(s)); "
-                  "final test accuracy %.2f %%; parameters identical on all ranks: %s",
-                  o.epochs - start_epoch, start_epoch, wall, ips_worker, job.world, final_acc * 100,
-                  identical ? "yes" : "NO");
-    progress.Line(line);
-    if (!o.metrics_json.empty()) {
-      std::ofstream f(o.metrics_json);
-      f << "{\"model\": \"" << o.model << "\", \"device\": \"" << (cuda ? "cuda" : "cpu")
-        << "\", \"world_size\": " << job.world << ", \"batch_size\": " << o.batch_size
-        << ", \"epochs\": " << o.epochs << ", \"start_epoch\": " << start_epoch
-        << ", \"restart_count\": " << job.restart << ", \"amp\": \"" << Name(o.amp)
-        << "\", \"channels_last\": " << (o.channels_last ? "true" : "false")
-        << ", \"threads\": " << threads << ", \"train_images\": " << train_set->size()
-        << ", \"images_trained\": " << images_trained << ", \"train_seconds\": " << train_seconds
-        << ", \"images_per_second_per_worker\": " << ips_worker << ", \"wall_seconds\": " << wall
-        << ", \"final_train_loss\": " << last_loss << ", \"skipped_steps\": " << skipped_steps
-        << ", \"test_accuracy\": [";
-      for (std::size_t i = 0; i < accuracies.size(); ++i) f << (i ? ", " : "") << accuracies[i];
-      f << "], \"parameter_hashes\": [";
-      for (std::size_t i = 0; i < hashes.size(); ++i) f << (i ? ", " : "") << hashes[i];
-      f << "], \"parameters_identical\": " << (identical ? "true" : "false") << "}\n";
-      if (!f) Die(job, 1, "cannot write --metrics-json " + o.metrics_json);
+  // One pass over this rank's share of the training set; the epoch's mean loss.
+  double TrainEpoch(int epoch) {
+    worker::SamplerOptions so;
+    so.seed = o_.seed;
+    so.drop_last = true;
+    worker::DistributedSampler sampler(train_.size(), job_.rank, job_.world, so);
+    sampler.set_epoch(static_cast<std::uint64_t>(epoch));
+    const auto batch_size = static_cast<std::size_t>(o_.batch_size);
+    const std::size_t steps = std::max<std::size_t>(1, sampler.size() / batch_size);
+    const std::size_t steps_run =
+        o_.max_steps > 0 ? std::min<std::size_t>(steps, static_cast<std::size_t>(o_.max_steps))
+                         : steps;
+    const std::uint64_t seed = o_.seed * 1000003ULL + static_cast<std::uint64_t>(epoch) * 7919ULL +
+                               static_cast<std::uint64_t>(job_.rank);
+    Prefetcher data(train_, sampler.indices(), batch_size, true, true, seed,
+                    static_cast<std::size_t>(2 * loader_threads_ + 2), loader_threads_,
+                    /*low_priority=*/!cuda_);
+    const auto epoch_start = Clock::now();
+    torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(dev_));
+    std::size_t loss_n = 0;
+    Batch batch;
+    for (std::size_t step = 1; step <= steps_run && data.Next(&batch); ++step) {
+      const double lr =
+          LearningRate(o_, epoch + static_cast<double>(step - 1) / static_cast<double>(steps));
+      loss_sum += TrainStep(batch, lr);
+      ++loss_n;
+      images_trained_ += static_cast<std::int64_t>(batch.size());
+      if (progress_.WillPrint(step, steps_run)) {
+        const double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
+        const double ips =
+            static_cast<double>(step * batch_size) / std::max(elapsed, 1e-9) * job_.world;
+        const double eta = elapsed / static_cast<double>(step) *
+                           static_cast<double>((steps_run - step) +
+                                               static_cast<std::size_t>(o_.epochs - epoch - 1) * steps_run);
+        progress_.Step(epoch + 1, o_.epochs, step, steps_run,
+                       loss_sum.item<double>() / static_cast<double>(loss_n), lr, ips, eta);
+      }
     }
+    train_seconds_ += std::chrono::duration<double>(Clock::now() - epoch_start).count();
+    return loss_sum.item<double>() / static_cast<double>(std::max<std::size_t>(loss_n, 1));
   }
-  if (!identical) Die(job, 1, "parameters differ between ranks after training");
-  return 0;
-}
+
+  // Forward, backward, gradients averaged over the ranks, the optimizer's step (skipped when
+  // fp16 gradients overflowed); the step's loss, on the device.
+  torch::Tensor TrainStep(Batch& batch, double lr) {
+    for (auto& group : optimizer_->param_groups()) {
+      static_cast<torch::optim::SGDOptions&>(group.options()).lr(lr);
+    }
+    const long n = static_cast<long>(batch.size());
+    auto x = ToDevice(torch::from_blob(batch.images.data(), {n, 3, kSide, kSide}), dev_);
+    if (o_.channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+    auto y = ToDevice(torch::from_blob(batch.labels.data(), {n}, torch::kInt64), dev_);
+    optimizer_->zero_grad();
+    torch::Tensor loss;
+    {
+      AutocastScope amp(o_.amp != Amp::kOff, AmpType());
+      auto logits = model_->forward(x);
+      loss = torch::nn::functional::cross_entropy(
+          logits.to(torch::kFloat32), y,
+          torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(o_.label_smoothing));
+    }
+    (loss_scale_ != 1.0 ? loss * loss_scale_ : loss).backward();
+    if (averager_) Check(job_, averager_->Finish(), "averaging gradients");
+    if (o_.amp != Amp::kFp16 || UnscaleGradients()) optimizer_->step();
+    return loss.detach().to(torch::kFloat64);
+  }
+
+  // Dynamic loss scaling: unscales the gradients; false when any is inf or NaN (the step is
+  // skipped and the scale halved). The gradients are already the same on every rank, so
+  // every rank decides the same.
+  bool UnscaleGradients() {
+    torch::NoGradGuard ng;
+    std::vector<torch::Tensor> grads;
+    for (auto& p : model_->parameters()) {
+      if (p.grad().defined()) grads.push_back(p.mutable_grad());
+    }
+    // One fused kernel unscales every gradient and flags any inf/NaN; one sync reads it.
+    const auto f32 = torch::TensorOptions(torch::kFloat32).device(dev_);
+    auto found_inf = torch::zeros({1}, f32);
+    auto inv_scale = torch::full({1}, 1.0 / loss_scale_, f32);
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+    if (found_inf.item<float>() == 0.0f) {
+      if (++good_steps_ % 1000 == 0) loss_scale_ *= 2;
+      return true;
+    }
+    loss_scale_ /= 2;
+    good_steps_ = 0;
+    ++skipped_steps_;
+    return false;
+  }
+
+  // Test accuracy over every rank's share of the test set.
+  double Evaluate() {
+    torch::NoGradGuard ng;
+    model_->eval();
+    std::vector<std::size_t> mine;
+    for (auto i = static_cast<std::size_t>(job_.rank); i < test_.size();
+         i += static_cast<std::size_t>(job_.world)) {
+      mine.push_back(i);
+    }
+    std::int64_t correct = 0;
+    const std::size_t eb = 256;
+    for (std::size_t b = 0; b < mine.size(); b += eb) {
+      const std::size_t n = std::min(eb, mine.size() - b);
+      Batch batch = MakeBatch(test_, mine.data() + b, n, false, 0);
+      const long ln = static_cast<long>(n);
+      auto x = torch::from_blob(batch.images.data(), {ln, 3, kSide, kSide}).to(dev_);
+      if (o_.channels_last) x = x.contiguous(at::MemoryFormat::ChannelsLast);
+      auto y = torch::from_blob(batch.labels.data(), {ln}, torch::kInt64).to(dev_);
+      torch::Tensor out;
+      {
+        AutocastScope amp(o_.amp != Amp::kOff, AmpType());
+        out = model_->forward(x);
+      }
+      correct += out.argmax(1).eq(y).sum().item<std::int64_t>();
+    }
+    model_->train();
+    const auto sums = SumOverRanks(job_, {correct, static_cast<std::int64_t>(mine.size())}, dev_);
+    return static_cast<double>(sums[0]) / static_cast<double>(std::max<std::int64_t>(sums[1], 1));
+  }
+
+  // The ranks must hold the same parameters; rank 0 says so and writes --metrics-json.
+  void Finish(double wall_seconds) {
+    const auto hashes = GatherFromRanks(job_, ParameterHash(*model_), dev_);
+    const bool identical = std::all_of(hashes.begin(), hashes.end(),
+                                       [&](std::int64_t h) { return h == hashes[0]; });
+    const double ips_worker = static_cast<double>(images_trained_) / std::max(train_seconds_, 1e-9);
+    if (job_.rank == 0) {
+      const double final_acc = accuracies_.empty() ? -1 : accuracies_.back();
+      char line[256];
+      std::snprintf(line, sizeof(line),
+                    "done: %d epoch(s) from epoch %d in %.1f s; %.1f images/s per worker (%d "
+                    "worker(s)); final test accuracy %.2f %%; parameters identical on all "
+                    "ranks: %s",
+                    o_.epochs - start_epoch_, start_epoch_, wall_seconds, ips_worker, job_.world,
+                    final_acc * 100, identical ? "yes" : "NO");
+      progress_.Line(line);
+      if (!o_.metrics_json.empty()) {
+        WriteMetrics(hashes, identical, wall_seconds, ips_worker);
+      }
+    }
+    if (!identical) Die(job_, 1, "parameters differ between ranks after training");
+  }
+
+  void WriteMetrics(const std::vector<std::int64_t>& hashes, bool identical, double wall_seconds,
+                    double ips_worker) {
+    const nlohmann::json m{{"model", o_.model},
+                           {"device", cuda_ ? "cuda" : "cpu"},
+                           {"world_size", job_.world},
+                           {"batch_size", o_.batch_size},
+                           {"epochs", o_.epochs},
+                           {"start_epoch", start_epoch_},
+                           {"restart_count", job_.restart},
+                           {"amp", Name(o_.amp)},
+                           {"channels_last", o_.channels_last},
+                           {"threads", threads_},
+                           {"train_images", train_.size()},
+                           {"images_trained", images_trained_},
+                           {"train_seconds", train_seconds_},
+                           {"images_per_second_per_worker", ips_worker},
+                           {"wall_seconds", wall_seconds},
+                           {"final_train_loss", last_loss_},
+                           {"skipped_steps", skipped_steps_},
+                           {"test_accuracy", accuracies_},
+                           {"parameter_hashes", hashes},
+                           {"parameters_identical", identical}};
+    std::ofstream f(o_.metrics_json);
+    f << m.dump() << "\n";
+    f.close();
+    if (!f) Die(job_, 1, "cannot write --metrics-json " + o_.metrics_json);
+  }
+
+  at::ScalarType AmpType() const { return o_.amp == Amp::kFp16 ? at::kHalf : at::kBFloat16; }
+
+  const Options& o_;
+  Job job_;
+  Progress progress_;
+  bool cuda_ = false;
+  torch::Device dev_{torch::kCPU};
+  int threads_ = 1, loader_threads_ = 1;
+  Dataset train_, test_;
+  ResNet model_{nullptr};
+  std::unique_ptr<torch::optim::SGD> optimizer_;
+  std::unique_ptr<worker::GradientAverager> averager_;
+  std::optional<worker::CheckpointDir> ckpt_;
+  int start_epoch_ = 0;
+  double loss_scale_;  // fp16: dynamic loss scaling; 1 otherwise
+  int good_steps_ = 0;
+  std::int64_t skipped_steps_ = 0;
+  std::vector<double> accuracies_;
+  double last_loss_ = 0, train_seconds_ = 0;
+  std::int64_t images_trained_ = 0;
+};
 
 }  // namespace
 }  // namespace crun::train
@@ -601,7 +608,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   try {
-    return crun::train::Run(*o);
+    return crun::train::Training(*o).Run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train: %s\n", e.what());
     return 1;

@@ -4,6 +4,8 @@
 #include <boost/asio/write.hpp>
 #include <spdlog/spdlog.h>
 
+#include "base/endpoint.h"
+
 namespace crun::server_detail {
 namespace {
 
@@ -35,9 +37,7 @@ std::string Session::Peer() const {
   boost::system::error_code ec;
   auto ep = socket_.remote_endpoint(ec);
   if (ec) return "unknown peer";
-  std::string host = ep.address().to_string();
-  if (ep.address().is_v6()) host = "[" + host + "]";
-  return host + ":" + std::to_string(ep.port());
+  return FormatEndpoint(ep.address().to_string(), ep.port());
 }
 
 void Session::ArmRead() {

@@ -18,8 +18,8 @@
 #include <spdlog/spdlog.h>
 
 #include "rendezvous/server/session.h"
-#include "rendezvous/store/log_sampling.h"
-#include "rendezvous/store/socket.h"
+#include "base/log_sampling.h"
+#include "base/socket.h"
 
 namespace crun {
 namespace {

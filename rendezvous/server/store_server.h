@@ -24,7 +24,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "rendezvous/store/limits.h"
-#include "rendezvous/store/status.h"
+#include "base/status.h"
 
 namespace crun {
 

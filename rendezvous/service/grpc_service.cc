@@ -18,8 +18,9 @@
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "rendezvous/server/store_server.h"
 #include "rendezvous/service/engine.h"
-#include "rendezvous/store/log_sampling.h"
-#include "rendezvous/store/write_queue.h"
+#include "base/endpoint.h"
+#include "base/log_sampling.h"
+#include "base/write_queue.h"
 
 namespace crun::rdzv {
 namespace {
@@ -291,8 +292,7 @@ class GrpcRendezvousService final : public RendezvousService {
 
     grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder builder;
-    const bool v6 = o.host.find(':') != std::string::npos;
-    const std::string address = (v6 ? "[" + o.host + "]" : o.host) + ":" + std::to_string(o.port);
+    const std::string address = FormatEndpoint(o.host, o.port);
     int selected = 0;
     builder.AddListeningPort(address, ServerCredentials(o.security), &selected);
     builder.RegisterService(&service_);

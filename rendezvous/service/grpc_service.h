@@ -12,8 +12,8 @@
 #include <memory>
 #include <string>
 
-#include "rendezvous/store/security.h"
-#include "rendezvous/store/status.h"
+#include "base/security.h"
+#include "base/status.h"
 
 namespace crun::rdzv {
 

@@ -20,7 +20,7 @@
 #include <variant>
 #include <vector>
 
-#include "rendezvous/store/status.h"
+#include "base/status.h"
 
 namespace crun::rdzv {
 

@@ -22,7 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "rendezvous/store/status.h"
+#include "base/status.h"
 #include "rendezvous/store/wire.h"
 
 namespace crun {

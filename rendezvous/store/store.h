@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "rendezvous/store/status.h"
+#include "base/status.h"
 
 namespace crun {
 

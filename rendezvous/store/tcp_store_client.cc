@@ -6,7 +6,7 @@
 #include <random>
 #include <thread>
 
-#include "rendezvous/store/backoff.h"
+#include "base/backoff.h"
 
 namespace crun {
 namespace {

@@ -16,7 +16,7 @@
 #include <mutex>
 #include <string>
 
-#include "rendezvous/store/socket.h"
+#include "base/socket.h"
 #include "rendezvous/store/store.h"
 #include "rendezvous/store/wire.h"
 

@@ -77,7 +77,8 @@ class Packages(unittest.TestCase):
             t.extractall(where)
         prefix = os.path.join(where, top.pop())
         for f in ["bin/crun", "include/crun/worker/context.h", "lib/libcrun_worker.a",
-                  "lib/libcrun_store.a", "lib/cmake/crun_worker/crun_workerConfig.cmake",
+                  "lib/libcrun_store.a", "lib/libcrun_base.a",
+                  "lib/cmake/crun_worker/crun_workerConfig.cmake",
                   "lib/pkgconfig/crun_worker.pc", "share/doc/crun/install.md",
                   "share/doc/crun/cli.md", "lib/systemd/system/crun-rendezvous.service"]:
             self.assertTrue(os.path.exists(os.path.join(prefix, f)), f)

@@ -36,9 +36,10 @@ class InstalledSdk(unittest.TestCase):
         self.assertEqual(os.listdir(os.path.join(self.prefix, "bin")), ["crun"])
         libs = sorted(os.listdir(os.path.join(self.prefix, "lib")))
         self.assertEqual([f for f in libs if f.endswith(".a")],
-                         ["libcrun_store.a", "libcrun_worker.a", "libcrun_worker_torch.a"])
+                         ["libcrun_base.a", "libcrun_store.a", "libcrun_worker.a",
+                          "libcrun_worker_torch.a"])
         for header in ["crun/worker/context.h", "crun/worker/process_group.h",
-                       "rendezvous/store/status.h"]:
+                       "base/status.h"]:
             self.assertTrue(os.path.exists(os.path.join(self.prefix, "include", header)), header)
 
     def test_find_package(self):

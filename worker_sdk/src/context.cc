@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "crun/worker/env_names.h"
-#include "rendezvous/store/numbers.h"
+#include "base/numbers.h"
 #include "rendezvous/store/tcp_store_client.h"
 
 namespace crun::worker {

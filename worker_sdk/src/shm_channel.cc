@@ -14,10 +14,10 @@
 #include <charconv>
 #include <climits>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <sstream>
 
+#include "base/proc.h"
 #include "worker_sdk/src/reduce.h"
 
 namespace crun::worker {
@@ -112,11 +112,7 @@ inline void CpuRelax() {
 // Alive: the pid exists and is not a zombie (a worker that died but is not yet reaped).
 bool Alive(pid_t pid) {
   if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;  // no /proc: trust kill()
-  const auto close = line.rfind(')');
-  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] != 'Z';
+  return ProcessState(pid) != 'Z';  // no /proc: trust kill()
 }
 
 std::string Hex(std::uint64_t v) {

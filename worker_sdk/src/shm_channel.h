@@ -17,7 +17,7 @@
 #include <string>
 
 #include "crun/worker/process_group.h"
-#include "rendezvous/store/status.h"
+#include "base/status.h"
 #include "rendezvous/store/store.h"
 
 namespace crun::worker {

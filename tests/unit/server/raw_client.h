@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "rendezvous/store/socket.h"
+#include "base/socket.h"
 #include "rendezvous/store/wire.h"
 
 namespace crun::testing {

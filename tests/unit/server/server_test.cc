@@ -16,6 +16,7 @@
 #include <boost/asio/post.hpp>
 
 #include "tests/unit/server/raw_client.h"
+#include "tests/unit/skip.h"
 #include "tests/unit/test_util.h"
 
 namespace {
@@ -357,10 +358,7 @@ TEST_CASE("a backlog longer than one accept budget is drained without new arriva
 }
 
 TEST_CASE("IPv6: bind ::1, and '::' serves IPv4 clients too", "[server]") {
-  if (!Ipv6LoopbackAvailable()) {
-    WARN("no IPv6 loopback on this machine");
-    return;
-  }
+  if (!Ipv6LoopbackAvailable()) crun::testing::Skip("no IPv6 loopback on this machine");
   crun::StoreServerOptions v6;
   v6.host = "::1";
   auto server = crun::BackgroundStoreServer::Start(v6);

@@ -12,7 +12,7 @@
 
 #include "agent/session_client.h"
 #include "rendezvous/service/grpc_service.h"
-#include "rendezvous/store/security.h"
+#include "base/security.h"
 #include "rendezvous/store/tcp_store_client.h"
 
 namespace {

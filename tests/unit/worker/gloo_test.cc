@@ -5,9 +5,10 @@
 // loopback.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
-#include <latch>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -47,6 +48,34 @@ std::mutex catch_mu;
 namespace {
 
 using namespace std::chrono_literals;
+
+// A latch whose waits end at a deadline: a rank that never arrives fails the case instead of
+// hanging it.
+class Gate {
+ public:
+  explicit Gate(int count) : count_(count) {}
+  void CountDown() {
+    std::lock_guard<std::mutex> l(mu_);
+    if (--count_ <= 0) cv_.notify_all();
+  }
+  // Whether every rank arrived within `limit`; a test failure if not.
+  bool Wait(std::chrono::milliseconds limit = 120s) {
+    std::unique_lock<std::mutex> l(mu_);
+    if (cv_.wait_for(l, limit, [&] { return count_ <= 0; })) return true;
+    l.unlock();
+    T_FAIL("a gate was not passed within " << limit.count() << " ms: a rank never arrived");
+    return false;
+  }
+  bool ArriveAndWait() {
+    CountDown();
+    return Wait();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int count_;
+};
 using crun::worker::DType;
 using crun::worker::ProcessGroup;
 using crun::worker::ReduceOp;
@@ -67,7 +96,7 @@ void OnRanks(int world, const std::function<void(int, ProcessGroup&)>& body,
   auto store = std::make_shared<crun::MemoryStore>();
   std::vector<std::thread> threads;
   std::vector<std::string> errors(static_cast<std::size_t>(world));
-  std::latch formed(world);
+  Gate formed(world);
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
       crun::worker::Context ctx(EnvFor(r, world), store);
@@ -76,7 +105,7 @@ void OnRanks(int world, const std::function<void(int, ProcessGroup&)>& body,
       o.timeout = timeout;
       o.shared_memory = use_shm;
       auto group = crun::worker::MakeGlooGroup(ctx, o);
-      formed.arrive_and_wait();
+      formed.ArriveAndWait();
       if (!group.ok()) {
         errors[static_cast<std::size_t>(r)] = group.status().message();
         return;
@@ -322,7 +351,7 @@ TEST_CASE("async operations complete in the order issued, and test() tells when"
 
 TEST_CASE("abort: the aborting rank's work and its peers fail at once", "[gloo]") {
   TRANSPORTS();
-  std::latch peer_waiting(1);
+  Gate peer_waiting(1);
   std::vector<crun::Status> results(2);
   OnRanks(
       2,
@@ -339,9 +368,9 @@ TEST_CASE("abort: the aborting rank's work and its peers fail at once", "[gloo]"
           g.Abort("the trainer gave up");
           results[0] = stuck->Wait();
           T_CHECK(queued->Wait().code() == crun::StatusCode::kAborted);
-          peer_waiting.count_down();
+          peer_waiting.CountDown();
         } else {
-          peer_waiting.wait();
+          peer_waiting.Wait();
           results[1] = g.AllReduce(&x, 1, DType::kFloat32, ReduceOp::kSum, 60s);
         }
       },
@@ -361,12 +390,12 @@ TEST_CASE("abort: the aborting rank's work and its peers fail at once", "[gloo]"
 // of from its own timer: a hung rank gives at least one timeout, a dead one none.
 void CheckStalled(bool rank2_exits) {
   std::vector<crun::Status> results(3);
-  std::latch others_done(2);
+  Gate others_done(2);
   OnRanks(
       3,
       [&](int rank, ProcessGroup& g) {
         if (rank == 2) {
-          if (!rank2_exits) others_done.wait();  // hung: connected, but silent
+          if (!rank2_exits) others_done.Wait();  // hung: connected, but silent
           return;
         }
         float x = 1;
@@ -376,7 +405,7 @@ void CheckStalled(bool rank2_exits) {
         auto again = g.Barrier();
         T_CHECK(!again.ok());
         T_CHECK_THAT(again.message(), Catch::Contains("broken by an earlier error"));
-        others_done.count_down();
+        others_done.CountDown();
       },
       "stall");
   int timeouts = 0;

@@ -1,6 +1,7 @@
 // The NCCL backend, world size 1 over an in-process store. On a machine with a GPU: every
 // collective on device memory, async work, abort. Without one (CI): the named error, so the
-// binary always checks something real about the backend it was built with.
+// binary always checks something real about the backend it was built with. A case that cannot
+// run on this machine is reported as skipped (tests/unit/skip.h), never as passed.
 #include <catch2/catch.hpp>
 #include <cuda_runtime_api.h>
 
@@ -9,11 +10,13 @@
 
 #include "crun/worker/nccl.h"
 #include "rendezvous/store/memory_store.h"
+#include "tests/unit/skip.h"
 #include "tests/unit/worker/test_env.h"
 
 namespace {
 
 using namespace std::chrono_literals;
+using crun::testing::Skip;
 using crun::worker::DType;
 using crun::worker::ReduceOp;
 
@@ -23,6 +26,7 @@ bool HaveGpu() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
+
 
 // Device memory holding `host`, copied back by Read().
 template <typename T>
@@ -56,12 +60,9 @@ TEST_CASE("nccl: the library is the one linked", "[nccl]") {
 
 TEST_CASE("nccl: without a visible GPU, creating a group fails naming rank and cause",
           "[nccl]") {
-  if (HaveGpu()) {
-    // Hide every device from this process's CUDA runtime is not possible after it started;
-    // the GPU case below covers this machine.
-    SUCCEED("a GPU is visible: covered by the world-size-1 case");
-    return;
-  }
+  // Hiding every device from this process's CUDA runtime is not possible after it started;
+  // the GPU case below covers such a machine.
+  if (HaveGpu()) Skip("a GPU is visible: the world-size-1 case covers this machine");
   auto store = std::make_shared<crun::MemoryStore>();
   crun::worker::Context ctx(EnvFor(0, 1), store);
   auto g = crun::worker::MakeNcclGroup(ctx);
@@ -73,10 +74,7 @@ TEST_CASE("nccl: without a visible GPU, creating a group fails naming rank and c
 }
 
 TEST_CASE("nccl: world size 1 on this machine's GPU", "[nccl][gpu]") {
-  if (!HaveGpu()) {
-    SUCCEED("no GPU here: covered by the named-error case");
-    return;
-  }
+  if (!HaveGpu()) Skip("no GPU here: the named-error case covers this machine");
   auto store = std::make_shared<crun::MemoryStore>();
   crun::worker::Context ctx(EnvFor(0, 1), store);
   crun::worker::NcclOptions o;

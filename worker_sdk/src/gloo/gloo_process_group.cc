@@ -21,7 +21,8 @@
 
 #include "crun/worker/env_names.h"
 #include "crun/worker/gloo.h"
-#include "rendezvous/store/socket.h"
+#include "base/host_addresses.h"
+#include "base/socket.h"
 #include "worker_sdk/src/group_state.h"
 #include "worker_sdk/src/reduce.h"
 #include "worker_sdk/src/serial_executor.h"

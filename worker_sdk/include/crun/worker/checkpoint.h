@@ -11,7 +11,7 @@
 #include <ostream>
 #include <string>
 
-#include "rendezvous/store/status.h"
+#include "base/status.h"
 
 namespace crun::worker {
 

@@ -16,7 +16,7 @@
 #include <memory>
 #include <string>
 
-#include "rendezvous/store/status.h"
+#include "base/status.h"
 #include "rendezvous/store/store.h"
 
 namespace crun::worker {

@@ -1,11 +1,11 @@
-#include "rendezvous/store/endpoint.h"
+#include "base/endpoint.h"
 
 #include <arpa/inet.h>
 
 #include <algorithm>
 #include <cctype>
 
-#include "rendezvous/store/numbers.h"
+#include "base/numbers.h"
 
 namespace crun {
 namespace {
@@ -24,9 +24,26 @@ bool IsHostName(std::string_view host) {
 
 }  // namespace
 
-std::string Endpoint::ToString() const {
-  const bool v6 = host.find(':') != std::string::npos;
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+std::string Endpoint::ToString() const { return FormatEndpoint(host, port); }
+
+std::string FormatEndpoint(std::string_view host, std::uint16_t port) {
+  std::string out;
+  if (host.find(':') != std::string_view::npos && host.front() != '[') {
+    out.append("[").append(host).append("]");
+  } else {
+    out.append(host);
+  }
+  return out + ":" + std::to_string(port);
+}
+
+bool LoopbackOnly(std::string_view host) {
+  if (host == "localhost") return true;
+  std::string h(host);
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  in_addr v4{};
+  if (::inet_pton(AF_INET, h.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return ::inet_pton(AF_INET6, h.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 StatusOr<Endpoint> ParseEndpoint(std::string_view text, std::uint16_t default_port) {

@@ -1,4 +1,4 @@
-#include "rendezvous/store/numbers.h"
+#include "base/numbers.h"
 
 #include <charconv>
 #include <cmath>

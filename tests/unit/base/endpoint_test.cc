@@ -1,7 +1,8 @@
-// Endpoints as typed: host, host:port, [v6]:port; what is refused and how it is said.
+// Endpoints as typed: host, host:port, [v6]:port; what is refused and how it is said; the one
+// formatter and the one loopback test.
 #include <catch2/catch.hpp>
 
-#include "rendezvous/store/endpoint.h"
+#include "base/endpoint.h"
 
 using crun::ParseEndpoint;
 
@@ -51,5 +52,36 @@ TEST_CASE("bad endpoints are refused naming the fault", "[endpoint]") {
     const auto e = ParseEndpoint(row.text, 29400);
     REQUIRE_FALSE(e.ok());
     CHECK(e.status().message().find(row.message) != std::string::npos);
+  }
+}
+
+TEST_CASE("endpoints format with IPv6 in brackets, once", "[endpoint]") {
+  using crun::FormatEndpoint;
+  CHECK(FormatEndpoint("node-a", 29400) == "node-a:29400");
+  CHECK(FormatEndpoint("10.0.0.5", 1) == "10.0.0.5:1");
+  CHECK(FormatEndpoint("::1", 29400) == "[::1]:29400");
+  CHECK(FormatEndpoint("[::1]", 29400) == "[::1]:29400");
+  CHECK(FormatEndpoint("fe80::1", 65535) == "[fe80::1]:65535");
+  // What it formats parses back to the same host and port.
+  for (const char* host : {"node-a", "10.0.0.5", "::1", "2001:db8::7"}) {
+    INFO(host);
+    const auto back = ParseEndpoint(FormatEndpoint(host, 4242), 1);
+    REQUIRE(back.ok());
+    CHECK(back->host == host);
+    CHECK(back->port == 4242);
+    CHECK(back->ToString() == FormatEndpoint(host, 4242));
+  }
+}
+
+TEST_CASE("loopback is 127/8, ::1 and localhost, nothing else", "[endpoint]") {
+  using crun::LoopbackOnly;
+  for (const char* yes : {"127.0.0.1", "127.3.0.1", "127.0.1.1", "::1", "[::1]", "localhost"}) {
+    INFO(yes);
+    CHECK(LoopbackOnly(yes));
+  }
+  for (const char* no : {"0.0.0.0", "::", "10.0.0.1", "node-a", "128.0.0.1", "::ffff:10.0.0.1",
+                         "", "[127.0.0.1"}) {
+    INFO(no);
+    CHECK_FALSE(LoopbackOnly(no));
   }
 }

@@ -1,20 +1,15 @@
-#include "launcher/local_rendezvous.h"
+#include "agent/local_rendezvous.h"
 
 #include <thread>
 
 #include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
 
+#include "base/endpoint.h"
 #include "rendezvous/server/store_server.h"
 #include "rendezvous/store/tcp_store_client.h"
 
-namespace crun::launcher {
-
-using agent::FailureRecord;
-using agent::GroupAssignment;
-using agent::JobOutcome;
-using agent::Rendezvous;
-using agent::RendezvousEvents;
+namespace crun::agent {
 namespace {
 
 class LocalRendezvous final : public Rendezvous {
@@ -140,7 +135,7 @@ class LocalRendezvous final : public Rendezvous {
   void SayDone(const TcpStoreClientOptions& c, bool hosting, int participants) const {
     static constexpr char kDone[] = "/crun/done";
     static constexpr char kAllDone[] = "/crun/all-done";
-    const std::string where = c.host + ":" + std::to_string(c.port);
+    const std::string where = FormatEndpoint(c.host, c.port);
     auto client = TcpStoreClient::Connect(c);
     if (!client.ok()) {
       spdlog::info("not telling the store at {} that this crun is done: {}", where,
@@ -179,4 +174,4 @@ std::unique_ptr<Rendezvous> MakeLocalRendezvous(boost::asio::io_context& io,
   return std::make_unique<LocalRendezvous>(io, options);
 }
 
-}  // namespace crun::launcher
+}  // namespace crun::agent

@@ -1,4 +1,4 @@
-#include "rendezvous/store/status.h"
+#include "base/status.h"
 
 #include <cstring>
 

@@ -98,3 +98,14 @@ class [[nodiscard]] StatusOr {
     ::crun::Status crun_status_ = (expr);    \
     if (!crun_status_.ok()) return crun_status_; \
   } while (false)
+
+// `lhs = value of expr`, or returns expr's Status from the calling function. `lhs` may declare
+// ("auto x", "const Mode m"). For a function returning Status or a StatusOr.
+#define CRUN_ASSIGN_OR_RETURN(lhs, expr) \
+  CRUN_ASSIGN_OR_RETURN_IMPL_(CRUN_STATUS_CONCAT_(crun_or_, __LINE__), lhs, expr)
+#define CRUN_ASSIGN_OR_RETURN_IMPL_(var, lhs, expr) \
+  auto var = (expr);                                \
+  if (!var.ok()) return var.status();               \
+  lhs = std::move(var).value()
+#define CRUN_STATUS_CONCAT_(a, b) CRUN_STATUS_CONCAT_INNER_(a, b)
+#define CRUN_STATUS_CONCAT_INNER_(a, b) a##b

@@ -8,7 +8,8 @@
 #include <string>
 #include <string_view>
 
-#include "rendezvous/store/status.h"
+#include "base/endpoint.h"
+#include "base/status.h"
 
 namespace crun {
 
@@ -34,9 +35,6 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-// "host:port", or "[v6]:port" when the host is an IPv6 literal.
-std::string FormatEndpoint(std::string_view host, std::uint16_t port);
-
 // One connection attempt: resolves `host` and tries each address until one accepts or the
 // deadline passes. The socket comes back blocking, with TCP_NODELAY and close-on-exec.
 StatusOr<UniqueFd> ConnectTcp(const std::string& host, std::uint16_t port,
@@ -50,11 +48,6 @@ Status SendAll(int fd, std::string_view data, SteadyClock::time_point deadline,
 // kUnavailable when the peer closes, kTimeout at the deadline.
 StatusOr<std::size_t> RecvSome(int fd, char* dst, std::size_t min, std::size_t max,
                                SteadyClock::time_point deadline, std::string_view peer);
-
-// The local address this host would use to reach host:port, numerically (a connected UDP
-// socket sends nothing; the kernel only picks the route), or "" when the name does not resolve
-// or no route exists. Gives agents and workers an address other hosts can reach them at.
-std::string LocalAddressToward(const std::string& host, std::uint16_t port);
 
 // Deadline `timeout` from now; a zero timeout means "no deadline" (c10d's kNoTimeout).
 SteadyClock::time_point DeadlineAfter(std::chrono::milliseconds timeout);

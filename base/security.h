@@ -12,15 +12,13 @@
 //   service adapter (rendezvous/service) and the agent's client (agent/session_client.h).
 //
 // Shared by the service and the agent, so it sits in the bottom layer; plain C++ and POSIX,
-// and not part of crun_store (which the worker SDK installs).
-// * Loopback or not: LoopbackOnly() says whether an address reaches only this host, for the
-//   daemon's refusal to serve a network without a token.
+// and a library of its own (crun_security) beside crun_base, which the worker SDK installs.
 #pragma once
 
 #include <string>
 #include <string_view>
 
-#include "rendezvous/store/status.h"
+#include "base/status.h"
 
 namespace crun {
 
@@ -55,9 +53,5 @@ bool TokenMatches(std::string_view expected, std::string_view given);
 // The IP address in a gRPC peer string: "ipv4:10.0.0.2:51234" -> "10.0.0.2",
 // "ipv6:[::1]:5" -> "::1", "ipv6:%5B::1%5D:5" likewise; anything else is returned unchanged.
 std::string PeerIp(std::string_view grpc_peer);
-
-// Whether `host` (an IP literal or a name) reaches only this machine: 127.0.0.0/8, ::1,
-// "localhost". A name that is not a literal and not "localhost" is not loopback.
-bool LoopbackOnly(std::string_view host);
 
 }  // namespace crun

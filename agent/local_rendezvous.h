@@ -1,6 +1,7 @@
-// The single-node rendezvous: the assignment is computed in-process and each round's store is
-// a fresh crun store on the launcher's own event loop (so a restarted worker never reads a key
-// of an earlier attempt).
+// The rendezvous without crun's service, beside the one with it (service_rendezvous.h): one
+// node (torchrun's standalone), torchrun's static backend, and one crun per Slurm task. The
+// assignment is computed in-process; on one node each round's store is a fresh crun store on
+// the agent's own event loop (so a restarted worker never reads a key of an earlier attempt).
 #pragma once
 
 #include <chrono>
@@ -14,7 +15,7 @@
 #include "agent/rendezvous.h"
 #include "agent/worker_env.h"
 
-namespace crun::launcher {
+namespace crun::agent {
 
 struct LocalRendezvousOptions {
   std::string run_id;
@@ -35,7 +36,7 @@ struct LocalRendezvousOptions {
   std::string bind_host;
   // One crun per Slurm task (docs/slurm.md): the ranks and sizes come from Slurm, not from
   // node_rank x nproc. Its master_port is filled in from the store.
-  std::optional<agent::GroupAssignment> fixed_group;
+  std::optional<GroupAssignment> fixed_group;
   // With a static store shared by several crun processes (nnodes > 1, or a fixed_group of
   // several tasks), each says on the store when its workers are done, and the store's host
   // keeps serving after its own workers ended until all have said so, for at most this long:
@@ -44,7 +45,7 @@ struct LocalRendezvousOptions {
 };
 
 // Runs on `io`'s thread (NextRound starts the store there).
-std::unique_ptr<agent::Rendezvous> MakeLocalRendezvous(boost::asio::io_context& io,
+std::unique_ptr<Rendezvous> MakeLocalRendezvous(boost::asio::io_context& io,
                                                 const LocalRendezvousOptions& options);
 
-}  // namespace crun::launcher
+}  // namespace crun::agent

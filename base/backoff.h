@@ -13,9 +13,13 @@ class Backoff {
  public:
   Backoff(std::chrono::milliseconds initial, std::chrono::milliseconds max, double multiplier,
           double jitter, std::uint64_t seed);
-  std::chrono::milliseconds Next();
+  // The next delay (microsecond resolution, so that a 5 ms start keeps its jitter).
+  std::chrono::microseconds Next();
+  // Back to `initial`, after a success.
+  void Reset() { base_ms_ = initial_ms_; }
 
  private:
+  double initial_ms_;
   double base_ms_;
   double max_ms_;
   double multiplier_;

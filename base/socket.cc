@@ -1,4 +1,4 @@
-#include "rendezvous/store/socket.h"
+#include "base/socket.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -73,15 +73,6 @@ void UniqueFd::reset(int fd) {
   fd_ = fd;
 }
 
-std::string FormatEndpoint(std::string_view host, std::uint16_t port) {
-  std::string out;
-  if (host.find(':') != std::string_view::npos) {
-    out.append("[").append(host).append("]");
-  } else {
-    out.append(host);
-  }
-  return out + ":" + std::to_string(port);
-}
 
 SteadyClock::time_point DeadlineAfter(std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) return SteadyClock::time_point::max();
@@ -149,31 +140,5 @@ StatusOr<std::size_t> RecvSome(int fd, char* dst, std::size_t min, std::size_t m
   }
   return got;
 }
-
-std::string LocalAddressToward(const std::string& host, std::uint16_t port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return "";
-  std::string found;
-  for (auto* r = res; r != nullptr && found.empty(); r = r->ai_next) {
-    const int fd = ::socket(r->ai_family, r->ai_socktype | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    sockaddr_storage local{};
-    socklen_t len = sizeof local;
-    char buf[NI_MAXHOST];
-    if (::connect(fd, r->ai_addr, r->ai_addrlen) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
-        ::getnameinfo(reinterpret_cast<sockaddr*>(&local), len, buf, sizeof buf, nullptr, 0,
-                      NI_NUMERICHOST) == 0) {
-      found = buf;
-    }
-    ::close(fd);
-  }
-  ::freeaddrinfo(res);
-  return found;
-}
-
 
 }  // namespace crun

@@ -1,0 +1,392 @@
+#include "launcher/launch_plan.h"
+
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdlib>
+#include <random>
+#include <thread>
+
+#include "base/host_addresses.h"
+#include "launcher/devices.h"
+#include "launcher/numa_binding.h"
+#include "launcher/worker_command.h"
+
+namespace crun::launcher {
+namespace {
+
+// The NUMA nodes this process may allocate from (its cpuset's), from the kernel.
+std::set<int> AllowedMemoryNodes() {
+  std::array<unsigned long, 16> mask{};
+  std::set<int> out;
+  constexpr int kBits = 8 * sizeof(unsigned long);
+  // get_mempolicy(NULL, mask, maxnode, 0, MPOL_F_MEMS_ALLOWED)
+  if (::syscall(SYS_get_mempolicy, nullptr, mask.data(), mask.size() * kBits, nullptr, 4) != 0) {
+    out.insert(0);
+    return out;
+  }
+  for (std::size_t i = 0; i < mask.size() * kBits; ++i) {
+    if (mask[i / kBits] & (1UL << (i % kBits))) out.insert(static_cast<int>(i));
+  }
+  return out;
+}
+
+std::set<int> AllowedCpus() {
+  cpu_set_t set;
+  std::set<int> out;
+  if (::sched_getaffinity(0, sizeof set, &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) out.insert(c);
+  }
+  return out;
+}
+
+std::string RandomRunId() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+  return buf;
+}
+
+// The checks of values that need nothing else: a flag given empty (an unset shell variable,
+// not "default"), the run id, torchrun's options whose other values name Python plugins.
+Status CheckPlainValues(const LaunchOptions& o, const std::set<std::string>& given) {
+  const std::pair<const char*, const std::string*> named[] = {
+      {"--rdzv-endpoint", &o.rdzv_endpoint}, {"--log-dir", &o.log_dir},
+      {"--rdzv-id", &o.rdzv_id},             {"--master-addr", &o.master_addr},
+      {"--local-addr", &o.local_addr},       {"--role", &o.role},
+      {"--nproc-per-node", &o.nproc_per_node}, {"--nnodes", &o.nnodes}};
+  for (const auto& [flag, value] : named) {
+    if (given.count(flag) != 0 && value->empty()) {
+      return InvalidArgument(std::string(flag) + " is empty (an unset variable?)");
+    }
+  }
+  CRUN_RETURN_IF_ERROR(CheckRunId(o.rdzv_id));
+  CRUN_RETURN_IF_ERROR(ParseFlagSeconds("--monitor-interval", o.monitor_interval).status());
+  if (o.start_method != "spawn" && o.start_method != "fork" && o.start_method != "forkserver") {
+    return InvalidArgument("--start-method '" + o.start_method +
+                           "': expected spawn, fork or forkserver");
+  }
+  if (o.event_log_handler != "null" && o.event_log_handler != "console") {
+    return InvalidArgument("--event-log-handler '" + o.event_log_handler +
+                           "': expected console or null (torchrun's other handlers are Python "
+                           "plugins crun cannot load)");
+  }
+  if (!o.logs_specs.empty() && o.logs_specs != "DefaultLogsSpecs" && o.logs_specs != "default") {
+    return InvalidArgument("--logs-specs '" + o.logs_specs +
+                           "': torchrun loads log layouts from Python entry points, which crun "
+                           "cannot run; only the default (DefaultLogsSpecs) is accepted — "
+                           "crun's layout is in docs/cli.md, Logs");
+  }
+  return Status::Ok();
+}
+
+Status PlanNumbers(LaunchPlan& p, const LaunchOptions& o) {
+  CRUN_ASSIGN_OR_RETURN(p.max_restarts, ParseFlagInt("--max-restarts", o.max_restarts, 0,
+                                                     1'000'000));
+  CRUN_ASSIGN_OR_RETURN(p.node_rank, ParseFlagInt("--node-rank", o.node_rank, 0, 100'000));
+  if (!o.master_port.empty()) {
+    CRUN_ASSIGN_OR_RETURN(p.master_port, ParseFlagInt("--master-port", o.master_port, 0, 65535));
+  }
+  return Status::Ok();
+}
+
+// Under srun: one crun per Slurm task (--slurm-direct), or one per node, asked for with
+// --slurm or the default inside a job step when nothing names the job's nodes otherwise.
+Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& given,
+                 const MachineFacts& facts) {
+  const bool names_nodes = given.count("--nnodes") || !o.rdzv_endpoint.empty() || o.standalone ||
+                           given.count("--node-rank") || !o.rdzv_backend.empty();
+  auto port = [&](const SlurmStep& step) {
+    return o.slurm_port > 0 ? o.slurm_port : SlurmDefaultPort(step);
+  };
+  if (o.slurm_direct) {
+    if (names_nodes || o.slurm) {
+      return InvalidArgument("--slurm-direct takes the ranks from the Slurm task: drop --slurm, "
+                             "--nnodes, --node-rank, --rdzv-backend, --rdzv-endpoint and "
+                             "--standalone");
+    }
+    if (o.nproc_per_node != "1") {
+      return InvalidArgument("--slurm-direct runs one worker per Slurm task, not --nproc-per-node " +
+                             o.nproc_per_node + " (ask srun for more tasks per node)");
+    }
+    if (p.max_restarts > 0) {
+      return InvalidArgument("--slurm-direct: restarts belong to Slurm (srun --requeue, or a new "
+                             "step), not --max-restarts " + std::to_string(p.max_restarts));
+    }
+    auto step = ReadSlurmStep(facts.getenv);
+    if (!step.ok()) return InvalidArgument("--slurm-direct: " + step.status().message());
+    auto task = TaskSettings(*step, port(*step));
+    if (!task.ok()) return InvalidArgument("--slurm-direct: " + task.status().message());
+    p.slurm_task = std::move(task).value();
+    if (o.rdzv_id == "none") o.rdzv_id = p.slurm_task->run_id;
+  } else if (o.slurm || (!names_nodes && InSlurmStep(facts.getenv))) {
+    if (names_nodes) {
+      return InvalidArgument("--slurm takes the nodes from the Slurm step: drop --nnodes, "
+                             "--node-rank, --rdzv-backend, --rdzv-endpoint and --standalone");
+    }
+    auto step = ReadSlurmStep(facts.getenv);
+    if (!step.ok()) return InvalidArgument("--slurm: " + step.status().message());
+    p.slurm = NodeSettings(*step, port(*step));
+    o.nnodes = std::to_string(p.slurm->nnodes);
+    p.node_rank = p.slurm->node_rank;
+    o.rdzv_backend = "crun";
+    o.rdzv_endpoint = FormatEndpoint(p.slurm->host, static_cast<std::uint16_t>(p.slurm->port));
+    if (o.rdzv_id == "none") o.rdzv_id = p.slurm->run_id;
+  } else if (given.count("--slurm-port")) {
+    return InvalidArgument("--slurm-port " + std::to_string(o.slurm_port) +
+                           " without a Slurm step");
+  }
+  return Status::Ok();
+}
+
+// The mode from --standalone, --rdzv-backend, --rdzv-endpoint and --nnodes, and what each
+// mode needs of the others.
+Status PlanMode(LaunchPlan& p, const LaunchOptions& o, const std::set<std::string>& given,
+                const MachineFacts& facts) {
+  CRUN_ASSIGN_OR_RETURN(p.nodes, ParseNnodes(o.nnodes));
+  p.node_rank_given = given.count("--node-rank") || facts.Env("PET_NODE_RANK").has_value() ||
+                      p.slurm.has_value();
+  const std::string& backend = o.rdzv_backend;
+  if (backend == "etcd" || backend == "etcd-v2") {
+    return InvalidArgument("--rdzv-backend " + backend + " is not supported: crun's own service "
+                           "(--rdzv-backend c10d or crun, with --rdzv-endpoint) replaces it");
+  }
+  if (!backend.empty() && backend != "static" && backend != "c10d" && backend != "crun") {
+    return InvalidArgument("--rdzv-backend '" + backend + "': expected crun, c10d or static");
+  }
+  if (o.standalone) {
+    // As torchrun: one node with its own rendezvous that nobody else can reach. A range such
+    // as 1:2 is accepted (torchrun's tutorials use it); nobody else can join, so it runs now.
+    if (p.nodes.min != 1) {
+      return InvalidArgument("--standalone runs one node; --nnodes '" + o.nnodes +
+                             "' needs at least " + std::to_string(p.nodes.min));
+    }
+    if (p.nodes.max != 1) {
+      p.notes.push_back("--standalone: running one node (--nnodes " + o.nnodes +
+                        ": no other node can join a standalone job)");
+      p.nodes.max = 1;
+    }
+  } else if (backend == "c10d" || backend == "crun" ||
+             (backend.empty() && !o.rdzv_endpoint.empty())) {
+    p.mode = Mode::kService;
+  } else if (p.nodes.max > 1) {
+    p.mode = Mode::kStatic;
+  }
+  if (p.mode == Mode::kService && o.rdzv_endpoint.empty()) {
+    return InvalidArgument("--rdzv-backend " + backend + " needs --rdzv-endpoint host[:port]");
+  }
+  if (p.mode == Mode::kStatic) {
+    if (p.nodes.min != p.nodes.max) {
+      return InvalidArgument("--nnodes '" + o.nnodes + "': the static backend needs a fixed "
+                             "number of nodes (use --rdzv-endpoint for an elastic range)");
+    }
+    if (p.node_rank >= p.nodes.max) {
+      return InvalidArgument("--node-rank " + std::to_string(p.node_rank) +
+                             " is not below --nnodes " + std::to_string(p.nodes.max));
+    }
+    if (p.master_port <= 0) {
+      return InvalidArgument("the static backend needs --master-port (the store node 0 hosts)");
+    }
+  } else if (p.mode == Mode::kLocal && p.node_rank != 0) {
+    return InvalidArgument("--node-rank " + std::to_string(p.node_rank) + " on a one-node job");
+  }
+  return Status::Ok();
+}
+
+// The service's settings from --nnodes, --max-restarts and --rdzv-conf, and whether to host it.
+Status PlanServiceSettings(LaunchPlan& p, const LaunchOptions& o) {
+  const RdzvConf& conf = p.conf;
+  rdzv::Settings& settings = p.settings;
+  settings.min_nodes = p.nodes.min;
+  settings.max_nodes = p.nodes.max;
+  settings.max_restarts = p.max_restarts;
+  if (conf.join_timeout) settings.join_timeout = Millis(*conf.join_timeout);
+  if (conf.last_call_timeout) settings.last_call_timeout = Millis(*conf.last_call_timeout);
+  settings.heartbeat_timeout = HeartbeatTimeout(conf, settings.heartbeat_timeout);
+  CRUN_RETURN_IF_ERROR(settings.Validate());
+  p.heartbeat_interval = conf.heartbeat_interval ? Millis(*conf.heartbeat_interval)
+                                                 : std::min(std::chrono::milliseconds(1000),
+                                                            settings.heartbeat_timeout / 3);
+  if (p.heartbeat_interval >= settings.heartbeat_timeout) {
+    return InvalidArgument("--rdzv-conf: heartbeat_interval (" +
+                           std::to_string(p.heartbeat_interval.count()) +
+                           " ms) must be shorter than heartbeat_timeout (" +
+                           std::to_string(settings.heartbeat_timeout.count()) + " ms)");
+  }
+  p.try_host = conf.is_host.value_or(NamesThisHost(p.endpoint.host));
+  if (p.try_host && p.security.tls() && p.security.cert_pem.empty()) {
+    if (conf.is_host.value_or(false)) {
+      return InvalidArgument("is_host=1 with TLS: hosting the rendezvous service (" +
+                             o.rdzv_endpoint + ") needs its certificate and key (--tls-cert, "
+                             "--tls-key)");
+    }
+    // A TLS client on the service's own host (a `crun rendezvous` daemon there): it joins.
+    p.try_host = false;
+  }
+  return Status::Ok();
+}
+
+// --rdzv-conf for every mode; the endpoint, the security files and the settings for crun's
+// service; the security flags refused without it.
+Status PlanRendezvous(LaunchPlan& p, const LaunchOptions& o, const std::set<std::string>& given) {
+  CRUN_ASSIGN_OR_RETURN(p.conf, ParseRdzvConf(o.rdzv_conf));
+  for (const auto& key : p.conf.ignored) {
+    p.notes.push_back("--rdzv-conf: ignoring unknown key '" + key +
+                      "' (as torchrun does; crun's keys are in docs/cli.md)");
+  }
+  if (p.mode != Mode::kService) {
+    for (const char* flag : {"--token-file", "--tls-cert", "--tls-key", "--tls-ca"}) {
+      if (given.count(flag)) {
+        return InvalidArgument(std::string(flag) + " secures crun's rendezvous service: it "
+                               "needs --rdzv-endpoint (or --slurm)");
+      }
+    }
+    return Status::Ok();
+  }
+  auto endpoint = ParseEndpoint(o.rdzv_endpoint, 29400);
+  if (!endpoint.ok()) return InvalidArgument("--rdzv-endpoint: " + endpoint.status().message());
+  p.endpoint = *endpoint;
+  if (Status s = CheckResolvable(p.endpoint.host); !s.ok()) {
+    return InvalidArgument("--rdzv-endpoint: " + s.message());
+  }
+  // The step's first node hosts the rendezvous, whatever its name resolves to.
+  if (p.slurm && !p.conf.is_host) p.conf.is_host = p.slurm->is_host;
+  if (p.slurm && p.conf.node_id.empty()) p.conf.node_id = p.slurm->node_name;
+  CRUN_ASSIGN_OR_RETURN(p.security, LoadSecurity(o.security, "client"));
+  return PlanServiceSettings(p, o);
+}
+
+// --numa-binding: each local rank's CPUs and memory nodes, the latter limited to those this
+// process may allocate from (a note says which were dropped).
+Status PlanNuma(LaunchPlan& p, const LaunchOptions& o, const MachineFacts& facts) {
+  if (o.numa_binding.empty()) return Status::Ok();
+  CRUN_ASSIGN_OR_RETURN(const NumaMode mode, ParseNumaMode(o.numa_binding));
+  agent::AgentOptions& a = p.agent;
+  CRUN_ASSIGN_OR_RETURN(auto plan, PlanNumaBinding(mode, facts.system_root, a.first_local_rank,
+                                                   p.nproc, facts.Env("CUDA_VISIBLE_DEVICES"),
+                                                   facts.allowed_cpus));
+  for (auto& b : plan) {
+    std::vector<int> usable;
+    for (int n : b.mems) {
+      if (facts.allowed_mems.count(n) != 0) usable.push_back(n);
+    }
+    if (usable.size() != b.mems.size()) {
+      p.notes.push_back("--numa-binding: local rank " +
+                        std::to_string(a.first_local_rank + static_cast<int>(a.bindings.size())) +
+                        ": this process may not allocate from NUMA node(s) " +
+                        FormatCpuList(b.mems) + " (cpuset); its memory is " +
+                        (usable.empty() ? "left unbound" : "bound to " + FormatCpuList(usable)));
+    }
+    a.bindings.push_back({b.cpus, usable});
+  }
+  return Status::Ok();
+}
+
+// --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s.
+StatusOr<std::chrono::milliseconds> ShutdownTimeout(const LaunchOptions& o,
+                                                   const MachineFacts& facts) {
+  double seconds = 30;
+  if (!o.shutdown_timeout.empty()) {
+    CRUN_ASSIGN_OR_RETURN(seconds, ParseFlagSeconds("--shutdown-timeout", o.shutdown_timeout));
+  } else if (auto env = facts.Env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) {
+    CRUN_ASSIGN_OR_RETURN(seconds, ParseFlagSeconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", *env));
+  }
+  return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+}
+
+// The agent's options: the workers, their command, signals, logs and bindings.
+Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& given,
+                 const MachineFacts& facts) {
+  CRUN_ASSIGN_OR_RETURN(p.nproc, ResolveNproc(o.nproc_per_node, facts.system_root,
+                                              facts.Env("CUDA_VISIBLE_DEVICES"), facts.cpus));
+  const WorkerCommandOptions wo{o.command, o.module, o.no_python, o.run_path};
+  agent::AgentOptions& a = p.agent;
+  CRUN_ASSIGN_OR_RETURN(a.command, WorkerCommand(wo, facts.getenv));
+  a.interpreter = InterpreterNote(a.command, wo, facts.getenv);
+  // Under Slurm, its warning signals (--signal=USR1@60, scancel -s USR2) reach crun; by
+  // default they are passed on to the workers as notices rather than ending crun.
+  if ((p.slurm || p.slurm_task) && !given.count("--signals-to-handle") &&
+      !facts.Env("PET_SIGNALS_TO_HANDLE")) {
+    o.signals += ",SIGUSR1,SIGUSR2";
+  }
+  CRUN_ASSIGN_OR_RETURN(a.forward_signals, ParseSignals(o.signals));
+  CRUN_ASSIGN_OR_RETURN(a.shutdown_timeout, ShutdownTimeout(o, facts));
+  // Per-local-rank flags index by local rank: a Slurm task's is SLURM_LOCALID.
+  const int local_ranks = p.slurm_task ? p.slurm_task->local_rank + 1 : p.nproc;
+  CRUN_ASSIGN_OR_RETURN(a.redirects, ParseStdSpec("--redirects", o.redirects, local_ranks));
+  CRUN_ASSIGN_OR_RETURN(a.tees, ParseStdSpec("--tee", o.tee, local_ranks));
+  CRUN_ASSIGN_OR_RETURN(a.console_ranks, ParseRankList(o.local_ranks_filter, local_ranks));
+  a.nproc = p.nproc;
+  a.first_local_rank = p.slurm_task ? p.slurm_task->local_rank : 0;
+  a.max_restarts = p.max_restarts;
+  a.entrypoint = o.command[0];
+  a.stdout_filters = ParseFilters(o.duplicate_stdout_filters);
+  a.stderr_filters = ParseFilters(o.duplicate_stderr_filters);
+  a.console_events = o.event_log_handler == "console";
+  const auto prefix = facts.Env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  if (!o.log_line_prefix_template.empty()) {
+    a.prefix_template = o.log_line_prefix_template;
+  } else if (prefix && !prefix->empty()) {
+    a.prefix_template = *prefix;
+  }
+  if (auto e = facts.Env("TORCHELASTIC_ERROR_FILE")) a.parent_error_file = *e;
+  return PlanNuma(p, o, facts);
+}
+
+// The run id workers see. --standalone, and one node with no --master-port (torchrun 2.x then
+// switches to standalone itself), get a fresh one; the static backend keeps the given id,
+// "none" by default, the same on every node, as torchrun does.
+std::string RunId(const LaunchPlan& p, const LaunchOptions& o) {
+  if (p.mode == Mode::kService) return o.rdzv_id == "none" ? std::string("default") : o.rdzv_id;
+  if (o.standalone ||
+      (p.mode == Mode::kLocal && !p.slurm_task && o.rdzv_id == "none" && p.master_port <= 0)) {
+    return RandomRunId();
+  }
+  return o.rdzv_id;
+}
+
+}  // namespace
+
+MachineFacts MachineFacts::OfThisMachine() {
+  MachineFacts f;
+  f.system_root = SystemRoot();
+  f.cpus = static_cast<int>(std::thread::hardware_concurrency());
+  f.allowed_cpus = AllowedCpus();
+  f.allowed_mems = AllowedMemoryNodes();
+  return f;
+}
+
+std::optional<std::string> MachineFacts::Env(const char* name) const {
+  const char* v = getenv ? getenv(name) : std::getenv(name);
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+std::set<std::string> GivenFlags(const CLI::App& app) {
+  std::set<std::string> given;
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt->count() == 0) continue;
+    for (const auto& name : opt->get_lnames()) given.insert("--" + name);
+    for (const auto& name : opt->get_snames()) given.insert("-" + name);
+  }
+  return given;
+}
+
+StatusOr<LaunchPlan> PlanLaunch(LaunchOptions o, const std::set<std::string>& given,
+                                const MachineFacts& facts) {
+  LaunchPlan p;
+  CRUN_RETURN_IF_ERROR(CheckPlainValues(o, given));
+  CRUN_RETURN_IF_ERROR(PlanNumbers(p, o));
+  CRUN_RETURN_IF_ERROR(PlanSlurm(p, o, given, facts));
+  CRUN_RETURN_IF_ERROR(PlanMode(p, o, given, facts));
+  CRUN_RETURN_IF_ERROR(PlanRendezvous(p, o, given));
+  CRUN_RETURN_IF_ERROR(PlanAgent(p, o, given, facts));
+  p.run_id = RunId(p, o);
+  p.o = std::move(o);
+  return p;
+}
+
+}  // namespace crun::launcher

@@ -1,0 +1,213 @@
+// LocalAgent driven through the Rendezvous interface by a scripted rendezvous, with real
+// /bin/sh workers: what it starts (ranks, environment, log directories), what it reports
+// (success, the first failure with its stderr, failure.json), restarts, launch failures, and
+// how it stops a group (SIGTERM, then SIGKILL after the grace). Every run is bounded by the
+// workers' own commands; no worker outlives its test.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+
+#include "agent/local_agent.h"
+#include "tests/unit/temp_dir.h"
+
+namespace {
+
+namespace asio = boost::asio;
+using namespace crun::agent;
+
+// Answers every Join with an assignment of round joins-1 at once; a failure with a restart
+// while any remain, else with the job's failure; a success with the job's success.
+class ScriptedRendezvous final : public Rendezvous {
+ public:
+  struct Record {
+    int joins = 0;
+    int successes = 0;
+    std::vector<std::vector<FailureRecord>> failures;
+    std::vector<std::string> left;
+  };
+
+  ScriptedRendezvous(asio::io_context& io, int nproc, int max_restarts, Record* record)
+      : io_(io), nproc_(nproc), max_restarts_(max_restarts), record_(record) {}
+
+  void Start(RendezvousEvents* events) override { events_ = events; }
+  void Join() override {
+    GroupAssignment g;
+    g.run_id = "unit";
+    g.local_world_size = nproc_;
+    g.world_size = nproc_;
+    g.role_world_size = nproc_;
+    g.master_addr = "127.0.0.1";
+    g.master_port = 29999;  // nobody listens: the workers here never connect
+    g.restart_count = restarts_;
+    g.max_restarts = max_restarts_;
+    g.round = record_->joins++;
+    asio::post(io_, [this, g] { events_->OnAssignment(g); });
+  }
+  void ReportFailure(const std::vector<FailureRecord>& failures) override {
+    record_->failures.push_back(failures);
+    if (restarts_ < max_restarts_) {
+      ++restarts_;
+      asio::post(io_, [this] { events_->OnStopAndRejoin("a worker failed", true); });
+      return;
+    }
+    JobOutcome o;
+    o.exit_code = failures.front().exit.ShellCode();
+    o.reason = "a worker failed";
+    o.root_node_id = node_id();
+    o.root_report = failures;
+    asio::post(io_, [this, o] { events_->OnFinished(o); });
+  }
+  void ReportSuccess() override {
+    ++record_->successes;
+    JobOutcome o;
+    o.success = true;
+    asio::post(io_, [this, o] { events_->OnFinished(o); });
+  }
+  void Leave(const std::string& reason) override { record_->left.push_back(reason); }
+  std::string node_id() const override { return "unit-node"; }
+
+ private:
+  asio::io_context& io_;
+  int nproc_;
+  int max_restarts_;
+  int restarts_ = 0;
+  Record* record_;
+  RendezvousEvents* events_ = nullptr;
+};
+
+using crun::testing::TempDir;
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs `script` (sh -c) as `nproc` workers under a LocalAgent; the record of what the
+// rendezvous heard and the agent's exit code.
+struct Outcome {
+  int code = -1;
+  ScriptedRendezvous::Record record;
+};
+Outcome RunAgent(const TempDir& dir, int nproc, const std::string& script, int max_restarts = 0,
+                 std::chrono::milliseconds grace = std::chrono::seconds(5)) {
+  AgentOptions o;
+  o.command = {"/bin/sh", "-c", script, "worker", "${local_rank}"};
+  o.nproc = nproc;
+  o.max_restarts = max_restarts;
+  o.shutdown_timeout = grace;
+  o.host_name = "unit-host";
+  o.entrypoint = "/bin/sh";
+  o.log_dir = dir.path;
+  o.redirects = std::vector<int>(static_cast<std::size_t>(nproc), 3);  // keep the console quiet
+  Outcome out;
+  asio::io_context io(1);
+  LocalAgent agent(io, o,
+                   std::make_unique<ScriptedRendezvous>(io, nproc, max_restarts, &out.record));
+  out.code = agent.Run();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("agent: workers get their ranks and logs, and success is reported once", "[agent]") {
+  TempDir dir;
+  const auto out = RunAgent(dir, 3,
+                            "echo \"$RANK $LOCAL_RANK $WORLD_SIZE $MASTER_PORT $1\" > "
+                            "\"$TORCHELASTIC_ERROR_FILE.ranks\"");
+  CHECK(out.code == 0);
+  CHECK(out.record.joins == 1);
+  CHECK(out.record.successes == 1);
+  CHECK(out.record.failures.empty());
+  for (int lr = 0; lr < 3; ++lr) {
+    const std::string l = std::to_string(lr);
+    CHECK(Read(dir.path + "/attempt_0/" + l + "/error.json.ranks") ==
+          l + " " + l + " 3 29999 " + l + "\n");
+  }
+  CHECK_FALSE(std::filesystem::exists(dir.path + "/failure.json"));
+}
+
+TEST_CASE("agent: the first failure is reported with its stderr and written out", "[agent]") {
+  TempDir dir;
+  const auto out = RunAgent(dir, 2,
+                            "if [ \"$1\" = 1 ]; then echo 'boom on rank 1' >&2; exit 3; fi; "
+                            "exec sleep 60");
+  CHECK(out.code == 3);
+  REQUIRE(out.record.failures.size() == 1);
+  const FailureRecord& root = out.record.failures[0].front();
+  CHECK(root.rank == 1);
+  CHECK(root.local_rank == 1);
+  CHECK(root.host == "unit-host");
+  CHECK(root.exit.ShellCode() == 3);
+  REQUIRE_FALSE(root.stderr_tail.empty());
+  CHECK(root.stderr_tail.back() == "boom on rank 1");
+  const std::string report = Read(dir.path + "/failure.json");
+  CHECK_THAT(report, Catch::Contains("boom on rank 1"));
+  CHECK(out.record.successes == 0);
+  REQUIRE(out.record.left.size() == 1);
+  CHECK(out.record.left[0] == "exit code 3");
+}
+
+TEST_CASE("agent: a failed round is restarted and its next attempt succeeds", "[agent]") {
+  TempDir dir;
+  const std::string marker = dir.path + "/failed-once";
+  const auto out = RunAgent(dir, 2,
+                            "if [ \"$1\" = 0 ] && [ ! -e " + marker + " ]; then touch " +
+                                marker + "; exit 7; fi; echo \"$TORCHELASTIC_RESTART_COUNT\" > "
+                                "\"$TORCHELASTIC_ERROR_FILE.restarts\"",
+                            1);
+  CHECK(out.code == 0);
+  CHECK(out.record.joins == 2);
+  CHECK(out.record.failures.size() == 1);
+  CHECK(out.record.successes == 1);
+  CHECK(Read(dir.path + "/attempt_1/0/error.json.restarts") == "1\n");
+  CHECK(Read(dir.path + "/attempt_1/1/error.json.restarts") == "1\n");
+}
+
+TEST_CASE("agent: a program that cannot be started fails with the shell's code", "[agent]") {
+  TempDir dir;
+  AgentOptions o;
+  o.command = {dir.path + "/no-such-program"};
+  o.host_name = "unit-host";
+  o.log_dir = dir.path;
+  ScriptedRendezvous::Record record;
+  asio::io_context io(1);
+  LocalAgent agent(io, o, std::make_unique<ScriptedRendezvous>(io, 1, 0, &record));
+  CHECK(agent.Run() == 127);
+  REQUIRE(record.failures.size() == 1);
+  CHECK(record.failures[0].front().exit.ShellCode() == 127);
+}
+
+TEST_CASE("agent: a worker that ignores SIGTERM is killed after the grace", "[agent]") {
+  TempDir dir;
+  // Rank 1 ignores SIGTERM (sleep inherits the ignored disposition) and would otherwise end
+  // well after 60 s; rank 0 fails once rank 1 says (through a FIFO) that it ignores SIGTERM.
+  // failure.json shows rank 1 ended by SIGKILL.
+  const std::string fifo = dir.path + "/ready";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const auto out = RunAgent(dir, 2,
+                            "if [ \"$1\" = 0 ]; then timeout 30 cat " + fifo + "; exit 5; fi; "
+                            "trap '' TERM; echo ignoring > " + fifo + "; sleep 60",
+                            0, std::chrono::milliseconds(300));
+  CHECK(out.code == 5);
+  REQUIRE(out.record.failures.size() == 1);
+  CHECK(out.record.failures[0].front().rank == 0);
+  const auto report = nlohmann::json::parse(Read(dir.path + "/failure.json"));
+  REQUIRE(report["failures"].size() == 2);
+  CHECK(report["failures"][0]["rank"] == 0);
+  CHECK(report["failures"][0]["exit_code"] == 5);
+  CHECK(report["failures"][1]["rank"] == 1);
+  CHECK(report["failures"][1]["signal"] == "SIGKILL");
+}

@@ -1,0 +1,206 @@
+// PlanLaunch: command lines (and a Slurm step's variables) in, the plan or the refusal out.
+// The machine is a made-up one (MachineFacts): 8 CPUs, no GPUs, the environment a table; the
+// Slurm step's nodes are loopback addresses. The worker is /bin/true with --no-python, so
+// nothing but the resolver (for literals and "localhost") and the file system is asked.
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "launcher/launch_plan.h"
+
+namespace {
+
+using namespace crun::launcher;
+using Strings = std::vector<std::string>;
+using Vars = std::map<std::string, std::string>;
+
+MachineFacts Facts(Vars vars = {}) {
+  MachineFacts f;
+  f.getenv = [vars = std::move(vars)](const char* name) -> const char* {
+    auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  };
+  f.system_root = "/nonexistent-root";  // no /dev/nvidia*: no GPUs
+  f.cpus = 8;
+  f.allowed_cpus = {0, 1, 2, 3, 4, 5, 6, 7};
+  f.allowed_mems = {0};
+  return f;
+}
+
+// Parses `args` (options only; "--no-python /bin/true" is appended) as crun's command line.
+crun::StatusOr<LaunchPlan> Plan(const Strings& args, const Vars& vars = {}) {
+  CLI::App app;
+  app.prefix_command();
+  LaunchOptions o;
+  AddLaunchOptions(app, o);
+  Strings argv = args;
+  argv.insert(argv.end(), {"--no-python", "/bin/true", "x"});
+  std::vector<std::string> reversed(argv.rbegin(), argv.rend());
+  app.parse(reversed);
+  o.command = app.remaining();
+  return PlanLaunch(o, GivenFlags(app), Facts(vars));
+}
+
+std::string Refusal(const Strings& args, const Vars& vars = {}) {
+  const auto p = Plan(args, vars);
+  return p.ok() ? "(accepted)" : p.status().message();
+}
+
+Vars StepVars() {
+  return {{"SLURM_JOB_ID", "4242"},          {"SLURM_STEP_ID", "3"},
+          {"SLURM_STEP_NODELIST", "127.0.0.[1-3]"}, {"SLURM_NODEID", "1"},
+          {"SLURM_PROCID", "3"},             {"SLURM_LOCALID", "1"},
+          {"SLURM_STEP_NUM_TASKS", "6"},     {"SLURM_STEP_TASKS_PER_NODE", "2(x3)"}};
+}
+
+}  // namespace
+
+TEST_CASE("plan: the mode follows torchrun's rules", "[plan]") {
+  struct Row {
+    Strings args;
+    Mode mode;
+    int min_nodes, max_nodes;
+  };
+  for (const Row& row : {
+           Row{{}, Mode::kLocal, 1, 1},
+           Row{{"--standalone"}, Mode::kLocal, 1, 1},
+           Row{{"--standalone", "--nnodes", "1:2"}, Mode::kLocal, 1, 1},
+           Row{{"--nnodes", "2", "--master-port", "29500"}, Mode::kStatic, 2, 2},
+           Row{{"--rdzv-endpoint", "127.0.0.1:29400"}, Mode::kService, 1, 1},
+           Row{{"--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost"},
+               Mode::kService, 1, 4},
+           Row{{"--nnodes", "2", "--rdzv-backend", "static", "--master-port", "1"},
+               Mode::kStatic, 2, 2},
+       }) {
+    INFO(Catch::Detail::stringify(row.args));
+    const auto p = Plan(row.args);
+    REQUIRE(p.ok());
+    CHECK(p->mode == row.mode);
+    CHECK(p->nodes.min == row.min_nodes);
+    CHECK(p->nodes.max == row.max_nodes);
+  }
+}
+
+TEST_CASE("plan: refusals name the flag and the value", "[plan]") {
+  struct Row {
+    Strings args;
+    std::string message;
+  };
+  for (const Row& row : {
+           Row{{"--rdzv-endpoint", ""}, "--rdzv-endpoint is empty (an unset variable?)"},
+           Row{{"--role", ""}, "--role is empty"},
+           Row{{"--max-restarts", "-1"}, "--max-restarts '-1'"},
+           Row{{"--start-method", "thread"}, "--start-method 'thread': expected spawn, fork"},
+           Row{{"--event-log-handler", "x"}, "--event-log-handler 'x'"},
+           Row{{"--logs-specs", "mine"}, "--logs-specs 'mine'"},
+           Row{{"--rdzv-backend", "etcd"}, "--rdzv-backend etcd is not supported"},
+           Row{{"--rdzv-backend", "zk"}, "--rdzv-backend 'zk': expected crun, c10d or static"},
+           Row{{"--rdzv-backend", "c10d"}, "--rdzv-backend c10d needs --rdzv-endpoint"},
+           Row{{"--standalone", "--nnodes", "2"}, "--standalone runs one node; --nnodes '2'"},
+           Row{{"--nnodes", "1:2", "--master-port", "1"}, "the static backend needs a fixed"},
+           Row{{"--nnodes", "2", "--node-rank", "2", "--master-port", "1"},
+               "--node-rank 2 is not below --nnodes 2"},
+           Row{{"--nnodes", "2"}, "the static backend needs --master-port"},
+           Row{{"--node-rank", "1"}, "--node-rank 1 on a one-node job"},
+           Row{{"--rdzv-endpoint", "no-such-host.invalid"},
+               "--rdzv-endpoint: cannot resolve host 'no-such-host.invalid'"},
+           Row{{"--rdzv-endpoint", "127.0.0.1", "--rdzv-conf", "heartbeat_interval=5,"
+                                                               "heartbeat_timeout=5"},
+               "heartbeat_interval (5000 ms) must be shorter"},
+           Row{{"--token-file", "/etc/passwd"}, "--token-file secures crun's rendezvous"},
+           Row{{"--slurm-port", "5000"}, "--slurm-port 5000 without a Slurm step"},
+           Row{{"--shutdown-timeout", "nan"}, "--shutdown-timeout 'nan'"},
+           Row{{"--signals-to-handle", "SIGKILL"}, "SIGKILL"},
+           Row{{"--nproc-per-node", "gpu"}, "gpu"},
+           Row{{"--tee", "0:9"}, "--tee '0:9'"},
+       }) {
+    INFO(Catch::Detail::stringify(row.args));
+    CHECK_THAT(Refusal(row.args), Catch::Contains(row.message));
+  }
+}
+
+TEST_CASE("plan: the agent's options come from the flags and torchrun's variables", "[plan]") {
+  const auto p = Plan({"--nproc-per-node", "cpu", "--max-restarts", "3", "--tee", "3",
+                       "--signals-to-handle", "SIGTERM,SIGUSR1", "--event-log-handler",
+                       "console"},
+                      {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "2.5"},
+                       {"TORCHELASTIC_ERROR_FILE", "/tmp/e.json"},
+                       {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${rank}>"}});
+  REQUIRE(p.ok());
+  const auto& a = p->agent;
+  CHECK(p->nproc == 8);
+  CHECK(a.nproc == 8);
+  CHECK(a.max_restarts == 3);
+  CHECK(a.command == Strings{"/bin/true", "x"});
+  CHECK(a.interpreter.empty());
+  CHECK(a.forward_signals == std::vector<int>{SIGTERM, SIGUSR1});
+  CHECK(a.shutdown_timeout == std::chrono::milliseconds(2500));
+  CHECK(a.tees == std::vector<int>(8, 3));
+  CHECK(a.console_events);
+  CHECK(a.parent_error_file == "/tmp/e.json");
+  CHECK(a.prefix_template == "${rank}>");
+  // One node without --master-port: a fresh run id, as torchrun 2.x's standalone switch.
+  CHECK(p->run_id.size() == 16);
+  CHECK(Plan({"--nnodes", "2", "--master-port", "1"})->run_id == "none");
+  CHECK(Plan({"--rdzv-endpoint", "127.0.0.1"})->run_id == "default");
+}
+
+TEST_CASE("plan: the service's settings and whether this node hosts it", "[plan]") {
+  const auto p = Plan({"--nnodes", "2:3", "--max-restarts", "2", "--rdzv-endpoint",
+                       "127.0.0.1:4000", "--rdzv-conf",
+                       "join_timeout=7,last_call_timeout=0.5,heartbeat_timeout=9,x=1"});
+  REQUIRE(p.ok());
+  CHECK(p->endpoint.host == "127.0.0.1");
+  CHECK(p->endpoint.port == 4000);
+  CHECK(p->settings.min_nodes == 2);
+  CHECK(p->settings.max_nodes == 3);
+  CHECK(p->settings.max_restarts == 2);
+  CHECK(p->settings.join_timeout == std::chrono::seconds(7));
+  CHECK(p->settings.last_call_timeout == std::chrono::milliseconds(500));
+  CHECK(p->heartbeat_interval == std::chrono::seconds(1));
+  CHECK(p->try_host);  // 127.0.0.1 is this host
+  REQUIRE(p->notes.size() == 1);
+  CHECK_THAT(p->notes[0], Catch::Contains("ignoring unknown key 'x'"));
+  // TEST-NET-3 is nobody's interface: this node joins.
+  CHECK_FALSE(Plan({"--rdzv-endpoint", "203.0.113.7"})->try_host);
+  CHECK(Plan({"--rdzv-endpoint", "203.0.113.7", "--rdzv-conf", "is_host=1"})->try_host);
+}
+
+TEST_CASE("plan: a Slurm step fills in the nodes, or the ranks of one task", "[plan][slurm]") {
+  const auto node = Plan({}, StepVars());  // inside a step, nothing names the nodes: --slurm
+  REQUIRE(node.ok());
+  REQUIRE(node->slurm.has_value());
+  CHECK(node->mode == Mode::kService);
+  CHECK(node->nodes.max == 3);
+  CHECK(node->node_rank == 1);
+  CHECK(node->node_rank_given);
+  CHECK(node->run_id == "slurm-4242.3");
+  CHECK_FALSE(node->try_host);  // 127.0.0.2 is not the step's first node
+  CHECK(node->o.rdzv_endpoint.rfind("127.0.0.1:", 0) == 0);
+  CHECK(node->conf.node_id == "127.0.0.2");
+  // Slurm's warning signals reach the workers unless the user chose the signals.
+  CHECK(node->agent.forward_signals.size() == 6);
+
+  const auto task = Plan({"--slurm-direct"}, StepVars());
+  REQUIRE(task.ok());
+  REQUIRE(task->slurm_task.has_value());
+  CHECK(task->mode == Mode::kLocal);
+  CHECK(task->slurm_task->rank == 3);
+  CHECK(task->agent.first_local_rank == 1);
+  CHECK(task->run_id == "slurm-4242.3");
+
+  CHECK_THAT(Refusal({"--slurm-direct", "--nnodes", "2"}, StepVars()),
+             Catch::Contains("--slurm-direct takes the ranks from the Slurm task"));
+  CHECK_THAT(Refusal({"--slurm-direct", "--nproc-per-node", "2"}, StepVars()),
+             Catch::Contains("not --nproc-per-node 2"));
+  CHECK_THAT(Refusal({"--slurm-direct", "--max-restarts", "1"}, StepVars()),
+             Catch::Contains("restarts belong to Slurm"));
+  CHECK_THAT(Refusal({"--slurm", "--nnodes", "2"}, StepVars()),
+             Catch::Contains("--slurm takes the nodes from the Slurm step"));
+  CHECK_THAT(Refusal({"--slurm"}), Catch::Contains("--slurm: "));
+  // Outside a step nothing is read from Slurm.
+  CHECK_FALSE(Plan({})->slurm.has_value());
+}
