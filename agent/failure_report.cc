@@ -9,7 +9,8 @@ namespace {
 
 std::string IsoTime(std::chrono::system_clock::time_point t) {
   const std::time_t secs = std::chrono::system_clock::to_time_t(t);
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() % 1000;
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() % 1000;
   std::tm tm{};
   ::gmtime_r(&secs, &tm);
   char buf[64];
@@ -29,8 +30,8 @@ std::string Indent(const std::string& text, const std::string& pad) {
 void AppendBlock(std::string& out, const FailureRecord& f, const ReportContext& c) {
   out += "  time      : " + IsoTime(f.when) + "\n";
   out += "  host      : " + (f.host.empty() ? c.host : f.host) + "\n";
-  out += "  rank      : " + std::to_string(f.rank) + " (local rank " + std::to_string(f.local_rank) +
-         ", role " + c.role + ")\n";
+  out += "  rank      : " + std::to_string(f.rank) + " (local rank " +
+         std::to_string(f.local_rank) + ", role " + c.role + ")\n";
   out += "  pid       : " + std::to_string(f.pid) + "\n";
   out += "  exit      : " + f.exit.Describe() + "\n";
   const auto& error = f.error;
@@ -96,17 +97,17 @@ std::string FormatReport(const ReportContext& c, const std::vector<FailureRecord
   const std::string rule(72, '=');
   std::string out = rule + "\n";
   out += "crun: " + c.entrypoint + " FAILED (run " + c.run_id + ", attempt " +
-         std::to_string(c.attempt) + ", " + std::to_string(c.max_restarts) +
-         " restarts allowed)\n";
+         std::to_string(c.attempt) + ", " + std::to_string(c.max_restarts) + " restarts allowed)\n";
   out += std::string(72, '-') + "\nRoot cause (first failure):\n";
   if (!failures.empty()) AppendBlock(out, failures.front(), c);
   if (const auto module = failures.empty() || c.interpreter.empty()
                               ? std::nullopt
                               : MissingModule(failures.front())) {
     const std::string top = module->substr(0, module->find('.'));
-    out += "  hint      : the workers ran " + c.interpreter + ", which cannot import '" + top +
-           "'; set PYTHON_EXEC to the Python that has it (e.g. PYTHON_EXEC=$VIRTUAL_ENV/bin/python) "
-           "or activate its environment before crun\n";
+    out +=
+        "  hint      : the workers ran " + c.interpreter + ", which cannot import '" + top +
+        "'; set PYTHON_EXEC to the Python that has it (e.g. PYTHON_EXEC=$VIRTUAL_ENV/bin/python) "
+        "or activate its environment before crun\n";
   }
   out += std::string(72, '-') + "\nOther failures:";
   if (failures.size() <= 1) out += " none";
@@ -114,9 +115,8 @@ std::string FormatReport(const ReportContext& c, const std::vector<FailureRecord
   for (std::size_t i = 1; i < failures.size(); ++i) {
     const auto& f = failures[i];
     out += "  rank " + std::to_string(f.rank) + " on " + (f.host.empty() ? c.host : f.host) +
-           " (local rank " + std::to_string(f.local_rank) +
-           ", pid " + std::to_string(f.pid) + "): " + f.exit.Describe() + " at " +
-           IsoTime(f.when) + "\n";
+           " (local rank " + std::to_string(f.local_rank) + ", pid " + std::to_string(f.pid) +
+           "): " + f.exit.Describe() + " at " + IsoTime(f.when) + "\n";
   }
   return out + rule + "\n";
 }
@@ -138,7 +138,8 @@ nlohmann::json ReportJson(const ReportContext& c, const std::vector<FailureRecor
     e["local_rank"] = f.local_rank;
     e["pid"] = f.pid;
     e["exit_code"] = f.exit.signaled ? nlohmann::json(nullptr) : nlohmann::json(f.exit.value);
-    e["signal"] = f.exit.signaled ? nlohmann::json(SignalName(f.exit.value)) : nlohmann::json(nullptr);
+    e["signal"] =
+        f.exit.signaled ? nlohmann::json(SignalName(f.exit.value)) : nlohmann::json(nullptr);
     e["error_file"] = f.error_file;
     if (const auto& err = f.error) {
       e["message"] = err->message;

@@ -31,9 +31,9 @@ struct FailureRecord {
   pid_t pid = 0;
   ExitStatus exit;
   std::chrono::system_clock::time_point when;
-  std::string error_file;                // path given to the worker
-  std::optional<ErrorFileContent> error; // what it wrote there, if anything
-  std::vector<std::string> stderr_tail;  // last lines of its stderr
+  std::string error_file;                 // path given to the worker
+  std::optional<ErrorFileContent> error;  // what it wrote there, if anything
+  std::vector<std::string> stderr_tail;   // last lines of its stderr
 };
 
 struct ReportContext {

@@ -16,10 +16,10 @@
 namespace crun::agent {
 
 struct PumpTargets {
-  int console_fd = -1;  // -1: not shown on the console
-  std::string prefix;   // put before each console line
-  int file_fd = -1;     // -1: no file; the pump does not own it
-  std::string file_path;  // for the warning when the file cannot be written (disk full)
+  int console_fd = -1;      // -1: not shown on the console
+  std::string prefix;       // put before each console line
+  int file_fd = -1;         // -1: no file; the pump does not own it
+  std::string file_path;    // for the warning when the file cannot be written (disk full)
   std::string stream_name;  // "rank 3 stdout", for that warning
   std::size_t tail_lines = 20;
   // Lines containing any of `filters` also go to filtered_fd (not owned), with filtered_prefix.

@@ -68,8 +68,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
   }
 
   static StreamOptions StreamOptionsOf(const AgentOptions& o) {
-    return {o.redirects, o.tees, o.console_ranks, o.prefix_template, o.stdout_filters,
-            o.stderr_filters, o.host_name};
+    return {o.redirects,      o.tees,           o.console_ranks, o.prefix_template,
+            o.stdout_filters, o.stderr_filters, o.host_name};
   }
 
   int Run() {
@@ -78,8 +78,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
     if (cgroup) {
       spdlog::info("workers run in cgroup {}", cgroup->dir());
     } else {
-      spdlog::info("no cgroup for the workers ({}): daemonised descendants are ended at the "
-                   "end of each attempt, but would survive a SIGKILL of crun", why_not);
+      spdlog::info(
+          "no cgroup for the workers ({}): daemonised descendants are ended at the "
+          "end of each attempt, but would survive a SIGKILL of crun",
+          why_not);
     }
     auto g = GroupGuard::Start(cgroup ? cgroup->dir() : std::string());
     if (!g.ok()) {
@@ -112,8 +114,11 @@ struct LocalAgent::Impl final : RendezvousEvents {
     if (phase != Phase::kWaiting || stopped_by_signal != 0) return;
     group = g;
     Event("torchelastic.rendezvous.round", "AGENT",
-          {{"round", g.round}, {"spare", g.spare}, {"group_world_size", g.group_world_size},
-           {"world_size", g.world_size}, {"master_addr", g.master_addr},
+          {{"round", g.round},
+           {"spare", g.spare},
+           {"group_world_size", g.group_world_size},
+           {"world_size", g.world_size},
+           {"master_addr", g.master_addr},
            {"master_port", g.master_port}});
     if (g.spare) {
       spdlog::info("round {}: this node is a spare (the round is full); waiting", g.round);
@@ -158,7 +163,9 @@ struct LocalAgent::Impl final : RendezvousEvents {
     metadata["agent_restarts"] = group.restart_count;
     const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::chrono::system_clock::now().time_since_epoch());
-    nlohmann::json e{{"name", name}, {"source", source}, {"timestamp", now.count()},
+    nlohmann::json e{{"name", name},
+                     {"source", source},
+                     {"timestamp", now.count()},
                      {"metadata", std::move(metadata)}};
     const std::string line = e.dump() + "\n";
     ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
@@ -259,14 +266,16 @@ struct LocalAgent::Impl final : RendezvousEvents {
     nlohmann::json pids = nlohmann::json::array();
     for (const auto& w : workers) pids.push_back(w.pid);
     Event("torchelastic.worker.status.HEALTHY", "AGENT",
-          {{"state", "HEALTHY"}, {"round", group.round}, {"world_size", group.world_size},
-           {"first_rank", group.base_rank + options.first_local_rank}, {"pids", pids}});
+          {{"state", "HEALTHY"},
+           {"round", group.round},
+           {"world_size", group.world_size},
+           {"first_rank", group.base_rank + options.first_local_rank},
+           {"pids", pids}});
     spdlog::info("round {} (restart {}): started {} workers, ranks {}..{} of {} (store {}:{})",
                  group.round, group.restart_count, options.nproc,
                  group.base_rank + options.first_local_rank,
                  group.base_rank + options.first_local_rank + options.nproc - 1, group.world_size,
-                 group.master_addr,
-                 group.master_port);
+                 group.master_addr, group.master_port);
   }
 
   // A failure of local rank `lr`, now.
@@ -329,9 +338,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
       f.stderr_tail = StderrTail(lr);
       failures.push_back(std::move(f));
       if (phase == Phase::kRunning) {
-        spdlog::warn("rank {} (local rank {}, pid {}) on {} failed with {}; stopping the other "
-                     "workers",
-                     group.base_rank + lr, lr, w.pid, options.host_name, status.Describe());
+        spdlog::warn(
+            "rank {} (local rank {}, pid {}) on {} failed with {}; stopping the other "
+            "workers",
+            group.base_rank + lr, lr, w.pid, options.host_name, status.Describe());
         ReportFailures();
         BeginStop(SIGTERM);
       }
@@ -347,8 +357,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
       // and every orphan that came to crun as their subreaper.
       if (cgroup) cgroup->KillAll();
       if (const int strays = KillStrays({guard->pid()}); strays > 0) {
-        spdlog::warn("ended {} process(es) the workers left behind outside their process "
-                     "groups (daemonised descendants)", strays);
+        spdlog::warn(
+            "ended {} process(es) the workers left behind outside their process "
+            "groups (daemonised descendants)",
+            strays);
       }
       MaybeEndAttempt();
     }
@@ -371,9 +383,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
       if (IsStopped(w.pid)) {
         // A stopped process keeps the signal pending and would only meet SIGKILL at the end
         // of the grace: let it run, so that it can act on the signal now.
-        spdlog::warn("rank {} (pid {}) was stopped (SIGSTOP or a debugger): sending SIGCONT so "
-                     "that it can act on {}", group.base_rank + w.local_rank, w.pid,
-                     SignalName(signo));
+        spdlog::warn(
+            "rank {} (pid {}) was stopped (SIGSTOP or a debugger): sending SIGCONT so "
+            "that it can act on {}",
+            group.base_rank + w.local_rank, w.pid, SignalName(signo));
         ::kill(-w.pid, SIGCONT);
       }
     }
@@ -462,8 +475,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
       Report(failures);  // this node's full report, the same root cause first
     } else if (!outcome.root_report.empty()) {
       Report(outcome.root_report);
-      std::fprintf(stderr, "crun: the job failed on node '%s': %s\n",
-                   outcome.root_node_id.c_str(), outcome.reason.c_str());
+      std::fprintf(stderr, "crun: the job failed on node '%s': %s\n", outcome.root_node_id.c_str(),
+                   outcome.reason.c_str());
     } else {
       std::fprintf(stderr, "crun: the job failed: %s\n", outcome.reason.c_str());
     }

@@ -71,8 +71,8 @@ class LocalRendezvous final : public Rendezvous {
 
   void ReportFailure(const std::vector<FailureRecord>& failures) override {
     const FailureRecord& root = failures.front();
-    const std::string what = "rank " + std::to_string(root.rank) + " failed with " +
-                             root.exit.Describe();
+    const std::string what =
+        "rank " + std::to_string(root.rank) + " failed with " + root.exit.Describe();
     if (restarts_ < options_.max_restarts) {
       ++restarts_;
       return Post([this, what] { events_->OnStopAndRejoin(what, true); });
@@ -150,8 +150,10 @@ class LocalRendezvous final : public Rendezvous {
     }
     if (*n >= participants) (void)(*client)->Set(kAllDone, "1");
     if (!hosting || *n >= participants) return;
-    spdlog::info("keeping the store up until the other {} crun processes are done (at most {} "
-                 "ms)", participants - *n, options_.store_linger.count());
+    spdlog::info(
+        "keeping the store up until the other {} crun processes are done (at most {} "
+        "ms)",
+        participants - *n, options_.store_linger.count());
     if (!(*client)->Wait({kAllDone}, options_.store_linger).ok()) {
       auto now = (*client)->Add(kDone, 0);
       spdlog::warn("stopping the store: {} of {} crun processes said they were done within {} ms",

@@ -31,14 +31,14 @@ namespace {
 namespace asio = boost::asio;
 
 constexpr std::array<std::pair<int, const char*>, 31> kSignals = {{
-    {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},     {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
-    {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"},   {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
-    {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"},   {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
-    {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"},   {SIGTERM, "SIGTERM"}, {SIGSTKFLT, "SIGSTKFLT"},
-    {SIGCHLD, "SIGCHLD"}, {SIGCONT, "SIGCONT"},   {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"},
-    {SIGTTIN, "SIGTTIN"}, {SIGTTOU, "SIGTTOU"},   {SIGURG, "SIGURG"},   {SIGXCPU, "SIGXCPU"},
+    {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},       {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+    {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"},     {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+    {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"},     {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+    {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"},     {SIGTERM, "SIGTERM"}, {SIGSTKFLT, "SIGSTKFLT"},
+    {SIGCHLD, "SIGCHLD"}, {SIGCONT, "SIGCONT"},     {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"},
+    {SIGTTIN, "SIGTTIN"}, {SIGTTOU, "SIGTTOU"},     {SIGURG, "SIGURG"},   {SIGXCPU, "SIGXCPU"},
     {SIGXFSZ, "SIGXFSZ"}, {SIGVTALRM, "SIGVTALRM"}, {SIGPROF, "SIGPROF"}, {SIGWINCH, "SIGWINCH"},
-    {SIGIO, "SIGIO"},     {SIGPWR, "SIGPWR"},     {SIGSYS, "SIGSYS"},
+    {SIGIO, "SIGIO"},     {SIGPWR, "SIGPWR"},       {SIGSYS, "SIGSYS"},
 }};
 
 // clone3's arguments (linux/sched.h; spelled out here, as that header clashes with glibc's).
@@ -129,8 +129,8 @@ std::string SignalName(int signo) {
 }
 
 int ParseSignal(const std::string& text) {
-  if (!text.empty() && std::all_of(text.begin(), text.end(),
-                                   [](unsigned char c) { return std::isdigit(c) != 0; })) {
+  if (!text.empty() &&
+      std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c) != 0; })) {
     const auto n = ParseInteger(text, 1, NSIG - 1);  // digits, but maybe 30 of them
     return n ? static_cast<int>(*n) : -1;
   }
@@ -157,7 +157,8 @@ StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   for (int c : spec.cpus) {
-    if (c < 0 || c >= CPU_SETSIZE) return InvalidArgument("CPU " + std::to_string(c) + " is out of range");
+    if (c < 0 || c >= CPU_SETSIZE)
+      return InvalidArgument("CPU " + std::to_string(c) + " is out of range");
     CPU_SET(c, &cpus);
   }
   // set_mempolicy's node mask: one bit per node, in unsigned longs.
@@ -165,7 +166,8 @@ StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
   constexpr int kBits = 8 * sizeof(unsigned long);
   std::array<unsigned long, kMaxNodes / kBits> nodes{};
   for (int n : spec.mem_nodes) {
-    if (n < 0 || n >= kMaxNodes) return InvalidArgument("NUMA node " + std::to_string(n) + " is out of range");
+    if (n < 0 || n >= kMaxNodes)
+      return InvalidArgument("NUMA node " + std::to_string(n) + " is out of range");
     nodes[static_cast<std::size_t>(n / kBits)] |= 1UL << (n % kBits);
   }
   int report[2];
@@ -210,8 +212,7 @@ StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
   }
   ::setpgid(pid, pid);  // also here, so the group exists whichever side runs first
   ::close(report[1]);
-  return PendingProcess{pid, report[0], spec.argv[0], spec.cpus, spec.mem_nodes,
-                        spec.cgroup_dir};
+  return PendingProcess{pid, report[0], spec.argv[0], spec.cpus, spec.mem_nodes, spec.cgroup_dir};
 }
 
 StatusOr<pid_t> FinishStart(PendingProcess& pending) {
@@ -236,7 +237,8 @@ StatusOr<pid_t> FinishStart(PendingProcess& pending) {
   }
   if (what[0] == 2) {
     return PosixError("cannot bind the memory of '" + pending.program + "' to NUMA nodes " +
-                          list(pending.mem_nodes), what[1]);
+                          list(pending.mem_nodes),
+                      what[1]);
   }
   if (what[0] == 3) {
     return PosixError("cannot move '" + pending.program + "' into the cgroup " + pending.cgroup_dir,
@@ -301,7 +303,7 @@ int KillStrays(const std::vector<pid_t>& keep, int limit) {
 }
 
 StatusOr<std::unique_ptr<ExitWatcher>> ExitWatcher::Watch(asio::io_context& io, pid_t pid,
-                                                           Callback on_exit) {
+                                                          Callback on_exit) {
   // glibc declares pidfd_open without C linkage for C++; the system call is the same.
   const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   if (fd < 0) return PosixError("pidfd_open for pid " + std::to_string(pid), errno);

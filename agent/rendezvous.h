@@ -17,9 +17,9 @@ namespace crun::agent {
 
 struct JobOutcome {
   bool success = false;
-  int exit_code = 0;   // what this crun exits with: the same on every node
-  std::string reason;  // "all workers succeeded", "only 1 of at least 2 nodes joined ..."
-  std::string root_node_id;                // the node whose failure ended the job, if one did
+  int exit_code = 0;         // what this crun exits with: the same on every node
+  std::string reason;        // "all workers succeeded", "only 1 of at least 2 nodes joined ..."
+  std::string root_node_id;  // the node whose failure ended the job, if one did
   std::vector<FailureRecord> root_report;  // its failures, the root cause first
 };
 

@@ -25,8 +25,8 @@ v1::FailureReport ToProto(const std::string& node_id, const std::vector<FailureR
   if (!failures.empty()) r.set_host(failures.front().host);
   for (const auto& f : failures) {
     auto* w = r.add_failures();
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        f.when.time_since_epoch()).count();
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(f.when.time_since_epoch()).count();
     w->set_time_unix_ms(ms);
     w->set_rank(f.rank);
     w->set_local_rank(f.local_rank);
@@ -73,8 +73,13 @@ std::vector<FailureRecord> FromProto(const v1::FailureReport& r) {
 class ServiceRendezvous final : public Rendezvous {
  public:
   ServiceRendezvous(asio::io_context& io, ServiceRendezvousOptions o)
-      : io_(io), o_(std::move(o)), heartbeat_(io), join_timer_(io), reconnect_timer_(io),
-        probe_(io), probe_timer_(io),
+      : io_(io),
+        o_(std::move(o)),
+        heartbeat_(io),
+        join_timer_(io),
+        reconnect_timer_(io),
+        probe_(io),
+        probe_timer_(io),
         probe_backoff_(std::chrono::milliseconds(5), std::chrono::seconds(1), 1.5, 0.2,
                        std::random_device{}()),
         incarnation_((std::uint64_t{std::random_device{}()} << 32) | std::random_device{}()),
@@ -212,19 +217,20 @@ class ServiceRendezvous final : public Rendezvous {
 
   void ProbeAttempt() {
     asio::async_connect(probe_, probe_targets_,
-                        [this](const boost::system::error_code& ec, const asio::ip::tcp::endpoint&) {
-      if (Ended()) return;
-      boost::system::error_code ignored;
-      probe_.close(ignored);
-      if (!ec) {
-        probing_ = false;
-        return OpenSession(true);
-      }
-      probe_timer_.expires_after(probe_backoff_.Next());
-      probe_timer_.async_wait([this](const boost::system::error_code& e) {
-        if (!e && !Ended()) ProbeAttempt();
-      });
-    });
+                        [this](const boost::system::error_code& ec,
+                               const asio::ip::tcp::endpoint&) {
+                          if (Ended()) return;
+                          boost::system::error_code ignored;
+                          probe_.close(ignored);
+                          if (!ec) {
+                            probing_ = false;
+                            return OpenSession(true);
+                          }
+                          probe_timer_.expires_after(probe_backoff_.Next());
+                          probe_timer_.async_wait([this](const boost::system::error_code& e) {
+                            if (!e && !Ended()) ProbeAttempt();
+                          });
+                        });
   }
 
   // `listening`: the endpoint accepted a TCP connection just now, so a session that cannot be
@@ -241,9 +247,7 @@ class ServiceRendezvous final : public Rendezvous {
         !listening || Reconnecting() || (state_ == State::kRetrying && closed_in_a_row_ == 0);
     client_ = std::make_unique<SessionClient>(
         *stub_,
-        [this](v1::ServiceMessage m) {
-          asio::post(io_, [this, m = std::move(m)] { Handle(m); });
-        },
+        [this](v1::ServiceMessage m) { asio::post(io_, [this, m = std::move(m)] { Handle(m); }); },
         [this](const Status& s) { asio::post(io_, [this, s] { OnSessionEnded(s); }); }, call);
     ArmHeartbeat();
     if (join_pending_) {
@@ -319,14 +323,18 @@ class ServiceRendezvous final : public Rendezvous {
   // Why a TLS session may not have come about, both sides named: the service's certificate,
   // or (mutual TLS) this node's.
   std::string TlsHint() const {
-    std::string hint = " (this node uses TLS: does the service? Its certificate must be signed by "
-                       "--tls-ca and name '" + o_.endpoint_host + "'";
+    std::string hint =
+        " (this node uses TLS: does the service? Its certificate must be signed by "
+        "--tls-ca and name '" +
+        o_.endpoint_host + "'";
     if (o_.security.cert_pem.empty()) {
-      hint += "; a service that requires client certificates (mutual TLS) also needs "
-              "--tls-cert and --tls-key on this node)";
+      hint +=
+          "; a service that requires client certificates (mutual TLS) also needs "
+          "--tls-cert and --tls-key on this node)";
     } else {
-      hint += "; with mutual TLS, this node's --tls-cert must be signed by a CA the service "
-              "trusts (its --tls-ca))";
+      hint +=
+          "; with mutual TLS, this node's --tls-cert must be signed by a CA the service "
+          "trusts (its --tls-ca))";
     }
     return hint;
   }
@@ -336,8 +344,9 @@ class ServiceRendezvous final : public Rendezvous {
     if (s.code() == StatusCode::kPermissionDenied) {
       return End(1, "the rendezvous service at " + target_ + " refused this node (run '" +
                         o_.run_id + "', node '" + o_.node_id + "'): " + s.message() +
-                        (o_.security.token.empty() ? "" : " (this node's token is from " +
-                                                              o_.security.token_source + ")"));
+                        (o_.security.token.empty()
+                             ? ""
+                             : " (this node's token is from " + o_.security.token_source + ")"));
     }
     if (durable_ && (Heard() || Reconnecting())) {
       return Reconnect(s.ok() ? std::string("it ended the session") : s.message());
@@ -351,9 +360,11 @@ class ServiceRendezvous final : public Rendezvous {
     if (!Heard() && listening_ && !s.ok()) {
       // The port is open, and what answered is not a crun service this node can talk to.
       return End(1, "cannot open a session with the rendezvous service at " + target_ + ": " +
-                        s.message() + (o_.security.tls() ? TlsHint()
-                            : " (this node speaks plaintext: if the service uses TLS, give "
-                              "--tls-ca; or the port is not a crun rendezvous service)"));
+                        s.message() +
+                        (o_.security.tls()
+                             ? TlsHint()
+                             : " (this node speaks plaintext: if the service uses TLS, give "
+                               "--tls-ca; or the port is not a crun rendezvous service)"));
     }
     End(1, "lost the rendezvous service at " + target_ + ": " +
                (s.ok() ? std::string("it ended the session") : s.message()));
@@ -364,8 +375,8 @@ class ServiceRendezvous final : public Rendezvous {
   // what a TLS service does to a plaintext client, but also what a restarting service does:
   // it counts only when it happens three times in a row.
   bool IsMismatch(const std::string& error) {
-    for (const char* sign : {"Ssl handshake failed", "SSL_ERROR", "certificate", "http1.x",
-                             "Handshake failed"}) {
+    for (const char* sign :
+         {"Ssl handshake failed", "SSL_ERROR", "certificate", "http1.x", "Handshake failed"}) {
       if (error.find(sign) != std::string::npos) return true;
     }
     if (error.find("Socket closed") == std::string::npos) {
@@ -417,9 +428,10 @@ class ServiceRendezvous final : public Rendezvous {
     }
     state_ = State::kReconnecting;
     lost_ = "lost the rendezvous service at " + target_ + " (" + why + ")";
-    spdlog::warn("{}: it is a daemon, so this node stops its workers and rejoins when it is "
-                 "back (for up to {} ms, reconnect_timeout)", lost_,
-                 o_.reconnect_timeout.count());
+    spdlog::warn(
+        "{}: it is a daemon, so this node stops its workers and rejoins when it is "
+        "back (for up to {} ms, reconnect_timeout)",
+        lost_, o_.reconnect_timeout.count());
     reconnect_deadline_ = std::chrono::steady_clock::now() + o_.reconnect_timeout;
     ArmReconnectDeadline();
     Probe();
@@ -430,8 +442,8 @@ class ServiceRendezvous final : public Rendezvous {
     reconnect_timer_.expires_at(reconnect_deadline_);
     reconnect_timer_.async_wait([this](const boost::system::error_code& ec) {
       if (ec || state_ != State::kReconnecting) return;
-      End(1, lost_ + " and it was not back within " +
-                 std::to_string(o_.reconnect_timeout.count()) + " ms (reconnect_timeout)");
+      End(1, lost_ + " and it was not back within " + std::to_string(o_.reconnect_timeout.count()) +
+                 " ms (reconnect_timeout)");
     });
   }
 
@@ -474,8 +486,8 @@ class ServiceRendezvous final : public Rendezvous {
   bool durable_ = false;  // the service said it outlives jobs (RoundAssignment.durable_service)
   bool listening_ = false;
   bool join_deadline_passed_ = false;
-  int closed_in_a_row_ = 0;    // sessions that ended with "Socket closed" (IsMismatch)
-  std::string last_error_;     // of the last session that failed, for the final message
+  int closed_in_a_row_ = 0;  // sessions that ended with "Socket closed" (IsMismatch)
+  std::string last_error_;   // of the last session that failed, for the final message
   State state_ = State::kProbing;
   std::chrono::steady_clock::time_point reconnect_deadline_;
   std::string lost_;  // what was lost, for the reconnect deadline's message

@@ -27,7 +27,7 @@ struct JobSettings {
   int min_nodes = 1;
   int max_nodes = 1;
   int max_restarts = 0;
-  std::chrono::milliseconds join_timeout{0};       // also how long an unreachable endpoint is retried
+  std::chrono::milliseconds join_timeout{0};  // also how long an unreachable endpoint is retried
   std::chrono::milliseconds last_call_timeout{0};  // 0: the service's default
   std::chrono::milliseconds heartbeat_timeout{0};  // 0: the service's default
 };

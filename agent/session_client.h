@@ -5,17 +5,17 @@
 // thread of its own). Messages from the service arrive through `on_message` on a gRPC thread,
 // in order; `on_done` runs once when the stream ends, with why. Send never blocks.
 //
-// The session waits for the service to become reachable (wait_for_ready unless told not to; gRPC reconnects
-// with its own backoff, never under 100 ms, growing to 1 s), so agents may start before the
-// host that serves the endpoint; giving up is the caller's join timeout. (The agent first
-// waits for the endpoint to accept TCP with a finer backoff of its own, service_rendezvous.cc,
-// so that agents started together with the host node do not pay those 100 ms.) Keepalive pings notice a service that
-// went silent (a cut link) within `keepalive_timeout`.
+// The session waits for the service to become reachable (wait_for_ready unless told not to; gRPC
+// reconnects with its own backoff, never under 100 ms, growing to 1 s), so agents may start before
+// the host that serves the endpoint; giving up is the caller's join timeout. (The agent first waits
+// for the endpoint to accept TCP with a finer backoff of its own, service_rendezvous.cc, so that
+// agents started together with the host node do not pay those 100 ms.) Keepalive pings notice a
+// service that went silent (a cut link) within `keepalive_timeout`.
 #pragma once
 
 #include <chrono>
-#include <cstdint>
 #include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -23,16 +23,15 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "base/security.h"
+#include "base/status.h"
+#include "base/write_queue.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "proto/protocol_version.h"
-#include "base/security.h"
-#include "base/write_queue.h"
-#include "base/status.h"
 
 namespace crun::agent {
 
 namespace v1 = crun::v1;
-
 
 struct ChannelOptions {
   std::chrono::milliseconds keepalive_interval{1'000};
@@ -51,7 +50,8 @@ struct CallOptions {
 };
 
 // "host:port" (IPv6 as "[::1]:29400").
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const ChannelOptions& options);
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const ChannelOptions& options);
 
 class SessionClient final : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServiceMessage> {
  public:

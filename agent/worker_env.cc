@@ -50,13 +50,14 @@ Environment BuildWorkerEnvironment(const GroupAssignment& g, int local_rank,
     if (auto it = base.find(env::kCudaVisibleDevices); it != base.end() && !it->second.empty()) {
       std::vector<std::string> ids;
       std::size_t start = 0;
-      for (auto comma = it->second.find(','); ; comma = it->second.find(',', start)) {
+      for (auto comma = it->second.find(',');; comma = it->second.find(',', start)) {
         ids.push_back(it->second.substr(start, comma == std::string::npos ? std::string::npos
-                                                                           : comma - start));
+                                                                          : comma - start));
         if (comma == std::string::npos) break;
         start = comma + 1;
       }
-      if (local_rank < static_cast<int>(ids.size())) device = ids[static_cast<std::size_t>(local_rank)];
+      if (local_rank < static_cast<int>(ids.size()))
+        device = ids[static_cast<std::size_t>(local_rank)];
     }
     set(env::kCudaVisibleDevices, device);
   }

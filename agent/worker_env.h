@@ -25,12 +25,12 @@ struct GroupAssignment {
   int base_rank = 0;         // RANK of local rank 0
   int role_world_size = 1;
   int base_role_rank = 0;
-  std::string master_addr;   // the attempt's store
+  std::string master_addr;  // the attempt's store
   std::uint16_t master_port = 0;
-  int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT
   int max_restarts = 0;
-  int round = 0;             // the rendezvous round (logs go to attempt_<round>)
-  bool spare = false;        // this node waits outside the round
+  int round = 0;       // the rendezvous round (logs go to attempt_<round>)
+  bool spare = false;  // this node waits outside the round
   // Every worker sees LOCAL_RANK=0 and only its own GPU: CUDA_VISIBLE_DEVICES is entry
   // `local_rank` of the parent's list, or `local_rank` itself when the parent set none.
   bool virtual_local_rank = false;

@@ -55,7 +55,8 @@ StatusOr<Endpoint> ParseEndpoint(std::string_view text, std::uint16_t default_po
     if (close == std::string_view::npos) return InvalidArgument(quoted + ": missing ']'");
     host = std::string(text.substr(1, close - 1));
     if (!IsIpv6(host)) {
-      return InvalidArgument(quoted + ": '" + host + "' is not an IPv6 address (brackets are "
+      return InvalidArgument(quoted + ": '" + host +
+                             "' is not an IPv6 address (brackets are "
                              "for IPv6 only)");
     }
     if (close + 1 < text.size()) {
@@ -66,7 +67,8 @@ StatusOr<Endpoint> ParseEndpoint(std::string_view text, std::uint16_t default_po
   } else {
     const auto colons = std::count(text.begin(), text.end(), ':');
     if (colons > 1) {
-      return InvalidArgument(quoted + ": an IPv6 address needs brackets, [address]:port (e.g. "
+      return InvalidArgument(quoted +
+                             ": an IPv6 address needs brackets, [address]:port (e.g. "
                              "[::1]:29400)");
     }
     if (colons == 1) {

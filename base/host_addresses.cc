@@ -122,5 +122,4 @@ std::string LocalAddressToward(const std::string& host, std::uint16_t port) {
   return found;
 }
 
-
 }  // namespace crun

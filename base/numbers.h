@@ -10,8 +10,7 @@
 namespace crun {
 
 // A decimal integer in [min, max]: "12", "-3". Not "", " 1", "+1", "1x", "0x10", "1e3".
-std::optional<std::int64_t> ParseInteger(std::string_view text, std::int64_t min,
-                                         std::int64_t max);
+std::optional<std::int64_t> ParseInteger(std::string_view text, std::int64_t min, std::int64_t max);
 
 // A finite decimal number in [min, max]: "0.5", "30", "1e-3". Not nan, inf, "", "1s".
 std::optional<double> ParseNumber(std::string_view text, double min, double max);

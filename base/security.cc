@@ -9,7 +9,6 @@
 #include <fstream>
 #include <sstream>
 
-
 namespace crun {
 namespace {
 
@@ -38,8 +37,8 @@ std::string FlagOrEnv(const std::string& flag_value, const char* flag, const cha
 }
 
 std::string Trimmed(std::string s) {
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' ||
-                        s.back() == '\t')) {
+  while (!s.empty() &&
+         (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t')) {
     s.pop_back();
   }
   return s;
@@ -50,8 +49,10 @@ Status CheckToken(const std::string& token, const std::string& source) {
   for (unsigned char c : token) {
     // It travels as gRPC metadata: printable ASCII only.
     if (c < 0x20 || c > 0x7e) {
-      return InvalidArgument(source + ": the job token may hold printable ASCII only "
-                             "(found byte " + std::to_string(c) + ")");
+      return InvalidArgument(source +
+                             ": the job token may hold printable ASCII only "
+                             "(found byte " +
+                             std::to_string(c) + ")");
     }
   }
   return Status::Ok();
@@ -85,7 +86,8 @@ StatusOr<Security> LoadSecurity(const SecurityFlags& flags, std::string_view rol
                                : cert_src + " " + s.cert_path + " without its key (--tls-key)");
   }
   if (role == "service" && s.cert_path.empty() && !s.ca_path.empty()) {
-    return InvalidArgument(ca_src + " " + s.ca_path + ": a TLS service needs its own "
+    return InvalidArgument(ca_src + " " + s.ca_path +
+                           ": a TLS service needs its own "
                            "certificate and key too (--tls-cert, --tls-key)");
   }
   if (!s.cert_path.empty()) {

@@ -34,7 +34,7 @@ struct SecurityFlags {
 
 // Loaded and checked: file contents, not paths.
 struct Security {
-  std::string token;  // empty: no token
+  std::string token;         // empty: no token
   std::string token_source;  // "--token-file /etc/crun/token", "CRUN_TOKEN", for messages
   std::string cert_pem, key_pem, ca_pem;
   std::string cert_path, ca_path;  // for messages

@@ -35,8 +35,8 @@ Status WaitReady(int fd, short events, SteadyClock::time_point deadline, std::st
 
 Status ConnectOne(const addrinfo* ai, SteadyClock::time_point deadline, std::string_view peer,
                   UniqueFd* out) {
-  UniqueFd fd(::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                       ai->ai_protocol));
+  UniqueFd fd(
+      ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol));
   const std::string what = "connect to " + std::string(peer);
   if (!fd.valid()) return PosixError(what + ": socket", errno);
   if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
@@ -72,7 +72,6 @@ void UniqueFd::reset(int fd) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = fd;
 }
-
 
 SteadyClock::time_point DeadlineAfter(std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) return SteadyClock::time_point::max();
@@ -132,8 +131,7 @@ StatusOr<std::size_t> RecvSome(int fd, char* dst, std::size_t min, std::size_t m
     if (n == 0) return Unavailable("store " + std::string(peer) + " closed the connection");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      CRUN_RETURN_IF_ERROR(
-          WaitReady(fd, POLLIN, deadline, "read from store " + std::string(peer)));
+      CRUN_RETURN_IF_ERROR(WaitReady(fd, POLLIN, deadline, "read from store " + std::string(peer)));
       continue;
     }
     return PosixError("read from store " + std::string(peer), errno);

@@ -6,16 +6,26 @@ namespace crun {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid argument";
-    case StatusCode::kNotFound: return "not found";
-    case StatusCode::kTimeout: return "timeout";
-    case StatusCode::kUnavailable: return "unavailable";
-    case StatusCode::kProtocol: return "protocol error";
-    case StatusCode::kResourceExhausted: return "resource exhausted";
-    case StatusCode::kInternal: return "internal error";
-    case StatusCode::kAborted: return "aborted";
-    case StatusCode::kPermissionDenied: return "permission denied";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kNotFound:
+      return "not found";
+    case StatusCode::kTimeout:
+      return "timeout";
+    case StatusCode::kUnavailable:
+      return "unavailable";
+    case StatusCode::kProtocol:
+      return "protocol error";
+    case StatusCode::kResourceExhausted:
+      return "resource exhausted";
+    case StatusCode::kInternal:
+      return "internal error";
+    case StatusCode::kAborted:
+      return "aborted";
+    case StatusCode::kPermissionDenied:
+      return "permission denied";
   }
   return "unknown";
 }

@@ -77,9 +77,10 @@ StatusOr<int> ResolveNproc(const std::string& value, const std::string& root,
   }
   if (auto n = ParseInteger(value, 1, 4096)) return static_cast<int>(*n);
   if (value == "xpu" || value == "hpu" || value == "npu" || value == "mps" || value == "mtia") {
-    return InvalidArgument("--nproc-per-node " + value + ": crun counts NVIDIA GPUs (gpu, auto) "
-                           "and CPUs (cpu) without PyTorch; for " + value +
-                           " devices give the number of workers (e.g. --nproc-per-node 8)");
+    return InvalidArgument("--nproc-per-node " + value +
+                           ": crun counts NVIDIA GPUs (gpu, auto) "
+                           "and CPUs (cpu) without PyTorch; for " +
+                           value + " devices give the number of workers (e.g. --nproc-per-node 8)");
   }
   return InvalidArgument("--nproc-per-node '" + value +
                          "': expected a number from 1 to 4096, cpu, gpu or auto");

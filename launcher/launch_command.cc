@@ -6,8 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 
-#include <boost/asio/io_context.hpp>
 #include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
 #include <spdlog/spdlog.h>
 
 #include "agent/local_agent.h"
@@ -98,15 +98,15 @@ StatusOr<LogDirs> MakeRunLogDirs(const std::string& given, const std::string& ru
       return d;
     }
     if (errno != ENOENT || attempt == 3) {
-      return PosixError("--log-dir '" + d.base + "': cannot create a directory in " + d.run,
-                        errno);
+      return PosixError("--log-dir '" + d.base + "': cannot create a directory in " + d.run, errno);
     }
   }
 }
 
 // crun's rendezvous service: joined at the endpoint, and hosted here when the endpoint names
 // this node (unless is_host says otherwise, or a daemon already serves its port).
-int RunWithService(const LaunchPlan& p, boost::asio::io_context& io, agent::AgentOptions agent_options) {
+int RunWithService(const LaunchPlan& p, boost::asio::io_context& io,
+                   agent::AgentOptions agent_options) {
   const LaunchOptions& o = p.o;
   const RdzvConf& conf = p.conf;
   agent::ServiceRendezvousOptions so;
@@ -120,11 +120,11 @@ int RunWithService(const LaunchPlan& p, boost::asio::io_context& io, agent::Agen
   so.nproc = p.nproc;
   if (p.node_rank_given) so.requested_rank = p.node_rank;
   const crun::rdzv::Settings& settings = p.settings;
-  so.settings = {settings.min_nodes,         settings.max_nodes,
-                 settings.max_restarts,      settings.join_timeout,
-                 settings.last_call_timeout, settings.heartbeat_timeout};
+  so.settings = {settings.min_nodes,    settings.max_nodes,         settings.max_restarts,
+                 settings.join_timeout, settings.last_call_timeout, settings.heartbeat_timeout};
   so.heartbeat_interval = p.heartbeat_interval;
-  so.keepalive_timeout = conf.read_timeout ? Millis(*conf.read_timeout) : settings.heartbeat_timeout;
+  so.keepalive_timeout =
+      conf.read_timeout ? Millis(*conf.read_timeout) : settings.heartbeat_timeout;
   so.virtual_local_rank = o.virtual_local_rank;
   if (conf.reconnect_timeout) so.reconnect_timeout = Millis(*conf.reconnect_timeout);
   so.security = p.security;
@@ -141,9 +141,11 @@ int RunWithService(const LaunchPlan& p, boost::asio::io_context& io, agent::Agen
       hosted = std::move(started).value();
       spdlog::info("hosting the rendezvous service on port {}", p.endpoint.port);
       if (p.security.token.empty() && !crun::LoopbackOnly(p.endpoint.host)) {
-        spdlog::warn("the rendezvous service on port {} has no job token: anyone who can "
-                     "reach it can join or end this job (set CRUN_TOKEN_FILE or CRUN_TOKEN on "
-                     "every node; docs/security.md)", p.endpoint.port);
+        spdlog::warn(
+            "the rendezvous service on port {} has no job token: anyone who can "
+            "reach it can join or end this job (set CRUN_TOKEN_FILE or CRUN_TOKEN on "
+            "every node; docs/security.md)",
+            p.endpoint.port);
       }
     } else if (conf.is_host.value_or(false)) {
       std::fprintf(stderr, "crun: is_host=1 but %s\n", started.status().message().c_str());
@@ -160,7 +162,8 @@ int RunWithService(const LaunchPlan& p, boost::asio::io_context& io, agent::Agen
   }
   if (hosted) {
     // The other nodes were sent the outcome with ours: let their sessions end first.
-    hosted->Stop(conf.close_timeout ? Millis(*conf.close_timeout) : std::chrono::milliseconds(5000));
+    hosted->Stop(conf.close_timeout ? Millis(*conf.close_timeout)
+                                    : std::chrono::milliseconds(5000));
   }
   return code;
 }
@@ -179,8 +182,10 @@ int Execute(LaunchPlan& p) {
   ::unsetenv("CRUN_TOKEN");
   if (p.nproc > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     ::setenv("OMP_NUM_THREADS", "1", 1);
-    std::fprintf(stderr, "crun: OMP_NUM_THREADS was unset; set to 1 for each of the %d workers "
-                         "(set it to tune)\n", p.nproc);
+    std::fprintf(stderr,
+                 "crun: OMP_NUM_THREADS was unset; set to 1 for each of the %d workers "
+                 "(set it to tune)\n",
+                 p.nproc);
   }
   ::signal(SIGPIPE, SIG_IGN);
   // As torchrun 2.x does: workers see which signals their launcher forwards.
@@ -241,10 +246,11 @@ int Execute(LaunchPlan& p) {
 }  // namespace
 
 int RunLaunch(int argc, char** argv) {
-  CLI::App app{"crun: a native elastic launcher for distributed training.\n"
-               "  crun [options] script.py [args...]    (torchrun-compatible)\n"
-               "  crun store --help                      (a standalone c10d store)",
-               "crun"};
+  CLI::App
+      app{"crun: a native elastic launcher for distributed training.\n"
+          "  crun [options] script.py [args...]    (torchrun-compatible)\n"
+          "  crun store --help                      (a standalone c10d store)",
+          "crun"};
   app.set_version_flag("--version", "crun " CRUN_VERSION);
   app.prefix_command();  // everything from the script on belongs to the worker
   LaunchOptions o;

@@ -5,13 +5,13 @@
 #include <sstream>
 
 #include "agent/process.h"
-#include "launcher/rendezvous_command.h"
 #include "base/numbers.h"
+#include "launcher/rendezvous_command.h"
 
 namespace crun::launcher {
 namespace {
 
-constexpr int kMaxNodes = 100'000;            // as the rendezvous service allows
+constexpr int kMaxNodes = 100'000;             // as the rendezvous service allows
 constexpr double kMaxSeconds = 30 * 86'400.0;  // 30 days: beyond it clocks overflow nothing useful
 
 std::vector<std::string> Split(const std::string& text, char sep) {
@@ -62,57 +62,85 @@ CLI::Validator PositiveSeconds() {
 void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
   auto pet = [](const char* name) { return std::string("PET_") + name; };
   app.add_option("--nnodes", o.nnodes, "Number of nodes, N or MIN:MAX")
-      ->envname(pet("NNODES"))->capture_default_str()->group("Job");
+      ->envname(pet("NNODES"))
+      ->capture_default_str()
+      ->group("Job");
   app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
                  "Workers on this node: a number, cpu, gpu or auto")
-      ->envname(pet("NPROC_PER_NODE"))->capture_default_str()->group("Job");
+      ->envname(pet("NPROC_PER_NODE"))
+      ->capture_default_str()
+      ->group("Job");
   app.add_flag("--standalone", o.standalone, "Single-node job with its own store on a free port")
-      ->envname(pet("STANDALONE"))->group("Job");
+      ->envname(pet("STANDALONE"))
+      ->group("Job");
   app.add_option("--rdzv-id,--rdzv_id", o.rdzv_id, "Run id (TORCHELASTIC_RUN_ID)")
-      ->envname(pet("RDZV_ID"))->capture_default_str()->group("Job");
+      ->envname(pet("RDZV_ID"))
+      ->capture_default_str()
+      ->group("Job");
   app.add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend,
                  "crun (alias c10d): the rendezvous service at --rdzv-endpoint; static: fixed "
                  "--node-rank with the store at --master-addr:--master-port (default: crun when "
                  "an endpoint is given, else static)")
-      ->envname(pet("RDZV_BACKEND"))->group("Rendezvous");
+      ->envname(pet("RDZV_BACKEND"))
+      ->group("Rendezvous");
   app.add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint,
                  "host[:port] of the rendezvous service (port 29400); the node whose address it "
                  "is hosts the service in its crun, unless a `crun rendezvous` runs there")
-      ->envname(pet("RDZV_ENDPOINT"))->group("Rendezvous");
+      ->envname(pet("RDZV_ENDPOINT"))
+      ->group("Rendezvous");
   app.add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf,
                  "key=value,...: join_timeout, last_call_timeout, close_timeout, "
                  "keep_alive_interval, keep_alive_max_attempt, heartbeat_timeout, read_timeout, "
                  "reconnect_timeout (seconds), is_host, node_id, store_type (tcp)")
-      ->envname(pet("RDZV_CONF"))->group("Rendezvous");
+      ->envname(pet("RDZV_CONF"))
+      ->group("Rendezvous");
   app.add_option("--role", o.role, "Role name of the workers (ROLE_NAME)")
-      ->envname(pet("ROLE"))->capture_default_str()->group("Job");
+      ->envname(pet("ROLE"))
+      ->capture_default_str()
+      ->group("Job");
   app.add_option("--max-restarts,--max_restarts", o.max_restarts,
                  "Restarts of the worker group allowed after a failure")
-      ->envname(pet("MAX_RESTARTS"))->type_name("INT")->capture_default_str()->group("Restarts and shutdown");
+      ->envname(pet("MAX_RESTARTS"))
+      ->type_name("INT")
+      ->capture_default_str()
+      ->group("Restarts and shutdown");
   app.add_option("--monitor-interval,--monitor_interval", o.monitor_interval,
                  "Accepted for torchrun compatibility; crun sees exits at once and never polls")
-      ->envname(pet("MONITOR_INTERVAL"))->type_name("SECONDS")->group("Restarts and shutdown");
+      ->envname(pet("MONITOR_INTERVAL"))
+      ->type_name("SECONDS")
+      ->group("Restarts and shutdown");
   app.add_option("--shutdown-timeout,--shutdown_timeout", o.shutdown_timeout,
                  "Seconds between the stop signal and SIGKILL (default: "
                  "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)")
-      ->envname(pet("SHUTDOWN_TIMEOUT"))->type_name("SECONDS")->group("Restarts and shutdown");
+      ->envname(pet("SHUTDOWN_TIMEOUT"))
+      ->type_name("SECONDS")
+      ->group("Restarts and shutdown");
   app.add_option("--signals-to-handle,--signals_to_handle", o.signals,
                  "Signals forwarded to the workers, comma-separated (SIGUSR1/SIGUSR2 may be added)")
-      ->envname(pet("SIGNALS_TO_HANDLE"))->capture_default_str()->group("Restarts and shutdown");
+      ->envname(pet("SIGNALS_TO_HANDLE"))
+      ->capture_default_str()
+      ->group("Restarts and shutdown");
   app.add_option("--start-method,--start_method", o.start_method,
                  "spawn, fork or forkserver: checked and accepted for torchrun compatibility "
                  "(they choose how Python starts function entrypoints; crun execs every worker)")
-      ->envname(pet("START_METHOD"))->capture_default_str()->group("Worker program");
+      ->envname(pet("START_METHOD"))
+      ->capture_default_str()
+      ->group("Worker program");
   app.add_flag("-m,--module", o.module, "Run the script as a Python module (python -m)")
-      ->envname(pet("MODULE"))->group("Worker program");
-  app.add_flag("--no-python,--no_python", o.no_python, "Run the script as a program, not with Python")
-      ->envname(pet("NO_PYTHON"))->group("Worker program");
+      ->envname(pet("MODULE"))
+      ->group("Worker program");
+  app.add_flag("--no-python,--no_python", o.no_python,
+               "Run the script as a program, not with Python")
+      ->envname(pet("NO_PYTHON"))
+      ->group("Worker program");
   app.add_flag("--run-path,--run_path", o.run_path,
                "Run the script with runpy.run_path inside the interpreter")
-      ->envname(pet("RUN_PATH"))->group("Worker program");
+      ->envname(pet("RUN_PATH"))
+      ->group("Worker program");
   app.add_flag("--virtual-local-rank,--virtual_local_rank", o.virtual_local_rank,
                "Every worker sees LOCAL_RANK=0 and only its own GPU in CUDA_VISIBLE_DEVICES")
-      ->envname(pet("VIRTUAL_LOCAL_RANK"))->group("Worker program");
+      ->envname(pet("VIRTUAL_LOCAL_RANK"))
+      ->group("Worker program");
   app.add_option("--numa-binding,--numa_binding", o.numa_binding,
                  "Bind each local rank's CPUs and memory near its GPU (GPU index = LOCAL_RANK): "
                  "node, socket, exclusive or core-complex")
@@ -120,13 +148,18 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--local-addr,--local_addr", o.local_addr,
                  "Address this node advertises: the store binds it and workers get it as "
                  "MASTER_ADDR (overrides --master-addr)")
-      ->envname(pet("LOCAL_ADDR"))->group("Static rendezvous");
+      ->envname(pet("LOCAL_ADDR"))
+      ->group("Static rendezvous");
   app.add_option("--master-addr,--master_addr", o.master_addr,
                  "Address of the store the workers use (MASTER_ADDR)")
-      ->envname(pet("MASTER_ADDR"))->capture_default_str()->group("Static rendezvous");
+      ->envname(pet("MASTER_ADDR"))
+      ->capture_default_str()
+      ->group("Static rendezvous");
   app.add_option("--master-port,--master_port", o.master_port,
                  "Port of that store (default: a free port, new for every attempt)")
-      ->envname(pet("MASTER_PORT"))->type_name("PORT")->group("Static rendezvous");
+      ->envname(pet("MASTER_PORT"))
+      ->type_name("PORT")
+      ->group("Static rendezvous");
   app.add_flag("--slurm", o.slurm,
                "One crun per node of a Slurm job step (srun --ntasks-per-node=1 crun ...): "
                "nodes, node order, run id and rendezvous host from SLURM_*; the default inside "
@@ -140,51 +173,66 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--slurm-port", o.slurm_port,
                  "Port of the step's rendezvous (--slurm) or store (--slurm-direct) on its "
                  "first node (default: 10000 + (8 x job id + step id) mod 22000)")
-      ->check(WholeNumber(1, 65535))->group("Slurm");
+      ->check(WholeNumber(1, 65535))
+      ->group("Slurm");
   app.add_option("--node-rank,--node_rank", o.node_rank,
                  "This node's rank: required by the static backend; with crun's backend it "
                  "imposes the node order (as a scheduler would)")
-      ->envname(pet("NODE_RANK"))->type_name("INT")->capture_default_str()
+      ->envname(pet("NODE_RANK"))
+      ->type_name("INT")
+      ->capture_default_str()
       ->group("Static rendezvous");
   app.add_option("--log-dir,--log_dir", o.log_dir,
                  "Base directory of <run-id>/<host>_<random>/attempt_<n>/<local-rank>/"
                  "{stdout,stderr}.log, error.json (default: a new temporary directory)")
-      ->envname(pet("LOG_DIR"))->group("Logs");
+      ->envname(pet("LOG_DIR"))
+      ->group("Logs");
   app.add_option("-r,--redirects", o.redirects,
                  "Send worker output to the log files only: 1 stdout, 2 stderr, 3 both; or "
                  "per local rank, e.g. 0:1,1:2")
-      ->envname(pet("REDIRECTS"))->capture_default_str()->group("Logs");
+      ->envname(pet("REDIRECTS"))
+      ->capture_default_str()
+      ->group("Logs");
   app.add_option("-t,--tee", o.tee,
                  "Send worker output to the log files and, prefixed, to the console (same "
                  "format)")
-      ->envname(pet("TEE"))->capture_default_str()->group("Logs");
+      ->envname(pet("TEE"))
+      ->capture_default_str()
+      ->group("Logs");
   app.add_option("--local-ranks-filter,--local_ranks_filter", o.local_ranks_filter,
                  "Comma list of local ranks whose output reaches the console")
-      ->envname(pet("LOCAL_RANKS_FILTER"))->group("Logs");
+      ->envname(pet("LOCAL_RANKS_FILTER"))
+      ->group("Logs");
   app.add_option("--log-line-prefix-template,--log_line_prefix_template",
                  o.log_line_prefix_template,
                  "Prefix of teed lines: ${role_name}, ${rank}, ${local_rank}, ${hostname} "
                  "(default: $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else [${role_name}${rank}]:)")
-      ->envname(pet("LOG_LINE_PREFIX_TEMPLATE"))->group("Logs");
+      ->envname(pet("LOG_LINE_PREFIX_TEMPLATE"))
+      ->group("Logs");
   app.add_option("--duplicate-stdout-filters,--duplicate_stdout_filters",
                  o.duplicate_stdout_filters,
                  "Comma list of substrings (,, for a comma): stdout lines containing one are "
                  "also written to attempt_<n>/filtered_stdout.log")
-      ->envname(pet("DUPLICATE_STDOUT_FILTERS"))->group("Logs");
+      ->envname(pet("DUPLICATE_STDOUT_FILTERS"))
+      ->group("Logs");
   app.add_option("--duplicate-stderr-filters,--duplicate_stderr_filters",
                  o.duplicate_stderr_filters, "The same for stderr (filtered_stderr.log)")
-      ->envname(pet("DUPLICATE_STDERR_FILTERS"))->group("Logs");
+      ->envname(pet("DUPLICATE_STDERR_FILTERS"))
+      ->group("Logs");
   app.add_option("--event-log-handler,--event_log_handler", o.event_log_handler,
                  "null, or console: crun's lifecycle events as one JSON line each on stderr, "
                  "with torchelastic's event names")
-      ->envname(pet("EVENT_LOG_HANDLER"))->capture_default_str()->group("Logs");
+      ->envname(pet("EVENT_LOG_HANDLER"))
+      ->capture_default_str()
+      ->group("Logs");
   app.add_option("--logs-specs,--logs_specs", o.logs_specs,
                  "torchrun's Python plugin for log layouts: only its default (DefaultLogsSpecs) "
                  "is accepted")
       ->group("Logs");
   app.add_option("--log-level", o.log_level, "crun's own messages: trace .. off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
-      ->capture_default_str()->group("Logs");
+      ->capture_default_str()
+      ->group("Logs");
   app.add_option("--print-completion", o.print_completion,
                  "Print a shell completion script (bash, zsh or tcsh) and exit")
       ->group("Help");
@@ -225,12 +273,15 @@ StatusOr<std::string> CompletionScript(const std::string& shell,
   if (shell == "bash") {
     return "# bash completion for crun: source it, or put it in "
            "/etc/bash_completion.d/crun\n"
-           "complete -o default -o bashdefault -W \"" + words + "\" crun\n";
+           "complete -o default -o bashdefault -W \"" +
+           words + "\" crun\n";
   }
   if (shell == "zsh") {
     return "#compdef crun\n"
            "_crun() {\n"
-           "  if [[ $PREFIX == -* ]]; then compadd -- " + words + "\n"
+           "  if [[ $PREFIX == -* ]]; then compadd -- " +
+           words +
+           "\n"
            "  else _files; fi\n"
            "}\n"
            "compdef _crun crun\n";
@@ -283,7 +334,8 @@ StatusOr<double> ParseFlagSeconds(const std::string& flag, const std::string& v)
 StatusOr<std::vector<int>> ParseStdSpec(const std::string& flag, const std::string& spec,
                                         int nproc) {
   auto bad = [&] {
-    return InvalidArgument(flag + " '" + spec + "': expected 0-3 or local_rank:value,... (1 "
+    return InvalidArgument(flag + " '" + spec +
+                           "': expected 0-3 or local_rank:value,... (1 "
                            "stdout, 2 stderr, 3 both)");
   };
   std::vector<int> out(static_cast<std::size_t>(nproc), 0);
@@ -355,7 +407,8 @@ StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
   for (const auto& item : Split(text + ",", ',')) {  // the "," keeps a trailing empty item
     if (item.empty()) {
       // As torchrun: "a=1,,b=2" or ",,," is a mistake, not an empty option.
-      return InvalidArgument("--rdzv-conf '" + text + "': an empty item (expected "
+      return InvalidArgument("--rdzv-conf '" + text +
+                             "': an empty item (expected "
                              "key=value,key=value)");
     }
     const auto eq = item.find('=');
@@ -397,7 +450,8 @@ StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
     } else if (key == "is_host") {
       // torchrun's get_as_bool: 1/true/t/yes/y and 0/false/f/no/n, in any case.
       std::string v = value;
-      std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return std::tolower(ch); });
+      std::transform(v.begin(), v.end(), v.begin(),
+                     [](unsigned char ch) { return std::tolower(ch); });
       if (v == "1" || v == "true" || v == "t" || v == "yes" || v == "y") {
         c.is_host = true;
       } else if (v == "0" || v == "false" || v == "f" || v == "no" || v == "n") {

@@ -36,7 +36,7 @@ struct LaunchOptions {
   std::string rdzv_endpoint;  // host[:port]
   std::string rdzv_conf;      // key=value,...
   std::string master_addr = "127.0.0.1";
-  std::string master_port;    // empty: a fresh free port per attempt
+  std::string master_port;  // empty: a fresh free port per attempt
   std::string node_rank = "0";
   std::string shutdown_timeout;  // empty: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s
   std::string signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
@@ -51,9 +51,9 @@ struct LaunchOptions {
   std::string logs_specs;    // torchrun's plugin hook: only its default is accepted
   std::string numa_binding;  // empty: none
   std::string print_completion;
-  bool slurm = false;         // one crun per node of a Slurm job step (launcher/slurm.h)
-  bool slurm_direct = false;  // one crun per worker: each Slurm task is one worker
-  int slurm_port = 0;         // 0: the step's default port
+  bool slurm = false;                // one crun per node of a Slurm job step (launcher/slurm.h)
+  bool slurm_direct = false;         // one crun per worker: each Slurm task is one worker
+  int slurm_port = 0;                // 0: the step's default port
   crun::SecurityFlags security;      // job token and TLS of the rendezvous service
   std::vector<std::string> command;  // script and its arguments
 };
@@ -122,6 +122,7 @@ std::chrono::milliseconds Millis(double seconds);
 // How long a silent node stays in the job: heartbeat_timeout when given; else, as torchrun's
 // c10d backend means its keys, keep_alive_max_attempt missed heartbeats of keep_alive_interval
 // (defaults 3 and 1 s) when either is given; else `fallback`.
-std::chrono::milliseconds HeartbeatTimeout(const RdzvConf& conf, std::chrono::milliseconds fallback);
+std::chrono::milliseconds HeartbeatTimeout(const RdzvConf& conf,
+                                           std::chrono::milliseconds fallback);
 
 }  // namespace crun::launcher

@@ -53,11 +53,15 @@ std::string RandomRunId() {
 // The checks of values that need nothing else: a flag given empty (an unset shell variable,
 // not "default"), the run id, torchrun's options whose other values name Python plugins.
 Status CheckPlainValues(const LaunchOptions& o, const std::set<std::string>& given) {
-  const std::pair<const char*, const std::string*> named[] = {
-      {"--rdzv-endpoint", &o.rdzv_endpoint}, {"--log-dir", &o.log_dir},
-      {"--rdzv-id", &o.rdzv_id},             {"--master-addr", &o.master_addr},
-      {"--local-addr", &o.local_addr},       {"--role", &o.role},
-      {"--nproc-per-node", &o.nproc_per_node}, {"--nnodes", &o.nnodes}};
+  const std::pair<const char*, const std::string*> named[] =
+      {{"--rdzv-endpoint", &o.rdzv_endpoint},
+       {"--log-dir", &o.log_dir},
+       {"--rdzv-id", &o.rdzv_id},
+       {"--master-addr", &o.master_addr},
+       {"--local-addr", &o.local_addr},
+       {"--role", &o.role},
+       {"--nproc-per-node", &o.nproc_per_node},
+       {"--nnodes", &o.nnodes}};
   for (const auto& [flag, value] : named) {
     if (given.count(flag) != 0 && value->empty()) {
       return InvalidArgument(std::string(flag) + " is empty (an unset variable?)");
@@ -84,8 +88,8 @@ Status CheckPlainValues(const LaunchOptions& o, const std::set<std::string>& giv
 }
 
 Status PlanNumbers(LaunchPlan& p, const LaunchOptions& o) {
-  CRUN_ASSIGN_OR_RETURN(p.max_restarts, ParseFlagInt("--max-restarts", o.max_restarts, 0,
-                                                     1'000'000));
+  CRUN_ASSIGN_OR_RETURN(p.max_restarts,
+                        ParseFlagInt("--max-restarts", o.max_restarts, 0, 1'000'000));
   CRUN_ASSIGN_OR_RETURN(p.node_rank, ParseFlagInt("--node-rank", o.node_rank, 0, 100'000));
   if (!o.master_port.empty()) {
     CRUN_ASSIGN_OR_RETURN(p.master_port, ParseFlagInt("--master-port", o.master_port, 0, 65535));
@@ -104,17 +108,21 @@ Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   };
   if (o.slurm_direct) {
     if (names_nodes || o.slurm) {
-      return InvalidArgument("--slurm-direct takes the ranks from the Slurm task: drop --slurm, "
-                             "--nnodes, --node-rank, --rdzv-backend, --rdzv-endpoint and "
-                             "--standalone");
+      return InvalidArgument(
+          "--slurm-direct takes the ranks from the Slurm task: drop --slurm, "
+          "--nnodes, --node-rank, --rdzv-backend, --rdzv-endpoint and "
+          "--standalone");
     }
     if (o.nproc_per_node != "1") {
-      return InvalidArgument("--slurm-direct runs one worker per Slurm task, not --nproc-per-node " +
-                             o.nproc_per_node + " (ask srun for more tasks per node)");
+      return InvalidArgument(
+          "--slurm-direct runs one worker per Slurm task, not --nproc-per-node " +
+          o.nproc_per_node + " (ask srun for more tasks per node)");
     }
     if (p.max_restarts > 0) {
-      return InvalidArgument("--slurm-direct: restarts belong to Slurm (srun --requeue, or a new "
-                             "step), not --max-restarts " + std::to_string(p.max_restarts));
+      return InvalidArgument(
+          "--slurm-direct: restarts belong to Slurm (srun --requeue, or a new "
+          "step), not --max-restarts " +
+          std::to_string(p.max_restarts));
     }
     auto step = ReadSlurmStep(facts.getenv);
     if (!step.ok()) return InvalidArgument("--slurm-direct: " + step.status().message());
@@ -124,8 +132,9 @@ Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
     if (o.rdzv_id == "none") o.rdzv_id = p.slurm_task->run_id;
   } else if (o.slurm || (!names_nodes && InSlurmStep(facts.getenv))) {
     if (names_nodes) {
-      return InvalidArgument("--slurm takes the nodes from the Slurm step: drop --nnodes, "
-                             "--node-rank, --rdzv-backend, --rdzv-endpoint and --standalone");
+      return InvalidArgument(
+          "--slurm takes the nodes from the Slurm step: drop --nnodes, "
+          "--node-rank, --rdzv-backend, --rdzv-endpoint and --standalone");
     }
     auto step = ReadSlurmStep(facts.getenv);
     if (!step.ok()) return InvalidArgument("--slurm: " + step.status().message());
@@ -147,11 +156,12 @@ Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
 Status PlanMode(LaunchPlan& p, const LaunchOptions& o, const std::set<std::string>& given,
                 const MachineFacts& facts) {
   CRUN_ASSIGN_OR_RETURN(p.nodes, ParseNnodes(o.nnodes));
-  p.node_rank_given = given.count("--node-rank") || facts.Env("PET_NODE_RANK").has_value() ||
-                      p.slurm.has_value();
+  p.node_rank_given =
+      given.count("--node-rank") || facts.Env("PET_NODE_RANK").has_value() || p.slurm.has_value();
   const std::string& backend = o.rdzv_backend;
   if (backend == "etcd" || backend == "etcd-v2") {
-    return InvalidArgument("--rdzv-backend " + backend + " is not supported: crun's own service "
+    return InvalidArgument("--rdzv-backend " + backend +
+                           " is not supported: crun's own service "
                            "(--rdzv-backend c10d or crun, with --rdzv-endpoint) replaces it");
   }
   if (!backend.empty() && backend != "static" && backend != "c10d" && backend != "crun") {
@@ -180,7 +190,8 @@ Status PlanMode(LaunchPlan& p, const LaunchOptions& o, const std::set<std::strin
   }
   if (p.mode == Mode::kStatic) {
     if (p.nodes.min != p.nodes.max) {
-      return InvalidArgument("--nnodes '" + o.nnodes + "': the static backend needs a fixed "
+      return InvalidArgument("--nnodes '" + o.nnodes +
+                             "': the static backend needs a fixed "
                              "number of nodes (use --rdzv-endpoint for an elastic range)");
     }
     if (p.node_rank >= p.nodes.max) {
@@ -220,7 +231,8 @@ Status PlanServiceSettings(LaunchPlan& p, const LaunchOptions& o) {
   if (p.try_host && p.security.tls() && p.security.cert_pem.empty()) {
     if (conf.is_host.value_or(false)) {
       return InvalidArgument("is_host=1 with TLS: hosting the rendezvous service (" +
-                             o.rdzv_endpoint + ") needs its certificate and key (--tls-cert, "
+                             o.rdzv_endpoint +
+                             ") needs its certificate and key (--tls-cert, "
                              "--tls-key)");
     }
     // A TLS client on the service's own host (a `crun rendezvous` daemon there): it joins.
@@ -240,7 +252,8 @@ Status PlanRendezvous(LaunchPlan& p, const LaunchOptions& o, const std::set<std:
   if (p.mode != Mode::kService) {
     for (const char* flag : {"--token-file", "--tls-cert", "--tls-key", "--tls-ca"}) {
       if (given.count(flag)) {
-        return InvalidArgument(std::string(flag) + " secures crun's rendezvous service: it "
+        return InvalidArgument(std::string(flag) +
+                               " secures crun's rendezvous service: it "
                                "needs --rdzv-endpoint (or --slurm)");
       }
     }
@@ -265,9 +278,9 @@ Status PlanNuma(LaunchPlan& p, const LaunchOptions& o, const MachineFacts& facts
   if (o.numa_binding.empty()) return Status::Ok();
   CRUN_ASSIGN_OR_RETURN(const NumaMode mode, ParseNumaMode(o.numa_binding));
   agent::AgentOptions& a = p.agent;
-  CRUN_ASSIGN_OR_RETURN(auto plan, PlanNumaBinding(mode, facts.system_root, a.first_local_rank,
-                                                   p.nproc, facts.Env("CUDA_VISIBLE_DEVICES"),
-                                                   facts.allowed_cpus));
+  CRUN_ASSIGN_OR_RETURN(auto plan,
+                        PlanNumaBinding(mode, facts.system_root, a.first_local_rank, p.nproc,
+                                        facts.Env("CUDA_VISIBLE_DEVICES"), facts.allowed_cpus));
   for (auto& b : plan) {
     std::vector<int> usable;
     for (int n : b.mems) {
@@ -287,7 +300,7 @@ Status PlanNuma(LaunchPlan& p, const LaunchOptions& o, const MachineFacts& facts
 
 // --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s.
 StatusOr<std::chrono::milliseconds> ShutdownTimeout(const LaunchOptions& o,
-                                                   const MachineFacts& facts) {
+                                                    const MachineFacts& facts) {
   double seconds = 30;
   if (!o.shutdown_timeout.empty()) {
     CRUN_ASSIGN_OR_RETURN(seconds, ParseFlagSeconds("--shutdown-timeout", o.shutdown_timeout));

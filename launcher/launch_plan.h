@@ -24,11 +24,11 @@ namespace crun::launcher {
 
 // What the plan may know of the machine; OfThisMachine() reads it, tests make their own.
 struct MachineFacts {
-  Getenv getenv;                // the environment; empty: std::getenv
-  std::string system_root;      // where /dev and /sys are read (CRUN_SYSTEM_ROOT)
-  int cpus = 1;                 // online
-  std::set<int> allowed_cpus;   // this process's affinity
-  std::set<int> allowed_mems;   // the NUMA nodes its cpuset allows
+  Getenv getenv;               // the environment; empty: std::getenv
+  std::string system_root;     // where /dev and /sys are read (CRUN_SYSTEM_ROOT)
+  int cpus = 1;                // online
+  std::set<int> allowed_cpus;  // this process's affinity
+  std::set<int> allowed_mems;  // the NUMA nodes its cpuset allows
   static MachineFacts OfThisMachine();
 
   std::optional<std::string> Env(const char* name) const;
@@ -45,7 +45,7 @@ struct LaunchPlan {
   int max_restarts = 0;
   int node_rank = 0;
   bool node_rank_given = false;
-  int master_port = -1;  // -1: a fresh free port per attempt
+  int master_port = -1;                         // -1: a fresh free port per attempt
   std::optional<SlurmNodeSettings> slurm;       // one crun per node of a Slurm step
   std::optional<SlurmTaskSettings> slurm_task;  // one crun per Slurm task
   Endpoint endpoint;                            // the service's (kService)

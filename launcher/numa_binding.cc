@@ -177,7 +177,8 @@ std::optional<std::set<int>> ParseCpuList(const std::string& text) {
     if (item.empty()) continue;
     const auto dash = item.find('-');
     const auto lo = ParseInteger(item.substr(0, dash), 0, 1 << 20);
-    const auto hi = dash == std::string::npos ? lo : ParseInteger(item.substr(dash + 1), 0, 1 << 20);
+    const auto hi =
+        dash == std::string::npos ? lo : ParseInteger(item.substr(dash + 1), 0, 1 << 20);
     if (!lo || !hi || *hi < *lo) return std::nullopt;
     for (auto c = *lo; c <= *hi; ++c) out.insert(static_cast<int>(c));
   }
@@ -233,9 +234,9 @@ StatusOr<std::vector<NumaBinding>> PlanNumaBinding(
     }
     const auto index = ParseInteger(entry, 0, static_cast<std::int64_t>(gpus.size()) - 1);
     if (!index) {
-      return InvalidArgument("--numa-binding: local rank " + std::to_string(lr) + " would use GPU " +
-                             entry + ", but this node has " + std::to_string(gpus.size()) +
-                             " NVIDIA GPUs");
+      return InvalidArgument("--numa-binding: local rank " + std::to_string(lr) +
+                             " would use GPU " + entry + ", but this node has " +
+                             std::to_string(gpus.size()) + " NVIDIA GPUs");
     }
     return gpus[static_cast<std::size_t>(*index)];
   };
@@ -264,8 +265,8 @@ StatusOr<std::vector<NumaBinding>> PlanNumaBinding(
     std::set<int> cpus = node_cpus;
     std::set<int> mems{b.node};
     const auto& peers = gpus_of_node[b.node];
-    const std::size_t share = static_cast<std::size_t>(
-        std::find(peers.begin(), peers.end(), b.gpu) - peers.begin());
+    const std::size_t share =
+        static_cast<std::size_t>(std::find(peers.begin(), peers.end(), b.gpu) - peers.begin());
     if (mode == NumaMode::kSocket) {
       const auto socket = topo.SocketOfCpu(*node_cpus.begin());
       if (!socket) {

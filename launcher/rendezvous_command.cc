@@ -11,10 +11,10 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/service_rendezvous.h"
+#include "agent/session_client.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "launcher/launch_options.h"
 #include "launcher/logging.h"
-#include "agent/session_client.h"
 #include "rendezvous/server/store_server.h"
 #include "rendezvous/service/grpc_service.h"
 
@@ -128,16 +128,23 @@ int RunStatus(const StatusCommandOptions& o) {
   if (o.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const auto& j : resp.jobs()) {
-      nlohmann::json job{{"run_id", j.run_id()}, {"phase", j.phase()}, {"round", j.round()},
-                         {"restarts_used", j.restarts_used()}, {"max_restarts", j.max_restarts()},
-                         {"min_nodes", j.min_nodes()}, {"max_nodes", j.max_nodes()},
-                         {"world_size", j.world_size()}, {"last_failure", j.last_failure()},
-                         {"lost_hosts", std::vector<std::string>(j.lost_hosts().begin(),
-                                                                 j.lost_hosts().end())}};
+      nlohmann::json job{{"run_id", j.run_id()},
+                         {"phase", j.phase()},
+                         {"round", j.round()},
+                         {"restarts_used", j.restarts_used()},
+                         {"max_restarts", j.max_restarts()},
+                         {"min_nodes", j.min_nodes()},
+                         {"max_nodes", j.max_nodes()},
+                         {"world_size", j.world_size()},
+                         {"last_failure", j.last_failure()},
+                         {"lost_hosts",
+                          std::vector<std::string>(j.lost_hosts().begin(), j.lost_hosts().end())}};
       job["nodes"] = nlohmann::json::array();
       for (const auto& n : j.nodes()) {
-        job["nodes"].push_back({{"node_id", n.node_id()}, {"host", n.host()},
-                                {"state", n.state()}, {"group_rank", n.group_rank()},
+        job["nodes"].push_back({{"node_id", n.node_id()},
+                                {"host", n.host()},
+                                {"state", n.state()},
+                                {"group_rank", n.group_rank()},
                                 {"nproc", n.nproc()},
                                 {"last_heartbeat_ms_ago", n.last_heartbeat_ms_ago()}});
       }
@@ -181,12 +188,14 @@ void AddRendezvousCommand(CLI::App& app, int* exit_code) {
                   "Address to bind (gRPC and the jobs' worker stores); '::' for IPv6 too")
       ->capture_default_str();
   cmd->add_option("--port", o->service.port, "gRPC port; 0 picks a free one")
-      ->check(WholeNumber(0, 65535))->capture_default_str();
+      ->check(WholeNumber(0, 65535))
+      ->capture_default_str();
   cmd->add_option("--advertise-addr", o->service.advertise_addr,
                   "MASTER_ADDR given to workers (default: the address each agent dialed)");
   cmd->add_option("--keep-finished-jobs", o->service.keep_finished_jobs,
                   "Ended jobs kept for `crun status`")
-      ->check(WholeNumber(0, 1'000'000))->capture_default_str();
+      ->check(WholeNumber(0, 1'000'000))
+      ->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
       ->capture_default_str();
@@ -205,7 +214,8 @@ void AddStatusCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--rdzv-id,--rdzv_id", o->run_id, "Only this job");
   cmd->add_flag("--json", o->json, "Machine-readable output");
   cmd->add_option("--timeout", o->timeout, "Seconds to wait for the answer")
-      ->check(PositiveSeconds())->capture_default_str();
+      ->check(PositiveSeconds())
+      ->capture_default_str();
   AddSecurityFlags(cmd, &o->security);
   cmd->callback([o, exit_code] { *exit_code = RunStatus(*o); });
 }
@@ -213,12 +223,16 @@ void AddStatusCommand(CLI::App& app, int* exit_code) {
 void AddSecurityFlags(CLI::App* app, crun::SecurityFlags* f) {
   app->add_option("--token-file", f->token_file,
                   "File holding the job token every rendezvous call must carry "
-                  "(else CRUN_TOKEN_FILE, CRUN_TOKEN)")->group("Security");
-  app->add_option("--tls-cert", f->tls_cert, "PEM certificate: the service's, or this "
-                  "client's for mutual TLS (else CRUN_TLS_CERT)")->group("Security");
+                  "(else CRUN_TOKEN_FILE, CRUN_TOKEN)")
+      ->group("Security");
+  app->add_option("--tls-cert", f->tls_cert,
+                  "PEM certificate: the service's, or this "
+                  "client's for mutual TLS (else CRUN_TLS_CERT)")
+      ->group("Security");
   app->add_option("--tls-key", f->tls_key, "PEM private key of --tls-cert (else CRUN_TLS_KEY)")
       ->group("Security");
-  app->add_option("--tls-ca", f->tls_ca, "PEM CA: clients verify the service with it; a "
+  app->add_option("--tls-ca", f->tls_ca,
+                  "PEM CA: clients verify the service with it; a "
                   "service with it requires client certificates (else CRUN_TLS_CA)")
       ->group("Security");
 }

@@ -14,8 +14,8 @@ constexpr std::size_t kMaxHosts = std::size_t{1} << 20;
 
 StatusOr<std::int64_t> Number(std::string_view digits, std::string_view list) {
   // Digits only (a '-' here would be a range's), at most 18 of them.
-  const auto v = digits.size() <= 18 ? ParseInteger(digits, 0, 999'999'999'999'999'999)
-                                     : std::nullopt;
+  const auto v =
+      digits.size() <= 18 ? ParseInteger(digits, 0, 999'999'999'999'999'999) : std::nullopt;
   if (!v) {
     return InvalidArgument("hostlist '" + std::string(list) + "': '" + std::string(digits) +
                            "' is not a number");
@@ -30,8 +30,7 @@ std::string Padded(std::int64_t v, std::size_t width) {
 }
 
 // "01-04,07" -> 01 02 03 04 07.
-Status ExpandRanges(std::string_view ranges, std::string_view list,
-                    std::vector<std::string>* out) {
+Status ExpandRanges(std::string_view ranges, std::string_view list, std::vector<std::string>* out) {
   std::size_t start = 0;
   while (start <= ranges.size()) {
     const std::size_t comma = std::min(ranges.find(',', start), ranges.size());
@@ -42,19 +41,19 @@ Status ExpandRanges(std::string_view ranges, std::string_view list,
     }
     const std::size_t dash = item.find('-');
     const std::string_view lo_text = item.substr(0, dash);
-    const std::string_view hi_text = dash == std::string_view::npos ? lo_text : item.substr(dash + 1);
+    const std::string_view hi_text =
+        dash == std::string_view::npos ? lo_text : item.substr(dash + 1);
     auto lo = Number(lo_text, list);
     CRUN_RETURN_IF_ERROR(lo.status());
     auto hi = Number(hi_text, list);
     CRUN_RETURN_IF_ERROR(hi.status());
     if (*hi < *lo) {
-      return InvalidArgument("hostlist '" + std::string(list) + "': range '" +
-                             std::string(item) + "' runs backwards");
+      return InvalidArgument("hostlist '" + std::string(list) + "': range '" + std::string(item) +
+                             "' runs backwards");
     }
     if (static_cast<std::size_t>(*hi - *lo) >= kMaxHosts) {
-      return InvalidArgument("hostlist '" + std::string(list) + "': range '" +
-                             std::string(item) + "' has more than " +
-                             std::to_string(kMaxHosts) + " hosts");
+      return InvalidArgument("hostlist '" + std::string(list) + "': range '" + std::string(item) +
+                             "' has more than " + std::to_string(kMaxHosts) + " hosts");
     }
     // Slurm's rule: a leading zero fixes the width to the low bound's.
     const std::size_t width = lo_text.size() > 1 && lo_text[0] == '0' ? lo_text.size() : 0;
@@ -127,8 +126,8 @@ const char* First(const Getenv& getenv, std::initializer_list<const char*> names
 StatusOr<int> Int(const char* name, const char* value, int min) {
   const auto v = ParseInteger(value, min, std::numeric_limits<int>::max());
   if (!v) {
-    return InvalidArgument(std::string(name) + "='" + value + "' is not an integer >= " +
-                           std::to_string(min));
+    return InvalidArgument(std::string(name) + "='" + value +
+                           "' is not an integer >= " + std::to_string(min));
   }
   return static_cast<int>(*v);
 }
@@ -205,14 +204,15 @@ StatusOr<SlurmStep> ReadSlurmStep(const Getenv& getenv) {
   for (const auto& [name, field] : ids) {
     const char* v = Lookup(getenv, name);
     if (v == nullptr || *v == '\0') {
-      return InvalidArgument(std::string(name) + " is not set: not inside a Slurm job step "
+      return InvalidArgument(std::string(name) +
+                             " is not set: not inside a Slurm job step "
                              "(start crun with srun)");
     }
     CRUN_RETURN_IF_ERROR(Int(name, v, 0).status());
     *field = v;
   }
-  const char* list = First(getenv, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"},
-                           &which);
+  const char* list =
+      First(getenv, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}, &which);
   if (list == nullptr) return InvalidArgument("SLURM_STEP_NODELIST is not set");
   auto nodes = ExpandHostlist(list);
   if (!nodes.ok()) return InvalidArgument(std::string(which) + ": " + nodes.status().message());
@@ -249,8 +249,8 @@ StatusOr<SlurmStep> ReadSlurmStep(const Getenv& getenv) {
     CRUN_RETURN_IF_ERROR(x.status());
     step.ntasks = *x;
   }
-  if (const char* v = First(getenv, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"},
-                            &which)) {
+  if (const char* v =
+          First(getenv, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}, &which)) {
     auto t = ExpandTasksPerNode(v);
     if (!t.ok()) return InvalidArgument(std::string(which) + ": " + t.status().message());
     step.tasks_per_node = std::move(t).value();
@@ -295,8 +295,8 @@ StatusOr<SlurmTaskSettings> TaskSettings(const SlurmStep& step, int port) {
   }
   const int here = step.tasks_per_node[static_cast<std::size_t>(step.node_id)];
   if (step.proc_id >= step.ntasks || step.local_id >= here) {
-    return InvalidArgument("SLURM_PROCID=" + std::to_string(step.proc_id) + ", SLURM_LOCALID=" +
-                           std::to_string(step.local_id) + " do not fit " +
+    return InvalidArgument("SLURM_PROCID=" + std::to_string(step.proc_id) +
+                           ", SLURM_LOCALID=" + std::to_string(step.local_id) + " do not fit " +
                            std::to_string(step.ntasks) + " tasks, " + std::to_string(here) +
                            " on this node");
   }

@@ -30,15 +30,15 @@ using Getenv = std::function<const char*(const char*)>;
 
 // The job step this process belongs to, from SLURM_* variables.
 struct SlurmStep {
-  std::string job_id;                // SLURM_JOB_ID
-  std::string step_id;               // SLURM_STEP_ID
-  std::vector<std::string> nodes;    // SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST), expanded
-  int node_id = 0;                   // SLURM_NODEID: this node's index in `nodes`
+  std::string job_id;              // SLURM_JOB_ID
+  std::string step_id;             // SLURM_STEP_ID
+  std::vector<std::string> nodes;  // SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST), expanded
+  int node_id = 0;                 // SLURM_NODEID: this node's index in `nodes`
   // Task-level, for one worker per task; -1 when Slurm did not set them.
-  int proc_id = -1;                  // SLURM_PROCID
-  int local_id = -1;                 // SLURM_LOCALID
-  int ntasks = -1;                   // SLURM_STEP_NUM_TASKS (or SLURM_NTASKS)
-  std::vector<int> tasks_per_node;   // SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE)
+  int proc_id = -1;                 // SLURM_PROCID
+  int local_id = -1;                // SLURM_LOCALID
+  int ntasks = -1;                  // SLURM_STEP_NUM_TASKS (or SLURM_NTASKS)
+  std::vector<int> tasks_per_node;  // SLURM_STEP_TASKS_PER_NODE (or SLURM_TASKS_PER_NODE)
 };
 
 // True when this process runs inside a job step (SLURM_JOB_ID and SLURM_STEP_ID are set).
@@ -55,11 +55,11 @@ int SlurmDefaultPort(const SlurmStep& step);
 // One crun per node.
 struct SlurmNodeSettings {
   int nnodes = 1;
-  int node_rank = 0;     // SLURM_NODEID
-  std::string run_id;    // "slurm-<job>.<step>"
-  std::string host;      // the step's first node: rendezvous host and MASTER_ADDR
+  int node_rank = 0;   // SLURM_NODEID
+  std::string run_id;  // "slurm-<job>.<step>"
+  std::string host;    // the step's first node: rendezvous host and MASTER_ADDR
   int port = 0;
-  bool is_host = false;  // this node hosts the rendezvous
+  bool is_host = false;   // this node hosts the rendezvous
   std::string node_name;  // this node in the step's list: its rendezvous node id
 };
 SlurmNodeSettings NodeSettings(const SlurmStep& step, int port);

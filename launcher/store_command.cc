@@ -5,9 +5,9 @@
 #include <functional>
 #include <memory>
 
+#include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <CLI/CLI.hpp>
 #include <spdlog/spdlog.h>
 
 #include "launcher/launch_options.h"
@@ -80,31 +80,41 @@ void AddStoreCommand(CLI::App& app, int* exit_code) {
       ->check(WholeNumber(0, 65535))
       ->capture_default_str();
   cmd->add_option("--max-connections", s.max_connections,
-                  "Connections held at once; 0 = as many as the descriptor limit allows (raised to its hard limit at start)")
-      ->check(WholeNumber(0, kMaxCount))->capture_default_str();
+                  "Connections held at once; 0 = as many as the descriptor limit allows (raised to "
+                  "its hard limit at start)")
+      ->check(WholeNumber(0, kMaxCount))
+      ->capture_default_str();
   cmd->add_option("--backlog", s.backlog, "listen() backlog; 0 = the system maximum")
       ->check(WholeNumber(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--max-key-bytes", l.max_key_bytes, "Longest key accepted")
-      ->check(WholeNumber(1, kMaxCount))->capture_default_str();
+      ->check(WholeNumber(1, kMaxCount))
+      ->capture_default_str();
   cmd->add_option("--max-value-bytes", l.max_value_bytes, "Largest value accepted")
-      ->check(WholeNumber(1, kMaxCount))->capture_default_str();
+      ->check(WholeNumber(1, kMaxCount))
+      ->capture_default_str();
   cmd->add_option("--max-keys-per-request", l.max_keys_per_request,
                   "Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET")
-      ->check(WholeNumber(1, kMaxCount))->capture_default_str();
+      ->check(WholeNumber(1, kMaxCount))
+      ->capture_default_str();
   cmd->add_option("--max-request-bytes", l.max_request_bytes, "Largest single request")
-      ->check(WholeNumber(1, kMaxCount))->capture_default_str();
+      ->check(WholeNumber(1, kMaxCount))
+      ->capture_default_str();
   cmd->add_option("--max-store-bytes", l.max_store_bytes, "Keys plus values held in total")
-      ->check(WholeNumber(1, kMaxCount))->capture_default_str();
+      ->check(WholeNumber(1, kMaxCount))
+      ->capture_default_str();
   cmd->add_option("--max-waits-per-connection", l.max_waits_per_connection,
                   "WAITs/BARRIERs pending plus keys watched, per connection")
-      ->check(WholeNumber(1, kMaxCount))->capture_default_str();
+      ->check(WholeNumber(1, kMaxCount))
+      ->capture_default_str();
   cmd->add_option("--max-pending-waits", l.max_pending_waits,
                   "WAITs/BARRIERs pending on the whole store")
-      ->check(WholeNumber(1, kMaxCount))->capture_default_str();
+      ->check(WholeNumber(1, kMaxCount))
+      ->capture_default_str();
   cmd->add_option("--max-connections-per-peer", s.max_connections_per_peer,
                   "Connections one IP address may hold at once; 0 = no bound")
-      ->check(WholeNumber(0, kMaxCount))->capture_default_str();
+      ->check(WholeNumber(0, kMaxCount))
+      ->capture_default_str();
   cmd->add_option("--allow", s.allowed_peers,
                   "Accept connections only from these IP addresses (repeatable); none = anyone")
       ->group("Security");

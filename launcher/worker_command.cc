@@ -24,7 +24,10 @@ std::string Python(const Getenv& getenv) {
 bool IsNativeProgram(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   char magic[4] = {};
-  return in.read(magic, 4) && std::memcmp(magic, "\x7f" "ELF", 4) == 0;
+  return in.read(magic, 4) && std::memcmp(magic,
+                                          "\x7f"
+                                          "ELF",
+                                          4) == 0;
 }
 
 // torchrun's --run-path: the script runs through runpy.run_path inside the interpreter (it
@@ -32,8 +35,7 @@ bool IsNativeProgram(const std::string& path) {
 StatusOr<std::vector<std::string>> RunPathCommand(const WorkerCommandOptions& o,
                                                   const Getenv& getenv) {
   if (::access(o.command[0].c_str(), R_OK) != 0) {
-    return InvalidArgument("--run-path: '" + o.command[0] +
-                           "' does not exist or is not readable");
+    return InvalidArgument("--run-path: '" + o.command[0] + "' does not exist or is not readable");
   }
   std::vector<std::string> argv{Python(getenv), "-u", "-c",
                                 "import runpy, sys; sys.argv = sys.argv[1:]; "
@@ -97,8 +99,7 @@ StatusOr<std::vector<std::string>> WorkerCommand(const WorkerCommandOptions& o,
     auto native = NativeCommand(o, getenv);
     if (!native.ok() || !native->empty()) return native;
     if (::access(script.c_str(), R_OK) != 0) {
-      return InvalidArgument("training script '" + script +
-                             "' does not exist or is not readable");
+      return InvalidArgument("training script '" + script + "' does not exist or is not readable");
     }
   }
   std::vector<std::string> argv{Python(getenv), "-u"};

@@ -34,9 +34,11 @@ std::uint64_t Mix(std::uint64_t x) {
 
 // One synthetic image of class `c` into `rec` (label byte first).
 void SyntheticImage(int c, std::mt19937_64& rng, std::uint8_t* rec) {
-  static constexpr float kColour[5][3] = {
-      {0.85f, 0.25f, 0.20f}, {0.20f, 0.70f, 0.30f}, {0.25f, 0.35f, 0.85f},
-      {0.80f, 0.75f, 0.20f}, {0.60f, 0.30f, 0.75f}};
+  static constexpr float kColour[5][3] = {{0.85f, 0.25f, 0.20f},
+                                          {0.20f, 0.70f, 0.30f},
+                                          {0.25f, 0.35f, 0.85f},
+                                          {0.80f, 0.75f, 0.20f},
+                                          {0.60f, 0.30f, 0.75f}};
   std::uniform_real_distribution<float> u(0.f, 1.f);
   std::normal_distribution<float> noise(0.f, 0.12f);
   const float* colour = kColour[c % 5];
@@ -50,13 +52,16 @@ void SyntheticImage(int c, std::mt19937_64& rng, std::uint8_t* rec) {
   const float ca = std::cos(angle), sa = std::sin(angle);
   for (int y = 0; y < kSide; ++y) {
     for (int x = 0; x < kSide; ++x) {
-      const float stripe = 0.5f + 0.5f * std::sin(freq * (ca * static_cast<float>(x) + sa * static_cast<float>(y)) + phase);
+      const float stripe =
+          0.5f +
+          0.5f * std::sin(freq * (ca * static_cast<float>(x) + sa * static_cast<float>(y)) + phase);
       const float d2 = (static_cast<float>(x) - bx) * (static_cast<float>(x) - bx) +
                        (static_cast<float>(y) - by) * (static_cast<float>(y) - by);
       const float blob = std::exp(-d2 / 40.f);
       for (int ch = 0; ch < 3; ++ch) {
         float v = brightness * (0.35f * colour[ch] + 0.4f * stripe * colour[ch] +
-                                0.25f * blob * (1.f - colour[ch])) + noise(rng);
+                                0.25f * blob * (1.f - colour[ch])) +
+                  noise(rng);
         v = std::clamp(v, 0.f, 1.f);
         rec[1 + static_cast<std::size_t>(ch) * kSide * kSide + static_cast<std::size_t>(y) * kSide +
             static_cast<std::size_t>(x)] = static_cast<std::uint8_t>(std::lround(v * 255.f));
@@ -130,7 +135,8 @@ Status AppendCifarFile(const std::string& path, Dataset* into) {
 StatusOr<Dataset> LoadCifar(const std::string& dir, bool train) {
   Dataset d;
   if (train) {
-    for (int k = 1; k <= 5; ++k) CRUN_RETURN_IF_ERROR(AppendCifarFile(dir + "/" + TrainFile(k), &d));
+    for (int k = 1; k <= 5; ++k)
+      CRUN_RETURN_IF_ERROR(AppendCifarFile(dir + "/" + TrainFile(k), &d));
   } else {
     CRUN_RETURN_IF_ERROR(AppendCifarFile(dir + "/" + kTestFile, &d));
   }
@@ -147,8 +153,9 @@ Status WriteSyntheticCifar(const std::string& dir, std::size_t train_images,
   if (ec) return Unavailable("cannot create " + dir + ": " + ec.message());
   // A stamp says which dataset the files hold: the same one again is not regenerated.
   const std::string stamp_path = dir + "/crun-synthetic.txt";
-  const std::string stamp = "train=" + std::to_string(train_images) + " test=" +
-                            std::to_string(test_images) + " seed=" + std::to_string(seed) + "\n";
+  const std::string stamp = "train=" + std::to_string(train_images) +
+                            " test=" + std::to_string(test_images) +
+                            " seed=" + std::to_string(seed) + "\n";
   {
     std::ifstream in(stamp_path);
     std::stringstream have;
@@ -158,7 +165,8 @@ Status WriteSyntheticCifar(const std::string& dir, std::size_t train_images,
   std::filesystem::remove(stamp_path, ec);
   std::size_t first = 0;
   for (int k = 1; k <= 5; ++k) {
-    const std::size_t count = train_images / 5 + (static_cast<std::size_t>(k) <= train_images % 5 ? 1 : 0);
+    const std::size_t count =
+        train_images / 5 + (static_cast<std::size_t>(k) <= train_images % 5 ? 1 : 0);
     CRUN_RETURN_IF_ERROR(WriteFile(dir + "/" + TrainFile(k), first, count, seed));
     first += count;
   }
@@ -187,7 +195,7 @@ Batch MakeBatch(const Dataset& data, const std::size_t* indices, std::size_t n, 
     bool flip = false;
     if (augment) {
       const std::uint64_t r = rng();
-      dx = static_cast<int>(r % 9) - 4;          // crop offset within the 4-pixel padding
+      dx = static_cast<int>(r % 9) - 4;  // crop offset within the 4-pixel padding
       dy = static_cast<int>((r >> 8) % 9) - 4;
       flip = ((r >> 16) & 1) != 0;
     }
@@ -213,10 +221,14 @@ Batch MakeBatch(const Dataset& data, const std::size_t* indices, std::size_t n, 
 Prefetcher::Prefetcher(const Dataset& data, std::vector<std::size_t> indices,
                        std::size_t batch_size, bool drop_last, bool augment, std::uint64_t seed,
                        std::size_t depth, int threads, bool low_priority)
-    : data_(data), indices_(std::move(indices)), batch_size_(batch_size),
+    : data_(data),
+      indices_(std::move(indices)),
+      batch_size_(batch_size),
       batches_(drop_last ? indices_.size() / batch_size
                          : (indices_.size() + batch_size - 1) / batch_size),
-      augment_(augment), seed_(seed), depth_(std::max<std::size_t>(depth, 1)) {
+      augment_(augment),
+      seed_(seed),
+      depth_(std::max<std::size_t>(depth, 1)) {
   for (int t = 0; t < std::max(threads, 1); ++t) {
     threads_.emplace_back([this, low_priority] { Run(low_priority); });
   }

@@ -52,8 +52,8 @@ extern const float kMean[3];
 extern const float kStd[3];
 
 struct Batch {
-  std::vector<float> images;          // n * 3 * 32 * 32, normalised, CHW
-  std::vector<std::int64_t> labels;   // n
+  std::vector<float> images;         // n * 3 * 32 * 32, normalised, CHW
+  std::vector<std::int64_t> labels;  // n
   std::size_t size() const { return labels.size(); }
 };
 

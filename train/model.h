@@ -26,11 +26,12 @@ struct BasicBlockImpl : torch::nn::Module {
     register_module("conv2", conv2);
     register_module("bn2", bn2);
     if (stride != 1 || in != out) {
-      shortcut = register_module(
-          "shortcut",
-          torch::nn::Sequential(
-              torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
-              torch::nn::BatchNorm2d(out)));
+      shortcut =
+          register_module("shortcut",
+                          torch::nn::Sequential(
+                              torch::nn::Conv2d(
+                                  torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
+                              torch::nn::BatchNorm2d(out)));
     }
   }
   torch::Tensor forward(torch::Tensor x) {

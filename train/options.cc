@@ -24,17 +24,23 @@ bool ToDouble(const std::string& s, double lo, double hi, double* out) {
 
 const char* Name(Device d) {
   switch (d) {
-    case Device::kCpu: return "cpu";
-    case Device::kCuda: return "cuda";
-    case Device::kAuto: return "auto";
+    case Device::kCpu:
+      return "cpu";
+    case Device::kCuda:
+      return "cuda";
+    case Device::kAuto:
+      return "auto";
   }
   return "?";
 }
 const char* Name(Amp a) {
   switch (a) {
-    case Amp::kOff: return "off";
-    case Amp::kBf16: return "bf16";
-    case Amp::kFp16: return "fp16";
+    case Amp::kOff:
+      return "off";
+    case Amp::kBf16:
+      return "bf16";
+    case Amp::kFp16:
+      return "fp16";
   }
   return "?";
 }
@@ -102,7 +108,8 @@ std::optional<Options> ParseOptions(const std::vector<std::string>& args, std::s
   // What each option accepts, said in the error when a value is refused.
   const std::map<std::string, std::pair<Setter, std::string>> with_value = {
       {"--data-dir", {str_opt(&o.data_dir), "a directory"}},
-      {"--synthetic", {int_opt(&o.synthetic, 10, 10'000'000), "an image count from 10 to 10000000"}},
+      {"--synthetic",
+       {int_opt(&o.synthetic, 10, 10'000'000), "an image count from 10 to 10000000"}},
       {"--epochs", {int_opt(&o.epochs, 1, 100000), "an integer from 1"}},
       {"--batch-size", {int_opt(&o.batch_size, 1, 65536), "an integer from 1 to 65536"}},
       {"--lr", {real_opt(&o.lr, 1e-9, 100), "a number above 0"}},
@@ -110,31 +117,50 @@ std::optional<Options> ParseOptions(const std::vector<std::string>& args, std::s
       {"--weight-decay", {real_opt(&o.weight_decay, 0, 1), "a number in [0, 1]"}},
       {"--label-smoothing", {real_opt(&o.label_smoothing, 0, 0.9999), "a number in [0, 1)"}},
       {"--warmup-epochs", {real_opt(&o.warmup_epochs, 0, 100000), "a number from 0"}},
-      {"--schedule", {[&](const std::string& v) {
-         if (v == "cosine") o.schedule = Schedule::kCosine;
-         else if (v == "onecycle") o.schedule = Schedule::kOneCycle;
-         else return false;
-         return true;
-       }, "cosine or onecycle"}},
-      {"--model", {[&](const std::string& v) {
-         if (v != "resnet-small" && v != "resnet18") return false;
-         o.model = v;
-         return true;
-       }, "resnet-small or resnet18"}},
-      {"--amp", {[&](const std::string& v) {
-         if (v == "off") o.amp = Amp::kOff;
-         else if (v == "bf16") o.amp = Amp::kBf16;
-         else if (v == "fp16") o.amp = Amp::kFp16;
-         else return false;
-         return true;
-       }, "off, bf16 or fp16"}},
-      {"--device", {[&](const std::string& v) {
-         if (v == "cpu") o.device = Device::kCpu;
-         else if (v == "cuda") o.device = Device::kCuda;
-         else if (v == "auto") o.device = Device::kAuto;
-         else return false;
-         return true;
-       }, "cpu, cuda or auto"}},
+      {"--schedule",
+       {[&](const std::string& v) {
+          if (v == "cosine")
+            o.schedule = Schedule::kCosine;
+          else if (v == "onecycle")
+            o.schedule = Schedule::kOneCycle;
+          else
+            return false;
+          return true;
+        },
+        "cosine or onecycle"}},
+      {"--model",
+       {[&](const std::string& v) {
+          if (v != "resnet-small" && v != "resnet18") return false;
+          o.model = v;
+          return true;
+        },
+        "resnet-small or resnet18"}},
+      {"--amp",
+       {[&](const std::string& v) {
+          if (v == "off")
+            o.amp = Amp::kOff;
+          else if (v == "bf16")
+            o.amp = Amp::kBf16;
+          else if (v == "fp16")
+            o.amp = Amp::kFp16;
+          else
+            return false;
+          return true;
+        },
+        "off, bf16 or fp16"}},
+      {"--device",
+       {[&](const std::string& v) {
+          if (v == "cpu")
+            o.device = Device::kCpu;
+          else if (v == "cuda")
+            o.device = Device::kCuda;
+          else if (v == "auto")
+            o.device = Device::kAuto;
+          else
+            return false;
+          return true;
+        },
+        "cpu, cuda or auto"}},
       {"--checkpoint-dir", {str_opt(&o.checkpoint_dir), "a directory"}},
       {"--checkpoint-every", {int_opt(&o.checkpoint_every, 1, 100000), "an integer from 1"}},
       {"--eval-every", {int_opt(&o.eval_every, 1, 100000), "an integer from 1"}},
@@ -186,7 +212,8 @@ std::optional<Options> ParseOptions(const std::vector<std::string>& args, std::s
     return std::nullopt;
   }
   if (o.amp != Amp::kOff && o.device == Device::kCpu) {
-    *error = "--amp " + std::string(Name(o.amp)) + " needs --device cuda (autocast runs on the GPU here)";
+    *error = "--amp " + std::string(Name(o.amp)) +
+             " needs --device cuda (autocast runs on the GPU here)";
     return std::nullopt;
   }
   return o;

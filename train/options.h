@@ -13,11 +13,11 @@ enum class Amp { kOff, kBf16, kFp16 };
 enum class Schedule { kCosine, kOneCycle };
 
 struct Options {
-  std::string data_dir;           // CIFAR-10 binary files; "" with --synthetic: a temp dir
-  std::int64_t synthetic = 0;     // >0: generate this many training images (and 1/5 as many test)
+  std::string data_dir;        // CIFAR-10 binary files; "" with --synthetic: a temp dir
+  std::int64_t synthetic = 0;  // >0: generate this many training images (and 1/5 as many test)
   int epochs = 10;
-  int batch_size = 128;           // per worker
-  double lr = 0.1;                // peak, for a global batch of 128 x world size... as given
+  int batch_size = 128;  // per worker
+  double lr = 0.1;       // peak, for a global batch of 128 x world size... as given
   double momentum = 0.9;
   double weight_decay = 5e-4;
   double label_smoothing = 0.1;
@@ -27,15 +27,15 @@ struct Options {
   Amp amp = Amp::kOff;
   bool channels_last = false;
   Device device = Device::kAuto;
-  std::string checkpoint_dir;     // "": no checkpoints
-  int checkpoint_every = 1;       // epochs
-  int eval_every = 1;             // epochs
+  std::string checkpoint_dir;  // "": no checkpoints
+  int checkpoint_every = 1;    // epochs
+  int eval_every = 1;          // epochs
   std::uint64_t seed = 0;
-  int threads = 0;                // 0: cores / LOCAL_WORLD_SIZE
-  int loader_threads = 0;         // 0: 1 on CPU, up to 8 on a GPU
-  std::string metrics_json;       // "": none
-  int log_every = 20;             // steps, for plain (non-terminal) progress lines
-  std::int64_t max_steps = 0;     // >0: stop each epoch after this many steps (benchmarks)
+  int threads = 0;             // 0: cores / LOCAL_WORLD_SIZE
+  int loader_threads = 0;      // 0: 1 on CPU, up to 8 on a GPU
+  std::string metrics_json;    // "": none
+  int log_every = 20;          // steps, for plain (non-terminal) progress lines
+  std::int64_t max_steps = 0;  // >0: stop each epoch after this many steps (benchmarks)
   bool help = false;
 };
 

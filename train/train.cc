@@ -78,12 +78,14 @@ torch::Tensor ToDevice(const torch::Tensor& host, torch::Device dev) {
 // Sums int64 counters over the ranks (on the group's device).
 std::vector<std::int64_t> SumOverRanks(Job& job, std::vector<std::int64_t> v, torch::Device dev) {
   if (!job.group) return v;
-  auto t = torch::tensor(at::ArrayRef<std::int64_t>(v), torch::TensorOptions(torch::kInt64)).to(dev);
-  Check(job, job.group->AllReduce(t.data_ptr(), v.size(), worker::DType::kInt64,
-                                  worker::ReduceOp::kSum),
+  auto t =
+      torch::tensor(at::ArrayRef<std::int64_t>(v), torch::TensorOptions(torch::kInt64)).to(dev);
+  Check(job,
+        job.group->AllReduce(t.data_ptr(), v.size(), worker::DType::kInt64, worker::ReduceOp::kSum),
         "summing counters");
   t = t.cpu();
-  return std::vector<std::int64_t>(t.data_ptr<std::int64_t>(), t.data_ptr<std::int64_t>() + v.size());
+  return std::vector<std::int64_t>(t.data_ptr<std::int64_t>(),
+                                   t.data_ptr<std::int64_t>() + v.size());
 }
 
 // Every rank's value of `x`.
@@ -94,7 +96,8 @@ std::vector<std::int64_t> GatherFromRanks(Job& job, std::int64_t x, torch::Devic
   Check(job, job.group->AllGather(in.data_ptr(), out.data_ptr(), 1, worker::DType::kInt64),
         "gathering parameter hashes");
   out = out.cpu();
-  return std::vector<std::int64_t>(out.data_ptr<std::int64_t>(), out.data_ptr<std::int64_t>() + job.world);
+  return std::vector<std::int64_t>(out.data_ptr<std::int64_t>(),
+                                   out.data_ptr<std::int64_t>() + job.world);
 }
 
 // FNV-1a over every parameter's bytes (on the CPU, in order): equal on every rank exactly when
@@ -153,11 +156,12 @@ class Progress {
     const bool last = step == steps;
     if (tty_) {
       const int width = 24;
-      const int filled = static_cast<int>(width * static_cast<double>(step) / static_cast<double>(steps));
-      std::printf("\repoch %d/%d [%s%s] %zu/%zu loss %.4f lr %.4f %.0f img/s ETA %s ", epoch, epochs,
-                  std::string(static_cast<std::size_t>(filled), '#').c_str(),
-                  std::string(static_cast<std::size_t>(width - filled), '.').c_str(), step, steps, loss,
-                  lr, images_per_s, Hms(eta_s).c_str());
+      const int filled =
+          static_cast<int>(width * static_cast<double>(step) / static_cast<double>(steps));
+      std::printf("\repoch %d/%d [%s%s] %zu/%zu loss %.4f lr %.4f %.0f img/s ETA %s ", epoch,
+                  epochs, std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                  std::string(static_cast<std::size_t>(width - filled), '.').c_str(), step, steps,
+                  loss, lr, images_per_s, Hms(eta_s).c_str());
       if (last) std::printf("\n");
       std::fflush(stdout);
     } else {
@@ -239,8 +243,8 @@ class Training {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const int per_worker = cores / std::max(1, job_.local_world);
     threads_ = o_.threads > 0 ? o_.threads : std::max(1, per_worker);
-    loader_threads_ = o_.loader_threads > 0 ? o_.loader_threads
-                                            : (cuda_ ? std::clamp(per_worker - 1, 1, 8) : 1);
+    loader_threads_ =
+        o_.loader_threads > 0 ? o_.loader_threads : (cuda_ ? std::clamp(per_worker - 1, 1, 8) : 1);
     torch::set_num_threads(threads_);
     torch::manual_seed(o_.seed);
   }
@@ -248,10 +252,10 @@ class Training {
   // The process group: NCCL for GPUs, Gloo for CPUs.
   void FormGroup() {
     if (!job_.context) return;
-    StatusOr<std::unique_ptr<ProcessGroup>> made =
-        InvalidArgument(std::string("--device ") + (cuda_ ? "cuda" : "cpu") +
-                        " under a launcher needs a build with the " +
-                        (cuda_ ? "NCCL backend (CRUN_WITH_NCCL)" : "Gloo backend (CRUN_WITH_GLOO)"));
+    StatusOr<std::unique_ptr<ProcessGroup>> made = InvalidArgument(
+        std::string("--device ") + (cuda_ ? "cuda" : "cpu") +
+        " under a launcher needs a build with the " +
+        (cuda_ ? "NCCL backend (CRUN_WITH_NCCL)" : "Gloo backend (CRUN_WITH_GLOO)"));
     if (cuda_) {
 #ifdef CRUN_WITH_NCCL
       worker::NcclOptions no;
@@ -284,7 +288,8 @@ class Training {
                   .string();
       }
       const auto t0 = Clock::now();
-      const auto test_images = static_cast<std::size_t>(std::max<std::int64_t>(o_.synthetic / 5, 10));
+      const auto test_images =
+          static_cast<std::size_t>(std::max<std::int64_t>(o_.synthetic / 5, 10));
       Check(job_,
             WriteSyntheticCifar(dir, static_cast<std::size_t>(o_.synthetic), test_images, o_.seed),
             "generating synthetic CIFAR-10");
@@ -299,7 +304,8 @@ class Training {
     if (!test_set.ok()) Die(job_, 2, test_set.status().ToString());
     train_ = std::move(*train_set);
     test_ = std::move(*test_set);
-    const auto global_batch = static_cast<std::size_t>(o_.batch_size) * static_cast<std::size_t>(job_.world);
+    const auto global_batch =
+        static_cast<std::size_t>(o_.batch_size) * static_cast<std::size_t>(job_.world);
     if (train_.size() < global_batch) {
       Die(job_, 2,
           "--batch-size " + std::to_string(o_.batch_size) + " x " + std::to_string(job_.world) +
@@ -316,11 +322,11 @@ class Training {
         if (p.dim() == 4) p.set_data(p.data().contiguous(at::MemoryFormat::ChannelsLast));
       }
     }
-    optimizer_ = std::make_unique<torch::optim::SGD>(
-        model_->parameters(), torch::optim::SGDOptions(o_.lr)
-                                  .momentum(o_.momentum)
-                                  .nesterov(o_.momentum > 0)
-                                  .weight_decay(o_.weight_decay));
+    optimizer_ = std::make_unique<torch::optim::SGD>(model_->parameters(),
+                                                     torch::optim::SGDOptions(o_.lr)
+                                                         .momentum(o_.momentum)
+                                                         .nesterov(o_.momentum > 0)
+                                                         .weight_decay(o_.weight_decay));
     // One worker has nothing to average with.
     if (job_.group && job_.world > 1) {
       averager_ = std::make_unique<worker::GradientAverager>(*job_.group, *model_);
@@ -421,9 +427,10 @@ class Training {
         const double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
         const double ips =
             static_cast<double>(step * batch_size) / std::max(elapsed, 1e-9) * job_.world;
-        const double eta = elapsed / static_cast<double>(step) *
-                           static_cast<double>((steps_run - step) +
-                                               static_cast<std::size_t>(o_.epochs - epoch - 1) * steps_run);
+        const double eta =
+            elapsed / static_cast<double>(step) *
+            static_cast<double>((steps_run - step) +
+                                static_cast<std::size_t>(o_.epochs - epoch - 1) * steps_run);
         progress_.Step(epoch + 1, o_.epochs, step, steps_run,
                        loss_sum.item<double>() / static_cast<double>(loss_n), lr, ips, eta);
       }
@@ -447,9 +454,9 @@ class Training {
     {
       AutocastScope amp(o_.amp != Amp::kOff, AmpType());
       auto logits = model_->forward(x);
-      loss = torch::nn::functional::cross_entropy(
-          logits.to(torch::kFloat32), y,
-          torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(o_.label_smoothing));
+      loss = torch::nn::functional::cross_entropy(logits.to(torch::kFloat32), y,
+                                                  torch::nn::functional::CrossEntropyFuncOptions()
+                                                      .label_smoothing(o_.label_smoothing));
     }
     (loss_scale_ != 1.0 ? loss * loss_scale_ : loss).backward();
     if (averager_) Check(job_, averager_->Finish(), "averaging gradients");
@@ -514,8 +521,8 @@ class Training {
   // The ranks must hold the same parameters; rank 0 says so and writes --metrics-json.
   void Finish(double wall_seconds) {
     const auto hashes = GatherFromRanks(job_, ParameterHash(*model_), dev_);
-    const bool identical = std::all_of(hashes.begin(), hashes.end(),
-                                       [&](std::int64_t h) { return h == hashes[0]; });
+    const bool identical =
+        std::all_of(hashes.begin(), hashes.end(), [&](std::int64_t h) { return h == hashes[0]; });
     const double ips_worker = static_cast<double>(images_trained_) / std::max(train_seconds_, 1e-9);
     if (job_.rank == 0) {
       const double final_acc = accuracies_.empty() ? -1 : accuracies_.back();

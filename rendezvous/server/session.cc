@@ -229,8 +229,8 @@ void Session::OnWaitDone() {
   ScheduleFlush();
 }
 
-void Session::OnWatchEvent(wire::WatchEvent event, std::string_view key,
-                           std::string_view old_value, std::string_view new_value) {
+void Session::OnWatchEvent(wire::WatchEvent event, std::string_view key, std::string_view old_value,
+                           std::string_view new_value) {
   wire::AppendU8(&out_, static_cast<std::uint8_t>(event));
   wire::AppendBytes(&out_, key);
   wire::AppendBytes(&out_, old_value);
@@ -262,8 +262,9 @@ void Session::Flush() {
   writing_ = true;
   sending_.swap(out_);
   asio::async_write(socket_, asio::buffer(sending_),
-                    [self = shared_from_this()](const boost::system::error_code& wec,
-                                                std::size_t) { self->OnWritten(wec); });
+                    [self = shared_from_this()](const boost::system::error_code& wec, std::size_t) {
+                      self->OnWritten(wec);
+                    });
 }
 
 void Session::OnWritten(const boost::system::error_code& ec) {

@@ -17,9 +17,9 @@
 
 #include <spdlog/spdlog.h>
 
-#include "rendezvous/server/session.h"
 #include "base/log_sampling.h"
 #include "base/socket.h"
+#include "rendezvous/server/session.h"
 
 namespace crun {
 namespace {
@@ -52,8 +52,8 @@ StatusOr<asio::ip::address> ResolveBindAddress(asio::io_context& io, const std::
   tcp::resolver resolver(io);
   auto results = resolver.resolve(host, "0", tcp::resolver::passive, ec);
   if (ec || results.empty()) {
-    return InvalidArgument("cannot resolve store bind host '" + host + "': " +
-                           (ec ? ec.message() : std::string("no addresses")));
+    return InvalidArgument("cannot resolve store bind host '" + host +
+                           "': " + (ec ? ec.message() : std::string("no addresses")));
   }
   return results.begin()->endpoint().address();
 }
@@ -268,7 +268,7 @@ class AsioStoreServer final : public StoreServer {
   std::atomic<std::uint64_t> refused_{0};
   std::atomic<std::uint64_t> refused_per_peer_{0};
   std::atomic<std::uint64_t> refused_strangers_{0};
-  std::unordered_set<std::string> allowed_;  // empty: everyone
+  std::unordered_set<std::string> allowed_;                // empty: everyone
   std::unordered_map<std::string, std::size_t> per_peer_;  // open connections per address
   std::unordered_map<Session*, std::string> session_peer_;
 };

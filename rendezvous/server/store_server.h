@@ -23,8 +23,8 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "rendezvous/store/limits.h"
 #include "base/status.h"
+#include "rendezvous/store/limits.h"
 
 namespace crun {
 
@@ -52,14 +52,14 @@ struct StoreServerOptions {
 struct StoreServerStats {
   std::uint64_t open_connections = 0;
   std::uint64_t accepted = 0;
-  std::uint64_t refused = 0;          // over max_connections or at the descriptor limit
-  std::uint64_t refused_per_peer = 0; // over max_connections_per_peer
+  std::uint64_t refused = 0;            // over max_connections or at the descriptor limit
+  std::uint64_t refused_per_peer = 0;   // over max_connections_per_peer
   std::uint64_t refused_strangers = 0;  // from an address not in allowed_peers
-  std::uint64_t protocol_errors = 0;  // connections closed for a malformed or oversize request
+  std::uint64_t protocol_errors = 0;    // connections closed for a malformed or oversize request
   std::uint64_t requests = 0;
-  std::uint64_t pending_waits = 0;    // WAITs and BARRIERs not answered yet
-  std::uint64_t stored_bytes = 0;     // keys plus values held
-  std::uint64_t read_pauses = 0;      // times a client's unread replies stopped its reads
+  std::uint64_t pending_waits = 0;  // WAITs and BARRIERs not answered yet
+  std::uint64_t stored_bytes = 0;   // keys plus values held
+  std::uint64_t read_pauses = 0;    // times a client's unread replies stopped its reads
 };
 
 class StoreServer {

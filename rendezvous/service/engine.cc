@@ -8,12 +8,12 @@ struct Engine::Job {
   std::string run_id;
   State state;
   std::optional<TimePoint> wake;
-  std::unordered_map<std::string, SessionId> sessions;     // node id -> its live session
+  std::unordered_map<std::string, SessionId> sessions;          // node id -> its live session
   std::unordered_map<std::string, std::uint64_t> incarnations;  // node id -> its agent's
-  std::unordered_map<std::string, std::string> dialed;     // node id -> host it dialed
+  std::unordered_map<std::string, std::string> dialed;          // node id -> host it dialed
   // node id -> the addresses its workers may reach the store from (its session's, declared)
   std::unordered_map<std::string, std::vector<std::string>> addresses;
-  std::unordered_map<std::string, int> group_ranks;        // of the last round formed
+  std::unordered_map<std::string, int> group_ranks;  // of the last round formed
   int world_size = 0;
   std::unique_ptr<RoundStore> store;
   std::optional<v1::FailureReport> root_cause;  // the failure that ended the job or its round
@@ -25,10 +25,14 @@ namespace {
 
 const char* PhaseName(Phase p) {
   switch (p) {
-    case Phase::kGathering: return "gathering";
-    case Phase::kRunning: return "running";
-    case Phase::kFailed: return "failed";
-    case Phase::kSucceeded: return "succeeded";
+    case Phase::kGathering:
+      return "gathering";
+    case Phase::kRunning:
+      return "running";
+    case Phase::kFailed:
+      return "failed";
+    case Phase::kSucceeded:
+      return "succeeded";
   }
   return "?";
 }
@@ -62,7 +66,8 @@ std::string Describe(const v1::FailureReport& report) {
                         ? "signal " + std::to_string(f.signal())
                         : "exit code " + std::to_string(f.exit_code());
   std::string out = "rank " + std::to_string(f.rank()) + " (local rank " +
-                    std::to_string(f.local_rank()) + ") on " + report.host() + " failed with " + how;
+                    std::to_string(f.local_rank()) + ") on " + report.host() + " failed with " +
+                    how;
   if (!f.message().empty()) out += ": " + f.message();
   return out;
 }
@@ -166,9 +171,11 @@ void Engine::OnJoin(SessionId session, const v1::Join& join, TimePoint now,
       // node_id given to several agents) that leaves the job a node short. The agents already
       // waiting are told now, not at their join timeout.
       job.state.phase = Phase::kFailed;
-      Finish(job, false, "a second agent (on host " + node.host() + ") asked to join as node '" +
-                             node.node_id() + "', which another agent holds: give each agent "
-                             "its own --rdzv-conf node_id, or leave it unset (one per crun)");
+      Finish(job, false,
+             "a second agent (on host " + node.host() + ") asked to join as node '" +
+                 node.node_id() +
+                 "', which another agent holds: give each agent "
+                 "its own --rdzv-conf node_id, or leave it unset (one per crun)");
     }
     return;
   }
@@ -286,13 +293,14 @@ void Engine::Apply(Job& job, Transition t) {
       if (!store.ok()) {
         job.state.phase = Phase::kFailed;
         job.wake.reset();
-        Finish(job, false, "cannot start the worker store of round " +
-                               std::to_string(round->round) + ": " + store.status().message());
+        Finish(job, false,
+               "cannot start the worker store of round " + std::to_string(round->round) + ": " +
+                   store.status().message());
         return;
       }
       job.store = std::move(store).value();
-      Log(job.run_id + ": round " + std::to_string(round->round) + " formed: " +
-          std::to_string(round->assignments.size()) + " nodes, " +
+      Log(job.run_id + ": round " + std::to_string(round->round) +
+          " formed: " + std::to_string(round->assignments.size()) + " nodes, " +
           std::to_string(round->assignments.empty() ? 0 : round->assignments.front().world_size) +
           " workers, restart " + std::to_string(round->restart_count) + ", store port " +
           std::to_string(job.store->port()) +
@@ -359,9 +367,7 @@ void Engine::EvictFinished() {
 
 v1::StatusResponse Engine::Status(const std::string& run_id, TimePoint now) const {
   v1::StatusResponse out;
-  auto age_ms = [&](TimePoint t) {
-    return std::chrono::duration_cast<Millis>(now - t).count();
-  };
+  auto age_ms = [&](TimePoint t) { return std::chrono::duration_cast<Millis>(now - t).count(); };
   for (const auto& [id, job] : jobs_) {
     if (!run_id.empty() && id != run_id) continue;
     const State& s = job->state;

@@ -31,7 +31,6 @@ namespace crun::rdzv {
 
 using SessionId = std::uint64_t;
 
-
 // A round's worker store; open until the handle is dropped.
 class RoundStore {
  public:

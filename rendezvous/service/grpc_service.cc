@@ -15,12 +15,12 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
-#include "crun/v1/rendezvous.grpc.pb.h"
-#include "rendezvous/server/store_server.h"
-#include "rendezvous/service/engine.h"
 #include "base/endpoint.h"
 #include "base/log_sampling.h"
 #include "base/write_queue.h"
+#include "crun/v1/rendezvous.grpc.pb.h"
+#include "rendezvous/server/store_server.h"
+#include "rendezvous/service/engine.h"
 
 namespace crun::rdzv {
 namespace {
@@ -151,15 +151,13 @@ grpc::Status Core::Authorize(const grpc::CallbackServerContext* context, const c
 }
 
 // A session refused before it started: ends at once with the refusal.
-class RefusedSession final
-    : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServiceMessage> {
+class RefusedSession final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServiceMessage> {
  public:
   explicit RefusedSession(const grpc::Status& s) { Finish(s); }
   void OnDone() override { delete this; }
 };
 
-class SessionReactor final
-    : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServiceMessage> {
+class SessionReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServiceMessage> {
  public:
   SessionReactor(Core* core, std::string peer_ip)
       : core_(core), id_(core->next_session++), peer_ip_(std::move(peer_ip)) {
@@ -273,8 +271,9 @@ class GrpcRendezvousService final : public RendezvousService {
     EngineHooks hooks;
     Core* core = core_.get();
     hooks.send = [core](SessionId id, const v1::ServiceMessage& m) { core->SendTo(id, m); };
-    hooks.start_store = [core](const std::string&, int, const std::vector<std::string>& allowed)
-        -> StatusOr<std::unique_ptr<RoundStore>> {
+    hooks.start_store =
+        [core](const std::string&, int,
+               const std::vector<std::string>& allowed) -> StatusOr<std::unique_ptr<RoundStore>> {
       StoreServerOptions so;
       so.host = core->options.host;
       if (core->options.store_allow_list) so.allowed_peers = allowed;
@@ -364,7 +363,8 @@ class GrpcRendezvousService final : public RendezvousService {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<RendezvousService>> RendezvousService::Start(const ServiceOptions& options) {
+StatusOr<std::unique_ptr<RendezvousService>> RendezvousService::Start(
+    const ServiceOptions& options) {
   auto service = std::make_unique<GrpcRendezvousService>(options);
   CRUN_RETURN_IF_ERROR(service->Init());
   return std::unique_ptr<RendezvousService>(std::move(service));

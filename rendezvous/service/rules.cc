@@ -48,9 +48,10 @@ Transition Form(State s, TimePoint now) {
   }
   if (static_cast<int>(recent.size()) >= s.settings.storm_rounds) {
     s.phase = Phase::kFailed;
-    std::string reason = "restart storm: " + std::to_string(recent.size() + 1) + " rounds within " +
-                         std::to_string(s.settings.storm_window.count()) + " ms" +
-                         (s.lost_hosts.empty() ? std::string() : " (lost: " + Join(s.lost_hosts) + ")");
+    std::string reason =
+        "restart storm: " + std::to_string(recent.size() + 1) + " rounds within " +
+        std::to_string(s.settings.storm_window.count()) + " ms" +
+        (s.lost_hosts.empty() ? std::string() : " (lost: " + Join(s.lost_hosts) + ")");
     return Transition{std::move(s), {FailJob{std::move(reason)}}, std::nullopt};
   }
   recent.push_back(now);
@@ -103,14 +104,15 @@ Transition Regather(State s, std::string reason, bool spends_restart, TimePoint 
 }  // namespace
 
 Status Settings::Validate() const {
-  if (min_nodes < 1) return InvalidArgument("min nodes (" + std::to_string(min_nodes) + ") must be >= 1");
+  if (min_nodes < 1)
+    return InvalidArgument("min nodes (" + std::to_string(min_nodes) + ") must be >= 1");
   if (max_nodes < min_nodes) {
     return InvalidArgument("max nodes (" + std::to_string(max_nodes) + ") must be >= min nodes (" +
                            std::to_string(min_nodes) + ")");
   }
   if (max_nodes > kMaxNodes) {
-    return InvalidArgument("max nodes (" + std::to_string(max_nodes) + ") must be <= " +
-                           std::to_string(kMaxNodes));
+    return InvalidArgument("max nodes (" + std::to_string(max_nodes) +
+                           ") must be <= " + std::to_string(kMaxNodes));
   }
   auto positive = [](const char* name, Millis v) -> Status {
     if (v.count() > kMaxTimeout.count()) {
@@ -171,7 +173,8 @@ Transition OnJoin(State s, const NodeDescription& node, const Settings& its_sett
   if (auto c = s.settings.CheckCompatible(its_settings); !c.ok()) return refuse(c.message());
   if (s.phase == Phase::kFailed) return refuse("the job has already failed");
   if (s.phase == Phase::kSucceeded) return refuse("the job has already finished");
-  if (s.present.count(node.node_id) != 0) return refuse("another agent already joined as node '" + node.node_id + "'");
+  if (s.present.count(node.node_id) != 0)
+    return refuse("another agent already joined as node '" + node.node_id + "'");
   if (node.nproc < 1 || node.nproc > kMaxNprocPerNode) {
     return refuse("nproc " + std::to_string(node.nproc) + " must be 1 to " +
                   std::to_string(kMaxNprocPerNode));
@@ -208,8 +211,8 @@ Transition OnTick(State s, TimePoint now) {
     for (const auto& m : s.members) {
       if (!m.succeeded && now - m.last_heartbeat >= s.settings.heartbeat_timeout) {
         const std::string id = m.node.node_id;
-        const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(
-            now - m.last_heartbeat);
+        const auto silent =
+            std::chrono::duration_cast<std::chrono::milliseconds>(now - m.last_heartbeat);
         return OnNodeLost(std::move(s), id, now,
                           "no heartbeat for " + std::to_string(silent.count()) +
                               " ms (heartbeat_timeout " +
@@ -228,10 +231,9 @@ Transition OnTick(State s, TimePoint now) {
     s.phase = Phase::kFailed;
     std::string reason = "only " + std::to_string(count) + " of at least " +
                          std::to_string(s.settings.min_nodes) + " nodes joined within " +
-                         std::to_string(s.settings.join_timeout.count()) + " ms (joined: " +
-                         Hosts(s.joined) + ")" +
-                         (s.lost_hosts.empty() ? std::string()
-                                               : "; lost: " + Join(s.lost_hosts));
+                         std::to_string(s.settings.join_timeout.count()) +
+                         " ms (joined: " + Hosts(s.joined) + ")" +
+                         (s.lost_hosts.empty() ? std::string() : "; lost: " + Join(s.lost_hosts));
     Transition t{std::move(s), {FailJob{std::move(reason)}}, std::nullopt};
     return t;
   }
@@ -304,8 +306,7 @@ Transition OnNodeSucceeded(State s, const std::string& node_id, TimePoint /*now*
     if (!m.succeeded) ++s.members_succeeded;
     m.succeeded = true;
   }
-  if (s.phase == Phase::kRunning &&
-      s.members_succeeded == static_cast<int>(s.members.size())) {
+  if (s.phase == Phase::kRunning && s.members_succeeded == static_cast<int>(s.members.size())) {
     s.phase = Phase::kSucceeded;
     return {std::move(s), {SucceedJob{}}, std::nullopt};
   }

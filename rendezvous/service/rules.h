@@ -27,8 +27,8 @@ namespace crun::rdzv {
 using TimePoint = std::chrono::steady_clock::time_point;
 using Millis = std::chrono::milliseconds;
 
-inline constexpr Millis kDefaultJoinTimeout{600'000};   // torchrun's
-inline constexpr Millis kDefaultLastCallTimeout{1'000}; // torchrun: 30 s
+inline constexpr Millis kDefaultJoinTimeout{600'000};    // torchrun's
+inline constexpr Millis kDefaultLastCallTimeout{1'000};  // torchrun: 30 s
 inline constexpr Millis kDefaultHeartbeatTimeout{3'000};
 // Bounds on what an agent may ask for: the job's world size fits an int with room to spare,
 // and deadlines stay far from the clock's range.
@@ -102,7 +102,7 @@ struct Member {
 struct State {
   Settings settings;
   Phase phase = Phase::kGathering;
-  int round = -1;                      // the last round formed
+  int round = -1;                       // the last round formed
   std::vector<NodeDescription> joined;  // in join order, while gathering
   std::optional<TimePoint> join_deadline;
   std::optional<TimePoint> last_call_deadline;
@@ -110,7 +110,7 @@ struct State {
   std::vector<NodeDescription> spares;  // connected, outside the round
   std::vector<std::string> lost_hosts;  // node ids of lost nodes, for reports
   int restarts_used = 0;
-  std::vector<TimePoint> round_times;   // for restart-storm detection
+  std::vector<TimePoint> round_times;  // for restart-storm detection
   // Indexes, so that an event costs O(1) whatever the number of nodes:
   std::unordered_set<std::string> present;                    // ids in joined, members, spares
   std::unordered_map<std::string, std::size_t> member_index;  // id -> position in members

@@ -209,7 +209,8 @@ StatusOr<bool> KvState::Barrier(std::string key, std::int64_t world_size, StoreL
 void KvState::Complete(Waiter* waiter) {
   StoreListener* listener = waiter->listener;
   auto& mine = waits_of_[listener];
-  auto it = std::find_if(mine.begin(), mine.end(), [&](const auto& w) { return w.get() == waiter; });
+  auto it =
+      std::find_if(mine.begin(), mine.end(), [&](const auto& w) { return w.get() == waiter; });
   std::unique_ptr<Waiter> owned = std::move(*it);
   mine.erase(it);
   --pending_;

@@ -114,7 +114,8 @@ Status MemoryStore::MultiSet(const std::vector<std::string>& keys,
                            std::to_string(values.size()) + " values");
   }
   std::lock_guard lock(mu_);
-  for (std::size_t i = 0; i < keys.size(); ++i) CRUN_RETURN_IF_ERROR(state_.Set(keys[i], values[i]));
+  for (std::size_t i = 0; i < keys.size(); ++i)
+    CRUN_RETURN_IF_ERROR(state_.Set(keys[i], values[i]));
   return Status::Ok();
 }
 
@@ -151,8 +152,7 @@ Status MemoryStore::Barrier(std::string_view key, std::int64_t world_size, Milli
   std::unique_lock lock(mu_);
   std::string k(key);
   return BlockUntilDone(
-      lock, timeout,
-      [&](StoreListener* l) { return state_.Barrier(k, world_size, l); },
+      lock, timeout, [&](StoreListener* l) { return state_.Barrier(k, world_size, l); },
       "barrier on key " + k + " (world size " + std::to_string(world_size) + ")");
 }
 

@@ -12,8 +12,8 @@ namespace crun {
 namespace {
 
 using wire::Command;
-using wire::Request;
 using wire::MakeRequest;
+using wire::Request;
 
 }  // namespace
 
@@ -31,7 +31,8 @@ Status TcpStoreClientOptions::Validate() const {
 }
 
 TcpStoreClient::TcpStoreClient(UniqueFd fd, std::string endpoint, Millis timeout)
-    : fd_(std::move(fd)), endpoint_(std::move(endpoint)),
+    : fd_(std::move(fd)),
+      endpoint_(std::move(endpoint)),
       next_nonce_(static_cast<std::uint32_t>(::getpid())) {
   timeout_ = timeout;
 }
@@ -58,8 +59,8 @@ StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
     }
     // Refused, reset, not yet resolvable or a failed handshake: the store may still be coming
     // up. Anything else (a bad address family, say) will not get better.
-    const bool retry = failure.code() == StatusCode::kUnavailable ||
-                       failure.code() == StatusCode::kTimeout;
+    const bool retry =
+        failure.code() == StatusCode::kUnavailable || failure.code() == StatusCode::kTimeout;
     const auto now = SteadyClock::now();
     if (!retry || now >= deadline) {
       return Status(retry ? StatusCode::kTimeout : failure.code(),
@@ -99,9 +100,9 @@ Status TcpStoreClient::Break(Status status) {
 
 Status TcpStoreClient::CheckUsable() const {
   if (broken_.ok()) return Status::Ok();
-  return Status(broken_.code(), "store " + endpoint_ +
-                                    ": connection unusable after an earlier failure: " +
-                                    broken_.message());
+  return Status(broken_.code(),
+                "store " + endpoint_ +
+                    ": connection unusable after an earlier failure: " + broken_.message());
 }
 
 Status TcpStoreClient::Send(const Request& request) {
@@ -229,8 +230,9 @@ StatusOr<std::string> TcpStoreClient::Get(std::string_view key) {
 StatusOr<std::string> TcpStoreClient::CompareSet(std::string_view key, std::string_view expected,
                                                  std::string_view desired) {
   std::lock_guard lock(mu_);
-  CRUN_RETURN_IF_ERROR(Send(MakeRequest(
-      Command::kCompareSet, {std::string(key), std::string(expected), std::string(desired)})));
+  CRUN_RETURN_IF_ERROR(
+      Send(MakeRequest(Command::kCompareSet,
+                       {std::string(key), std::string(expected), std::string(desired)})));
   return ReadBytes();
 }
 
@@ -354,9 +356,8 @@ Status TcpStoreClient::Ping() {
   char echo[4];
   CRUN_RETURN_IF_ERROR(Read(echo, 4));
   if (wire::LoadU32(echo) != ping.nonce) {
-    return Break(ProtocolError("store " + endpoint_ + " echoed PING " +
-                               std::to_string(ping.nonce) + " as " +
-                               std::to_string(wire::LoadU32(echo))));
+    return Break(ProtocolError("store " + endpoint_ + " echoed PING " + std::to_string(ping.nonce) +
+                               " as " + std::to_string(wire::LoadU32(echo))));
   }
   return Status::Ok();
 }

@@ -87,7 +87,7 @@ class TcpStoreClient final : public Store {
   std::string endpoint_;
   Status broken_;
   std::string out_;
-  std::string in_;       // bytes received but not consumed yet
+  std::string in_;  // bytes received but not consumed yet
   std::size_t in_pos_ = 0;
   SteadyClock::time_point read_deadline_;
   std::uint32_t next_nonce_;

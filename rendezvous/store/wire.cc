@@ -23,39 +23,47 @@ std::span<const Field> Layout(Command command) {
   static constexpr Field kPairs[] = {Field::kPairList};
   switch (command) {
     case Command::kValidate:
-    case Command::kPing: return kU32Only;
+    case Command::kPing:
+      return kU32Only;
     case Command::kSet:
     case Command::kAppend:
-    case Command::kQueuePush: return kKeyValue;
-    case Command::kCompareSet: return kKeyTwoValues;
+    case Command::kQueuePush:
+      return kKeyValue;
+    case Command::kCompareSet:
+      return kKeyTwoValues;
     case Command::kGet:
     case Command::kDeleteKey:
     case Command::kQueuePop:
     case Command::kQueueLen:
-    case Command::kWatchKey: return kKeyOnly;
+    case Command::kWatchKey:
+      return kKeyOnly;
     case Command::kAdd:
-    case Command::kBarrier: return kKeyNumber;
+    case Command::kBarrier:
+      return kKeyNumber;
     case Command::kCheck:
     case Command::kWait:
-    case Command::kMultiGet: return kKeys;
-    case Command::kMultiSet: return kPairs;
+    case Command::kMultiGet:
+      return kKeys;
+    case Command::kMultiSet:
+      return kPairs;
     case Command::kGetNumKeys:
     case Command::kCancelWait:
-    case Command::kListKeys: return {};
+    case Command::kListKeys:
+      return {};
   }
   return {};
 }
 
 constexpr std::array<Command, 9> kLegacyCodes = {
-    Command::kSet,   Command::kCompareSet, Command::kGet,      Command::kAdd,       Command::kCheck,
-    Command::kWait,  Command::kGetNumKeys, Command::kWatchKey, Command::kDeleteKey,
+    Command::kSet,  Command::kCompareSet, Command::kGet,      Command::kAdd,       Command::kCheck,
+    Command::kWait, Command::kGetNumKeys, Command::kWatchKey, Command::kDeleteKey,
 };
 constexpr std::array<Command, 19> kModernCodes = {
-    Command::kValidate,  Command::kSet,       Command::kCompareSet, Command::kGet,
-    Command::kAdd,       Command::kCheck,     Command::kWait,       Command::kGetNumKeys,
-    Command::kDeleteKey, Command::kAppend,    Command::kMultiGet,   Command::kMultiSet,
+    Command::kValidate,   Command::kSet,      Command::kCompareSet, Command::kGet,
+    Command::kAdd,        Command::kCheck,    Command::kWait,       Command::kGetNumKeys,
+    Command::kDeleteKey,  Command::kAppend,   Command::kMultiGet,   Command::kMultiSet,
     Command::kCancelWait, Command::kPing,     Command::kQueuePush,  Command::kQueuePop,
-    Command::kQueueLen,  Command::kListKeys,  Command::kBarrier,
+    Command::kQueueLen,   Command::kListKeys, Command::kBarrier,
 };
 
 std::span<const Command> CodeTable(Dialect dialect) {
@@ -81,35 +89,58 @@ void AppendRaw(std::string* out, T v) {
 
 std::string_view DialectName(Dialect dialect) {
   switch (dialect) {
-    case Dialect::kUnknown: return "undetected";
-    case Dialect::kLegacy: return "1.13";
-    case Dialect::kModern: return "2.x";
+    case Dialect::kUnknown:
+      return "undetected";
+    case Dialect::kLegacy:
+      return "1.13";
+    case Dialect::kModern:
+      return "2.x";
   }
   return "?";
 }
 
 std::string_view CommandName(Command command) {
   switch (command) {
-    case Command::kValidate: return "VALIDATE";
-    case Command::kSet: return "SET";
-    case Command::kCompareSet: return "COMPARE_SET";
-    case Command::kGet: return "GET";
-    case Command::kAdd: return "ADD";
-    case Command::kCheck: return "CHECK";
-    case Command::kWait: return "WAIT";
-    case Command::kGetNumKeys: return "GETNUMKEYS";
-    case Command::kWatchKey: return "WATCH_KEY";
-    case Command::kDeleteKey: return "DELETE_KEY";
-    case Command::kAppend: return "APPEND";
-    case Command::kMultiGet: return "MULTI_GET";
-    case Command::kMultiSet: return "MULTI_SET";
-    case Command::kCancelWait: return "CANCEL_WAIT";
-    case Command::kPing: return "PING";
-    case Command::kQueuePush: return "QUEUE_PUSH";
-    case Command::kQueuePop: return "QUEUE_POP";
-    case Command::kQueueLen: return "QUEUE_LEN";
-    case Command::kListKeys: return "LIST_KEYS";
-    case Command::kBarrier: return "BARRIER";
+    case Command::kValidate:
+      return "VALIDATE";
+    case Command::kSet:
+      return "SET";
+    case Command::kCompareSet:
+      return "COMPARE_SET";
+    case Command::kGet:
+      return "GET";
+    case Command::kAdd:
+      return "ADD";
+    case Command::kCheck:
+      return "CHECK";
+    case Command::kWait:
+      return "WAIT";
+    case Command::kGetNumKeys:
+      return "GETNUMKEYS";
+    case Command::kWatchKey:
+      return "WATCH_KEY";
+    case Command::kDeleteKey:
+      return "DELETE_KEY";
+    case Command::kAppend:
+      return "APPEND";
+    case Command::kMultiGet:
+      return "MULTI_GET";
+    case Command::kMultiSet:
+      return "MULTI_SET";
+    case Command::kCancelWait:
+      return "CANCEL_WAIT";
+    case Command::kPing:
+      return "PING";
+    case Command::kQueuePush:
+      return "QUEUE_PUSH";
+    case Command::kQueuePop:
+      return "QUEUE_POP";
+    case Command::kQueueLen:
+      return "QUEUE_LEN";
+    case Command::kListKeys:
+      return "LIST_KEYS";
+    case Command::kBarrier:
+      return "BARRIER";
   }
   return "?";
 }
@@ -160,9 +191,15 @@ void EncodeRequest(Dialect dialect, const Request& request, std::string* out) {
   for (Field field : Layout(request.command)) {
     switch (field) {
       case Field::kKey:
-      case Field::kValue: AppendBytes(out, request.args[arg++]); break;
-      case Field::kI64: AppendI64(out, request.number); break;
-      case Field::kU32: AppendU32(out, request.nonce); break;
+      case Field::kValue:
+        AppendBytes(out, request.args[arg++]);
+        break;
+      case Field::kI64:
+        AppendI64(out, request.number);
+        break;
+      case Field::kU32:
+        AppendU32(out, request.nonce);
+        break;
       case Field::kKeyList:
         AppendU64(out, request.args.size());
         for (const auto& key : request.args) AppendBytes(out, key);
@@ -256,8 +293,8 @@ RequestParser::Step RequestParser::Sniff() {
     // Either VALIDATE + magic (2.x) or a 1.13 SET, which is at least 17 bytes long, so waiting
     // for 5 bytes cannot stall a legitimate client.
     if (available() < 5) return Step::kNeedMore;
-    dialect_ = LoadU32(view_.data() + pos_ + 1) == kValidationMagic ? Dialect::kModern
-                                                                     : Dialect::kLegacy;
+    dialect_ =
+        LoadU32(view_.data() + pos_ + 1) == kValidationMagic ? Dialect::kModern : Dialect::kLegacy;
     return Step::kDone;
   }
   if (first == 0xCE) {
@@ -267,8 +304,9 @@ RequestParser::Step RequestParser::Sniff() {
     const std::size_t seen = std::min<std::size_t>(available(), 4);
     if (view_.substr(pos_, seen) == std::string_view(magic, seen)) {
       if (seen < 4) return Step::kNeedMore;
-      return Fail("client sends the magic before every request (an Aug 2023 nightly format); "
-                  "use a released PyTorch");
+      return Fail(
+          "client sends the magic before every request (an Aug 2023 nightly format); "
+          "use a released PyTorch");
     }
   }
   if (first < kLegacyCodes.size()) {
@@ -314,9 +352,8 @@ RequestParser::Step RequestParser::ReadString(bool is_key) {
   const std::uint64_t len = LoadU64(view_.data() + pos_);
   const std::size_t limit = is_key ? limits_.max_key_bytes : limits_.max_value_bytes;
   if (len > limit) {
-    return Fail(std::string(CommandName(req_.command)) + (is_key ? " key" : " value") +
-                " length " + std::to_string(len) + " exceeds the limit of " +
-                std::to_string(limit) + " bytes");
+    return Fail(std::string(CommandName(req_.command)) + (is_key ? " key" : " value") + " length " +
+                std::to_string(len) + " exceeds the limit of " + std::to_string(limit) + " bytes");
   }
   if (request_bytes_ + 8 + len > limits_.max_request_bytes) {
     return Fail(std::string(CommandName(req_.command)) + " request exceeds " +
@@ -334,10 +371,18 @@ RequestParser::Step RequestParser::ParseBody() {
   while (step_ < layout.size()) {
     Step s = Step::kDone;
     switch (layout[step_]) {
-      case Field::kKey: s = ReadString(/*is_key=*/true); break;
-      case Field::kValue: s = ReadString(/*is_key=*/false); break;
-      case Field::kI64: s = ReadI64(&req_.number); break;
-      case Field::kU32: s = ReadU32(&req_.nonce); break;
+      case Field::kKey:
+        s = ReadString(/*is_key=*/true);
+        break;
+      case Field::kValue:
+        s = ReadString(/*is_key=*/false);
+        break;
+      case Field::kI64:
+        s = ReadI64(&req_.number);
+        break;
+      case Field::kU32:
+        s = ReadU32(&req_.nonce);
+        break;
       case Field::kKeyList:
       case Field::kPairList: {
         const bool pairs = layout[step_] == Field::kPairList;

@@ -70,8 +70,8 @@ enum class WatchEvent : std::uint8_t { kUpdated = 0, kCreated = 1, kDeleted = 2,
 struct Request {
   Command command = Command::kPing;
   std::vector<std::string> args;
-  std::int64_t number = 0;   // ADD delta, BARRIER world size
-  std::uint32_t nonce = 0;   // VALIDATE magic, PING nonce
+  std::int64_t number = 0;  // ADD delta, BARRIER world size
+  std::uint32_t nonce = 0;  // VALIDATE magic, PING nonce
 };
 
 // Builds a request; fields not given stay zero.

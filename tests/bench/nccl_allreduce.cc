@@ -33,7 +33,8 @@ int Fail(const std::string& what) {
 
 int Repetitions(std::size_t bytes) {
   const std::size_t budget = std::size_t{8} << 30;  // about 8 GiB moved per size
-  return static_cast<int>(std::clamp<std::size_t>(budget / std::max<std::size_t>(bytes, 1), 20, 1000));
+  return static_cast<int>(
+      std::clamp<std::size_t>(budget / std::max<std::size_t>(bytes, 1), 20, 1000));
 }
 
 // Times `op` `reps` times after one warm-up; returns the median of the slowest rank's times.
@@ -76,7 +77,8 @@ int main(int argc, char** argv) {
     const std::string item = rest.substr(0, comma);
     char* end = nullptr;
     const unsigned long long v = std::strtoull(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v < 4) return Fail("size '" + item + "' is not a byte count >= 4");
+    if (item.empty() || *end != '\0' || v < 4)
+      return Fail("size '" + item + "' is not a byte count >= 4");
     sizes.push_back(static_cast<std::size_t>(v));
     rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
   }
@@ -97,7 +99,8 @@ int main(int argc, char** argv) {
   void* buffer = nullptr;
   void* gathered = nullptr;
   double* times = nullptr;
-  if (cudaMalloc(&buffer, largest) != cudaSuccess || cudaMalloc(&gathered, largest) != cudaSuccess ||
+  if (cudaMalloc(&buffer, largest) != cudaSuccess ||
+      cudaMalloc(&gathered, largest) != cudaSuccess ||
       cudaMalloc(reinterpret_cast<void**>(&times), 1000 * sizeof(double)) != cudaSuccess) {
     return Fail("cudaMalloc of " + std::to_string(largest) + " bytes failed on device " +
                 std::to_string(device));
@@ -110,12 +113,15 @@ int main(int argc, char** argv) {
     const std::size_t per_rank = count / static_cast<std::size_t>(world);
     const int reps = Repetitions(bytes);
     std::string error;
-    const double reduce = Time(g, times, reps, [&] {
-      return g.AllReduce(buffer, count, DType::kFloat32, ReduceOp::kSum);
-    }, &error);
-    const double gather = error.empty() && per_rank > 0 ? Time(g, times, reps, [&] {
-      return g.AllGather(buffer, gathered, per_rank, DType::kFloat32);
-    }, &error) : 0.0;
+    const double reduce = Time(
+        g, times, reps, [&] { return g.AllReduce(buffer, count, DType::kFloat32, ReduceOp::kSum); },
+        &error);
+    const double gather =
+        error.empty() && per_rank > 0
+            ? Time(
+                  g, times, reps,
+                  [&] { return g.AllGather(buffer, gathered, per_rank, DType::kFloat32); }, &error)
+            : 0.0;
     if (!error.empty()) return Fail(std::to_string(bytes) + " bytes: " + error);
     char row[256];
     std::snprintf(row, sizeof(row),
@@ -131,8 +137,8 @@ int main(int argc, char** argv) {
   if (g.rank() == 0) {
     std::FILE* f = std::fopen(argv[1], "w");
     if (f == nullptr) return Fail(std::string("cannot write ") + argv[1]);
-    std::fprintf(f, "{\"world\": %d, \"nccl\": \"%s\", \"device\": \"%s\", \"results\": [%s]}\n", world,
-                 crun::worker::NcclVersion().c_str(), prop.name, rows.c_str());
+    std::fprintf(f, "{\"world\": %d, \"nccl\": \"%s\", \"device\": \"%s\", \"results\": [%s]}\n",
+                 world, crun::worker::NcclVersion().c_str(), prop.name, rows.c_str());
     std::fclose(f);
   }
   return 0;

@@ -167,7 +167,8 @@ int main(int argc, char** argv) {
   co.keepalive_timeout = std::chrono::milliseconds(30'000);
   for (int c = 0; c < o.channels; ++c) {
     channels.push_back(crun::agent::MakeChannel(o.endpoint, co));
-    if (!channels.back()->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10))) {
+    if (!channels.back()->WaitForConnected(std::chrono::system_clock::now() +
+                                           std::chrono::seconds(10))) {
       std::fprintf(stderr, "rdzv_loadgen: cannot connect to %s\n", o.endpoint.c_str());
       return 1;
     }
@@ -201,8 +202,8 @@ int main(int argc, char** argv) {
     auto on_done = [&errors](const crun::Status& s) {
       if (!s.ok()) errors.fetch_add(1);
     };
-    a->session = std::make_unique<SessionClient>(
-        *stubs[static_cast<std::size_t>(i % o.channels)], on_message, on_done);
+    a->session = std::make_unique<SessionClient>(*stubs[static_cast<std::size_t>(i % o.channels)],
+                                                 on_message, on_done);
   }
   out["service_rss_connected_mib"] = ReadProc(o.service_pid).rss_mib;
 
@@ -219,10 +220,12 @@ int main(int argc, char** argv) {
                    reached, o.agents, o.phase_timeout_ms);
       std::exit(1);
     }
-    out[name] = {{"ms", ms}, {"service_cpu_s", after.cpu_s - before.cpu_s},
+    out[name] = {{"ms", ms},
+                 {"service_cpu_s", after.cpu_s - before.cpu_s},
                  {"service_rss_mib", after.rss_mib}};
-    std::fprintf(stderr, "rdzv_loadgen: %-8s %d agents: %.1f ms (service CPU %.3f s, RSS %.1f MiB)\n",
-                 name, o.agents, ms, after.cpu_s - before.cpu_s, after.rss_mib);
+    std::fprintf(stderr,
+                 "rdzv_loadgen: %-8s %d agents: %.1f ms (service CPU %.3f s, RSS %.1f MiB)\n", name,
+                 o.agents, ms, after.cpu_s - before.cpu_s, after.rss_mib);
   };
 
   phase("form", assigned, [&] {
@@ -235,8 +238,7 @@ int main(int argc, char** argv) {
       const auto& as = a->assignment;
       const auto r = static_cast<std::size_t>(as.group_rank());
       if (as.group_world_size() != o.agents || r >= by_rank.size() || by_rank[r] != -1 ||
-          as.world_size() != o.agents * o.nproc ||
-          as.base_rank() != as.group_rank() * o.nproc) {
+          as.world_size() != o.agents * o.nproc || as.base_rank() != as.group_rank() * o.nproc) {
         std::fprintf(stderr, "rdzv_loadgen: agent %d got a bad assignment: %s\n", a->index,
                      as.ShortDebugString().c_str());
         return 1;
@@ -250,8 +252,7 @@ int main(int argc, char** argv) {
     const ProcStat before = ReadProc(o.service_pid);
     const auto t0 = Clock::now();
     const auto end = t0 + std::chrono::milliseconds(o.steady_ms);
-    const auto gap = std::chrono::nanoseconds(
-        std::chrono::milliseconds(o.heartbeat_ms)) / o.agents;
+    const auto gap = std::chrono::nanoseconds(std::chrono::milliseconds(o.heartbeat_ms)) / o.agents;
     std::uint64_t seq = 0;
     auto next = t0;
     for (std::size_t i = 0; Clock::now() < end; i = (i + 1) % agents.size()) {
@@ -263,7 +264,8 @@ int main(int argc, char** argv) {
     }
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     const ProcStat after = ReadProc(o.service_pid);
-    out["steady"] = {{"s", s}, {"heartbeats", seq},
+    out["steady"] = {{"s", s},
+                     {"heartbeats", seq},
                      {"service_cpu_percent", s > 0 ? 100 * (after.cpu_s - before.cpu_s) / s : 0},
                      {"service_rss_mib", after.rss_mib}};
     std::fprintf(stderr, "rdzv_loadgen: steady   %llu heartbeats in %.1f s: service CPU %.1f%%\n",

@@ -36,8 +36,8 @@ namespace {
 
 using crun::wire::Command;
 using crun::wire::Dialect;
-using crun::wire::Request;
 using crun::wire::MakeRequest;
+using crun::wire::Request;
 using Clock = std::chrono::steady_clock;
 
 struct Options {
@@ -73,7 +73,7 @@ struct Conn {
   std::deque<Expect> expect;
   Clock::time_point started;
   std::uint64_t seq = 0;
-  int partner = -1;   // wait mode: the setter of a waiter
+  int partner = -1;  // wait mode: the setter of a waiter
   bool connected = false;
   bool done = false;  // storm: resolved (held or refused)
 };
@@ -83,8 +83,8 @@ class LoadGen {
   explicit LoadGen(Options o) : o_(std::move(o)), epfd_(::epoll_create1(EPOLL_CLOEXEC)) {
     value_.assign(static_cast<std::size_t>(o_.value_bytes), 'v');
     // Wait keys must be new to the store, also when it has served earlier runs.
-    run_tag_ = std::to_string(::getpid()) + "." +
-               std::to_string(Clock::now().time_since_epoch().count());
+    run_tag_ =
+        std::to_string(::getpid()) + "." + std::to_string(Clock::now().time_since_epoch().count());
   }
 
   int RunLoad() {
@@ -243,7 +243,9 @@ class LoadGen {
       crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kGet, {Key(i)}), &c.out);
       c.expect.push_back({Reply::kBytes, 0, true});
     } else if (o_.op == "add") {
-      crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kAdd, {"/bench/n" + std::to_string(i)}, 1), &c.out);
+      crun::wire::EncodeRequest(o_.dialect,
+                                MakeRequest(Command::kAdd, {"/bench/n" + std::to_string(i)}, 1),
+                                &c.out);
       c.expect.push_back({Reply::kFixed, 8, true});
     } else {  // wait: this is the waiter
       crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kWait, {WaitKey(i)}), &c.out);
@@ -258,7 +260,8 @@ class LoadGen {
   void Wake(int waiter) {
     auto& w = conns_[static_cast<std::size_t>(waiter)];
     auto& s = conns_[static_cast<std::size_t>(w.partner)];
-    crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kSet, {WaitKey(waiter), "1"}), &s.out);
+    crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kSet, {WaitKey(waiter), "1"}),
+                              &s.out);
     w.started = Clock::now();
     Flush(w.partner);
   }
@@ -407,8 +410,8 @@ class LoadGen {
         "{\"mode\":\"load\",\"op\":\"%s\",\"clients\":%d,\"ops\":%llu,\"total_ops\":%llu,"
         "\"ops_per_s\":%.1f,\"p50_us\":%.0f,\"p99_us\":%.0f}\n",
         o_.op.c_str(), o_.clients, static_cast<unsigned long long>(ops_),
-        static_cast<unsigned long long>(total_ops_),
-        static_cast<double>(ops_) / seconds, pct(0.50), pct(0.99));
+        static_cast<unsigned long long>(total_ops_), static_cast<double>(ops_) / seconds, pct(0.50),
+        pct(0.99));
   }
 
   Options o_;
@@ -433,22 +436,36 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) Die("missing value after " + a);
       return argv[++i];
     };
-    if (a == "--host") o.host = next();
-    else if (a == "--port") o.port = std::stoi(next());
+    if (a == "--host")
+      o.host = next();
+    else if (a == "--port")
+      o.port = std::stoi(next());
     else if (a == "--dialect") {
       const std::string d = next();
-      if (d == "legacy") o.dialect = Dialect::kLegacy;
-      else if (d == "modern") o.dialect = Dialect::kModern;
-      else Die("dialect must be legacy or modern, not " + d);
-    } else if (a == "--op") o.op = next();
-    else if (a == "--clients") o.clients = std::stoi(next());
-    else if (a == "--warmup-ms") o.warmup_ms = std::stoi(next());
-    else if (a == "--duration-ms") o.duration_ms = std::stoi(next());
-    else if (a == "--value-bytes") o.value_bytes = std::stoi(next());
-    else if (a == "--storm") o.storm = std::stoi(next());
-    else if (a == "--storm-timeout-ms") o.storm_timeout_ms = std::stoi(next());
-    else if (a == "--source") o.sources.push_back(next());
-    else Die("unknown argument " + a);
+      if (d == "legacy")
+        o.dialect = Dialect::kLegacy;
+      else if (d == "modern")
+        o.dialect = Dialect::kModern;
+      else
+        Die("dialect must be legacy or modern, not " + d);
+    } else if (a == "--op")
+      o.op = next();
+    else if (a == "--clients")
+      o.clients = std::stoi(next());
+    else if (a == "--warmup-ms")
+      o.warmup_ms = std::stoi(next());
+    else if (a == "--duration-ms")
+      o.duration_ms = std::stoi(next());
+    else if (a == "--value-bytes")
+      o.value_bytes = std::stoi(next());
+    else if (a == "--storm")
+      o.storm = std::stoi(next());
+    else if (a == "--storm-timeout-ms")
+      o.storm_timeout_ms = std::stoi(next());
+    else if (a == "--source")
+      o.sources.push_back(next());
+    else
+      Die("unknown argument " + a);
   }
   if (o.port <= 0 || o.port > 65535) Die("--port must be 1..65535");
   if (o.op != "set" && o.op != "get" && o.op != "add" && o.op != "wait") Die("bad --op " + o.op);

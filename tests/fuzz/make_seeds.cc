@@ -22,8 +22,10 @@ namespace {
 std::string Encode(Dialect d, const std::vector<crun::wire::Request>& requests) {
   std::string out;
   if (d == Dialect::kModern) {  // a 2.x client's first request
-    crun::wire::EncodeRequest(
-        d, crun::wire::MakeRequest(Command::kValidate, {}, 0, crun::wire::kValidationMagic), &out);
+    crun::wire::EncodeRequest(d,
+                              crun::wire::MakeRequest(Command::kValidate, {}, 0,
+                                                      crun::wire::kValidationMagic),
+                              &out);
   }
   for (const auto& r : requests) crun::wire::EncodeRequest(d, r, &out);
   return out;
@@ -33,20 +35,20 @@ int SessionSeeds(const std::string& dir) {
   using crun::wire::MakeRequest;
   int n = 0;
   for (Dialect d : {Dialect::kLegacy, Dialect::kModern}) {
-    const std::vector<std::pair<std::vector<crun::wire::Request>,
-                                std::vector<crun::wire::Request>>> pairs = {
-        {{MakeRequest(Command::kWait, {"/k"})},
-         {MakeRequest(Command::kSet, {"/k", "v"}), MakeRequest(Command::kGet, {"/k"})}},
-        {{MakeRequest(Command::kAdd, {"/n"}, 1), MakeRequest(Command::kWait, {"/a", "/b"})},
-         {MakeRequest(Command::kMultiSet, {"/a", "1", "/b", "2"}),
-          MakeRequest(Command::kCompareSet, {"/a", "1", "3"})}},
-        {{MakeRequest(Command::kWatchKey, {"/w"}), MakeRequest(Command::kGet, {"/w"})},
-         {MakeRequest(Command::kSet, {"/w", "1"}), MakeRequest(Command::kDeleteKey, {"/w"})}},
-        {{MakeRequest(Command::kBarrier, {"/bar"}, 2)},
-         {MakeRequest(Command::kBarrier, {"/bar"}, 2), MakeRequest(Command::kCancelWait, {})}},
-        {{MakeRequest(Command::kQueuePop, {"/q"}), MakeRequest(Command::kQueueLen, {"/q"})},
-         {MakeRequest(Command::kQueuePush, {"/q", "x"}), MakeRequest(Command::kListKeys, {})}},
-    };
+    const std::vector<std::pair<std::vector<crun::wire::Request>, std::vector<crun::wire::Request>>>
+        pairs = {
+            {{MakeRequest(Command::kWait, {"/k"})},
+             {MakeRequest(Command::kSet, {"/k", "v"}), MakeRequest(Command::kGet, {"/k"})}},
+            {{MakeRequest(Command::kAdd, {"/n"}, 1), MakeRequest(Command::kWait, {"/a", "/b"})},
+             {MakeRequest(Command::kMultiSet, {"/a", "1", "/b", "2"}),
+              MakeRequest(Command::kCompareSet, {"/a", "1", "3"})}},
+            {{MakeRequest(Command::kWatchKey, {"/w"}), MakeRequest(Command::kGet, {"/w"})},
+             {MakeRequest(Command::kSet, {"/w", "1"}), MakeRequest(Command::kDeleteKey, {"/w"})}},
+            {{MakeRequest(Command::kBarrier, {"/bar"}, 2)},
+             {MakeRequest(Command::kBarrier, {"/bar"}, 2), MakeRequest(Command::kCancelWait, {})}},
+            {{MakeRequest(Command::kQueuePop, {"/q"}), MakeRequest(Command::kQueueLen, {"/q"})},
+             {MakeRequest(Command::kQueuePush, {"/q", "x"}), MakeRequest(Command::kListKeys, {})}},
+        };
     for (const auto& [a, b] : pairs) {
       bool supported = true;
       for (const auto* side : {&a, &b}) {

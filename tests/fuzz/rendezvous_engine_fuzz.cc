@@ -51,10 +51,13 @@ void CheckSent(const v1::ServiceMessage& m) {
 // Numbers a hostile agent would send: small ones mostly (so that rounds form), the edges too.
 std::int64_t HostileNumber(FuzzedDataProvider& in) {
   switch (in.ConsumeIntegralInRange(0, 3)) {
-    case 0: return in.ConsumeIntegralInRange<std::int64_t>(-2, 4);
-    case 1: return in.PickValueInArray<std::int64_t>({0, -1, INT32_MAX, INT32_MIN, INT64_MAX,
-                                                      INT64_MIN, 1LL << 31, 1000000});
-    default: return in.ConsumeIntegral<std::int64_t>();
+    case 0:
+      return in.ConsumeIntegralInRange<std::int64_t>(-2, 4);
+    case 1:
+      return in.PickValueInArray<std::int64_t>(
+          {0, -1, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, 1LL << 31, 1000000});
+    default:
+      return in.ConsumeIntegral<std::int64_t>();
   }
 }
 

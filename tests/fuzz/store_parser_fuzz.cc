@@ -43,8 +43,7 @@ Outcome Parse(std::string_view stream, std::size_t chunk) {
 }
 
 bool Same(const crun::wire::Request& a, const crun::wire::Request& b) {
-  return a.command == b.command && a.args == b.args && a.number == b.number &&
-         a.nonce == b.nonce;
+  return a.command == b.command && a.args == b.args && a.number == b.number && a.nonce == b.nonce;
 }
 
 }  // namespace

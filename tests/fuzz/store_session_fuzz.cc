@@ -1,12 +1,12 @@
 // libFuzzer target: whole store sessions (rendezvous/server/session.h) fed arbitrary bytes.
 //
 // Input: byte 0 picks the chunk size (1..256), bytes 1-2 (little-endian) the length of the
-// first client's stream (at most what is left); the rest is the second client's. Both go, in alternating chunks, over socketpairs to two Sessions that share one
-// store with tight limits, the event loop running between chunks (so one client's SET wakes
-// the other's WAIT, watches fire, barriers release); replies are read and dropped. Then both
-// clients close their side. Afterwards both sessions must have closed, no wait may be left
-// pending, no session may outlive the loop, and nothing may crash, leak (LSan checks every
-// input) or hit undefined behaviour.
+// first client's stream (at most what is left); the rest is the second client's. Both go, in
+// alternating chunks, over socketpairs to two Sessions that share one store with tight limits, the
+// event loop running between chunks (so one client's SET wakes the other's WAIT, watches fire,
+// barriers release); replies are read and dropped. Then both clients close their side. Afterwards
+// both sessions must have closed, no wait may be left pending, no session may outlive the loop, and
+// nothing may crash, leak (LSan checks every input) or hit undefined behaviour.
 #include <sys/socket.h>
 #include <unistd.h>
 

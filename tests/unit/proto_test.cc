@@ -24,7 +24,8 @@ TEST_CASE("an agent's join round-trips through the wire format", "[proto]") {
   CHECK(back.join().run_id() == "job7");
   CHECK(back.join().node().requested_rank() == 3);
   CHECK(back.join().settings().max_nodes() == 4);
-  CHECK_FALSE(crun::v1::NodeDescription().has_requested_rank());  // "none imposed" is distinct from 0
+  CHECK_FALSE(
+      crun::v1::NodeDescription().has_requested_rank());  // "none imposed" is distinct from 0
 }
 
 TEST_CASE("a failure report keeps exit code and signal apart", "[proto]") {

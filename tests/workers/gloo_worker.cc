@@ -56,10 +56,18 @@ double Value(int q, std::size_t i) { return static_cast<double>(q + 1 + static_c
 // Stores `v` as `dtype` at element `i` of `buf`, and reads it back.
 void Put(DType t, void* buf, std::size_t i, double v) {
   switch (t) {
-    case DType::kFloat32: static_cast<float*>(buf)[i] = static_cast<float>(v); break;
-    case DType::kFloat64: static_cast<double*>(buf)[i] = v; break;
-    case DType::kInt32: static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v); break;
-    case DType::kInt64: static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v); break;
+    case DType::kFloat32:
+      static_cast<float*>(buf)[i] = static_cast<float>(v);
+      break;
+    case DType::kFloat64:
+      static_cast<double*>(buf)[i] = v;
+      break;
+    case DType::kInt32:
+      static_cast<std::int32_t*>(buf)[i] = static_cast<std::int32_t>(v);
+      break;
+    case DType::kInt64:
+      static_cast<std::int64_t*>(buf)[i] = static_cast<std::int64_t>(v);
+      break;
     case DType::kFloat16:
       static_cast<std::uint16_t*>(buf)[i] = crun::worker::FloatToHalf(static_cast<float>(v));
       break;
@@ -70,10 +78,14 @@ void Put(DType t, void* buf, std::size_t i, double v) {
 }
 double Get(DType t, const void* buf, std::size_t i) {
   switch (t) {
-    case DType::kFloat32: return static_cast<const float*>(buf)[i];
-    case DType::kFloat64: return static_cast<const double*>(buf)[i];
-    case DType::kInt32: return static_cast<const std::int32_t*>(buf)[i];
-    case DType::kInt64: return static_cast<const std::int64_t*>(buf)[i];
+    case DType::kFloat32:
+      return static_cast<const float*>(buf)[i];
+    case DType::kFloat64:
+      return static_cast<const double*>(buf)[i];
+    case DType::kInt32:
+      return static_cast<const std::int32_t*>(buf)[i];
+    case DType::kInt64:
+      return static_cast<const std::int64_t*>(buf)[i];
     case DType::kFloat16:
       return crun::worker::HalfToFloat(static_cast<const std::uint16_t*>(buf)[i]);
     case DType::kBFloat16:
@@ -90,10 +102,14 @@ double Expected(ReduceOp op, int world, std::size_t i) {
     hi = std::max(hi, Value(q, i));
   }
   switch (op) {
-    case ReduceOp::kSum: return sum;
-    case ReduceOp::kAvg: return sum / world;
-    case ReduceOp::kMin: return lo;
-    case ReduceOp::kMax: return hi;
+    case ReduceOp::kSum:
+      return sum;
+    case ReduceOp::kAvg:
+      return sum / world;
+    case ReduceOp::kMin:
+      return lo;
+    case ReduceOp::kMax:
+      return hi;
   }
   return 0;
 }
@@ -112,8 +128,8 @@ struct Sweep {
   int checks = 0;
 
   void AllReduce(DType t, ReduceOp op, std::size_t n) {
-    const std::string what = std::string("allreduce ") + Name(t) + " " + Name(op) + " x" +
-                             std::to_string(n);
+    const std::string what =
+        std::string("allreduce ") + Name(t) + " " + Name(op) + " x" + std::to_string(n);
     std::vector<std::uint8_t> buf(n * SizeOf(t));
     for (std::size_t i = 0; i < n; ++i) Put(t, buf.data(), i, Value(g.rank(), i));
     Require(g.AllReduce(buf.data(), n, t, op), what);
@@ -125,8 +141,8 @@ struct Sweep {
   }
 
   void ReduceScatter(DType t, ReduceOp op, std::size_t n) {
-    const std::string what = std::string("reduce-scatter ") + Name(t) + " " + Name(op) + " x" +
-                             std::to_string(n);
+    const std::string what =
+        std::string("reduce-scatter ") + Name(t) + " " + Name(op) + " x" + std::to_string(n);
     const std::size_t total = n * static_cast<std::size_t>(g.size());
     std::vector<std::uint8_t> in(total * SizeOf(t)), out(n * SizeOf(t));
     for (std::size_t i = 0; i < total; ++i) Put(t, in.data(), i, Value(g.rank(), i));
@@ -172,7 +188,7 @@ int Check(crun::worker::Context& ctx, const std::string& out, std::size_t max_by
   Require(made.status(), "gloo group");
   ProcessGroup& g = **made;
   Sweep s{g};
-  const DType all[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
+  const DType all[] = {DType::kFloat32,  DType::kFloat64, DType::kFloat16,
                        DType::kBFloat16, DType::kInt32,   DType::kInt64};
   for (DType t : all) {
     // One element, 4 KiB, 1 MiB and (float32 only) the largest size asked for.
@@ -197,8 +213,8 @@ int Check(crun::worker::Context& ctx, const std::string& out, std::size_t max_by
   Require(second.status(), "second gloo group");
   std::vector<float> a(1 << 18, static_cast<float>(g.rank() + 1)), b(1 << 18, 1.0f);
   auto wa = g.AllReduceAsync(a.data(), a.size(), DType::kFloat32, ReduceOp::kSum, g.timeout());
-  auto wb = (*second)->AllReduceAsync(b.data(), b.size(), DType::kFloat32, ReduceOp::kMax,
-                                      g.timeout());
+  auto wb =
+      (*second)->AllReduceAsync(b.data(), b.size(), DType::kFloat32, ReduceOp::kMax, g.timeout());
   Require(wa->Wait(), "allreduce on the first group");
   Require(wb->Wait(), "allreduce on the second group");
   const float sum = static_cast<float>(g.size() * (g.size() + 1) / 2);
@@ -206,9 +222,12 @@ int Check(crun::worker::Context& ctx, const std::string& out, std::size_t max_by
   Expect(b.front() == 1.0f && b.back() == 1.0f, "second group", 0, b.front(), 1.0);
   s.checks += 2;
 
-  WriteReport(out, g.rank(), {{"rank", g.rank()}, {"world", g.size()}, {"checks", s.checks},
-                              {"shared_memory", crun::worker::GlooUsesSharedMemory(g)},
-                              {"ok", true}});
+  WriteReport(out, g.rank(),
+              {{"rank", g.rank()},
+               {"world", g.size()},
+               {"checks", s.checks},
+               {"shared_memory", crun::worker::GlooUsesSharedMemory(g)},
+               {"ok", true}});
   return 0;
 }
 
@@ -229,24 +248,23 @@ int Die(crun::worker::Context& ctx, const std::string& out, int victim, bool han
       if (q != victim) keys.push_back(started + std::to_string(q));
     }
     Require(ctx.store().Wait(keys, std::chrono::minutes(2)), "wait for survivors");
-    auto work = g.AllReduceAsync(x.data(), x.size(), DType::kFloat32, ReduceOp::kSum,
-                                 g.timeout());
+    auto work = g.AllReduceAsync(x.data(), x.size(), DType::kFloat32, ReduceOp::kSum, g.timeout());
     std::fprintf(stderr, "rank %d: %s now, mid-allreduce\n", g.rank(), hang ? "hanging" : "dying");
     raise(hang ? SIGSTOP : SIGKILL);
     return 5;  // not reached while stopped; a continued victim is killed by the test
   }
   const auto t0 = Clock::now();
-  auto work = g.AllReduceAsync(x.data(), x.size(), DType::kFloat32, ReduceOp::kSum,
-                               g.timeout());
+  auto work = g.AllReduceAsync(x.data(), x.size(), DType::kFloat32, ReduceOp::kSum, g.timeout());
   Require(ctx.store().Set(started + std::to_string(g.rank()), "1"), "announce start");
   const crun::Status s = work->Wait();
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
-  WriteReport(out, g.rank(), {{"rank", g.rank()},
-                              {"ok", s.ok()},
-                              {"shared_memory", crun::worker::GlooUsesSharedMemory(g)},
-                              {"code", std::string(crun::StatusCodeName(s.code()))},
-                              {"message", s.message()},
-                              {"elapsed_ms", ms.count()}});
+  WriteReport(out, g.rank(),
+              {{"rank", g.rank()},
+               {"ok", s.ok()},
+               {"shared_memory", crun::worker::GlooUsesSharedMemory(g)},
+               {"code", std::string(crun::StatusCodeName(s.code()))},
+               {"message", s.message()},
+               {"elapsed_ms", ms.count()}});
   return s.ok() ? 3 : 0;
 }
 
@@ -278,13 +296,17 @@ int Bench(crun::worker::Context& ctx, const std::string& out, const std::string&
     // The slowest rank's time is the collective's: take the max over ranks per repetition.
     Require(g.AllReduce(seconds.data(), seconds.size(), DType::kFloat64, ReduceOp::kMax), "max");
     std::sort(seconds.begin(), seconds.end());
-    results.push_back({{"bytes", bytes}, {"seconds", seconds[seconds.size() / 2]},
+    results.push_back({{"bytes", bytes},
+                       {"seconds", seconds[seconds.size() / 2]},
                        {"repetitions", seconds.size()}});
   }
   if (g.rank() == 0) {
-    std::ofstream(out + "/bench.json") << nlohmann::json{{"world", g.size()},
-                                                     {"shared_memory", crun::worker::GlooUsesSharedMemory(g)},
-                                                     {"results", results}}.dump() << "\n";
+    std::ofstream(out + "/bench.json")
+        << nlohmann::json{{"world", g.size()},
+                          {"shared_memory", crun::worker::GlooUsesSharedMemory(g)},
+                          {"results", results}}
+               .dump()
+        << "\n";
   }
   return 0;
 }

@@ -71,7 +71,6 @@ double Checksum(torch::nn::Module& m) {
   return sum;
 }
 
-
 int GradCheck(ProcessGroup& g, const std::string& out) {
   const std::int64_t shard = 6;
   auto [x, y] = Data(shard * g.size());
@@ -99,11 +98,11 @@ int GradCheck(ProcessGroup& g, const std::string& out) {
     ref_opt.step();
   }
   WriteJsonReport(out + "/rank" + std::to_string(g.rank()) + ".json",
-        {{"rank", g.rank()},
-         {"buckets", avg.bucket_count()},
-         {"moved", MaxDiff(*model, initial)},
-         {"max_diff", MaxDiff(*model, Snapshot(*reference))},
-         {"checksum", Checksum(*model)}});
+                  {{"rank", g.rank()},
+                   {"buckets", avg.bucket_count()},
+                   {"moved", MaxDiff(*model, initial)},
+                   {"max_diff", MaxDiff(*model, Snapshot(*reference))},
+                   {"checksum", Checksum(*model)}});
   return 0;
 }
 
@@ -131,7 +130,8 @@ int Resume(crun::worker::Context& ctx, ProcessGroup& g, const std::string& out,
     const auto idx = sampler.indices();
     std::vector<std::int64_t> rows;
     for (int k = 0; k < batch; ++k) {
-      rows.push_back(static_cast<std::int64_t>(idx[static_cast<std::size_t>((step % per_epoch) * batch + k)]));
+      rows.push_back(
+          static_cast<std::int64_t>(idx[static_cast<std::size_t>((step % per_epoch) * batch + k)]));
     }
     auto sel = torch::tensor(rows);
     opt.zero_grad();
@@ -148,10 +148,10 @@ int Resume(crun::worker::Context& ctx, ProcessGroup& g, const std::string& out,
     }
   }
   WriteJsonReport(out + "/final_rank" + std::to_string(g.rank()) + ".json",
-        {{"rank", g.rank()},
-         {"resumed_from", start},
-         {"restart_count", ctx.env().restart_count},
-         {"checksum", Checksum(*model)}});
+                  {{"rank", g.rank()},
+                   {"resumed_from", start},
+                   {"restart_count", ctx.env().restart_count},
+                   {"checksum", Checksum(*model)}});
   return 0;
 }
 
@@ -175,6 +175,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "torch_worker rank %d: %s\n", (*ctx)->env().rank, f.what.c_str());
     return 1;
   }
-  std::fprintf(stderr, "usage: torch_worker gradcheck OUT_DIR | resume OUT_DIR CKPT STEPS KILL_AT\n");
+  std::fprintf(stderr,
+               "usage: torch_worker gradcheck OUT_DIR | resume OUT_DIR CKPT STEPS KILL_AT\n");
   return 2;
 }

@@ -3,8 +3,8 @@
 #include <cstdlib>
 #include <limits>
 
-#include "crun/worker/env_names.h"
 #include "base/numbers.h"
+#include "crun/worker/env_names.h"
 #include "rendezvous/store/tcp_store_client.h"
 
 namespace crun::worker {
@@ -31,8 +31,8 @@ class Reader {
     auto text = Text(name, fallback);
     if (!text.ok()) return text.status();
     const std::string& s = *text;
-    const auto parsed = ParseInteger(s, std::numeric_limits<long>::min(),
-                                     std::numeric_limits<long>::max());
+    const auto parsed =
+        ParseInteger(s, std::numeric_limits<long>::min(), std::numeric_limits<long>::max());
     if (!parsed) return InvalidArgument(std::string(name) + "='" + s + "' is not an integer");
     const long v = static_cast<long>(*parsed);
     if (v < min || v > max) {
@@ -118,8 +118,8 @@ StatusOr<std::unique_ptr<Context>> Context::FromEnvironment(const ContextOptions
   auto client = TcpStoreClient::Connect(o);
   if (!client.ok()) {
     return Status(client.status().code(),
-                  "rank " + std::to_string(env->rank) + ": cannot use the job's store: " +
-                      client.status().message());
+                  "rank " + std::to_string(env->rank) +
+                      ": cannot use the job's store: " + client.status().message());
   }
   std::shared_ptr<Store> store = std::move(client).value();
   return std::make_unique<Context>(std::move(env).value(), std::move(store));

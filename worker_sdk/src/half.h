@@ -45,7 +45,7 @@ inline std::uint16_t FloatToHalf(float f) {
   const std::uint32_t u = Bits(f);
   const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
   const std::uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+  if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);   // NaN
   if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow: inf
   if (abs < 0x38800000u) {  // below the smallest normal half: a subnormal or zero
     // Scale into the subnormal range with float arithmetic, which rounds to nearest even.

@@ -26,15 +26,21 @@ void Combine16(void* c, const void* a, const void* b, std::size_t n, Op op) {
 
 struct Sum {
   template <typename T>
-  T operator()(T a, T b) const { return a + b; }
+  T operator()(T a, T b) const {
+    return a + b;
+  }
 };
 struct Min {
   template <typename T>
-  T operator()(T a, T b) const { return b < a ? b : a; }
+  T operator()(T a, T b) const {
+    return b < a ? b : a;
+  }
 };
 struct Max {
   template <typename T>
-  T operator()(T a, T b) const { return a < b ? b : a; }
+  T operator()(T a, T b) const {
+    return a < b ? b : a;
+  }
 };
 
 template <typename Op>
@@ -114,6 +120,5 @@ ReduceFn ReduceFunc(DType t, ReduceOp op) {
   }
   return {};
 }
-
 
 }  // namespace crun::worker

@@ -68,8 +68,7 @@ class SerialExecutor::Item final : public Work {
   Status status_;
 };
 
-SerialExecutor::SerialExecutor()
-    : queue_(std::make_shared<Queue>()), thread_([this] { Loop(); }) {}
+SerialExecutor::SerialExecutor() : queue_(std::make_shared<Queue>()), thread_([this] { Loop(); }) {}
 
 SerialExecutor::~SerialExecutor() {
   std::deque<std::shared_ptr<Item>> left;

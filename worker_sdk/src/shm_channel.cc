@@ -77,7 +77,7 @@ static_assert(std::atomic<std::uint32_t>::is_always_lock_free &&
 namespace {
 
 std::uint64_t PidNamespace() {
-  struct stat st{};
+  struct stat st {};
   if (::stat("/proc/self/ns/pid", &st) != 0) return 0;
   return static_cast<std::uint64_t>(st.st_ino) ^ (static_cast<std::uint64_t>(st.st_dev) << 32);
 }
@@ -88,12 +88,11 @@ std::size_t SegmentBytes(int size) {
 
 void FutexWait(std::atomic<std::uint32_t>* word, std::uint32_t seen,
                std::chrono::nanoseconds for_at_most) {
-  struct timespec ts{};
+  struct timespec ts {};
   ts.tv_sec = static_cast<time_t>(for_at_most.count() / 1'000'000'000);
   ts.tv_nsec = static_cast<long>(for_at_most.count() % 1'000'000'000);
   // Not FUTEX_PRIVATE: the word is shared between processes.
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr,
-            0);
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
 }
 
 void FutexWakeAll(std::atomic<std::uint32_t>* word) {
@@ -144,8 +143,8 @@ ShmChannel::Segment* Create(int size, const std::string& name, std::uint64_t tok
   ShmChannel::Segment* seg = nullptr;
   const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   if (rc != 0) {
-    *why = "cannot reserve " + std::to_string(bytes >> 20) + " MiB in /dev/shm: " +
-           std::strerror(rc);
+    *why =
+        "cannot reserve " + std::to_string(bytes >> 20) + " MiB in /dev/shm: " + std::strerror(rc);
   } else {
     seg = Map(fd, bytes, why);
   }
@@ -174,7 +173,7 @@ ShmChannel::Segment* Attach(const std::string& name, std::uint64_t token, int ra
     return nullptr;
   }
   const std::size_t bytes = SegmentBytes(size);
-  struct stat st{};
+  struct stat st {};
   ShmChannel::Segment* seg = nullptr;
   if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
     *why = name + " has an unexpected size";
@@ -200,9 +199,8 @@ ShmChannel::Segment* Attach(const std::string& name, std::uint64_t token, int ra
 }  // namespace
 
 StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Connect(Store& store,
-                                                          const std::string& key_prefix,
-                                                          int rank, int size, bool willing,
-                                                          Millis timeout,
+                                                          const std::string& key_prefix, int rank,
+                                                          int size, bool willing, Millis timeout,
                                                           std::string* why_not) {
   if (size < 2 || size > kMaxRanks) {
     *why_not = size < 2 ? "one rank" : "more than " + std::to_string(kMaxRanks) + " ranks";
@@ -258,7 +256,8 @@ StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Connect(Store& store,
     if (!answer.ok()) {
       answered = answer.status();
     } else if (*answer != "ok") {
-      refusal = "rank " + std::to_string(r) + ": " + answer->substr(std::min<std::size_t>(3, answer->size()));
+      refusal = "rank " + std::to_string(r) + ": " +
+                answer->substr(std::min<std::size_t>(3, answer->size()));
     }
   }
   // Everyone has opened it (or never will): the name is no longer needed, and a segment
@@ -298,8 +297,8 @@ void ShmChannel::Break() {
 }
 
 std::uint8_t* ShmChannel::Slot(int rank) const {
-  const std::size_t index = (chunks_ % 2) * static_cast<std::size_t>(size_) +
-                            static_cast<std::size_t>(rank);
+  const std::size_t index =
+      (chunks_ % 2) * static_cast<std::size_t>(size_) + static_cast<std::size_t>(rank);
   return reinterpret_cast<std::uint8_t*>(seg_) + kHeaderBytes + index * slot_bytes_;
 }
 
@@ -316,7 +315,8 @@ Status ShmChannel::Failure(std::uint32_t broken, int missing) const {
   const std::uint32_t how = broken >> 16;
   if (by == rank_) return Unavailable("this rank broke the group");
   if (how == kLeft) {
-    return Unavailable("rank " + std::to_string(by) + " left the group (its group was "
+    return Unavailable("rank " + std::to_string(by) +
+                       " left the group (its group was "
                        "destroyed or its process ended)");
   }
   if (broken != 0) {
@@ -372,8 +372,8 @@ Status ShmChannel::WaitAll(Deadline deadline) {
             late += (late.empty() ? "" : ", ") + std::to_string(r);
           }
         }
-        result = Status(StatusCode::kTimeout,
-                        "Timed out (shared memory) waiting for rank(s) " + late);
+        result =
+            Status(StatusCode::kTimeout, "Timed out (shared memory) waiting for rank(s) " + late);
         done = true;
       } else {
         FutexWait(&seg_->wake_seq, seen,
@@ -403,7 +403,8 @@ Status ShmChannel::AllReduce(void* data, std::size_t count, DType dtype, ReduceO
     CRUN_RETURN_IF_ERROR(WaitAll(deadline));
     // Rank r reduces piece r of every slot into its own slot's piece r: no other rank reads
     // or writes piece r in this phase.
-    const std::size_t per = (n + static_cast<std::size_t>(size_) - 1) / static_cast<std::size_t>(size_);
+    const std::size_t per =
+        (n + static_cast<std::size_t>(size_) - 1) / static_cast<std::size_t>(size_);
     auto piece = [&](int r) { return std::min(n, per * static_cast<std::size_t>(r)); };
     const std::size_t lo = piece(rank_);
     const std::size_t hi = piece(rank_ + 1);

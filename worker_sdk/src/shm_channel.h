@@ -16,8 +16,8 @@
 #include <memory>
 #include <string>
 
-#include "crun/worker/process_group.h"
 #include "base/status.h"
+#include "crun/worker/process_group.h"
 #include "rendezvous/store/store.h"
 
 namespace crun::worker {
@@ -31,8 +31,7 @@ class ShmChannel {
   // the ranks do not share memory (other hosts, other pid or mount namespaces, no room in
   // /dev/shm) or one of them is not `willing`; every rank reaches the same answer. An error
   // only when the store fails.
-  static StatusOr<std::unique_ptr<ShmChannel>> Connect(Store& store,
-                                                       const std::string& key_prefix,
+  static StatusOr<std::unique_ptr<ShmChannel>> Connect(Store& store, const std::string& key_prefix,
                                                        int rank, int size, bool willing,
                                                        Millis timeout, std::string* why_not);
   // Tells the peers this rank is gone: any collective they wait on for it fails at once.

@@ -46,6 +46,7 @@ int main() {
       return 1;
     }
   }
-  if (g.rank() == 0) std::printf("weights identical on %d ranks after 5 averaged steps\n", g.size());
+  if (g.rank() == 0)
+    std::printf("weights identical on %d ranks after 5 averaged steps\n", g.size());
   return 0;
 }

@@ -164,8 +164,8 @@ TEST_CASE("agent: a failed round is restarted and its next attempt succeeds", "[
   TempDir dir;
   const std::string marker = dir.path + "/failed-once";
   const auto out = RunAgent(dir, 2,
-                            "if [ \"$1\" = 0 ] && [ ! -e " + marker + " ]; then touch " +
-                                marker + "; exit 7; fi; echo \"$TORCHELASTIC_RESTART_COUNT\" > "
+                            "if [ \"$1\" = 0 ] && [ ! -e " + marker + " ]; then touch " + marker +
+                                "; exit 7; fi; echo \"$TORCHELASTIC_RESTART_COUNT\" > "
                                 "\"$TORCHELASTIC_ERROR_FILE.restarts\"",
                             1);
   CHECK(out.code == 0);
@@ -198,8 +198,10 @@ TEST_CASE("agent: a worker that ignores SIGTERM is killed after the grace", "[ag
   const std::string fifo = dir.path + "/ready";
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   const auto out = RunAgent(dir, 2,
-                            "if [ \"$1\" = 0 ]; then timeout 30 cat " + fifo + "; exit 5; fi; "
-                            "trap '' TERM; echo ignoring > " + fifo + "; sleep 60",
+                            "if [ \"$1\" = 0 ]; then timeout 30 cat " + fifo +
+                                "; exit 5; fi; "
+                                "trap '' TERM; echo ignoring > " +
+                                fifo + "; sleep 60",
                             0, std::chrono::milliseconds(300));
   CHECK(out.code == 5);
   REQUIRE(out.record.failures.size() == 1);

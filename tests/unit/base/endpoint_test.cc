@@ -79,8 +79,8 @@ TEST_CASE("loopback is 127/8, ::1 and localhost, nothing else", "[endpoint]") {
     INFO(yes);
     CHECK(LoopbackOnly(yes));
   }
-  for (const char* no : {"0.0.0.0", "::", "10.0.0.1", "node-a", "128.0.0.1", "::ffff:10.0.0.1",
-                         "", "[127.0.0.1"}) {
+  for (const char* no :
+       {"0.0.0.0", "::", "10.0.0.1", "node-a", "128.0.0.1", "::ffff:10.0.0.1", "", "[127.0.0.1"}) {
     INFO(no);
     CHECK_FALSE(LoopbackOnly(no));
   }

@@ -15,8 +15,8 @@ TEST_CASE("integers: the whole text, in range, decimal", "[numbers]") {
     const char* text;
     std::int64_t value;
   };
-  for (const Row& row : {Row{"0", 0}, Row{"12", 12}, Row{"-3", -3}, Row{"65535", 65535},
-                         Row{"007", 7}}) {
+  for (const Row& row :
+       {Row{"0", 0}, Row{"12", 12}, Row{"-3", -3}, Row{"65535", 65535}, Row{"007", 7}}) {
     INFO(row.text);
     CHECK(ParseInteger(row.text, -10, 70000) == row.value);
   }
@@ -35,8 +35,8 @@ TEST_CASE("numbers: finite, in range, nothing after them", "[numbers]") {
   CHECK(ParseNumber("30", 0, 100) == 30.0);
   CHECK(ParseNumber("1e-3", 0, 1) == 0.001);
   CHECK(ParseNumber("-2", -5, 5) == -2.0);
-  for (const char* bad : {"", "nan", "inf", "-inf", "1s", " 1", "1 ", "0x1p3", "1e999", "2",
-                          "-0.1", ","}) {
+  for (const char* bad :
+       {"", "nan", "inf", "-inf", "1s", " 1", "1 ", "0x1p3", "1e999", "2", "-0.1", ","}) {
     INFO(bad);
     CHECK_FALSE(ParseNumber(bad, 0, 1).has_value());
   }

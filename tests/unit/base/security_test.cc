@@ -64,14 +64,18 @@ TEST_CASE("security: loading the token and TLS files names what is wrong", "[sec
     flags.token_file = token_file + ".absent";
     auto missing = LoadSecurity(flags, "client");
     REQUIRE_FALSE(missing.ok());
-    CHECK_THAT(missing.status().message(), Catch::Contains("--token-file " + token_file + ".absent"));
+    CHECK_THAT(missing.status().message(),
+               Catch::Contains("--token-file " + token_file + ".absent"));
     std::fclose(std::fopen(token_file.c_str(), "w"));
     flags.token_file = token_file;
     auto empty = LoadSecurity(flags, "client");
     REQUIRE_FALSE(empty.ok());
     CHECK_THAT(empty.status().message(), Catch::Contains("empty"));
     std::FILE* f = std::fopen(token_file.c_str(), "w");
-    std::fputs("ab\x01" "cd", f);
+    std::fputs(
+        "ab\x01"
+        "cd",
+        f);
     std::fclose(f);
     auto binary = LoadSecurity(flags, "client");
     REQUIRE_FALSE(binary.ok());

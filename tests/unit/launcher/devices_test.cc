@@ -48,8 +48,8 @@ TEST_CASE("CUDA_VISIBLE_DEVICES is counted as CUDA counts it", "[devices]") {
            {"2,0,1", 3},
            {"", 0},
            {"-1", 0},
-           {"0,7,1", 1},   // 7 is not present: CUDA ignores it and everything after
-           {"0,0,1", 1},   // a repeat ends the list
+           {"0,7,1", 1},  // 7 is not present: CUDA ignores it and everything after
+           {"0,0,1", 1},  // a repeat ends the list
            {"1,x,2", 1},
            {"GPU-8f0c1e2a-aaaa-bbbb-cccc-0123456789ab,GPU-11112222-3333", 2},
            {"MIG-4f5e6d7c-1111-2222-3333-444455556666", 1},

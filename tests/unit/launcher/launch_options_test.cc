@@ -81,9 +81,10 @@ TEST_CASE("duplicate filters split on commas where a doubled comma is a comma", 
 }
 
 TEST_CASE("rdzv-conf takes torchrun's keys and crun's and ignores unknown ones", "[options]") {
-  auto c = ParseRdzvConf("join_timeout=5,keep_alive_interval=2,keep_alive_max_attempt=4,"
-                         "store_type=tcp,is_host=T,node_id=n1,read_timeout=7,rank=3,"
-                         "cas_backoff=9,last_call_timeout=0.5");
+  auto c = ParseRdzvConf(
+      "join_timeout=5,keep_alive_interval=2,keep_alive_max_attempt=4,"
+      "store_type=tcp,is_host=T,node_id=n1,read_timeout=7,rank=3,"
+      "cas_backoff=9,last_call_timeout=0.5");
   REQUIRE(c.ok());
   CHECK(*c->join_timeout == 5);
   CHECK(*c->heartbeat_interval == 2);
@@ -123,8 +124,8 @@ TEST_CASE("a run id is a name for files", "[options]") {
     INFO(good);
     CHECK(CheckRunId(good).ok());
   }
-  const std::vector<std::string> bad_ids{"",   "../../escape", "a/b", ".hidden",
-                                         "-x", "has space",    std::string(129, 'x')};
+  const std::vector<std::string> bad_ids{"",          "../../escape",       "a/b", ".hidden", "-x",
+                                         "has space", std::string(129, 'x')};
   for (const std::string& bad : bad_ids) {
     INFO(bad);
     CHECK_FALSE(CheckRunId(bad).ok());
@@ -161,14 +162,37 @@ TEST_CASE("the launcher declares every torchrun 2.x option in both spellings", "
   LaunchOptions o;
   AddLaunchOptions(app, o);
   const auto known = KnownLongOptions(app);
-  for (const char* name :
-       {"nnodes", "nproc-per-node", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "rdzv-conf",
-        "standalone", "max-restarts", "monitor-interval", "start-method", "event-log-handler",
-        "role", "module", "no-python", "run-path", "log-dir", "redirects", "tee",
-        "local-ranks-filter", "duplicate-stdout-filters", "duplicate-stderr-filters",
-        "node-rank", "master-addr", "master-port", "local-addr", "logs-specs", "numa-binding",
-        "signals-to-handle", "shutdown-timeout", "virtual-local-rank",
-        "log-line-prefix-template"}) {
+  for (const char* name : {"nnodes",
+                           "nproc-per-node",
+                           "rdzv-backend",
+                           "rdzv-endpoint",
+                           "rdzv-id",
+                           "rdzv-conf",
+                           "standalone",
+                           "max-restarts",
+                           "monitor-interval",
+                           "start-method",
+                           "event-log-handler",
+                           "role",
+                           "module",
+                           "no-python",
+                           "run-path",
+                           "log-dir",
+                           "redirects",
+                           "tee",
+                           "local-ranks-filter",
+                           "duplicate-stdout-filters",
+                           "duplicate-stderr-filters",
+                           "node-rank",
+                           "master-addr",
+                           "master-port",
+                           "local-addr",
+                           "logs-specs",
+                           "numa-binding",
+                           "signals-to-handle",
+                           "shutdown-timeout",
+                           "virtual-local-rank",
+                           "log-line-prefix-template"}) {
     std::string dashed = std::string("--") + name, underscored = dashed;
     for (std::size_t i = 2; i < underscored.size(); ++i) {
       if (underscored[i] == '-') underscored[i] = '_';
@@ -181,7 +205,8 @@ TEST_CASE("the launcher declares every torchrun 2.x option in both spellings", "
 
 TEST_CASE("completion scripts list the options for bash and zsh and tcsh", "[options]") {
   const Strings known{"--nnodes", "--tee"};
-  CHECK(CompletionScript("bash", known)->find("complete -o default -o bashdefault -W \"--nnodes --tee\" crun") !=
+  CHECK(CompletionScript("bash", known)
+            ->find("complete -o default -o bashdefault -W \"--nnodes --tee\" crun") !=
         std::string::npos);
   CHECK(CompletionScript("zsh", known)->find("compadd -- --nnodes --tee") != std::string::npos);
   CHECK(CompletionScript("tcsh", known)->find("'c/--/(nnodes tee)/'") != std::string::npos);

@@ -50,10 +50,14 @@ std::string Refusal(const Strings& args, const Vars& vars = {}) {
 }
 
 Vars StepVars() {
-  return {{"SLURM_JOB_ID", "4242"},          {"SLURM_STEP_ID", "3"},
-          {"SLURM_STEP_NODELIST", "127.0.0.[1-3]"}, {"SLURM_NODEID", "1"},
-          {"SLURM_PROCID", "3"},             {"SLURM_LOCALID", "1"},
-          {"SLURM_STEP_NUM_TASKS", "6"},     {"SLURM_STEP_TASKS_PER_NODE", "2(x3)"}};
+  return {{"SLURM_JOB_ID", "4242"},
+          {"SLURM_STEP_ID", "3"},
+          {"SLURM_STEP_NODELIST", "127.0.0.[1-3]"},
+          {"SLURM_NODEID", "1"},
+          {"SLURM_PROCID", "3"},
+          {"SLURM_LOCALID", "1"},
+          {"SLURM_STEP_NUM_TASKS", "6"},
+          {"SLURM_STEP_TASKS_PER_NODE", "2(x3)"}};
 }
 
 }  // namespace
@@ -71,9 +75,13 @@ TEST_CASE("plan: the mode follows torchrun's rules", "[plan]") {
            Row{{"--nnodes", "2", "--master-port", "29500"}, Mode::kStatic, 2, 2},
            Row{{"--rdzv-endpoint", "127.0.0.1:29400"}, Mode::kService, 1, 1},
            Row{{"--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost"},
-               Mode::kService, 1, 4},
+               Mode::kService,
+               1,
+               4},
            Row{{"--nnodes", "2", "--rdzv-backend", "static", "--master-port", "1"},
-               Mode::kStatic, 2, 2},
+               Mode::kStatic,
+               2,
+               2},
        }) {
     INFO(Catch::Detail::stringify(row.args));
     const auto p = Plan(row.args);
@@ -107,8 +115,9 @@ TEST_CASE("plan: refusals name the flag and the value", "[plan]") {
            Row{{"--node-rank", "1"}, "--node-rank 1 on a one-node job"},
            Row{{"--rdzv-endpoint", "no-such-host.invalid"},
                "--rdzv-endpoint: cannot resolve host 'no-such-host.invalid'"},
-           Row{{"--rdzv-endpoint", "127.0.0.1", "--rdzv-conf", "heartbeat_interval=5,"
-                                                               "heartbeat_timeout=5"},
+           Row{{"--rdzv-endpoint", "127.0.0.1", "--rdzv-conf",
+                "heartbeat_interval=5,"
+                "heartbeat_timeout=5"},
                "heartbeat_interval (5000 ms) must be shorter"},
            Row{{"--token-file", "/etc/passwd"}, "--token-file secures crun's rendezvous"},
            Row{{"--slurm-port", "5000"}, "--slurm-port 5000 without a Slurm step"},
@@ -124,8 +133,7 @@ TEST_CASE("plan: refusals name the flag and the value", "[plan]") {
 
 TEST_CASE("plan: the agent's options come from the flags and torchrun's variables", "[plan]") {
   const auto p = Plan({"--nproc-per-node", "cpu", "--max-restarts", "3", "--tee", "3",
-                       "--signals-to-handle", "SIGTERM,SIGUSR1", "--event-log-handler",
-                       "console"},
+                       "--signals-to-handle", "SIGTERM,SIGUSR1", "--event-log-handler", "console"},
                       {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "2.5"},
                        {"TORCHELASTIC_ERROR_FILE", "/tmp/e.json"},
                        {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${rank}>"}});
@@ -149,9 +157,9 @@ TEST_CASE("plan: the agent's options come from the flags and torchrun's variable
 }
 
 TEST_CASE("plan: the service's settings and whether this node hosts it", "[plan]") {
-  const auto p = Plan({"--nnodes", "2:3", "--max-restarts", "2", "--rdzv-endpoint",
-                       "127.0.0.1:4000", "--rdzv-conf",
-                       "join_timeout=7,last_call_timeout=0.5,heartbeat_timeout=9,x=1"});
+  const auto p =
+      Plan({"--nnodes", "2:3", "--max-restarts", "2", "--rdzv-endpoint", "127.0.0.1:4000",
+            "--rdzv-conf", "join_timeout=7,last_call_timeout=0.5,heartbeat_timeout=9,x=1"});
   REQUIRE(p.ok());
   CHECK(p->endpoint.host == "127.0.0.1");
   CHECK(p->endpoint.port == 4000);

@@ -49,7 +49,8 @@ struct FakeMachine {
         if (node == 1) l3 = c < 14 ? "8-13" : "14-15";
         Write(cpu + "/cache/index0/type", "Data");
         Write(cpu + "/cache/index0/level", "1");
-        Write(cpu + "/cache/index0/shared_cpu_list", std::to_string(core) + "-" + std::to_string(core + 1));
+        Write(cpu + "/cache/index0/shared_cpu_list",
+              std::to_string(core) + "-" + std::to_string(core + 1));
         Write(cpu + "/cache/index1/type", "Instruction");
         Write(cpu + "/cache/index1/level", "1");
         Write(cpu + "/cache/index1/shared_cpu_list", std::to_string(c));
@@ -169,7 +170,8 @@ TEST_CASE("CUDA_VISIBLE_DEVICES picks each local rank's GPU by index or UUID", "
   REQUIRE(p.ok());
   CHECK((*p)[0].pci == "0000:8b:00.0");
   CHECK((*p)[0].mems == Ints{2});
-  const auto short_list = PlanNumaBinding(NumaMode::kNode, m.root, 0, 3, std::string("0,1"), AllCpus());
+  const auto short_list =
+      PlanNumaBinding(NumaMode::kNode, m.root, 0, 3, std::string("0,1"), AllCpus());
   REQUIRE_FALSE(short_list.ok());
   CHECK(short_list.status().message().find("local rank 2 has no GPU in CUDA_VISIBLE_DEVICES") !=
         std::string::npos);

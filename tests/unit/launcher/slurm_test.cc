@@ -23,10 +23,14 @@ crun::launcher::Getenv From(const std::map<std::string, std::string>& vars) {
 
 // What srun sets for a task of `srun -N3 --ntasks-per-node=2` on node[07-09], job 4242 step 3.
 std::map<std::string, std::string> StepVars(int node, int proc, int local) {
-  return {{"SLURM_JOB_ID", "4242"},          {"SLURM_STEP_ID", "3"},
-          {"SLURM_STEP_NODELIST", "node[07-09]"}, {"SLURM_STEP_NUM_NODES", "3"},
-          {"SLURM_NODEID", std::to_string(node)}, {"SLURM_PROCID", std::to_string(proc)},
-          {"SLURM_LOCALID", std::to_string(local)}, {"SLURM_STEP_NUM_TASKS", "6"},
+  return {{"SLURM_JOB_ID", "4242"},
+          {"SLURM_STEP_ID", "3"},
+          {"SLURM_STEP_NODELIST", "node[07-09]"},
+          {"SLURM_STEP_NUM_NODES", "3"},
+          {"SLURM_NODEID", std::to_string(node)},
+          {"SLURM_PROCID", std::to_string(proc)},
+          {"SLURM_LOCALID", std::to_string(local)},
+          {"SLURM_STEP_NUM_TASKS", "6"},
           {"SLURM_STEP_TASKS_PER_NODE", "2(x3)"}};
 }
 
@@ -67,7 +71,8 @@ TEST_CASE("a malformed hostlist is an error naming it and the fault", "[slurm]")
     REQUIRE_FALSE(r.ok());
     CHECK(r.status().code() == crun::StatusCode::kInvalidArgument);
     CHECK_THAT(r.status().message(), Catch::Contains(why));
-    if (*list != '\0') CHECK_THAT(r.status().message(), Catch::Contains(std::string("'") + list + "'"));
+    if (*list != '\0')
+      CHECK_THAT(r.status().message(), Catch::Contains(std::string("'") + list + "'"));
   }
 }
 
@@ -151,7 +156,8 @@ TEST_CASE("bad or missing Slurm variables are named with their values", "[slurm]
   const Case cases[] = {
       {0, {{"SLURM_JOB_ID", ""}}, "SLURM_JOB_ID is not set"},
       {0, {{"SLURM_STEP_NODELIST", "node[07-09"}}, "SLURM_STEP_NODELIST: hostlist 'node[07-09'"},
-      {0, {{"SLURM_STEP_NUM_NODES", "4"}},
+      {0,
+       {{"SLURM_STEP_NUM_NODES", "4"}},
        "SLURM_STEP_NUM_NODES=4 but the node list 'node[07-09]' has 3 nodes"},
       {0, {{"SLURM_NODEID", "3"}}, "SLURM_NODEID=3 is not below the 3 nodes"},
       {0, {{"SLURM_NODEID", "one"}}, "SLURM_NODEID='one' is not an integer"},

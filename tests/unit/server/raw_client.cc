@@ -1,8 +1,8 @@
 #include "tests/unit/server/raw_client.h"
 
-#include <poll.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <stdexcept>
@@ -16,8 +16,7 @@ RawClient::RawClient(const std::string& host, std::uint16_t port)
   fd_ = std::move(fd).value();
 }
 
-RawClient RawClient::From(const std::string& source, const std::string& host,
-                          std::uint16_t port) {
+RawClient RawClient::From(const std::string& source, const std::string& host, std::uint16_t port) {
   RawClient c;
   c.peer_ = FormatEndpoint(host, port);
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));

@@ -41,5 +41,4 @@ class RawClient {
   std::uint32_t nonce_ = 1000;
 };
 
-
 }  // namespace crun::testing

@@ -68,7 +68,8 @@ TEST_CASE("many waiters on overlapping keys are each woken exactly once", "[serv
   REQUIRE(Eventually([&] { return server->stats().pending_waits == kWaiters; }));
   auto writer = Modern(server->port());
   for (int k = 0; k < kKeys; ++k) {
-    writer.SendRequest(Dialect::kModern, MakeRequest(Command::kSet, {"k" + std::to_string(k), "v"}));
+    writer.SendRequest(Dialect::kModern,
+                       MakeRequest(Command::kSet, {"k" + std::to_string(k), "v"}));
   }
   for (auto& w : waiters) {
     CHECK(w.ReadU8() == crun::wire::kStopWaiting);
@@ -87,7 +88,9 @@ TEST_CASE("CANCEL_WAIT racing a SET gives STOP_WAITING at most once, then WAIT_C
     const std::string key = "race" + std::to_string(i);
     waiter.SendRequest(Dialect::kModern, MakeRequest(Command::kWait, {key}));
     // Fire both at once from two threads; either order is legal, the bytes must match it.
-    std::thread t([&] { setter.SendRequest(Dialect::kModern, MakeRequest(Command::kSet, {key, "v"})); });
+    std::thread t([&] {
+      setter.SendRequest(Dialect::kModern, MakeRequest(Command::kSet, {key, "v"}));
+    });
     waiter.SendRequest(Dialect::kModern, MakeRequest(Command::kCancelWait));
     t.join();
     auto first = waiter.ReadU8();
@@ -117,7 +120,8 @@ TEST_CASE("clients that disconnect while waiting leave nothing behind", "[server
     std::vector<RawClient> quitters;
     for (int i = 0; i < 50; ++i) {
       quitters.push_back(Modern(server->port()));
-      quitters.back().SendRequest(Dialect::kModern, MakeRequest(Command::kWait, {"gone", "k" + std::to_string(i)}));
+      quitters.back().SendRequest(Dialect::kModern,
+                                  MakeRequest(Command::kWait, {"gone", "k" + std::to_string(i)}));
       quitters.back().SendRequest(Dialect::kModern, MakeRequest(Command::kBarrier, {"bar"}, 1000));
     }
     REQUIRE(Eventually([&] { return server->stats().pending_waits == 100; }));
@@ -148,8 +152,8 @@ TEST_CASE("a malformed frame closes only its own connection", "[server]") {
       {"too many keys", modern + "\x06" + u64(1ULL << 30)},
       {"bad VALIDATE magic", modern + std::string("\x00\x01\x02\x03\x04", 5)},
       {"1.13 unknown command", std::string("\x06", 1) + "\x0c"},
-      {"ADD on a non-number", modern + "\x01" + u64(2) + "/t" + u64(3) + "abc" + "\x04" + u64(2) +
-                                  "/t" + u64(1)},
+      {"ADD on a non-number",
+       modern + "\x01" + u64(2) + "/t" + u64(3) + "abc" + "\x04" + u64(2) + "/t" + u64(1)},
   };
   auto server = StartServer();
   // A bystander with a pending wait must get its answer as if nothing happened.
@@ -189,7 +193,8 @@ TEST_CASE("a request split into one-byte TCP segments is served", "[server]") {
   auto server = StartServer();
   RawClient c("127.0.0.1", server->port());
   std::string stream("\x00\xce\xf7\x85\x3c", 5);
-  crun::wire::EncodeRequest(Dialect::kModern, MakeRequest(Command::kSet, {"/split", "value"}), &stream);
+  crun::wire::EncodeRequest(Dialect::kModern, MakeRequest(Command::kSet, {"/split", "value"}),
+                            &stream);
   crun::wire::EncodeRequest(Dialect::kModern, MakeRequest(Command::kGet, {"/split"}), &stream);
   for (char byte : stream) c.Send(std::string_view(&byte, 1));  // TCP_NODELAY: one segment each
   CHECK(c.ReadBytes() == "value");
@@ -328,8 +333,7 @@ TEST_CASE("several store instances in one process are independent", "[server]") 
   CHECK_FALSE(ca->Add("/x", 1).ok());
 }
 
-TEST_CASE("a backlog longer than one accept budget is drained without new arrivals",
-          "[server]") {
+TEST_CASE("a backlog longer than one accept budget is drained without new arrivals", "[server]") {
   boost::asio::io_context io;
   crun::StoreServerOptions options;
   options.host = "127.0.0.1";
@@ -391,7 +395,8 @@ TEST_CASE("bad server options are refused with the value named", "[server]") {
   taken.port = first->port();
   auto clash = crun::BackgroundStoreServer::Start(taken);
   REQUIRE_FALSE(clash.ok());
-  CHECK_THAT(clash.status().message(), Catch::Contains("127.0.0.1:" + std::to_string(first->port())));
+  CHECK_THAT(clash.status().message(),
+             Catch::Contains("127.0.0.1:" + std::to_string(first->port())));
 
   crun::StoreServerOptions limits;
   limits.limits.max_request_bytes = 10;
@@ -490,8 +495,7 @@ TEST_CASE("an allow-list admits its addresses only; a stranger is closed, counte
   CHECK(*member->Get("k") == "v");
 }
 
-TEST_CASE("an IPv4 client of a dual-stack store matches its IPv4 address on the list",
-          "[server]") {
+TEST_CASE("an IPv4 client of a dual-stack store matches its IPv4 address on the list", "[server]") {
   crun::StoreServerOptions options;
   options.host = "::";
   options.allowed_peers = {"127.0.0.2"};
@@ -544,7 +548,8 @@ TEST_CASE("waits held per connection and in total are bounded; others carry on",
   // A client pipelining waits it will never see answered: the fourth closes its connection.
   RawClient greedy = Modern(server->port());
   for (int i = 0; i < 4; ++i) {
-    greedy.SendRequest(Dialect::kModern, MakeRequest(Command::kWait, {"/never" + std::to_string(i)}));
+    greedy.SendRequest(Dialect::kModern,
+                       MakeRequest(Command::kWait, {"/never" + std::to_string(i)}));
   }
   CHECK(greedy.ClosedByPeer());
   REQUIRE(Eventually([&] { return server->stats().pending_waits == 0; }));

@@ -46,15 +46,16 @@ struct Harness {
                      ++stores_started;
                      store_allowed.push_back(allowed);
                      return std::unique_ptr<crun::rdzv::RoundStore>(
-                         std::make_unique<FakeStore>(static_cast<std::uint16_t>(40000 + stores_started),
+                         std::make_unique<FakeStore>(static_cast<std::uint16_t>(40000 +
+                                                                                stores_started),
                                                      &stores_open));
                    },
                    nullptr},
                std::move(options)) {}
 
   void Join(SessionId s, const std::string& host, TimePoint t, int min = 2, int max = 2,
-            int nproc = 2, int max_restarts = 1, std::string run = "job7",
-            std::string node_id = "", std::uint32_t version = 1) {
+            int nproc = 2, int max_restarts = 1, std::string run = "job7", std::string node_id = "",
+            std::uint32_t version = 1) {
     engine.OnMessage(s, JoinMessage(host, min, max, nproc, max_restarts, run, node_id, version), t);
   }
   // A join arriving from `peer_ip`, declaring `declared` addresses (two-node job).
@@ -160,7 +161,7 @@ TEST_CASE("engine: the last call forms a round at MIN; a late node scales up", "
   CHECK(h.Last(1).has_stop_and_rejoin());
   CHECK_FALSE(h.Last(1).stop_and_rejoin().spends_restart());
   CHECK(h.Last(2).has_stop_and_rejoin());
-  CHECK(h.inbox[3].empty());  // the newcomer has joined the new gathering already
+  CHECK(h.inbox[3].empty());            // the newcomer has joined the new gathering already
   h.Join(3, "c", T0 + 2s + 1ms, 2, 3);  // a repeated join changes nothing
   CHECK(h.inbox[3].empty());
   h.Join(1, "a", T0 + 2s + 5ms, 2, 3);

@@ -11,15 +11,15 @@
 #include <grpcpp/generic/generic_stub.h>
 
 #include "agent/session_client.h"
-#include "rendezvous/service/grpc_service.h"
 #include "base/security.h"
+#include "rendezvous/service/grpc_service.h"
 #include "rendezvous/store/tcp_store_client.h"
 
 namespace {
 
+using crun::agent::SessionClient;
 using crun::rdzv::RendezvousService;
 using crun::rdzv::ServiceOptions;
-using crun::agent::SessionClient;
 namespace v1 = crun::v1;
 
 // Every wait on the service has a deadline: a service that never answers fails the test.
@@ -179,7 +179,7 @@ TEST_CASE("grpc service: a failure is pushed to every node; a dropped agent is l
   b.Join(2, 3);
   auto ra = a.Next().assignment();  // after the 100 ms last call
   CHECK(ra.group_world_size() == 2);
-  CHECK(ra.restart_count() == 1);   // a loss spends nothing
+  CHECK(ra.restart_count() == 1);  // a loss spends nothing
   CHECK(b.Next().assignment().group_world_size() == 2);
 
   a.Succeed();
@@ -211,7 +211,8 @@ TEST_CASE("grpc service: conflicting settings are refused, naming them", "[grpc]
   a.Join(1, 1);
   REQUIRE(a.Next().has_assignment());  // the job exists with a's settings before b joins
   b.Join(1, 2);
-  CHECK(b.Next().refused().reason() == "--nnodes differs: this job uses 1:1, the joining agent 1:2");
+  CHECK(b.Next().refused().reason() ==
+        "--nnodes differs: this job uses 1:1, the joining agent 1:2");
 }
 
 TEST_CASE("grpc service: the standard health service reports SERVING", "[grpc]") {
@@ -270,8 +271,10 @@ TEST_CASE("grpc service: stopping the service ends every agent's session", "[grp
   CHECK_FALSE(a.WaitDone().ok());
 }
 
-TEST_CASE("grpc service: with a job token, sessions without it or with another are refused "
-          "and the job goes on", "[grpc][security]") {
+TEST_CASE(
+    "grpc service: with a job token, sessions without it or with another are refused "
+    "and the job goes on",
+    "[grpc][security]") {
   auto service = StartService("s3cret-token");
   Agent a(service->port(), "node-a", "s3cret-token"), b(service->port(), "node-b", "s3cret-token");
   Agent none(service->port(), "node-x"), wrong(service->port(), "node-y", "guess");

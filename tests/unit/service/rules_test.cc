@@ -13,18 +13,18 @@ using crun::rdzv::Action;
 using crun::rdzv::FailJob;
 using crun::rdzv::FormRound;
 using crun::rdzv::NodeDescription;
-using crun::rdzv::OnJoin;
-using crun::rdzv::OnTick;
-using crun::rdzv::Phase;
 using crun::rdzv::OnHeartbeat;
+using crun::rdzv::OnJoin;
 using crun::rdzv::OnNodeLost;
 using crun::rdzv::OnNodeSucceeded;
+using crun::rdzv::OnTick;
 using crun::rdzv::OnWorkerFailed;
+using crun::rdzv::Phase;
 using crun::rdzv::RefuseJoin;
-using crun::rdzv::StopAndRejoin;
-using crun::rdzv::SucceedJob;
 using crun::rdzv::Settings;
 using crun::rdzv::State;
+using crun::rdzv::StopAndRejoin;
+using crun::rdzv::SucceedJob;
 using crun::rdzv::TimePoint;
 
 const TimePoint T0{};  // an arbitrary origin: the rules only compare times
@@ -132,9 +132,9 @@ TEST_CASE("reaching max forms at once, without a last call", "[rules]") {
 TEST_CASE("ranks: heterogeneous nproc, imposed order first", "[rules]") {
   const Settings s = Nodes(3, 3);
   State st = Start(s);
-  st = OnJoin(st, Node("z", 8), s, T0).state;               // no imposed rank: last
-  st = OnJoin(st, Node("y", 1, 1), s, T0).state;            // imposed rank 1
-  auto t = OnJoin(st, Node("x", 4, 0), s, T0);              // imposed rank 0
+  st = OnJoin(st, Node("z", 8), s, T0).state;     // no imposed rank: last
+  st = OnJoin(st, Node("y", 1, 1), s, T0).state;  // imposed rank 1
+  auto t = OnJoin(st, Node("x", 4, 0), s, T0);    // imposed rank 0
   const auto* round = Only<FormRound>(t.actions);
   REQUIRE(round != nullptr);
   struct Row {

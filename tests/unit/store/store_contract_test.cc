@@ -15,8 +15,8 @@ namespace {
 
 using namespace std::chrono_literals;
 using crun::Millis;
-using crun::Store;
 using crun::StatusCode;
+using crun::Store;
 using crun::testing::Eventually;
 
 // Each fixture hands out "clients": for memory, the one shared store; for TCP, a new
@@ -244,8 +244,9 @@ STORE_CONTRACT("concurrent adds from many clients lose nothing") {
 TEST_CASE("PrefixStore writes c10d key names into the base store", "[contract]") {
   auto base = std::make_shared<crun::MemoryStore>();
   crun::PrefixStore outer("default_pg", base);
-  auto inner = std::make_shared<crun::PrefixStore>("0/", std::make_shared<crun::PrefixStore>(
-                                                             "default_pg", base));
+  auto inner =
+      std::make_shared<crun::PrefixStore>("0/",
+                                          std::make_shared<crun::PrefixStore>("default_pg", base));
   REQUIRE(outer.Set("k", "1").ok());
   REQUIRE(inner->Set("cpu/", "2").ok());
   CHECK(*base->ListKeys() == std::vector<std::string>{"default_pg/0//cpu/", "default_pg/k"});

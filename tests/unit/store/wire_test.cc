@@ -13,8 +13,8 @@ using crun::StoreLimits;
 using crun::wire::Command;
 using crun::wire::Dialect;
 using crun::wire::EncodeRequest;
-using crun::wire::Request;
 using crun::wire::MakeRequest;
+using crun::wire::Request;
 using crun::wire::RequestParser;
 using Result = RequestParser::Result;
 
@@ -264,7 +264,8 @@ TEST_CASE("malformed streams are refused with a message naming the value", "[wir
     limits.max_value_bytes = 16;
     std::string s = ModernPrelude();
     EncodeRequest(Dialect::kModern, MakeRequest(Command::kSet, {"/a", std::string(17, 'x')}), &s);
-    CHECK_THAT(ParseError(s, limits), Catch::Contains("SET value length 17 exceeds the limit of 16"));
+    CHECK_THAT(ParseError(s, limits),
+               Catch::Contains("SET value length 17 exceeds the limit of 16"));
   }
   SECTION("key over the limit") {
     StoreLimits limits;
@@ -290,7 +291,8 @@ TEST_CASE("malformed streams are refused with a message naming the value", "[wir
     limits.max_request_bytes = 100;
     std::string s = ModernPrelude();
     EncodeRequest(Dialect::kModern,
-                  MakeRequest(Command::kMultiSet, {"/a", std::string(40, 'x'), "/b", std::string(40, 'y')}),
+                  MakeRequest(Command::kMultiSet,
+                              {"/a", std::string(40, 'x'), "/b", std::string(40, 'y')}),
                   &s);
     CHECK_THAT(ParseError(s, limits), Catch::Contains("MULTI_SET request exceeds 100 bytes"));
   }

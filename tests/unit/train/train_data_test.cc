@@ -20,14 +20,16 @@ std::optional<Options> Parse(std::vector<std::string> args, std::string* error) 
 }
 
 fs::path TempDir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("crun-train-test-" + name + "-" + std::to_string(::getpid()));
+  fs::path p =
+      fs::temp_directory_path() / ("crun-train-test-" + name + "-" + std::to_string(::getpid()));
   fs::remove_all(p);
   fs::create_directories(p);
   return p;
 }
 
 // `n` records: label i % 10, pixel bytes (i + j) % 256.
-void WriteRecords(const fs::path& path, std::size_t n, std::size_t extra_bytes = 0, int bad_label_at = -1) {
+void WriteRecords(const fs::path& path, std::size_t n, std::size_t extra_bytes = 0,
+                  int bad_label_at = -1) {
   std::ofstream f(path, std::ios::binary);
   for (std::size_t i = 0; i < n; ++i) {
     f.put(static_cast<char>(static_cast<int>(i) == bad_label_at ? 10 : i % 10));
@@ -41,8 +43,8 @@ void WriteRecords(const fs::path& path, std::size_t n, std::size_t extra_bytes =
 TEST_CASE("train options: values are parsed and bad ones are named", "[train]") {
   std::string err;
   auto o = Parse({"--synthetic", "1000", "--epochs=3", "--batch-size", "64", "--lr", "0.05",
-                  "--model", "resnet18", "--schedule", "onecycle", "--channels-last", "--device", "cpu",
-                  "--metrics-json", "m.json"},
+                  "--model", "resnet18", "--schedule", "onecycle", "--channels-last", "--device",
+                  "cpu", "--metrics-json", "m.json"},
                  &err);
   REQUIRE(o);
   CHECK(o->synthetic == 1000);
@@ -97,7 +99,8 @@ TEST_CASE("cifar reader: records, truncated and wrong-sized files, bad labels, m
   auto bad = LoadCifar(dir.string(), true);
   REQUIRE_FALSE(bad.ok());
   CHECK_THAT(bad.status().message(),
-             Catch::Contains("data_batch_3.bin has 6246 bytes, not a whole number of 3073-byte records"));
+             Catch::Contains(
+                 "data_batch_3.bin has 6246 bytes, not a whole number of 3073-byte records"));
 
   // Empty.
   WriteRecords(dir / "data_batch_3.bin", 0);
@@ -109,7 +112,8 @@ TEST_CASE("cifar reader: records, truncated and wrong-sized files, bad labels, m
   WriteRecords(dir / "data_batch_3.bin", 3, 0, 2);
   bad = LoadCifar(dir.string(), true);
   REQUIRE_FALSE(bad.ok());
-  CHECK_THAT(bad.status().message(), Catch::Contains("data_batch_3.bin, record 2: label 10 is not 0-9"));
+  CHECK_THAT(bad.status().message(),
+             Catch::Contains("data_batch_3.bin, record 2: label 10 is not 0-9"));
 
   // Missing.
   fs::remove(dir / "test_batch.bin");
@@ -204,6 +208,10 @@ TEST_CASE("input pipeline: several builder threads give the same batches in the 
   CHECK(one.second.size() == 300);
   CHECK(all(4) == one);
   // Abandoned half-way: the destructor stops the builders.
-  { Prefetcher p(*d, order, 32, false, true, 11, 3, 4); Batch b; p.Next(&b); }
+  {
+    Prefetcher p(*d, order, 32, false, true, 11, 3, 4);
+    Batch b;
+    p.Next(&b);
+  }
   fs::remove_all(dir);
 }

@@ -22,10 +22,16 @@ crun::worker::EnvLookup From(const Env& env) {
 }
 
 Env Valid() {
-  return {{"RANK", "3"},        {"LOCAL_RANK", "1"},  {"WORLD_SIZE", "4"},
-          {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"},
-          {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "29500"},
-          {"TORCHELASTIC_RESTART_COUNT", "2"}, {"TORCHELASTIC_MAX_RESTARTS", "3"},
+  return {{"RANK", "3"},
+          {"LOCAL_RANK", "1"},
+          {"WORLD_SIZE", "4"},
+          {"LOCAL_WORLD_SIZE", "2"},
+          {"GROUP_RANK", "1"},
+          {"GROUP_WORLD_SIZE", "2"},
+          {"MASTER_ADDR", "10.0.0.5"},
+          {"MASTER_PORT", "29500"},
+          {"TORCHELASTIC_RESTART_COUNT", "2"},
+          {"TORCHELASTIC_MAX_RESTARTS", "3"},
           {"TORCHELASTIC_RUN_ID", "job7"}};
 }
 

@@ -22,27 +22,27 @@
 // Catch2 assertions are not thread-safe: the rank threads assert under one lock, and never
 // with REQUIRE (its exception would end a thread, not the test).
 std::mutex catch_mu;
-#define T_CHECK(...)                        \
-  do {                                      \
+#define T_CHECK(...)                          \
+  do {                                        \
     std::lock_guard<std::mutex> l_(catch_mu); \
-    CHECK(__VA_ARGS__);                     \
+    CHECK(__VA_ARGS__);                       \
   } while (0)
-#define T_CHECK_THAT(arg, matcher)          \
-  do {                                      \
+#define T_CHECK_THAT(arg, matcher)            \
+  do {                                        \
     std::lock_guard<std::mutex> l_(catch_mu); \
-    CHECK_THAT(arg, matcher);               \
+    CHECK_THAT(arg, matcher);                 \
   } while (0)
-#define T_OK(expr)                              \
-  do {                                          \
-    const crun::Status s_ = (expr);             \
-    std::lock_guard<std::mutex> l_(catch_mu);   \
-    INFO(s_.message());                         \
-    CHECK(s_.ok());                             \
-  } while (0)
-#define T_FAIL(msg)                         \
-  do {                                      \
+#define T_OK(expr)                            \
+  do {                                        \
+    const crun::Status s_ = (expr);           \
     std::lock_guard<std::mutex> l_(catch_mu); \
-    FAIL_CHECK(msg);                        \
+    INFO(s_.message());                       \
+    CHECK(s_.ok());                           \
+  } while (0)
+#define T_FAIL(msg)                           \
+  do {                                        \
+    std::lock_guard<std::mutex> l_(catch_mu); \
+    FAIL_CHECK(msg);                          \
   } while (0)
 
 namespace {
@@ -80,12 +80,14 @@ using crun::worker::DType;
 using crun::worker::ProcessGroup;
 using crun::worker::ReduceOp;
 
-crun::worker::WorkerEnv EnvFor(int rank, int world) { return TestWorkerEnv(rank, world, "gloo-test"); }
+crun::worker::WorkerEnv EnvFor(int rank, int world) {
+  return TestWorkerEnv(rank, world, "gloo-test");
+}
 
 // The transport the current case runs on; each TEST_CASE sets it with TRANSPORTS().
 bool use_shm = true;
-#define TRANSPORTS()                          \
-  use_shm = GENERATE(true, false);            \
+#define TRANSPORTS()               \
+  use_shm = GENERATE(true, false); \
   INFO((use_shm ? "shared memory" : "tcp"))
 
 // Runs `body(rank, group)` on `world` threads, each with its own group named `name`. No body
@@ -122,7 +124,8 @@ void OnRanks(int world, const std::function<void(int, ProcessGroup&)>& body,
 template <typename T>
 std::vector<T> Values(int rank, std::size_t n) {
   std::vector<T> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<T>((rank + 1) * 10 + static_cast<int>(i % 7));
+  for (std::size_t i = 0; i < n; ++i)
+    v[i] = static_cast<T>((rank + 1) * 10 + static_cast<int>(i % 7));
   return v;
 }
 
@@ -154,7 +157,8 @@ TEST_CASE("gloo allreduce: every op on float32, float64, int32, int64", "[gloo]"
           const double k = static_cast<double>(i % 7);
           const double sum = 10.0 * world * (world + 1) / 2 + world * k;
           if (f32[i] != static_cast<float>(sum) || f64[i] != sum ||
-              i32[i] != static_cast<std::int32_t>(sum) || i64[i] != static_cast<std::int64_t>(sum) ||
+              i32[i] != static_cast<std::int32_t>(sum) ||
+              i64[i] != static_cast<std::int64_t>(sum) ||
               std::abs(f32avg[i] - static_cast<float>(sum / world)) > 1e-4f ||
               i32min[i] != static_cast<std::int32_t>(10 + k) ||
               i64max[i] != static_cast<std::int64_t>(10 * world + k) || f64min[i] != 10 + k) {
@@ -199,7 +203,7 @@ TEST_CASE("gloo broadcast, allgather and barrier", "[gloo]") {
     T_CHECK(all == std::vector<std::int64_t>{0, 0, 0, 1, 1, 1, 2, 2, 2});
     T_OK(g.Barrier());
     T_CHECK(g.Broadcast(v.data(), 1, DType::kFloat64, 3).code() ==
-          crun::StatusCode::kInvalidArgument);
+            crun::StatusCode::kInvalidArgument);
   });
 }
 
@@ -212,14 +216,16 @@ TEST_CASE("collectives larger than a shared-memory slot, back to back", "[gloo]"
     const std::size_t n = 700'001;  // 2.8 MB of float32, not a multiple of anything
     for (int round = 0; round < 6; ++round) {
       std::vector<float> x(n);
-      for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>((rank + round) * 4 + static_cast<int>(i % 3));
+      for (std::size_t i = 0; i < n; ++i)
+        x[i] = static_cast<float>((rank + round) * 4 + static_cast<int>(i % 3));
       T_OK(g.AllReduce(x.data(), n, DType::kFloat32, ReduceOp::kSum));
       std::vector<std::int32_t> mine(n / 2, rank * 100 + round), all(3 * (n / 2), -1);
       T_OK(g.AllGather(mine.data(), all.data(), n / 2, DType::kInt32));
       std::vector<double> b(n / 2 + 3, rank == round % 3 ? round + 0.5 : -1.0);
       T_OK(g.Broadcast(b.data(), b.size(), DType::kFloat64, round % 3));
       std::vector<float> rs_in(3 * (n / 3)), rs_out(n / 3);
-      for (std::size_t i = 0; i < rs_in.size(); ++i) rs_in[i] = static_cast<float>(rank + round + static_cast<int>(i % 5));
+      for (std::size_t i = 0; i < rs_in.size(); ++i)
+        rs_in[i] = static_cast<float>(rank + round + static_cast<int>(i % 5));
       T_OK(g.ReduceScatter(rs_in.data(), rs_out.data(), n / 3, DType::kFloat32, ReduceOp::kMax));
       bool good = true;
       for (std::size_t i = 0; i < n && good; ++i) {
@@ -331,8 +337,8 @@ TEST_CASE("async operations complete in the order issued, and test() tells when"
     std::vector<double> x(50'000, 1.0);
     std::vector<crun::worker::WorkPtr> works;
     for (int i = 0; i < 4; ++i) {
-      works.push_back(g.AllReduceAsync(x.data(), x.size(), DType::kFloat64, ReduceOp::kSum,
-                                       g.timeout()));
+      works.push_back(
+          g.AllReduceAsync(x.data(), x.size(), DType::kFloat64, ReduceOp::kSum, g.timeout()));
     }
     std::vector<std::int32_t> gathered(3, -1);
     const std::int32_t me = rank;

@@ -20,13 +20,14 @@ using crun::testing::Skip;
 using crun::worker::DType;
 using crun::worker::ReduceOp;
 
-crun::worker::WorkerEnv EnvFor(int rank, int world) { return TestWorkerEnv(rank, world, "nccl-test"); }
+crun::worker::WorkerEnv EnvFor(int rank, int world) {
+  return TestWorkerEnv(rank, world, "nccl-test");
+}
 
 bool HaveGpu() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
-
 
 // Device memory holding `host`, copied back by Read().
 template <typename T>
@@ -34,8 +35,7 @@ class DeviceBuffer {
  public:
   explicit DeviceBuffer(const std::vector<T>& host) : n_(host.size()) {
     REQUIRE(cudaMalloc(&ptr_, n_ * sizeof(T)) == cudaSuccess);
-    REQUIRE(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice) ==
-            cudaSuccess);
+    REQUIRE(cudaMemcpy(ptr_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
   }
   ~DeviceBuffer() { cudaFree(ptr_); }
   T* get() { return static_cast<T*>(ptr_); }
@@ -58,8 +58,7 @@ TEST_CASE("nccl: the library is the one linked", "[nccl]") {
   CHECK(v.rfind("2.", 0) == 0);
 }
 
-TEST_CASE("nccl: without a visible GPU, creating a group fails naming rank and cause",
-          "[nccl]") {
+TEST_CASE("nccl: without a visible GPU, creating a group fails naming rank and cause", "[nccl]") {
   // Hiding every device from this process's CUDA runtime is not possible after it started;
   // the GPU case below covers such a machine.
   if (HaveGpu()) Skip("a GPU is visible: the world-size-1 case covers this machine");

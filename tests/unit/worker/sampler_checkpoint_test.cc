@@ -29,8 +29,8 @@ std::vector<std::vector<std::size_t>> Shards(std::size_t n, int world, SamplerOp
 }
 
 std::string TempDir(const std::string& name) {
-  auto p = std::filesystem::temp_directory_path() / ("crun-ckpt-" + name + "-" +
-                                                     std::to_string(::getpid()));
+  auto p = std::filesystem::temp_directory_path() /
+           ("crun-ckpt-" + name + "-" + std::to_string(::getpid()));
   std::filesystem::remove_all(p);
   return p.string();
 }
@@ -49,8 +49,7 @@ std::string ReadAll(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("sampler: equal disjoint shards that cover the dataset, padded or dropped",
-          "[sampler]") {
+TEST_CASE("sampler: equal disjoint shards that cover the dataset, padded or dropped", "[sampler]") {
   for (int world : {1, 2, 3, 5}) {
     for (std::size_t n : {std::size_t{10}, std::size_t{13}, std::size_t{103}}) {
       INFO("world " << world << ", " << n << " samples");
@@ -98,7 +97,8 @@ TEST_CASE("checkpoints: the newest complete one wins, older ones are pruned", "[
   REQUIRE(none.ok());
   CHECK_FALSE(none->has_value());
   for (std::uint64_t step : {10, 20, 30}) {
-    REQUIRE(ckpt.Save(step, [&](std::ostream& o) { return WriteText(o, std::to_string(step)); }).ok());
+    REQUIRE(
+        ckpt.Save(step, [&](std::ostream& o) { return WriteText(o, std::to_string(step)); }).ok());
   }
   auto newest = ckpt.Newest();
   REQUIRE(newest.ok());

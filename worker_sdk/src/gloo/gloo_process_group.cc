@@ -19,10 +19,10 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/types.h>
 
-#include "crun/worker/env_names.h"
-#include "crun/worker/gloo.h"
 #include "base/host_addresses.h"
 #include "base/socket.h"
+#include "crun/worker/env_names.h"
+#include "crun/worker/gloo.h"
 #include "worker_sdk/src/group_state.h"
 #include "worker_sdk/src/reduce.h"
 #include "worker_sdk/src/serial_executor.h"
@@ -117,8 +117,8 @@ class GlooGroup final : public ProcessGroup {
 
   WorkPtr BroadcastAsync(void* data, std::size_t count, DType dtype, int root,
                          Millis timeout) override {
-    std::string what = DescribeMove("broadcast", count, dtype) + " from rank " +
-                       std::to_string(root);
+    std::string what =
+        DescribeMove("broadcast", count, dtype) + " from rank " + std::to_string(root);
     if (auto refused = state_.RefuseRoot(what, root)) return refused;
     return Submit(std::move(what), count, [=, this] {
       if (shm_) return shm_->Broadcast(data, count * SizeOf(dtype), root, DeadlineAfter(timeout));
@@ -152,8 +152,8 @@ class GlooGroup final : public ProcessGroup {
     });
   }
 
-  WorkPtr ReduceScatterAsync(const void* in, void* out, std::size_t count, DType dtype,
-                             ReduceOp op, Millis timeout) override {
+  WorkPtr ReduceScatterAsync(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
+                             Millis timeout) override {
     std::string what = DescribeReduce("reduce-scatter", count, dtype, op) + " per rank";
     if (auto refused = state_.RefuseIntegerAvg(what, dtype, op)) return refused;
     return Submit(std::move(what), count, [=, this] {
@@ -198,8 +198,8 @@ class GlooGroup final : public ProcessGroup {
         if (failure.ok()) return failure;
       } catch (const std::exception& e) {
         const std::string m = e.what();
-        const bool timed_out = m.find("Timed out") != std::string::npos ||
-                               m.find("timed out") != std::string::npos;
+        const bool timed_out =
+            m.find("Timed out") != std::string::npos || m.find("timed out") != std::string::npos;
         failure = Status(timed_out ? StatusCode::kTimeout : StatusCode::kUnavailable, m);
       }
       bool first = false;
@@ -221,8 +221,8 @@ class GlooGroup final : public ProcessGroup {
   // to its right neighbour and folds the block from its left one into its own copy, so that
   // rank r ends holding the full reduction of block r. Each rank sends and receives
   // (n-1)/n of the input, the bandwidth optimum.
-  void RingReduceScatter(const void* in, void* out, std::size_t count, DType dtype,
-                         ReduceOp op, Millis timeout) {
+  void RingReduceScatter(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
+                         Millis timeout) {
     const int n = size();
     const int r = rank();
     const std::size_t block = count * SizeOf(dtype);
@@ -256,7 +256,7 @@ class GlooGroup final : public ProcessGroup {
 
   std::shared_ptr<gloo::rendezvous::Context> ctx_;
   GroupState state_;
-  std::uint32_t tag_ = 0;  // used on the executor's thread only
+  std::uint32_t tag_ = 0;            // used on the executor's thread only
   std::unique_ptr<ShmChannel> shm_;  // null: Gloo's TCP pairs carry every operation
   // Last member: destroyed first, so its thread is joined while the rest is still alive.
   SerialExecutor executor_;
@@ -266,9 +266,9 @@ class GlooGroup final : public ProcessGroup {
 // with SIGPIPE instead of failing the collective. Ignore it, unless the program installed a
 // handler of its own (Python does the same at start-up).
 void IgnoreSigpipeUnlessHandled() {
-  struct sigaction current{};
+  struct sigaction current {};
   if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
-    struct sigaction ignore{};
+    struct sigaction ignore {};
     ignore.sa_handler = SIG_IGN;
     sigemptyset(&ignore.sa_mask);
     ::sigaction(SIGPIPE, &ignore, nullptr);
@@ -294,8 +294,7 @@ StatusOr<std::unique_ptr<ProcessGroup>> MakeGlooGroup(Context& context, const Gl
     auto device = gloo::transport::tcp::CreateDevice(attr);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(env.rank, env.world_size);
     ctx->setTimeout(o.timeout);
-    StoreAdapter store(context.store(), context.round_prefix() + "gloo/" + o.name + "/",
-                       o.timeout);
+    StoreAdapter store(context.store(), context.round_prefix() + "gloo/" + o.name + "/", o.timeout);
     ctx->connectFullMesh(store, device);
     std::unique_ptr<ShmChannel> shm;
     {
@@ -303,9 +302,9 @@ StatusOr<std::unique_ptr<ProcessGroup>> MakeGlooGroup(Context& context, const Gl
       const char* env_shm = std::getenv(crun::env::kCrunGlooShm);
       const bool willing = o.shared_memory && !(env_shm != nullptr && std::string(env_shm) == "0");
       std::string why_not;
-      auto channel = ShmChannel::Connect(context.store(),
-                                         context.round_prefix() + "gloo/" + o.name + "/shm/",
-                                         env.rank, env.world_size, willing, o.timeout, &why_not);
+      auto channel =
+          ShmChannel::Connect(context.store(), context.round_prefix() + "gloo/" + o.name + "/shm/",
+                              env.rank, env.world_size, willing, o.timeout, &why_not);
       if (!channel.ok()) {
         return Status(channel.status().code(),
                       where + ": cannot set up shared memory: " + channel.status().message());

@@ -37,22 +37,32 @@ std::string NcclText(ncclResult_t r, ncclComm_t comm) {
 
 ncclDataType_t ToNccl(DType t) {
   switch (t) {
-    case DType::kFloat32: return ncclFloat32;
-    case DType::kFloat64: return ncclFloat64;
-    case DType::kFloat16: return ncclFloat16;
-    case DType::kBFloat16: return ncclBfloat16;
-    case DType::kInt32: return ncclInt32;
-    case DType::kInt64: return ncclInt64;
+    case DType::kFloat32:
+      return ncclFloat32;
+    case DType::kFloat64:
+      return ncclFloat64;
+    case DType::kFloat16:
+      return ncclFloat16;
+    case DType::kBFloat16:
+      return ncclBfloat16;
+    case DType::kInt32:
+      return ncclInt32;
+    case DType::kInt64:
+      return ncclInt64;
   }
   return ncclFloat32;
 }
 
 ncclRedOp_t ToNccl(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
   }
   return ncclSum;
 }
@@ -77,9 +87,13 @@ class DeviceGuard {
 // One communicator, its stream and its state; shared by the group and its pending work.
 class Comm : public std::enable_shared_from_this<Comm> {
  public:
-  Comm(std::shared_ptr<GroupState> state, ncclComm_t comm, cudaStream_t stream, int* scratch, int device,
-       Millis timeout)
-      : state_(std::move(state)), comm_(comm), stream_(stream), scratch_(scratch), device_(device),
+  Comm(std::shared_ptr<GroupState> state, ncclComm_t comm, cudaStream_t stream, int* scratch,
+       int device, Millis timeout)
+      : state_(std::move(state)),
+        comm_(comm),
+        stream_(stream),
+        scratch_(scratch),
+        device_(device),
         timeout_(timeout) {}
 
   ~Comm() {
@@ -128,8 +142,8 @@ class Comm : public std::enable_shared_from_this<Comm> {
 
   // Whether the work recorded by `done` has finished; on an error or past `deadline`, the
   // group fails and `status` says why. Never blocks.
-  bool Poll(const std::string& what, cudaEvent_t done, Clock::time_point deadline,
-            Millis timeout, Status* status) {
+  bool Poll(const std::string& what, cudaEvent_t done, Clock::time_point deadline, Millis timeout,
+            Status* status) {
     Status usable = state_->Usable(what);
     if (!usable.ok()) {
       *status = usable;
@@ -175,8 +189,11 @@ class Comm : public std::enable_shared_from_this<Comm> {
 class NcclWork final : public Work {
  public:
   NcclWork(std::shared_ptr<Comm> comm, std::string what, cudaEvent_t done, Millis timeout)
-      : comm_(std::move(comm)), what_(std::move(what)), done_event_(done),
-        deadline_(Clock::now() + timeout), timeout_(timeout) {}
+      : comm_(std::move(comm)),
+        what_(std::move(what)),
+        done_event_(done),
+        deadline_(Clock::now() + timeout),
+        timeout_(timeout) {}
   ~NcclWork() override { cudaEventDestroy(done_event_); }
 
   bool Test() override {
@@ -221,9 +238,9 @@ WorkPtr Comm::Enqueue(const std::string& what, std::size_t count, Millis timeout
   const auto deadline = Clock::now() + timeout;
   DeviceGuard guard(device_);
   if (guard.status() != cudaSuccess) {
-    return FinishedWork(Fail(StatusCode::kInternal, what,
-                             "cudaSetDevice(" + std::to_string(device_) + "): " +
-                                 CudaText(guard.status())));
+    return FinishedWork(
+        Fail(StatusCode::kInternal, what,
+             "cudaSetDevice(" + std::to_string(device_) + "): " + CudaText(guard.status())));
   }
   std::unique_lock<std::mutex> l(mu_);
   if (comm_ == nullptr) return FinishedWork(state_->Usable(what));
@@ -232,9 +249,9 @@ WorkPtr Comm::Enqueue(const std::string& what, std::size_t count, Millis timeout
   while (r == ncclInProgress) {
     if (Clock::now() >= deadline) {
       l.unlock();
-      return FinishedWork(Fail(StatusCode::kTimeout, what,
-                               "NCCL could not queue it within " +
-                                   std::to_string(timeout.count()) + " ms"));
+      return FinishedWork(
+          Fail(StatusCode::kTimeout, what,
+               "NCCL could not queue it within " + std::to_string(timeout.count()) + " ms"));
     }
     l.unlock();
     std::this_thread::sleep_for(kPollInterval);
@@ -260,8 +277,7 @@ WorkPtr Comm::Enqueue(const std::string& what, std::size_t count, Millis timeout
 
 class NcclGroup final : public ProcessGroup {
  public:
-  NcclGroup(std::shared_ptr<GroupState> state, int rank, int size,
-            std::shared_ptr<Comm> comm)
+  NcclGroup(std::shared_ptr<GroupState> state, int rank, int size, std::shared_ptr<Comm> comm)
       : state_(std::move(state)), rank_(rank), size_(size), comm_(std::move(comm)) {}
 
   int rank() const override { return rank_; }
@@ -295,8 +311,8 @@ class NcclGroup final : public ProcessGroup {
                           });
   }
 
-  WorkPtr ReduceScatterAsync(const void* in, void* out, std::size_t count, DType dtype,
-                             ReduceOp op, Millis timeout) override {
+  WorkPtr ReduceScatterAsync(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
+                             Millis timeout) override {
     const std::string what = DescribeReduce("reduce-scatter", count, dtype, op) + " per rank";
     if (auto refused = state_->RefuseIntegerAvg(what, dtype, op)) return refused;
     return comm_->Enqueue(what, count, timeout, [&](ncclComm_t c, cudaStream_t s) {
@@ -346,14 +362,14 @@ StatusOr<std::unique_ptr<ProcessGroup>> MakeNcclGroup(Context& context, const Nc
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
     return fail(StatusCode::kUnavailable,
                 std::string("no CUDA device visible (CUDA_VISIBLE_DEVICES=") +
-                    (visible != nullptr ? visible : "unset") + "): " +
-                    (e != cudaSuccess ? CudaText(e) : std::string("0 devices")));
+                    (visible != nullptr ? visible : "unset") +
+                    "): " + (e != cudaSuccess ? CudaText(e) : std::string("0 devices")));
   }
   const int device = o.device >= 0 ? o.device : env.local_rank % devices;
   if (device >= devices) {
     return fail(StatusCode::kInvalidArgument, "device " + std::to_string(device) +
-                                                  " does not exist (" +
-                                                  std::to_string(devices) + " visible)");
+                                                  " does not exist (" + std::to_string(devices) +
+                                                  " visible)");
   }
   DeviceGuard guard(device);
   if (guard.status() != cudaSuccess) {
@@ -366,8 +382,10 @@ StatusOr<std::unique_ptr<ProcessGroup>> MakeNcclGroup(Context& context, const Nc
   ncclUniqueId id{};
   if (env.rank == 0) {
     const ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess) return fail(StatusCode::kUnavailable, "ncclGetUniqueId: " + NcclText(r, nullptr));
-    CRUN_RETURN_IF_ERROR(context.store().Set(key, std::string_view(id.internal, sizeof(id.internal))));
+    if (r != ncclSuccess)
+      return fail(StatusCode::kUnavailable, "ncclGetUniqueId: " + NcclText(r, nullptr));
+    CRUN_RETURN_IF_ERROR(
+        context.store().Set(key, std::string_view(id.internal, sizeof(id.internal))));
   } else {
     CRUN_RETURN_IF_ERROR(context.store().Wait({key}, o.timeout));
     auto bytes = context.store().Get(key);
@@ -407,8 +425,8 @@ StatusOr<std::unique_ptr<ProcessGroup>> MakeNcclGroup(Context& context, const Nc
   if (ce != cudaSuccess) {
     if (stream != nullptr) cudaStreamDestroy(stream);
     ncclCommAbort(comm);
-    return fail(StatusCode::kInternal, "stream or scratch on GPU " + std::to_string(device) +
-                                           ": " + CudaText(ce));
+    return fail(StatusCode::kInternal,
+                "stream or scratch on GPU " + std::to_string(device) + ": " + CudaText(ce));
   }
   auto shared_state = std::shared_ptr<GroupState>(std::move(state));
   auto c = std::make_shared<Comm>(shared_state, comm, stream, scratch, device, o.timeout);

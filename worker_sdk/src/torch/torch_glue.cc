@@ -14,12 +14,18 @@ namespace {
 
 StatusOr<DType> ToDType(torch::ScalarType t) {
   switch (t) {
-    case torch::kFloat: return DType::kFloat32;
-    case torch::kDouble: return DType::kFloat64;
-    case torch::kHalf: return DType::kFloat16;
-    case torch::kBFloat16: return DType::kBFloat16;
-    case torch::kInt: return DType::kInt32;
-    case torch::kLong: return DType::kInt64;
+    case torch::kFloat:
+      return DType::kFloat32;
+    case torch::kDouble:
+      return DType::kFloat64;
+    case torch::kHalf:
+      return DType::kFloat16;
+    case torch::kBFloat16:
+      return DType::kBFloat16;
+    case torch::kInt:
+      return DType::kInt32;
+    case torch::kLong:
+      return DType::kInt64;
     default:
       return InvalidArgument(std::string("tensors of dtype ") + c10::toString(t) +
                              " cannot be communicated (float32/64, float16, bfloat16, "
@@ -50,8 +56,8 @@ Status BroadcastParameters(ProcessGroup& group, torch::nn::Module& module, int r
     for (auto& t : members) views.push_back(t.reshape(-1));
     torch::Tensor flat = torch::cat(views).contiguous();
     SyncIfCuda(flat);
-    CRUN_RETURN_IF_ERROR(group.Broadcast(flat.data_ptr(), static_cast<std::size_t>(flat.numel()),
-                                         *dtype, root));
+    CRUN_RETURN_IF_ERROR(
+        group.Broadcast(flat.data_ptr(), static_cast<std::size_t>(flat.numel()), *dtype, root));
     std::int64_t offset = 0;
     for (auto& t : members) {
       t.copy_(flat.narrow(0, offset, t.numel()).view_as(t));
@@ -182,8 +188,9 @@ Status GradientAverager::Finish() {
   }
   Status first;
   if (s.repeated_backward) {
-    first = InvalidArgument("GradientAverager: more than one backward pass before Finish(); "
-                            "gradient accumulation across backward passes is not supported");
+    first = InvalidArgument(
+        "GradientAverager: more than one backward pass before Finish(); "
+        "gradient accumulation across backward passes is not supported");
   }
   for (std::size_t k = 0; k < s.buckets.size(); ++k) {
     Status st = s.buckets[k].work->Wait();

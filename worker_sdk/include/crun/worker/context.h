@@ -21,16 +21,16 @@
 namespace crun::worker {
 
 struct WorkerEnv {
-  int rank = 0;               // RANK: this worker in the job
-  int local_rank = 0;         // LOCAL_RANK: this worker on its node
-  int world_size = 1;         // WORLD_SIZE: workers in the job
-  int local_world_size = 1;   // LOCAL_WORLD_SIZE: workers on this node
-  int group_rank = 0;         // GROUP_RANK: this node
-  int group_world_size = 1;   // GROUP_WORLD_SIZE: nodes (1 when unset)
-  int restart_count = 0;      // TORCHELASTIC_RESTART_COUNT (0 when unset)
-  int max_restarts = 0;       // TORCHELASTIC_MAX_RESTARTS (0 when unset)
-  std::string run_id;         // TORCHELASTIC_RUN_ID ("" when unset)
-  std::string master_addr;    // MASTER_ADDR: the job's store
+  int rank = 0;                   // RANK: this worker in the job
+  int local_rank = 0;             // LOCAL_RANK: this worker on its node
+  int world_size = 1;             // WORLD_SIZE: workers in the job
+  int local_world_size = 1;       // LOCAL_WORLD_SIZE: workers on this node
+  int group_rank = 0;             // GROUP_RANK: this node
+  int group_world_size = 1;       // GROUP_WORLD_SIZE: nodes (1 when unset)
+  int restart_count = 0;          // TORCHELASTIC_RESTART_COUNT (0 when unset)
+  int max_restarts = 0;           // TORCHELASTIC_MAX_RESTARTS (0 when unset)
+  std::string run_id;             // TORCHELASTIC_RUN_ID ("" when unset)
+  std::string master_addr;        // MASTER_ADDR: the job's store
   std::uint16_t master_port = 0;  // MASTER_PORT
 };
 
@@ -44,7 +44,7 @@ using EnvLookup = std::function<const char*(const char*)>;
 StatusOr<WorkerEnv> ReadWorkerEnv(const EnvLookup& lookup = {});
 
 struct ContextOptions {
-  Millis connect_timeout{60'000};  // how long to wait for the store to accept
+  Millis connect_timeout{60'000};               // how long to wait for the store to accept
   Millis store_timeout = kDefaultStoreTimeout;  // for waits and replies
 };
 

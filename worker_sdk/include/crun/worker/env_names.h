@@ -27,7 +27,7 @@ inline constexpr char kNcclAsyncErrorHandlingOld[] = "NCCL_ASYNC_ERROR_HANDLING"
 inline constexpr char kOmpNumThreads[] = "OMP_NUM_THREADS";
 inline constexpr char kCudaVisibleDevices[] = "CUDA_VISIBLE_DEVICES";
 // crun's own additions.
-inline constexpr char kCrunAttempt[] = "CRUN_ATTEMPT";        // 0, 1, ... (restarts of the group)
+inline constexpr char kCrunAttempt[] = "CRUN_ATTEMPT";         // 0, 1, ... (restarts of the group)
 inline constexpr char kCrunLogDir[] = "CRUN_ATTEMPT_LOG_DIR";  // this worker's log directory
 // Read by the SDK, set by users: 0 keeps Gloo groups on TCP between ranks of one host.
 inline constexpr char kCrunGlooShm[] = "CRUN_GLOO_SHM";

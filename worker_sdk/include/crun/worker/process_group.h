@@ -95,8 +95,7 @@ class ProcessGroup {
                        Millis timeout) {
     return ReduceScatterAsync(in, out, count, dtype, op, timeout)->Wait();
   }
-  Status ReduceScatter(const void* in, void* out, std::size_t count, DType dtype,
-                       ReduceOp op) {
+  Status ReduceScatter(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op) {
     return ReduceScatter(in, out, count, dtype, op, timeout());
   }
   Status Barrier(Millis timeout) { return BarrierAsync(timeout)->Wait(); }
