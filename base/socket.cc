@@ -1,5 +1,6 @@
 #include "base/socket.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -137,6 +138,53 @@ StatusOr<std::size_t> RecvSome(int fd, char* dst, std::size_t min, std::size_t m
     return PosixError("read from store " + std::string(peer), errno);
   }
   return got;
+}
+
+Status ListenError(std::string_view where, int err) {
+  const std::string w(where);
+  switch (err) {
+    case EADDRINUSE:
+      return Unavailable("cannot listen on " + w +
+                         ": the address is in use (another process "
+                         "serves it)");
+    case EADDRNOTAVAIL:
+      return InvalidArgument("cannot listen on " + w + ": not an address of this host");
+    case EACCES:
+    case EPERM:
+      return PermissionDenied("cannot listen on " + w + ": permission denied");
+    default:
+      return PosixError("cannot listen on " + w, err);
+  }
+}
+
+Status CheckCanListen(const std::string& host, std::uint16_t port) {
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&addr);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
+  if (::inet_pton(AF_INET, host.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    len = sizeof *v4;
+  } else if (::inet_pton(AF_INET6, host.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    len = sizeof *v6;
+  } else {
+    return Status::Ok();
+  }
+  UniqueFd fd(::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid())
+    return PosixError("cannot open a socket for " + FormatEndpoint(host, port), errno);
+  const int on = 1, off = 0;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  if (addr.ss_family == AF_INET6 && IN6_IS_ADDR_UNSPECIFIED(&v6->sin6_addr)) {
+    ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);  // as "::" serves
+  }
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    return ListenError(FormatEndpoint(host, port), errno);
+  }
+  return Status::Ok();
 }
 
 }  // namespace crun

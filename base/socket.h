@@ -49,6 +49,16 @@ Status SendAll(int fd, std::string_view data, SteadyClock::time_point deadline,
 StatusOr<std::size_t> RecvSome(int fd, char* dst, std::size_t min, std::size_t max,
                                SteadyClock::time_point deadline, std::string_view peer);
 
+// A failure to bind or listen on `where` (host:port), the same from every server: the address
+// in use is kUnavailable (someone serves it: a caller may join them), not an address of this
+// host kInvalidArgument, no permission kPermissionDenied; anything else PosixError.
+Status ListenError(std::string_view where, int err);
+
+// Whether a TCP server could listen on host:port now, by binding a socket there and closing
+// it: Ok, or ListenError. For servers whose own library says no more than "failed" (gRPC). A
+// host that is not an IP literal is not checked (Ok).
+Status CheckCanListen(const std::string& host, std::uint16_t port);
+
 // Deadline `timeout` from now; a zero timeout means "no deadline" (c10d's kNoTimeout).
 SteadyClock::time_point DeadlineAfter(std::chrono::milliseconds timeout);
 

@@ -150,6 +150,11 @@ int RunWithService(const LaunchPlan& p, boost::asio::io_context& io,
     } else if (conf.is_host.value_or(false)) {
       std::fprintf(stderr, "crun: is_host=1 but %s\n", started.status().message().c_str());
       return 1;
+    } else if (started.status().code() != StatusCode::kUnavailable) {
+      // Not "in use": nobody else serves it either, and joining would only wait for nothing.
+      std::fprintf(stderr, "crun: cannot host the rendezvous service of %s: %s\n",
+                   o.rdzv_endpoint.c_str(), started.status().message().c_str());
+      return 1;
     } else {
       spdlog::info("port {} is served already (another crun or `crun rendezvous`): joining it",
                    p.endpoint.port);

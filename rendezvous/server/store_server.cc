@@ -58,6 +58,12 @@ StatusOr<asio::ip::address> ResolveBindAddress(asio::io_context& io, const std::
   return results.begin()->endpoint().address();
 }
 
+// "store: cannot listen on 127.0.0.1:29500: the address is in use ...": ListenError's code.
+Status StoreListenError(const std::string& where, const boost::system::error_code& ec) {
+  const Status s = ListenError(where, ec.value());
+  return Status(s.code(), "store: " + s.message());
+}
+
 class AsioStoreServer final : public StoreServer {
  public:
   AsioStoreServer(asio::io_context& io, const StoreServerOptions& options)
@@ -78,10 +84,10 @@ class AsioStoreServer final : public StoreServer {
       acceptor_.set_option(asio::ip::v6_only(false), ec);  // "::" serves IPv4 too
     }
     acceptor_.bind(ep, ec);
-    if (ec) return InvalidArgument("store: cannot bind " + where + ": " + ec.message());
+    if (ec) return StoreListenError(where, ec);
     const int backlog = options_.backlog > 0 ? options_.backlog : SystemBacklog();
     acceptor_.listen(backlog, ec);
-    if (ec) return InvalidArgument("store: cannot listen on " + where + ": " + ec.message());
+    if (ec) return StoreListenError(where, ec);
     acceptor_.non_blocking(true, ec);
     ::fcntl(acceptor_.native_handle(), F_SETFD, FD_CLOEXEC);
     port_ = acceptor_.local_endpoint().port();

@@ -17,6 +17,7 @@
 
 #include "base/endpoint.h"
 #include "base/log_sampling.h"
+#include "base/socket.h"
 #include "base/write_queue.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "rendezvous/server/store_server.h"
@@ -289,6 +290,9 @@ class GrpcRendezvousService final : public RendezvousService {
     eo.durable = o.durable;
     core_->engine = std::make_unique<Engine>(std::move(hooks), eo);
 
+    // gRPC says only "failed" when it cannot listen: find out why first (in use, not an
+    // address of this host, no permission), as the store server says it.
+    CRUN_RETURN_IF_ERROR(CheckCanListen(o.host, o.port));
     grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder builder;
     const std::string address = FormatEndpoint(o.host, o.port);

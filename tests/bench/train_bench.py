@@ -18,7 +18,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from bench_support import write_section  # noqa: E402
+from bench_support import measured_at, write_section  # noqa: E402
 
 
 CRASHES = []  # runs that failed and were repeated, reported under the table
@@ -51,6 +51,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "..", "..", "docs", "benchmarks.md"))
     a = ap.parse_args()
+    stamp = measured_at()  # before the run: the tree may change while it runs
     anchors = a.torch_python or ["/usr/bin/python3"]
     data = os.path.join(tempfile.mkdtemp(prefix="crun-train-bench-data-"), "cifar")
     # Writes the synthetic files once; both sides then read the same ones.
@@ -91,7 +92,7 @@ def main():
         "launched by crun on this machine (2 cores) and reading the same files; PyTorch runs "
         "tests/bench/ddp_cifar.py (the same model, batch, augmentation, SGD and loss under "
         "DistributedDataParallel over gloo). Images per second per worker inside the training "
-        f"loop; the median over {a.rounds} rounds that alternate the sides.",
+        f"loop; the median over {a.rounds} rounds that alternate the sides. " + stamp,
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

@@ -29,6 +29,17 @@ class FakeStore final : public crun::rdzv::RoundStore {
   int* open_;
 };
 
+// A join's settings; the defaults are the common two-node job.
+struct JoinSpec {
+  int min = 2;
+  int max = 2;
+  int nproc = 2;
+  int max_restarts = 1;
+  std::string run = "job7";
+  std::string node_id = "";  // empty: the host
+  std::uint32_t version = 1;
+};
+
 struct Harness {
   std::map<SessionId, std::vector<v1::ServiceMessage>> inbox;
   int stores_open = 0;
@@ -53,36 +64,32 @@ struct Harness {
                    nullptr},
                std::move(options)) {}
 
-  void Join(SessionId s, const std::string& host, TimePoint t, int min = 2, int max = 2,
-            int nproc = 2, int max_restarts = 1, std::string run = "job7", std::string node_id = "",
-            std::uint32_t version = 1) {
-    engine.OnMessage(s, JoinMessage(host, min, max, nproc, max_restarts, run, node_id, version), t);
+  void Join(SessionId s, const std::string& host, TimePoint t, const JoinSpec& spec = {}) {
+    engine.OnMessage(s, JoinMessage(host, spec), t);
   }
   // A join arriving from `peer_ip`, declaring `declared` addresses (two-node job).
   void JoinFrom(SessionId s, const std::string& host, const std::string& peer_ip,
                 std::vector<std::string> declared, TimePoint t) {
-    auto m = JoinMessage(host, 2, 2, 2, 1, "job7", "", 1);
+    auto m = JoinMessage(host, {});
     for (const auto& a : declared) m.mutable_join()->mutable_node()->add_addresses(a);
     engine.OnMessage(s, m, t, peer_ip);
   }
-  static v1::AgentMessage JoinMessage(const std::string& host, int min, int max, int nproc,
-                                      int max_restarts, const std::string& run,
-                                      const std::string& node_id, std::uint32_t version) {
+  static v1::AgentMessage JoinMessage(const std::string& host, const JoinSpec& spec) {
     v1::AgentMessage m;
     auto* j = m.mutable_join();
-    j->set_protocol_version(version);
-    j->set_run_id(run);
+    j->set_protocol_version(spec.version);
+    j->set_run_id(spec.run);
     j->set_service_host("10.0.0.1");
-    j->mutable_node()->set_node_id(node_id.empty() ? host : node_id);
+    j->mutable_node()->set_node_id(spec.node_id.empty() ? host : spec.node_id);
     j->mutable_node()->set_host(host);
-    j->mutable_node()->set_nproc(nproc);
+    j->mutable_node()->set_nproc(spec.nproc);
     auto* st = j->mutable_settings();
-    st->set_min_nodes(min);
-    st->set_max_nodes(max);
+    st->set_min_nodes(spec.min);
+    st->set_max_nodes(spec.max);
     st->set_join_timeout_ms(60'000);
     st->set_last_call_timeout_ms(1'000);
     st->set_heartbeat_timeout_ms(3'000);
-    st->set_max_restarts(max_restarts);
+    st->set_max_restarts(spec.max_restarts);
     return m;
   }
   void Heartbeat(SessionId s, TimePoint t) {
@@ -122,9 +129,9 @@ struct Harness {
 
 TEST_CASE("engine: two nodes form a round with contiguous ranks and one store", "[engine]") {
   Harness h;
-  h.Join(1, "node-b", T0, 2, 2, 3);
+  h.Join(1, "node-b", T0, {.nproc = 3});
   CHECK(h.inbox[1].empty());
-  h.Join(2, "node-a", T0 + 5ms, 2, 2, 2);
+  h.Join(2, "node-a", T0 + 5ms, {});
   const auto& b = h.Last(1).assignment();
   const auto& a = h.Last(2).assignment();
   CHECK(a.group_rank() == 0);  // host order: node-a first
@@ -143,29 +150,29 @@ TEST_CASE("engine: MASTER_ADDR is the advertised address when one is set", "[eng
   crun::rdzv::EngineOptions o;
   o.advertise_addr = "192.168.7.7";
   Harness h(o);
-  h.Join(1, "a", T0, 1, 1);
+  h.Join(1, "a", T0, {.min = 1, .max = 1});
   CHECK(h.Last(1).assignment().master_addr() == "192.168.7.7");
 }
 
 TEST_CASE("engine: the last call forms a round at MIN; a late node scales up", "[engine]") {
   Harness h;
-  h.Join(1, "a", T0, 2, 3);
-  h.Join(2, "b", T0 + 10ms, 2, 3);
+  h.Join(1, "a", T0, {.max = 3});
+  h.Join(2, "b", T0 + 10ms, {.max = 3});
   CHECK(h.inbox[1].empty());
   CHECK(*h.engine.NextWake() == T0 + 10ms + 1s);  // the last call
   h.Tick(T0 + 10ms + 1s);
   CHECK(h.Last(1).assignment().group_world_size() == 2);
   const int first_round = h.Last(1).assignment().round();
-  h.Join(3, "c", T0 + 2s, 2, 3);
+  h.Join(3, "c", T0 + 2s, {.max = 3});
   // Scale-up: everyone is told to stop and re-join; the budget is not spent.
   CHECK(h.Last(1).has_stop_and_rejoin());
   CHECK_FALSE(h.Last(1).stop_and_rejoin().spends_restart());
   CHECK(h.Last(2).has_stop_and_rejoin());
-  CHECK(h.inbox[3].empty());            // the newcomer has joined the new gathering already
-  h.Join(3, "c", T0 + 2s + 1ms, 2, 3);  // a repeated join changes nothing
+  CHECK(h.inbox[3].empty());                  // the newcomer has joined the new gathering already
+  h.Join(3, "c", T0 + 2s + 1ms, {.max = 3});  // a repeated join changes nothing
   CHECK(h.inbox[3].empty());
-  h.Join(1, "a", T0 + 2s + 5ms, 2, 3);
-  h.Join(2, "b", T0 + 2s + 6ms, 2, 3);  // the third: MAX, so the round forms at once
+  h.Join(1, "a", T0 + 2s + 5ms, {.max = 3});
+  h.Join(2, "b", T0 + 2s + 6ms, {.max = 3});  // the third: MAX, so the round forms at once
   for (SessionId s : {1, 2, 3}) {
     const auto& r = h.Last(s).assignment();
     CHECK(r.group_world_size() == 3);
@@ -179,14 +186,18 @@ TEST_CASE("engine: the last call forms a round at MIN; a late node scales up", "
 TEST_CASE("engine: a worker failure restarts every node with one job-wide count", "[engine]") {
   Harness h;
   h.Join(1, "a", T0);
+  ;
   h.Join(2, "b", T0);
+  ;
   h.Fail(2, "b", 3, 7, T0 + 1s);
   CHECK(h.Last(1).stop_and_rejoin().spends_restart());
   CHECK(h.Last(1).stop_and_rejoin().reason() ==
         "rank 3 (local rank 0) on b failed with exit code 7: ValueError: boom");
   CHECK(h.Last(2).has_stop_and_rejoin());
   h.Join(2, "b", T0 + 1100ms);
+  ;
   h.Join(1, "a", T0 + 1200ms);
+  ;
   CHECK(h.Last(1).assignment().restart_count() == 1);
   CHECK(h.Last(2).assignment().restart_count() == 1);
 
@@ -206,7 +217,7 @@ TEST_CASE("engine: a worker failure restarts every node with one job-wide count"
 
 TEST_CASE("engine: a signal's exit code is 128 + signal", "[engine]") {
   Harness h;
-  h.Join(1, "a", T0, 1, 1, 1, 0);
+  h.Join(1, "a", T0, {.min = 1, .max = 1, .nproc = 1, .max_restarts = 0});
   v1::AgentMessage m;
   auto* f = m.mutable_workers_failed()->add_failures();
   f->set_signal(9);
@@ -216,14 +227,14 @@ TEST_CASE("engine: a signal's exit code is 128 + signal", "[engine]") {
 
 TEST_CASE("engine: a dropped session re-forms the survivors without spending", "[engine]") {
   Harness h;
-  h.Join(1, "a", T0, 1, 3);
-  h.Join(2, "b", T0, 1, 3);
-  h.Join(3, "c", T0, 1, 3);
+  h.Join(1, "a", T0, {.min = 1, .max = 3});
+  h.Join(2, "b", T0, {.min = 1, .max = 3});
+  h.Join(3, "c", T0, {.min = 1, .max = 3});
   h.engine.OnSessionClosed(2, T0 + 1s);
   CHECK(h.Last(1).stop_and_rejoin().reason() == "node b (b) was lost: its session ended");
   CHECK_FALSE(h.Last(1).stop_and_rejoin().spends_restart());
-  h.Join(1, "a", T0 + 1s, 1, 3);
-  h.Join(3, "c", T0 + 1s, 1, 3);
+  h.Join(1, "a", T0 + 1s, {.min = 1, .max = 3});
+  h.Join(3, "c", T0 + 1s, {.min = 1, .max = 3});
   h.Tick(T0 + 2s);  // last call
   CHECK(h.Last(1).assignment().group_world_size() == 2);
   CHECK(h.Last(1).assignment().restart_count() == 0);
@@ -232,8 +243,8 @@ TEST_CASE("engine: a dropped session re-forms the survivors without spending", "
 
 TEST_CASE("engine: a silent node is lost when its heartbeat is overdue", "[engine]") {
   Harness h;
-  h.Join(1, "a", T0, 1, 2);
-  h.Join(2, "b", T0, 1, 2);
+  h.Join(1, "a", T0, {.min = 1});
+  h.Join(2, "b", T0, {.min = 1});
   REQUIRE(h.Last(1).has_assignment());
   for (auto t = 1s; t <= 5s; t += 1s) {
     h.Heartbeat(1, T0 + t);  // b stays silent
@@ -250,9 +261,12 @@ TEST_CASE("engine: a silent node is lost when its heartbeat is overdue", "[engin
 TEST_CASE("engine: below MIN after a loss, the job fails at the join deadline", "[engine]") {
   Harness h;
   h.Join(1, "a", T0);
+  ;
   h.Join(2, "b", T0);
+  ;
   h.engine.OnSessionClosed(2, T0 + 1s);
   h.Join(1, "a", T0 + 1s);
+  ;
   h.Tick(T0 + 61s);
   const auto& f = h.Last(1).finished();
   CHECK_FALSE(f.success());
@@ -262,14 +276,14 @@ TEST_CASE("engine: below MIN after a loss, the job fails at the join deadline", 
 
 TEST_CASE("engine: joins are refused with the reason", "[engine]") {
   Harness h;
-  h.Join(1, "a", T0, 2, 4);
-  h.Join(2, "b", T0, 2, 3);
+  h.Join(1, "a", T0, {.max = 4});
+  h.Join(2, "b", T0, {.max = 3});
   CHECK(h.Last(2).refused().reason() ==
         "--nnodes differs: this job uses 2:4, the joining agent 2:3");
-  h.Join(4, "c", T0, 2, 4, 2, 1, "job7", "", 2);
+  h.Join(4, "c", T0, {.max = 4, .version = 2});
   CHECK(h.Last(4).refused().reason() ==
         "protocol version 2 is not supported: this service speaks version 1");
-  h.Join(5, "d", T0, 3, 1);
+  h.Join(5, "d", T0, {.min = 3, .max = 1});
   CHECK(h.Last(5).refused().reason() == "max nodes (1) must be >= min nodes (3)");
   // The refused sessions are not bound: their leaving changes nothing.
   h.engine.OnSessionClosed(2, T0 + 1s);
@@ -281,8 +295,8 @@ TEST_CASE("engine: joins are refused with the reason", "[engine]") {
 TEST_CASE("engine: a duplicate node id while gathering fails the job for those waiting",
           "[engine]") {
   Harness h;
-  h.Join(1, "a", T0, 2, 4);
-  h.Join(2, "a", T0 + 1s, 2, 4);  // node id "a" is taken by session 1
+  h.Join(1, "a", T0, {.max = 4});
+  h.Join(2, "a", T0 + 1s, {.max = 4});  // node id "a" is taken by session 1
   CHECK(h.Last(2).refused().reason() ==
         "another agent already joined run 'job7' as node 'a' (give each agent its own node id)");
   // Session 1 would otherwise wait out its join timeout for a node that never comes.
@@ -299,7 +313,7 @@ namespace {
 
 void JoinAs(Harness& h, SessionId s, const std::string& node, std::uint64_t incarnation,
             TimePoint t, int min = 2, int max = 2) {
-  auto m = Harness::JoinMessage(node, min, max, 2, 1, "job7", "", 1);
+  auto m = Harness::JoinMessage(node, {.min = min, .max = max});
   m.mutable_join()->mutable_node()->set_incarnation(incarnation);
   h.engine.OnMessage(s, m, t);
 }
@@ -352,22 +366,23 @@ TEST_CASE("engine: another agent with a taken node id is still refused", "[engin
 
 TEST_CASE("engine: a duplicate node id of a running job is only refused", "[engine]") {
   Harness h;
-  h.Join(1, "a", T0, 1, 2);
-  h.Join(2, "b", T0, 1, 2);
+  h.Join(1, "a", T0, {.min = 1});
+  h.Join(2, "b", T0, {.min = 1});
   REQUIRE(h.Last(1).has_assignment());
   const auto before = h.inbox[1].size();
-  h.Join(3, "a", T0 + 1s, 1, 2);
+  h.Join(3, "a", T0 + 1s, {.min = 1});
   CHECK(h.Last(3).refused().reason().find("another agent already joined") == 0);
   CHECK(h.inbox[1].size() == before);  // the running job is not disturbed
 }
 
 TEST_CASE("engine: two run ids are independent jobs", "[engine]") {
   Harness h;
-  h.Join(1, "a", T0, 1, 1, 1, 0, "job1");
-  h.Join(2, "a", T0, 2, 2, 4, 0, "job2");  // same node id, other job: fine
+  h.Join(1, "a", T0, {.min = 1, .max = 1, .nproc = 1, .max_restarts = 0, .run = "job1"});
+  h.Join(2, "a", T0,
+         {.nproc = 4, .max_restarts = 0, .run = "job2"});  // same node id, other job: fine
   CHECK(h.Last(1).assignment().world_size() == 1);
   CHECK(h.inbox[2].empty());
-  h.Join(3, "b", T0, 2, 2, 4, 0, "job2");
+  h.Join(3, "b", T0, {.nproc = 4, .max_restarts = 0, .run = "job2"});
   CHECK(h.Last(2).assignment().world_size() == 8);
   CHECK(h.stores_open == 2);
   h.Succeed(1, T0 + 1s);
@@ -383,35 +398,39 @@ TEST_CASE("engine: two run ids are independent jobs", "[engine]") {
 
 TEST_CASE("engine: a finished run id starts afresh once its agents are gone", "[engine]") {
   Harness h;
-  h.Join(1, "a", T0, 1, 1, 1, 0);
+  h.Join(1, "a", T0, {.min = 1, .max = 1, .nproc = 1, .max_restarts = 0});
   h.Fail(1, "a", 0, 3, T0 + 1s);
   CHECK(h.Last(1).finished().exit_code() == 3);
-  h.Join(2, "a", T0 + 2s, 1, 1, 1, 0);  // session 1 still open: the job has ended
+  h.Join(2, "a", T0 + 2s,
+         {.min = 1,
+          .max = 1,
+          .nproc = 1,
+          .max_restarts = 0});  // session 1 still open: the job has ended
   CHECK(h.Last(2).refused().reason() ==
         "another agent already joined run 'job7' as node 'a' (give each agent its own node id)");
   h.engine.OnSessionClosed(1, T0 + 3s);
-  h.Join(2, "a", T0 + 4s, 1, 1, 1, 0);
+  h.Join(2, "a", T0 + 4s, {.min = 1, .max = 1, .nproc = 1, .max_restarts = 0});
   CHECK(h.Last(2).assignment().round() == 0);
 }
 
 TEST_CASE("engine: a store that cannot start fails the job with the reason", "[engine]") {
   Harness h;
   h.store_fails = true;
-  h.Join(1, "a", T0, 1, 1);
+  h.Join(1, "a", T0, {.min = 1, .max = 1});
   CHECK(h.Last(1).finished().reason() ==
         "cannot start the worker store of round 0: port exhausted");
 }
 
 TEST_CASE("engine: spares get told they wait, and replace a lost node", "[engine]") {
   Harness h;
-  h.Join(1, "a", T0, 1, 2);
-  h.Join(2, "b", T0, 1, 2);
-  h.Join(3, "c", T0 + 1s, 1, 2);
+  h.Join(1, "a", T0, {.min = 1});
+  h.Join(2, "b", T0, {.min = 1});
+  h.Join(3, "c", T0 + 1s, {.min = 1});
   CHECK(h.inbox[3].empty());  // held quietly until a round needs it
   h.engine.OnSessionClosed(1, T0 + 2s);
   CHECK(h.Last(3).has_stop_and_rejoin());
-  h.Join(2, "b", T0 + 2s, 1, 2);
-  h.Join(3, "c", T0 + 2s, 1, 2);  // MAX again at once
+  h.Join(2, "b", T0 + 2s, {.min = 1});
+  h.Join(3, "c", T0 + 2s, {.min = 1});  // MAX again at once
   CHECK(h.Last(3).assignment().group_world_size() == 2);
   CHECK(h.Last(3).assignment().group_rank() == 1);
 }

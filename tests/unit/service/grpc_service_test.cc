@@ -260,6 +260,9 @@ TEST_CASE("grpc service: a taken port is an error naming it", "[grpc]") {
   REQUIRE_FALSE(second.ok());
   CHECK_THAT(second.status().message(),
              Catch::Contains("cannot listen on 127.0.0.1:" + std::to_string(first->port())));
+  CHECK_THAT(second.status().message(), Catch::Contains("in use"));
+  // As the store server says it: a caller may join whoever serves the port.
+  CHECK(second.status().code() == crun::StatusCode::kUnavailable);
 }
 
 TEST_CASE("grpc service: stopping the service ends every agent's session", "[grpc]") {
