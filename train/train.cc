@@ -327,10 +327,6 @@ class Training {
                                                          .momentum(o_.momentum)
                                                          .nesterov(o_.momentum > 0)
                                                          .weight_decay(o_.weight_decay));
-    // One worker has nothing to average with.
-    if (job_.group && job_.world > 1) {
-      averager_ = std::make_unique<worker::GradientAverager>(*job_.group, *model_);
-    }
   }
 
   // The newest checkpoint, if any; then rank 0's weights everywhere. Every rank must resume
@@ -354,6 +350,11 @@ class Training {
       }
     }
     Check(job_, worker::BroadcastParameters(*job_.group, *model_), "broadcasting parameters");
+    // Gradients are averaged from the first step on, over the parameters as resumed; one
+    // worker has nothing to average with.
+    if (job_.world > 1) {
+      averager_ = std::make_unique<worker::GradientAverager>(*job_.group, *model_);
+    }
   }
 
   void Announce() {

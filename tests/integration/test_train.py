@@ -15,11 +15,15 @@ CRUN = os.environ["CRUN_BIN"]
 TRAIN = os.environ["TRAIN_BIN"]
 
 
-def worker_pids(rank):
-    """Pids of running train workers whose environment says RANK=rank."""
+def worker_pids(rank, parent):
+    """Pids of running train workers of the crun `parent` whose environment says RANK=rank
+    (another suite may be running train at the same time)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) != parent:
+                    continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if not f.read().split(b"\0")[0].endswith(b"/train"):
                     continue
@@ -51,7 +55,7 @@ class Train(unittest.TestCase):
         for line in p.stdout:
             out.append(line)
             if not killed and kill_when in line:
-                pids = worker_pids(1)
+                pids = worker_pids(1, p.pid)
                 self.assertEqual(len(pids), 1, pids)
                 os.kill(pids[0], signal.SIGKILL)
                 killed = True
