@@ -46,6 +46,11 @@ def main(out):
     }
     with open(os.path.join(out, f"lightning_{os.environ['RANK']}.json"), "w") as f:
         json.dump(report, f)
+    # As PyTorch asks of every program: without it, Gloo's threads may still hold tensors when
+    # the interpreter is torn down, and PyTorch 2.x then aborts at exit ("terminate called
+    # without an active exception", pytorch/pytorch#190489) after the work is done.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
