@@ -1,6 +1,5 @@
 #include "base/security.h"
 
-#include <arpa/inet.h>
 #include <sys/stat.h>
 
 #include <cerrno>

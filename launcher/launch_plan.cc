@@ -373,7 +373,7 @@ MachineFacts MachineFacts::OfThisMachine() {
 }
 
 std::optional<std::string> MachineFacts::Env(const char* name) const {
-  const char* v = getenv ? getenv(name) : std::getenv(name);
+  const char* v = Lookup(getenv, name);
   if (v == nullptr) return std::nullopt;
   return std::string(v);
 }

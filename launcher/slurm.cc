@@ -106,10 +106,6 @@ Status ExpandOne(std::string_view expr, std::string_view list, std::vector<std::
 // The step's run id: the same for every node and task of the step, another for each step.
 std::string RunId(const SlurmStep& step) { return "slurm-" + step.job_id + "." + step.step_id; }
 
-const char* Lookup(const Getenv& getenv, const char* name) {
-  return getenv ? getenv(name) : std::getenv(name);
-}
-
 // The first of `names` that is set, or null; `which` gets its name.
 const char* First(const Getenv& getenv, std::initializer_list<const char*> names,
                   const char** which) {

@@ -9,12 +9,12 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "base/status.h"
+#include "launcher/getenv.h"
 
 namespace crun::launcher {
 
@@ -25,8 +25,6 @@ StatusOr<std::vector<std::string>> ExpandHostlist(std::string_view list);
 
 // Expands SLURM_TASKS_PER_NODE's form: "4(x2),3" -> 4, 4, 3.
 StatusOr<std::vector<int>> ExpandTasksPerNode(std::string_view value);
-
-using Getenv = std::function<const char*(const char*)>;
 
 // The job step this process belongs to, from SLURM_* variables.
 struct SlurmStep {

@@ -9,10 +9,6 @@
 namespace crun::launcher {
 namespace {
 
-const char* Lookup(const Getenv& getenv, const char* name) {
-  return getenv ? getenv(name) : std::getenv(name);
-}
-
 // PYTHON_EXEC when set, else python3.
 std::string Python(const Getenv& getenv) {
   const char* python = Lookup(getenv, "PYTHON_EXEC");

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "launcher/slurm.h"
+#include "launcher/getenv.h"
 
 namespace crun::launcher {
 

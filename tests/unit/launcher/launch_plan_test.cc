@@ -19,10 +19,7 @@ using Vars = std::map<std::string, std::string>;
 
 MachineFacts Facts(Vars vars = {}) {
   MachineFacts f;
-  f.getenv = [vars = std::move(vars)](const char* name) -> const char* {
-    auto it = vars.find(name);
-    return it == vars.end() ? nullptr : it->second.c_str();
-  };
+  f.getenv = FromTable(std::move(vars));
   f.system_root = "/nonexistent-root";  // no /dev/nvidia*: no GPUs
   f.cpus = 8;
   f.allowed_cpus = {0, 1, 2, 3, 4, 5, 6, 7};

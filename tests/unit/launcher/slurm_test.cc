@@ -15,10 +15,7 @@ using crun::launcher::ExpandTasksPerNode;
 using Strings = std::vector<std::string>;
 
 crun::launcher::Getenv From(const std::map<std::string, std::string>& vars) {
-  return [vars](const char* name) -> const char* {
-    auto it = vars.find(name);
-    return it == vars.end() ? nullptr : it->second.c_str();
-  };
+  return crun::launcher::FromTable(vars);
 }
 
 // What srun sets for a task of `srun -N3 --ntasks-per-node=2` on node[07-09], job 4242 step 3.

@@ -20,13 +20,6 @@ namespace {
 using namespace crun::launcher;
 using Strings = std::vector<std::string>;
 
-Getenv Env(std::map<std::string, std::string> vars) {
-  return [vars = std::move(vars)](const char* name) -> const char* {
-    auto it = vars.find(name);
-    return it == vars.end() ? nullptr : it->second.c_str();
-  };
-}
-
 using crun::testing::TempDir;
 
 }  // namespace
@@ -35,8 +28,9 @@ TEST_CASE("worker command: scripts, programs, modules", "[worker_command]") {
   TempDir dir;
   const std::string script = dir.path + "/train.py";
   std::ofstream(script) << "print('hi')\n";
-  const Getenv env = Env({{"PATH", "/usr/bin:/bin"}});
-  const Getenv pinned = Env({{"PATH", "/usr/bin:/bin"}, {"PYTHON_EXEC", "/opt/py/bin/python"}});
+  const Getenv env = FromTable({{"PATH", "/usr/bin:/bin"}});
+  const Getenv pinned =
+      FromTable({{"PATH", "/usr/bin:/bin"}, {"PYTHON_EXEC", "/opt/py/bin/python"}});
 
   WorkerCommandOptions o;
   o.command = {script, "--lr", "0.1"};
@@ -71,7 +65,7 @@ TEST_CASE("worker command: scripts, programs, modules", "[worker_command]") {
 
 TEST_CASE("worker command: refusals name the script", "[worker_command]") {
   TempDir dir;
-  const Getenv env = Env({{"PATH", "/usr/bin:/bin"}});
+  const Getenv env = FromTable({{"PATH", "/usr/bin:/bin"}});
   WorkerCommandOptions o;
   CHECK(WorkerCommand(o, env).status().message() == "no training script given");
   o.command = {dir.path + "/missing.py"};
