@@ -16,7 +16,7 @@ struct Engine::Job {
   std::unordered_map<std::string, int> group_ranks;  // of the last round formed
   int world_size = 0;
   std::unique_ptr<RoundStore> store;
-  std::optional<v1::FailureReport> root_cause;  // the failure that ended the job or its round
+  std::optional<msg::FailureReport> root_cause;  // the failure that ended the job or its round
   std::string last_failure;
   std::uint64_t finished = 0;  // 0 while running; else its order of finishing
 };
@@ -41,34 +41,21 @@ bool Ended(Phase p) { return p == Phase::kFailed || p == Phase::kSucceeded; }
 
 }  // namespace
 
-Settings FromProto(const v1::Settings& s) {
-  Settings out;
-  out.min_nodes = s.min_nodes();
-  out.max_nodes = s.max_nodes();
-  if (s.join_timeout_ms() != 0) out.join_timeout = Millis(s.join_timeout_ms());
-  if (s.last_call_timeout_ms() != 0) out.last_call_timeout = Millis(s.last_call_timeout_ms());
-  if (s.heartbeat_timeout_ms() != 0) out.heartbeat_timeout = Millis(s.heartbeat_timeout_ms());
-  out.max_restarts = s.max_restarts();
-  return out;
+int ExitCodeOf(const msg::FailureReport& report) {
+  if (report.failures.empty()) return 1;
+  const auto& f = report.failures.front();
+  if (f.signal) return 128 + *f.signal;
+  return f.exit_code.value_or(0) != 0 ? *f.exit_code : 1;
 }
 
-int ExitCodeOf(const v1::FailureReport& report) {
-  if (report.failures_size() == 0) return 1;
-  const auto& f = report.failures(0);
-  if (f.exit_case() == v1::WorkerFailure::kSignal) return 128 + f.signal();
-  return f.exit_code() != 0 ? f.exit_code() : 1;
-}
-
-std::string Describe(const v1::FailureReport& report) {
-  if (report.failures_size() == 0) return "a worker on " + report.host() + " failed";
-  const auto& f = report.failures(0);
-  std::string how = f.exit_case() == v1::WorkerFailure::kSignal
-                        ? "signal " + std::to_string(f.signal())
-                        : "exit code " + std::to_string(f.exit_code());
-  std::string out = "rank " + std::to_string(f.rank()) + " (local rank " +
-                    std::to_string(f.local_rank()) + ") on " + report.host() + " failed with " +
-                    how;
-  if (!f.message().empty()) out += ": " + f.message();
+std::string Describe(const msg::FailureReport& report) {
+  if (report.failures.empty()) return "a worker on " + report.host + " failed";
+  const auto& f = report.failures.front();
+  std::string how = f.signal ? "signal " + std::to_string(*f.signal)
+                             : "exit code " + std::to_string(f.exit_code.value_or(0));
+  std::string out = "rank " + std::to_string(f.rank) + " (local rank " +
+                    std::to_string(f.local_rank) + ") on " + report.host + " failed with " + how;
+  if (!f.message.empty()) out += ": " + f.message;
   return out;
 }
 
@@ -77,29 +64,21 @@ Engine::Engine(EngineHooks hooks, EngineOptions options)
 
 Engine::~Engine() = default;
 
-void Engine::OnMessage(SessionId session, const v1::AgentMessage& m, TimePoint now,
+void Engine::OnMessage(SessionId session, const msg::AgentMessage& m, TimePoint now,
                        const std::string& peer_ip) {
-  switch (m.kind_case()) {
-    case v1::AgentMessage::kJoin:
-      return OnJoin(session, m.join(), now, peer_ip);
-    case v1::AgentMessage::kWorkersFailed:
-      return OnWorkersFailed(session, m.workers_failed(), now);
-    case v1::AgentMessage::kLeave:
-      return Unbind(session, now);
-    case v1::AgentMessage::kHeartbeat:
-    case v1::AgentMessage::kWorkersSucceeded: {
-      auto b = bound_.find(session);
-      if (b == bound_.end()) return;
-      auto& job = *jobs_.at(b->second.run_id);
-      const std::string node = b->second.node_id;
-      if (m.kind_case() == v1::AgentMessage::kHeartbeat) {
-        return Apply(job, rdzv::OnHeartbeat(std::move(job.state), node, now));
-      }
-      return Apply(job, OnNodeSucceeded(std::move(job.state), node, now));
-    }
-    case v1::AgentMessage::KIND_NOT_SET:
-      return;
+  if (const auto* join = std::get_if<msg::Join>(&m)) return OnJoin(session, *join, now, peer_ip);
+  if (const auto* report = std::get_if<msg::FailureReport>(&m)) {
+    return OnWorkersFailed(session, *report, now);
   }
+  if (std::holds_alternative<msg::Leave>(m)) return Unbind(session, now);
+  auto b = bound_.find(session);  // a heartbeat, or the node's workers succeeded
+  if (b == bound_.end()) return;
+  auto& job = *jobs_.at(b->second.run_id);
+  const std::string node = b->second.node_id;
+  if (std::holds_alternative<msg::Heartbeat>(m)) {
+    return Apply(job, rdzv::OnHeartbeat(std::move(job.state), node, now));
+  }
+  Apply(job, OnNodeSucceeded(std::move(job.state), node, now));
 }
 
 void Engine::Log(const std::string& line) const {
@@ -108,9 +87,7 @@ void Engine::Log(const std::string& line) const {
 
 void Engine::Refuse(SessionId session, const std::string& reason) {
   Log("refused a join: " + reason);
-  v1::ServiceMessage m;
-  m.mutable_refused()->set_reason(reason);
-  hooks_.send(session, m);
+  hooks_.send(session, msg::Refused{reason});
 }
 
 Engine::Job& Engine::JobFor(const std::string& run_id, const Settings& settings) {
@@ -127,63 +104,62 @@ Engine::Job& Engine::JobFor(const std::string& run_id, const Settings& settings)
   return ref;
 }
 
-void Engine::OnJoin(SessionId session, const v1::Join& join, TimePoint now,
+void Engine::OnJoin(SessionId session, const msg::Join& join, TimePoint now,
                     const std::string& peer_ip) {
-  if (join.protocol_version() != kProtocolVersion) {
-    return Refuse(session, "protocol version " + std::to_string(join.protocol_version()) +
+  if (join.protocol_version != kProtocolVersion) {
+    return Refuse(session, "protocol version " + std::to_string(join.protocol_version) +
                                " is not supported: this service speaks version " +
                                std::to_string(kProtocolVersion));
   }
-  if (join.run_id().empty()) return Refuse(session, "the join names no run id");
-  const auto& node = join.node();
-  if (node.node_id().empty()) return Refuse(session, "the join names no node id");
-  const Settings settings = FromProto(join.settings());
+  if (join.run_id.empty()) return Refuse(session, "the join names no run id");
+  const auto& node = join.node;
+  if (node.node_id.empty()) return Refuse(session, "the join names no node id");
+  const Settings& settings = join.settings;
   if (auto v = settings.Validate(); !v.ok()) return Refuse(session, v.message());
 
   if (auto b = bound_.find(session); b != bound_.end()) {
     // A re-join after "stop and re-join": the same run and node, on the same session.
-    if (b->second.run_id != join.run_id() || b->second.node_id != node.node_id()) {
+    if (b->second.run_id != join.run_id || b->second.node_id != node.node_id) {
       return Refuse(session, "this session already joined run '" + b->second.run_id +
                                  "' as node '" + b->second.node_id + "'");
     }
     auto& bound_job = *jobs_.at(b->second.run_id);
     if (bound_job.state.phase == Phase::kGathering &&
-        bound_job.state.present.count(node.node_id()) != 0) {
+        bound_job.state.present.count(node.node_id) != 0) {
       return;  // joined already: nothing to do
     }
   }
-  Job& job = JobFor(join.run_id(), settings);
-  if (auto owner = job.sessions.find(node.node_id());
-      owner != job.sessions.end() && owner->second != session && node.incarnation() != 0 &&
-      job.incarnations[node.node_id()] == node.incarnation()) {
+  Job& job = JobFor(join.run_id, settings);
+  if (auto owner = job.sessions.find(node.node_id);
+      owner != job.sessions.end() && owner->second != session && node.incarnation != 0 &&
+      job.incarnations[node.node_id] == node.incarnation) {
     // The same agent on a new session: its old one broke (a stopped service, a cut link) and
     // this side has not noticed yet. The old session is let go as the node's loss (a running
     // round re-forms), then the join proceeds as a fresh one.
-    Log(job.run_id + ": node '" + node.node_id() + "' is back on a new session");
+    Log(job.run_id + ": node '" + node.node_id + "' is back on a new session");
     Unbind(owner->second, now, "it came back on a new session");
   }
-  if (auto owner = job.sessions.find(node.node_id());
+  if (auto owner = job.sessions.find(node.node_id);
       owner != job.sessions.end() && owner->second != session) {
-    Refuse(session, "another agent already joined run '" + join.run_id() + "' as node '" +
-                        node.node_id() + "' (give each agent its own node id)");
+    Refuse(session, "another agent already joined run '" + join.run_id + "' as node '" +
+                        node.node_id + "' (give each agent its own node id)");
     if (job.state.phase == Phase::kGathering && job.state.round < 0) {
       // Two agents claim one identity before the job ever ran: a configuration mistake (one
       // node_id given to several agents) that leaves the job a node short. The agents already
       // waiting are told now, not at their join timeout.
       job.state.phase = Phase::kFailed;
       Finish(job, false,
-             "a second agent (on host " + node.host() + ") asked to join as node '" +
-                 node.node_id() +
+             "a second agent (on host " + node.host + ") asked to join as node '" + node.node_id +
                  "', which another agent holds: give each agent "
                  "its own --rdzv-conf node_id, or leave it unset (one per crun)");
     }
     return;
   }
   NodeDescription desc;
-  desc.node_id = node.node_id();
-  desc.host = node.host();
-  desc.nproc = node.nproc();
-  if (node.has_requested_rank()) desc.requested_rank = node.requested_rank();
+  desc.node_id = node.node_id;
+  desc.host = node.host;
+  desc.nproc = node.nproc;
+  desc.requested_rank = node.requested_rank;
   Transition t = rdzv::OnJoin(std::move(job.state), desc, settings, now);
   for (const auto& a : t.actions) {
     if (const auto* r = std::get_if<RefuseJoin>(&a); r != nullptr && r->node_id == desc.node_id) {
@@ -193,16 +169,16 @@ void Engine::OnJoin(SessionId session, const v1::Join& join, TimePoint now,
   }
   bound_[session] = Binding{job.run_id, desc.node_id};
   job.sessions[desc.node_id] = session;
-  job.incarnations[desc.node_id] = node.incarnation();
-  job.dialed[desc.node_id] = join.service_host();
+  job.incarnations[desc.node_id] = node.incarnation;
+  job.dialed[desc.node_id] = join.service_host;
   auto& addresses = job.addresses[desc.node_id];
   addresses.clear();
   if (!peer_ip.empty()) addresses.push_back(peer_ip);
-  for (const auto& a : node.addresses()) addresses.push_back(a);
+  addresses.insert(addresses.end(), node.addresses.begin(), node.addresses.end());
   Apply(job, std::move(t));
 }
 
-void Engine::OnWorkersFailed(SessionId session, const v1::FailureReport& report, TimePoint now) {
+void Engine::OnWorkersFailed(SessionId session, const msg::FailureReport& report, TimePoint now) {
   auto b = bound_.find(session);
   if (b == bound_.end()) return;
   auto& job = *jobs_.at(b->second.run_id);
@@ -210,7 +186,7 @@ void Engine::OnWorkersFailed(SessionId session, const v1::FailureReport& report,
   // Only the first failure of a running round decides; later ones are its consequences.
   if (job.state.phase == Phase::kRunning && job.state.member_index.count(node) != 0) {
     job.root_cause = report;
-    job.root_cause->set_node_id(node);
+    job.root_cause->node_id = node;
     job.last_failure = Describe(report);
   }
   Apply(job, rdzv::OnWorkerFailed(std::move(job.state), node, Describe(report), now));
@@ -249,7 +225,7 @@ std::optional<TimePoint> Engine::NextWake() const {
   return next;
 }
 
-void Engine::SendToJob(const Job& job, const v1::ServiceMessage& m) {
+void Engine::SendToJob(const Job& job, const msg::ServiceMessage& m) {
   for (const auto& [node, session] : job.sessions) hooks_.send(session, m);
 }
 
@@ -257,19 +233,18 @@ void Engine::Finish(Job& job, bool success, const std::string& reason) {
   job.finished = ++finish_sequence_;
   job.wake.reset();
   job.store.reset();
-  v1::ServiceMessage m;
-  auto* f = m.mutable_finished();
-  f->set_success(success);
-  f->set_reason(reason);
+  msg::JobFinished f;
+  f.success = success;
+  f.reason = reason;
   if (!success && job.root_cause) {
-    *f->mutable_root_cause() = *job.root_cause;
-    f->set_exit_code(ExitCodeOf(*job.root_cause));
+    f.root_cause = job.root_cause;
+    f.exit_code = ExitCodeOf(*job.root_cause);
   } else {
-    f->set_exit_code(success ? 0 : 1);
+    f.exit_code = success ? 0 : 1;
   }
   if (!success) job.last_failure = reason;
   Log(job.run_id + ": job " + (success ? "succeeded" : "failed: " + reason));
-  SendToJob(job, m);
+  SendToJob(job, f);
   EvictFinished();
 }
 
@@ -311,35 +286,32 @@ void Engine::Apply(Job& job, Transition t) {
         job.group_ranks[a.node_id] = a.group_rank;
         auto session = job.sessions.find(a.node_id);
         if (session == job.sessions.end()) continue;  // cannot happen: members are bound
-        v1::ServiceMessage m;
-        auto* r = m.mutable_assignment();
-        r->set_round(round->round);
-        r->set_group_rank(a.group_rank);
-        r->set_group_world_size(a.group_world_size);
-        r->set_base_rank(a.base_rank);
-        r->set_world_size(a.world_size);
-        r->set_master_addr(options_.advertise_addr.empty() ? job.dialed[a.node_id]
-                                                           : options_.advertise_addr);
-        r->set_master_port(job.store->port());
-        r->set_restart_count(round->restart_count);
-        r->set_durable_service(options_.durable);
+        msg::Assignment m;
+        m.round = round->round;
+        m.group_rank = a.group_rank;
+        m.group_world_size = a.group_world_size;
+        m.base_rank = a.base_rank;
+        m.world_size = a.world_size;
+        m.master_addr =
+            options_.advertise_addr.empty() ? job.dialed[a.node_id] : options_.advertise_addr;
+        m.master_port = job.store->port();
+        m.restart_count = round->restart_count;
+        m.durable_service = options_.durable;
         hooks_.send(session->second, m);
       }
       for (const auto& spare : round->spares) {
         auto session = job.sessions.find(spare);
         if (session == job.sessions.end()) continue;
-        v1::ServiceMessage m;
-        m.mutable_assignment()->set_round(round->round);
-        m.mutable_assignment()->set_spare(true);
-        m.mutable_assignment()->set_restart_count(round->restart_count);
-        m.mutable_assignment()->set_durable_service(options_.durable);
+        msg::Assignment m;
+        m.round = round->round;
+        m.restart_count = round->restart_count;
+        m.spare = true;
+        m.durable_service = options_.durable;
         hooks_.send(session->second, m);
       }
     } else if (auto* stop = std::get_if<StopAndRejoin>(&action)) {
       Log(job.run_id + ": stop and re-join: " + stop->reason);
-      v1::ServiceMessage m;
-      m.mutable_stop_and_rejoin()->set_reason(stop->reason);
-      m.mutable_stop_and_rejoin()->set_spends_restart(stop->spends_restart);
+      const msg::ServiceMessage m = msg::StopAndRejoin{stop->reason, stop->spends_restart};
       for (const auto& [node, session] : job.sessions) {
         // A node that caused the new gathering by joining it is in it already.
         if (job.state.present.count(node) == 0) hooks_.send(session, m);
@@ -365,37 +337,37 @@ void Engine::EvictFinished() {
   }
 }
 
-v1::StatusResponse Engine::Status(const std::string& run_id, TimePoint now) const {
-  v1::StatusResponse out;
+msg::StatusResponse Engine::Status(const std::string& run_id, TimePoint now) const {
+  msg::StatusResponse out;
   auto age_ms = [&](TimePoint t) { return std::chrono::duration_cast<Millis>(now - t).count(); };
   for (const auto& [id, job] : jobs_) {
     if (!run_id.empty() && id != run_id) continue;
     const State& s = job->state;
-    auto* j = out.add_jobs();
-    j->set_run_id(id);
-    j->set_phase(PhaseName(s.phase));
-    j->set_round(s.round);
-    j->set_restarts_used(s.restarts_used);
-    j->set_max_restarts(s.settings.max_restarts);
-    j->set_min_nodes(s.settings.min_nodes);
-    j->set_max_nodes(s.settings.max_nodes);
-    j->set_world_size(job->world_size);
-    j->set_last_failure(job->last_failure);
-    for (const auto& h : s.lost_hosts) j->add_lost_hosts(h);
-    auto add = [&](const NodeDescription& n, const char* state, int rank) {
-      auto* ns = j->add_nodes();
-      ns->set_node_id(n.node_id);
-      ns->set_host(n.host);
-      ns->set_state(state);
-      ns->set_group_rank(rank);
-      ns->set_nproc(n.nproc);
+    auto& j = out.jobs.emplace_back();
+    j.run_id = id;
+    j.phase = PhaseName(s.phase);
+    j.round = s.round;
+    j.restarts_used = s.restarts_used;
+    j.max_restarts = s.settings.max_restarts;
+    j.min_nodes = s.settings.min_nodes;
+    j.max_nodes = s.settings.max_nodes;
+    j.world_size = job->world_size;
+    j.last_failure = job->last_failure;
+    j.lost_hosts.assign(s.lost_hosts.begin(), s.lost_hosts.end());
+    auto add = [&](const NodeDescription& n, const char* state, int rank) -> msg::NodeStatus& {
+      auto& ns = j.nodes.emplace_back();
+      ns.node_id = n.node_id;
+      ns.host = n.host;
+      ns.state = state;
+      ns.group_rank = rank;
+      ns.nproc = n.nproc;
       return ns;
     };
     for (const auto& m : s.members) {
       auto rank = job->group_ranks.find(m.node.node_id);
-      auto* ns = add(m.node, m.succeeded ? "succeeded" : "member",
-                     rank == job->group_ranks.end() ? -1 : rank->second);
-      ns->set_last_heartbeat_ms_ago(age_ms(m.last_heartbeat));
+      add(m.node, m.succeeded ? "succeeded" : "member",
+          rank == job->group_ranks.end() ? -1 : rank->second)
+          .last_heartbeat_ms_ago = age_ms(m.last_heartbeat);
     }
     for (const auto& n : s.spares) add(n, "spare", -1);
     for (const auto& n : s.joined) add(n, "joined", -1);

@@ -2,6 +2,7 @@
 // their actions into messages for the agents' sessions. Single-threaded and clock-free: every
 // event comes with the time it happened, and NextWake() says when OnTick is due, so tests
 // drive it with invented times and the gRPC service (grpc_service.h) with the steady clock.
+// It speaks plain C++ messages (messages.h); the gRPC adapter converts them to and from the wire.
 //
 // * Sessions are numbered by the caller; a session binds to one (run id, node id) when its
 //   join is accepted. A second live session claiming a bound node id is refused, unless it
@@ -23,8 +24,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "crun/v1/rendezvous.pb.h"
 #include "proto/protocol_version.h"
+#include "rendezvous/service/messages.h"
 #include "rendezvous/service/rules.h"
 
 namespace crun::rdzv {
@@ -40,7 +41,7 @@ class RoundStore {
 
 struct EngineHooks {
   // Queues one message on a session; never blocks. A closed session ignores it.
-  std::function<void(SessionId, const v1::ServiceMessage&)> send;
+  std::function<void(SessionId, const msg::ServiceMessage&)> send;
   // A fresh worker store for (run id, round), open to the listed IP addresses only: those the
   // round's agents connected from and those they declared (empty when none is known).
   std::function<StatusOr<std::unique_ptr<RoundStore>>(const std::string&, int,
@@ -62,7 +63,7 @@ class Engine {
   ~Engine();
 
   // `peer_ip`: the address the session comes from (the gRPC layer knows it; "" if not).
-  void OnMessage(SessionId session, const v1::AgentMessage& message, TimePoint now,
+  void OnMessage(SessionId session, const msg::AgentMessage& message, TimePoint now,
                  const std::string& peer_ip = "");
   // The session's stream ended (agent gone, or it left).
   void OnSessionClosed(SessionId session, TimePoint now);
@@ -70,7 +71,7 @@ class Engine {
   // When OnTick is due next, if ever.
   std::optional<TimePoint> NextWake() const;
 
-  v1::StatusResponse Status(const std::string& run_id, TimePoint now) const;
+  msg::StatusResponse Status(const std::string& run_id, TimePoint now) const;
   std::size_t live_sessions() const { return bound_.size(); }
 
  private:
@@ -80,11 +81,11 @@ class Engine {
     std::string node_id;
   };
 
-  void OnJoin(SessionId session, const v1::Join& join, TimePoint now, const std::string& peer_ip);
-  void OnWorkersFailed(SessionId session, const v1::FailureReport& report, TimePoint now);
+  void OnJoin(SessionId session, const msg::Join& join, TimePoint now, const std::string& peer_ip);
+  void OnWorkersFailed(SessionId session, const msg::FailureReport& report, TimePoint now);
   void Apply(Job& job, Transition t);
   void Finish(Job& job, bool success, const std::string& reason);
-  void SendToJob(const Job& job, const v1::ServiceMessage& m);
+  void SendToJob(const Job& job, const msg::ServiceMessage& m);
   void Refuse(SessionId session, const std::string& reason);
   void Log(const std::string& line) const;
   void Unbind(SessionId session, TimePoint now, const std::string& cause = "its session ended");
@@ -98,12 +99,9 @@ class Engine {
   std::uint64_t finish_sequence_ = 0;
 };
 
-// Settings from their wire form (0 for a time: the default).
-Settings FromProto(const v1::Settings& s);
-
 // "rank 3 (local rank 1) on node-b failed with exit code 2: ValueError: ..."
-std::string Describe(const v1::FailureReport& report);
+std::string Describe(const msg::FailureReport& report);
 // The shell code of the report's first failure (exit code, or 128 + signal); 1 if none.
-int ExitCodeOf(const v1::FailureReport& report);
+int ExitCodeOf(const msg::FailureReport& report);
 
 }  // namespace crun::rdzv

@@ -22,6 +22,7 @@
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "rendezvous/server/store_server.h"
 #include "rendezvous/service/engine.h"
+#include "rendezvous/service/proto_messages.h"
 
 namespace crun::rdzv {
 namespace {
@@ -56,14 +57,17 @@ class StoreHandle final : public RoundStore {
 struct Core {
   explicit Core(ServiceOptions o) : options(std::move(o)), timer(io) {}
 
-  void SendTo(SessionId id, const v1::ServiceMessage& m);
+  void SendTo(SessionId id, const msg::ServiceMessage& m);
   // Messages from the gRPC threads queue in the inbox; the engine's thread is woken only when
   // it was empty, and then takes everything that arrived meanwhile in one turn (under load, one
   // wake-up serves many agents). Each message keeps the time it arrived.
   // A stream's end goes the same way, so it is never handled before its last message.
-  void Received(SessionId id, v1::AgentMessage m, const std::string& peer_ip) {
+  // Converted here, on the gRPC thread; a message of no kind the service knows is dropped.
+  void Received(SessionId id, const v1::AgentMessage& m, const std::string& peer_ip) {
+    auto message = FromProto(m);
+    if (!message) return;
     std::string peer = m.has_join() ? peer_ip : std::string();
-    Queue({id, std::move(m), Clock::now(), false, std::move(peer)});
+    Queue({id, std::move(*message), Clock::now(), false, std::move(peer)});
   }
   void Closed(SessionId id) { Queue({id, {}, Clock::now(), true, {}}); }
   // OK when the call carries the job token (or none is needed); else the refusal, logged.
@@ -94,7 +98,7 @@ struct Core {
   std::atomic<SessionId> next_session{1};
   struct Arrival {
     SessionId session;
-    v1::AgentMessage message;
+    msg::AgentMessage message;
     Clock::time_point at;
     bool closed;
     std::string peer_ip;  // joins only
@@ -180,7 +184,7 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
       if (writes_.Close()) FinishOnce();
       return;
     }
-    core_->Received(id_, std::move(in_), peer_ip_);
+    core_->Received(id_, in_, peer_ip_);
     in_.Clear();
     StartRead(&in_);
   }
@@ -227,9 +231,10 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
   std::atomic<bool> closed_reported_{false};
 };
 
-void Core::SendTo(SessionId id, const v1::ServiceMessage& m) {
+void Core::SendTo(SessionId id, const msg::ServiceMessage& m) {
+  const v1::ServiceMessage wire = ToProto(m);
   std::lock_guard lock(mu);
-  if (auto it = streams.find(id); it != streams.end()) it->second->Send(m);
+  if (auto it = streams.find(id); it != streams.end()) it->second->Send(wire);
 }
 
 class ServiceImpl final : public v1::Rendezvous::CallbackService {
@@ -251,7 +256,8 @@ class ServiceImpl final : public v1::Rendezvous::CallbackService {
       return reactor;
     }
     asio::post(core_->io, [this, reactor, request, response] {
-      if (core_->engine) *response = core_->engine->Status(request->run_id(), Clock::now());
+      if (core_->engine)
+        *response = ToProto(core_->engine->Status(request->run_id(), Clock::now()));
       reactor->Finish(grpc::Status::OK);
     });
     return reactor;
@@ -271,7 +277,7 @@ class GrpcRendezvousService final : public RendezvousService {
     const auto& o = core_->options;
     EngineHooks hooks;
     Core* core = core_.get();
-    hooks.send = [core](SessionId id, const v1::ServiceMessage& m) { core->SendTo(id, m); };
+    hooks.send = [core](SessionId id, const msg::ServiceMessage& m) { core->SendTo(id, m); };
     hooks.start_store =
         [core](const std::string&, int,
                const std::vector<std::string>& allowed) -> StatusOr<std::unique_ptr<RoundStore>> {
@@ -349,7 +355,7 @@ class GrpcRendezvousService final : public RendezvousService {
       s.refused_calls = core_->refused_calls.load(std::memory_order_relaxed);
       if (core_->engine) {
         s.sessions = core_->engine->live_sessions();
-        s.jobs = static_cast<std::uint64_t>(core_->engine->Status("", Clock::now()).jobs_size());
+        s.jobs = core_->engine->Status("", Clock::now()).jobs.size();
       }
       p.set_value(s);
     });

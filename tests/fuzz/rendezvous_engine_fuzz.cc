@@ -1,13 +1,15 @@
 // libFuzzer target: the rendezvous service's message handlers (rendezvous/service/engine.h),
-// which take every crun.v1 AgentMessage a gRPC session delivers, fed hostile messages.
+// which take every crun.v1 AgentMessage a gRPC session delivers, fed hostile messages through
+// the gRPC adapter's conversions (rendezvous/service/proto_messages.h), both ways.
 //
 // The input is a script of events for up to eight sessions: a message (built field by field
 // from the input, so always valid protobuf, with hostile content: negative or huge node
 // counts, nproc, ranks and timeouts, empty or enormous ids, thousands of failures; or, now
 // and then, raw input bytes parsed as an AgentMessage), a session closing, or time passing
 // (OnTick at the engine's own NextWake or at an arbitrary later time). After every event:
-// nothing crashed, leaked or hit undefined behaviour; every assignment sent names a rank
-// range inside its world; at the end Status() answers with a message that serializes.
+// nothing crashed, leaked or hit undefined behaviour; every message sent reaches the wire and
+// parses back (an agent's gRPC would drop one that does not); every assignment sent names a
+// rank range inside its world; at the end Status() answers with a message that serializes.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstdint>
@@ -19,12 +21,14 @@
 #include <google/protobuf/stubs/logging.h>
 
 #include "rendezvous/service/engine.h"
+#include "rendezvous/service/proto_messages.h"
 
 namespace {
 
 using crun::rdzv::Engine;
 using crun::rdzv::TimePoint;
 namespace v1 = crun::v1;
+namespace msg = crun::rdzv::msg;
 
 class NullStore final : public crun::rdzv::RoundStore {
  public:
@@ -36,7 +40,12 @@ class NullStore final : public crun::rdzv::RoundStore {
   std::abort();
 }
 
-void CheckSent(const v1::ServiceMessage& m) {
+void CheckSent(const msg::ServiceMessage& sent) {
+  std::string wire;
+  v1::ServiceMessage m;
+  if (!crun::rdzv::ToProto(sent).SerializeToString(&wire) || !m.ParseFromString(wire)) {
+    Broken("a message sent does not survive the wire");
+  }
   if (!m.has_assignment()) return;
   const auto& a = m.assignment();
   if (a.spare()) return;
@@ -147,7 +156,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   FuzzedDataProvider in(data, size);
   int sends = 0;
   crun::rdzv::EngineHooks hooks;
-  hooks.send = [&sends](crun::rdzv::SessionId, const v1::ServiceMessage& m) {
+  hooks.send = [&sends](crun::rdzv::SessionId, const msg::ServiceMessage& m) {
     ++sends;
     CheckSent(m);
   };
@@ -182,14 +191,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         std::string wire;
         v1::AgentMessage m;
         if (!Message(in).SerializeToString(&wire) || !m.ParseFromString(wire)) break;
-        engine.OnMessage(session, m, now,
-                         in.ConsumeBool() ? "10.0.0." + std::to_string(session) : "");
+        auto message = crun::rdzv::FromProto(m);  // nullopt: the adapter drops it
+        const std::string peer = in.ConsumeBool() ? "10.0.0." + std::to_string(session) : "";
+        if (message) engine.OnMessage(session, *message, now, peer);
         break;
       }
     }
   }
   // What `crun status` would show: every job, serializable.
-  const auto status = engine.Status("", now);
+  const auto status = crun::rdzv::ToProto(engine.Status("", now));
   std::string wire;
   if (!status.SerializeToString(&wire)) Broken("Status does not serialize");
   (void)sends;

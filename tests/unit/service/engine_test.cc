@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <variant>
 #include <vector>
 
 #include "rendezvous/service/engine.h"
@@ -14,7 +15,7 @@ using namespace std::chrono_literals;
 using crun::rdzv::Engine;
 using crun::rdzv::SessionId;
 using crun::rdzv::TimePoint;
-namespace v1 = crun::v1;
+namespace msg = crun::rdzv::msg;
 
 const TimePoint T0{};
 
@@ -41,7 +42,7 @@ struct JoinSpec {
 };
 
 struct Harness {
-  std::map<SessionId, std::vector<v1::ServiceMessage>> inbox;
+  std::map<SessionId, std::vector<msg::ServiceMessage>> inbox;
   int stores_open = 0;
   int stores_started = 0;
   std::vector<std::vector<std::string>> store_allowed;  // per store started
@@ -50,7 +51,7 @@ struct Harness {
 
   explicit Harness(crun::rdzv::EngineOptions options = {})
       : engine(crun::rdzv::EngineHooks{
-                   [this](SessionId s, const v1::ServiceMessage& m) { inbox[s].push_back(m); },
+                   [this](SessionId s, const msg::ServiceMessage& m) { inbox[s].push_back(m); },
                    [this](const std::string&, int, const std::vector<std::string>& allowed)
                        -> crun::StatusOr<std::unique_ptr<crun::rdzv::RoundStore>> {
                      if (store_fails) return crun::Unavailable("port exhausted");
@@ -71,52 +72,56 @@ struct Harness {
   void JoinFrom(SessionId s, const std::string& host, const std::string& peer_ip,
                 std::vector<std::string> declared, TimePoint t) {
     auto m = JoinMessage(host, {});
-    for (const auto& a : declared) m.mutable_join()->mutable_node()->add_addresses(a);
+    m.node.addresses = std::move(declared);
     engine.OnMessage(s, m, t, peer_ip);
   }
-  static v1::AgentMessage JoinMessage(const std::string& host, const JoinSpec& spec) {
-    v1::AgentMessage m;
-    auto* j = m.mutable_join();
-    j->set_protocol_version(spec.version);
-    j->set_run_id(spec.run);
-    j->set_service_host("10.0.0.1");
-    j->mutable_node()->set_node_id(spec.node_id.empty() ? host : spec.node_id);
-    j->mutable_node()->set_host(host);
-    j->mutable_node()->set_nproc(spec.nproc);
-    auto* st = j->mutable_settings();
-    st->set_min_nodes(spec.min);
-    st->set_max_nodes(spec.max);
-    st->set_join_timeout_ms(60'000);
-    st->set_last_call_timeout_ms(1'000);
-    st->set_heartbeat_timeout_ms(3'000);
-    st->set_max_restarts(spec.max_restarts);
-    return m;
+  static msg::Join JoinMessage(const std::string& host, const JoinSpec& spec) {
+    msg::Join j;
+    j.protocol_version = spec.version;
+    j.run_id = spec.run;
+    j.service_host = "10.0.0.1";
+    j.node.node_id = spec.node_id.empty() ? host : spec.node_id;
+    j.node.host = host;
+    j.node.nproc = spec.nproc;
+    j.settings.min_nodes = spec.min;
+    j.settings.max_nodes = spec.max;
+    j.settings.join_timeout = 60'000ms;
+    j.settings.last_call_timeout = 1'000ms;
+    j.settings.heartbeat_timeout = 3'000ms;
+    j.settings.max_restarts = spec.max_restarts;
+    return j;
   }
-  void Heartbeat(SessionId s, TimePoint t) {
-    v1::AgentMessage m;
-    m.mutable_heartbeat()->set_sequence(1);
-    engine.OnMessage(s, m, t);
-  }
+  void Heartbeat(SessionId s, TimePoint t) { engine.OnMessage(s, msg::Heartbeat{1}, t); }
   void Fail(SessionId s, const std::string& host, int rank, int code, TimePoint t) {
-    v1::AgentMessage m;
-    auto* r = m.mutable_workers_failed();
-    r->set_host(host);
-    auto* f = r->add_failures();
-    f->set_rank(rank);
-    f->set_exit_code(code);
-    f->set_message("ValueError: boom");
-    engine.OnMessage(s, m, t);
+    msg::FailureReport r;
+    r.host = host;
+    auto& f = r.failures.emplace_back();
+    f.rank = rank;
+    f.exit_code = code;
+    f.message = "ValueError: boom";
+    engine.OnMessage(s, r, t);
   }
-  void Succeed(SessionId s, TimePoint t) {
-    v1::AgentMessage m;
-    m.mutable_workers_succeeded();
-    engine.OnMessage(s, m, t);
-  }
+  void Succeed(SessionId s, TimePoint t) { engine.OnMessage(s, msg::WorkersSucceeded{}, t); }
   // The last message session `s` got; fails the test if none.
-  const v1::ServiceMessage& Last(SessionId s) {
+  const msg::ServiceMessage& Last(SessionId s) {
     REQUIRE_FALSE(inbox[s].empty());
     return inbox[s].back();
   }
+  // Whether the last message session `s` got is a T.
+  template <class T>
+  bool LastIs(SessionId s) {
+    return std::holds_alternative<T>(Last(s));
+  }
+  // The last message session `s` got, which must be a T.
+  template <class T>
+  const T& LastAs(SessionId s) {
+    REQUIRE(LastIs<T>(s));
+    return std::get<T>(Last(s));
+  }
+  const msg::Assignment& Assignment(SessionId s) { return LastAs<msg::Assignment>(s); }
+  const msg::StopAndRejoin& Stop(SessionId s) { return LastAs<msg::StopAndRejoin>(s); }
+  const msg::JobFinished& Finished(SessionId s) { return LastAs<msg::JobFinished>(s); }
+  const msg::Refused& Refused(SessionId s) { return LastAs<msg::Refused>(s); }
   void Tick(TimePoint t) {
     auto wake = engine.NextWake();
     REQUIRE(wake.has_value());
@@ -132,18 +137,18 @@ TEST_CASE("engine: two nodes form a round with contiguous ranks and one store", 
   h.Join(1, "node-b", T0, {.nproc = 3});
   CHECK(h.inbox[1].empty());
   h.Join(2, "node-a", T0 + 5ms, {});
-  const auto& b = h.Last(1).assignment();
-  const auto& a = h.Last(2).assignment();
-  CHECK(a.group_rank() == 0);  // host order: node-a first
-  CHECK(a.base_rank() == 0);
-  CHECK(b.group_rank() == 1);
-  CHECK(b.base_rank() == 2);
-  CHECK(a.world_size() == 5);
-  CHECK(b.world_size() == 5);
-  CHECK(a.master_addr() == "10.0.0.1");  // the host the agents dialed
-  CHECK(a.master_port() == b.master_port());
+  const auto& b = h.Assignment(1);
+  const auto& a = h.Assignment(2);
+  CHECK(a.group_rank == 0);  // host order: node-a first
+  CHECK(a.base_rank == 0);
+  CHECK(b.group_rank == 1);
+  CHECK(b.base_rank == 2);
+  CHECK(a.world_size == 5);
+  CHECK(b.world_size == 5);
+  CHECK(a.master_addr == "10.0.0.1");  // the host the agents dialed
+  CHECK(a.master_port == b.master_port);
   CHECK(h.stores_open == 1);
-  CHECK(a.restart_count() == 0);
+  CHECK(a.restart_count == 0);
 }
 
 TEST_CASE("engine: MASTER_ADDR is the advertised address when one is set", "[engine]") {
@@ -151,7 +156,7 @@ TEST_CASE("engine: MASTER_ADDR is the advertised address when one is set", "[eng
   o.advertise_addr = "192.168.7.7";
   Harness h(o);
   h.Join(1, "a", T0, {.min = 1, .max = 1});
-  CHECK(h.Last(1).assignment().master_addr() == "192.168.7.7");
+  CHECK(h.Assignment(1).master_addr == "192.168.7.7");
 }
 
 TEST_CASE("engine: the last call forms a round at MIN; a late node scales up", "[engine]") {
@@ -161,23 +166,23 @@ TEST_CASE("engine: the last call forms a round at MIN; a late node scales up", "
   CHECK(h.inbox[1].empty());
   CHECK(*h.engine.NextWake() == T0 + 10ms + 1s);  // the last call
   h.Tick(T0 + 10ms + 1s);
-  CHECK(h.Last(1).assignment().group_world_size() == 2);
-  const int first_round = h.Last(1).assignment().round();
+  CHECK(h.Assignment(1).group_world_size == 2);
+  const int first_round = h.Assignment(1).round;
   h.Join(3, "c", T0 + 2s, {.max = 3});
   // Scale-up: everyone is told to stop and re-join; the budget is not spent.
-  CHECK(h.Last(1).has_stop_and_rejoin());
-  CHECK_FALSE(h.Last(1).stop_and_rejoin().spends_restart());
-  CHECK(h.Last(2).has_stop_and_rejoin());
+  CHECK(h.LastIs<msg::StopAndRejoin>(1));
+  CHECK_FALSE(h.Stop(1).spends_restart);
+  CHECK(h.LastIs<msg::StopAndRejoin>(2));
   CHECK(h.inbox[3].empty());                  // the newcomer has joined the new gathering already
   h.Join(3, "c", T0 + 2s + 1ms, {.max = 3});  // a repeated join changes nothing
   CHECK(h.inbox[3].empty());
   h.Join(1, "a", T0 + 2s + 5ms, {.max = 3});
   h.Join(2, "b", T0 + 2s + 6ms, {.max = 3});  // the third: MAX, so the round forms at once
   for (SessionId s : {1, 2, 3}) {
-    const auto& r = h.Last(s).assignment();
-    CHECK(r.group_world_size() == 3);
-    CHECK(r.round() == first_round + 1);
-    CHECK(r.restart_count() == 0);
+    const auto& r = h.Assignment(s);
+    CHECK(r.group_world_size == 3);
+    CHECK(r.round == first_round + 1);
+    CHECK(r.restart_count == 0);
   }
   CHECK(h.stores_started == 2);
   CHECK(h.stores_open == 1);  // the first round's store is closed
@@ -190,26 +195,26 @@ TEST_CASE("engine: a worker failure restarts every node with one job-wide count"
   h.Join(2, "b", T0);
   ;
   h.Fail(2, "b", 3, 7, T0 + 1s);
-  CHECK(h.Last(1).stop_and_rejoin().spends_restart());
-  CHECK(h.Last(1).stop_and_rejoin().reason() ==
-        "rank 3 (local rank 0) on b failed with exit code 7: ValueError: boom");
-  CHECK(h.Last(2).has_stop_and_rejoin());
+  CHECK(h.Stop(1).spends_restart);
+  CHECK(h.Stop(1).reason == "rank 3 (local rank 0) on b failed with exit code 7: ValueError: boom");
+  CHECK(h.LastIs<msg::StopAndRejoin>(2));
   h.Join(2, "b", T0 + 1100ms);
   ;
   h.Join(1, "a", T0 + 1200ms);
   ;
-  CHECK(h.Last(1).assignment().restart_count() == 1);
-  CHECK(h.Last(2).assignment().restart_count() == 1);
+  CHECK(h.Assignment(1).restart_count == 1);
+  CHECK(h.Assignment(2).restart_count == 1);
 
   // The budget (1) is spent: the next failure ends the job on every node, same report.
   h.Fail(1, "a", 0, 5, T0 + 2s);
   for (SessionId s : {1, 2}) {
-    const auto& f = h.Last(s).finished();
-    CHECK_FALSE(f.success());
-    CHECK(f.exit_code() == 5);
-    CHECK(f.root_cause().host() == "a");
-    CHECK(f.root_cause().node_id() == "a");
-    CHECK(f.root_cause().failures(0).rank() == 0);
+    const auto& f = h.Finished(s);
+    CHECK_FALSE(f.success);
+    CHECK(f.exit_code == 5);
+    REQUIRE(f.root_cause.has_value());
+    CHECK(f.root_cause->host == "a");
+    CHECK(f.root_cause->node_id == "a");
+    CHECK(f.root_cause->failures.at(0).rank == 0);
   }
   CHECK(h.stores_open == 0);
   CHECK_FALSE(h.engine.NextWake().has_value());
@@ -218,11 +223,10 @@ TEST_CASE("engine: a worker failure restarts every node with one job-wide count"
 TEST_CASE("engine: a signal's exit code is 128 + signal", "[engine]") {
   Harness h;
   h.Join(1, "a", T0, {.min = 1, .max = 1, .nproc = 1, .max_restarts = 0});
-  v1::AgentMessage m;
-  auto* f = m.mutable_workers_failed()->add_failures();
-  f->set_signal(9);
-  h.engine.OnMessage(1, m, T0 + 1s);
-  CHECK(h.Last(1).finished().exit_code() == 137);
+  msg::FailureReport r;
+  r.failures.emplace_back().signal = 9;
+  h.engine.OnMessage(1, r, T0 + 1s);
+  CHECK(h.Finished(1).exit_code == 137);
 }
 
 TEST_CASE("engine: a dropped session re-forms the survivors without spending", "[engine]") {
@@ -231,31 +235,30 @@ TEST_CASE("engine: a dropped session re-forms the survivors without spending", "
   h.Join(2, "b", T0, {.min = 1, .max = 3});
   h.Join(3, "c", T0, {.min = 1, .max = 3});
   h.engine.OnSessionClosed(2, T0 + 1s);
-  CHECK(h.Last(1).stop_and_rejoin().reason() == "node b (b) was lost: its session ended");
-  CHECK_FALSE(h.Last(1).stop_and_rejoin().spends_restart());
+  CHECK(h.Stop(1).reason == "node b (b) was lost: its session ended");
+  CHECK_FALSE(h.Stop(1).spends_restart);
   h.Join(1, "a", T0 + 1s, {.min = 1, .max = 3});
   h.Join(3, "c", T0 + 1s, {.min = 1, .max = 3});
   h.Tick(T0 + 2s);  // last call
-  CHECK(h.Last(1).assignment().group_world_size() == 2);
-  CHECK(h.Last(1).assignment().restart_count() == 0);
-  CHECK(h.Last(3).assignment().group_rank() == 1);
+  CHECK(h.Assignment(1).group_world_size == 2);
+  CHECK(h.Assignment(1).restart_count == 0);
+  CHECK(h.Assignment(3).group_rank == 1);
 }
 
 TEST_CASE("engine: a silent node is lost when its heartbeat is overdue", "[engine]") {
   Harness h;
   h.Join(1, "a", T0, {.min = 1});
   h.Join(2, "b", T0, {.min = 1});
-  REQUIRE(h.Last(1).has_assignment());
+  REQUIRE(h.LastIs<msg::Assignment>(1));
   for (auto t = 1s; t <= 5s; t += 1s) {
     h.Heartbeat(1, T0 + t);  // b stays silent
     if (auto w = h.engine.NextWake(); w && *w <= T0 + t) h.engine.OnTick(T0 + t);
   }
-  CHECK_THAT(h.Last(1).stop_and_rejoin().reason(),
-             Catch::StartsWith("node b (b) was lost: no heartbeat for "));
-  CHECK(h.Last(2).has_stop_and_rejoin());  // told too, in case it comes back
+  CHECK_THAT(h.Stop(1).reason, Catch::StartsWith("node b (b) was lost: no heartbeat for "));
+  CHECK(h.LastIs<msg::StopAndRejoin>(2));  // told too, in case it comes back
   auto status = h.engine.Status("job7", T0 + 5s);
-  REQUIRE(status.jobs_size() == 1);
-  CHECK(status.jobs(0).lost_hosts(0) == "b");
+  REQUIRE(status.jobs.size() == 1);
+  CHECK(status.jobs.at(0).lost_hosts.at(0) == "b");
 }
 
 TEST_CASE("engine: below MIN after a loss, the job fails at the join deadline", "[engine]") {
@@ -268,23 +271,22 @@ TEST_CASE("engine: below MIN after a loss, the job fails at the join deadline", 
   h.Join(1, "a", T0 + 1s);
   ;
   h.Tick(T0 + 61s);
-  const auto& f = h.Last(1).finished();
-  CHECK_FALSE(f.success());
-  CHECK(f.exit_code() == 1);
-  CHECK(f.reason() == "only 1 of at least 2 nodes joined within 60000 ms (joined: a); lost: b");
+  const auto& f = h.Finished(1);
+  CHECK_FALSE(f.success);
+  CHECK(f.exit_code == 1);
+  CHECK(f.reason == "only 1 of at least 2 nodes joined within 60000 ms (joined: a); lost: b");
 }
 
 TEST_CASE("engine: joins are refused with the reason", "[engine]") {
   Harness h;
   h.Join(1, "a", T0, {.max = 4});
   h.Join(2, "b", T0, {.max = 3});
-  CHECK(h.Last(2).refused().reason() ==
-        "--nnodes differs: this job uses 2:4, the joining agent 2:3");
+  CHECK(h.Refused(2).reason == "--nnodes differs: this job uses 2:4, the joining agent 2:3");
   h.Join(4, "c", T0, {.max = 4, .version = 2});
-  CHECK(h.Last(4).refused().reason() ==
+  CHECK(h.Refused(4).reason ==
         "protocol version 2 is not supported: this service speaks version 1");
   h.Join(5, "d", T0, {.min = 3, .max = 1});
-  CHECK(h.Last(5).refused().reason() == "max nodes (1) must be >= min nodes (3)");
+  CHECK(h.Refused(5).reason == "max nodes (1) must be >= min nodes (3)");
   // The refused sessions are not bound: their leaving changes nothing.
   h.engine.OnSessionClosed(2, T0 + 1s);
   h.engine.OnSessionClosed(4, T0 + 1s);
@@ -297,16 +299,15 @@ TEST_CASE("engine: a duplicate node id while gathering fails the job for those w
   Harness h;
   h.Join(1, "a", T0, {.max = 4});
   h.Join(2, "a", T0 + 1s, {.max = 4});  // node id "a" is taken by session 1
-  CHECK(h.Last(2).refused().reason() ==
+  CHECK(h.Refused(2).reason ==
         "another agent already joined run 'job7' as node 'a' (give each agent its own node id)");
   // Session 1 would otherwise wait out its join timeout for a node that never comes.
   REQUIRE(h.inbox[1].size() == 1);
-  const auto& f = h.Last(1).finished();
-  CHECK_FALSE(f.success());
-  CHECK(f.exit_code() == 1);
-  CHECK(f.reason().find("asked to join as node 'a', which another agent holds") !=
-        std::string::npos);
-  CHECK(h.engine.Status("job7", T0 + 1s).jobs(0).phase() == "failed");
+  const auto& f = h.Finished(1);
+  CHECK_FALSE(f.success);
+  CHECK(f.exit_code == 1);
+  CHECK(f.reason.find("asked to join as node 'a', which another agent holds") != std::string::npos);
+  CHECK(h.engine.Status("job7", T0 + 1s).jobs.at(0).phase == "failed");
 }
 
 namespace {
@@ -314,7 +315,7 @@ namespace {
 void JoinAs(Harness& h, SessionId s, const std::string& node, std::uint64_t incarnation,
             TimePoint t, int min = 2, int max = 2) {
   auto m = Harness::JoinMessage(node, {.min = min, .max = max});
-  m.mutable_join()->mutable_node()->set_incarnation(incarnation);
+  m.node.incarnation = incarnation;
   h.engine.OnMessage(s, m, t);
 }
 
@@ -330,48 +331,47 @@ TEST_CASE("engine: the same agent back on a new session takes its node over whil
   CHECK(h.inbox[2].empty());  // not refused
   CHECK(h.inbox[1].empty());  // and the job was not failed
   JoinAs(h, 3, "b", 0xB1, T0 + 2s);
-  REQUIRE(h.Last(2).has_assignment());
-  REQUIRE(h.Last(3).has_assignment());
+  REQUIRE(h.LastIs<msg::Assignment>(2));
+  REQUIRE(h.LastIs<msg::Assignment>(3));
   CHECK(h.inbox[1].empty());  // the old session hears nothing more
   CHECK(h.engine.live_sessions() == 2);
   h.engine.OnSessionClosed(1, T0 + 3s);  // its end, seen late, changes nothing
-  CHECK(h.engine.Status("job7", T0 + 3s).jobs(0).phase() == "running");
+  CHECK(h.engine.Status("job7", T0 + 3s).jobs.at(0).phase == "running");
 }
 
 TEST_CASE("engine: the same agent back during a round re-forms it", "[engine]") {
   Harness h;
   JoinAs(h, 1, "a", 0xA1, T0);
   JoinAs(h, 2, "b", 0xB1, T0);
-  REQUIRE(h.Last(1).has_assignment());
+  REQUIRE(h.LastIs<msg::Assignment>(1));
   JoinAs(h, 3, "a", 0xA1, T0 + 1s);
-  CHECK(h.Last(2).stop_and_rejoin().reason() ==
-        "node a (a) was lost: it came back on a new session");
-  CHECK_FALSE(h.Last(2).stop_and_rejoin().spends_restart());
+  CHECK(h.Stop(2).reason == "node a (a) was lost: it came back on a new session");
+  CHECK_FALSE(h.Stop(2).spends_restart);
   JoinAs(h, 2, "b", 0xB1, T0 + 2s);  // b re-joins on its session, as agents do
-  REQUIRE(h.Last(3).has_assignment());
-  CHECK(h.Last(3).assignment().round() == 1);
-  CHECK(h.Last(3).assignment().restart_count() == 0);
+  REQUIRE(h.LastIs<msg::Assignment>(3));
+  CHECK(h.Assignment(3).round == 1);
+  CHECK(h.Assignment(3).restart_count == 0);
 }
 
 TEST_CASE("engine: another agent with a taken node id is still refused", "[engine]") {
   Harness h;
   JoinAs(h, 1, "a", 0xA1, T0);
   JoinAs(h, 2, "a", 0xA2, T0 + 1s);
-  CHECK(h.Last(2).refused().reason().find("another agent already joined") == 0);
+  CHECK(h.Refused(2).reason.find("another agent already joined") == 0);
   Harness unknown;  // incarnation 0 (an older agent): never taken for the same agent
   JoinAs(unknown, 1, "c", 0, T0);
   JoinAs(unknown, 2, "c", 0, T0 + 1s);
-  CHECK(unknown.Last(2).refused().reason().find("another agent already joined") == 0);
+  CHECK(unknown.Refused(2).reason.find("another agent already joined") == 0);
 }
 
 TEST_CASE("engine: a duplicate node id of a running job is only refused", "[engine]") {
   Harness h;
   h.Join(1, "a", T0, {.min = 1});
   h.Join(2, "b", T0, {.min = 1});
-  REQUIRE(h.Last(1).has_assignment());
+  REQUIRE(h.LastIs<msg::Assignment>(1));
   const auto before = h.inbox[1].size();
   h.Join(3, "a", T0 + 1s, {.min = 1});
-  CHECK(h.Last(3).refused().reason().find("another agent already joined") == 0);
+  CHECK(h.Refused(3).reason.find("another agent already joined") == 0);
   CHECK(h.inbox[1].size() == before);  // the running job is not disturbed
 }
 
@@ -380,45 +380,44 @@ TEST_CASE("engine: two run ids are independent jobs", "[engine]") {
   h.Join(1, "a", T0, {.min = 1, .max = 1, .nproc = 1, .max_restarts = 0, .run = "job1"});
   h.Join(2, "a", T0,
          {.nproc = 4, .max_restarts = 0, .run = "job2"});  // same node id, other job: fine
-  CHECK(h.Last(1).assignment().world_size() == 1);
+  CHECK(h.Assignment(1).world_size == 1);
   CHECK(h.inbox[2].empty());
   h.Join(3, "b", T0, {.nproc = 4, .max_restarts = 0, .run = "job2"});
-  CHECK(h.Last(2).assignment().world_size() == 8);
+  CHECK(h.Assignment(2).world_size == 8);
   CHECK(h.stores_open == 2);
   h.Succeed(1, T0 + 1s);
-  CHECK(h.Last(1).finished().success());
-  CHECK(h.Last(1).finished().exit_code() == 0);
+  CHECK(h.Finished(1).success);
+  CHECK(h.Finished(1).exit_code == 0);
   CHECK(h.inbox[2].size() == 1);  // job2 untouched
   auto all = h.engine.Status("", T0 + 1s);
-  REQUIRE(all.jobs_size() == 2);
-  CHECK(all.jobs(0).phase() == "succeeded");
-  CHECK(all.jobs(1).phase() == "running");
-  CHECK(all.jobs(1).nodes_size() == 2);
+  REQUIRE(all.jobs.size() == 2);
+  CHECK(all.jobs.at(0).phase == "succeeded");
+  CHECK(all.jobs.at(1).phase == "running");
+  CHECK(all.jobs.at(1).nodes.size() == 2);
 }
 
 TEST_CASE("engine: a finished run id starts afresh once its agents are gone", "[engine]") {
   Harness h;
   h.Join(1, "a", T0, {.min = 1, .max = 1, .nproc = 1, .max_restarts = 0});
   h.Fail(1, "a", 0, 3, T0 + 1s);
-  CHECK(h.Last(1).finished().exit_code() == 3);
+  CHECK(h.Finished(1).exit_code == 3);
   h.Join(2, "a", T0 + 2s,
          {.min = 1,
           .max = 1,
           .nproc = 1,
           .max_restarts = 0});  // session 1 still open: the job has ended
-  CHECK(h.Last(2).refused().reason() ==
+  CHECK(h.Refused(2).reason ==
         "another agent already joined run 'job7' as node 'a' (give each agent its own node id)");
   h.engine.OnSessionClosed(1, T0 + 3s);
   h.Join(2, "a", T0 + 4s, {.min = 1, .max = 1, .nproc = 1, .max_restarts = 0});
-  CHECK(h.Last(2).assignment().round() == 0);
+  CHECK(h.Assignment(2).round == 0);
 }
 
 TEST_CASE("engine: a store that cannot start fails the job with the reason", "[engine]") {
   Harness h;
   h.store_fails = true;
   h.Join(1, "a", T0, {.min = 1, .max = 1});
-  CHECK(h.Last(1).finished().reason() ==
-        "cannot start the worker store of round 0: port exhausted");
+  CHECK(h.Finished(1).reason == "cannot start the worker store of round 0: port exhausted");
 }
 
 TEST_CASE("engine: spares get told they wait, and replace a lost node", "[engine]") {
@@ -428,11 +427,11 @@ TEST_CASE("engine: spares get told they wait, and replace a lost node", "[engine
   h.Join(3, "c", T0 + 1s, {.min = 1});
   CHECK(h.inbox[3].empty());  // held quietly until a round needs it
   h.engine.OnSessionClosed(1, T0 + 2s);
-  CHECK(h.Last(3).has_stop_and_rejoin());
+  CHECK(h.LastIs<msg::StopAndRejoin>(3));
   h.Join(2, "b", T0 + 2s, {.min = 1});
   h.Join(3, "c", T0 + 2s, {.min = 1});  // MAX again at once
-  CHECK(h.Last(3).assignment().group_world_size() == 2);
-  CHECK(h.Last(3).assignment().group_rank() == 1);
+  CHECK(h.Assignment(3).group_world_size == 2);
+  CHECK(h.Assignment(3).group_rank == 1);
 }
 
 TEST_CASE("a round's store admits the addresses its members joined from and declared", "[engine]") {

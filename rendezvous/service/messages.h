@@ -1,0 +1,131 @@
+// What agents and the rendezvous engine say to each other, as plain C++ values: the engine
+// (engine.h) reads and writes these and knows nothing of protobuf or gRPC. The wire form is
+// proto/crun/v1/rendezvous.proto; proto_messages.h converts between the two, in the gRPC
+// adapter only. Field meanings are the .proto's; only what the engine or its callers use is here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "rendezvous/service/rules.h"
+
+namespace crun::rdzv::msg {
+
+// ---- agent -> service ------------------------------------------------------------------------
+
+struct Node {
+  std::string node_id;
+  std::string host;
+  std::vector<std::string> addresses;  // declared by the agent
+  int nproc = 0;
+  std::optional<int> requested_rank;
+  std::uint64_t incarnation = 0;  // 0: unknown
+};
+
+struct Join {
+  std::uint32_t protocol_version = 0;
+  std::string run_id;
+  Node node;
+  Settings settings;  // wire defaults applied (a time of 0 on the wire: the default)
+  std::string service_host;
+};
+
+struct Heartbeat {
+  std::uint64_t sequence = 0;
+};
+
+// One worker's end. At most one of exit_code and signal is set (neither: unknown).
+struct WorkerFailure {
+  std::string time;  // ISO 8601, UTC
+  int rank = 0;
+  int local_rank = 0;
+  int pid = 0;
+  std::optional<int> exit_code;
+  std::optional<int> signal;
+  std::string message;
+  std::string traceback;
+  std::vector<std::string> stderr_tail;
+  std::string error_file;
+  std::int64_t time_unix_ms = 0;
+};
+
+struct FailureReport {
+  std::string host;
+  std::vector<WorkerFailure> failures;  // first in time first
+  std::string node_id;
+};
+
+struct WorkersSucceeded {};
+
+struct Leave {
+  std::string reason;
+};
+
+using AgentMessage = std::variant<Join, Heartbeat, FailureReport, WorkersSucceeded, Leave>;
+
+// ---- service -> agent ------------------------------------------------------------------------
+
+struct Assignment {
+  int round = 0;
+  int group_rank = 0;
+  int group_world_size = 0;
+  int base_rank = 0;
+  int world_size = 0;
+  std::string master_addr;
+  int master_port = 0;
+  int restart_count = 0;
+  bool spare = false;
+  bool durable_service = false;
+};
+
+struct StopAndRejoin {
+  std::string reason;
+  bool spends_restart = false;
+};
+
+struct JobFinished {
+  bool success = false;
+  std::string reason;
+  std::optional<FailureReport> root_cause;
+  int exit_code = 0;
+};
+
+struct Refused {
+  std::string reason;
+};
+
+using ServiceMessage = std::variant<Assignment, StopAndRejoin, JobFinished, Refused>;
+
+// ---- status ----------------------------------------------------------------------------------
+
+struct NodeStatus {
+  std::string node_id;
+  std::string host;
+  std::string state;  // joined, member, spare, succeeded
+  int group_rank = -1;
+  int nproc = 0;
+  std::int64_t last_heartbeat_ms_ago = 0;
+};
+
+struct JobStatus {
+  std::string run_id;
+  std::string phase;  // gathering, running, succeeded, failed
+  int round = 0;
+  int restarts_used = 0;
+  int max_restarts = 0;
+  std::vector<NodeStatus> nodes;
+  std::string last_failure;
+  std::vector<std::string> lost_hosts;  // node ids
+  int min_nodes = 0;
+  int max_nodes = 0;
+  int world_size = 0;
+};
+
+struct StatusResponse {
+  std::vector<JobStatus> jobs;
+};
+
+}  // namespace crun::rdzv::msg

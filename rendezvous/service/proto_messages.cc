@@ -1,0 +1,158 @@
+#include "rendezvous/service/proto_messages.h"
+
+namespace crun::rdzv {
+namespace {
+
+msg::Join JoinFromProto(const v1::Join& j) {
+  msg::Join out;
+  out.protocol_version = j.protocol_version();
+  out.run_id = j.run_id();
+  const auto& n = j.node();
+  out.node.node_id = n.node_id();
+  out.node.host = n.host();
+  out.node.addresses.assign(n.addresses().begin(), n.addresses().end());
+  out.node.nproc = n.nproc();
+  if (n.has_requested_rank()) out.node.requested_rank = n.requested_rank();
+  out.node.incarnation = n.incarnation();
+  out.settings = FromProto(j.settings());
+  out.service_host = j.service_host();
+  return out;
+}
+
+msg::FailureReport ReportFromProto(const v1::FailureReport& r) {
+  msg::FailureReport out;
+  out.host = r.host();
+  out.node_id = r.node_id();
+  out.failures.reserve(static_cast<std::size_t>(r.failures_size()));
+  for (const auto& w : r.failures()) {
+    msg::WorkerFailure f;
+    f.time = w.time();
+    f.rank = w.rank();
+    f.local_rank = w.local_rank();
+    f.pid = w.pid();
+    if (w.exit_case() == v1::WorkerFailure::kExitCode) f.exit_code = w.exit_code();
+    if (w.exit_case() == v1::WorkerFailure::kSignal) f.signal = w.signal();
+    f.message = w.message();
+    f.traceback = w.traceback();
+    f.stderr_tail.assign(w.stderr_tail().begin(), w.stderr_tail().end());
+    f.error_file = w.error_file();
+    f.time_unix_ms = w.time_unix_ms();
+    out.failures.push_back(std::move(f));
+  }
+  return out;
+}
+
+void ReportToProto(const msg::FailureReport& r, v1::FailureReport* out) {
+  out->set_host(r.host);
+  out->set_node_id(r.node_id);
+  for (const auto& f : r.failures) {
+    auto* w = out->add_failures();
+    w->set_time(f.time);
+    w->set_rank(f.rank);
+    w->set_local_rank(f.local_rank);
+    w->set_pid(f.pid);
+    if (f.exit_code) w->set_exit_code(*f.exit_code);
+    if (f.signal) w->set_signal(*f.signal);
+    w->set_message(f.message);
+    w->set_traceback(f.traceback);
+    for (const auto& line : f.stderr_tail) w->add_stderr_tail(line);
+    w->set_error_file(f.error_file);
+    w->set_time_unix_ms(f.time_unix_ms);
+  }
+}
+
+struct ServiceToProto {
+  v1::ServiceMessage& out;
+
+  void operator()(const msg::Assignment& a) const {
+    auto* r = out.mutable_assignment();
+    r->set_round(a.round);
+    r->set_group_rank(a.group_rank);
+    r->set_group_world_size(a.group_world_size);
+    r->set_base_rank(a.base_rank);
+    r->set_world_size(a.world_size);
+    r->set_master_addr(a.master_addr);
+    r->set_master_port(a.master_port);
+    r->set_restart_count(a.restart_count);
+    r->set_spare(a.spare);
+    r->set_durable_service(a.durable_service);
+  }
+  void operator()(const msg::StopAndRejoin& s) const {
+    out.mutable_stop_and_rejoin()->set_reason(s.reason);
+    out.mutable_stop_and_rejoin()->set_spends_restart(s.spends_restart);
+  }
+  void operator()(const msg::JobFinished& f) const {
+    auto* r = out.mutable_finished();
+    r->set_success(f.success);
+    r->set_reason(f.reason);
+    if (f.root_cause) ReportToProto(*f.root_cause, r->mutable_root_cause());
+    r->set_exit_code(f.exit_code);
+  }
+  void operator()(const msg::Refused& r) const { out.mutable_refused()->set_reason(r.reason); }
+};
+
+}  // namespace
+
+Settings FromProto(const v1::Settings& s) {
+  Settings out;
+  out.min_nodes = s.min_nodes();
+  out.max_nodes = s.max_nodes();
+  if (s.join_timeout_ms() != 0) out.join_timeout = Millis(s.join_timeout_ms());
+  if (s.last_call_timeout_ms() != 0) out.last_call_timeout = Millis(s.last_call_timeout_ms());
+  if (s.heartbeat_timeout_ms() != 0) out.heartbeat_timeout = Millis(s.heartbeat_timeout_ms());
+  out.max_restarts = s.max_restarts();
+  return out;
+}
+
+std::optional<msg::AgentMessage> FromProto(const v1::AgentMessage& m) {
+  switch (m.kind_case()) {
+    case v1::AgentMessage::kJoin:
+      return JoinFromProto(m.join());
+    case v1::AgentMessage::kHeartbeat:
+      return msg::Heartbeat{m.heartbeat().sequence()};
+    case v1::AgentMessage::kWorkersFailed:
+      return ReportFromProto(m.workers_failed());
+    case v1::AgentMessage::kWorkersSucceeded:
+      return msg::WorkersSucceeded{};
+    case v1::AgentMessage::kLeave:
+      return msg::Leave{m.leave().reason()};
+    case v1::AgentMessage::KIND_NOT_SET:
+      break;
+  }
+  return std::nullopt;
+}
+
+v1::ServiceMessage ToProto(const msg::ServiceMessage& m) {
+  v1::ServiceMessage out;
+  std::visit(ServiceToProto{out}, m);
+  return out;
+}
+
+v1::StatusResponse ToProto(const msg::StatusResponse& s) {
+  v1::StatusResponse out;
+  for (const auto& job : s.jobs) {
+    auto* j = out.add_jobs();
+    j->set_run_id(job.run_id);
+    j->set_phase(job.phase);
+    j->set_round(job.round);
+    j->set_restarts_used(job.restarts_used);
+    j->set_max_restarts(job.max_restarts);
+    j->set_min_nodes(job.min_nodes);
+    j->set_max_nodes(job.max_nodes);
+    j->set_world_size(job.world_size);
+    j->set_last_failure(job.last_failure);
+    for (const auto& h : job.lost_hosts) j->add_lost_hosts(h);
+    for (const auto& n : job.nodes) {
+      auto* ns = j->add_nodes();
+      ns->set_node_id(n.node_id);
+      ns->set_host(n.host);
+      ns->set_state(n.state);
+      ns->set_group_rank(n.group_rank);
+      ns->set_nproc(n.nproc);
+      ns->set_last_heartbeat_ms_ago(n.last_heartbeat_ms_ago);
+    }
+  }
+  return out;
+}
+
+}  // namespace crun::rdzv

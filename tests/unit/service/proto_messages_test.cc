@@ -1,0 +1,232 @@
+// The gRPC adapter's conversions (rendezvous/service/proto_messages.h): what an agent sends
+// reaches the engine whole, and what the engine says reaches the wire whole, including the
+// distinctions the wire makes (a oneof's unset case, an unset optional, wire defaults).
+#include <catch2/catch.hpp>
+
+#include <variant>
+
+#include "rendezvous/service/proto_messages.h"
+
+namespace {
+
+namespace msg = crun::rdzv::msg;
+namespace v1 = crun::v1;
+using crun::rdzv::FromProto;
+using crun::rdzv::ToProto;
+
+// Through bytes, as gRPC carries it.
+template <class M>
+M OverTheWire(const M& m) {
+  std::string bytes;
+  REQUIRE(m.SerializeToString(&bytes));
+  M out;
+  REQUIRE(out.ParseFromString(bytes));
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a join reaches the engine with every field", "[proto]") {
+  v1::AgentMessage m;
+  auto* j = m.mutable_join();
+  j->set_protocol_version(1);
+  j->set_run_id("job7");
+  j->set_service_host("10.0.0.1");
+  auto* n = j->mutable_node();
+  n->set_node_id("node-a#1");
+  n->set_host("node-a");
+  n->add_addresses("10.0.0.2");
+  n->add_addresses("fd00::2");
+  n->set_nproc(8);
+  n->set_requested_rank(0);  // set to 0 is not unset
+  n->set_incarnation(0xFEEDFACECAFEBEEFULL);
+  auto* s = j->mutable_settings();
+  s->set_min_nodes(2);
+  s->set_max_nodes(4);
+  s->set_join_timeout_ms(1234);
+  s->set_max_restarts(3);  // last-call and heartbeat times left 0: the defaults
+
+  auto converted = FromProto(OverTheWire(m));
+  REQUIRE(converted.has_value());
+  const auto& join = std::get<msg::Join>(*converted);
+  CHECK(join.protocol_version == 1);
+  CHECK(join.run_id == "job7");
+  CHECK(join.service_host == "10.0.0.1");
+  CHECK(join.node.node_id == "node-a#1");
+  CHECK(join.node.host == "node-a");
+  CHECK(join.node.addresses == std::vector<std::string>{"10.0.0.2", "fd00::2"});
+  CHECK(join.node.nproc == 8);
+  CHECK(join.node.requested_rank == std::optional<int>(0));
+  CHECK(join.node.incarnation == 0xFEEDFACECAFEBEEFULL);
+  CHECK(join.settings.min_nodes == 2);
+  CHECK(join.settings.max_nodes == 4);
+  CHECK(join.settings.join_timeout == crun::rdzv::Millis(1234));
+  CHECK(join.settings.last_call_timeout == crun::rdzv::kDefaultLastCallTimeout);
+  CHECK(join.settings.heartbeat_timeout == crun::rdzv::kDefaultHeartbeatTimeout);
+  CHECK(join.settings.max_restarts == 3);
+
+  n->clear_requested_rank();
+  CHECK_FALSE(std::get<msg::Join>(*FromProto(m)).node.requested_rank.has_value());
+}
+
+TEST_CASE("a failure report keeps exit code, signal, or neither", "[proto]") {
+  v1::AgentMessage m;
+  auto* r = m.mutable_workers_failed();
+  r->set_host("node-b");
+  r->set_node_id("b");
+  auto* coded = r->add_failures();
+  coded->set_rank(3);
+  coded->set_local_rank(1);
+  coded->set_pid(4242);
+  coded->set_exit_code(0);  // a oneof set to 0 is still set
+  coded->set_time("2026-11-24T03:00:00.000Z");
+  coded->set_time_unix_ms(1795489200000);
+  coded->set_message("ValueError: boom");
+  coded->set_traceback("Traceback ...");
+  coded->add_stderr_tail("line 1");
+  coded->add_stderr_tail("line 2");
+  coded->set_error_file("/tmp/err.json");
+  r->add_failures()->set_signal(9);
+  r->add_failures();  // neither
+
+  auto converted = FromProto(OverTheWire(m));
+  REQUIRE(converted.has_value());
+  const auto& report = std::get<msg::FailureReport>(*converted);
+  CHECK(report.host == "node-b");
+  CHECK(report.node_id == "b");
+  REQUIRE(report.failures.size() == 3);
+  const auto& f = report.failures[0];
+  CHECK(f.rank == 3);
+  CHECK(f.local_rank == 1);
+  CHECK(f.pid == 4242);
+  CHECK(f.exit_code == std::optional<int>(0));
+  CHECK_FALSE(f.signal.has_value());
+  CHECK(f.time == "2026-11-24T03:00:00.000Z");
+  CHECK(f.time_unix_ms == 1795489200000);
+  CHECK(f.message == "ValueError: boom");
+  CHECK(f.traceback == "Traceback ...");
+  CHECK(f.stderr_tail == std::vector<std::string>{"line 1", "line 2"});
+  CHECK(f.error_file == "/tmp/err.json");
+  CHECK(report.failures[1].signal == std::optional<int>(9));
+  CHECK_FALSE(report.failures[1].exit_code.has_value());
+  CHECK_FALSE(report.failures[2].signal.has_value());
+  CHECK_FALSE(report.failures[2].exit_code.has_value());
+
+  // And back out, as the root cause of a finished job: the same three cases on the wire.
+  msg::JobFinished finished;
+  finished.reason = "r";
+  finished.root_cause = report;
+  finished.exit_code = 3;
+  const auto wire = OverTheWire(ToProto(finished));
+  REQUIRE(wire.has_finished());
+  const auto& root = wire.finished().root_cause();
+  CHECK(wire.finished().exit_code() == 3);
+  CHECK(root.node_id() == "b");
+  REQUIRE(root.failures_size() == 3);
+  CHECK(root.failures(0).exit_case() == v1::WorkerFailure::kExitCode);
+  CHECK(root.failures(0).stderr_tail_size() == 2);
+  CHECK(root.failures(0).time_unix_ms() == 1795489200000);
+  CHECK(root.failures(1).exit_case() == v1::WorkerFailure::kSignal);
+  CHECK(root.failures(1).signal() == 9);
+  CHECK(root.failures(2).exit_case() == v1::WorkerFailure::EXIT_NOT_SET);
+  msg::JobFinished succeeded;
+  succeeded.success = true;
+  CHECK_FALSE(OverTheWire(ToProto(succeeded)).finished().has_root_cause());
+}
+
+TEST_CASE("the small agent messages, and one of no known kind", "[proto]") {
+  v1::AgentMessage m;
+  m.mutable_heartbeat()->set_sequence(77);
+  CHECK(std::get<msg::Heartbeat>(*FromProto(m)).sequence == 77);
+  m.mutable_workers_succeeded();
+  CHECK(std::holds_alternative<msg::WorkersSucceeded>(*FromProto(m)));
+  m.mutable_leave()->set_reason("bye");
+  CHECK(std::get<msg::Leave>(*FromProto(m)).reason == "bye");
+  m.Clear();
+  CHECK_FALSE(FromProto(m).has_value());
+}
+
+TEST_CASE("the engine's messages reach the wire with every field", "[proto]") {
+  msg::Assignment assignment;
+  assignment.round = 2;
+  assignment.group_rank = 1;
+  assignment.group_world_size = 3;
+  assignment.base_rank = 8;
+  assignment.world_size = 24;
+  assignment.master_addr = "10.0.0.1";
+  assignment.master_port = 29500;
+  assignment.restart_count = 1;
+  assignment.durable_service = true;
+  const auto a = OverTheWire(ToProto(assignment));
+  REQUIRE(a.has_assignment());
+  CHECK(a.assignment().round() == 2);
+  CHECK(a.assignment().group_rank() == 1);
+  CHECK(a.assignment().group_world_size() == 3);
+  CHECK(a.assignment().base_rank() == 8);
+  CHECK(a.assignment().world_size() == 24);
+  CHECK(a.assignment().master_addr() == "10.0.0.1");
+  CHECK(a.assignment().master_port() == 29500);
+  CHECK(a.assignment().restart_count() == 1);
+  CHECK_FALSE(a.assignment().spare());
+  CHECK(a.assignment().durable_service());
+
+  const auto s = OverTheWire(ToProto(msg::StopAndRejoin{"node b was lost", true}));
+  REQUIRE(s.has_stop_and_rejoin());
+  CHECK(s.stop_and_rejoin().reason() == "node b was lost");
+  CHECK(s.stop_and_rejoin().spends_restart());
+
+  const auto r = OverTheWire(ToProto(msg::Refused{"protocol version 2"}));
+  REQUIRE(r.has_refused());
+  CHECK(r.refused().reason() == "protocol version 2");
+}
+
+TEST_CASE("a status response reaches `crun status` whole", "[proto]") {
+  msg::StatusResponse status;
+  auto& job = status.jobs.emplace_back();
+  job.run_id = "job7";
+  job.phase = "running";
+  job.round = 4;
+  job.restarts_used = 1;
+  job.max_restarts = 3;
+  job.last_failure = "rank 3 failed";
+  job.min_nodes = 1;
+  job.max_nodes = 4;
+  job.world_size = 16;
+  job.lost_hosts = {"c"};
+  auto& member = job.nodes.emplace_back();
+  member.node_id = "a";
+  member.host = "node-a";
+  member.state = "member";
+  member.group_rank = 0;
+  member.nproc = 8;
+  member.last_heartbeat_ms_ago = 250;
+  auto& spare = job.nodes.emplace_back();
+  spare.node_id = "d";
+  spare.host = "node-d";
+  spare.state = "spare";
+  spare.nproc = 8;
+
+  const auto wire = OverTheWire(ToProto(status));
+  REQUIRE(wire.jobs_size() == 1);
+  const auto& j = wire.jobs(0);
+  CHECK(j.run_id() == "job7");
+  CHECK(j.phase() == "running");
+  CHECK(j.round() == 4);
+  CHECK(j.restarts_used() == 1);
+  CHECK(j.max_restarts() == 3);
+  CHECK(j.last_failure() == "rank 3 failed");
+  CHECK(j.min_nodes() == 1);
+  CHECK(j.max_nodes() == 4);
+  CHECK(j.world_size() == 16);
+  REQUIRE(j.lost_hosts_size() == 1);
+  CHECK(j.lost_hosts(0) == "c");
+  REQUIRE(j.nodes_size() == 2);
+  CHECK(j.nodes(0).node_id() == "a");
+  CHECK(j.nodes(0).host() == "node-a");
+  CHECK(j.nodes(0).state() == "member");
+  CHECK(j.nodes(0).group_rank() == 0);
+  CHECK(j.nodes(0).nproc() == 8);
+  CHECK(j.nodes(0).last_heartbeat_ms_ago() == 250);
+  CHECK(j.nodes(1).state() == "spare");
+  CHECK(j.nodes(1).group_rank() == -1);
+}
