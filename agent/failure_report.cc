@@ -1,7 +1,10 @@
 #include "agent/failure_report.h"
 
+#include "agent/hang_watch.h"
+
 #include <ctime>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 namespace crun::agent {
@@ -33,7 +36,9 @@ void AppendBlock(std::string& out, const FailureRecord& f, const ReportContext& 
   out += "  rank      : " + std::to_string(f.rank) + " (local rank " +
          std::to_string(f.local_rank) + ", role " + c.role + ")\n";
   out += "  pid       : " + std::to_string(f.pid) + "\n";
-  out += "  exit      : " + f.exit.Describe() + "\n";
+  if (!f.hang.empty()) out += "  hang      : " + f.hang + "\n";
+  out += "  exit      : " + f.exit.Describe() + (f.hang.empty() ? "" : " (stopped by crun)") +
+         (f.oom.empty() ? "" : ": " + f.oom) + "\n";
   const auto& error = f.error;
   out += "  error file: " + (error ? f.error_file : std::string("<none written>")) + "\n";
   if (error) {
@@ -109,6 +114,7 @@ std::string FormatReport(const ReportContext& c, const std::vector<FailureRecord
         "'; set PYTHON_EXEC to the Python that has it (e.g. PYTHON_EXEC=$VIRTUAL_ENV/bin/python) "
         "or activate its environment before crun\n";
   }
+  if (c.hang != nullptr) out += std::string(72, '-') + "\n" + FormatHang(*c.hang);
   out += std::string(72, '-') + "\nOther failures:";
   if (failures.size() <= 1) out += " none";
   out += "\n";
@@ -116,7 +122,8 @@ std::string FormatReport(const ReportContext& c, const std::vector<FailureRecord
     const auto& f = failures[i];
     out += "  rank " + std::to_string(f.rank) + " on " + (f.host.empty() ? c.host : f.host) +
            " (local rank " + std::to_string(f.local_rank) + ", pid " + std::to_string(f.pid) +
-           "): " + f.exit.Describe() + " at " + IsoTime(f.when) + "\n";
+           "): " + (f.hang.empty() ? "" : "hung, " + f.hang + "; ") + f.exit.Describe() +
+           (f.oom.empty() ? "" : ": " + f.oom) + " at " + IsoTime(f.when) + "\n";
   }
   return out + rule + "\n";
 }
@@ -141,6 +148,8 @@ nlohmann::json ReportJson(const ReportContext& c, const std::vector<FailureRecor
     e["signal"] =
         f.exit.signaled ? nlohmann::json(SignalName(f.exit.value)) : nlohmann::json(nullptr);
     e["error_file"] = f.error_file;
+    if (!f.hang.empty()) e["hang"] = f.hang;
+    if (!f.oom.empty()) e["oom"] = f.oom;
     if (const auto& err = f.error) {
       e["message"] = err->message;
       e["traceback"] = err->traceback;
@@ -149,6 +158,75 @@ nlohmann::json ReportJson(const ReportContext& c, const std::vector<FailureRecor
     }
     j["failures"].push_back(e);
   }
+  if (c.hang != nullptr) j["hang"] = HangJson(*c.hang);
+  return j;
+}
+
+namespace {
+
+std::string Secs(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f s", s);
+  return text;
+}
+
+}  // namespace
+
+std::string FormatHang(const HangReport& h) {
+  std::string out = "Hang:\n";
+  std::vector<int> others;
+  double least = 0, most = 0;
+  for (const auto& r : h.ranks) {
+    if (r.hung) {
+      out += "  rank " + std::to_string(r.rank) + " on " + r.host + " (local rank " +
+             std::to_string(r.local_rank) + ", pid " + std::to_string(r.pid) + "): " + r.cause +
+             " (" + DescribeState(r.state) + ")\n";
+      continue;
+    }
+    if (others.empty() || r.silent_s < least) least = r.silent_s;
+    if (others.empty() || r.silent_s > most) most = r.silent_s;
+    others.push_back(r.rank);
+  }
+  if (!others.empty()) {
+    out += "  " + std::string(others.size() == 1 ? "rank " : "ranks ") + RankRanges(others) +
+           ": last progress " + Secs(least) + (most > least ? " to " + Secs(most) : "") +
+           " before (waiting for the rank above, by their stacks, or not yet past the "
+           "timeout)\n";
+  }
+  for (const auto& n : h.notes) out += "  " + n + "\n";
+  if (h.stacks.empty()) return out;
+  out += "Where every rank was (stacks read before stopping anything):\n";
+  std::set<int> hung;
+  for (const auto& r : h.ranks) {
+    if (r.hung) hung.insert(r.rank);
+  }
+  out += FormatStacks(h.stacks, hung);
+  if (!h.stacks_dir.empty()) out += "Every rank's stacks: " + h.stacks_dir + "\n";
+  return out;
+}
+
+nlohmann::json HangJson(const HangReport& h) {
+  nlohmann::json j;
+  j["ranks"] = nlohmann::json::array();
+  for (const auto& r : h.ranks) {
+    j["ranks"].push_back({{"host", r.host},
+                          {"rank", r.rank},
+                          {"local_rank", r.local_rank},
+                          {"pid", r.pid},
+                          {"hung", r.hung},
+                          {"silent_seconds", r.silent_s},
+                          {"state", std::string(1, r.state)},
+                          {"cause", r.cause}});
+  }
+  std::set<int> hung;
+  for (const auto& r : h.ranks) {
+    if (r.hung) hung.insert(r.rank);
+  }
+  j["summary"] = GroupSummary(h.stacks, hung);
+  j["stacks"] = nlohmann::json::array();
+  for (const auto& s : h.stacks) j["stacks"].push_back(StacksJson(s));
+  j["stacks_dir"] = h.stacks_dir;
+  j["notes"] = h.notes;
   return j;
 }
 

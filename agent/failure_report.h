@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/process.h"
+#include "agent/stacks.h"
 
 namespace crun::agent {
 
@@ -34,6 +35,31 @@ struct FailureRecord {
   std::string error_file;                 // path given to the worker
   std::optional<ErrorFileContent> error;  // what it wrote there, if anything
   std::vector<std::string> stderr_tail;   // last lines of its stderr
+  // Not empty: the worker hung and crun stopped it ("no progress for 30.0 s", "torchelastic
+  // timer 'x.py#12' expired 0.1 s ago"); `exit` is then how it ended once stopped.
+  std::string hang;
+  // Not empty: the kernel's OOM killer ended it ("killed by the OOM killer (RSS 1.2 GiB, from
+  // the kernel log)").
+  std::string oom;
+};
+
+// A hang, as the report shows it (docs/hangs.md): how long each watched rank had been silent,
+// and every rank's stacks, read before anything was stopped.
+struct HangReport {
+  struct Rank {
+    std::string host;
+    int rank = 0;
+    int local_rank = 0;
+    pid_t pid = 0;
+    bool hung = false;
+    double silent_s = 0;
+    char state = '?';
+    std::string cause;  // for hung ranks
+  };
+  std::vector<Rank> ranks;
+  std::vector<RankStacks> stacks;
+  std::string stacks_dir;          // where each rank's stacks were written, if they were
+  std::vector<std::string> notes;  // e.g. the NCCL flight recorder dumps asked for
 };
 
 struct ReportContext {
@@ -46,6 +72,7 @@ struct ReportContext {
   // How Python workers' interpreter was chosen; when the root cause could not import a module,
   // the report names it and PYTHON_EXEC. Empty for native programs.
   std::string interpreter;
+  const HangReport* hang = nullptr;  // the attempt's hang, when it had one
 };
 
 // Reads a torchelastic error file (either format); nullopt when absent or unreadable.
@@ -53,6 +80,11 @@ std::optional<ErrorFileContent> ReadErrorFile(const std::string& path);
 
 // `failures` sorted by time: the first is the root cause.
 std::string FormatReport(const ReportContext& context, const std::vector<FailureRecord>& failures);
+// The Hang section alone: who was silent for how long, the grouped summary of where every
+// rank was, then full stacks (every rank's up to 8 ranks; beyond, one rank per group, the
+// others in stacks_dir).
+std::string FormatHang(const HangReport& hang);
+nlohmann::json HangJson(const HangReport& hang);
 nlohmann::json ReportJson(const ReportContext& context, const std::vector<FailureRecord>& failures);
 
 }  // namespace crun::agent

@@ -5,8 +5,10 @@
 // flushed as one.
 #pragma once
 
+#include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,8 @@ struct PumpTargets {
   std::vector<std::string> filters;
   int filtered_fd = -1;
   std::string filtered_prefix;
+  // Counts reads: the worker's progress for hang detection (hang_watch.h); null: not counted.
+  std::shared_ptr<std::uint64_t> progress;
 };
 
 class LinePump {

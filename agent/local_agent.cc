@@ -6,15 +6,22 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
+#include "agent/control_socket.h"
 #include "agent/failure_report.h"
+#include "agent/file_timer.h"
+#include "agent/hang_watch.h"
+#include "agent/oom.h"
 #include "agent/report_writer.h"
+#include "agent/stacks.h"
 #include "agent/worker_cgroup.h"
+#include "agent/worker_pipe.h"
 #include "agent/worker_streams.h"
 #include "base/proc.h"
 
@@ -37,6 +44,19 @@ std::string Substitute(std::string arg, int local_rank) {
 // executable (or exec failed otherwise).
 int LaunchFailureCode(const Status& s) { return s.code() == StatusCode::kNotFound ? 127 : 126; }
 
+std::string DirectoryOf(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash);
+}
+
+// Writes `text` to `path`; false when it did not all get there.
+bool WriteText(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  return ::close(fd) == 0 && ok;
+}
+
 }  // namespace
 
 struct LocalAgent::Impl final : RendezvousEvents {
@@ -48,6 +68,11 @@ struct LocalAgent::Impl final : RendezvousEvents {
     std::unique_ptr<ExitWatcher> watcher;
     std::unique_ptr<LinePump> out_pump, err_pump;
     std::string dir, error_file;
+    // Hangs: what counts as its progress, its heartbeat pipe (when watched) and the pipe its
+    // Python hook writes stacks to.
+    ProgressCounter progress;
+    std::unique_ptr<WorkerPipe> heartbeat;
+    std::unique_ptr<StackPipe> stacks;
   };
   // kWaiting: no workers; joined, or reported the round's end, and waiting for the
   // rendezvous. kRunning: workers run. kStopping: they are being stopped.
@@ -61,7 +86,9 @@ struct LocalAgent::Impl final : RendezvousEvents {
         rdzv(std::move(r)),
         signals(io_),
         kill_timer(io_),
-        streams(io_, StreamOptionsOf(options)) {
+        streams(io_, StreamOptionsOf(options)),
+        hang_watch(io_, options.hang_timeout,
+                   [this](std::vector<WorkerProgress> p) { OnHang(std::move(p)); }) {
     if (options.forward_signals.empty()) {
       options.forward_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
     }
@@ -69,7 +96,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   static StreamOptions StreamOptionsOf(const AgentOptions& o) {
     return {o.redirects,      o.tees,           o.console_ranks, o.prefix_template,
-            o.stdout_filters, o.stderr_filters, o.host_name};
+            o.stdout_filters, o.stderr_filters, o.host_name,     o.hang_timeout.count() > 0};
   }
 
   int Run() {
@@ -89,8 +116,13 @@ struct LocalAgent::Impl final : RendezvousEvents {
       return 1;
     }
     guard = std::move(g).value();
+    oom = std::make_unique<OomWatch>(cgroup ? cgroup->dir() : std::string());
     if (auto sub = BecomeSubreaper(); !sub.ok()) {
       spdlog::warn("{}: a worker's daemonised descendants may outlive the job", sub.message());
+    }
+    if (auto s = PrepareHangTools(); !s.ok()) {
+      spdlog::error("{}", s.message());
+      return 1;
     }
     for (int s : options.forward_signals) signals.add(s);
     ArmSignals();
@@ -193,6 +225,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
     phase = Phase::kRunning;
     next = Next::kNone;
     failures.clear();
+    hang_report.reset();
+    WriteRunFiles();
     failure_reported = false;
     failed_to_launch = false;
     group = g;
@@ -225,13 +259,18 @@ struct LocalAgent::Impl final : RendezvousEvents {
         spec.mem_nodes = options.bindings[i].mems;
       }
       for (const auto& a : options.command) spec.argv.push_back(Substitute(a, lr));
-      spec.envp = ToEnvp(BuildWorkerEnvironment(group, lr, w.error_file, w.dir, base));
+      Environment env = BuildWorkerEnvironment(group, lr, w.error_file, w.dir, base);
+      w.progress = std::make_shared<std::uint64_t>(0);
+      AddHangChannels(w, env, spec);
+      spec.envp = ToEnvp(env);
       std::vector<int> child_fds;  // closed in crun once the worker has them
       const StreamOwner owner{group.role, group.base_rank + lr, lr, w.dir};
-      w.out_pump = Route(owner, 1, &spec.stdout_fd, &child_fds);
-      w.err_pump = Route(owner, 2, &spec.stderr_fd, &child_fds);
+      w.out_pump = Route(owner, 1, &spec.stdout_fd, &child_fds, w.progress);
+      w.err_pump = Route(owner, 2, &spec.stderr_fd, &child_fds, w.progress);
       auto started = StartProcess(spec);
       for (int fd : child_fds) ::close(fd);
+      if (w.heartbeat) w.heartbeat->CloseChildEnd();
+      if (w.stacks) w.stacks->CloseChildEnd();
       if (!started.ok()) {
         LaunchFailed(lr, LaunchFailureCode(started.status()), started.status().message());
         break;
@@ -250,6 +289,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
       w.running = true;
       ++running;
       guard->Add(w.pid);
+      hang_watch.Watch(lr, w.pid, w.progress);
       auto watcher = ExitWatcher::Watch(io, w.pid, [this, lr](ExitStatus s) { OnExit(lr, s); });
       if (!watcher.ok()) {
         spdlog::error("{}", watcher.status().message());
@@ -307,11 +347,14 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   // One stream of a worker, through WorkerStreams; a pump it starts counts until it ends.
   std::unique_ptr<LinePump> Route(const StreamOwner& owner, int bit, int* child_fd,
-                                  std::vector<int>* child_fds) {
-    auto pump = streams.Route(owner, bit, child_fd, child_fds, [this] {
-      --open_pumps;
-      MaybeEndAttempt();
-    });
+                                  std::vector<int>* child_fds, ProgressCounter progress) {
+    auto pump = streams.Route(
+        owner, bit, child_fd, child_fds,
+        [this] {
+          --open_pumps;
+          MaybeEndAttempt();
+        },
+        std::move(progress));
     if (pump) ++open_pumps;
     return pump;
   }
@@ -328,20 +371,29 @@ struct LocalAgent::Impl final : RendezvousEvents {
     w.running = false;
     w.exit = status;
     --running;
+    hang_watch.Forget(lr);
     WorkerEvent(w, status.success() ? "SUCCEEDED" : "FAILED");
-    if (!status.success()) {
+    if (FailureRecord* hung = HangRecordOf(lr)) {
+      // Stopped by crun after it hung: its record stands, with how it ended.
+      hung->exit = status;
+      hung->error = ReadErrorFile(w.error_file);
+    } else if (!status.success()) {
       FailureRecord f = NewFailure(lr, status);
       f.pid = w.pid;
+      if (status.signaled && status.value == SIGKILL && oom) {
+        if (auto kill = oom->Check(w.pid)) f.oom = kill->Describe();
+      }
       f.error_file = w.error_file;
       f.error = ReadErrorFile(w.error_file);
       if (w.err_pump) w.err_pump->DrainAvailable();
       f.stderr_tail = StderrTail(lr);
+      const std::string how = status.Describe() + (f.oom.empty() ? "" : ": " + f.oom);
       failures.push_back(std::move(f));
       if (phase == Phase::kRunning) {
         spdlog::warn(
             "rank {} (local rank {}, pid {}) on {} failed with {}; stopping the other "
             "workers",
-            group.base_rank + lr, lr, w.pid, options.host_name, status.Describe());
+            group.base_rank + lr, lr, w.pid, options.host_name, how);
         ReportFailures();
         BeginStop(SIGTERM);
       }
@@ -377,6 +429,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   void BeginStop(int signo) {
     if (phase == Phase::kStopping && signo == SIGTERM) return;  // already on its way down
     phase = Phase::kStopping;
+    hang_watch.Stop();
     for (const auto& w : workers) {
       if (!w.running) continue;
       ::kill(-w.pid, signo);
@@ -432,6 +485,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
   void OnAllExited() {
     kill_timer.cancel();
     streams.EndAttempt();
+    hang_watch.Stop();
+    if (file_timer) file_timer->Clear();
     for (const auto& w : workers) {
       if (w.pid > 0) guard->Forget(w.pid);
     }
@@ -503,7 +558,300 @@ struct LocalAgent::Impl final : RendezvousEvents {
     c.attempt = group.restart_count;
     c.max_restarts = options.max_restarts;
     c.interpreter = options.interpreter;
+    if (hang_report && !report.empty() && !report.front().hang.empty()) c.hang = &*hang_report;
     PublishReport(c, report, options.log_dir, options.parent_error_file);
+  }
+
+  // ---- hangs (docs/hangs.md) --------------------------------------------------------------
+
+  // Finds the stack tools and starts the file-timer server.
+  Status PrepareHangTools() {
+    tools = FindStackTools(options.tool_path,
+                           {options.command.empty() ? "" : DirectoryOf(options.command[0])});
+    auto control = ControlServer::Listen(io, [this](const std::string& request,
+                                                    std::function<void(std::string)> reply) {
+      OnControl(request, std::move(reply));
+    });
+    if (control.ok()) {
+      control_server = std::move(control).value();
+    } else {
+      spdlog::warn("{}: `crun stacks {}` will not reach this crun", control.status().message(),
+                   ::getpid());
+    }
+    if (!options.file_timer) return Status::Ok();
+    const std::string path =
+        options.timer_file.empty() ? options.log_dir + "/timer.pipe" : options.timer_file;
+    auto server = FileTimerServer::Open(
+        io, path,
+        [this](pid_t pid) {
+          if (Worker* w = WorkerOfPid(pid)) ++*w->progress;
+        },
+        [this](pid_t pid, std::string cause) { OnTimerExpired(pid, std::move(cause)); });
+    if (!server.ok()) return server.status();
+    file_timer = std::move(server).value();
+    spdlog::info("torchelastic file timer: serving {}", file_timer->path());
+    return Status::Ok();
+  }
+
+  // Before the first worker starts (so that a run that never starts one leaves its log
+  // directory empty): the Python hook, and crun.pid for `crun stacks --log-dir`.
+  void WriteRunFiles() {
+    if (wrote_run_files) return;
+    wrote_run_files = true;
+    const std::string dir = options.log_dir + "/python";
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (!ec && WriteText(dir + "/sitecustomize.py", PythonHookSource())) {
+      python_dir = dir;
+    } else {
+      spdlog::warn("cannot write {}/sitecustomize.py: Python workers' stacks need py-spy", dir);
+    }
+    if (!WriteText(options.log_dir + "/crun.pid", std::to_string(::getpid()) + "\n")) {
+      spdlog::warn("cannot write {}/crun.pid", options.log_dir);
+    }
+  }
+
+  // The heartbeat pipe, the stack pipe, the hook on PYTHONPATH and the timer file.
+  void AddHangChannels(Worker& w, Environment& env, ProcessSpec& spec) {
+    HangChannels c;
+    if (options.hang_timeout.count() > 0) {
+      auto pipe = WorkerPipe::Create(io, [counter = w.progress](std::string_view) { ++*counter; });
+      if (pipe.ok()) {
+        w.heartbeat = std::move(pipe).value();
+        c.heartbeat_fd = w.heartbeat->child_fd();
+        spec.inherit_fds.push_back(c.heartbeat_fd);
+      } else {
+        spdlog::warn("local rank {}: no heartbeat: {}", w.local_rank, pipe.status().message());
+      }
+    }
+    if (auto pipe = StackPipe::Create(io); pipe.ok()) {
+      w.stacks = std::move(pipe).value();
+      c.stacks_fd = w.stacks->child_fd();
+      c.stacks_signal = StackSignal();
+      spec.inherit_fds.push_back(c.stacks_fd);
+    }
+    c.python_dir = python_dir;
+    if (file_timer) c.timer_file = file_timer->path();
+    agent::AddHangChannels(c, env);
+  }
+
+  // `crun stacks PID`: every running rank's stacks, read now, as JSON.
+  void OnControl(const std::string& request, std::function<void(std::string)> reply) {
+    auto error = [&](const std::string& why) { reply(nlohmann::json{{"error", why}}.dump()); };
+    if (request != "stacks") return error("unknown request '" + request + "'");
+    if (phase != Phase::kRunning) {
+      return error(phase == Phase::kStopping ? "the workers are being stopped"
+                                             : "no workers are running (waiting for the "
+                                               "rendezvous)");
+    }
+    if (capturing) return error("busy reading stacks for a hang; ask again in a few seconds");
+    capturing = true;
+    CaptureStacks(io, StackTargets(), tools, options.stack_deadline,
+                  [this, reply](std::vector<RankStacks> stacks) {
+                    capturing = false;
+                    if (auto hang = std::exchange(pending_hang, std::nullopt)) {
+                      asio::post(io,
+                                 [this, h = std::move(*hang)]() mutable { OnHang(std::move(h)); });
+                    }
+                    nlohmann::json j{{"host", options.host_name},
+                                     {"run_id", group.run_id},
+                                     {"attempt", group.restart_count},
+                                     {"pid", ::getpid()},
+                                     {"world_size", group.world_size}};
+                    j["stacks"] = nlohmann::json::array();
+                    for (const auto& st : stacks) j["stacks"].push_back(StacksJson(st));
+                    reply(j.dump());
+                  });
+  }
+
+  // The running worker that is `pid` or started it (its process group, else its ancestry).
+  Worker* WorkerOfPid(pid_t pid) {
+    const pid_t group_id = ::getpgid(pid);
+    pid_t p = pid;
+    for (int depth = 0; depth < 64 && p > 1; ++depth) {
+      for (auto& w : workers) {
+        if (w.running && (w.pid == p || (depth == 0 && w.pid == group_id))) return &w;
+      }
+      const auto parent = ParentOf(p);
+      if (!parent) break;
+      p = *parent;
+    }
+    return nullptr;
+  }
+
+  void OnTimerExpired(pid_t pid, std::string cause) {
+    Worker* w = WorkerOfPid(pid);
+    if (w == nullptr) {
+      spdlog::warn("file timer: {}, but pid {} is not (or no longer) one of this crun's workers",
+                   cause, pid);
+      return;
+    }
+    if (phase == Phase::kRunning) hang_watch.Expire(w->local_rank, std::move(cause));
+  }
+
+  // The failure record of local rank `lr` that says it hung, if there is one.
+  FailureRecord* HangRecordOf(int lr) {
+    for (auto& f : failures) {
+      if (f.local_rank == lr && !f.hang.empty()) return &f;
+    }
+    return nullptr;
+  }
+
+  // A hang was declared: read every rank's stacks while all still run, then stop the group as
+  // for a failure of the hung ranks.
+  void OnHang(std::vector<WorkerProgress> progress) {
+    if (phase != Phase::kRunning) return;
+    if (capturing) {  // for `crun stacks`: the hang's turn comes when that is done
+      pending_hang = std::move(progress);
+      return;
+    }
+    capturing = true;
+    const auto when = std::chrono::system_clock::now();
+    HangReport h;
+    for (const auto& p : progress) {
+      HangReport::Rank r;
+      r.host = options.host_name;
+      r.rank = group.base_rank + p.local_rank;
+      r.local_rank = p.local_rank;
+      r.pid = p.pid;
+      r.hung = p.hung;
+      r.silent_s = static_cast<double>(p.silent.count()) / 1000.0;
+      r.state = p.state;
+      r.cause = p.cause;
+      if (p.hung) {
+        spdlog::warn(
+            "rank {} (local rank {}, pid {}) on {} is hung: {}; reading every rank's "
+            "stacks before stopping the group",
+            r.rank, r.local_rank, r.pid, r.host, r.cause);
+      }
+      h.ranks.push_back(std::move(r));
+    }
+    h.notes = TriggerFlightRecorder();
+    CaptureStacks(io, StackTargets(), tools, options.stack_deadline,
+                  [this, h = std::move(h), when,
+                   round = group.round](std::vector<RankStacks> stacks) mutable {
+                    capturing = false;
+                    if (round != group.round ||
+                        (phase != Phase::kRunning && phase != Phase::kStopping)) {
+                      return;  // that attempt is over
+                    }
+                    h.stacks = std::move(stacks);
+                    ConcludeHang(std::move(h), when);
+                  });
+  }
+
+  std::vector<StackTarget> StackTargets() {
+    std::vector<StackTarget> targets;
+    for (auto& w : workers) {
+      if (!w.running) continue;
+      targets.push_back(
+          {options.host_name, group.base_rank + w.local_rank, w.local_rank, w.pid, w.stacks.get()});
+    }
+    return targets;
+  }
+
+  void ConcludeHang(HangReport h, std::chrono::system_clock::time_point when) {
+    h.stacks_dir = WriteStacks(h.stacks);
+    // Ranks that fell silent together: the stacks tell the one that holds the others up
+    // from those waiting for it in a collective.
+    std::set<int> silent;
+    for (const auto& r : h.ranks) {
+      if (r.hung) silent.insert(r.rank);
+    }
+    if (silent.size() > 1) {
+      std::set<int> culprits;
+      for (int rank : SuspectRanks(h.stacks)) {
+        if (silent.count(rank)) culprits.insert(rank);
+      }
+      for (auto& r : h.ranks) {
+        if (!culprits.empty() && r.hung && !culprits.count(r.rank)) {
+          r.hung = false;
+          r.cause.clear();
+        }
+      }
+    }
+    for (const auto& r : h.ranks) {
+      Worker& w = WorkerAt(r.local_rank);
+      if (!r.hung || !w.running || HangRecordOf(r.local_rank) != nullptr) continue;
+      FailureRecord f = NewFailure(r.local_rank, ExitStatus{true, SIGTERM});
+      f.when = when;
+      f.pid = w.pid;
+      f.error_file = w.error_file;
+      f.hang = r.cause;
+      failures.push_back(std::move(f));
+    }
+    std::sort(failures.begin(), failures.end(),
+              [](const auto& a, const auto& b) { return a.when < b.when; });
+    const std::string rule(72, '=');
+    std::fprintf(stderr, "%s\ncrun: %s hung (run %s, attempt %d)\n%s%s\n", rule.c_str(),
+                 options.entrypoint.c_str(), group.run_id.c_str(), group.restart_count,
+                 FormatHang(h).c_str(), rule.c_str());
+    const std::string json =
+        options.log_dir + "/attempt_" + std::to_string(group.round) + "/hang.json";
+    if (!WriteText(json, HangJson(h).dump(2) + "\n")) {
+      spdlog::warn("cannot write {}", json);
+    }
+    hang_report = std::move(h);
+    if (phase != Phase::kRunning) return;  // already stopping for another failure
+    ReportFailures();
+    BeginStop(SIGTERM);
+  }
+
+  // Each rank's stacks in attempt_<n>/stacks/rank_<r>.txt; the directory, or "" if unwritable.
+  std::string WriteStacks(const std::vector<RankStacks>& stacks) {
+    const std::string dir = options.log_dir + "/attempt_" + std::to_string(group.round) + "/stacks";
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    bool ok = !ec;
+    for (const auto& s : stacks) {
+      const std::string text = FormatRankStacks(s) +
+                               (s.text.empty() ? "" : "\n--- " + s.tool + " output ---\n" + s.text);
+      ok = ok && WriteText(dir + "/rank_" + std::to_string(s.rank) + ".txt", text);
+    }
+    if (!ok) {
+      spdlog::warn("cannot write the stacks under {}", dir);
+      return "";
+    }
+    return dir;
+  }
+
+  // PyTorch's NCCL flight recorder: when the workers' environment has its dump pipe, each rank
+  // made <prefix><rank>.pipe and dumps its trace when anything is written there.
+  std::vector<std::string> TriggerFlightRecorder() {
+    std::vector<std::string> notes;
+    const Environment env = CurrentEnvironment();
+    for (const char* name : {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DEBUG_INFO_PIPE_FILE"}) {
+      const auto it = env.find(name);
+      if (it == env.end() || it->second.empty()) continue;
+      std::vector<int> asked, absent;
+      for (const auto& w : workers) {
+        if (!w.running) continue;
+        const int rank = group.base_rank + w.local_rank;
+        const std::string pipe = it->second + std::to_string(rank) + ".pipe";
+        const int fd = ::open(pipe.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd >= 0 && ::write(fd, "1\n", 2) == 2) {
+          asked.push_back(rank);
+        } else {
+          absent.push_back(rank);
+        }
+        if (fd >= 0) ::close(fd);
+      }
+      const auto temp = env.find("TORCH_NCCL_DEBUG_INFO_TEMP_FILE");
+      const std::string prefix = temp != env.end() && !temp->second.empty()
+                                     ? temp->second
+                                     : std::string("/tmp/nccl_trace_rank_");
+      if (!asked.empty()) {
+        notes.push_back("NCCL flight recorder: dump asked of ranks " + RankRanges(asked) +
+                        " through " + it->second + "<rank>.pipe; PyTorch writes it to " + prefix +
+                        "<rank> (read it with torchfrtrace)");
+      }
+      if (!absent.empty()) {
+        notes.push_back("NCCL flight recorder: ranks " + RankRanges(absent) + " have no open " +
+                        it->second +
+                        "<rank>.pipe (no NCCL group yet, or TORCH_NCCL_TRACE_BUFFER_SIZE unset)");
+      }
+    }
+    return notes;
   }
 
   void Finish(int code) {
@@ -514,6 +862,14 @@ struct LocalAgent::Impl final : RendezvousEvents {
     boost::system::error_code ec;
     signals.cancel(ec);
     kill_timer.cancel();
+    // Nothing of the job is left to wait for: the event loop ends once these are gone.
+    hang_watch.Stop();
+    control_server.reset();
+    file_timer.reset();
+    for (auto& w : workers) {
+      w.heartbeat.reset();
+      w.stacks.reset();
+    }
     rdzv->Leave(code == 0 ? "done" : "exit code " + std::to_string(code));
   }
 
@@ -525,6 +881,16 @@ struct LocalAgent::Impl final : RendezvousEvents {
   asio::signal_set signals;
   asio::steady_timer kill_timer;
   WorkerStreams streams;
+  HangWatch hang_watch;
+  std::unique_ptr<FileTimerServer> file_timer;
+  std::unique_ptr<ControlServer> control_server;
+  std::unique_ptr<OomWatch> oom;
+  StackTools tools;
+  std::string python_dir;                 // holds the hook's sitecustomize.py; empty: not written
+  std::optional<HangReport> hang_report;  // this attempt's hang
+  bool capturing = false;                 // stacks are being read for a hang
+  bool wrote_run_files = false;
+  std::optional<std::vector<WorkerProgress>> pending_hang;  // declared while capturing
   std::vector<Worker> workers;
   std::vector<FailureRecord> failures;
   GroupAssignment group;

@@ -64,6 +64,20 @@ struct AgentOptions {
   std::string interpreter;
   // crun's own TORCHELASTIC_ERROR_FILE (set by a scheduler): gets the root cause's error.
   std::string parent_error_file;
+
+  // Hangs (docs/hangs.md). A worker with no progress for hang_timeout is hung (0: not
+  // watched): its output, its heartbeats (CRUN_HEARTBEAT_FD) and its file-timer requests are
+  // progress. A hang is a failure of that rank: every rank's stacks are read, then the group is
+  // stopped and restarted as for any failure.
+  std::chrono::milliseconds hang_timeout{0};
+  // torchelastic's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): the server crun runs, on the
+  // pipe timer_file (empty: <log_dir>/timer.pipe), given to workers as TORCHELASTIC_TIMER_FILE.
+  bool file_timer = false;
+  std::string timer_file;
+  // How long each stack tool may take per rank.
+  std::chrono::milliseconds stack_deadline{10'000};
+  // crun's PATH, where the stack tools are looked for (and beside command[0] for py-spy).
+  std::string tool_path;
 };
 
 class LocalAgent {

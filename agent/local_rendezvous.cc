@@ -71,8 +71,9 @@ class LocalRendezvous final : public Rendezvous {
 
   void ReportFailure(const std::vector<FailureRecord>& failures) override {
     const FailureRecord& root = failures.front();
-    const std::string what =
-        "rank " + std::to_string(root.rank) + " failed with " + root.exit.Describe();
+    const std::string what = "rank " + std::to_string(root.rank) + " failed with " +
+                             (root.hang.empty() ? root.exit.Describe() : "a hang: " + root.hang) +
+                             (root.oom.empty() ? "" : " (" + root.oom + ")");
     if (restarts_ < options_.max_restarts) {
       ++restarts_;
       return Post([this, what] { events_->OnStopAndRejoin(what, true); });

@@ -190,6 +190,10 @@ StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
     ResetSignalsInChild();
     if (spec.stdout_fd >= 0) ::dup2(spec.stdout_fd, STDOUT_FILENO);
     if (spec.stderr_fd >= 0) ::dup2(spec.stderr_fd, STDERR_FILENO);
+    for (int fd : spec.inherit_fds) ::fcntl(fd, F_SETFD, 0);
+    // Yama (ptrace_scope 1) lets only ancestors trace; crun and what it runs may (EINVAL
+    // without Yama: nothing to do).
+    ::prctl(PR_SET_PTRACER, parent);
     // What failed, and its errno, for FinishStart.
     auto fail = [&](int stage) {
       const int what[2] = {stage, errno};

@@ -2,8 +2,10 @@
 //
 // * SpawnProcess: fork + exec, the child leading its own process group (so a signal reaches
 //   its children too) with SIGKILL as its parent-death signal, bound to its CPUs and memory
-//   nodes if asked. An exec or binding failure comes back as a Status naming the program and
-//   errno; nothing is left running.
+//   nodes if asked. Where Yama restricts ptrace to ancestors, the child names crun as its
+//   tracer, so that the stack tools crun runs (py-spy, eu-stack: docs/hangs.md) may read it. An
+//   exec or binding failure comes back as a Status naming the program and errno; nothing is left
+//   running.
 // * ExitWatcher: calls back on the event loop the moment a process exits (pidfd readiness, no
 //   polling) and reaps it.
 // * GroupGuard: a helper process that outlives crun: it kills every registered process group
@@ -37,6 +39,9 @@ struct ProcessSpec {
   // else moved there before exec. -1: none.
   int cgroup_fd = -1;
   std::string cgroup_dir;  // for messages and the fallback
+  // Descriptors the program keeps across exec, at the same numbers (a heartbeat pipe the
+  // environment names); every other descriptor of crun's is close-on-exec.
+  std::vector<int> inherit_fds;
 };
 
 struct ExitStatus {

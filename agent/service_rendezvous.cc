@@ -42,6 +42,8 @@ v1::FailureReport ToProto(const std::string& node_id, const std::vector<FailureR
     }
     for (const auto& line : f.stderr_tail) w->add_stderr_tail(line);
     w->set_error_file(f.error_file);
+    w->set_hang(f.hang);
+    w->set_oom(f.oom);
   }
   return r;
 }
@@ -58,6 +60,8 @@ std::vector<FailureRecord> FromProto(const v1::FailureReport& r) {
                                                          : ExitStatus{false, w.exit_code()};
     f.when = std::chrono::system_clock::time_point(std::chrono::milliseconds(w.time_unix_ms()));
     f.error_file = w.error_file();
+    f.hang = w.hang();
+    f.oom = w.oom();
     if (!w.message().empty() || !w.traceback().empty()) {
       ErrorFileContent e;
       e.message = w.message();

@@ -66,6 +66,21 @@ Environment BuildWorkerEnvironment(const GroupAssignment& g, int local_rank,
   return env;
 }
 
+void AddHangChannels(const HangChannels& c, Environment& env) {
+  if (c.heartbeat_fd >= 0) env[env::kCrunHeartbeatFd] = std::to_string(c.heartbeat_fd);
+  if (c.stacks_fd >= 0) {
+    env[env::kCrunStacksFd] = std::to_string(c.stacks_fd);
+    env[env::kCrunStacksSignal] = std::to_string(c.stacks_signal);
+  }
+  if (!c.python_dir.empty()) {
+    const auto it = env.find("PYTHONPATH");
+    // Never a trailing ':' (an empty entry would put the working directory on the path).
+    env["PYTHONPATH"] =
+        c.python_dir + (it == env.end() || it->second.empty() ? "" : ":" + it->second);
+  }
+  if (!c.timer_file.empty()) env[env::kTimerFile] = c.timer_file;
+}
+
 std::vector<std::string> ToEnvp(const Environment& env) {
   std::vector<std::string> out;
   out.reserve(env.size());

@@ -42,6 +42,17 @@ Environment BuildWorkerEnvironment(const GroupAssignment& group, int local_rank,
                                    const std::string& error_file,
                                    const std::string& attempt_log_dir, const Environment& base);
 
+// What crun gives a worker for hang detection and stack reading (docs/hangs.md); -1 or empty:
+// not given.
+struct HangChannels {
+  int heartbeat_fd = -1;  // CRUN_HEARTBEAT_FD
+  int stacks_fd = -1;     // CRUN_STACKS_FD, with CRUN_STACKS_SIGNAL
+  int stacks_signal = 0;
+  std::string python_dir;  // put first on PYTHONPATH (the hook's sitecustomize.py)
+  std::string timer_file;  // TORCHELASTIC_TIMER_FILE
+};
+void AddHangChannels(const HangChannels& channels, Environment& env);
+
 // "KEY=VALUE" strings for execve.
 std::vector<std::string> ToEnvp(const Environment& env);
 

@@ -72,7 +72,8 @@ std::string WorkerStreams::PrefixOf(const StreamOwner& owner) const {
 
 std::unique_ptr<LinePump> WorkerStreams::Route(const StreamOwner& owner, int bit, int* child_fd,
                                                std::vector<int>* child_fds,
-                                               std::function<void()> on_eof) {
+                                               std::function<void()> on_eof,
+                                               std::shared_ptr<std::uint64_t> progress) {
   const int lr = owner.local_rank;
   const auto& ranks = options_.console_ranks;
   const bool shown = ranks.empty() || std::find(ranks.begin(), ranks.end(), lr) != ranks.end();
@@ -85,12 +86,12 @@ std::unique_ptr<LinePump> WorkerStreams::Route(const StreamOwner& owner, int bit
     file = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (file < 0) spdlog::warn("cannot write {}: {}", path, std::strerror(errno));
   }
-  if (redirect && file >= 0 && filters.empty()) {
+  if (redirect && file >= 0 && filters.empty() && !options_.pump_all) {
     *child_fd = file;
     child_fds->push_back(file);
     return nullptr;
   }
-  if (!tee && !redirect && bit == 1 && filters.empty()) {
+  if (!tee && !redirect && bit == 1 && filters.empty() && !options_.pump_all) {
     // stdout untouched: the worker writes to crun's own
     if (!shown) {
       *child_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
@@ -111,6 +112,7 @@ std::unique_ptr<LinePump> WorkerStreams::Route(const StreamOwner& owner, int bit
   targets.console_fd = shown && !redirect ? (bit == 1 ? STDOUT_FILENO : STDERR_FILENO) : -1;
   if (tee) targets.prefix = PrefixOf(owner);
   targets.file_fd = file;
+  targets.progress = std::move(progress);
   targets.file_path = path;
   targets.stream_name = "rank " + std::to_string(owner.rank) + (bit == 1 ? " stdout" : " stderr");
   if (!filters.empty()) {

@@ -23,6 +23,9 @@ struct StreamOptions {
   std::string prefix_template;     // ${role_name}, ${rank}, ${local_rank}, ${hostname}
   std::vector<std::string> stdout_filters, stderr_filters;
   std::string host_name;
+  // Every stream goes through crun (a pump), even one that could go straight to the console or
+  // a file: hang detection counts the worker's output as progress.
+  bool pump_all = false;
 };
 
 // Who a stream belongs to, for its prefix and messages.
@@ -49,8 +52,10 @@ class WorkerStreams {
   // gets as that stream (left as is: crun's own) and adds to *child_fds the descriptors crun
   // closes once the worker has them. Returns the pump that reads it, or null when none does;
   // `on_eof` runs when a pump has read everything (every writer closed the pipe).
+  // `progress` (may be null) counts what the pump reads.
   std::unique_ptr<LinePump> Route(const StreamOwner& owner, int bit, int* child_fd,
-                                  std::vector<int>* child_fds, std::function<void()> on_eof);
+                                  std::vector<int>* child_fds, std::function<void()> on_eof,
+                                  std::shared_ptr<std::uint64_t> progress = nullptr);
 
   // The console prefix of `owner`'s lines: the template with its macros filled in.
   std::string PrefixOf(const StreamOwner& owner) const;

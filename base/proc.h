@@ -19,4 +19,7 @@ std::optional<char> ProcessState(pid_t pid);
 // which is in parentheses and may itself hold spaces and ')'. Nothing when malformed.
 std::optional<char> StateFromStat(std::string_view stat);
 
+// The parent of `pid` (the field after the state in /proc/<pid>/stat); nothing when unknown.
+std::optional<pid_t> ParentOf(pid_t pid);
+
 }  // namespace crun

@@ -115,6 +115,14 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->envname(pet("SHUTDOWN_TIMEOUT"))
       ->type_name("SECONDS")
       ->group("Restarts and shutdown");
+  app.add_option("--hang-timeout,--hang_timeout", o.hang_timeout,
+                 "A worker with no progress (output, heartbeat, file-timer request) for this "
+                 "many seconds is hung: every rank's stacks are read, then the group restarts "
+                 "as after a failure (0: off; docs/hangs.md)")
+      ->envname(pet("HANG_TIMEOUT"))
+      ->type_name("SECONDS")
+      ->capture_default_str()
+      ->group("Restarts and shutdown");
   app.add_option("--signals-to-handle,--signals_to_handle", o.signals,
                  "Signals forwarded to the workers, comma-separated (SIGUSR1/SIGUSR2 may be added)")
       ->envname(pet("SIGNALS_TO_HANDLE"))

@@ -327,6 +327,11 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   }
   CRUN_ASSIGN_OR_RETURN(a.forward_signals, ParseSignals(o.signals));
   CRUN_ASSIGN_OR_RETURN(a.shutdown_timeout, ShutdownTimeout(o, facts));
+  CRUN_ASSIGN_OR_RETURN(const double hang, ParseFlagSeconds("--hang-timeout", o.hang_timeout));
+  a.hang_timeout = std::chrono::milliseconds(static_cast<long>(hang * 1000));
+  a.file_timer = facts.Env("TORCHELASTIC_ENABLE_FILE_TIMER").value_or("") == "1";
+  a.timer_file = facts.Env("TORCHELASTIC_TIMER_FILE").value_or("");
+  a.tool_path = facts.Env("PATH").value_or("/usr/bin:/bin");
   // Per-local-rank flags index by local rank: a Slurm task's is SLURM_LOCALID.
   const int local_ranks = p.slurm_task ? p.slurm_task->local_rank + 1 : p.nproc;
   CRUN_ASSIGN_OR_RETURN(a.redirects, ParseStdSpec("--redirects", o.redirects, local_ranks));

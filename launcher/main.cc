@@ -1,24 +1,27 @@
-// crun: the command-line entry point. `crun store`, `crun rendezvous` and `crun status` are
-// subcommands; anything else is the torchrun-compatible launcher.
+// crun: the command-line entry point. `crun store`, `crun rendezvous`, `crun status` and
+// `crun stacks` are subcommands; anything else is the torchrun-compatible launcher.
 #include <cstring>
 
 #include <CLI/CLI.hpp>
 
 #include "launcher/launch_command.h"
 #include "launcher/rendezvous_command.h"
+#include "launcher/stacks_command.h"
 #include "launcher/store_command.h"
 
 int main(int argc, char** argv) {
   const bool store = argc > 1 && std::strcmp(argv[1], "store") == 0;
   const bool rendezvous = argc > 1 && std::strcmp(argv[1], "rendezvous") == 0;
   const bool status = argc > 1 && std::strcmp(argv[1], "status") == 0;
-  if (store || rendezvous || status) {
+  const bool stacks = argc > 1 && std::strcmp(argv[1], "stacks") == 0;
+  if (store || rendezvous || status || stacks) {
     CLI::App app{"crun " + std::string(argv[1])};
     app.require_subcommand(1);
     int exit_code = 0;
     if (store) crun::launcher::AddStoreCommand(app, &exit_code);
     if (rendezvous) crun::launcher::AddRendezvousCommand(app, &exit_code);
     if (status) crun::launcher::AddStatusCommand(app, &exit_code);
+    if (stacks) crun::launcher::AddStacksCommand(app, &exit_code);
     try {
       app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {

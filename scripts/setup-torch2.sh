@@ -8,6 +8,7 @@ set -euo pipefail
 TORCH2_VERSION="${CRUN_TORCH2_VERSION:-2.15.0}"
 LIGHTNING_VERSION="2.6.6"
 ACCELERATE_VERSION="1.15.0"
+PY_SPY_VERSION="0.4.3"
 VENV="${CRUN_TORCH2_VENV:-$HOME/.cache/crun/venv-torch-$TORCH2_VERSION}"
 PY="$VENV/bin/python"
 if ! { [ -x "$PY" ] && "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH2_VERSION')" 2>/dev/null; }; then
@@ -25,6 +26,12 @@ sys.exit(version('lightning') != '$LIGHTNING_VERSION' or version('accelerate') !
   echo "setup-torch2: installing lightning==$LIGHTNING_VERSION accelerate==$ACCELERATE_VERSION" >&2
   "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH2_VERSION" \
     "lightning==$LIGHTNING_VERSION" "accelerate==$ACCELERATE_VERSION" >&2
+fi
+# py-spy beside the interpreter: crun finds it there and reads these workers' Python stacks
+# with it (docs/hangs.md); Debian's python3 goes without, so both ways are tested.
+if ! [ -x "$VENV/bin/py-spy" ] || [ "$("$VENV/bin/py-spy" --version)" != "py-spy $PY_SPY_VERSION" ]; then
+  echo "setup-torch2: installing py-spy==$PY_SPY_VERSION" >&2
+  "$VENV/bin/pip" install -q --disable-pip-version-check "py-spy==$PY_SPY_VERSION" >&2
 fi
 "$PY" -c "import torch, lightning, accelerate; print('setup-torch2: torch', torch.__version__, 'lightning', lightning.__version__, 'accelerate', accelerate.__version__)" >&2
 echo "$PY"

@@ -26,6 +26,7 @@
 
 #include "crun/worker/checkpoint.h"
 #include "crun/worker/context.h"
+#include "crun/worker/heartbeat.h"
 #include "crun/worker/sampler.h"
 #include "crun/worker/torch.h"
 #include "train/cifar.h"
@@ -422,6 +423,7 @@ class Training {
       const double lr =
           LearningRate(o_, epoch + static_cast<double>(step - 1) / static_cast<double>(steps));
       loss_sum += TrainStep(batch, lr);
+      crun::worker::Heartbeat();  // a step done: progress for crun's --hang-timeout
       ++loss_n;
       images_trained_ += static_cast<std::int64_t>(batch.size());
       if (progress_.WillPrint(step, steps_run)) {

@@ -53,6 +53,8 @@ std::string Describe(const msg::FailureReport& report) {
   const auto& f = report.failures.front();
   std::string how = f.signal ? "signal " + std::to_string(*f.signal)
                              : "exit code " + std::to_string(f.exit_code.value_or(0));
+  if (!f.oom.empty()) how += " (" + f.oom + ")";
+  if (!f.hang.empty()) how = "a hang: " + f.hang;
   std::string out = "rank " + std::to_string(f.rank) + " (local rank " +
                     std::to_string(f.local_rank) + ") on " + report.host + " failed with " + how;
   if (!f.message.empty()) out += ": " + f.message;

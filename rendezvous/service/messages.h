@@ -50,6 +50,8 @@ struct WorkerFailure {
   std::vector<std::string> stderr_tail;
   std::string error_file;
   std::int64_t time_unix_ms = 0;
+  std::string hang;  // not empty: it hung, and this says how
+  std::string oom;   // not empty: the OOM killer ended it
 };
 
 struct FailureReport {

@@ -37,6 +37,8 @@ msg::FailureReport ReportFromProto(const v1::FailureReport& r) {
     f.stderr_tail.assign(w.stderr_tail().begin(), w.stderr_tail().end());
     f.error_file = w.error_file();
     f.time_unix_ms = w.time_unix_ms();
+    f.hang = w.hang();
+    f.oom = w.oom();
     out.failures.push_back(std::move(f));
   }
   return out;
@@ -58,6 +60,8 @@ void ReportToProto(const msg::FailureReport& r, v1::FailureReport* out) {
     for (const auto& line : f.stderr_tail) w->add_stderr_tail(line);
     w->set_error_file(f.error_file);
     w->set_time_unix_ms(f.time_unix_ms);
+    w->set_hang(f.hang);
+    w->set_oom(f.oom);
   }
 }
 

@@ -31,5 +31,14 @@ inline constexpr char kCrunAttempt[] = "CRUN_ATTEMPT";         // 0, 1, ... (res
 inline constexpr char kCrunLogDir[] = "CRUN_ATTEMPT_LOG_DIR";  // this worker's log directory
 // Read by the SDK, set by users: 0 keeps Gloo groups on TCP between ranks of one host.
 inline constexpr char kCrunGlooShm[] = "CRUN_GLOO_SHM";
+// Hang detection (docs/hangs.md). A worker writes anything to this descriptor to say "I made
+// progress" (crun::worker::Heartbeat does, once per call); absent when crun does not watch.
+inline constexpr char kCrunHeartbeatFd[] = "CRUN_HEARTBEAT_FD";
+// For the Python hook crun installs (sitecustomize): the signal that makes the worker write
+// every thread's Python stack (faulthandler) to the descriptor, which crun reads.
+inline constexpr char kCrunStacksFd[] = "CRUN_STACKS_FD";
+inline constexpr char kCrunStacksSignal[] = "CRUN_STACKS_SIGNAL";
+// torchelastic's file timer: the named pipe workers' FileTimerClient writes requests to.
+inline constexpr char kTimerFile[] = "TORCHELASTIC_TIMER_FILE";
 
 }  // namespace crun::env

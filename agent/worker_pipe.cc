@@ -1,0 +1,43 @@
+#include "agent/worker_pipe.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace crun::agent {
+
+StatusOr<std::unique_ptr<WorkerPipe>> WorkerPipe::Create(boost::asio::io_context& io,
+                                                         OnData on_data, int pipe_size) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) return PosixError("pipe for a worker", errno);
+  if (pipe_size > 0) ::fcntl(p[1], F_SETPIPE_SZ, pipe_size);  // best effort
+  return std::unique_ptr<WorkerPipe>(new WorkerPipe(io, p[0], p[1], std::move(on_data)));
+}
+
+WorkerPipe::WorkerPipe(boost::asio::io_context& io, int read_fd, int write_fd, OnData on_data)
+    : pipe_(io, read_fd), child_fd_(write_fd), on_data_(std::move(on_data)) {
+  Read();
+}
+
+WorkerPipe::~WorkerPipe() {
+  CloseChildEnd();
+  boost::system::error_code ignored;
+  pipe_.close(ignored);
+}
+
+void WorkerPipe::CloseChildEnd() {
+  if (child_fd_ >= 0) ::close(child_fd_);
+  child_fd_ = -1;
+}
+
+void WorkerPipe::Read() {
+  pipe_.async_read_some(boost::asio::buffer(chunk_),
+                        [this](const boost::system::error_code& ec, std::size_t n) {
+                          if (ec) return;  // closed, or the worker and its children are gone
+                          on_data_(std::string_view(chunk_, n));
+                          Read();
+                        });
+}
+
+}  // namespace crun::agent

@@ -1,0 +1,41 @@
+// The read end of a pipe whose write end a worker inherits (ProcessSpec::inherit_fds) and names
+// in its environment: its heartbeat (CRUN_HEARTBEAT_FD) and the Python hook's stacks
+// (CRUN_STACKS_FD). crun reads it all the time, so that the worker never blocks writing; the
+// write end is non-blocking besides. On the agent's event loop.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string_view>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+
+#include "base/status.h"
+
+namespace crun::agent {
+
+class WorkerPipe {
+ public:
+  using OnData = std::function<void(std::string_view)>;
+  // `pipe_size` > 0: asks the kernel for that much room (F_SETPIPE_SZ).
+  static StatusOr<std::unique_ptr<WorkerPipe>> Create(boost::asio::io_context& io, OnData on_data,
+                                                      int pipe_size = 0);
+  ~WorkerPipe();
+  WorkerPipe(const WorkerPipe&) = delete;
+  WorkerPipe& operator=(const WorkerPipe&) = delete;
+
+  // The write end, for the worker; crun closes its copy once the worker has started.
+  int child_fd() const { return child_fd_; }
+  void CloseChildEnd();
+
+ private:
+  WorkerPipe(boost::asio::io_context& io, int read_fd, int write_fd, OnData on_data);
+  void Read();
+  boost::asio::posix::stream_descriptor pipe_;
+  int child_fd_;
+  OnData on_data_;
+  char chunk_[16384];
+};
+
+}  // namespace crun::agent

@@ -1,0 +1,139 @@
+#include "launcher/stacks_command.h"
+
+#include <signal.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/control_socket.h"
+#include "agent/stacks.h"
+#include "base/numbers.h"
+
+namespace crun::launcher {
+namespace {
+
+struct StacksOptions {
+  std::string pid;
+  std::string log_dir;
+  bool json = false;
+  double timeout = 60;
+};
+
+// The live cruns whose crun.pid lies under `dir` (at most three levels down: <log-dir>/<run
+// id>/<host>_XXXXXX/crun.pid).
+std::vector<pid_t> CrunsUnder(const std::string& dir, std::vector<std::string>* stale) {
+  std::vector<pid_t> out;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  auto check = [&](const fs::path& file) {
+    std::ifstream in(file);
+    long pid = 0;
+    if (!(in >> pid) || pid <= 0) return;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) {
+      out.push_back(static_cast<pid_t>(pid));
+    } else {
+      stale->push_back(file.string() + " (pid " + std::to_string(pid) + ", no longer running)");
+    }
+  };
+  if (fs::exists(fs::path(dir) / "crun.pid", ec)) check(fs::path(dir) / "crun.pid");
+  fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec);
+  for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it.depth() > 2) {
+      it.disable_recursion_pending();
+      continue;
+    }
+    if (it->path().filename() == "crun.pid" && it->path().parent_path() != fs::path(dir)) {
+      check(it->path());
+    }
+  }
+  return out;
+}
+
+int Run(const StacksOptions& o) {
+  if (o.pid.empty() == o.log_dir.empty()) {
+    std::fprintf(stderr, "crun stacks: give the crun's PID or --log-dir DIR (one of them)\n");
+    return 2;
+  }
+  pid_t pid = 0;
+  if (!o.pid.empty()) {
+    const auto parsed = ParseInteger(o.pid, 1, 1 << 30);
+    if (!parsed) {
+      std::fprintf(stderr, "crun stacks: PID '%s' is not a process id\n", o.pid.c_str());
+      return 2;
+    }
+    pid = static_cast<pid_t>(*parsed);
+  } else {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(o.log_dir, ec)) {
+      std::fprintf(stderr, "crun stacks: --log-dir '%s' is not a directory\n", o.log_dir.c_str());
+      return 2;
+    }
+    std::vector<std::string> stale;
+    const auto found = CrunsUnder(o.log_dir, &stale);
+    if (found.size() != 1) {
+      std::fprintf(stderr, "crun stacks: %s under %s\n",
+                   found.empty() ? "no running crun" : "more than one running crun",
+                   o.log_dir.c_str());
+      for (pid_t p : found) std::fprintf(stderr, "  crun pid %d: crun stacks %d\n", p, p);
+      for (const auto& s : stale) std::fprintf(stderr, "  %s\n", s.c_str());
+      return 1;
+    }
+    pid = found.front();
+  }
+  auto answer =
+      agent::AskControl(pid, "stacks", std::chrono::milliseconds(static_cast<long>(o.timeout * 1000)));
+  if (!answer.ok()) {
+    std::fprintf(stderr, "crun stacks: %s\n", answer.status().message().c_str());
+    return 1;
+  }
+  const auto j = nlohmann::json::parse(*answer, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) {
+    std::fprintf(stderr, "crun stacks: crun (pid %d) answered something that is not JSON\n", pid);
+    return 1;
+  }
+  if (j.contains("error")) {
+    std::fprintf(stderr, "crun stacks: crun (pid %d): %s\n", pid,
+                 j["error"].get<std::string>().c_str());
+    return 1;
+  }
+  if (o.json) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::vector<agent::RankStacks> stacks;
+  if (j.contains("stacks") && j["stacks"].is_array()) {
+    for (const auto& s : j["stacks"]) stacks.push_back(agent::StacksFromJson(s));
+  }
+  std::printf("crun stacks: run %s on %s (crun pid %d, attempt %d): %zu ranks\n",
+              j.value("run_id", "").c_str(), j.value("host", "").c_str(), pid,
+              j.value("attempt", 0), stacks.size());
+  std::printf("Where every rank is:\n%s", agent::FormatStacks(stacks, {}).c_str());
+  int missing = 0;
+  for (const auto& s : stacks) missing += s.tool.empty() ? 1 : 0;
+  return missing == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+void AddStacksCommand(CLI::App& app, int* exit_code) {
+  auto o = std::make_shared<StacksOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "stacks", "Show where every rank of a running job is (its stacks), without stopping it");
+  cmd->add_option("pid", o->pid, "The crun launcher's process id");
+  cmd->add_option("--log-dir,--log_dir", o->log_dir,
+                  "Find the crun by its logs: its --log-dir or a directory below");
+  cmd->add_flag("--json", o->json, "Machine-readable output");
+  cmd->add_option("--timeout", o->timeout, "Seconds to wait for the answer")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->callback([o, exit_code] { *exit_code = Run(*o); });
+}
+
+}  // namespace crun::launcher

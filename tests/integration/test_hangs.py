@@ -1,0 +1,284 @@
+"""Hangs under crun, with real workers (docs/hangs.md): a stock PyTorch DDP job (gloo) in which
+one rank blocks in a function with a distinctive name while the others wait in all_reduce, with
+PyTorch 1.13 (Debian's python: no py-spy, so crun's faulthandler hook) and 2.x (py-spy beside
+its python); a native SDK worker whose only progress is its heartbeat (eu-stack); torchelastic's
+file timer; a SIGSTOPped worker; `crun stacks` on a running job; and bad input. Each time crun
+must name the hung rank and where every rank was, then restart the group and finish."""
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import unittest
+
+CRUN = os.environ["CRUN_BIN"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "..", "workers", "hang_worker.py")
+NATIVE = os.environ["HANG_NATIVE"]
+TORCH1 = os.environ["TORCH1_PYTHON"]
+TORCH2 = os.environ.get("TORCH2_PYTHON")
+LIMIT_S = 240
+
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from crun_testing import alive, wait_for  # noqa: E402
+
+
+class Hangs(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="crun-hangs-")
+        self.logs = os.path.join(self.dir, "logs")
+
+    def env(self, python=None, **extra):
+        e = dict(os.environ)
+        # Only what the test gives: py-spy is found beside the workers' python or not at all.
+        e["PATH"] = "/usr/bin:/bin"
+        if python:
+            e["PYTHON_EXEC"] = python
+        e.update(extra)
+        return e
+
+    def crun(self, *args, python=None, env=None, nproc=2):
+        cmd = [CRUN, "--nproc-per-node", str(nproc), "--log-dir", self.logs, *args]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT_S,
+                              env=env or self.env(python))
+
+    def hang_json(self, attempt=0):
+        found = glob.glob(f"{self.logs}/*/*/attempt_{attempt}/hang.json")
+        self.assertEqual(len(found), 1, found)
+        with open(found[0]) as f:
+            return json.load(f)
+
+    def check_ddp_hang(self, r, world, tool):
+        out = r.stdout + r.stderr
+        self.assertEqual(r.returncode, 0, out[-5000:])
+        hung = world - 1
+        self.assertIn(f"rank {hung} on ", r.stderr)
+        self.assertIn(f"rank {hung}: in `stuck_in_load_batch`", r.stderr)
+        others = "0" if world == 2 else f"0-{world - 2}"
+        self.assertRegex(r.stderr, rf"ranks? {others}: in `all_reduce`")
+        self.assertIn(f"by {tool}", r.stderr)
+        self.assertIn(f"restarting the worker group (restart 1 of at most 1): rank {hung} "
+                      "failed with a hang: no progress for", r.stderr)
+        for rank in range(world):
+            self.assertIn(f"rank {rank} attempt 1 done", r.stdout)
+        h = self.hang_json()
+        self.assertEqual([x["rank"] for x in h["ranks"] if x["hung"]], [hung])
+        self.assertEqual(h["summary"][0], f"rank {hung}: in `stuck_in_load_batch` <- `main` "
+                         "<- `<module>`")
+        self.assertEqual(len(h["stacks"]), world)
+        for s in h["stacks"]:
+            self.assertEqual(s["tool"], tool)
+            self.assertTrue(os.path.exists(os.path.join(h["stacks_dir"], f"rank_{s['rank']}.txt")))
+
+    def test_ddp_hang_torch_1_13_without_py_spy(self):
+        r = self.crun("--hang-timeout", "15", "--max-restarts", "1", WORKER, "block", nproc=3,
+                      python=TORCH1)
+        self.check_ddp_hang(r, 3, "faulthandler")
+
+    def test_ddp_hang_torch_2_with_py_spy(self):
+        if not TORCH2:
+            self.skipTest("no PyTorch 2.x environment (scripts/setup-torch2.sh)")
+        self.assertTrue(os.access(os.path.join(os.path.dirname(TORCH2), "py-spy"), os.X_OK),
+                        "scripts/setup-torch2.sh installs py-spy beside the interpreter")
+        r = self.crun("--hang-timeout", "15", "--max-restarts", "1", WORKER, "block",
+                      python=TORCH2)
+        self.check_ddp_hang(r, 2, "py-spy")
+
+    def test_file_timer_expiry_is_a_hang(self):
+        # torchrun's opt-in, unchanged: no --hang-timeout at all.
+        env = self.env(TORCH1, TORCHELASTIC_ENABLE_FILE_TIMER="1")
+        r = self.crun("--max-restarts", "1", WORKER, "timer", env=env)
+        self.assertEqual(r.returncode, 0, r.stderr[-5000:])
+        self.assertIn("rank 1 on ", r.stderr)
+        # The scope is expires()'s caller as PyTorch computes it (1.13: contextlib's frame).
+        self.assertRegex(r.stderr, r"torchelastic timer '[^']+#\d+' of pid \d+ expired")
+        self.assertIn("rank 1: in `stuck_in_load_batch`", r.stderr)
+        self.assertIn("rank 1 failed with a hang: torchelastic timer", r.stderr)
+        self.assertIn("rank 1 attempt 1 done", r.stdout)
+        self.assertEqual(glob.glob(f"{self.logs}/*/*/timer.pipe"), [])  # removed at the end
+
+    def test_sigstopped_worker(self):
+        r = self.crun("--hang-timeout", "15", "--max-restarts", "1", WORKER, "stop",
+                      python=TORCH1)
+        self.assertEqual(r.returncode, 0, r.stderr[-5000:])
+        self.assertIn("stopped (T: SIGSTOP or SIGTSTP)", r.stderr)
+        h = self.hang_json()
+        stopped = [x for x in h["ranks"] if x["state"] == "T"]
+        self.assertEqual([x["rank"] for x in stopped], [1])
+        self.assertTrue(stopped[0]["hung"])
+        self.assertIn("rank 1 attempt 1 done", r.stdout)
+
+    def test_native_worker_heartbeats(self):
+        # Silent but for its heartbeats: never hung while it works (attempt 1: 300 steps), hung
+        # at once when rank 2 stops beating.
+        r = self.crun("--hang-timeout", "3", "--max-restarts", "1", NATIVE, "300", nproc=3)
+        self.assertEqual(r.returncode, 0, r.stderr[-5000:])
+        self.assertIn("rank 2: in `StuckInLoadBatch` <- `main`", r.stderr)
+        self.assertIn("ranks 0-1: in `crun::worker::", r.stderr)
+        self.assertRegex(r.stderr, r"by (eu-stack|gdb)")
+        self.assertEqual(r.stderr.count("is hung"), 3)  # the first attempt only
+        self.assertIn("restarting the worker group (restart 1 of at most 1): rank 2 failed "
+                      "with a hang", r.stderr)
+        for rank in range(3):
+            self.assertIn(f"rank {rank} attempt 1 done", r.stdout)
+
+    def test_hang_with_no_restart_left_is_the_jobs_failure(self):
+        r = self.crun("--hang-timeout", "2", NATIVE, "5")
+        self.assertEqual(r.returncode, 128 + signal.SIGTERM, r.stderr[-5000:])
+        self.assertIn("Root cause (first failure):", r.stderr)
+        self.assertIn("  hang      : no progress for", r.stderr)
+        self.assertIn("(stopped by crun)", r.stderr)
+        found = glob.glob(f"{self.logs}/*/*/failure.json")
+        self.assertEqual(len(found), 1)
+        with open(found[0]) as f:
+            report = json.load(f)
+        self.assertEqual(report["failures"][0]["rank"], 1)
+        self.assertTrue(report["failures"][0]["hang"].startswith("no progress for"))
+        self.assertEqual(report["hang"]["summary"][0],
+                         "rank 1: in `StuckInLoadBatch` <- `main` <- `__libc_start_call_main`")
+
+    def test_busy_worker_is_not_hung(self):
+        script = os.path.join(self.dir, "busy.py")
+        with open(script, "w") as f:
+            f.write("import time\n"
+                    "for i in range(40):\n"
+                    "    print('step', i, flush=True)\n"
+                    "    time.sleep(0.05)\n")
+        r = self.crun("--hang-timeout", "1", script, python=TORCH1)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("hung", r.stderr)
+        self.assertEqual(r.stdout.count("step 39"), 2)
+
+    def test_crun_stacks_on_a_running_job(self):
+        p = subprocess.Popen([CRUN, "--nproc-per-node", "2", "--log-dir", self.logs, WORKER,
+                              "block"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=self.env(TORCH1))
+        try:
+            # Rank 1 is stuck once it says so; rank 0 then waits in all_reduce.
+            wait_for(lambda: glob.glob(f"{self.logs}/*/*/attempt_0/1/stdout.log") or True,
+                     "the run's log directory", limit=LIMIT_S)
+            wait_for(lambda: self.stacks(p.pid).returncode == 0 and
+                     "rank 1: in `stuck_in_load_batch`" in self.last.stdout and
+                     "rank 0: in `all_reduce`" in self.last.stdout,
+                     "crun stacks to show rank 1 stuck and rank 0 in all_reduce", limit=LIMIT_S)
+            self.assertIn("crun stacks: run ", self.last.stdout)
+            by_dir = subprocess.run([CRUN, "stacks", "--log-dir", self.logs, "--json"],
+                                    capture_output=True, text=True, timeout=LIMIT_S)
+            self.assertEqual(by_dir.returncode, 0, by_dir.stderr)
+            j = json.loads(by_dir.stdout)
+            self.assertEqual(sorted(s["rank"] for s in j["stacks"]), [0, 1])
+            self.assertTrue(alive(p.pid))  # reading stacks stops nothing
+        finally:
+            p.send_signal(signal.SIGTERM)
+            p.communicate(timeout=LIMIT_S)
+        gone = subprocess.run([CRUN, "stacks", str(p.pid)], capture_output=True, text=True,
+                              timeout=LIMIT_S)
+        self.assertEqual(gone.returncode, 1)
+        self.assertIn(f"crun (pid {p.pid}) is not running here", gone.stderr)
+
+    def stacks(self, pid):
+        self.last = subprocess.run([CRUN, "stacks", str(pid)], capture_output=True, text=True,
+                                   timeout=LIMIT_S)
+        return self.last
+
+    def test_bad_input(self):
+        for value in ("abc", "-1", "1e12"):
+            r = self.crun("--hang-timeout", value, NATIVE, "5")
+            self.assertNotEqual(r.returncode, 0, r.stderr)
+            self.assertIn(f"--hang-timeout '{value}'", r.stderr)
+        precious = os.path.join(self.dir, "precious.txt")
+        with open(precious, "w") as f:
+            f.write("someone's data\n")
+        env = self.env(TORCHELASTIC_ENABLE_FILE_TIMER="1", TORCHELASTIC_TIMER_FILE=precious)
+        r = self.crun(NATIVE, "5", env=env)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn(f"TORCHELASTIC_TIMER_FILE={precious} exists and is not a named pipe",
+                      r.stderr)
+        with open(precious) as f:
+            self.assertEqual(f.read(), "someone's data\n")
+        for bad in (["stacks"], ["stacks", "12x"], ["stacks", "--log-dir", "/nonexistent"],
+                    ["stacks", "1", "--log-dir", self.dir]):
+            r = subprocess.run([CRUN, *bad], capture_output=True, text=True, timeout=LIMIT_S)
+            self.assertEqual(r.returncode, 2, (bad, r.stderr))
+            self.assertIn("crun stacks:", r.stderr)
+
+
+def memory_cgroup_parent():
+    """Where this process may make a memory-limited cgroup: ("v2", dir) when cgroup v2 has the
+    memory controller, ("v1", dir) for a v1 memory hierarchy, else None."""
+    with open("/proc/self/cgroup") as f:
+        lines = [line.strip().split(":", 2) for line in f]
+    for _, controllers, path in lines:
+        if "memory" in controllers.split(","):
+            d = "/sys/fs/cgroup/memory" + path
+            if os.path.isdir(d) and os.access(d, os.W_OK):
+                return "v1", d
+    for _, controllers, path in lines:
+        if controllers == "":
+            d = "/sys/fs/cgroup" + path
+            try:
+                with open("/sys/fs/cgroup/cgroup.controllers") as f:
+                    has_memory = "memory" in f.read().split()
+            except OSError:
+                has_memory = False
+            if has_memory and os.access(d, os.W_OK):
+                return "v2", d
+    return None
+
+
+class OomKiller(unittest.TestCase):
+    """A worker that allocates past a memory limit set on a real cgroup, killed by the kernel's
+    OOM killer: crun says so, with its RSS, instead of an anonymous SIGKILL."""
+
+    def test_oom_kill_is_reported_as_such(self):
+        found = memory_cgroup_parent()
+        if found is None:
+            self.skipTest("no writable memory cgroup (v1 or v2) on this machine")
+        version, parent = found
+        cg = tempfile.mkdtemp(prefix="crun-oom-", dir=parent)
+        d = tempfile.mkdtemp(prefix="crun-oom-")
+        try:
+            limit = str(96 << 20)
+            if version == "v1":
+                with open(os.path.join(cg, "memory.limit_in_bytes"), "w") as f:
+                    f.write(limit)
+                swap = os.path.join(cg, "memory.memsw.limit_in_bytes")
+                if os.path.exists(swap):
+                    with open(swap, "w") as f:
+                        f.write(limit)
+            else:
+                with open(os.path.join(cg, "memory.max"), "w") as f:
+                    f.write(limit)
+                with open(os.path.join(cg, "memory.swap.max"), "w") as f:
+                    f.write("0")
+            script = os.path.join(d, "alloc.py")
+            with open(script, "w") as f:
+                f.write("held = []\n"
+                        "for i in range(64):\n"
+                        "    held.append(b'x' * (16 << 20))  # touched: every page is used\n"
+                        "print('allocated 1 GiB: the limit did not hold', flush=True)\n")
+            cmd = ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh", CRUN,
+                   "--nproc-per-node", "1", "--log-dir", os.path.join(d, "logs"), script]
+            env = dict(os.environ, PYTHON_EXEC=sys.executable)
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=LIMIT_S, env=env)
+            self.assertEqual(r.returncode, 128 + signal.SIGKILL, r.stdout + r.stderr)
+            self.assertIn("signal 9 (SIGKILL): killed by the OOM killer (", r.stderr)
+            found = glob.glob(f"{d}/logs/*/*/failure.json")
+            self.assertEqual(len(found), 1)
+            with open(found[0]) as f:
+                failure = json.load(f)["failures"][0]
+            self.assertTrue(failure["oom"].startswith("killed by the OOM killer ("), failure)
+            if "kernel log" in failure["oom"]:
+                self.assertRegex(failure["oom"], r"RSS \d+ MiB")
+        finally:
+            def empty():
+                with open(os.path.join(cg, "cgroup.procs")) as f:
+                    return not f.read().strip()
+            wait_for(empty, "the test cgroup to empty")
+            os.rmdir(cg)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

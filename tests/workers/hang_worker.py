@@ -1,0 +1,80 @@
+"""A stock PyTorch DDP job (gloo, env://) that hangs on purpose in its first attempt, for crun's
+hang detection (tests/integration/test_hangs.py, docs/hangs.md). Each step prints a line, which
+crun counts as progress.
+
+    crun --hang-timeout S hang_worker.py MODE [STEPS]
+
+MODE says what the last rank does in the first attempt (TORCHELASTIC_RESTART_COUNT 0) at step 3,
+after its backward pass, while the others go on to average the loss with all_reduce:
+  block  blocks in `stuck_in_load_batch`
+  stop   stops itself with SIGSTOP (state T) from `stuck_in_load_batch`
+  timer  blocks in `stuck_in_load_batch` inside torchelastic's expires(after=2) (the file timer
+         crun serves when TORCHELASTIC_ENABLE_FILE_TIMER=1)
+  none   nothing
+The restarted attempt trains STEPS (default 5) steps and exits 0.
+"""
+import os
+import signal
+import sys
+import time
+
+print(f"rank {os.environ['RANK']}: importing torch", flush=True)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+HANG_STEP = 3
+
+
+def stuck_in_load_batch(mode):
+    print(f"rank {dist.get_rank()}: loading the next batch", flush=True)
+    if mode == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(3600)
+
+
+def average_loss(loss):
+    t = loss.detach().clone()
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
+
+
+def main():
+    mode = sys.argv[1]
+    steps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    hangs_here = attempt == 0 and rank == world - 1 and mode != "none"
+    if mode == "timer" and hangs_here:
+        from torch.distributed.elastic import timer
+        timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(1, steps + 1):
+        x = torch.randn(16, 8)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if hangs_here and step == HANG_STEP:
+            if mode == "timer":
+                from torch.distributed.elastic import timer
+                with timer.expires(after=2):
+                    stuck_in_load_batch(mode)
+            else:
+                stuck_in_load_batch(mode)
+        avg = average_loss(loss)
+        print(f"rank {rank} attempt {attempt} step {step}: loss {avg:.4f}", flush=True)
+    dist.destroy_process_group()
+    print(f"rank {rank} attempt {attempt} done", flush=True)
+    # PyTorch 2.x's Gloo threads can still abort a finished program at interpreter exit
+    # ("terminate called without an active exception", pytorch/pytorch#190489), which would
+    # read as a failure of this test rather than of crun: its work is done, so leave now.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
