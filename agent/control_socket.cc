@@ -25,8 +25,12 @@ constexpr std::size_t kMaxRequest = 4096;
 // One connection: read a line (within 5 s), check the peer, answer, close.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(asio::io_context& io, Local::socket socket, ControlServer::Handler& handler)
-      : socket_(std::move(socket)), timer_(io), handler_(handler), request_(kMaxRequest) {}
+  // A copy of the handler: a session may outlive the server (crun ending while it answers).
+  Session(asio::io_context& io, Local::socket socket, ControlServer::Handler handler)
+      : socket_(std::move(socket)),
+        timer_(io),
+        handler_(std::move(handler)),
+        request_(kMaxRequest) {}
 
   void Start() {
     ucred cred{};
@@ -67,7 +71,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   Local::socket socket_;
   asio::steady_timer timer_;
-  ControlServer::Handler& handler_;
+  ControlServer::Handler handler_;
   asio::streambuf request_;
   std::string answer_;
 };
@@ -121,9 +125,10 @@ StatusOr<std::string> AskControl(pid_t pid, const std::string& request,
     const int err = errno;
     ::close(fd);
     if (err == ECONNREFUSED || err == ENOENT) {
-      return NotFound(who + " is not running here, or is not a crun launcher with workers "
-                            "(no control socket; crun stacks must run on the same host and "
-                            "network namespace)");
+      return NotFound(who +
+                      " is not running here, or is not a crun launcher with workers "
+                      "(no control socket; crun stacks must run on the same host and "
+                      "network namespace)");
     }
     return PosixError("cannot reach " + who, err);
   }
@@ -144,8 +149,8 @@ StatusOr<std::string> AskControl(pid_t pid, const std::string& request,
     if (ready < 0 && errno == EINTR) continue;
     if (ready <= 0) {
       ::close(fd);
-      return TimeoutError(who + " did not answer within " +
-                          std::to_string(timeout.count() / 1000) + " s");
+      return TimeoutError(who + " did not answer within " + std::to_string(timeout.count() / 1000) +
+                          " s");
     }
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;

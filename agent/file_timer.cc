@@ -31,11 +31,11 @@ StatusOr<std::unique_ptr<FileTimerServer>> FileTimerServer::Open(boost::asio::io
                                                                  const std::string& path,
                                                                  OnRequest on_request,
                                                                  OnExpired on_expired) {
-  struct stat st{};
+  struct stat st {};
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISFIFO(st.st_mode)) {
       return InvalidArgument("TORCHELASTIC_TIMER_FILE=" + path +
-                                " exists and is not a named pipe: crun will not replace it");
+                             " exists and is not a named pipe: crun will not replace it");
     }
     ::unlink(path.c_str());
   }
@@ -50,8 +50,8 @@ StatusOr<std::unique_ptr<FileTimerServer>> FileTimerServer::Open(boost::asio::io
     ::unlink(path.c_str());
     return PosixError("cannot open the file-timer pipe " + path, err);
   }
-  return std::unique_ptr<FileTimerServer>(new FileTimerServer(
-      io, path, fd, std::move(on_request), std::move(on_expired)));
+  return std::unique_ptr<FileTimerServer>(
+      new FileTimerServer(io, path, fd, std::move(on_request), std::move(on_expired)));
 }
 
 FileTimerServer::FileTimerServer(boost::asio::io_context& io, std::string path, int fd,
@@ -77,24 +77,23 @@ void FileTimerServer::Clear() {
 }
 
 void FileTimerServer::Read() {
-  pipe_.async_read_some(boost::asio::buffer(buffer_),
-                        [this](const boost::system::error_code& ec, std::size_t n) {
-                          if (ec) return;  // closed with the server
-                          pending_.append(buffer_, n);
-                          std::size_t start = 0;
-                          for (auto nl = pending_.find('\n'); nl != std::string::npos;
-                               nl = pending_.find('\n', start)) {
-                            Handle(std::string_view(pending_).substr(start, nl - start));
-                            start = nl + 1;
-                          }
-                          pending_.erase(0, start);
-                          if (pending_.size() > kMaxLine) {
-                            ++malformed_;
-                            pending_.clear();
-                          }
-                          Schedule();
-                          Read();
-                        });
+  pipe_.async_read_some(boost::asio::buffer(buffer_), [this](const boost::system::error_code& ec,
+                                                             std::size_t n) {
+    if (ec) return;  // closed with the server
+    pending_.append(buffer_, n);
+    std::size_t start = 0;
+    for (auto nl = pending_.find('\n'); nl != std::string::npos; nl = pending_.find('\n', start)) {
+      Handle(std::string_view(pending_).substr(start, nl - start));
+      start = nl + 1;
+    }
+    pending_.erase(0, start);
+    if (pending_.size() > kMaxLine) {
+      ++malformed_;
+      pending_.clear();
+    }
+    Schedule();
+    Read();
+  });
 }
 
 void FileTimerServer::Handle(std::string_view line) {

@@ -23,13 +23,20 @@ bool MakesNoProgress(char state) { return state == 'T' || state == 't' || state 
 
 std::string DescribeState(char state) {
   switch (state) {
-    case 'R': return "running";
-    case 'S': return "sleeping";
-    case 'D': return "in uninterruptible sleep (D: waiting on a device or file system)";
-    case 'T': return "stopped (T: SIGSTOP or SIGTSTP)";
-    case 't': return "stopped by a debugger (t)";
-    case 'Z': return "exited, not yet reaped";
-    default: return std::string("state ") + state;
+    case 'R':
+      return "running";
+    case 'S':
+      return "sleeping";
+    case 'D':
+      return "in uninterruptible sleep (D: waiting on a device or file system)";
+    case 'T':
+      return "stopped (T: SIGSTOP or SIGTSTP)";
+    case 't':
+      return "stopped by a debugger (t)";
+    case 'Z':
+      return "exited, not yet reaped";
+    default:
+      return std::string("state ") + state;
   }
 }
 

@@ -28,7 +28,7 @@ using ProgressCounter = std::shared_ptr<std::uint64_t>;
 struct WorkerProgress {
   int local_rank = 0;
   pid_t pid = 0;
-  bool hung = false;                  // this worker is the hang (or one of them)
+  bool hung = false;                   // this worker is the hang (or one of them)
   std::chrono::milliseconds silent{};  // since its last progress
   char state = '?';                    // its /proc state letter then: R, S, D, T, t, ...
   std::string cause;                   // "no progress for 30.0 s", "torchelastic timer ..."

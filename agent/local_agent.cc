@@ -116,7 +116,6 @@ struct LocalAgent::Impl final : RendezvousEvents {
       return 1;
     }
     guard = std::move(g).value();
-    oom = std::make_unique<OomWatch>(cgroup ? cgroup->dir() : std::string());
     if (auto sub = BecomeSubreaper(); !sub.ok()) {
       spdlog::warn("{}: a worker's daemonised descendants may outlive the job", sub.message());
     }
@@ -311,6 +310,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
            {"world_size", group.world_size},
            {"first_rank", group.base_rank + options.first_local_rank},
            {"pids", pids}});
+    asio::post(io, [this] { StartObservers(); });
     spdlog::info("round {} (restart {}): started {} workers, ranks {}..{} of {} (store {}:{})",
                  group.round, group.restart_count, options.nproc,
                  group.base_rank + options.first_local_rank,
@@ -564,20 +564,9 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   // ---- hangs (docs/hangs.md) --------------------------------------------------------------
 
-  // Finds the stack tools and starts the file-timer server.
+  // Starts the file-timer server (before any worker, which gets its pipe); the rest waits
+  // until the first workers are on their way (StartObservers).
   Status PrepareHangTools() {
-    tools = FindStackTools(options.tool_path,
-                           {options.command.empty() ? "" : DirectoryOf(options.command[0])});
-    auto control = ControlServer::Listen(io, [this](const std::string& request,
-                                                    std::function<void(std::string)> reply) {
-      OnControl(request, std::move(reply));
-    });
-    if (control.ok()) {
-      control_server = std::move(control).value();
-    } else {
-      spdlog::warn("{}: `crun stacks {}` will not reach this crun", control.status().message(),
-                   ::getpid());
-    }
     if (!options.file_timer) return Status::Ok();
     const std::string path =
         options.timer_file.empty() ? options.log_dir + "/timer.pipe" : options.timer_file;
@@ -593,21 +582,50 @@ struct LocalAgent::Impl final : RendezvousEvents {
     return Status::Ok();
   }
 
-  // Before the first worker starts (so that a run that never starts one leaves its log
-  // directory empty): the Python hook, and crun.pid for `crun stacks --log-dir`.
-  void WriteRunFiles() {
-    if (wrote_run_files) return;
-    wrote_run_files = true;
-    const std::string dir = options.log_dir + "/python";
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (!ec && WriteText(dir + "/sitecustomize.py", PythonHookSource())) {
-      python_dir = dir;
+  // What only matters once workers run, made right after the first ones started, off the path
+  // to starting them: the control socket (`crun stacks`), crun.pid and the OOM witnesses.
+  void StartObservers() {
+    if (oom) return;
+    oom = std::make_unique<OomWatch>(cgroup ? cgroup->dir() : std::string());
+    auto control = ControlServer::Listen(io, [this](const std::string& request,
+                                                    std::function<void(std::string)> reply) {
+      OnControl(request, std::move(reply));
+    });
+    if (control.ok()) {
+      control_server = std::move(control).value();
     } else {
-      spdlog::warn("cannot write {}/sitecustomize.py: Python workers' stacks need py-spy", dir);
+      spdlog::warn("{}: `crun stacks {}` will not reach this crun", control.status().message(),
+                   ::getpid());
     }
     if (!WriteText(options.log_dir + "/crun.pid", std::to_string(::getpid()) + "\n")) {
       spdlog::warn("cannot write {}/crun.pid", options.log_dir);
+    }
+  }
+
+  // The stack tools, looked for when first needed (not on the way to starting workers).
+  const StackTools& Tools() {
+    if (!tools) {
+      tools = FindStackTools(options.tool_path,
+                             {options.command.empty() ? "" : DirectoryOf(options.command[0])});
+    }
+    return *tools;
+  }
+
+  // Before the first worker starts (so that a run that never starts one leaves its log
+  // directory empty): the Python hook.
+  void WriteRunFiles() {
+    if (wrote_run_files) return;
+    wrote_run_files = true;
+    // The hook, for Python workers only (crun chose their interpreter).
+    const std::string dir = options.log_dir + "/python";
+    std::error_code ec;
+    if (options.interpreter.empty()) {
+      // native workers: eu-stack or gdb read them
+    } else if (std::filesystem::create_directories(dir, ec);
+               !ec && WriteText(dir + "/sitecustomize.py", PythonHookSource())) {
+      python_dir = dir;
+    } else {
+      spdlog::warn("cannot write {}/sitecustomize.py: Python workers' stacks need py-spy", dir);
     }
   }
 
@@ -646,7 +664,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     }
     if (capturing) return error("busy reading stacks for a hang; ask again in a few seconds");
     capturing = true;
-    CaptureStacks(io, StackTargets(), tools, options.stack_deadline,
+    CaptureStacks(io, StackTargets(), Tools(), options.stack_deadline,
                   [this, reply](std::vector<RankStacks> stacks) {
                     capturing = false;
                     if (auto hang = std::exchange(pending_hang, std::nullopt)) {
@@ -727,7 +745,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
       h.ranks.push_back(std::move(r));
     }
     h.notes = TriggerFlightRecorder();
-    CaptureStacks(io, StackTargets(), tools, options.stack_deadline,
+    CaptureStacks(io, StackTargets(), Tools(), options.stack_deadline,
                   [this, h = std::move(h), when,
                    round = group.round](std::vector<RankStacks> stacks) mutable {
                     capturing = false;
@@ -885,7 +903,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   std::unique_ptr<FileTimerServer> file_timer;
   std::unique_ptr<ControlServer> control_server;
   std::unique_ptr<OomWatch> oom;
-  StackTools tools;
+  std::optional<StackTools> tools;
   std::string python_dir;                 // holds the hook's sitecustomize.py; empty: not written
   std::optional<HangReport> hang_report;  // this attempt's hang
   bool capturing = false;                 // stacks are being read for a hang

@@ -3,22 +3,38 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 namespace crun::agent {
 namespace {
 
+// A small /proc or /sys file (plain read(): no iostreams on the way to starting workers).
+std::string ReadSmall(const std::string& path) {
+  std::string out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[4096];
+  ssize_t n;
+  while (out.size() < (1 << 16) && (n = ::read(fd, buf, sizeof buf)) > 0) {
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
 // "<name> <n>" from a flat-keyed cgroup file (memory.events, memory.oom_control); -1 if absent.
 std::int64_t ReadCounter(const std::string& file, const std::string& name) {
-  std::ifstream in(file);
-  std::string key;
-  std::int64_t value = 0;
-  while (in >> key >> value) {
-    if (key == name) return value;
+  const std::string text = ReadSmall(file);
+  const std::string key = name + " ";
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    if (text.compare(at, key.size(), key) == 0) {
+      return std::strtoll(text.c_str() + at + key.size(), nullptr, 10);
+    }
+    at = end + 1;
   }
   return -1;
 }
@@ -32,18 +48,17 @@ std::int64_t KiBAfter(const std::string& text, const std::string& key) {
 
 // crun's own memory cgroup, v1 (the "memory" controller's line of /proc/self/cgroup).
 std::string MemoryCgroupV1() {
-  std::ifstream in("/proc/self/cgroup");
-  std::string line;
-  while (std::getline(in, line)) {
-    // "4:memory:/path"
+  const std::string text = ReadSmall("/proc/self/cgroup");
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    const std::string line = text.substr(at, end - at);  // "4:memory:/path"
+    at = end + 1;
     const auto first = line.find(':');
     const auto second = line.find(':', first + 1);
     if (first == std::string::npos || second == std::string::npos) continue;
-    const std::string controllers = line.substr(first + 1, second - first - 1);
-    std::stringstream list(controllers);
-    std::string c;
-    while (std::getline(list, c, ',')) {
-      if (c == "memory") return "/sys/fs/cgroup/memory" + line.substr(second + 1);
+    const std::string controllers = "," + line.substr(first + 1, second - first - 1) + ",";
+    if (controllers.find(",memory,") != std::string::npos) {
+      return "/sys/fs/cgroup/memory" + line.substr(second + 1);
     }
   }
   return "";
@@ -108,7 +123,8 @@ void OomWatch::ReadKernelLog() {
     const std::string text(record, static_cast<std::size_t>(n));
     const auto semicolon = text.find(';');
     if (semicolon == std::string::npos) continue;
-    if (auto kill = ParseOomKillLine(text.substr(semicolon + 1))) killed_[kill->first] = kill->second;
+    if (auto kill = ParseOomKillLine(text.substr(semicolon + 1)))
+      killed_[kill->first] = kill->second;
   }
 }
 

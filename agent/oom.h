@@ -46,7 +46,7 @@ class OomWatch {
  private:
   void ReadKernelLog();
   int kmsg_ = -1;
-  std::map<pid_t, std::int64_t> killed_;             // from the kernel log: pid -> RSS KiB
+  std::map<pid_t, std::int64_t> killed_;          // from the kernel log: pid -> RSS KiB
   std::map<std::string, std::int64_t> counters_;  // counter file -> value last seen
 };
 

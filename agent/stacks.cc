@@ -48,8 +48,8 @@ int ToInt(std::string_view s) {
 }
 
 // Marks the main thread: the one `is_main` picks, else `fallback` (an index; -1: the last).
-void MarkMain(std::vector<ThreadStack>& threads, const std::function<bool(const ThreadStack&)>& is_main,
-              int fallback) {
+void MarkMain(std::vector<ThreadStack>& threads,
+              const std::function<bool(const ThreadStack&)>& is_main, int fallback) {
   if (threads.empty()) return;
   for (auto& t : threads) {
     if (is_main(t)) {
@@ -81,12 +81,36 @@ Frame GdbFrame(std::string_view s) {
 
 // C library and kernel-interface frames every waiting thread has on top: not where it waits.
 bool IsWaitPrimitive(const std::string& function) {
-  static const char* const kNames[] = {
-      "clock_nanosleep", "nanosleep", "sleep", "usleep", "pause", "poll", "ppoll", "select",
-      "pselect", "epoll_wait", "epoll_pwait", "read", "recv", "recvmsg", "recvfrom", "write",
-      "futex_wait", "syscall", "pthread_cond_wait", "pthread_cond_timedwait", "sem_wait",
-      "pthread_join", "wait4", "waitpid", "accept", "connect", "do_futex_wait",
-      "futex_abstimed_wait_common", "pthread_cond_clockwait", "__pthread_clockjoin_ex"};
+  static const char* const kNames[] = {"clock_nanosleep",
+                                       "nanosleep",
+                                       "sleep",
+                                       "usleep",
+                                       "pause",
+                                       "poll",
+                                       "ppoll",
+                                       "select",
+                                       "pselect",
+                                       "epoll_wait",
+                                       "epoll_pwait",
+                                       "read",
+                                       "recv",
+                                       "recvmsg",
+                                       "recvfrom",
+                                       "write",
+                                       "futex_wait",
+                                       "syscall",
+                                       "pthread_cond_wait",
+                                       "pthread_cond_timedwait",
+                                       "sem_wait",
+                                       "pthread_join",
+                                       "wait4",
+                                       "waitpid",
+                                       "accept",
+                                       "connect",
+                                       "do_futex_wait",
+                                       "futex_abstimed_wait_common",
+                                       "pthread_cond_clockwait",
+                                       "__pthread_clockjoin_ex"};
   std::string name = function;
   if (const auto at = name.find('@'); at != std::string::npos) name.resize(at);
   while (!name.empty() && name.front() == '_') name.erase(0, 1);
@@ -159,8 +183,8 @@ std::vector<ThreadStack> ParsePySpy(const std::string& text) {
     threads.back().frames.push_back(std::move(f));
   }
   MarkMain(
-      threads, [](const ThreadStack& t) { return t.title.find("\"MainThread\"") != std::string::npos; },
-      0);
+      threads,
+      [](const ThreadStack& t) { return t.title.find("\"MainThread\"") != std::string::npos; }, 0);
   return threads;
 }
 
@@ -194,7 +218,8 @@ std::vector<ThreadStack> ParseFaulthandler(const std::string& text) {
     }
     threads.back().frames.push_back(std::move(f));
   }
-  MarkMain(threads, [](const ThreadStack&) { return false; }, -1);
+  MarkMain(
+      threads, [](const ThreadStack&) { return false; }, -1);
   return threads;
 }
 
@@ -213,9 +238,8 @@ std::vector<ThreadStack> ParseEuStack(const std::string& text, pid_t pid) {
     }
     if (threads.empty() || !StartsWith(line, "#")) continue;
     // "#N  0xADDR name" (the name is absent when unknown)
-    std::string_view s = Trim(line.substr(line.find(' ') == std::string_view::npos
-                                              ? line.size()
-                                              : line.find(' ')));
+    std::string_view s =
+        Trim(line.substr(line.find(' ') == std::string_view::npos ? line.size() : line.find(' ')));
     const auto space = s.find(' ');
     Frame f;
     f.function = space == std::string_view::npos ? "??" : std::string(Trim(s.substr(space)));
@@ -226,7 +250,8 @@ std::vector<ThreadStack> ParseEuStack(const std::string& text, pid_t pid) {
     threads.back().frames.push_back(std::move(f));
   }
   const std::string main_title = "TID " + std::to_string(pid);
-  MarkMain(threads, [&](const ThreadStack& t) { return t.title == main_title; }, 0);
+  MarkMain(
+      threads, [&](const ThreadStack& t) { return t.title == main_title; }, 0);
   return threads;
 }
 
@@ -271,7 +296,8 @@ const ThreadStack* MainThread(const RankStacks& stacks) {
 bool IsCollectiveFrame(const Frame& f) {
   if (f.file.find("distributed_c10d.py") != std::string::npos) return true;
   std::string name;
-  for (char c : f.function) name.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  for (char c : f.function)
+    name.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
   if (name.find("nccl") != std::string::npos) return true;
   for (const char* k : {"allreduce", "all_reduce", "allgather", "all_gather", "reducescatter",
                         "reduce_scatter", "broadcast", "barrier", "alltoall", "all_to_all"}) {
@@ -309,7 +335,6 @@ bool InCollective(const RankStacks& stacks) {
 }
 
 }  // namespace
-
 
 std::string WhereWaiting(const RankStacks& stacks) {
   if (stacks.threads.empty()) {
@@ -385,8 +410,7 @@ std::vector<std::string> GroupSummary(const std::vector<RankStacks>& ranks,
   });
   std::vector<std::string> out;
   for (const auto& [where, members] : sorted) {
-    out.push_back((members.size() == 1 ? "rank " : "ranks ") + RankRanges(members) + ": " +
-                  where);
+    out.push_back((members.size() == 1 ? "rank " : "ranks ") + RankRanges(members) + ": " + where);
   }
   return out;
 }
@@ -423,7 +447,8 @@ std::string FormatRankStacks(const RankStacks& s) {
     out += "  " + t.title + (t.main ? "  [main thread]" : "") + "\n";
     for (const auto& f : t.frames) {
       out += "    " + f.function;
-      if (!f.file.empty()) out += " (" + f.file + (f.line > 0 ? ":" + std::to_string(f.line) : "") + ")";
+      if (!f.file.empty())
+        out += " (" + f.file + (f.line > 0 ? ":" + std::to_string(f.line) : "") + ")";
       out += "\n";
     }
   }
@@ -439,9 +464,9 @@ nlohmann::json StacksJson(const RankStacks& s) {
     }
     threads.push_back({{"title", t.title}, {"main", t.main}, {"frames", std::move(frames)}});
   }
-  return {{"host", s.host},   {"rank", s.rank},   {"local_rank", s.local_rank},
-          {"pid", s.pid},     {"tool", s.tool},   {"where", WhereWaiting(s)},
-          {"error", s.error}, {"text", s.text},   {"threads", std::move(threads)}};
+  return {{"host", s.host},   {"rank", s.rank}, {"local_rank", s.local_rank},
+          {"pid", s.pid},     {"tool", s.tool}, {"where", WhereWaiting(s)},
+          {"error", s.error}, {"text", s.text}, {"threads", std::move(threads)}};
 }
 
 RankStacks StacksFromJson(const nlohmann::json& j) {
@@ -539,10 +564,8 @@ _crun_leave_and_run_shadowed_sitecustomize()
 
 StatusOr<std::unique_ptr<StackPipe>> StackPipe::Create(asio::io_context& io) {
   auto self = std::unique_ptr<StackPipe>(new StackPipe(io));
-  // Room for a large dump: the writer is a signal handler that must not block, so it writes
-  // non-blocking, and anything past a full pipe would be lost.
-  auto pipe = WorkerPipe::Create(
-      io, [raw = self.get()](std::string_view data) { raw->OnData(data); }, 1 << 20);
+  auto pipe =
+      WorkerPipe::Create(io, [raw = self.get()](std::string_view data) { raw->OnData(data); });
   if (!pipe.ok()) return pipe.status();
   self->pipe_ = std::move(pipe).value();
   return self;
@@ -566,6 +589,10 @@ void StackPipe::Request(pid_t pid, int signo, milliseconds quiet, milliseconds d
   buffer_.clear();
   quiet_ = quiet;
   done_ = std::move(done);
+  // Room for a large dump (the default 64 KiB holds about 60 threads of 20 frames): the
+  // writer is a signal handler that must not block, so it writes non-blocking, and anything
+  // past a full pipe would be lost. Asked for here, not when every worker starts.
+  ::fcntl(pipe_->read_fd(), F_SETPIPE_SZ, 1 << 20);
   if (::kill(pid, signo) != 0) return Finish();
   deadline_timer_.expires_after(deadline);
   deadline_timer_.async_wait([this](const boost::system::error_code& e) {
@@ -664,15 +691,16 @@ class ToolRun : public std::enable_shared_from_this<ToolRun> {
 
   void Read() {
     auto self = shared_from_this();
-    pipe_.async_read_some(asio::buffer(chunk_), [self](const boost::system::error_code& ec,
-                                                       std::size_t n) {
-      if (ec) {
-        self->eof_ = true;
-        return self->MaybeDone();
-      }
-      if (self->output_.size() < (std::size_t{4} << 20)) self->output_.append(self->chunk_, n);
-      self->Read();
-    });
+    pipe_.async_read_some(asio::buffer(chunk_),
+                          [self](const boost::system::error_code& ec, std::size_t n) {
+                            if (ec) {
+                              self->eof_ = true;
+                              return self->MaybeDone();
+                            }
+                            if (self->output_.size() < (std::size_t{4} << 20))
+                              self->output_.append(self->chunk_, n);
+                            self->Read();
+                          });
   }
 
   void MaybeDone() {
@@ -761,7 +789,7 @@ void TryNext(asio::io_context& io, std::shared_ptr<Capture> c, std::size_t i, St
       return;
     }
     result.error += (result.error.empty() ? "" : "; ") + m.tool + ": " +
-               (ok ? std::string("no stack in its output") : LastLine(text));
+                    (ok ? std::string("no stack in its output") : LastLine(text));
     TryNext(io, c, i, hook, methods, next + 1, deadline);
   };
   if (m.argv.empty()) {
@@ -801,7 +829,8 @@ void CaptureStacks(asio::io_context& io, const std::vector<StackTarget>& targets
     const bool hooked = t.hook != nullptr && Catches(t.pid, StackSignal());
     const bool python = hooked || LooksLikePython(t.pid);
     std::vector<Method> methods;
-    if (python && !tools.py_spy.empty()) methods.push_back({"py-spy", {tools.py_spy, "dump", "--pid", pid}});
+    if (python && !tools.py_spy.empty())
+      methods.push_back({"py-spy", {tools.py_spy, "dump", "--pid", pid}});
     if (hooked) methods.push_back({"faulthandler", {}});
     if (!tools.eu_stack.empty()) methods.push_back({"eu-stack", {tools.eu_stack, "-p", pid}});
     if (!tools.gdb.empty()) {

@@ -28,6 +28,8 @@ class WorkerPipe {
   // The write end, for the worker; crun closes its copy once the worker has started.
   int child_fd() const { return child_fd_; }
   void CloseChildEnd();
+  // crun's end (for fcntl: F_SETPIPE_SZ when a large write is expected).
+  int read_fd() { return pipe_.native_handle(); }
 
  private:
   WorkerPipe(boost::asio::io_context& io, int read_fd, int write_fd, OnData on_data);

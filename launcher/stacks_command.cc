@@ -87,8 +87,8 @@ int Run(const StacksOptions& o) {
     }
     pid = found.front();
   }
-  auto answer =
-      agent::AskControl(pid, "stacks", std::chrono::milliseconds(static_cast<long>(o.timeout * 1000)));
+  auto answer = agent::AskControl(pid, "stacks",
+                                  std::chrono::milliseconds(static_cast<long>(o.timeout * 1000)));
   if (!answer.ok()) {
     std::fprintf(stderr, "crun stacks: %s\n", answer.status().message().c_str());
     return 1;

@@ -105,7 +105,7 @@ const char* kGdb = R"(Thread 2 (Thread 0x7f85206496c0 (LWP 11284) "n"):
 #1  0x000055660c3a516a in work (a=0x0) at /tmp/x/n.c:3
 
 Thread 1 (Thread 0x7f852064a740 (LWP 11282) "n"):
-#0  0x00007f852071c545 in __GI___clock_nanosleep (clock_id=clock_id@entry=0) at ../sysdeps/unix/sysv/linux/clock_nanosleep.c:48
+#0  0x00007f852071c545 in __GI___clock_nanosleep (clock_id=0) at ../sysdeps/clock_nanosleep.c:48
 #3  0x000055660c3a517a in hang_here () at /tmp/x/n.c:4
 #4  0x000055660c3a51a6 in main () at /tmp/x/n.c:5
 )";
@@ -191,7 +191,8 @@ TEST_CASE("summaries group ranks by where they wait and name the odd one out") {
   two[1].rank = 1;
   CHECK(SuspectRanks(two) == std::set<int>{1});
   // No collective and equal groups: nobody can be singled out.
-  std::vector<RankStacks> even{Stacks(0, "py-spy", where({"a"})), Stacks(1, "py-spy", where({"b"}))};
+  std::vector<RankStacks> even{Stacks(0, "py-spy", where({"a"})),
+                               Stacks(1, "py-spy", where({"b"}))};
   CHECK(SuspectRanks(even) == std::set<int>{0, 1});
 
   CHECK(RankRanges({7, 0, 1, 2, 4, 5}) == "0-2,4-5,7");
@@ -293,9 +294,11 @@ TEST_CASE("the file-timer server speaks torchelastic's protocol on a real named 
   std::vector<std::pair<pid_t, std::string>> expired;
   auto server = FileTimerServer::Open(
       io, path, [&](pid_t pid) { requests.push_back(pid); },
-      [&](pid_t pid, std::string cause) { expired.push_back({pid, cause}); });
+      [&](pid_t pid, std::string cause) {
+        expired.push_back({pid, cause});
+      });
   REQUIRE(server.ok());
-  struct stat st{};
+  struct stat st {};
   REQUIRE(::stat(path.c_str(), &st) == 0);
   CHECK(S_ISFIFO(st.st_mode));
   // As FileTimerClient sends: open non-blocking, one line, close.
@@ -309,17 +312,19 @@ TEST_CASE("the file-timer server speaks torchelastic's protocol on a real named 
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   char line[256];
   // A timer released before it expires, one that expires, and garbage between them.
-  std::snprintf(line, sizeof line,
-                R"({"version": 1, "pid": 41, "scope_id": "a.py#1", "expiration_time": %.3f, "signal": 9})"
-                "\n",
-                now + 0.2);
+  std::snprintf(
+      line, sizeof line,
+      R"({"version": 1, "pid": 41, "scope_id": "a.py#1", "expiration_time": %.3f, "signal": 9})"
+      "\n",
+      now + 0.2);
   send(line);
   send(R"({"version": 1, "pid": 41, "scope_id": "a.py#1", "expiration_time": -1, "signal": 0})"
        "\nnot json at all\n");
-  std::snprintf(line, sizeof line,
-                R"({"version": 1, "pid": 42, "scope_id": "b.py#7", "expiration_time": %.3f, "signal": 9})"
-                "\n",
-                now + 0.3);
+  std::snprintf(
+      line, sizeof line,
+      R"({"version": 1, "pid": 42, "scope_id": "b.py#7", "expiration_time": %.3f, "signal": 9})"
+      "\n",
+      now + 0.3);
   send(line);
   RunUntil(io, [&] { return !expired.empty(); });
   CHECK(requests == std::vector<pid_t>{41, 41, 42});
