@@ -202,6 +202,11 @@ std::string FormatHang(const HangReport& h) {
   }
   out += FormatStacks(h.stacks, hung);
   if (!h.stacks_dir.empty()) out += "Every rank's stacks: " + h.stacks_dir + "\n";
+  char timing[160];
+  std::snprintf(timing, sizeof timing,
+                "(declared %.0f ms after the deadline; stacks of %zu ranks read in %.0f ms)\n",
+                h.declared_late_ms, h.stacks.size(), h.stacks_ms);
+  out += timing;
   return out;
 }
 
@@ -226,6 +231,9 @@ nlohmann::json HangJson(const HangReport& h) {
   j["stacks"] = nlohmann::json::array();
   for (const auto& s : h.stacks) j["stacks"].push_back(StacksJson(s));
   j["stacks_dir"] = h.stacks_dir;
+  j["timing"] = {{"declared_late_ms", h.declared_late_ms},
+                 {"stacks_ms", h.stacks_ms},
+                 {"report_ms", h.report_ms}};
   j["notes"] = h.notes;
   return j;
 }

@@ -60,6 +60,9 @@ struct HangReport {
   std::vector<RankStacks> stacks;
   std::string stacks_dir;          // where each rank's stacks were written, if they were
   std::vector<std::string> notes;  // e.g. the NCCL flight recorder dumps asked for
+  // Timing: how late after the deadline the hang was declared (the watch's tick), how long
+  // reading every rank's stacks took, and deadline -> this report complete.
+  double declared_late_ms = 0, stacks_ms = 0, report_ms = 0;
 };
 
 struct ReportContext {

@@ -725,6 +725,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     }
     capturing = true;
     const auto when = std::chrono::system_clock::now();
+    const auto started = std::chrono::steady_clock::now();
     HangReport h;
     for (const auto& p : progress) {
       HangReport::Rank r;
@@ -736,6 +737,11 @@ struct LocalAgent::Impl final : RendezvousEvents {
       r.silent_s = static_cast<double>(p.silent.count()) / 1000.0;
       r.state = p.state;
       r.cause = p.cause;
+      if (p.hung && options.hang_timeout.count() > 0 && p.cause.rfind("no progress", 0) == 0) {
+        h.declared_late_ms =
+            std::max(h.declared_late_ms,
+                     static_cast<double>((p.silent - options.hang_timeout).count()));
+      }
       if (p.hung) {
         spdlog::warn(
             "rank {} (local rank {}, pid {}) on {} is hung: {}; reading every rank's "
@@ -746,7 +752,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     }
     h.notes = TriggerFlightRecorder();
     CaptureStacks(io, StackTargets(), Tools(), options.stack_deadline,
-                  [this, h = std::move(h), when,
+                  [this, h = std::move(h), when, started,
                    round = group.round](std::vector<RankStacks> stacks) mutable {
                     capturing = false;
                     if (round != group.round ||
@@ -754,6 +760,9 @@ struct LocalAgent::Impl final : RendezvousEvents {
                       return;  // that attempt is over
                     }
                     h.stacks = std::move(stacks);
+                    h.stacks_ms = std::chrono::duration<double, std::milli>(
+                                      std::chrono::steady_clock::now() - started)
+                                      .count();
                     ConcludeHang(std::move(h), when);
                   });
   }
@@ -800,6 +809,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
     }
     std::sort(failures.begin(), failures.end(),
               [](const auto& a, const auto& b) { return a.when < b.when; });
+    // Deadline -> report: how late it was declared, then the stacks.
+    h.report_ms = h.declared_late_ms + h.stacks_ms;
     const std::string rule(72, '=');
     std::fprintf(stderr, "%s\ncrun: %s hung (run %s, attempt %d)\n%s%s\n", rule.c_str(),
                  options.entrypoint.c_str(), group.run_id.c_str(), group.restart_count,

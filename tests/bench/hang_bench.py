@@ -1,0 +1,217 @@
+"""Hang benchmark: how soon crun has a hang's complete report (every rank's stacks), and what
+watching for hangs costs a busy worker; torchrun 2.x in the same run as the anchor. Writes its
+section of docs/benchmarks.md (between the hang-bench markers).
+
+  * deadline -> complete report, for 2, 8 and 32 local ranks parked in a distinctive function:
+    Python workers read through crun's faulthandler hook (nothing installed), Python workers
+    read by py-spy, native workers (`sleep`) read by eu-stack. From the report's own timing
+    (hang.json: declared after the deadline + every rank's stacks read).
+  * a torchelastic file timer's expiry -> the launcher has exited, the same stock script under
+    torchrun 2.x (its FileTimerServer kills the worker) and crun (stacks first, then the stop).
+  * a busy worker (a line, or a heartbeat, per step) with and without --hang-timeout, and under
+    torchrun: wall time of the whole run.
+
+Usage: hang_bench.py --crun BIN --torch2-python PY [--rounds 3] [--out FILE]
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from bench_support import measured_at, write_section  # noqa: E402
+
+PARKED = """
+import os, time
+def parked_in_a_distinctive_place():
+    time.sleep(3600)
+print("rank", os.environ["RANK"], "ready", flush=True)
+parked_in_a_distinctive_place()
+"""
+
+TIMER = """
+import os, sys, time
+from torch.distributed.elastic import timer
+if os.environ["RANK"] == "1":
+    timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+    with open(sys.argv[1], "w") as f:
+        f.write(repr(time.time() + 1.0))
+    with timer.expires(after=1.0):
+        time.sleep(3600)
+time.sleep(3600)
+"""
+
+BUSY = """
+import os, sys
+steps, how = int(sys.argv[1]), sys.argv[2]
+fd = int(os.environ.get("CRUN_HEARTBEAT_FD", "-1"))
+total = 0
+for i in range(steps):
+    total += i * i % 7
+    if how == "print":
+        print("step", i, "loss", total % 1000, flush=True)
+    elif fd >= 0:
+        os.write(fd, b".")
+"""
+
+
+def write(d, name, text):
+    path = os.path.join(d, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def report_timing(crun, cmd, env, timeout_s, d):
+    """Runs crun until it has reported the hang (no restart: it then exits); the hang.json."""
+    logs = tempfile.mkdtemp(dir=d)
+    r = subprocess.run([crun, "--log-dir", logs, *cmd], env=env, capture_output=True,
+                       text=True, timeout=300)
+    found = glob.glob(f"{logs}/*/*/attempt_0/hang.json")
+    if len(found) != 1:
+        raise SystemExit(f"no hang report from {cmd}: exit {r.returncode}\n{r.stderr[-3000:]}")
+    with open(found[0]) as f:
+        h = json.load(f)
+    tools = {s["tool"] for s in h["stacks"]}
+    if "" in tools or len(h["stacks"]) == 0:
+        raise SystemExit(f"a rank's stack was not read: {[s['error'] for s in h['stacks']]}")
+    return h["timing"], tools
+
+
+def timed(cmd, env):
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       text=True, timeout=600)
+    return time.monotonic() - t0, r
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--crun", required=True)
+    ap.add_argument("--torch2-python", required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=os.path.join(HERE, "..", "..", "docs", "benchmarks.md"))
+    a = ap.parse_args()
+    d = tempfile.mkdtemp(prefix="crun-hang-bench-")
+    parked = write(d, "parked.py", PARKED)
+    timer_script = write(d, "timer.py", TIMER)
+    busy = write(d, "busy.py", BUSY)
+    torch_bin = os.path.dirname(a.torch2_python)
+    base = dict(os.environ, PATH="/usr/bin:/bin", OMP_NUM_THREADS="1")
+
+    rows = []
+    variants = [
+        ("Python, crun's hook", dict(base, PYTHON_EXEC="/usr/bin/python3"), [parked]),
+        ("Python, py-spy", dict(base, PYTHON_EXEC=a.torch2_python), [parked]),
+        ("native (`sleep`), eu-stack", base, ["--no-python", "sleep", "3600"]),
+    ]
+    for name, env, cmd in variants:
+        cells = []
+        for n in (2, 8, 32):
+            late, stacks, total, tools = [], [], [], set()
+            for _ in range(a.rounds):
+                t, used = report_timing(a.crun, ["--nproc-per-node", str(n), "--hang-timeout",
+                                                 "3", *cmd], env, 3, d)
+                late.append(t["declared_late_ms"])
+                stacks.append(t["stacks_ms"])
+                total.append(t["report_ms"])
+                tools |= used
+            m = statistics.median(total)
+            cells.append(f"{m:,.0f} ms ({statistics.median(late):,.0f} + "
+                         f"{statistics.median(stacks):,.0f})")
+            print(f"{name} x{n}: {m:.0f} ms by {sorted(tools)}", file=sys.stderr)
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+
+    # A file timer's expiry -> the launcher gone, crun against torchrun.
+    expiry = {}
+    for who in ("crun", "torchrun 2.x"):
+        times = []
+        for _ in range(a.rounds):
+            stamp = os.path.join(d, "deadline")
+            env = dict(base, TORCHELASTIC_ENABLE_FILE_TIMER="1", PYTHON_EXEC=a.torch2_python)
+            if who == "crun":
+                cmd = [a.crun, "--nproc-per-node", "2", "--log-dir", tempfile.mkdtemp(dir=d),
+                       timer_script, stamp]
+            else:
+                cmd = [os.path.join(torch_bin, "torchrun"), "--standalone", "--nproc-per-node",
+                       "2", "--monitor-interval", "0.1", timer_script, stamp]
+            _, r = timed(cmd, env)
+            ended = time.time()
+            if r.returncode == 0:
+                raise SystemExit(f"{who}: the job did not fail on the expired timer")
+            with open(stamp) as f:
+                times.append(1000 * (ended - float(f.read())))
+        expiry[who] = statistics.median(times)
+        print(f"{who} expiry -> exit: {expiry[who]:.0f} ms", file=sys.stderr)
+
+    # A busy worker: 2 ranks, a line (or a heartbeat) per step.
+    steps = "200000"
+    busy_rows = []
+    for how in ("print", "beat"):
+        cells = {}
+        runs = {
+            "crun": [a.crun, "--nproc-per-node", "2", busy, steps, how],
+            "crun --hang-timeout 60": [a.crun, "--nproc-per-node", "2", "--hang-timeout", "60",
+                                       busy, steps, how],
+            "torchrun 2.x": [os.path.join(torch_bin, "torchrun"), "--standalone",
+                             "--nproc-per-node", "2", busy, steps, how],
+        }
+        for name, cmd in runs.items():
+            env = dict(base, PYTHON_EXEC=a.torch2_python)
+            times = []
+            for _ in range(a.rounds):
+                t, r = timed(cmd, env)
+                if r.returncode != 0:
+                    raise SystemExit(f"{name}: exit {r.returncode}\n{r.stderr[-2000:]}")
+                times.append(t)
+            cells[name] = statistics.median(times)
+            print(f"busy {how} {name}: {cells[name]:.2f} s", file=sys.stderr)
+        over = 100 * (cells["crun --hang-timeout 60"] - cells["crun"]) / cells["crun"]
+        label = "a line per step (stdout)" if how == "print" else "a heartbeat per step"
+        busy_rows.append(f"| {label} | {cells['crun']:.2f} s | {cells['crun --hang-timeout 60']:.2f}"
+                         f" s | {over:+.1f} % | {cells['torchrun 2.x']:.2f} s |")
+
+    lines = [
+        "## Hangs: detection, stacks, overhead",
+        "",
+        f"`tests/bench/hang_bench.py`, median of {a.rounds} runs each. {measured_at()}",
+        "",
+        "Deadline → complete hang report (every rank's stacks read), `--hang-timeout 3`, ranks "
+        "parked in one function on this node; in parentheses: declared after the deadline "
+        "(the watch looks ten times per timeout) + reading every rank's stacks, all at once:",
+        "",
+        "| workers | 2 ranks | 8 ranks | 32 ranks |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+        "A torchelastic file timer's expiry (`expires(after=1)` on rank 1 of 2, the same stock "
+        "script) → the launcher has exited: torchrun 2.x's FileTimerServer SIGKILLs the worker "
+        "and its agent stops the group; crun reads both ranks' stacks (py-spy), prints the "
+        "report, then stops the group.",
+        "",
+        "| | crun | torchrun 2.x |",
+        "|---|---|---|",
+        f"| expiry → launcher exited | {expiry['crun']:,.0f} ms (with stacks) | "
+        f"{expiry['torchrun 2.x']:,.0f} ms (no stacks) |",
+        "",
+        f"A busy worker: 2 ranks of Python, {int(steps):,} steps each, wall time of the whole "
+        "run (start-up included; stdout to /dev/null):",
+        "",
+        "| per step | crun | crun --hang-timeout 60 | overhead | torchrun 2.x |",
+        "|---|---|---|---|---|",
+        *busy_rows,
+        "",
+        "Reproduce: `python3 tests/bench/hang_bench.py --crun build/launcher/crun "
+        "--torch2-python \"$(bash scripts/setup-torch2.sh)\"`",
+    ]
+    write_section(a.out, "hang-bench", lines)
+
+
+if __name__ == "__main__":
+    main()
