@@ -84,10 +84,14 @@ def report_timing(crun, cmd, env, timeout_s, d):
     return h["timing"], tools
 
 
-def timed(cmd, env):
+def timed(cmd, env, limit=600):
+    """Wall time of `cmd`; None as the result when it ran past `limit` s (then killed)."""
     t0 = time.monotonic()
-    r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                       text=True, timeout=600)
+    try:
+        r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           text=True, timeout=limit)
+    except subprocess.TimeoutExpired:
+        return time.monotonic() - t0, None
     return time.monotonic() - t0, r
 
 
@@ -141,13 +145,16 @@ def main():
             else:
                 cmd = [os.path.join(torch_bin, "torchrun"), "--standalone", "--nproc-per-node",
                        "2", "--monitor-interval", "0.1", timer_script, stamp]
-            _, r = timed(cmd, env)
+            _, r = timed(cmd, env, limit=60)
             ended = time.time()
+            if r is None:  # seen with torchrun 2.15 at f87fc97: not understood yet
+                times.append(float("inf"))
+                continue
             if r.returncode == 0:
                 raise SystemExit(f"{who}: the job did not fail on the expired timer")
             with open(stamp) as f:
                 times.append(1000 * (ended - float(f.read())))
-        expiry[who] = statistics.median(times)
+        expiry[who] = statistics.median(times)  # inf: it did not end within 60 s
         print(f"{who} expiry -> exit: {expiry[who]:.0f} ms", file=sys.stderr)
 
     # A busy worker: 2 ranks, a line (or a heartbeat) per step.
