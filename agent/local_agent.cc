@@ -645,7 +645,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
     if (auto pipe = StackPipe::Create(io); pipe.ok()) {
       w.stacks = std::move(pipe).value();
       c.stacks_fd = w.stacks->child_fd();
-      c.stacks_signal = StackSignal();
+      c.stacks_safe_signal = HookSignals().safe;
+      c.stacks_signal = HookSignals().at_once;
       spec.inherit_fds.push_back(c.stacks_fd);
     }
     c.python_dir = python_dir;

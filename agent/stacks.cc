@@ -216,6 +216,8 @@ std::vector<ThreadStack> ParseFaulthandler(const std::string& text) {
     if (const auto in = rest.find(" in "); in != std::string_view::npos) {
       f.function = std::string(Trim(rest.substr(in + 4)));
     }
+    // The hook's own handler (a safe-point dump) is not where the thread was.
+    if (threads.back().frames.empty() && f.function == "_crun_dump_stacks") continue;
     threads.back().frames.push_back(std::move(f));
   }
   MarkMain(
@@ -341,6 +343,11 @@ std::string WhereWaiting(const RankStacks& stacks) {
     return "no stack (" + (stacks.error.empty() ? std::string("nothing read") : stacks.error) + ")";
   }
   const ThreadStack* main = PlaceThread(stacks);
+  if (main->frames.empty()) {
+    // A thread read with no frame in it: a worker still starting ("<no Python frame>").
+    return "no frame in " + (main->title.empty() ? std::string("its main thread") : main->title) +
+           " (" + stacks.tool + ")";
+  }
   const bool native = stacks.tool == "eu-stack" || stacks.tool == "gdb";
   std::vector<std::string> names;
   for (const auto& f : main->frames) {
@@ -496,7 +503,12 @@ RankStacks StacksFromJson(const nlohmann::json& j) {
 
 // ---- the Python hook -------------------------------------------------------------------------
 
-int StackSignal() { return SIGRTMIN + 9; }
+StackSignals HookSignals() { return {SIGRTMIN + 8, SIGRTMIN + 9}; }
+
+namespace {
+constexpr std::string_view kDumpBegin = "crun-stacks-begin\n";
+constexpr std::string_view kDumpEnd = "crun-stacks-end\n";
+}  // namespace
 
 bool Catches(pid_t pid, int signo) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -513,21 +525,36 @@ bool Catches(pid_t pid, int signo) {
 
 const char* PythonHookSource() {
   return R"PY(# Written by crun (docs/hangs.md): lets crun read this worker's Python stacks while it
-# runs. It registers faulthandler for one signal, writing every thread's stack to a pipe crun
-# reads; takes its own directory off sys.path and PYTHONPATH again, so that the program sees
-# both as they were; and runs the sitecustomize module this one shadows, if there is one.
+# runs: on one signal, at the main thread's next safe point (a Python-level handler, where
+# every frame is consistent), on another at once from the signal handler (for a main thread
+# blocked in C code), faulthandler writes every thread's stack to a pipe crun reads. It takes
+# its own directory off sys.path and PYTHONPATH again, so that the program sees both as they
+# were, and runs the sitecustomize module this one shadows, if there is one.
 
 
 def _crun_register_stack_hook():
     import os
     fd = os.environ.pop("CRUN_STACKS_FD", None)
-    signum = os.environ.pop("CRUN_STACKS_SIGNAL", None)
-    if fd is None or signum is None:
+    safe = os.environ.pop("CRUN_STACKS_SAFE_SIGNAL", None)
+    at_once = os.environ.pop("CRUN_STACKS_SIGNAL", None)
+    if fd is None or safe is None or at_once is None:
         return
     try:
         import faulthandler
-        os.fstat(int(fd))
-        faulthandler.register(int(signum), file=int(fd), all_threads=True)
+        import signal
+        fd = int(fd)
+        os.fstat(fd)
+
+        def _crun_dump_stacks(signum, frame):
+            try:
+                os.write(fd, b"crun-stacks-begin\n")
+                faulthandler.dump_traceback(file=fd, all_threads=True)
+                os.write(fd, b"crun-stacks-end\n")
+            except OSError:
+                pass
+
+        signal.signal(int(safe), _crun_dump_stacks)
+        faulthandler.register(int(at_once), file=fd, all_threads=True)
     except (OSError, ValueError, RuntimeError):
         pass
 
@@ -571,39 +598,65 @@ StatusOr<std::unique_ptr<StackPipe>> StackPipe::Create(asio::io_context& io) {
   return self;
 }
 
-StackPipe::StackPipe(asio::io_context& io) : quiet_timer_(io), deadline_timer_(io) {}
+StackPipe::StackPipe(asio::io_context& io) : step_timer_(io), deadline_timer_(io) {}
 
 void StackPipe::OnData(std::string_view data) {
-  if (!done_) return;  // nobody asked: a stray write
+  if (!done_) return;  // nobody asked: a stray write (a late answer to an earlier request)
   constexpr std::size_t kMax = std::size_t{4} << 20;
   buffer_.append(data.substr(0, kMax - std::min(buffer_.size(), kMax)));
-  quiet_timer_.expires_after(quiet_);
-  quiet_timer_.async_wait([this](const boost::system::error_code& e) {
+  // A complete safe dump is the answer, even one that came after the at-once signal was sent
+  // (the two may then be interleaved in the buffer: the marked one is whole).
+  if (const auto begin = buffer_.find(kDumpBegin); begin != std::string::npos) {
+    const auto from = begin + kDumpBegin.size();
+    if (const auto end = buffer_.find(kDumpEnd, from); end != std::string::npos) {
+      buffer_ = buffer_.substr(from, end - from);
+      at_once_ = false;  // the answer is the safe one
+      return Finish();
+    }
+    if (!at_once_) return;  // the rest of the safe dump is on its way
+  }
+  if (!at_once_) return;
+  step_timer_.expires_after(quiet_);
+  step_timer_.async_wait([this](const boost::system::error_code& e) {
     if (!e) Finish();
   });
 }
 
-void StackPipe::Request(pid_t pid, int signo, milliseconds quiet, milliseconds deadline,
-                        std::function<void(std::string)> done) {
+void StackPipe::Request(pid_t pid, Timing timing, std::function<void(std::string, bool)> done) {
   if (done_) Finish();  // one request at a time: the earlier one ends with what it has
   buffer_.clear();
-  quiet_ = quiet;
+  pid_ = pid;
+  at_once_ = false;
+  quiet_ = timing.quiet;
   done_ = std::move(done);
   // Room for a large dump (the default 64 KiB holds about 60 threads of 20 frames): the
-  // writer is a signal handler that must not block, so it writes non-blocking, and anything
-  // past a full pipe would be lost. Asked for here, not when every worker starts.
+  // writer may be a signal handler that must not block, so it writes non-blocking, and
+  // anything past a full pipe would be lost. Asked for here, not when every worker starts.
   ::fcntl(pipe_->read_fd(), F_SETPIPE_SZ, 1 << 20);
-  if (::kill(pid, signo) != 0) return Finish();
-  deadline_timer_.expires_after(deadline);
+  deadline_timer_.expires_after(timing.deadline);
   deadline_timer_.async_wait([this](const boost::system::error_code& e) {
     if (!e) Finish();
   });
+  const StackSignals signals = HookSignals();
+  if (!Catches(pid, signals.safe) || ::kill(pid, signals.safe) != 0) return AskAtOnce();
+  step_timer_.expires_after(timing.safe_wait);
+  step_timer_.async_wait([this](const boost::system::error_code& e) {
+    if (!e && buffer_.find(kDumpBegin) == std::string::npos) AskAtOnce();
+  });
+}
+
+void StackPipe::AskAtOnce() {
+  at_once_ = true;
+  if (!Catches(pid_, HookSignals().at_once) || ::kill(pid_, HookSignals().at_once) != 0) {
+    return Finish();
+  }
 }
 
 void StackPipe::Finish() {
-  quiet_timer_.cancel();
+  step_timer_.cancel();
   deadline_timer_.cancel();
-  if (auto done = std::exchange(done_, nullptr)) done(std::exchange(buffer_, {}));
+  const bool at_once = std::exchange(at_once_, false);
+  if (auto done = std::exchange(done_, nullptr)) done(std::exchange(buffer_, {}), at_once);
 }
 
 // ---- tools -------------------------------------------------------------------------------------
@@ -771,7 +824,9 @@ void TryNext(asio::io_context& io, std::shared_ptr<Capture> c, std::size_t i, St
     return;
   }
   const Method m = methods[next];
-  auto finish = [&io, c, i, hook, methods, next, deadline, m](bool ok, std::string text) {
+  // `label`: the tool as the report names it, when not `m.tool`.
+  auto finish = [&io, c, i, hook, methods, next, deadline, m](bool ok, std::string text,
+                                                              std::string label) {
     RankStacks& result = c->results[i];
     std::vector<ThreadStack> threads;
     if (ok) {
@@ -781,7 +836,7 @@ void TryNext(asio::io_context& io, std::shared_ptr<Capture> c, std::size_t i, St
       if (m.tool == "gdb") threads = ParseGdb(text, result.pid);
     }
     if (!threads.empty()) {
-      result.tool = m.tool;
+      result.tool = label.empty() ? m.tool : std::move(label);
       result.text = std::move(text);
       result.threads = std::move(threads);
       result.error.clear();
@@ -793,13 +848,17 @@ void TryNext(asio::io_context& io, std::shared_ptr<Capture> c, std::size_t i, St
     TryNext(io, c, i, hook, methods, next + 1, deadline);
   };
   if (m.argv.empty()) {
-    hook->Request(r.pid, StackSignal(), milliseconds(100), std::min(deadline, milliseconds(3000)),
-                  [finish](std::string text) {
-                    const bool ok = !text.empty();
-                    finish(ok, ok ? std::move(text) : "no answer to the stack signal");
-                  });
+    StackPipe::Timing timing;
+    timing.deadline = std::min(deadline, timing.deadline);
+    hook->Request(r.pid, timing, [finish](std::string text, bool at_once) {
+      const bool ok = !text.empty();
+      // Which of the hook's two answers it was (docs/hangs.md).
+      finish(ok, ok ? std::move(text) : "no answer to the stack signals",
+             at_once ? "faulthandler (signal handler)" : "");
+    });
   } else {
-    ToolRun::Start(io, m.argv, deadline, finish);
+    ToolRun::Start(io, m.argv, deadline,
+                   [finish](bool ok, std::string text) { finish(ok, std::move(text), ""); });
   }
 }
 
@@ -826,7 +885,8 @@ void CaptureStacks(asio::io_context& io, const std::vector<StackTarget>& targets
   for (std::size_t i = 0; i < targets.size(); ++i) {
     const auto& t = targets[i];
     const std::string pid = std::to_string(t.pid);
-    const bool hooked = t.hook != nullptr && Catches(t.pid, StackSignal());
+    const bool hooked = t.hook != nullptr && (Catches(t.pid, HookSignals().safe) ||
+                                              Catches(t.pid, HookSignals().at_once));
     const bool python = hooked || LooksLikePython(t.pid);
     std::vector<Method> methods;
     if (python && !tools.py_spy.empty())

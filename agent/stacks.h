@@ -4,8 +4,8 @@
 //
 // How a worker's stacks are read, best first:
 // * Python: py-spy (`py-spy dump`, when installed: crun's PATH or beside the workers'
-//   interpreter); else the hook crun installs in every Python worker (a sitecustomize that
-//   registers faulthandler for one real-time signal, writing to a pipe crun reads: StackPipe).
+//   interpreter); else the hook crun installs in every Python worker (a sitecustomize writing
+//   faulthandler's dump to a pipe crun reads: StackPipe), on one of two real-time signals.
 // * Native (and Python where neither works): eu-stack (elfutils), else gdb.
 // The tools run as crun's children; workers name crun as their tracer (process.h), so this
 // works where Yama allows tracing only by ancestors.
@@ -54,7 +54,9 @@ struct RankStacks {
   int rank = 0;
   int local_rank = 0;
   pid_t pid = 0;
-  std::string tool;  // "py-spy", "faulthandler", "eu-stack", "gdb"; empty when none worked
+  // "py-spy", "faulthandler" (crun's hook, at a safe point), "faulthandler (signal handler)"
+  // (the hook, at once), "eu-stack", "gdb"; empty when none worked
+  std::string tool;
   std::string text;  // the tool's output
   std::vector<ThreadStack> threads;
   std::string error;  // why there is no stack (every method tried), when none
@@ -92,25 +94,42 @@ class StackPipe {
   // The write end, for the worker (ProcessSpec::inherit_fds); crun closes it once started.
   int child_fd() const { return pipe_->child_fd(); }
   void CloseChildEnd() { pipe_->CloseChildEnd(); }
-  // Sends `signo` to `pid` and collects what the hook writes: complete once nothing more came
-  // for `quiet` after the first bytes (faulthandler writes the whole dump at once, from the
-  // signal handler), or at `deadline`. `done(text)`: empty text when nothing came.
-  void Request(pid_t pid, int signo, std::chrono::milliseconds quiet,
-               std::chrono::milliseconds deadline, std::function<void(std::string)> done);
+  // Asks the hook in `pid` for its stacks and collects what it writes. First the safe signal
+  // (when `pid` catches it): the hook answers at the main thread's next safe point, between
+  // two bytecodes, with the dump between two marker lines; complete at the end marker. With
+  // no answer within `safe_wait` the main thread is blocked in C code (a collective, a lock):
+  // then the at-once signal, answered from the signal handler; complete once nothing more
+  // came for `quiet` after the first bytes, or at `deadline`. `done(text, at_once)`: the
+  // dump (empty when nothing came), and whether it was the at-once one.
+  struct Timing {
+    std::chrono::milliseconds safe_wait{100}, quiet{100}, deadline{3000};
+  };
+  void Request(pid_t pid, Timing timing, std::function<void(std::string, bool)> done);
 
  private:
   explicit StackPipe(boost::asio::io_context& io);
   void OnData(std::string_view data);
+  void AskAtOnce();
   void Finish();
   std::unique_ptr<WorkerPipe> pipe_;
-  boost::asio::steady_timer quiet_timer_, deadline_timer_;
+  boost::asio::steady_timer step_timer_, deadline_timer_;
+  pid_t pid_ = 0;
+  bool at_once_ = false;  // the at-once signal was sent
   std::chrono::milliseconds quiet_{};
   std::string buffer_;
-  std::function<void(std::string)> done_;
+  std::function<void(std::string, bool)> done_;
 };
 
-// The signal the Python hook answers (a real-time signal nothing else of crun's uses).
-int StackSignal();
+// The two real-time signals the Python hook answers (nothing else of crun's uses them).
+// faulthandler's dump from the signal handler reads the interpreter's frames while they may
+// be changing (a worker busy in Python code): "best effort", and it has crashed workers that
+// were importing torch. The safe one runs faulthandler from a Python-level handler instead,
+// where every frame is consistent; the at-once one only when the main thread does not get
+// there (blocked in C code, where its frames stand still).
+struct StackSignals {
+  int safe = 0, at_once = 0;
+};
+StackSignals HookSignals();
 // Whether `pid` catches `signo` (its SigCgt in /proc): the hook is installed.
 bool Catches(pid_t pid, int signo);
 // The sitecustomize.py crun writes for its Python workers (in a directory put first on

@@ -70,6 +70,7 @@ void AddHangChannels(const HangChannels& c, Environment& env) {
   if (c.heartbeat_fd >= 0) env[env::kCrunHeartbeatFd] = std::to_string(c.heartbeat_fd);
   if (c.stacks_fd >= 0) {
     env[env::kCrunStacksFd] = std::to_string(c.stacks_fd);
+    env[env::kCrunStacksSafeSignal] = std::to_string(c.stacks_safe_signal);
     env[env::kCrunStacksSignal] = std::to_string(c.stacks_signal);
   }
   if (!c.python_dir.empty()) {

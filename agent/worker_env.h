@@ -46,7 +46,8 @@ Environment BuildWorkerEnvironment(const GroupAssignment& group, int local_rank,
 // not given.
 struct HangChannels {
   int heartbeat_fd = -1;  // CRUN_HEARTBEAT_FD
-  int stacks_fd = -1;     // CRUN_STACKS_FD, with CRUN_STACKS_SIGNAL
+  int stacks_fd = -1;     // CRUN_STACKS_FD, with CRUN_STACKS_SAFE_SIGNAL and CRUN_STACKS_SIGNAL
+  int stacks_safe_signal = 0;
   int stacks_signal = 0;
   std::string python_dir;  // put first on PYTHONPATH (the hook's sitecustomize.py)
   std::string timer_file;  // TORCHELASTIC_TIMER_FILE

@@ -1,6 +1,7 @@
 """Hugging Face accelerate as its users write it: Accelerator(cpu=True), prepare(), backward(),
 run under a launcher. Each rank writes OUT/accelerate_<RANK>.json: how accelerate saw the job
 and a digest of the final weights."""
+import gc
 import hashlib
 import json
 import os
@@ -35,12 +36,16 @@ def main(out):
     }
     with open(os.path.join(out, f"accelerate_{os.environ['RANK']}.json"), "w") as f:
         json.dump(report, f)
-    # As PyTorch asks of every program: without it, Gloo's threads may still hold tensors when
-    # the interpreter is torn down, and PyTorch 2.x then aborts at exit ("terminate called
-    # without an active exception", pytorch/pytorch#190489) after the work is done.
+    # As PyTorch asks of every program, the process group is destroyed before the end; and
+    # first everything that holds it (the DDP wrapper and its reducer, kept by accelerate too,
+    # in reference cycles), or its C++ side outlives destroy_process_group() until the
+    # interpreter is torn down, when PyTorch 2.x may abort ("terminate called without an
+    # active exception", pytorch/pytorch#190489) after the work is done.
+    model, optimizer, data = accelerator.free_memory(model, optimizer, data)
+    gc.collect()
+    accelerator.end_training()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-
 
 if __name__ == "__main__":
     main(sys.argv[1])

@@ -34,9 +34,12 @@ inline constexpr char kCrunGlooShm[] = "CRUN_GLOO_SHM";
 // Hang detection (docs/hangs.md). A worker writes anything to this descriptor to say "I made
 // progress" (crun::worker::Heartbeat does, once per call); absent when crun does not watch.
 inline constexpr char kCrunHeartbeatFd[] = "CRUN_HEARTBEAT_FD";
-// For the Python hook crun installs (sitecustomize): the signal that makes the worker write
-// every thread's Python stack (faulthandler) to the descriptor, which crun reads.
+// For the Python hook crun installs (sitecustomize): the descriptor the worker writes every
+// thread's Python stack (faulthandler) to, which crun reads; the signal answered at the main
+// thread's next safe point (a Python-level handler); the signal answered at once, from the
+// signal handler (for a main thread blocked in C code, which never reaches a safe point).
 inline constexpr char kCrunStacksFd[] = "CRUN_STACKS_FD";
+inline constexpr char kCrunStacksSafeSignal[] = "CRUN_STACKS_SAFE_SIGNAL";
 inline constexpr char kCrunStacksSignal[] = "CRUN_STACKS_SIGNAL";
 // torchelastic's file timer: the named pipe workers' FileTimerClient writes requests to.
 inline constexpr char kTimerFile[] = "TORCHELASTIC_TIMER_FILE";
