@@ -178,9 +178,11 @@ std::string FormatHang(const HangReport& h) {
   double least = 0, most = 0;
   for (const auto& r : h.ranks) {
     if (r.hung) {
+      // The cause may name the state already ("it was stopped (T: ...)").
+      const std::string state = DescribeState(r.state);
       out += "  rank " + std::to_string(r.rank) + " on " + r.host + " (local rank " +
              std::to_string(r.local_rank) + ", pid " + std::to_string(r.pid) + "): " + r.cause +
-             " (" + DescribeState(r.state) + ")\n";
+             (r.cause.find(state) == std::string::npos ? " (" + state + ")" : "") + "\n";
       continue;
     }
     if (others.empty() || r.silent_s < least) least = r.silent_s;

@@ -24,6 +24,7 @@
 #include "agent/worker_pipe.h"
 #include "agent/worker_streams.h"
 #include "base/proc.h"
+#include "proto/protocol_version.h"
 
 namespace crun::agent {
 namespace {
@@ -654,6 +655,18 @@ struct LocalAgent::Impl final : RendezvousEvents {
     agent::AddHangChannels(c, env);
   }
 
+  // Reads every running rank's stacks, once for all who ask meanwhile (a hang, crun stacks,
+  // the service for another node): each worker's hook pipe serves one request at a time, and
+  // a capture under way is recent enough for whoever asks during it.
+  void ReadStacks(std::function<void(const std::vector<RankStacks>&)> done) {
+    stack_waiters.push_back(std::move(done));
+    if (stack_waiters.size() > 1) return;  // joins the capture under way
+    CaptureStacks(io, StackTargets(), Tools(), options.stack_deadline,
+                  [this](std::vector<RankStacks> stacks) {
+                    for (auto& w : std::exchange(stack_waiters, {})) w(stacks);
+                  });
+  }
+
   // `crun stacks PID`: every running rank's stacks, read now, as JSON.
   void OnControl(const std::string& request, std::function<void(std::string)> reply) {
     auto error = [&](const std::string& why) { reply(nlohmann::json{{"error", why}}.dump()); };
@@ -663,24 +676,36 @@ struct LocalAgent::Impl final : RendezvousEvents {
                                              : "no workers are running (waiting for the "
                                                "rendezvous)");
     }
-    if (capturing) return error("busy reading stacks for a hang; ask again in a few seconds");
-    capturing = true;
-    CaptureStacks(io, StackTargets(), Tools(), options.stack_deadline,
-                  [this, reply](std::vector<RankStacks> stacks) {
-                    capturing = false;
-                    if (auto hang = std::exchange(pending_hang, std::nullopt)) {
-                      asio::post(io,
-                                 [this, h = std::move(*hang)]() mutable { OnHang(std::move(h)); });
-                    }
-                    nlohmann::json j{{"host", options.host_name},
-                                     {"run_id", group.run_id},
-                                     {"attempt", group.restart_count},
-                                     {"pid", ::getpid()},
-                                     {"world_size", group.world_size}};
-                    j["stacks"] = nlohmann::json::array();
-                    for (const auto& st : stacks) j["stacks"].push_back(StacksJson(st));
-                    reply(j.dump());
-                  });
+    ReadStacks([this, reply](const std::vector<RankStacks>& stacks) {
+      nlohmann::json j{{"host", options.host_name},
+                       {"run_id", group.run_id},
+                       {"attempt", group.restart_count},
+                       {"pid", ::getpid()},
+                       {"world_size", group.world_size}};
+      j["stacks"] = nlohmann::json::array();
+      for (const auto& st : stacks) j["stacks"].push_back(StacksJson(st));
+      reply(j.dump());
+    });
+  }
+
+  // The service asks for this node's stacks: for a hang on another node, which prints them
+  // all, or for `crun stacks --rdzv-endpoint`. Read without stopping anything; for a hang,
+  // also printed here and kept under the attempt's log directory.
+  void OnStacksRequest(std::uint64_t id, const std::string& reason) override {
+    if (phase != Phase::kRunning) {
+      return rdzv->ReplyStacks(id, options.host_name, {}, "no workers running");
+    }
+    const bool hang = reason != crun::kStacksCommandReason;
+    if (hang) spdlog::warn("reading this node's stacks for another node: {}", reason);
+    ReadStacks([this, id, reason, hang, round = group.round](const std::vector<RankStacks>& s) {
+      rdzv->ReplyStacks(id, options.host_name, s, "");
+      if (!hang || round != group.round) return;
+      const std::string dir = WriteStacks(s);
+      std::string lines;
+      for (const auto& line : GroupSummary(s)) lines += "  " + line + "\n";
+      std::fprintf(stderr, "crun: where this node's ranks were (%s):\n%s%s", reason.c_str(),
+                   lines.c_str(), dir.empty() ? "" : ("  full stacks: " + dir + "\n").c_str());
+    });
   }
 
   // The running worker that is `pid` or started it (its process group, else its ancestry).
@@ -719,12 +744,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
   // A hang was declared: read every rank's stacks while all still run, then stop the group as
   // for a failure of the hung ranks.
   void OnHang(std::vector<WorkerProgress> progress) {
-    if (phase != Phase::kRunning) return;
-    if (capturing) {  // for `crun stacks`: the hang's turn comes when that is done
-      pending_hang = std::move(progress);
-      return;
-    }
-    capturing = true;
+    if (phase != Phase::kRunning || hang_gathering) return;
+    hang_gathering = true;
     const auto when = std::chrono::system_clock::now();
     const auto started = std::chrono::steady_clock::now();
     HangReport h;
@@ -752,20 +773,47 @@ struct LocalAgent::Impl final : RendezvousEvents {
       h.ranks.push_back(std::move(r));
     }
     h.notes = TriggerFlightRecorder();
-    CaptureStacks(io, StackTargets(), Tools(), options.stack_deadline,
-                  [this, h = std::move(h), when, started,
-                   round = group.round](std::vector<RankStacks> stacks) mutable {
-                    capturing = false;
-                    if (round != group.round ||
-                        (phase != Phase::kRunning && phase != Phase::kStopping)) {
-                      return;  // that attempt is over
-                    }
-                    h.stacks = std::move(stacks);
-                    h.stacks_ms = std::chrono::duration<double, std::milli>(
-                                      std::chrono::steady_clock::now() - started)
-                                      .count();
-                    ConcludeHang(std::move(h), when);
-                  });
+    // This node's ranks and, through the service, every other node's, read at once; the
+    // report waits for both.
+    struct Gather {
+      HangReport h;
+      std::optional<std::vector<RankStacks>> local;
+      std::optional<RemoteStacks> remote;
+    };
+    auto g = std::make_shared<Gather>();
+    g->h = std::move(h);
+    std::string why;
+    for (const auto& r : g->h.ranks) {
+      if (!r.hung) continue;
+      why += (why.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r.rank) + " on " +
+             r.host + " hung: " + r.cause;
+    }
+    auto conclude = [this, g, when, started, round = group.round] {
+      if (!g->local || !g->remote) return;
+      hang_gathering = false;
+      if (round != group.round || (phase != Phase::kRunning && phase != Phase::kStopping)) {
+        return;  // that attempt is over
+      }
+      HangReport& report = g->h;
+      report.stacks = std::move(*g->local);
+      report.stacks.insert(report.stacks.end(), g->remote->ranks.begin(), g->remote->ranks.end());
+      std::sort(report.stacks.begin(), report.stacks.end(),
+                [](const auto& a, const auto& b) { return a.rank < b.rank; });
+      for (const auto& m : g->remote->missing) report.notes.push_back("no stacks from " + m);
+      report.stacks_ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
+              .count();
+      ConcludeHang(std::move(report), when);
+    };
+    ReadStacks([g, conclude](const std::vector<RankStacks>& stacks) {
+      g->local = stacks;
+      conclude();
+    });
+    rdzv->AskStacks(why, options.stack_deadline + std::chrono::seconds(2),
+                    [g, conclude](RemoteStacks remote) {
+                      g->remote = std::move(remote);
+                      conclude();
+                    });
   }
 
   std::vector<StackTarget> StackTargets() {
@@ -786,16 +834,30 @@ struct LocalAgent::Impl final : RendezvousEvents {
     for (const auto& r : h.ranks) {
       if (r.hung) silent.insert(r.rank);
     }
-    if (silent.size() > 1) {
-      std::set<int> culprits;
-      for (int rank : SuspectRanks(h.stacks)) {
-        if (silent.count(rank)) culprits.insert(rank);
-      }
+    const std::set<int> suspects = SuspectRanks(h.stacks);
+    std::set<int> culprits;
+    for (int rank : suspects) {
+      if (silent.count(rank)) culprits.insert(rank);
+    }
+    if (silent.size() > 1 && !culprits.empty()) {
       for (auto& r : h.ranks) {
-        if (!culprits.empty() && r.hung && !culprits.count(r.rank)) {
+        if (r.hung && !culprits.count(r.rank)) {
           r.hung = false;
           r.cause.clear();
         }
+      }
+    }
+    if (culprits.empty() && suspects.size() < h.stacks.size()) {
+      // Every rank here waits for ranks on other nodes: this node's failure names them, so
+      // that whichever node's report arrives first, the root cause says who held the job up.
+      std::string who;
+      for (const auto& s : h.stacks) {
+        if (!suspects.count(s.rank)) continue;
+        who += (who.empty() ? "" : "; ") + std::string("rank ") + std::to_string(s.rank) + " on " +
+               s.host + " (" + WhereWaiting(s) + ")";
+      }
+      for (auto& r : h.ranks) {
+        if (r.hung) r.cause += "; by every node's stacks it waits for " + who;
       }
     }
     for (const auto& r : h.ranks) {
@@ -918,9 +980,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
   std::optional<StackTools> tools;
   std::string python_dir;                 // holds the hook's sitecustomize.py; empty: not written
   std::optional<HangReport> hang_report;  // this attempt's hang
-  bool capturing = false;                 // stacks are being read for a hang
+  bool hang_gathering = false;            // a hang's stacks are being read, here and elsewhere
   bool wrote_run_files = false;
-  std::optional<std::vector<WorkerProgress>> pending_hang;  // declared while capturing
+  // Who waits for the capture under way (ReadStacks).
+  std::vector<std::function<void(const std::vector<RankStacks>&)>> stack_waiters;
   std::vector<Worker> workers;
   std::vector<FailureRecord> failures;
   GroupAssignment group;

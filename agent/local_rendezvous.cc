@@ -95,6 +95,13 @@ class LocalRendezvous final : public Rendezvous {
 
   void Leave(const std::string&) override { StopStore(); }
   std::string node_id() const override { return "local"; }
+  // One node: nobody else to ask, and nobody asks.
+  void AskStacks(const std::string&, std::chrono::milliseconds,
+                 std::function<void(RemoteStacks)> done) override {
+    Post([done = std::move(done)] { done({}); });
+  }
+  void ReplyStacks(std::uint64_t, const std::string&, const std::vector<RankStacks>&,
+                   const std::string&) override {}
 
  private:
   template <typename F>

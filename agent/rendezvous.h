@@ -7,10 +7,14 @@
 // Events are delivered on the agent's event loop and never from inside a call below.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "agent/failure_report.h"
+#include "agent/stacks.h"
 #include "agent/worker_env.h"
 
 namespace crun::agent {
@@ -32,6 +36,9 @@ class RendezvousEvents {
   // (else a membership change).
   virtual void OnStopAndRejoin(const std::string& reason, bool spends_restart) = 0;
   virtual void OnFinished(const JobOutcome& outcome) = 0;
+  // The service asks for this node's stacks (a hang on another node, or `crun stacks`): read
+  // them without stopping anything and answer with Rendezvous::ReplyStacks(id, ...).
+  virtual void OnStacksRequest(std::uint64_t id, const std::string& reason) = 0;
 };
 
 class Rendezvous {
@@ -49,6 +56,14 @@ class Rendezvous {
   virtual void Leave(const std::string& reason) = 0;
   // Identity in reports: which node a root cause came from.
   virtual std::string node_id() const = 0;
+  // The stacks of every other node of the running round, for a hang here (docs/hangs.md):
+  // `done` once each has answered, or within `timeout` (and a second) with what came; at once
+  // and empty for a single node.
+  virtual void AskStacks(const std::string& reason, std::chrono::milliseconds timeout,
+                         std::function<void(RemoteStacks)> done) = 0;
+  // This node's answer to OnStacksRequest(id); `error` when it has none ("no workers running").
+  virtual void ReplyStacks(std::uint64_t id, const std::string& host,
+                           const std::vector<RankStacks>& ranks, const std::string& error) = 0;
 };
 
 }  // namespace crun::agent

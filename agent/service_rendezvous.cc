@@ -1,6 +1,9 @@
 #include "agent/service_rendezvous.h"
 
+#include <map>
+#include <memory>
 #include <random>
+#include <utility>
 
 #include <boost/asio/connect.hpp>
 #include <boost/asio/executor_work_guard.hpp>
@@ -10,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/session_client.h"
+#include "agent/stacks_proto.h"
 #include "base/backoff.h"
 #include "base/endpoint.h"
 #include "base/security.h"
@@ -184,7 +188,52 @@ class ServiceRendezvous final : public Rendezvous {
 
   std::string node_id() const override { return o_.node_id; }
 
+  void AskStacks(const std::string& reason, std::chrono::milliseconds timeout,
+                 std::function<void(RemoteStacks)> done) override {
+    if (Ended() || !client_) {
+      RemoteStacks none;
+      none.missing.push_back("the other nodes (no session with the rendezvous service)");
+      asio::post(io_, [done = std::move(done), none] { done(none); });
+      return;
+    }
+    const std::uint64_t id = next_stacks_id_++;
+    v1::AgentMessage m;
+    auto* w = m.mutable_stacks_wanted();
+    w->set_request_id(id);
+    w->set_reason(reason);
+    w->set_timeout_ms(timeout.count());
+    client_->Send(std::move(m));
+    // The service answers by `timeout`; a second more for the answer to travel, then without it.
+    auto timer = std::make_shared<asio::steady_timer>(io_, timeout + std::chrono::seconds(1));
+    stacks_waits_[id] = {std::move(done), timer};
+    timer->async_wait([this, id](const boost::system::error_code& ec) {
+      if (ec) return;
+      RemoteStacks none;
+      none.missing.push_back("the other nodes (no answer from the rendezvous service at " +
+                             target_ + " in time)");
+      AnswerStacks(id, std::move(none));
+    });
+  }
+
+  void ReplyStacks(std::uint64_t id, const std::string& host, const std::vector<RankStacks>& ranks,
+                   const std::string& error) override {
+    if (Ended() || !client_) return;
+    v1::AgentMessage m;
+    m.mutable_stacks_reply()->set_request_id(id);
+    *m.mutable_stacks_reply()->mutable_node() = NodeStacksToProto(o_.node_id, host, ranks, error);
+    client_->Send(std::move(m));
+  }
+
  private:
+  void AnswerStacks(std::uint64_t id, RemoteStacks stacks) {
+    auto it = stacks_waits_.find(id);
+    if (it == stacks_waits_.end()) return;
+    auto wait = std::move(it->second);
+    stacks_waits_.erase(it);
+    wait.timer->cancel();
+    wait.done(std::move(stacks));
+  }
+
   // Where this agent stands with the service. Ended and left are final; the others move as
   // sessions open, fail and hear from the service.
   enum class State {
@@ -208,6 +257,13 @@ class ServiceRendezvous final : public Rendezvous {
     probe_timer_.cancel();
     boost::system::error_code ignored;
     probe_.close(ignored);
+    // Stacks asked for and not come: answered now, without them.
+    for (auto& [id, wait] : std::exchange(stacks_waits_, {})) {
+      wait.timer->cancel();
+      RemoteStacks none;
+      none.missing.push_back("the other nodes (the session with the rendezvous service ended)");
+      asio::post(io_, [done = std::move(wait.done), none] { done(none); });
+    }
   }
 
   // Until the endpoint accepts a TCP connection, retry after 5 ms, growing by half up to 1 s
@@ -316,6 +372,12 @@ class ServiceRendezvous final : public Rendezvous {
         StopTimers();
         return events_->OnFinished(o);
       }
+      case v1::ServiceMessage::kStacksRequest:
+        return events_->OnStacksRequest(m.stacks_request().request_id(),
+                                        m.stacks_request().reason());
+      case v1::ServiceMessage::kStacksResult:
+        return AnswerStacks(m.stacks_result().request_id(),
+                            RemoteStacksFromProto(m.stacks_result()));
       case v1::ServiceMessage::kRefused:
         return End(1, "the rendezvous service at " + target_ + " refused this node (run '" +
                           o_.run_id + "', node '" + o_.node_id + "'): " + m.refused().reason());
@@ -482,6 +544,12 @@ class ServiceRendezvous final : public Rendezvous {
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::string target_;
   RendezvousEvents* events_ = nullptr;
+  struct StacksWait {
+    std::function<void(RemoteStacks)> done;
+    std::shared_ptr<asio::steady_timer> timer;
+  };
+  std::map<std::uint64_t, StacksWait> stacks_waits_;  // AskStacks calls not answered yet
+  std::uint64_t next_stacks_id_ = 1;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Rendezvous::Stub> stub_;
   std::vector<std::unique_ptr<SessionClient>> retired_;  // sessions that ended (reconnects)

@@ -17,6 +17,7 @@
 
 #include "agent/process.h"
 #include "base/numbers.h"
+#include "base/proc.h"
 
 namespace crun::agent {
 namespace {
@@ -600,6 +601,8 @@ StatusOr<std::unique_ptr<StackPipe>> StackPipe::Create(asio::io_context& io) {
 
 StackPipe::StackPipe(asio::io_context& io) : step_timer_(io), deadline_timer_(io) {}
 
+StackPipe::~StackPipe() { Finish(); }
+
 void StackPipe::OnData(std::string_view data) {
   if (!done_) return;  // nobody asked: a stray write (a late answer to an earlier request)
   constexpr std::size_t kMax = std::size_t{4} << 20;
@@ -885,8 +888,11 @@ void CaptureStacks(asio::io_context& io, const std::vector<StackTarget>& targets
   for (std::size_t i = 0; i < targets.size(); ++i) {
     const auto& t = targets[i];
     const std::string pid = std::to_string(t.pid);
-    const bool hooked = t.hook != nullptr && (Catches(t.pid, HookSignals().safe) ||
-                                              Catches(t.pid, HookSignals().at_once));
+    // A stopped process (SIGSTOP, a debugger) runs no signal handler: not the hook then.
+    const bool stopped = ProcessState(t.pid) == 't' || ProcessState(t.pid) == 'T';
+    const bool hooked =
+        t.hook != nullptr && !stopped &&
+        (Catches(t.pid, HookSignals().safe) || Catches(t.pid, HookSignals().at_once));
     const bool python = hooked || LooksLikePython(t.pid);
     std::vector<Method> methods;
     if (python && !tools.py_spy.empty())

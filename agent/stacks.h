@@ -62,6 +62,13 @@ struct RankStacks {
   std::string error;  // why there is no stack (every method tried), when none
 };
 
+// Other nodes' stacks (read through the rendezvous service): every rank, and each node that
+// gave none with why ("node-c (no answer in time)", "node-b: no workers running").
+struct RemoteStacks {
+  std::vector<RankStacks> ranks;
+  std::vector<std::string> missing;
+};
+
 // Where the main thread is: "in `hang_here` <- `main` <- `<module>`", from its innermost
 // frames, skipping the C library's wait primitives; ranks with the same place are one group.
 std::string WhereWaiting(const RankStacks& stacks);
@@ -91,6 +98,8 @@ RankStacks StacksFromJson(const nlohmann::json& j);
 class StackPipe {
  public:
   static StatusOr<std::unique_ptr<StackPipe>> Create(boost::asio::io_context& io);
+  // A request still open ends with what came (its worker is gone).
+  ~StackPipe();
   // The write end, for the worker (ProcessSpec::inherit_fds); crun closes it once started.
   int child_fd() const { return pipe_->child_fd(); }
   void CloseChildEnd() { pipe_->CloseChildEnd(); }

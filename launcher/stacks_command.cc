@@ -12,9 +12,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include <grpcpp/grpcpp.h>
+
 #include "agent/control_socket.h"
+#include "agent/session_client.h"
 #include "agent/stacks.h"
+#include "agent/stacks_proto.h"
+#include "base/endpoint.h"
 #include "base/numbers.h"
+#include "base/security.h"
+#include "crun/v1/rendezvous.grpc.pb.h"
+#include "launcher/logging.h"
+#include "launcher/rendezvous_command.h"
 
 namespace crun::launcher {
 namespace {
@@ -22,9 +31,79 @@ namespace {
 struct StacksOptions {
   std::string pid;
   std::string log_dir;
+  std::string endpoint;  // a multi-node job: its rendezvous service
+  std::string run_id;
+  crun::SecurityFlags security;
   bool json = false;
   double timeout = 60;
 };
+
+// The grouped summary of `stacks`, then each node that gave none; 0 when every rank was read.
+int PrintStacks(const std::vector<agent::RankStacks>& stacks,
+                const std::vector<std::string>& missing) {
+  std::printf("Where every rank is:\n%s", agent::FormatStacks(stacks, {}).c_str());
+  for (const auto& m : missing) std::printf("No stacks from %s\n", m.c_str());
+  int unread = 0;
+  for (const auto& s : stacks) unread += s.tool.empty() ? 1 : 0;
+  return unread == 0 && missing.empty() ? 0 : 1;
+}
+
+// `crun stacks --rdzv-endpoint H:P --rdzv-id ID`: the service asks every node of the job.
+int RunRemote(const StacksOptions& o) {
+  SetUpLogging("stacks", "warn");  // gRPC's own lines go to debug, not onto the terminal
+  if (!o.pid.empty() || !o.log_dir.empty()) {
+    std::fprintf(stderr, "crun stacks: give a PID, --log-dir or --rdzv-endpoint (one of them)\n");
+    return 2;
+  }
+  if (o.run_id.empty()) {
+    std::fprintf(stderr, "crun stacks: --rdzv-endpoint needs --rdzv-id (the job's run id)\n");
+    return 2;
+  }
+  auto parsed = crun::ParseEndpoint(o.endpoint, 29400);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "crun stacks: --rdzv-endpoint: %s\n", parsed.status().message().c_str());
+    return 2;
+  }
+  auto security = crun::LoadSecurity(o.security, "client");
+  if (!security.ok()) {
+    std::fprintf(stderr, "crun stacks: %s\n", security.status().message().c_str());
+    return 2;
+  }
+  const std::string target = crun::FormatEndpoint(parsed->host, parsed->port);
+  agent::ChannelOptions co;
+  co.security = *security;
+  auto stub = v1::Rendezvous::NewStub(agent::MakeChannel(target, co));
+  grpc::ClientContext ctx;
+  if (!security->token.empty()) ctx.AddMetadata(crun::kTokenHeader, security->token);
+  const auto timeout = std::chrono::milliseconds(static_cast<long>(o.timeout * 1000));
+  // The service waits for the nodes until a second before this call's deadline.
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  v1::StacksQuery req;
+  req.set_run_id(o.run_id);
+  req.set_timeout_ms(std::max<long>(1000, timeout.count() - 1000));
+  v1::StacksResult resp;
+  const auto s = stub->Stacks(&ctx, req, &resp);
+  if (!s.ok()) {
+    const bool refused = s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+                         s.error_code() == grpc::StatusCode::NOT_FOUND;
+    std::fprintf(stderr, "crun stacks: %s from the rendezvous service at %s: %s\n",
+                 refused ? "no stacks" : "no answer", target.c_str(), s.error_message().c_str());
+    return 1;
+  }
+  const agent::RemoteStacks stacks = agent::RemoteStacksFromProto(resp);
+  if (o.json) {
+    nlohmann::json j{{"run_id", resp.run_id()}, {"round", resp.round()}};
+    j["stacks"] = nlohmann::json::array();
+    for (const auto& st : stacks.ranks) j["stacks"].push_back(agent::StacksJson(st));
+    j["missing"] = stacks.missing;
+    std::printf("%s\n", j.dump(2).c_str());
+    return stacks.missing.empty() ? 0 : 1;
+  }
+  std::printf("crun stacks: run %s (round %d) through %s: %zu ranks on %d nodes\n",
+              resp.run_id().c_str(), resp.round(), target.c_str(), stacks.ranks.size(),
+              resp.nodes_size());
+  return PrintStacks(stacks.ranks, stacks.missing);
+}
 
 // The live cruns whose crun.pid lies under `dir` (at most three levels down: <log-dir>/<run
 // id>/<host>_XXXXXX/crun.pid).
@@ -57,8 +136,11 @@ std::vector<pid_t> CrunsUnder(const std::string& dir, std::vector<std::string>* 
 }
 
 int Run(const StacksOptions& o) {
+  if (!o.endpoint.empty()) return RunRemote(o);
   if (o.pid.empty() == o.log_dir.empty()) {
-    std::fprintf(stderr, "crun stacks: give the crun's PID or --log-dir DIR (one of them)\n");
+    std::fprintf(stderr,
+                 "crun stacks: give the crun's PID, --log-dir DIR or --rdzv-endpoint H:P with "
+                 "--rdzv-id ID (one of them)\n");
     return 2;
   }
   pid_t pid = 0;
@@ -114,10 +196,7 @@ int Run(const StacksOptions& o) {
   std::printf("crun stacks: run %s on %s (crun pid %d, attempt %d): %zu ranks\n",
               j.value("run_id", "").c_str(), j.value("host", "").c_str(), pid,
               j.value("attempt", 0), stacks.size());
-  std::printf("Where every rank is:\n%s", agent::FormatStacks(stacks, {}).c_str());
-  int missing = 0;
-  for (const auto& s : stacks) missing += s.tool.empty() ? 1 : 0;
-  return missing == 0 ? 0 : 1;
+  return PrintStacks(stacks, {});
 }
 
 }  // namespace
@@ -129,10 +208,14 @@ void AddStacksCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("pid", o->pid, "The crun launcher's process id");
   cmd->add_option("--log-dir,--log_dir", o->log_dir,
                   "Find the crun by its logs: its --log-dir or a directory below");
+  cmd->add_option("--rdzv-endpoint,--rdzv_endpoint", o->endpoint,
+                  "A multi-node job: its rendezvous service, host[:port] (port 29400)");
+  cmd->add_option("--rdzv-id,--rdzv_id", o->run_id, "With --rdzv-endpoint: the job's run id");
   cmd->add_flag("--json", o->json, "Machine-readable output");
   cmd->add_option("--timeout", o->timeout, "Seconds to wait for the answer")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  AddSecurityFlags(cmd, &o->security);
   cmd->callback([o, exit_code] { *exit_code = Run(*o); });
 }
 

@@ -2,6 +2,8 @@
 // by where the ranks are (docs/hangs.md).
 //   crun stacks PID             the crun launcher with that pid (this host)
 //   crun stacks --log-dir DIR   the crun whose logs are under DIR (its --log-dir or below)
+//   crun stacks --rdzv-endpoint H:P --rdzv-id ID
+//                               every node of a multi-node job, through its rendezvous service
 #pragma once
 
 #include <CLI/CLI.hpp>

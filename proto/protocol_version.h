@@ -9,4 +9,8 @@ namespace crun {
 
 inline constexpr std::uint32_t kProtocolVersion = 1;
 
+// StacksRequest.reason when `crun stacks --rdzv-endpoint` asked (any other reason is a hang on
+// another node, which each node also reports itself).
+inline constexpr char kStacksCommandReason[] = "crun stacks";
+
 }  // namespace crun

@@ -73,6 +73,25 @@ void Engine::OnMessage(SessionId session, const msg::AgentMessage& m, TimePoint 
     return OnWorkersFailed(session, *report, now);
   }
   if (std::holds_alternative<msg::Leave>(m)) return Unbind(session, now);
+  if (const auto* reply = std::get_if<msg::StacksReply>(&m)) return OnStacksReply(session, *reply);
+  if (const auto* wanted = std::get_if<msg::StacksWanted>(&m)) {
+    auto b = bound_.find(session);
+    if (b == bound_.end()) return;
+    StacksAsk ask;
+    ask.run_id = b->second.run_id;
+    ask.requester = session;
+    ask.result.request_id = wanted->request_id;
+    std::string error;
+    if (!FanOutStacks(std::move(ask), wanted->reason, session, Millis(wanted->timeout_ms), now,
+                      &error)) {
+      msg::StacksResult none;
+      none.request_id = wanted->request_id;
+      none.run_id = b->second.run_id;
+      none.missing.push_back(error);
+      hooks_.send(session, none);
+    }
+    return;
+  }
   auto b = bound_.find(session);  // a heartbeat, or the node's workers succeeded
   if (b == bound_.end()) return;
   auto& job = *jobs_.at(b->second.run_id);
@@ -208,9 +227,113 @@ void Engine::Unbind(SessionId session, TimePoint now, const std::string& cause) 
   Apply(job, OnNodeLost(std::move(job.state), binding.node_id, now, cause));
 }
 
-void Engine::OnSessionClosed(SessionId session, TimePoint now) { Unbind(session, now); }
+void Engine::OnSessionClosed(SessionId session, TimePoint now) {
+  // Its part in stacks requests: a node that can no longer answer, an asker gone.
+  std::vector<std::uint64_t> complete;
+  for (auto it = asks_.begin(); it != asks_.end();) {
+    auto& ask = it->second;
+    if (ask.requester == session) {
+      it = asks_.erase(it);
+      continue;
+    }
+    if (auto w = ask.waiting.find(session); w != ask.waiting.end()) {
+      ask.result.missing.push_back(w->second + " (its session ended)");
+      ask.waiting.erase(w);
+      if (ask.waiting.empty()) complete.push_back(it->first);
+    }
+    ++it;
+  }
+  for (auto id : complete) CompleteStacks(id);
+  Unbind(session, now);
+}
+
+crun::Status Engine::AskStacks(const std::string& run_id, std::uint64_t query, Millis timeout,
+                               TimePoint now) {
+  StacksAsk ask;
+  ask.run_id = run_id;
+  ask.query = query;
+  std::string error;
+  if (!FanOutStacks(std::move(ask), kStacksCommandReason, std::nullopt, timeout, now, &error)) {
+    return NotFound(error);
+  }
+  return crun::Status::Ok();
+}
+
+std::optional<std::uint64_t> Engine::FanOutStacks(StacksAsk ask, const std::string& reason,
+                                                  std::optional<SessionId> except, Millis timeout,
+                                                  TimePoint now, std::string* error) {
+  auto it = jobs_.find(ask.run_id);
+  if (it == jobs_.end()) {
+    *error = "no job with run id '" + ask.run_id + "'";
+    return std::nullopt;
+  }
+  const Job& job = *it->second;
+  if (job.state.phase != Phase::kRunning) {
+    *error = "job '" + ask.run_id + "' has no running workers (it is " +
+             PhaseName(job.state.phase) + ")";
+    return std::nullopt;
+  }
+  if (timeout <= Millis(0)) timeout = std::chrono::seconds(15);
+  timeout = std::clamp<Millis>(timeout, std::chrono::seconds(1), std::chrono::seconds(120));
+  const std::uint64_t id = next_ask_++;
+  ask.deadline = now + timeout;
+  ask.result.run_id = ask.run_id;
+  ask.result.round = job.state.round;
+  for (const auto& m : job.state.members) {
+    auto s = job.sessions.find(m.node.node_id);
+    if (s == job.sessions.end() || s->second == except || m.succeeded) continue;
+    ask.waiting[s->second] = m.node.node_id;
+  }
+  for (const auto& [session, node] : ask.waiting) {
+    hooks_.send(session, msg::StacksRequest{id, reason});
+  }
+  const bool none = ask.waiting.empty();
+  Log(ask.run_id + ": stacks asked of " + std::to_string(ask.waiting.size()) + " nodes (" + reason +
+      ")");
+  asks_.emplace(id, std::move(ask));
+  if (none) CompleteStacks(id);
+  return id;
+}
+
+void Engine::OnStacksReply(SessionId session, const msg::StacksReply& reply) {
+  auto it = asks_.find(reply.request_id);
+  if (it == asks_.end()) return;  // late: the answer went out without it
+  auto& ask = it->second;
+  auto w = ask.waiting.find(session);
+  if (w == ask.waiting.end()) return;
+  if (ask.bytes + reply.node_stacks.size() > kMaxStacksBytes) {
+    ask.result.missing.push_back(w->second +
+                                 " (its stacks did not fit in the answer: see that node's "
+                                 "own report or run crun stacks there)");
+  } else {
+    ask.bytes += reply.node_stacks.size();
+    ask.result.nodes.push_back(reply.node_stacks);
+  }
+  ask.waiting.erase(w);
+  if (ask.waiting.empty()) CompleteStacks(reply.request_id);
+}
+
+void Engine::CompleteStacks(std::uint64_t id) {
+  auto it = asks_.find(id);
+  if (it == asks_.end()) return;
+  StacksAsk ask = std::move(it->second);
+  asks_.erase(it);
+  for (const auto& [session, node] : ask.waiting) {
+    ask.result.missing.push_back(node + " (no answer in time)");
+  }
+  if (ask.requester) {
+    hooks_.send(*ask.requester, ask.result);
+  } else if (hooks_.stacks_done) {
+    hooks_.stacks_done(ask.query, ask.result);
+  }
+}
 
 void Engine::OnTick(TimePoint now) {
+  std::vector<std::uint64_t> due;
+  for (const auto& [id, ask] : asks_) {
+    if (ask.deadline <= now) due.push_back(id);
+  }
+  for (auto id : due) CompleteStacks(id);
   for (auto& [id, job] : jobs_) {
     if (job->wake && *job->wake <= now) {
       job->wake.reset();
@@ -221,6 +344,9 @@ void Engine::OnTick(TimePoint now) {
 
 std::optional<TimePoint> Engine::NextWake() const {
   std::optional<TimePoint> next;
+  for (const auto& [id, ask] : asks_) {
+    if (!next || ask.deadline < *next) next = ask.deadline;
+  }
   for (const auto& [id, job] : jobs_) {
     if (job->wake && (!next || *job->wake < *next)) next = job->wake;
   }

@@ -13,6 +13,10 @@
 //   reach this service (so a remote node never gets a loopback address).
 // * A job whose agents have all gone after it ended is replaced by a new one on the next join
 //   with its run id; up to options.keep_finished_jobs ended jobs stay visible to Status.
+// * Stacks (docs/hangs.md): an agent whose worker hung (StacksWanted), or the Stacks call
+//   (AskStacks), has the stacks of the running round's nodes read: each is sent a
+//   StacksRequest, and their replies are gathered into one StacksResult, complete when every
+//   node asked has answered, or at the asker's deadline with the silent ones listed as missing.
 #pragma once
 
 #include <cstdint>
@@ -49,6 +53,8 @@ struct EngineHooks {
       start_store;
   // What happened, one line per decision ("job7: round 2 formed: 3 nodes, 24 workers"). Optional.
   std::function<void(const std::string&)> log;
+  // The answer to AskStacks(query); called once per accepted query.
+  std::function<void(std::uint64_t query, const msg::StacksResult&)> stacks_done;
 };
 
 struct EngineOptions {
@@ -72,6 +78,13 @@ class Engine {
   std::optional<TimePoint> NextWake() const;
 
   msg::StatusResponse Status(const std::string& run_id, TimePoint now) const;
+  // Reads the stacks of every node of `run_id`'s running round: hooks.stacks_done(query, ...)
+  // within `timeout` (0: 15 s). An error (nothing asked) when the job is unknown or not running.
+  crun::Status AskStacks(const std::string& run_id, std::uint64_t query, Millis timeout,
+                         TimePoint now);
+  // Answers that a StacksResult may carry in all (a gRPC message is at most 4 MiB); a node past
+  // it is listed as missing.
+  static constexpr std::size_t kMaxStacksBytes = std::size_t{3} << 20;
   std::size_t live_sessions() const { return bound_.size(); }
 
  private:
@@ -79,6 +92,15 @@ class Engine {
   struct Binding {
     std::string run_id;
     std::string node_id;
+  };
+  struct StacksAsk {
+    std::string run_id;
+    std::optional<SessionId> requester;        // an agent (its own request id in result), or
+    std::uint64_t query = 0;                   // the Stacks call's
+    std::map<SessionId, std::string> waiting;  // session -> node id, not answered yet
+    msg::StacksResult result;
+    std::size_t bytes = 0;
+    TimePoint deadline;
   };
 
   void OnJoin(SessionId session, const msg::Join& join, TimePoint now, const std::string& peer_ip);
@@ -89,6 +111,13 @@ class Engine {
   void Refuse(SessionId session, const std::string& reason);
   void Log(const std::string& line) const;
   void Unbind(SessionId session, TimePoint now, const std::string& cause = "its session ended");
+  // Fans a stacks request out to the running round's nodes but `except`; nullopt: no job, or
+  // not running (the error says which).
+  std::optional<std::uint64_t> FanOutStacks(StacksAsk ask, const std::string& reason,
+                                            std::optional<SessionId> except, Millis timeout,
+                                            TimePoint now, std::string* error);
+  void OnStacksReply(SessionId session, const msg::StacksReply& reply);
+  void CompleteStacks(std::uint64_t id);
   Job& JobFor(const std::string& run_id, const Settings& settings);
   void EvictFinished();
 
@@ -97,6 +126,8 @@ class Engine {
   std::map<std::string, std::unique_ptr<Job>> jobs_;
   std::unordered_map<SessionId, Binding> bound_;
   std::uint64_t finish_sequence_ = 0;
+  std::map<std::uint64_t, StacksAsk> asks_;  // by the service's request id
+  std::uint64_t next_ask_ = 1;
 };
 
 // "rank 3 (local rank 1) on node-b failed with exit code 2: ValueError: ..."

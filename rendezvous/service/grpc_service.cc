@@ -130,6 +130,21 @@ struct Core {
   }
   std::mutex inbox_mu;
   std::vector<Arrival> inbox;
+  // Stacks calls waiting for the engine's answer (the engine's thread only).
+  struct StacksCall {
+    grpc::ServerUnaryReactor* reactor;
+    v1::StacksResult* response;
+  };
+  std::unordered_map<std::uint64_t, StacksCall> stacks_calls;
+  std::uint64_t next_stacks_call = 1;
+  bool stopping = false;  // no more Stacks calls are taken
+  void EndStacksCalls() {
+    stopping = true;
+    for (auto& [query, call] : stacks_calls) {
+      call.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the service is stopping"));
+    }
+    stacks_calls.clear();
+  }
   std::mutex mu;
   std::unordered_map<SessionId, SessionReactor*> streams;
   std::atomic<std::uint64_t> refused_calls{0};
@@ -263,6 +278,32 @@ class ServiceImpl final : public v1::Rendezvous::CallbackService {
     return reactor;
   }
 
+  grpc::ServerUnaryReactor* Stacks(grpc::CallbackServerContext* context,
+                                   const v1::StacksQuery* request,
+                                   v1::StacksResult* response) override {
+    auto* reactor = context->DefaultReactor();
+    if (auto s = core_->Authorize(context, "Stacks"); !s.ok()) {
+      reactor->Finish(s);
+      return reactor;
+    }
+    asio::post(core_->io, [this, reactor, request, response] {
+      if (!core_->engine || core_->stopping) {
+        return reactor->Finish(
+            grpc::Status(grpc::StatusCode::UNAVAILABLE, "the service is stopping"));
+      }
+      const std::uint64_t query = core_->next_stacks_call++;
+      core_->stacks_calls[query] = {reactor, response};
+      const auto asked = core_->engine->AskStacks(request->run_id(), query,
+                                                  Millis(request->timeout_ms()), Clock::now());
+      if (!asked.ok()) {
+        core_->stacks_calls.erase(query);
+        reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, asked.message()));
+      }
+      core_->Rearm();
+    });
+    return reactor;
+  }
+
  private:
   Core* core_;
 };
@@ -290,6 +331,13 @@ class GrpcRendezvousService final : public RendezvousService {
       return std::unique_ptr<RoundStore>(std::make_unique<StoreHandle>(std::move(server).value()));
     };
     if (o.log_decisions) hooks.log = [](const std::string& line) { spdlog::info("{}", line); };
+    hooks.stacks_done = [core](std::uint64_t query, const msg::StacksResult& result) {
+      auto it = core->stacks_calls.find(query);
+      if (it == core->stacks_calls.end()) return;
+      *it->second.response = ToProto(result);
+      it->second.reactor->Finish(grpc::Status::OK);
+      core->stacks_calls.erase(it);
+    };
     EngineOptions eo;
     eo.advertise_addr = o.advertise_addr;
     eo.keep_finished_jobs = o.keep_finished_jobs;
@@ -331,6 +379,15 @@ class GrpcRendezvousService final : public RendezvousService {
 
   void Stop(std::chrono::milliseconds grace) override {
     if (stopped_.exchange(true)) return;
+    if (thread_.joinable()) {
+      // Stacks calls wait on the engine, not on the server: they end first, or Wait would.
+      std::promise<void> ended;
+      asio::post(core_->io, [this, &ended] {
+        core_->EndStacksCalls();
+        ended.set_value();
+      });
+      ended.get_future().wait();
+    }
     if (server_) {
       // Sessions still open after the grace are cancelled; a Status call in flight completes
       // (the engine's thread keeps running until below).

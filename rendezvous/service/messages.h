@@ -66,7 +66,21 @@ struct Leave {
   std::string reason;
 };
 
-using AgentMessage = std::variant<Join, Heartbeat, FailureReport, WorkersSucceeded, Leave>;
+// Stacks (docs/hangs.md). The engine forwards each node's stacks without reading them: they
+// travel as the serialized NodeStacks message of the .proto.
+struct StacksWanted {
+  std::uint64_t request_id = 0;
+  std::string reason;
+  std::int64_t timeout_ms = 0;
+};
+
+struct StacksReply {
+  std::uint64_t request_id = 0;
+  std::string node_stacks;  // serialized crun.v1.NodeStacks
+};
+
+using AgentMessage = std::variant<Join, Heartbeat, FailureReport, WorkersSucceeded, Leave,
+                                  StacksWanted, StacksReply>;
 
 // ---- service -> agent ------------------------------------------------------------------------
 
@@ -99,7 +113,21 @@ struct Refused {
   std::string reason;
 };
 
-using ServiceMessage = std::variant<Assignment, StopAndRejoin, JobFinished, Refused>;
+struct StacksRequest {
+  std::uint64_t request_id = 0;
+  std::string reason;
+};
+
+struct StacksResult {
+  std::uint64_t request_id = 0;
+  std::vector<std::string> nodes;  // each a serialized crun.v1.NodeStacks
+  std::vector<std::string> missing;
+  std::string run_id;
+  int round = 0;
+};
+
+using ServiceMessage =
+    std::variant<Assignment, StopAndRejoin, JobFinished, Refused, StacksRequest, StacksResult>;
 
 // ---- status ----------------------------------------------------------------------------------
 

@@ -93,6 +93,11 @@ struct ServiceToProto {
     r->set_exit_code(f.exit_code);
   }
   void operator()(const msg::Refused& r) const { out.mutable_refused()->set_reason(r.reason); }
+  void operator()(const msg::StacksRequest& r) const {
+    out.mutable_stacks_request()->set_request_id(r.request_id);
+    out.mutable_stacks_request()->set_reason(r.reason);
+  }
+  void operator()(const msg::StacksResult& r) const { *out.mutable_stacks_result() = ToProto(r); }
 };
 
 }  // namespace
@@ -120,6 +125,13 @@ std::optional<msg::AgentMessage> FromProto(const v1::AgentMessage& m) {
       return msg::WorkersSucceeded{};
     case v1::AgentMessage::kLeave:
       return msg::Leave{m.leave().reason()};
+    case v1::AgentMessage::kStacksWanted:
+      return msg::StacksWanted{m.stacks_wanted().request_id(), m.stacks_wanted().reason(),
+                               m.stacks_wanted().timeout_ms()};
+    case v1::AgentMessage::kStacksReply:
+      // Forwarded as it came, never read by the service.
+      return msg::StacksReply{m.stacks_reply().request_id(),
+                              m.stacks_reply().node().SerializeAsString()};
     case v1::AgentMessage::KIND_NOT_SET:
       break;
   }
@@ -129,6 +141,18 @@ std::optional<msg::AgentMessage> FromProto(const v1::AgentMessage& m) {
 v1::ServiceMessage ToProto(const msg::ServiceMessage& m) {
   v1::ServiceMessage out;
   std::visit(ServiceToProto{out}, m);
+  return out;
+}
+
+v1::StacksResult ToProto(const msg::StacksResult& r) {
+  v1::StacksResult out;
+  out.set_request_id(r.request_id);
+  out.set_run_id(r.run_id);
+  out.set_round(r.round);
+  for (const auto& bytes : r.nodes) {
+    if (!out.add_nodes()->ParseFromString(bytes)) out.mutable_nodes()->RemoveLast();
+  }
+  for (const auto& m : r.missing) out.add_missing(m);
   return out;
 }
 

@@ -17,5 +17,6 @@ Settings FromProto(const v1::Settings& s);
 
 v1::ServiceMessage ToProto(const msg::ServiceMessage& m);
 v1::StatusResponse ToProto(const msg::StatusResponse& s);
+v1::StacksResult ToProto(const msg::StacksResult& r);
 
 }  // namespace crun::rdzv

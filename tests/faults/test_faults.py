@@ -181,7 +181,7 @@ class Faults(unittest.TestCase):
                     "started (the failing one exits at once)")
 
     def test_worker_sigstop_then_sigterm_is_continued_and_stopped_within_the_grace(self):
-        # A stopped worker is a hang crun does not detect by itself (out of scope: see
+        # Without --hang-timeout a stopped worker is a hang crun does not detect (see
         # docs/reliability.md); what it must do is stop it cleanly when told to.
         with Fabric(["a", "b"]) as fab:
             a = self.node(fab, "a", "--shutdown-timeout", "30", nnodes="1:2")
@@ -201,10 +201,38 @@ class Faults(unittest.TestCase):
             ca, ea = self.finish(a)
             self.assertEqual(ca, 0, ea)
         self.assertNothingLeft()
-        self.record("worker SIGSTOP (hang), then SIGTERM to its crun",
-                    "not detected as a failure (out of scope); on SIGTERM crun sees the stopped "
+        self.record("worker SIGSTOP (hang) without `--hang-timeout`, then SIGTERM to its crun",
+                    "not detected as a failure (no timeout given); on SIGTERM crun sees the stopped "
                     "worker, sends SIGCONT so it can act on the signal, exits 143",
                     f"crun exited {ms(done)} after SIGTERM (grace 30 s unused)")
+
+    def test_worker_sigstop_with_hang_timeout_is_a_hang_and_restarts_every_node(self):
+        with Fabric(["a", "b"]) as fab:
+            args = ("--hang-timeout", "2", "--max-restarts", "1")
+            a, b = self.node(fab, "a", *args), self.node(fab, "b", *args)
+            self.running(4, TORCHELASTIC_RESTART_COUNT=0)
+            victim = self.worker_pid("b")
+            t0 = time.time()
+            os.kill(victim, signal.SIGSTOP)
+            self.running(4, TORCHELASTIC_RESTART_COUNT=1)
+            recovered = min(e["t"] for e in self.events(TORCHELASTIC_RESTART_COUNT=1)) - t0
+            self.go()
+            (ca, ea), (cb, eb) = self.finish(a), self.finish(b)
+            self.assertEqual((ca, cb), (0, 0), ea + eb)
+            self.assertRegex(eb, rf"rank [23] on \S+ \(local rank [01], pid {victim}\): no "
+                                 r"progress for 2\.\d s; it was stopped \(T: SIGSTOP or "
+                                 r"SIGTSTP\)\n")
+            # b's report holds every rank's stacks, a's two read through the service.
+            self.assertIn("stacks of 4 ranks read in", eb)
+            self.assertIn("reading this node's stacks for another node", ea)
+            self.assertRegex(ea, r"restarting the worker group \(restart 1 of at most 1\): "
+                                 r"rank [23] \(local rank [01]\) on \S+ failed with a hang")
+        self.assertNothingLeft()
+        self.record("worker SIGSTOP with `--hang-timeout 2 --max-restarts 1`",
+                    "b declares the rank hung (state T), reads the stacks of all 4 ranks (a's "
+                    "through the rendezvous service) before stopping anything, prints the Hang "
+                    "report; both nodes restart; exit 0",
+                    f"new workers running {ms(recovered)} after the SIGSTOP (timeout 2 s)")
 
     # ---- agents, the service, the network --------------------------------------------------
 

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <set>
 #include <string>
 
 #include <google/protobuf/stubs/logging.h>
@@ -45,6 +46,10 @@ void CheckSent(const msg::ServiceMessage& sent) {
   v1::ServiceMessage m;
   if (!crun::rdzv::ToProto(sent).SerializeToString(&wire) || !m.ParseFromString(wire)) {
     Broken("a message sent does not survive the wire");
+  }
+  if (m.has_stacks_result() && static_cast<std::size_t>(m.stacks_result().ByteSizeLong()) >
+                                   Engine::kMaxStacksBytes + (std::size_t{1} << 20)) {
+    Broken("a stacks answer past its bound: " + std::to_string(m.stacks_result().ByteSizeLong()));
   }
   if (!m.has_assignment()) return;
   const auto& a = m.assignment();
@@ -80,7 +85,7 @@ std::string HostileString(FuzzedDataProvider& in) {
 
 v1::AgentMessage Message(FuzzedDataProvider& in) {
   v1::AgentMessage m;
-  switch (in.ConsumeIntegralInRange(0, 5)) {
+  switch (in.ConsumeIntegralInRange(0, 7)) {
     case 0: {
       auto* j = m.mutable_join();
       j->set_protocol_version(in.ConsumeBool() ? 1 : static_cast<std::uint32_t>(HostileNumber(in)));
@@ -134,6 +139,28 @@ v1::AgentMessage Message(FuzzedDataProvider& in) {
     case 4:
       m.mutable_leave()->set_reason(HostileString(in));
       break;
+    case 5: {
+      auto* w = m.mutable_stacks_wanted();
+      w->set_request_id(in.ConsumeIntegral<std::uint64_t>());
+      w->set_reason(HostileString(in));
+      w->set_timeout_ms(HostileNumber(in));
+      break;
+    }
+    case 6: {
+      // An answer to one of the first requests (ids count from 1), or to none; large ones too.
+      auto* r = m.mutable_stacks_reply();
+      r->set_request_id(in.ConsumeBool() ? in.ConsumeIntegralInRange<std::uint64_t>(1, 4)
+                                         : in.ConsumeIntegral<std::uint64_t>());
+      r->mutable_node()->set_node_id(HostileString(in));
+      const int ranks =
+          in.ConsumeIntegralInRange(0, 63) == 63 ? 2 : in.ConsumeIntegralInRange(0, 2);
+      for (int i = 0; i < ranks; ++i) {
+        auto* rs = r->mutable_node()->add_ranks();
+        rs->set_rank(HostileInt(in));
+        rs->set_error(ranks == 2 && i == 1 ? std::string(1 << 20, 'e') : HostileString(in));
+      }
+      break;
+    }
     default: {
       // Raw bytes: whatever they parse to (unknown fields, an empty oneof, mixtures).
       const std::string raw = in.ConsumeRandomLengthString(256);
@@ -155,6 +182,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   FuzzedDataProvider in(data, size);
   int sends = 0;
+  std::set<std::uint64_t> asked, answered;  // the Stacks call's queries
   crun::rdzv::EngineHooks hooks;
   hooks.send = [&sends](crun::rdzv::SessionId, const msg::ServiceMessage& m) {
     ++sends;
@@ -166,6 +194,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       return crun::Unavailable("no free port");  // the store can fail to start, too
     }
     return std::unique_ptr<crun::rdzv::RoundStore>(std::make_unique<NullStore>());
+  };
+  hooks.stacks_done = [&](std::uint64_t query, const msg::StacksResult& r) {
+    if (!asked.count(query) || !answered.insert(query).second) Broken("a stacks answer twice");
+    CheckSent(r);
   };
   crun::rdzv::EngineOptions options;
   options.keep_finished_jobs = 2;
@@ -185,6 +217,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         now += std::chrono::milliseconds(in.ConsumeIntegralInRange<std::int64_t>(0, 1LL << 30));
         engine.OnTick(now);
         break;
+      case 3: {
+        const std::uint64_t query = asked.size() + 1;
+        const auto timeout = std::chrono::milliseconds(HostileNumber(in));
+        if (engine.AskStacks(in.ConsumeBool() ? "job" : HostileString(in), query, timeout, now)
+                .ok()) {
+          asked.insert(query);
+        }
+        break;
+      }
       default: {
         // Through the wire as gRPC carries it: what does not parse (a string that is not
         // UTF-8, say) never reaches the service's handlers.
@@ -198,6 +239,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
     }
   }
+  // Every Stacks call is answered by its deadline (at most 120 s).
+  now += std::chrono::seconds(121);
+  engine.OnTick(now);
+  if (answered != asked) Broken("a Stacks call never answered");
   // What `crun status` would show: every job, serializable.
   const auto status = crun::rdzv::ToProto(engine.Status("", now));
   std::string wire;

@@ -7,6 +7,7 @@ must name the hung rank and where every rank was, then restart the group and fin
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,7 +23,8 @@ TORCH2 = os.environ.get("TORCH2_PYTHON")
 LIMIT_S = 240
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import alive, wait_for  # noqa: E402
+from crun_testing import alive, kill_all, wait_for  # noqa: E402
+from fabric import Fabric  # noqa: E402
 
 
 class Hangs(unittest.TestCase):
@@ -235,6 +237,95 @@ def memory_cgroup_parent():
             if has_memory and os.access(d, os.W_OK):
                 return "v2", d
     return None
+
+
+class AcrossHosts(unittest.TestCase):
+    """Two hosts (network namespaces, tests/pylib/fabric.py), two ranks each, stock PyTorch 1.13
+    DDP over gloo: rank 3 blocks; every node's stacks are read through the rendezvous service,
+    the report holds all four ranks, and `crun stacks --rdzv-endpoint` reads them too."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="crun-hangs-hosts-")
+        self.procs = []
+
+    def tearDown(self):
+        kill_all(self.procs)
+
+    def test_a_hang_on_one_host_shows_every_hosts_ranks(self):
+        with Fabric(["a", "b"]) as fab:
+            endpoint = f"{fab.addr('a')}:29400"
+            # gloo binds to the interface named here, as users set it on real clusters.
+            env = dict(os.environ, PATH="/usr/bin:/bin", PYTHON_EXEC=TORCH1,
+                       GLOO_SOCKET_IFNAME="eth0")
+            for host in ("a", "b"):
+                self.procs.append(fab.popen(
+                    host, [CRUN, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint",
+                           endpoint, "--rdzv-id", "job", "--hang-timeout", "20",
+                           "--max-restarts", "1", "--log-dir", os.path.join(self.dir, host),
+                           WORKER, "block"],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+            stacks = fab.command("a", [CRUN, "stacks", "--rdzv-endpoint", endpoint,
+                                       "--rdzv-id", "job", "--timeout", "30"])
+            last = {}
+
+            def every_host_read():
+                last["r"] = subprocess.run(stacks, capture_output=True, text=True,
+                                           timeout=LIMIT_S)
+                return (last["r"].returncode == 0 and
+                        "rank 3: in `stuck_in_load_batch`" in last["r"].stdout and
+                        "ranks 0-2: in `all_reduce`" in last["r"].stdout)
+            try:
+                # While the job hangs, before the timeout: one call, both hosts' ranks.
+                wait_for(every_host_read, "crun stacks --rdzv-endpoint to show rank 3 stuck "
+                         "and ranks 0-2 in all_reduce", limit=LIMIT_S)
+            except AssertionError as e:
+                raise AssertionError(f"{e}; last answer: {last['r'].stdout[-3000:]}"
+                                     f"{last['r'].stderr[-2000:]}") from None
+            self.assertIn("4 ranks on 2 nodes", last["r"].stdout)
+            out = {}
+            for host, p in zip(("a", "b"), self.procs):
+                o, e = p.communicate(timeout=LIMIT_S)
+                out[host] = o + e
+                self.assertEqual(p.returncode, 0, out[host][-5000:])
+                self.assertEqual(o.count("attempt 1 done"), 2, out[host][-5000:])
+        # The node with rank 3 (either) printed a report holding every host's ranks.
+        reports = [t for t in out.values() if "rank 3 on " in t and "Hang:" in t]
+        self.assertTrue(reports, "no hang report names rank 3")
+        for text in out.values():
+            if "Hang:" not in text:
+                continue
+            self.assertIn("rank 3: in `stuck_in_load_batch`", text)
+            self.assertIn("ranks 0-2: in `all_reduce`", text)
+        found = glob.glob(f"{self.dir}/*/*/*/attempt_0/hang.json")
+        self.assertTrue(found)
+        for path in found:
+            with open(path) as f:
+                h = json.load(f)
+            self.assertEqual(sorted(s["rank"] for s in h["stacks"]), [0, 1, 2, 3])
+        # Whichever node's report reached the service first, the restart names rank 3.
+        for text in out.values():
+            m = re.search(r"restarting the worker group \(restart 1 of at most 1\): (rank \d) "
+                          r".*failed with a hang: (.*)", text)
+            self.assertTrue(m, text[-5000:])
+            self.assertTrue(m.group(1) == "rank 3" or "it waits for rank 3 on " in m.group(2),
+                            m.group(0))
+
+    def test_crun_stacks_refusals_through_the_service(self):
+        with Fabric(["a"]) as fab:
+            def stacks(*args):
+                return subprocess.run(fab.command("a", [CRUN, "stacks", *args]),
+                                      capture_output=True, text=True, timeout=LIMIT_S)
+            r = stacks("--rdzv-endpoint", f"{fab.addr('a')}:29400")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("--rdzv-endpoint needs --rdzv-id", r.stderr)
+            r = stacks("--rdzv-endpoint", f"{fab.addr('a')}:29400", "--rdzv-id", "job",
+                       "--timeout", "2")
+            self.assertEqual(r.returncode, 1)
+            self.assertIn(f"no answer from the rendezvous service at {fab.addr('a')}:29400",
+                          r.stderr)
+            r = stacks("--rdzv-endpoint", "no such host:1", "--rdzv-id", "job")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("no such host:1", r.stderr)
 
 
 class OomKiller(unittest.TestCase):

@@ -8,7 +8,9 @@ as told:
 
   default              exit 0 (or --code when this is the failing rank and restart)
   --exit-when-world N  exit 0 if WORLD_SIZE == N, else wait for a signal
-  --until FILE         wait until OUT/FILE exists, then exit as by default
+  --until FILE         wait until OUT/FILE exists, then exit as by default; meanwhile a
+                       heartbeat every 0.1 s on CRUN_HEARTBEAT_FD when crun gives one (its
+                       --hang-timeout counts it as progress)
   --connect-master     first open a TCP connection to MASTER_ADDR:MASTER_PORT (retrying for
                        up to 60 s while it is refused, as PyTorch's store client does) and
                        record the local address it came from ("connected_from")
@@ -65,7 +67,12 @@ if args.exit_when_world and int(env["WORLD_SIZE"]) != args.exit_when_world:
     signal.pause()  # SIGTERM (default action) ends it
     sys.exit(1)
 if args.until:
+    beat = int(env["CRUN_HEARTBEAT_FD"]) if "CRUN_HEARTBEAT_FD" in env else None
+    last_beat = 0.0
     while not os.path.exists(os.path.join(args.out, args.until)):
+        if beat is not None and time.monotonic() - last_beat >= 0.1:
+            os.write(beat, b".")
+            last_beat = time.monotonic()
         time.sleep(0.01)
 if rank == args.fail_rank and args.fail_restart in (-1, restart):
     if args.fail_when_all_started:

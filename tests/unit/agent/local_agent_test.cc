@@ -76,6 +76,12 @@ class ScriptedRendezvous final : public Rendezvous {
   }
   void Leave(const std::string& reason) override { record_->left.push_back(reason); }
   std::string node_id() const override { return "unit-node"; }
+  void AskStacks(const std::string&, std::chrono::milliseconds,
+                 std::function<void(RemoteStacks)> done) override {
+    asio::post(io_, [done = std::move(done)] { done({}); });
+  }
+  void ReplyStacks(std::uint64_t, const std::string&, const std::vector<RankStacks>&,
+                   const std::string&) override {}
 
  private:
   asio::io_context& io_;

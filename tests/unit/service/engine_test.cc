@@ -45,7 +45,8 @@ struct Harness {
   std::map<SessionId, std::vector<msg::ServiceMessage>> inbox;
   int stores_open = 0;
   int stores_started = 0;
-  std::vector<std::vector<std::string>> store_allowed;  // per store started
+  std::vector<std::vector<std::string>> store_allowed;                   // per store started
+  std::vector<std::pair<std::uint64_t, msg::StacksResult>> stacks_done;  // AskStacks' answers
   bool store_fails = false;
   Engine engine;
 
@@ -62,7 +63,10 @@ struct Harness {
                                                                                 stores_started),
                                                      &stores_open));
                    },
-                   nullptr},
+                   nullptr,
+                   [this](std::uint64_t query, const msg::StacksResult& r) {
+                     stacks_done.emplace_back(query, r);
+                   }},
                std::move(options)) {}
 
   void Join(SessionId s, const std::string& host, TimePoint t, const JoinSpec& spec = {}) {
@@ -450,4 +454,84 @@ TEST_CASE("a member of unknown address leaves the round's store without a list",
   h.JoinFrom(2, "node-b", "", {}, T0);  // e.g. a session that is not over TCP
   REQUIRE(h.stores_started == 1);
   CHECK(h.store_allowed.at(0).empty());
+}
+
+// ---- stacks (docs/hangs.md) ---------------------------------------------------------------------
+
+TEST_CASE(
+    "engine: a hung node's request for stacks goes to the other members and comes back "
+    "with their answers",
+    "[engine][stacks]") {
+  Harness h;
+  h.Join(1, "a", T0, {.min = 3, .max = 4});
+  h.Join(2, "b", T0, {.min = 3, .max = 4});
+  h.Join(3, "c", T0, {.min = 3, .max = 4});
+  h.Join(4, "d", T0, {.min = 3, .max = 4});
+  REQUIRE(h.LastIs<msg::Assignment>(1));
+  h.engine.OnMessage(2, msg::StacksWanted{77, "rank 2 on b hung", 5000}, T0 + 1s);
+  // The others are asked (not the asker), with the reason.
+  for (SessionId s : {1, 3, 4}) {
+    REQUIRE(h.LastIs<msg::StacksRequest>(s));
+    CHECK(h.LastAs<msg::StacksRequest>(s).reason == "rank 2 on b hung");
+  }
+  CHECK(h.LastIs<msg::Assignment>(2));
+  const auto id = h.LastAs<msg::StacksRequest>(1).request_id;
+  h.engine.OnMessage(1, msg::StacksReply{id, "stacks of a"}, T0 + 1100ms);
+  h.engine.OnMessage(1, msg::StacksReply{id, "again"}, T0 + 1150ms);         // one answer per node
+  h.engine.OnMessage(3, msg::StacksReply{id + 1, "wrong id"}, T0 + 1150ms);  // ignored
+  h.engine.OnSessionClosed(4, T0 + 1200ms);  // d is lost before it answers
+  CHECK(h.LastIs<msg::StopAndRejoin>(2));    // (its loss re-forms the round, as ever)
+  h.engine.OnMessage(3, msg::StacksReply{id, "stacks of c"}, T0 + 1300ms);
+  const auto& r = h.LastAs<msg::StacksResult>(2);
+  CHECK(r.request_id == 77);
+  CHECK(r.run_id == "job7");
+  CHECK(r.nodes == std::vector<std::string>{"stacks of a", "stacks of c"});
+  CHECK(r.missing == std::vector<std::string>{"d (its session ended)"});
+}
+
+TEST_CASE("engine: nodes that do not answer by the deadline are named missing",
+          "[engine][stacks]") {
+  Harness h;
+  h.Join(1, "a", T0);
+  h.Join(2, "b", T0);
+  CHECK(h.engine.AskStacks("job7", 5, 3s, T0 + 1s).ok());
+  const auto id = h.LastAs<msg::StacksRequest>(1).request_id;
+  CHECK(h.LastAs<msg::StacksRequest>(1).reason == crun::kStacksCommandReason);
+  h.engine.OnMessage(2, msg::StacksReply{id, "stacks of b"}, T0 + 2s);
+  h.Heartbeat(1, T0 + 2s);  // a is alive, only silent about its stacks
+  h.Heartbeat(2, T0 + 2s);
+  h.engine.OnTick(T0 + 3900ms);
+  CHECK(h.stacks_done.empty());
+  h.Tick(T0 + 4s);
+  REQUIRE(h.stacks_done.size() == 1);
+  CHECK(h.stacks_done[0].first == 5);
+  CHECK(h.stacks_done[0].second.nodes == std::vector<std::string>{"stacks of b"});
+  CHECK(h.stacks_done[0].second.missing == std::vector<std::string>{"a (no answer in time)"});
+  h.engine.OnMessage(1, msg::StacksReply{id, "late"}, T0 + 5s);  // after the answer: dropped
+  CHECK(h.stacks_done.size() == 1);
+  CHECK(h.LastIs<msg::StacksRequest>(1));  // the round runs on
+}
+
+TEST_CASE(
+    "engine: stacks of an unknown or gathering job are refused at once; answers past the "
+    "size bound are named missing",
+    "[engine][stacks]") {
+  Harness h;
+  CHECK(h.engine.AskStacks("nope", 1, 3s, T0).message() == "no job with run id 'nope'");
+  h.Join(1, "a", T0);
+  CHECK(h.engine.AskStacks("job7", 1, 3s, T0).message() ==
+        "job 'job7' has no running workers (it is gathering)");
+  h.engine.OnMessage(1, msg::StacksWanted{3, "hung", 1000}, T0);
+  CHECK(h.LastAs<msg::StacksResult>(1).missing ==
+        std::vector<std::string>{"job 'job7' has no running workers (it is gathering)"});
+  h.Join(2, "b", T0);
+  REQUIRE(h.engine.AskStacks("job7", 2, 3s, T0 + 1s).ok());
+  const auto id = h.LastAs<msg::StacksRequest>(1).request_id;
+  h.engine.OnMessage(1, msg::StacksReply{id, std::string(Engine::kMaxStacksBytes - 10, 'x')},
+                     T0 + 1s);
+  h.engine.OnMessage(2, msg::StacksReply{id, std::string(100, 'y')}, T0 + 1s);
+  REQUIRE(h.stacks_done.size() == 1);
+  CHECK(h.stacks_done[0].second.nodes.size() == 1);
+  REQUIRE(h.stacks_done[0].second.missing.size() == 1);
+  CHECK(h.stacks_done[0].second.missing[0].rfind("b (its stacks did not fit", 0) == 0);
 }

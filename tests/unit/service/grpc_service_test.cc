@@ -7,11 +7,14 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <set>
+#include <thread>
 
 #include <grpcpp/generic/generic_stub.h>
 
 #include "agent/session_client.h"
 #include "base/security.h"
+#include "proto/protocol_version.h"
 #include "rendezvous/service/grpc_service.h"
 #include "rendezvous/store/tcp_store_client.h"
 
@@ -82,6 +85,7 @@ class Agent {
     f->set_exit_code(code);
     client_->Send(m);
   }
+  void Send(const v1::AgentMessage& m) { client_->Send(m); }
   void Succeed() {
     v1::AgentMessage m;
     m.mutable_workers_succeeded();
@@ -310,4 +314,87 @@ TEST_CASE("grpc service: Status needs the job token too", "[grpc][security]") {
   grpc::ClientContext ctx;
   ctx.AddMetadata(crun::kTokenHeader, "s3cret-token");
   CHECK(stub->Status(&ctx, req, &resp).ok());
+}
+
+TEST_CASE("grpc service: the Stacks call gathers every node's answer; needs the token",
+          "[grpc][stacks]") {
+  auto service = StartService("s3cret-token");
+  Agent a(service->port(), "node-a", "s3cret-token"), b(service->port(), "node-b", "s3cret-token");
+  a.Join();
+  b.Join();
+  REQUIRE(a.Next().has_assignment());
+  REQUIRE(b.Next().has_assignment());
+  auto channel = crun::agent::MakeChannel("127.0.0.1:" + std::to_string(service->port()), {});
+  auto stub = v1::Rendezvous::NewStub(channel);
+  v1::StacksQuery query;
+  query.set_run_id("job7");
+  query.set_timeout_ms(20'000);
+  {
+    grpc::ClientContext ctx;
+    v1::StacksResult ignored;
+    CHECK(stub->Stacks(&ctx, query, &ignored).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // The call waits for both nodes; each answers the request it is sent.
+  v1::StacksResult result;
+  grpc::Status status;
+  std::thread call([&] {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(crun::kTokenHeader, "s3cret-token");
+    ctx.set_deadline(std::chrono::system_clock::now() + kDeadline);
+    status = stub->Stacks(&ctx, query, &result);
+  });
+  for (auto* agent : {&a, &b}) {
+    const auto request = agent->Next();
+    REQUIRE(request.has_stacks_request());
+    CHECK(request.stacks_request().reason() == crun::kStacksCommandReason);
+    const std::string node = agent == &a ? "node-a" : "node-b";
+    v1::AgentMessage reply;
+    reply.mutable_stacks_reply()->set_request_id(request.stacks_request().request_id());
+    auto* n = reply.mutable_stacks_reply()->mutable_node();
+    n->set_node_id(node);
+    auto* r = n->add_ranks();
+    r->set_rank(agent == &a ? 0 : 2);
+    r->set_tool("py-spy");
+    r->add_threads()->add_frames()->set_function("train_step");
+    agent->Send(reply);
+  }
+  call.join();
+  REQUIRE(status.ok());
+  CHECK(result.run_id() == "job7");
+  REQUIRE(result.nodes_size() == 2);
+  std::set<std::string> nodes{result.nodes(0).node_id(), result.nodes(1).node_id()};
+  CHECK(nodes == std::set<std::string>{"node-a", "node-b"});
+  CHECK(result.nodes(0).ranks(0).threads(0).frames(0).function() == "train_step");
+  CHECK(result.missing_size() == 0);
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata(crun::kTokenHeader, "s3cret-token");
+    query.set_run_id("nope");
+    CHECK(stub->Stacks(&ctx, query, &result).error_code() == grpc::StatusCode::NOT_FOUND);
+  }
+}
+
+TEST_CASE("grpc service: stopping the service ends a Stacks call still waiting for nodes",
+          "[grpc][stacks]") {
+  auto service = StartService();
+  Agent a(service->port(), "node-a");
+  a.Join(1, 1);
+  REQUIRE(a.Next().has_assignment());
+  auto stub = v1::Rendezvous::NewStub(
+      crun::agent::MakeChannel("127.0.0.1:" + std::to_string(service->port()), {}));
+  grpc::Status status;
+  std::thread call([&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + kDeadline);
+    v1::StacksQuery query;
+    query.set_run_id("job7");
+    query.set_timeout_ms(60'000);
+    v1::StacksResult result;
+    status = stub->Stacks(&ctx, query, &result);
+  });
+  REQUIRE(a.Next().has_stacks_request());  // node-a never answers
+  service->Stop();
+  call.join();
+  // Ended by the stop (not by the call's own deadline, which would be DEADLINE_EXCEEDED).
+  CHECK(status.error_code() == grpc::StatusCode::UNAVAILABLE);
 }
