@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <climits>
 #include <cstring>
+#include <string_view>
 
 #include <spdlog/spdlog.h>
 
@@ -12,7 +15,7 @@ namespace crun::agent {
 namespace {
 
 // 0, or the errno of the write that failed.
-int WriteAll(int fd, const std::string& data) {
+int WriteAll(int fd, std::string_view data) {
   std::size_t done = 0;
   while (done < data.size()) {
     const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
@@ -25,12 +28,57 @@ int WriteAll(int fd, const std::string& data) {
   return 0;
 }
 
+// Whole lines, several per write() but at most PIPE_BUF bytes (a longer line alone), so that
+// nothing written to the same pipe by another process lands inside a line. 0, or the errno.
+int WriteLines(int fd, std::string_view lines) {
+  while (!lines.empty()) {
+    std::size_t n = lines.size();
+    if (n > PIPE_BUF) {
+      const auto nl = lines.rfind('\n', PIPE_BUF - 1);
+      n = nl == std::string_view::npos ? lines.find('\n') + 1 : nl + 1;
+      if (n == 0) n = lines.size();  // no newline at all (cannot happen: Emit ends lines)
+    }
+    if (const int err = WriteAll(fd, lines.substr(0, n)); err != 0) return err;
+    lines.remove_prefix(n);
+  }
+  return 0;
+}
+
 }  // namespace
 
 LinePump::LinePump(boost::asio::io_context& io, int read_fd, PumpTargets targets,
                    std::function<void()> on_eof)
-    : pipe_(io, read_fd), targets_(std::move(targets)), on_eof_(std::move(on_eof)) {
+    : fd_(read_fd),
+      pipe_(io, read_fd),
+      pause_(io),
+      targets_(std::move(targets)),
+      on_eof_(std::move(on_eof)) {
   Read();
+}
+
+LinePump::~LinePump() {
+  pause_.cancel();
+  if (!pipe_.is_open() && fd_ >= 0) ::close(fd_);  // released for a pause
+}
+
+void LinePump::Pause() {
+  pipe_.release();  // out of the event loop's epoll set: writes wake nobody
+  pause_.expires_after(std::chrono::milliseconds(1));
+  pause_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    boost::system::error_code e;
+    pipe_.assign(fd_, e);
+    if (e) {  // cannot watch it again: end as at EOF, with what came
+      if (!pending_.empty()) Emit(pending_);
+      pending_.clear();
+      Flush();
+      ::close(fd_);
+      fd_ = -1;
+      if (on_eof_) std::exchange(on_eof_, nullptr)();
+      return;
+    }
+    Read();
+  });
 }
 
 void LinePump::Read() {
@@ -40,13 +88,15 @@ void LinePump::Read() {
                           if (ec) {  // EOF: the worker and everything it started are gone
                             if (!pending_.empty()) Emit(pending_);
                             pending_.clear();
+                            Flush();
                             boost::system::error_code ignored;
                             pipe_.close(ignored);
+                            fd_ = -1;
                             if (on_eof_) std::exchange(on_eof_, nullptr)();
                             return;
                           }
                           Consume(n);
-                          Read();
+                          Pause();
                         });
 }
 
@@ -59,11 +109,12 @@ void LinePump::Consume(std::size_t n) {
     start = nl + 1;
   }
   pending_.erase(0, start);
+  Flush();
 }
 
 void LinePump::DrainAvailable() {
-  if (!pipe_.is_open()) return;
-  const int fd = pipe_.native_handle();
+  if (fd_ < 0) return;
+  const int fd = fd_;
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags >= 0 && !(flags & O_NONBLOCK)) ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
   for (;;) {
@@ -80,21 +131,20 @@ void LinePump::DrainAvailable() {
 
 void LinePump::Emit(std::string_view line) {
   if (targets_.file_fd >= 0 && !file_failed_) {
-    if (const int err = WriteAll(targets_.file_fd, std::string(line) + "\n"); err != 0) {
-      // Disk full, quota, I/O error: say so once; the console (if shown) still has it all.
-      file_failed_ = true;
-      spdlog::warn("cannot write {} to {}: {}; from here on it goes {}", targets_.stream_name,
-                   targets_.file_path, std::strerror(err),
-                   targets_.console_fd >= 0 ? "to the console only" : "nowhere");
-    }
+    to_file_.append(line);
+    to_file_ += '\n';
   }
   if (targets_.console_fd >= 0) {
-    WriteAll(targets_.console_fd, targets_.prefix + std::string(line) + "\n");
+    to_console_ += targets_.prefix;
+    to_console_.append(line);
+    to_console_ += '\n';
   }
   if (targets_.filtered_fd >= 0) {
     for (const auto& f : targets_.filters) {
       if (line.find(f) != std::string_view::npos) {
-        WriteAll(targets_.filtered_fd, targets_.filtered_prefix + std::string(line) + "\n");
+        to_filtered_ += targets_.filtered_prefix;
+        to_filtered_.append(line);
+        to_filtered_ += '\n';
         break;
       }
     }
@@ -102,6 +152,27 @@ void LinePump::Emit(std::string_view line) {
   if (targets_.tail_lines > 0) {
     tail_.emplace_back(line);
     if (tail_.size() > targets_.tail_lines) tail_.pop_front();
+  }
+}
+
+void LinePump::Flush() {
+  if (!to_file_.empty()) {
+    if (const int err = WriteLines(targets_.file_fd, to_file_); err != 0) {
+      // Disk full, quota, I/O error: say so once; the console (if shown) still has it all.
+      file_failed_ = true;
+      spdlog::warn("cannot write {} to {}: {}; from here on it goes {}", targets_.stream_name,
+                   targets_.file_path, std::strerror(err),
+                   targets_.console_fd >= 0 ? "to the console only" : "nowhere");
+    }
+    to_file_.clear();
+  }
+  if (!to_console_.empty()) {
+    WriteLines(targets_.console_fd, to_console_);
+    to_console_.clear();
+  }
+  if (!to_filtered_.empty()) {
+    WriteLines(targets_.filtered_fd, to_filtered_);
+    to_filtered_.clear();
   }
 }
 

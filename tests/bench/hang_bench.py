@@ -4,10 +4,13 @@ section of docs/benchmarks.md (between the hang-bench markers).
 
   * deadline -> complete report, for 2, 8 and 32 local ranks parked in a distinctive function:
     Python workers read through crun's faulthandler hook (nothing installed), Python workers
-    read by py-spy, native workers (`sleep`) read by eu-stack. From the report's own timing
-    (hang.json: declared after the deadline + every rank's stacks read).
+    read by py-spy, native workers (`sleep`) read by eu-stack; and 2 ranks on each of 2 hosts
+    (network namespaces, tests/pylib/fabric.py; needs root), the other host's read through the
+    rendezvous service. From the report's own timing (hang.json: declared after the deadline +
+    every rank's stacks read).
   * a torchelastic file timer's expiry -> the launcher has exited, the same stock script under
-    torchrun 2.x (its FileTimerServer kills the worker) and crun (stacks first, then the stop).
+    torchrun 2.x (its FileTimerServer SIGKILLs the worker, then its own process, the agent) and
+    crun (stacks first, then the stop); and what each left running.
   * a busy worker (a line, or a heartbeat, per step) with and without --hang-timeout, and under
     torchrun: wall time of the whole run.
 
@@ -17,6 +20,7 @@ import argparse
 import glob
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -26,6 +30,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from bench_support import measured_at, write_section  # noqa: E402
+from fabric import Fabric  # noqa: E402
 
 PARKED = """
 import os, time
@@ -50,13 +55,16 @@ time.sleep(3600)
 BUSY = """
 import os, sys
 steps, how = int(sys.argv[1]), sys.argv[2]
+# Without crun's heartbeat pipe the same write goes to /dev/null: the same work either way.
 fd = int(os.environ.get("CRUN_HEARTBEAT_FD", "-1"))
+if fd < 0:
+    fd = os.open(os.devnull, os.O_WRONLY)
 total = 0
 for i in range(steps):
     total += i * i % 7
     if how == "print":
         print("step", i, "loss", total % 1000, flush=True)
-    elif fd >= 0:
+    else:
         os.write(fd, b".")
 """
 
@@ -82,6 +90,49 @@ def report_timing(crun, cmd, env, timeout_s, d):
     if "" in tools or len(h["stacks"]) == 0:
         raise SystemExit(f"a rank's stack was not read: {[s['error'] for s in h['stacks']]}")
     return h["timing"], tools
+
+
+def two_hosts_timing(crun, parked, env, d):
+    """2 ranks on each of 2 hosts, all parked: both nodes declare the hang and read all 4
+    ranks (the other host's through the service). The slower node's deadline -> report."""
+    with Fabric(["a", "b"]) as fab:
+        procs, logs = [], []
+        for host in ("a", "b"):
+            logs.append(tempfile.mkdtemp(dir=d))
+            procs.append(fab.popen(host, [crun, "--nnodes", "2", "--nproc-per-node", "2",
+                                          "--rdzv-endpoint", f"{fab.addr('a')}:29400",
+                                          "--rdzv-id", "bench", "--hang-timeout", "3",
+                                          "--log-dir", logs[-1], parked],
+                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   text=True))
+        errs = [p.communicate(timeout=300)[1] for p in procs]
+    worst = None
+    for log, err in zip(logs, errs):
+        found = glob.glob(f"{log}/*/*/attempt_0/hang.json")
+        if len(found) != 1:
+            raise SystemExit(f"no hang report on one host:\n{err[-3000:]}")
+        with open(found[0]) as f:
+            h = json.load(f)
+        if sorted(s["rank"] for s in h["stacks"]) != [0, 1, 2, 3] or \
+                any(not s["tool"] for s in h["stacks"]):
+            raise SystemExit(f"not every rank's stacks in one host's report:\n{err[-3000:]}")
+        if worst is None or h["timing"]["report_ms"] > worst["report_ms"]:
+            worst = h["timing"]
+    return worst
+
+
+def left_in_session(sid):
+    """Processes still in session `sid` (what a launcher started in it left running)."""
+    left = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            left.append(int(pid))
+    return left
 
 
 def timed(cmd, env, limit=600):
@@ -131,11 +182,20 @@ def main():
                          f"{statistics.median(stacks):,.0f})")
             print(f"{name} x{n}: {m:.0f} ms by {sorted(tools)}", file=sys.stderr)
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    late, stacks, total = [], [], []
+    for _ in range(a.rounds):
+        t = two_hosts_timing(a.crun, parked, dict(base, PYTHON_EXEC="/usr/bin/python3"), d)
+        late.append(t["declared_late_ms"])
+        stacks.append(t["stacks_ms"])
+        total.append(t["report_ms"])
+    two_hosts = (f"{statistics.median(total):,.0f} ms ({statistics.median(late):,.0f} + "
+                 f"{statistics.median(stacks):,.0f})")
+    print(f"2 hosts x 2: {two_hosts}", file=sys.stderr)
 
-    # A file timer's expiry -> the launcher gone, crun against torchrun.
-    expiry = {}
+    # A file timer's expiry -> the launcher gone, crun against torchrun; and what it left.
+    expiry, ended_by, left = {}, {}, {}
     for who in ("crun", "torchrun 2.x"):
-        times = []
+        times, left[who] = [], 0
         for _ in range(a.rounds):
             stamp = os.path.join(d, "deadline")
             env = dict(base, TORCHELASTIC_ENABLE_FILE_TIMER="1", PYTHON_EXEC=a.torch2_python)
@@ -145,17 +205,26 @@ def main():
             else:
                 cmd = [os.path.join(torch_bin, "torchrun"), "--standalone", "--nproc-per-node",
                        "2", "--monitor-interval", "0.1", timer_script, stamp]
-            _, r = timed(cmd, env, limit=60)
+            # Its own session, so that what it leaves behind can be found (and then killed).
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+            try:
+                code = p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                raise SystemExit(f"{who} did not end within 60 s of the timer's expiry")
             ended = time.time()
-            if r is None:  # seen with torchrun 2.15 at f87fc97: not understood yet
-                times.append(float("inf"))
-                continue
-            if r.returncode == 0:
+            if code == 0:
                 raise SystemExit(f"{who}: the job did not fail on the expired timer")
+            ended_by[who] = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+            orphans = left_in_session(p.pid)
+            left[who] = max(left[who], len(orphans))
+            for pid in orphans:
+                os.kill(pid, signal.SIGKILL)
             with open(stamp) as f:
                 times.append(1000 * (ended - float(f.read())))
-        expiry[who] = statistics.median(times)  # inf: it did not end within 60 s
-        print(f"{who} expiry -> exit: {expiry[who]:.0f} ms", file=sys.stderr)
+        expiry[who] = statistics.median(times)
+        print(f"{who} expiry -> exit: {expiry[who]:.0f} ms ({ended_by[who]}), left running: "
+              f"{left[who]}", file=sys.stderr)
 
     # A busy worker: 2 ranks, a line (or a heartbeat) per step.
     steps = "200000"
@@ -197,15 +266,22 @@ def main():
         "|---|---|---|---|",
         *rows,
         "",
+        "Across 2 hosts (network namespaces), 2 ranks each, crun's hook: both nodes declare the "
+        "hang (every rank is silent) and each reads all 4 ranks, the other host's through the "
+        f"rendezvous service; the slower node's deadline → complete report: {two_hosts}.",
+        "",
         "A torchelastic file timer's expiry (`expires(after=1)` on rank 1 of 2, the same stock "
-        "script) → the launcher has exited: torchrun 2.x's FileTimerServer SIGKILLs the worker "
-        "and its agent stops the group; crun reads both ranks' stacks (py-spy), prints the "
-        "report, then stops the group.",
+        "script) → the launcher has exited. torchrun 2.x's FileTimerServer SIGKILLs the worker, "
+        "then its own process, the agent (PyTorch's file_based_local_timer.py: \"Terminating the "
+        "server process because of expired timers\"), so nothing stops rank 0: it is left "
+        "running, orphaned (the bench kills it). crun reads both ranks' stacks (py-spy), prints "
+        "the report, then stops the group and exits.",
         "",
         "| | crun | torchrun 2.x |",
         "|---|---|---|",
-        f"| expiry → launcher exited | {expiry['crun']:,.0f} ms (with stacks) | "
-        f"{expiry['torchrun 2.x']:,.0f} ms (no stacks) |",
+        f"| expiry → launcher exited | {expiry['crun']:,.0f} ms ({ended_by['crun']}, with stacks) | "
+        f"{expiry['torchrun 2.x']:,.0f} ms ({ended_by['torchrun 2.x']}, no stacks) |",
+        f"| workers left running | {left['crun']} | {left['torchrun 2.x']} |",
         "",
         f"A busy worker: 2 ranks of Python, {int(steps):,} steps each, wall time of the whole "
         "run (start-up included; stdout to /dev/null):",
