@@ -288,20 +288,18 @@ class AcrossHosts(unittest.TestCase):
                 out[host] = o + e
                 self.assertEqual(p.returncode, 0, out[host][-5000:])
                 self.assertEqual(o.count("attempt 1 done"), 2, out[host][-5000:])
-        # The node with rank 3 (either) printed a report holding every host's ranks.
-        reports = [t for t in out.values() if "rank 3 on " in t and "Hang:" in t]
-        self.assertTrue(reports, "no hang report names rank 3")
-        for text in out.values():
-            if "Hang:" not in text:
-                continue
-            self.assertIn("rank 3: in `stuck_in_load_batch`", text)
-            self.assertIn("ranks 0-2: in `all_reduce`", text)
+        # Every rank falls silent at once, so both nodes may declare the hang; the first to
+        # have every node's stacks prints them all (the other may be stopped before its own
+        # request is answered, and then prints what it has).
+        complete = [t for t in out.values() if "rank 3: in `stuck_in_load_batch`" in t and
+                    "ranks 0-2: in `all_reduce`" in t]
+        self.assertTrue(complete, "no report holds every host's ranks")
         found = glob.glob(f"{self.dir}/*/*/*/attempt_0/hang.json")
-        self.assertTrue(found)
+        ranks = []
         for path in found:
             with open(path) as f:
-                h = json.load(f)
-            self.assertEqual(sorted(s["rank"] for s in h["stacks"]), [0, 1, 2, 3])
+                ranks.append(sorted(s["rank"] for s in json.load(f)["stacks"]))
+        self.assertIn([0, 1, 2, 3], ranks)
         # Whichever node's report reached the service first, the restart names rank 3.
         for text in out.values():
             m = re.search(r"restarting the worker group \(restart 1 of at most 1\): (rank \d) "
