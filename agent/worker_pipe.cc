@@ -16,14 +16,23 @@ StatusOr<std::unique_ptr<WorkerPipe>> WorkerPipe::Create(boost::asio::io_context
 }
 
 WorkerPipe::WorkerPipe(boost::asio::io_context& io, int read_fd, int write_fd, OnData on_data)
-    : pipe_(io, read_fd), child_fd_(write_fd), on_data_(std::move(on_data)) {
+    : read_fd_(read_fd),
+      pipe_(io, read_fd),
+      pause_(io),
+      child_fd_(write_fd),
+      on_data_(std::move(on_data)) {
   Read();
 }
 
 WorkerPipe::~WorkerPipe() {
   CloseChildEnd();
-  boost::system::error_code ignored;
-  pipe_.close(ignored);
+  pause_.cancel();
+  if (pipe_.is_open()) {
+    boost::system::error_code ignored;
+    pipe_.close(ignored);
+  } else if (read_fd_ >= 0) {
+    ::close(read_fd_);  // released for a pause
+  }
 }
 
 void WorkerPipe::CloseChildEnd() {
@@ -36,8 +45,24 @@ void WorkerPipe::Read() {
                         [this](const boost::system::error_code& ec, std::size_t n) {
                           if (ec) return;  // closed, or the worker and its children are gone
                           on_data_(std::string_view(chunk_, n));
-                          Read();
+                          Pause();
                         });
+}
+
+void WorkerPipe::Pause() {
+  pipe_.release();  // out of the event loop's epoll set: writes wake nobody
+  pause_.expires_after(std::chrono::milliseconds(1));
+  pause_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    boost::system::error_code e;
+    pipe_.assign(read_fd_, e);
+    if (e) {
+      ::close(read_fd_);  // cannot watch it again: nothing more is read
+      read_fd_ = -1;
+      return;
+    }
+    Read();
+  });
 }
 
 }  // namespace crun::agent

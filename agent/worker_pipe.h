@@ -1,7 +1,9 @@
 // The read end of a pipe whose write end a worker inherits (ProcessSpec::inherit_fds) and names
 // in its environment: its heartbeat (CRUN_HEARTBEAT_FD) and the Python hook's stacks
 // (CRUN_STACKS_FD). crun reads it all the time, so that the worker never blocks writing; the
-// write end is non-blocking besides. On the agent's event loop.
+// write end is non-blocking besides. After each read the pipe is left unwatched for a
+// millisecond (as LinePump does): a worker beating on every step of a fast loop would otherwise
+// wake crun for every beat. On the agent's event loop.
 #pragma once
 
 #include <functional>
@@ -10,6 +12,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "base/status.h"
 
@@ -29,12 +32,15 @@ class WorkerPipe {
   int child_fd() const { return child_fd_; }
   void CloseChildEnd();
   // crun's end (for fcntl: F_SETPIPE_SZ when a large write is expected).
-  int read_fd() { return pipe_.native_handle(); }
+  int read_fd() const { return read_fd_; }
 
  private:
   WorkerPipe(boost::asio::io_context& io, int read_fd, int write_fd, OnData on_data);
   void Read();
-  boost::asio::posix::stream_descriptor pipe_;
+  void Pause();
+  int read_fd_;
+  boost::asio::posix::stream_descriptor pipe_;  // holds read_fd_ while watched
+  boost::asio::steady_timer pause_;
   int child_fd_;
   OnData on_data_;
   char chunk_[16384];

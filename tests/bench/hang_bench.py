@@ -124,16 +124,20 @@ def two_hosts_timing(crun, parked, env, d):
     return best
 
 
-def left_in_session(sid):
-    """Processes still in session `sid` (what a launcher started in it left running)."""
+def running_script(path):
+    """Live processes whose command line names `path` (a worker script the launcher left)."""
     left = []
     for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
         try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
             with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+                state = f.read().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
             continue
-        if int(fields[3]) == sid and fields[0] != "Z":
+        if path.encode() in cmd and state != "Z":
             left.append(int(pid))
     return left
 
@@ -219,7 +223,7 @@ def main():
             if code == 0:
                 raise SystemExit(f"{who}: the job did not fail on the expired timer")
             ended_by[who] = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
-            orphans = left_in_session(p.pid)
+            orphans = running_script(timer_script)
             left[who] = max(left[who], len(orphans))
             for pid in orphans:
                 os.kill(pid, signal.SIGKILL)
@@ -251,10 +255,11 @@ def main():
                 times.append(t)
             cells[name] = statistics.median(times)
             print(f"busy {how} {name}: {cells[name]:.2f} s", file=sys.stderr)
-        over = 100 * (cells["crun --hang-timeout 60"] - cells["crun"]) / cells["crun"]
+        # Per step and rank: both ranks run at once on the 2 CPUs.
+        over = 1e6 * (cells["crun --hang-timeout 60"] - cells["crun"]) / int(steps)
         label = "a line per step (stdout)" if how == "print" else "a heartbeat per step"
         busy_rows.append(f"| {label} | {cells['crun']:.2f} s | {cells['crun --hang-timeout 60']:.2f}"
-                         f" s | {over:+.1f} % | {cells['torchrun 2.x']:.2f} s |")
+                         f" s | {over:+.1f} µs | {cells['torchrun 2.x']:.2f} s |")
 
     lines = [
         "## Hangs: detection, stacks, overhead",
@@ -287,10 +292,14 @@ def main():
         f"{expiry['torchrun 2.x']:,.0f} ms ({ended_by['torchrun 2.x']}, no stacks) |",
         f"| workers left running | {left['crun']} | {left['torchrun 2.x']} |",
         "",
-        f"A busy worker: 2 ranks of Python, {int(steps):,} steps each, wall time of the whole "
-        "run (start-up included; stdout to /dev/null):",
+        f"A busy worker: 2 ranks of Python, {int(steps):,} steps each as fast as they go (a "
+        "million lines a second between them), wall time of the whole run (start-up included; "
+        "stdout to /dev/null; without a heartbeat pipe the beat goes to /dev/null, the same "
+        "work). Watched, each line and beat goes through a pipe crun reads instead of straight "
+        "to /dev/null: the cost is the pipe's, paid per step, so at a training step of 10 ms it "
+        "is below 0.01 %:",
         "",
-        "| per step | crun | crun --hang-timeout 60 | overhead | torchrun 2.x |",
+        "| per step | crun | crun --hang-timeout 60 | overhead per step | torchrun 2.x |",
         "|---|---|---|---|---|",
         *busy_rows,
         "",
