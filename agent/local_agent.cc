@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include <boost/asio/post.hpp>
@@ -772,13 +773,15 @@ struct LocalAgent::Impl final : RendezvousEvents {
       }
       h.ranks.push_back(std::move(r));
     }
-    h.notes = TriggerFlightRecorder();
+    std::vector<std::string> traces;  // the flight recorder's files, when it was asked
+    h.notes = TriggerFlightRecorder(&traces);
     // This node's ranks and, through the service, every other node's, read at once; the
     // report waits for both.
     struct Gather {
       HangReport h;
       std::optional<std::vector<RankStacks>> local;
       std::optional<RemoteStacks> remote;
+      bool traces_done = false;
     };
     auto g = std::make_shared<Gather>();
     g->h = std::move(h);
@@ -789,7 +792,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
              r.host + " hung: " + r.cause;
     }
     auto conclude = [this, g, when, started, round = group.round] {
-      if (!g->local || !g->remote) return;
+      if (!g->local || !g->remote || !g->traces_done) return;
       hang_gathering = false;
       if (round != group.round || (phase != Phase::kRunning && phase != Phase::kStopping)) {
         return;  // that attempt is over
@@ -809,6 +812,12 @@ struct LocalAgent::Impl final : RendezvousEvents {
       g->local = stacks;
       conclude();
     });
+    WaitForTraces(std::move(traces), std::chrono::steady_clock::now() + kTraceWait,
+                  [g, conclude](std::string note) {
+                    if (!note.empty()) g->h.notes.push_back(std::move(note));
+                    g->traces_done = true;
+                    conclude();
+                  });
     rdzv->AskStacks(why, options.stack_deadline + std::chrono::seconds(2),
                     [g, conclude](RemoteStacks remote) {
                       g->remote = std::move(remote);
@@ -909,7 +918,54 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   // PyTorch's NCCL flight recorder: when the workers' environment has its dump pipe, each rank
   // made <prefix><rank>.pipe and dumps its trace when anything is written there.
-  std::vector<std::string> TriggerFlightRecorder() {
+  // PyTorch looks at the dump pipe about once a second and then writes its trace: the group is
+  // stopped only once every asked rank's file is there and has stopped growing, or after this.
+  static constexpr std::chrono::seconds kTraceWait{10};
+
+  // Polls `files` every 100 ms until each exists with a non-zero size unchanged for 0.5 s, or
+  // `deadline`; then `done` with a note naming what was (not) written.
+  struct TraceSize {
+    std::uintmax_t size = 0;
+    std::chrono::steady_clock::time_point since;
+  };
+  void WaitForTraces(std::vector<std::string> files, std::chrono::steady_clock::time_point deadline,
+                     std::function<void(std::string)> done,
+                     std::shared_ptr<std::map<std::string, TraceSize>> sizes = nullptr) {
+    if (files.empty()) return asio::post(io, [done] { done(""); });
+    if (!sizes) sizes = std::make_shared<std::map<std::string, TraceSize>>();
+    const auto now = std::chrono::steady_clock::now();
+    std::vector<std::string> pending;
+    for (const auto& f : files) {
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(f, ec);
+      auto& seen = (*sizes)[f];
+      if (ec || size == 0 || size != seen.size) {
+        seen = {ec ? 0 : size, now};
+        pending.push_back(f);
+      } else if (now - seen.since < std::chrono::milliseconds(500)) {
+        pending.push_back(f);
+      }
+    }
+    if (pending.empty() || std::chrono::steady_clock::now() >= deadline) {
+      std::string note =
+          pending.empty()
+              ? "NCCL flight recorder: every trace written (" + std::to_string(files.size()) +
+                    " files)"
+              : "NCCL flight recorder: not written within " + std::to_string(kTraceWait.count()) +
+                    " s: " + pending.front() +
+                    (pending.size() > 1 ? " and " + std::to_string(pending.size() - 1) + " more"
+                                        : "");
+      return asio::post(io, [done, note] { done(note); });
+    }
+    auto timer = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(100));
+    timer->async_wait([this, timer, files = std::move(files), deadline, done,
+                       sizes](const boost::system::error_code& ec) mutable {
+      if (ec) return;
+      WaitForTraces(std::move(files), deadline, std::move(done), std::move(sizes));
+    });
+  }
+
+  std::vector<std::string> TriggerFlightRecorder(std::vector<std::string>* traces) {
     std::vector<std::string> notes;
     const Environment env = CurrentEnvironment();
     for (const char* name : {"TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DEBUG_INFO_PIPE_FILE"}) {
@@ -932,6 +988,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
       const std::string prefix = temp != env.end() && !temp->second.empty()
                                      ? temp->second
                                      : std::string("/tmp/nccl_trace_rank_");
+      for (int rank : asked) traces->push_back(prefix + std::to_string(rank));
       if (!asked.empty()) {
         notes.push_back("NCCL flight recorder: dump asked of ranks " + RankRanges(asked) +
                         " through " + it->second + "<rank>.pipe; PyTorch writes it to " + prefix +

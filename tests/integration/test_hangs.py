@@ -115,6 +115,28 @@ class Hangs(unittest.TestCase):
         self.assertTrue(stopped[0]["hung"])
         self.assertIn("rank 1 attempt 1 done", r.stdout)
 
+    def test_nccl_flight_recorder_is_asked_to_dump_on_every_rank(self):
+        # PyTorch's side needs NCCL (a GPU); fr_listener.py listens on the same pipes the same
+        # way, so that what crun does is checked here: it writes to every rank's pipe before
+        # anything is stopped, waits for the traces to be written, says where they are, and
+        # names a rank without a pipe.
+        prefix = os.path.join(self.dir, "fr_")
+        listener = os.path.join(HERE, "..", "workers", "fr_listener.py")
+        env = self.env(TORCH1, TORCH_NCCL_DEBUG_INFO_PIPE_FILE=prefix,
+                       TORCH_NCCL_DEBUG_INFO_TEMP_FILE=os.path.join(self.dir, "trace_"))
+        r = self.crun("--hang-timeout", "2", listener, self.dir, "--no-pipe-on-rank", "2",
+                      env=env, nproc=3)
+        self.assertNotEqual(r.returncode, 0)
+        for rank in (0, 1):
+            with open(os.path.join(self.dir, f"trace_{rank}")) as f:
+                self.assertEqual(f.read(), "asked with '1\\n'\nthe rest of the trace\n")
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "trace_2")))
+        self.assertIn("NCCL flight recorder: every trace written (2 files)", r.stderr)
+        self.assertIn(f"NCCL flight recorder: dump asked of ranks 0-1 through {prefix}<rank>.pipe;"
+                      f" PyTorch writes it to {os.path.join(self.dir, 'trace_')}<rank>", r.stderr)
+        self.assertIn(f"NCCL flight recorder: ranks 2 have no open {prefix}<rank>.pipe", r.stderr)
+        self.assertIn("parked_for_the_trigger", r.stderr)
+
     def test_native_worker_heartbeats(self):
         # Silent but for its heartbeats: never hung while it works (attempt 1: 300 steps), hung
         # at once when rank 2 stops beating.
