@@ -28,19 +28,14 @@
 #include "base/write_queue.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "proto/protocol_version.h"
+#include "rendezvous/service/channel.h"
 
 namespace crun::agent {
 
 namespace v1 = crun::v1;
 
-struct ChannelOptions {
-  std::chrono::milliseconds keepalive_interval{1'000};
-  std::chrono::milliseconds keepalive_timeout{3'000};
-  // A connection of its own (not shared with other channels to the same endpoint).
-  bool own_connection = true;
-  // TLS when it holds a certificate or a CA (security.h), else plaintext.
-  Security security;
-};
+using rdzv::ChannelOptions;
+using rdzv::MakeChannel;
 
 // What each call carries and how it waits.
 struct CallOptions {
@@ -48,10 +43,6 @@ struct CallOptions {
   // Wait for the service to become reachable (gRPC retries) rather than fail at once.
   bool wait_for_ready = true;
 };
-
-// "host:port" (IPv6 as "[::1]:29400").
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
-                                           const ChannelOptions& options);
 
 class SessionClient final : public grpc::ClientBidiReactor<v1::AgentMessage, v1::ServiceMessage> {
  public:

@@ -10,6 +10,7 @@
 #include <boost/asio/io_context.hpp>
 #include <spdlog/spdlog.h>
 
+#include "agent/etcd_rendezvous.h"
 #include "agent/local_agent.h"
 #include "agent/local_rendezvous.h"
 #include "agent/service_rendezvous.h"
@@ -173,6 +174,39 @@ int RunWithService(const LaunchPlan& p, boost::asio::io_context& io,
   return code;
 }
 
+// The rendezvous kept in etcd (--rdzv-backend etcd-v3): no node hosts anything but the store
+// of the rounds in which it is group rank 0.
+int RunWithEtcd(const LaunchPlan& p, boost::asio::io_context& io,
+                agent::AgentOptions agent_options) {
+  const LaunchOptions& o = p.o;
+  const RdzvConf& conf = p.conf;
+  agent::EtcdRendezvousOptions eo;
+  for (const auto& e : p.etcd_endpoints) eo.endpoints.push_back(e.ToString());
+  if (!conf.etcd_prefix.empty()) eo.root = conf.etcd_prefix;
+  eo.run_id = p.run_id;
+  eo.role = o.role;
+  eo.host = agent_options.host_name;
+  const Endpoint& first = p.etcd_endpoints.front();
+  eo.node_id = conf.node_id.empty() ? DefaultNodeId(eo.host, first) : conf.node_id;
+  // This node's address toward etcd is the one its peers reach it on (as toward the service).
+  std::string toward =
+      o.local_addr.empty() ? LocalAddressToward(first.host, first.port) : o.local_addr;
+  if (!toward.empty()) eo.addresses.push_back(toward);
+  eo.advertise_addr =
+      toward.empty() || (LoopbackOnly(toward) && !LoopbackOnly(first.host)) ? eo.host : toward;
+  eo.nproc = p.nproc;
+  if (p.node_rank_given) eo.requested_rank = p.node_rank;
+  eo.settings = p.settings;
+  eo.security = p.security;
+  eo.user = conf.etcd_user;
+  eo.password = p.etcd_password;
+  if (conf.connect_timeout) eo.connect_timeout = Millis(*conf.connect_timeout);
+  if (conf.reconnect_timeout) eo.outage_timeout = Millis(*conf.reconnect_timeout);
+  eo.virtual_local_rank = o.virtual_local_rank;
+  agent::LocalAgent agent(io, std::move(agent_options), agent::MakeEtcdRendezvous(io, eo));
+  return agent.Run();
+}
+
 int Execute(LaunchPlan& p) {
   const LaunchOptions& o = p.o;
   char host[256] = {};
@@ -209,6 +243,11 @@ int Execute(LaunchPlan& p) {
   rdzv.store_port = p.master_port > 0 ? static_cast<std::uint16_t>(p.master_port) : 0;
   rdzv.store_linger = agent_options.shutdown_timeout;
   boost::asio::io_context io(1);
+  if (p.mode == Mode::kEtcd) {
+    const int code = RunWithEtcd(p, io, std::move(agent_options));
+    dirs->RemoveIfEmpty();
+    return code;
+  }
   if (p.mode != Mode::kService) {
     if (p.slurm_task) {
       // Task 0's crun hosts the store on the step's first node for the whole step.

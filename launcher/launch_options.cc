@@ -78,7 +78,8 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->capture_default_str()
       ->group("Job");
   app.add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend,
-                 "crun (alias c10d): the rendezvous service at --rdzv-endpoint; static: fixed "
+                 "crun (alias c10d): the rendezvous service at --rdzv-endpoint; etcd-v3 (alias "
+                 "etcd): etcd's v3 API at --rdzv-endpoint h1:2379,h2:2379,...; static: fixed "
                  "--node-rank with the store at --master-addr:--master-port (default: crun when "
                  "an endpoint is given, else static)")
       ->envname(pet("RDZV_BACKEND"))
@@ -91,7 +92,8 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--rdzv-conf,--rdzv_conf", o.rdzv_conf,
                  "key=value,...: join_timeout, last_call_timeout, close_timeout, "
                  "keep_alive_interval, keep_alive_max_attempt, heartbeat_timeout, read_timeout, "
-                 "reconnect_timeout (seconds), is_host, node_id, store_type (tcp)")
+                 "reconnect_timeout, connect_timeout (seconds), is_host, node_id, store_type "
+                 "(tcp); with etcd-v3: etcd_prefix, etcd_user, etcd_password_file")
       ->envname(pet("RDZV_CONF"))
       ->group("Rendezvous");
   app.add_option("--role", o.role, "Role name of the workers (ROLE_NAME)")
@@ -470,6 +472,17 @@ StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
     } else if (key == "node_id") {
       if (value.empty()) return InvalidArgument("--rdzv-conf: node_id is empty");
       c.node_id = value;
+    } else if (key == "etcd_prefix") {
+      if (value.front() != '/') {
+        return InvalidArgument("--rdzv-conf: etcd_prefix='" + value + "' must start with '/'");
+      }
+      c.etcd_prefix = value;
+    } else if (key == "etcd_user") {
+      c.etcd_user = value;
+    } else if (key == "etcd_password_file") {
+      c.etcd_password_file = value;
+    } else if (key == "connect_timeout") {
+      CRUN_RETURN_IF_ERROR(seconds(&c.connect_timeout));
     } else if (key == "store_type") {
       if (value != "tcp") {
         return InvalidArgument("--rdzv-conf: store_type='" + value +

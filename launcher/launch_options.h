@@ -113,6 +113,12 @@ struct RdzvConf {
   std::optional<int> keep_alive_max_attempt;
   std::optional<bool> is_host;
   std::string node_id;
+  // --rdzv-backend etcd-v3: the key prefix, etcd's user and the file holding its password,
+  // and how long etcd may take to answer at the start (connect_timeout).
+  std::string etcd_prefix;
+  std::string etcd_user;
+  std::string etcd_password_file;
+  std::optional<double> connect_timeout;
   std::vector<std::string> ignored;
 };
 StatusOr<RdzvConf> ParseRdzvConf(const std::string& text);

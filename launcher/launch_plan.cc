@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <random>
 #include <thread>
 
@@ -159,13 +162,15 @@ Status PlanMode(LaunchPlan& p, const LaunchOptions& o, const std::set<std::strin
   p.node_rank_given =
       given.count("--node-rank") || facts.Env("PET_NODE_RANK").has_value() || p.slurm.has_value();
   const std::string& backend = o.rdzv_backend;
-  if (backend == "etcd" || backend == "etcd-v2") {
-    return InvalidArgument("--rdzv-backend " + backend +
-                           " is not supported: crun's own service "
-                           "(--rdzv-backend c10d or crun, with --rdzv-endpoint) replaces it");
+  if (backend == "etcd-v2") {
+    return InvalidArgument(
+        "--rdzv-backend etcd-v2: etcd's v2 API is gone from etcd 3.6 and crun does not speak "
+        "it; --rdzv-backend etcd-v3 uses the same etcd through its v3 API");
   }
-  if (!backend.empty() && backend != "static" && backend != "c10d" && backend != "crun") {
-    return InvalidArgument("--rdzv-backend '" + backend + "': expected crun, c10d or static");
+  const bool etcd = backend == "etcd" || backend == "etcd-v3";
+  if (!backend.empty() && !etcd && backend != "static" && backend != "c10d" && backend != "crun") {
+    return InvalidArgument("--rdzv-backend '" + backend +
+                           "': expected crun, c10d, etcd-v3 (or etcd) or static");
   }
   if (o.standalone) {
     // As torchrun: one node with its own rendezvous that nobody else can reach. A range such
@@ -179,6 +184,8 @@ Status PlanMode(LaunchPlan& p, const LaunchOptions& o, const std::set<std::strin
                         ": no other node can join a standalone job)");
       p.nodes.max = 1;
     }
+  } else if (etcd) {
+    p.mode = Mode::kEtcd;
   } else if (backend == "c10d" || backend == "crun" ||
              (backend.empty() && !o.rdzv_endpoint.empty())) {
     p.mode = Mode::kService;
@@ -187,6 +194,10 @@ Status PlanMode(LaunchPlan& p, const LaunchOptions& o, const std::set<std::strin
   }
   if (p.mode == Mode::kService && o.rdzv_endpoint.empty()) {
     return InvalidArgument("--rdzv-backend " + backend + " needs --rdzv-endpoint host[:port]");
+  }
+  if (p.mode == Mode::kEtcd && o.rdzv_endpoint.empty()) {
+    return InvalidArgument("--rdzv-backend " + backend +
+                           " needs --rdzv-endpoint with etcd's members: h1:2379,h2:2379,...");
   }
   if (p.mode == Mode::kStatic) {
     if (p.nodes.min != p.nodes.max) {
@@ -227,6 +238,7 @@ Status PlanServiceSettings(LaunchPlan& p, const LaunchOptions& o) {
                            " ms) must be shorter than heartbeat_timeout (" +
                            std::to_string(settings.heartbeat_timeout.count()) + " ms)");
   }
+  if (p.mode == Mode::kEtcd) return Status::Ok();  // no node hosts the rendezvous
   p.try_host = conf.is_host.value_or(NamesThisHost(p.endpoint.host));
   if (p.try_host && p.security.tls() && p.security.cert_pem.empty()) {
     if (conf.is_host.value_or(false)) {
@@ -241,6 +253,59 @@ Status PlanServiceSettings(LaunchPlan& p, const LaunchOptions& o) {
   return Status::Ok();
 }
 
+// --rdzv-backend etcd-v3: etcd's members, TLS to them, etcd's user and password, and the
+// rendezvous settings (kept in etcd; every agent of the run must give the same).
+Status PlanEtcd(LaunchPlan& p, const LaunchOptions& o, const std::set<std::string>& given) {
+  std::string list = o.rdzv_endpoint;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    const std::string item = list.substr(start, comma - start);
+    start = comma + 1;
+    auto endpoint = ParseEndpoint(item, 2379);
+    if (!endpoint.ok()) {
+      return InvalidArgument("--rdzv-endpoint '" + list + "': " + endpoint.status().message());
+    }
+    if (Status s = CheckResolvable(endpoint->host); !s.ok()) {
+      return InvalidArgument("--rdzv-endpoint: " + s.message());
+    }
+    p.etcd_endpoints.push_back(*endpoint);
+  }
+  if (given.count("--token-file")) {
+    return InvalidArgument(
+        "--token-file secures crun's rendezvous service; etcd checks its own users: "
+        "--rdzv-conf etcd_user=NAME,etcd_password_file=PATH (and --tls-ca, --tls-cert, "
+        "--tls-key for TLS)");
+  }
+  if (p.conf.is_host) {
+    p.notes.push_back("--rdzv-conf is_host: ignored with etcd-v3 (no node hosts the rendezvous)");
+  }
+  if (p.slurm && p.conf.node_id.empty()) p.conf.node_id = p.slurm->node_name;
+  CRUN_ASSIGN_OR_RETURN(p.security, LoadSecurity(o.security, "client"));
+  p.security.token.clear();  // CRUN_TOKEN is the service's, not etcd's
+  if (!p.conf.etcd_password_file.empty() && p.conf.etcd_user.empty()) {
+    return InvalidArgument("--rdzv-conf etcd_password_file needs etcd_user");
+  }
+  if (!p.conf.etcd_user.empty()) {
+    if (p.conf.etcd_password_file.empty()) {
+      return InvalidArgument("--rdzv-conf etcd_user=" + p.conf.etcd_user +
+                             " needs etcd_password_file=PATH (a password is never taken "
+                             "from the command line)");
+    }
+    std::ifstream in(p.conf.etcd_password_file);
+    if (!in) {
+      return InvalidArgument("--rdzv-conf etcd_password_file=" + p.conf.etcd_password_file + ": " +
+                             std::strerror(errno));
+    }
+    std::getline(in, p.etcd_password);
+    if (p.etcd_password.empty()) {
+      return InvalidArgument("--rdzv-conf etcd_password_file=" + p.conf.etcd_password_file +
+                             ": the first line (the password) is empty");
+    }
+  }
+  return PlanServiceSettings(p, o);
+}
+
 // --rdzv-conf for every mode; the endpoint, the security files and the settings for crun's
 // service; the security flags refused without it.
 Status PlanRendezvous(LaunchPlan& p, const LaunchOptions& o, const std::set<std::string>& given) {
@@ -248,6 +313,13 @@ Status PlanRendezvous(LaunchPlan& p, const LaunchOptions& o, const std::set<std:
   for (const auto& key : p.conf.ignored) {
     p.notes.push_back("--rdzv-conf: ignoring unknown key '" + key +
                       "' (as torchrun does; crun's keys are in docs/cli.md)");
+  }
+  if (p.mode == Mode::kEtcd) return PlanEtcd(p, o, given);
+  if (!p.conf.etcd_prefix.empty() || !p.conf.etcd_user.empty() ||
+      !p.conf.etcd_password_file.empty()) {
+    return InvalidArgument(
+        "--rdzv-conf etcd_prefix, etcd_user and etcd_password_file are for --rdzv-backend "
+        "etcd-v3");
   }
   if (p.mode != Mode::kService) {
     for (const char* flag : {"--token-file", "--tls-cert", "--tls-key", "--tls-ca"}) {
@@ -358,7 +430,9 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
 // switches to standalone itself), get a fresh one; the static backend keeps the given id,
 // "none" by default, the same on every node, as torchrun does.
 std::string RunId(const LaunchPlan& p, const LaunchOptions& o) {
-  if (p.mode == Mode::kService) return o.rdzv_id == "none" ? std::string("default") : o.rdzv_id;
+  if (p.mode == Mode::kService || p.mode == Mode::kEtcd) {
+    return o.rdzv_id == "none" ? std::string("default") : o.rdzv_id;
+  }
   if (o.standalone ||
       (p.mode == Mode::kLocal && !p.slurm_task && o.rdzv_id == "none" && p.master_port <= 0)) {
     return RandomRunId();

@@ -34,8 +34,8 @@ struct MachineFacts {
   std::optional<std::string> Env(const char* name) const;
 };
 
-// Which rendezvous: one node in-process, torchrun's static backend, or crun's service.
-enum class Mode { kLocal, kStatic, kService };
+// Which rendezvous: one node in-process, torchrun's static backend, crun's service, or etcd.
+enum class Mode { kLocal, kStatic, kService, kEtcd };
 
 struct LaunchPlan {
   LaunchOptions o;  // as given, with what Slurm fills in (nnodes, endpoint, run id)
@@ -49,6 +49,8 @@ struct LaunchPlan {
   std::optional<SlurmNodeSettings> slurm;       // one crun per node of a Slurm step
   std::optional<SlurmTaskSettings> slurm_task;  // one crun per Slurm task
   Endpoint endpoint;                            // the service's (kService)
+  std::vector<Endpoint> etcd_endpoints;         // etcd's members (kEtcd)
+  std::string etcd_password;                    // from --rdzv-conf etcd_password_file
   RdzvConf conf;
   rdzv::Settings settings;  // the service's defaults, overridden by --rdzv-conf
   std::chrono::milliseconds heartbeat_interval{1000};

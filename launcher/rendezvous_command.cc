@@ -2,6 +2,8 @@
 
 #include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <memory>
 
 #include <boost/asio/io_context.hpp>
@@ -15,8 +17,11 @@
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "launcher/launch_options.h"
 #include "launcher/logging.h"
+#include "rendezvous/etcd/client.h"
+#include "rendezvous/etcd/job.h"
 #include "rendezvous/server/store_server.h"
 #include "rendezvous/service/grpc_service.h"
+#include "rendezvous/service/proto_messages.h"
 
 namespace crun::launcher {
 namespace {
@@ -73,8 +78,12 @@ int RunRendezvous(RendezvousCommandOptions o) {
 
 struct StatusCommandOptions {
   crun::SecurityFlags security;
+  std::string backend = "crun";
   std::string endpoint;
   std::string run_id;
+  std::string etcd_prefix = etcd::kDefaultRoot;
+  std::string etcd_user;
+  std::string etcd_password_file;
   bool json = false;
   double timeout = 5;
 };
@@ -84,8 +93,8 @@ std::string Age(std::int64_t ms) {
   return std::to_string(ms / 1000) + "." + std::to_string(ms % 1000 / 100) + " s";
 }
 
-int RunStatus(const StatusCommandOptions& o) {
-  SetUpLogging("status", "warn");  // gRPC's own lines go to debug, not onto the terminal
+// The jobs from crun's rendezvous service; exit code and message on failure.
+int StatusFromService(const StatusCommandOptions& o, v1::StatusResponse* resp, std::string* where) {
   auto parsed = crun::ParseEndpoint(o.endpoint, 29400);
   if (!parsed.ok()) {
     std::fprintf(stderr, "crun status: --rdzv-endpoint: %s\n", parsed.status().message().c_str());
@@ -98,6 +107,7 @@ int RunStatus(const StatusCommandOptions& o) {
     return 2;
   }
   const std::string target = crun::FormatEndpoint(e.host, e.port);
+  *where = target;
   agent::ChannelOptions co;
   co.security = *security;
   auto channel = agent::MakeChannel(target, co);
@@ -108,8 +118,7 @@ int RunStatus(const StatusCommandOptions& o) {
                    std::chrono::milliseconds(static_cast<long>(o.timeout * 1000)));
   v1::StatusRequest req;
   req.set_run_id(o.run_id);
-  v1::StatusResponse resp;
-  auto s = stub->Status(&ctx, req, &resp);
+  auto s = stub->Status(&ctx, req, resp);
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
       std::fprintf(stderr, "crun status: the rendezvous service at %s refused the request: %s\n",
@@ -119,6 +128,99 @@ int RunStatus(const StatusCommandOptions& o) {
     std::fprintf(stderr, "crun status: no answer from the rendezvous service at %s: %s\n",
                  target.c_str(), s.error_message().c_str());
     return 1;
+  }
+  return 0;
+}
+
+// The jobs kept in etcd under --etcd-prefix (one run id, or every one there).
+int StatusFromEtcd(const StatusCommandOptions& o, v1::StatusResponse* resp, std::string* where) {
+  etcd::ClientOptions co;
+  std::string list = o.endpoint;
+  for (std::size_t start = 0; start <= list.size();) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    auto e = crun::ParseEndpoint(list.substr(start, comma - start), 2379);
+    if (!e.ok()) {
+      std::fprintf(stderr, "crun status: --rdzv-endpoint '%s': %s\n", list.c_str(),
+                   e.status().message().c_str());
+      return 2;
+    }
+    co.endpoints.push_back(e->ToString());
+    start = comma + 1;
+  }
+  auto security = crun::LoadSecurity(o.security, "client");
+  if (!security.ok()) {
+    std::fprintf(stderr, "crun status: %s\n", security.status().message().c_str());
+    return 2;
+  }
+  co.security = *security;
+  if (!o.etcd_user.empty()) {
+    std::ifstream in(o.etcd_password_file);
+    if (o.etcd_password_file.empty() || !in || !std::getline(in, co.password)) {
+      std::fprintf(stderr,
+                   "crun status: --etcd-user needs --etcd-password-file with the password on its "
+                   "first line ('%s' cannot be read)\n",
+                   o.etcd_password_file.c_str());
+      return 2;
+    }
+    co.user = o.etcd_user;
+  }
+  *where = "etcd at " + o.endpoint + " under " + o.etcd_prefix;
+  const auto deadline =
+      etcd::Clock::now() + std::chrono::milliseconds(static_cast<long>(o.timeout * 1000));
+  auto client = etcd::Client::Connect(co, deadline);
+  if (!client.ok()) {
+    std::fprintf(stderr, "crun status: %s\n", client.status().message().c_str());
+    return 1;
+  }
+  std::string root = o.etcd_prefix;
+  while (!root.empty() && root.back() == '/') root.pop_back();
+  const std::string scope = o.run_id.empty() ? root + "/" : etcd::Keys(root, o.run_id).prefix;
+  auto all = (*client)->GetPrefix(scope, deadline);
+  if (!all.ok()) {
+    std::fprintf(stderr, "crun status: %s\n", all.status().message().c_str());
+    return 1;
+  }
+  std::map<std::string, etcd::Mirror> runs;  // run id -> its keys
+  for (auto& kv : all->kvs) {
+    const std::string rest = kv.key.substr(root.size() + 1);
+    const auto slash = rest.find('/');
+    if (slash == std::string::npos) continue;
+    runs[rest.substr(0, slash)][kv.key] = std::move(kv);
+  }
+  const auto now = rdzv::TimePoint::clock::now();
+  for (const auto& [run_id, mirror] : runs) {
+    etcd::Keys keys(root, run_id);
+    if (mirror.count(keys.job()) == 0) continue;
+    auto job = etcd::StatusOf(keys, run_id, mirror, now, etcd::WallClock::now());
+    if (!job.ok()) {
+      std::fprintf(stderr, "crun status: run '%s': %s\n", run_id.c_str(),
+                   job.status().message().c_str());
+      return 1;
+    }
+    // Liveness is each node's lease: a member listed is alive now.
+    for (auto& n : job->nodes) n.last_heartbeat_ms_ago = 0;
+    rdzv::msg::StatusResponse one;
+    one.jobs.push_back(std::move(job).value());
+    const v1::StatusResponse proto = rdzv::ToProto(one);
+    for (const auto& j : proto.jobs()) *resp->add_jobs() = j;
+  }
+  return 0;
+}
+
+int RunStatus(const StatusCommandOptions& o) {
+  SetUpLogging("status", "warn");  // gRPC's own lines go to debug, not onto the terminal
+  v1::StatusResponse resp;
+  std::string target;
+  const bool etcd = o.backend == "etcd-v3" || o.backend == "etcd";
+  if (!etcd && o.backend != "crun" && o.backend != "c10d") {
+    std::fprintf(stderr, "crun status: --rdzv-backend '%s': expected crun, c10d or etcd-v3\n",
+                 o.backend.c_str());
+    return 2;
+  }
+  if (const int code =
+          etcd ? StatusFromEtcd(o, &resp, &target) : StatusFromService(o, &resp, &target);
+      code != 0) {
+    return code;
   }
   if (!o.run_id.empty() && resp.jobs_size() == 0) {
     std::fprintf(stderr, "crun status: %s knows no job with run id '%s'\n", target.c_str(),
@@ -209,9 +311,19 @@ void AddRendezvousCommand(CLI::App& app, int* exit_code) {
 void AddStatusCommand(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<StatusCommandOptions>();
   CLI::App* cmd = app.add_subcommand("status", "Show the jobs a rendezvous service coordinates");
-  cmd->add_option("--rdzv-endpoint,--rdzv_endpoint", o->endpoint, "host[:port] (port 29400)")
+  cmd->add_option("--rdzv-backend,--rdzv_backend", o->backend,
+                  "crun (alias c10d): a rendezvous service; etcd-v3 (alias etcd): jobs kept in "
+                  "etcd")
+      ->capture_default_str();
+  cmd->add_option("--rdzv-endpoint,--rdzv_endpoint", o->endpoint,
+                  "host[:port] (port 29400); with etcd-v3, etcd's members h1:2379,h2:2379,...")
       ->required();
   cmd->add_option("--rdzv-id,--rdzv_id", o->run_id, "Only this job");
+  cmd->add_option("--etcd-prefix", o->etcd_prefix, "etcd-v3: the prefix of crun's keys")
+      ->capture_default_str();
+  cmd->add_option("--etcd-user", o->etcd_user, "etcd-v3: etcd's user");
+  cmd->add_option("--etcd-password-file", o->etcd_password_file,
+                  "etcd-v3: file whose first line is the user's password");
   cmd->add_flag("--json", o->json, "Machine-readable output");
   cmd->add_option("--timeout", o->timeout, "Seconds to wait for the answer")
       ->check(PositiveSeconds())

@@ -16,6 +16,7 @@ declare -A allowed=(
   [rendezvous/store]="base rendezvous/store"
   [rendezvous/server]="base rendezvous/store rendezvous/server"
   [rendezvous/service]="base proto crun/v1 rendezvous"
+  [rendezvous/etcd]="base proto crun/v1 rendezvous etcd"
   [agent]="base proto crun/v1 rendezvous agent"
   [launcher]="base proto crun/v1 rendezvous agent launcher"
   [worker_sdk]="base rendezvous/store worker_sdk crun/worker"

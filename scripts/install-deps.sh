@@ -13,4 +13,5 @@ $SUDO apt-get install -y -q \
   python3 python3-venv python3-torch python3-wheel dpkg-dev \
   iproute2 procps time openssl elfutils gdb \
   slurmctld slurmd slurm-client munge \
+  etcd-server etcd-client golang-etcd-server-dev \
   clang libclang-rt-14-dev clang-format-14

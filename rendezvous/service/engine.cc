@@ -13,7 +13,6 @@ struct Engine::Job {
   std::unordered_map<std::string, std::string> dialed;          // node id -> host it dialed
   // node id -> the addresses its workers may reach the store from (its session's, declared)
   std::unordered_map<std::string, std::vector<std::string>> addresses;
-  std::unordered_map<std::string, int> group_ranks;  // of the last round formed
   int world_size = 0;
   std::unique_ptr<RoundStore> store;
   std::optional<msg::FailureReport> root_cause;  // the failure that ended the job or its round
@@ -22,20 +21,6 @@ struct Engine::Job {
 };
 
 namespace {
-
-const char* PhaseName(Phase p) {
-  switch (p) {
-    case Phase::kGathering:
-      return "gathering";
-    case Phase::kRunning:
-      return "running";
-    case Phase::kFailed:
-      return "failed";
-    case Phase::kSucceeded:
-      return "succeeded";
-  }
-  return "?";
-}
 
 bool Ended(Phase p) { return p == Phase::kFailed || p == Phase::kSucceeded; }
 
@@ -408,10 +393,8 @@ void Engine::Apply(Job& job, Transition t) {
           " workers, restart " + std::to_string(round->restart_count) + ", store port " +
           std::to_string(job.store->port()) +
           (round->spares.empty() ? "" : ", " + std::to_string(round->spares.size()) + " spares"));
-      job.group_ranks.clear();
       job.world_size = round->assignments.empty() ? 0 : round->assignments.front().world_size;
       for (const auto& a : round->assignments) {
-        job.group_ranks[a.node_id] = a.group_rank;
         auto session = job.sessions.find(a.node_id);
         if (session == job.sessions.end()) continue;  // cannot happen: members are bound
         msg::Assignment m;
@@ -465,40 +448,45 @@ void Engine::EvictFinished() {
   }
 }
 
+msg::JobStatus DescribeJob(const std::string& run_id, const State& s, int world_size,
+                           const std::string& last_failure, TimePoint now) {
+  auto age_ms = [&](TimePoint t) { return std::chrono::duration_cast<Millis>(now - t).count(); };
+  msg::JobStatus j;
+  j.run_id = run_id;
+  j.phase = PhaseName(s.phase);
+  j.round = s.round;
+  j.restarts_used = s.restarts_used;
+  j.max_restarts = s.settings.max_restarts;
+  j.min_nodes = s.settings.min_nodes;
+  j.max_nodes = s.settings.max_nodes;
+  j.world_size = world_size;
+  j.last_failure = last_failure;
+  j.lost_hosts.assign(s.lost_hosts.begin(), s.lost_hosts.end());
+  auto add = [&](const NodeDescription& n, const char* state, int rank) -> msg::NodeStatus& {
+    auto& ns = j.nodes.emplace_back();
+    ns.node_id = n.node_id;
+    ns.host = n.host;
+    ns.state = state;
+    ns.group_rank = rank;
+    ns.nproc = n.nproc;
+    return ns;
+  };
+  // Members are kept in group-rank order.
+  int rank = 0;
+  for (const auto& m : s.members) {
+    add(m.node, m.succeeded ? "succeeded" : "member", rank++).last_heartbeat_ms_ago =
+        age_ms(m.last_heartbeat);
+  }
+  for (const auto& n : s.spares) add(n, "spare", -1);
+  for (const auto& n : s.joined) add(n, "joined", -1);
+  return j;
+}
+
 msg::StatusResponse Engine::Status(const std::string& run_id, TimePoint now) const {
   msg::StatusResponse out;
-  auto age_ms = [&](TimePoint t) { return std::chrono::duration_cast<Millis>(now - t).count(); };
   for (const auto& [id, job] : jobs_) {
     if (!run_id.empty() && id != run_id) continue;
-    const State& s = job->state;
-    auto& j = out.jobs.emplace_back();
-    j.run_id = id;
-    j.phase = PhaseName(s.phase);
-    j.round = s.round;
-    j.restarts_used = s.restarts_used;
-    j.max_restarts = s.settings.max_restarts;
-    j.min_nodes = s.settings.min_nodes;
-    j.max_nodes = s.settings.max_nodes;
-    j.world_size = job->world_size;
-    j.last_failure = job->last_failure;
-    j.lost_hosts.assign(s.lost_hosts.begin(), s.lost_hosts.end());
-    auto add = [&](const NodeDescription& n, const char* state, int rank) -> msg::NodeStatus& {
-      auto& ns = j.nodes.emplace_back();
-      ns.node_id = n.node_id;
-      ns.host = n.host;
-      ns.state = state;
-      ns.group_rank = rank;
-      ns.nproc = n.nproc;
-      return ns;
-    };
-    for (const auto& m : s.members) {
-      auto rank = job->group_ranks.find(m.node.node_id);
-      add(m.node, m.succeeded ? "succeeded" : "member",
-          rank == job->group_ranks.end() ? -1 : rank->second)
-          .last_heartbeat_ms_ago = age_ms(m.last_heartbeat);
-    }
-    for (const auto& n : s.spares) add(n, "spare", -1);
-    for (const auto& n : s.joined) add(n, "joined", -1);
+    out.jobs.push_back(DescribeJob(id, job->state, job->world_size, job->last_failure, now));
   }
   return out;
 }

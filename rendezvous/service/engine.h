@@ -130,6 +130,10 @@ class Engine {
   std::uint64_t next_ask_ = 1;
 };
 
+// One job as Status shows it: `state` and what the engine keeps beside it.
+msg::JobStatus DescribeJob(const std::string& run_id, const State& state, int world_size,
+                           const std::string& last_failure, TimePoint now);
+
 // "rank 3 (local rank 1) on node-b failed with exit code 2: ValueError: ..."
 std::string Describe(const msg::FailureReport& report);
 // The shell code of the report's first failure (exit code, or 128 + signal); 1 if none.

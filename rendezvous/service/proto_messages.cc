@@ -19,31 +19,6 @@ msg::Join JoinFromProto(const v1::Join& j) {
   return out;
 }
 
-msg::FailureReport ReportFromProto(const v1::FailureReport& r) {
-  msg::FailureReport out;
-  out.host = r.host();
-  out.node_id = r.node_id();
-  out.failures.reserve(static_cast<std::size_t>(r.failures_size()));
-  for (const auto& w : r.failures()) {
-    msg::WorkerFailure f;
-    f.time = w.time();
-    f.rank = w.rank();
-    f.local_rank = w.local_rank();
-    f.pid = w.pid();
-    if (w.exit_case() == v1::WorkerFailure::kExitCode) f.exit_code = w.exit_code();
-    if (w.exit_case() == v1::WorkerFailure::kSignal) f.signal = w.signal();
-    f.message = w.message();
-    f.traceback = w.traceback();
-    f.stderr_tail.assign(w.stderr_tail().begin(), w.stderr_tail().end());
-    f.error_file = w.error_file();
-    f.time_unix_ms = w.time_unix_ms();
-    f.hang = w.hang();
-    f.oom = w.oom();
-    out.failures.push_back(std::move(f));
-  }
-  return out;
-}
-
 void ReportToProto(const msg::FailureReport& r, v1::FailureReport* out) {
   out->set_host(r.host);
   out->set_node_id(r.node_id);
@@ -102,6 +77,31 @@ struct ServiceToProto {
 
 }  // namespace
 
+msg::FailureReport FromProto(const v1::FailureReport& r) {
+  msg::FailureReport out;
+  out.host = r.host();
+  out.node_id = r.node_id();
+  out.failures.reserve(static_cast<std::size_t>(r.failures_size()));
+  for (const auto& w : r.failures()) {
+    msg::WorkerFailure f;
+    f.time = w.time();
+    f.rank = w.rank();
+    f.local_rank = w.local_rank();
+    f.pid = w.pid();
+    if (w.exit_case() == v1::WorkerFailure::kExitCode) f.exit_code = w.exit_code();
+    if (w.exit_case() == v1::WorkerFailure::kSignal) f.signal = w.signal();
+    f.message = w.message();
+    f.traceback = w.traceback();
+    f.stderr_tail.assign(w.stderr_tail().begin(), w.stderr_tail().end());
+    f.error_file = w.error_file();
+    f.time_unix_ms = w.time_unix_ms();
+    f.hang = w.hang();
+    f.oom = w.oom();
+    out.failures.push_back(std::move(f));
+  }
+  return out;
+}
+
 Settings FromProto(const v1::Settings& s) {
   Settings out;
   out.min_nodes = s.min_nodes();
@@ -120,7 +120,7 @@ std::optional<msg::AgentMessage> FromProto(const v1::AgentMessage& m) {
     case v1::AgentMessage::kHeartbeat:
       return msg::Heartbeat{m.heartbeat().sequence()};
     case v1::AgentMessage::kWorkersFailed:
-      return ReportFromProto(m.workers_failed());
+      return FromProto(m.workers_failed());
     case v1::AgentMessage::kWorkersSucceeded:
       return msg::WorkersSucceeded{};
     case v1::AgentMessage::kLeave:

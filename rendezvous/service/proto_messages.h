@@ -12,6 +12,7 @@ namespace crun::rdzv {
 
 // nullopt for a message that carries nothing the service knows (an empty oneof, a newer kind).
 std::optional<msg::AgentMessage> FromProto(const v1::AgentMessage& m);
+msg::FailureReport FromProto(const v1::FailureReport& r);
 // Settings from their wire form: a time of 0 is the default.
 Settings FromProto(const v1::Settings& s);
 

@@ -150,6 +150,20 @@ Status Settings::CheckCompatible(const Settings& o) const {
   return Status::Ok();
 }
 
+const char* PhaseName(Phase p) {
+  switch (p) {
+    case Phase::kGathering:
+      return "gathering";
+    case Phase::kRunning:
+      return "running";
+    case Phase::kFailed:
+      return "failed";
+    case Phase::kSucceeded:
+      return "succeeded";
+  }
+  return "?";
+}
+
 std::vector<NodeDescription> RankOrder(std::vector<NodeDescription> nodes) {
   std::stable_sort(nodes.begin(), nodes.end(), [](const auto& a, const auto& b) {
     if (a.requested_rank.has_value() != b.requested_rank.has_value()) {

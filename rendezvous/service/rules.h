@@ -92,6 +92,8 @@ struct SucceedJob {};
 using Action = std::variant<FormRound, RefuseJoin, FailJob, StopAndRejoin, SucceedJob>;
 
 enum class Phase { kGathering, kRunning, kFailed, kSucceeded };
+// "gathering", "running", "failed", "succeeded": in status and in etcd's job document.
+const char* PhaseName(Phase p);
 
 struct Member {
   NodeDescription node;

@@ -1,0 +1,591 @@
+#include "agent/etcd_rendezvous.h"
+
+#include <cmath>
+#include <future>
+#include <map>
+#include <thread>
+#include <utility>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <google/protobuf/util/json_util.h>
+#include <spdlog/spdlog.h>
+
+#include "agent/failure_proto.h"
+#include "base/endpoint.h"
+#include "rendezvous/etcd/client.h"
+#include "rendezvous/etcd/job.h"
+#include "rendezvous/server/store_server.h"
+#include "rendezvous/service/engine.h"
+#include "rendezvous/service/proto_messages.h"
+
+namespace crun::agent {
+namespace {
+
+namespace asio = boost::asio;
+using etcd::Clock;
+using Millis = std::chrono::milliseconds;
+
+class EtcdRendezvous final : public Rendezvous {
+ public:
+  EtcdRendezvous(asio::io_context& io, EtcdRendezvousOptions o)
+      : io_(io),
+        o_(std::move(o)),
+        keys_(o_.root, o_.run_id),
+        agent_work_(asio::make_work_guard(io)),
+        work_(asio::make_work_guard(eio_)),
+        decide_timer_(eio_),
+        keepalive_timer_(eio_),
+        thread_([this] { eio_.run(); }) {}
+
+  ~EtcdRendezvous() override {
+    Leave("shutting down");
+    work_.reset();
+    eio_.stop();
+    thread_.join();
+  }
+
+  void Start(RendezvousEvents* events) override {
+    events_ = events;
+    asio::post(eio_, [this] { Setup(); });
+  }
+
+  void Join() override {
+    asio::post(eio_, [this] {
+      want_join_ = true;
+      if (ready_) WriteJoin();
+    });
+  }
+
+  void ReportFailure(const std::vector<FailureRecord>& failures) override {
+    auto proto = FailureReportToProto(o_.node_id, failures);
+    asio::post(eio_, [this, proto = std::move(proto)] {
+      if (ended_ || !round_) return;
+      etcd::Report r;
+      const auto report = rdzv::FromProto(proto);
+      r.what = rdzv::Describe(report);
+      r.exit_code = rdzv::ExitCodeOf(report);
+      google::protobuf::util::JsonPrintOptions options;
+      options.preserve_proto_field_names = true;
+      (void)google::protobuf::util::MessageToJsonString(proto, &r.report_json, options);
+      WriteReport(r);
+    });
+  }
+
+  void ReportSuccess() override {
+    asio::post(eio_, [this] {
+      if (ended_ || !round_) return;
+      etcd::Report r;
+      r.success = true;
+      WriteReport(r);
+    });
+  }
+
+  // Revokes the lease (etcd deletes every key bound to it: nodes/, joins/, stores/) and stops.
+  void Leave(const std::string& reason) override {
+    auto done = std::make_shared<std::promise<void>>();
+    auto left = done->get_future();
+    asio::post(eio_, [this, reason, done] {
+      if (!left_) {
+        left_ = true;
+        ended_ = true;
+        StopAll();
+        if (client_ && lease_ != 0) {
+          auto s = client_->Revoke(lease_, Clock::now() + Millis(2'000));
+          if (!s.ok()) spdlog::warn("etcd rendezvous: leaving ({}): {}", reason, s.message());
+        }
+        store_.reset();
+      }
+      done->set_value();
+    });
+    if (left.wait_for(std::chrono::seconds(5)) != std::future_status::ready) {
+      spdlog::warn("etcd rendezvous: leaving took longer than 5 s; going on");
+    }
+    agent_work_.reset();
+  }
+
+  std::string node_id() const override { return o_.node_id; }
+
+  void AskStacks(const std::string& /*reason*/, std::chrono::milliseconds /*timeout*/,
+                 std::function<void(RemoteStacks)> done) override {
+    RemoteStacks none;
+    none.missing.push_back(
+        "the other nodes (reading stacks across nodes needs crun's rendezvous service; the "
+        "etcd backend reads this node's only)");
+    asio::post(io_, [done = std::move(done), none] { done(none); });
+  }
+
+  void ReplyStacks(std::uint64_t, const std::string&, const std::vector<RankStacks>&,
+                   const std::string&) override {}
+
+ private:
+  // ---- on the etcd thread ----------------------------------------------------------------
+
+  void Setup() {
+    const std::string where = "etcd at " + Join(o_.endpoints);
+    etcd::ClientOptions co;
+    co.endpoints = o_.endpoints;
+    co.security = o_.security;
+    co.user = o_.user;
+    co.password = o_.password;
+    co.keepalive_timeout = std::max(Millis(1'000), o_.settings.heartbeat_timeout);
+    auto client = etcd::Client::Connect(co, Clock::now() + o_.connect_timeout);
+    if (!client.ok()) {
+      return End(1, "cannot use " + where + " for run '" + o_.run_id + "' within " +
+                        std::to_string(o_.connect_timeout.count()) + " ms (connect_timeout): " +
+                        client.status().message() + "; nothing was started");
+    }
+    client_ = std::move(client).value();
+    auto layout = client_->Get(keys_.layout(), Deadline());
+    if (!layout.ok()) return End(1, layout.status().message());
+    if (!layout->kvs.empty() && layout->kvs.front().value != etcd::kLayout) {
+      return End(1, where + ": " + keys_.layout() + " is '" + layout->kvs.front().value +
+                        "', this crun reads '" + etcd::kLayout +
+                        "': the run's keys were written by another crun version; use another "
+                        "--rdzv-id or --rdzv-conf etcd_prefix, or remove " +
+                        keys_.prefix + " if that job is over");
+    }
+    ttl_ = std::chrono::seconds(
+        std::max<long long>(1, static_cast<long long>(
+                                   std::ceil(o_.settings.heartbeat_timeout.count() / 1000.0))));
+    if (!Register() || !LoadMirror()) return;
+    StartWatch();
+    ArmKeepAlive();
+    ready_ = true;
+    last_contact_ = Clock::now();
+    if (want_join_) WriteJoin();
+    Changed();
+  }
+
+  // A lease and this node's key bound to it. A key of the same node id still held by an
+  // earlier agent (a crun restarted on this node before its lease ran out) is waited for, up
+  // to its lease's TTL.
+  bool Register() {
+    auto lease = client_->Grant(ttl_, Deadline());
+    if (!lease.ok()) {
+      End(1, lease.status().message());
+      return false;
+    }
+    lease_ = *lease;
+    etcd::NodeRecord record;
+    record.node.node_id = o_.node_id;
+    record.node.host = o_.host;
+    record.node.nproc = o_.nproc;
+    record.node.requested_rank = o_.requested_rank;
+    record.addresses = o_.addresses;
+    record.settings = o_.settings;
+    const auto until = Clock::now() + o_.settings.heartbeat_timeout + Millis(2'000);
+    while (true) {
+      auto txn =
+          client_->Txn({{keys_.node(o_.node_id), etcd::Compare::Target::kCreateRevision, 0, ""}},
+                       {{etcd::Op::Kind::kPut, keys_.node(o_.node_id), etcd::EncodeNode(record),
+                         lease_},
+                        {etcd::Op::Kind::kDelete, keys_.refusal(o_.node_id), "", 0}},
+                       {{etcd::Op::Kind::kGet, keys_.node(o_.node_id), "", 0}}, Deadline());
+      if (!txn.ok()) {
+        End(1, txn.status().message());
+        return false;
+      }
+      if (txn->succeeded) {
+        node_revision_ = txn->revision;
+        return true;
+      }
+      if (Clock::now() >= until) {
+        End(1, "another agent holds node id '" + o_.node_id + "' in run '" + o_.run_id + "' (" +
+                   keys_.node(o_.node_id) +
+                   "), and its lease did not run out: give each node its own --rdzv-conf "
+                   "node_id");
+        return false;
+      }
+      // Its lease runs out within the TTL: look again shortly (bounded by `until`).
+      std::this_thread::sleep_for(Millis(200));
+    }
+  }
+
+  void StartWatch() {
+    watch_ = client_->WatchPrefix(
+        keys_.prefix, revision_ + 1,
+        [this](std::vector<etcd::WatchEvent> events, std::int64_t revision) {
+          asio::post(eio_, [this, events = std::move(events), revision] {
+            if (ended_) return;
+            for (const auto& e : events) {
+              if (e.deleted) {
+                mirror_.erase(e.kv.key);
+              } else {
+                mirror_[e.kv.key] = e.kv;
+              }
+            }
+            revision_ = revision;
+            last_contact_ = Clock::now();
+            Changed();
+          });
+        },
+        [this](Status s) {
+          asio::post(eio_, [this, s] {
+            if (ended_) return;
+            if (s.code() == StatusCode::kNotFound) return Resync();
+            End(1, s.message());
+          });
+        },
+        o_.outage_timeout);
+  }
+
+  // The watch fell behind etcd's compaction: read everything again and watch from there.
+  void Resync() {
+    watch_.reset();
+    if (!LoadMirror()) return;
+    StartWatch();
+    Changed();
+  }
+
+  // Everything under the run's prefix, read at one revision; false when etcd did not answer
+  // (the job ends here).
+  bool LoadMirror() {
+    auto all = client_->GetPrefix(keys_.prefix, Deadline());
+    if (!all.ok()) {
+      End(1, all.status().message());
+      return false;
+    }
+    mirror_.clear();
+    for (auto& kv : all->kvs) mirror_[kv.key] = std::move(kv);
+    revision_ = all->revision;
+    return true;
+  }
+
+  void ArmKeepAlive() {
+    keepalive_timer_.expires_after(std::max(Millis(300), Millis(ttl_) / 3));
+    keepalive_timer_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || ended_) return;
+      auto ttl = client_->KeepAliveOnce(lease_, Clock::now() + Millis(ttl_) / 3);
+      if (ttl.ok()) {
+        last_contact_ = Clock::now();
+      } else if (ttl.status().code() == StatusCode::kNotFound) {
+        return LeaseLost();
+      } else if (Clock::now() - last_contact_ > o_.outage_timeout) {
+        return End(1, "lost etcd at " + client_->endpoints() + ": no member answered for " +
+                          std::to_string(o_.outage_timeout.count()) +
+                          " ms (outage_timeout; last: " + ttl.status().message() + ")");
+      } else if (!outage_logged_) {
+        outage_logged_ = true;
+        spdlog::warn(
+            "etcd rendezvous: {}; the workers run on while this node keeps trying (for up to "
+            "{} ms, outage_timeout)",
+            ttl.status().message(), o_.outage_timeout.count());
+      }
+      if (ttl.ok() && outage_logged_) {
+        outage_logged_ = false;
+        spdlog::info("etcd rendezvous: etcd at {} answers again", client_->endpoints());
+      }
+      ArmKeepAlive();
+    });
+  }
+
+  // etcd let this node's lease run out (it was cut off longer than its TTL): the others have
+  // re-formed without it. Stop the workers and come back as a new member.
+  void LeaseLost() {
+    spdlog::warn(
+        "etcd rendezvous: this node's lease ran out (cut off from etcd for longer than "
+        "heartbeat_timeout {} ms): the other nodes went on without it; stopping the workers "
+        "and joining again",
+        o_.settings.heartbeat_timeout.count());
+    store_.reset();
+    const bool had_round = round_.has_value();
+    round_.reset();
+    joined_gathering_.reset();
+    if (had_round) want_join_ = false;  // the agent joins again once its workers are down
+    if (!Register()) return;
+    ArmKeepAlive();
+    if (had_round) {
+      Post([this](RendezvousEvents* e) {
+        e->OnStopAndRejoin(
+            "this node's etcd lease ran out (cut off for longer than "
+            "heartbeat_timeout): joining again as a new member",
+            false);
+      });
+    } else if (want_join_) {
+      WriteJoin();
+    }
+  }
+
+  void WriteJoin() {
+    const int gathering = CurrentGathering();
+    auto put = client_->Put(keys_.join(o_.node_id), std::to_string(gathering), lease_, Deadline());
+    if (put.status().code() == StatusCode::kNotFound) return LeaseLost();  // "lease not found"
+    if (!put.ok()) return End(1, "cannot join run '" + o_.run_id + "': " + put.status().message());
+    joined_gathering_ = gathering;
+  }
+
+  void WriteReport(const etcd::Report& r) {
+    auto put = client_->Put(keys_.report(round_->gathering, o_.node_id), etcd::EncodeReport(r), 0,
+                            Deadline());
+    if (!put.ok())
+      spdlog::warn("etcd rendezvous: cannot write this node's report: {}", put.status().message());
+  }
+
+  int CurrentGathering() {
+    auto job = mirror_.find(keys_.job());
+    if (job == mirror_.end()) return 0;
+    auto doc = etcd::DecodeJob(job->second.value, rdzv::TimePoint(), etcd::WallClock::now());
+    return doc.ok() ? doc->gathering : 0;
+  }
+
+  // Something under the prefix changed (or time passed): act on the job document, and decide
+  // if this node is the one that does.
+  void Changed() {
+    if (ended_) return;
+    React();
+    if (!ended_) Decide();
+  }
+
+  void React() {
+    // This node's key is gone though the watch has seen past its creation: the lease ran out.
+    if (revision_ >= node_revision_ && mirror_.count(keys_.node(o_.node_id)) == 0) {
+      return LeaseLost();
+    }
+    if (auto refused = mirror_.find(keys_.refusal(o_.node_id)); refused != mirror_.end()) {
+      return End(1, "the etcd rendezvous refused this node (run '" + o_.run_id + "', node '" +
+                        o_.node_id + "'): " + refused->second.value);
+    }
+    auto job = mirror_.find(keys_.job());
+    if (job == mirror_.end()) return;
+    const auto now = rdzv::TimePoint::clock::now();
+    auto decoded = etcd::DecodeJob(job->second.value, now, etcd::WallClock::now());
+    if (!decoded.ok()) {
+      return End(1, keys_.job() + " cannot be read: " + decoded.status().message());
+    }
+    const etcd::JobDoc& doc = *decoded;
+    // An outcome written while this node was part of the job is this node's.
+    if (doc.outcome && node_revision_ < job->second.mod_revision) return Finish(doc);
+    if (round_ && doc.gathering != round_->gathering) {
+      round_.reset();
+      store_.reset();
+      Post([reason = doc.stop_reason, spends = doc.stop_spends_restart](RendezvousEvents* e) {
+        e->OnStopAndRejoin(reason, spends);
+      });
+      return;
+    }
+    if (round_) return;
+    if (want_join_ && joined_gathering_ != doc.gathering) WriteJoin();
+    if (joined_gathering_ != doc.gathering || doc.state.phase != rdzv::Phase::kRunning) return;
+    MaybeAssign(doc);
+  }
+
+  void MaybeAssign(const etcd::JobDoc& doc) {
+    const auto& s = doc.state;
+    GroupAssignment g;
+    g.run_id = o_.run_id;
+    g.role = o_.role;
+    g.local_world_size = o_.nproc;
+    g.restart_count = s.restarts_used;
+    g.max_restarts = o_.settings.max_restarts;
+    g.round = s.round;
+    g.virtual_local_rank = o_.virtual_local_rank;
+    int rank = -1;
+    int base = 0;
+    for (std::size_t i = 0; i < s.members.size(); ++i) {
+      if (s.members[i].node.node_id == o_.node_id) {
+        rank = static_cast<int>(i);
+        break;
+      }
+      base += s.members[i].node.nproc;
+    }
+    const bool spare = std::any_of(s.spares.begin(), s.spares.end(),
+                                   [&](const auto& n) { return n.node_id == o_.node_id; });
+    if (rank < 0 && !spare) return;  // not in this round: the decider will see our join
+    g.group_world_size = static_cast<int>(s.members.size());
+    g.world_size = doc.world_size;
+    g.role_world_size = doc.world_size;
+    if (spare) {
+      g.spare = true;
+    } else {
+      g.group_rank = rank;
+      g.base_rank = base;
+      g.base_role_rank = base;
+      if (rank == 0 && !HostStore(doc)) return;
+      auto store = mirror_.find(keys_.store(s.round));
+      if (store == mirror_.end()) return;  // its host has not written it yet
+      auto endpoint = ParseEndpoint(store->second.value, 0);
+      if (!endpoint.ok()) {
+        return End(1, keys_.store(s.round) + " holds '" + store->second.value +
+                          "', not host:port: " + endpoint.status().message());
+      }
+      g.master_addr = endpoint->host;
+      g.master_port = endpoint->port;
+    }
+    round_ = Round{doc.gathering, s.round};
+    want_join_ = false;  // until the agent is ready for the next round
+    spdlog::info("etcd rendezvous: round {} ({}), restart count {}", s.round,
+                 spare ? std::string("spare") : "group rank " + std::to_string(rank),
+                 s.restarts_used);
+    Post([g](RendezvousEvents* e) { e->OnAssignment(g); });
+  }
+
+  // Group rank 0 serves the round's store and says where; false when that failed (the job
+  // ends here).
+  bool HostStore(const etcd::JobDoc& doc) {
+    if (store_ && store_round_ == doc.state.round) return true;
+    store_.reset();
+    StoreServerOptions so;
+    so.host = "::";
+    for (const auto& m : doc.state.members) {
+      auto kv = mirror_.find(keys_.node(m.node.node_id));
+      if (kv == mirror_.end()) continue;
+      auto record = etcd::DecodeNode(m.node.node_id, kv->second.value);
+      if (!record.ok() || record->addresses.empty()) {
+        so.allowed_peers.clear();  // a member of unknown address: no list rather than a wrong one
+        break;
+      }
+      so.allowed_peers.insert(so.allowed_peers.end(), record->addresses.begin(),
+                              record->addresses.end());
+    }
+    if (!so.allowed_peers.empty()) {
+      so.allowed_peers.push_back("127.0.0.1");
+      so.allowed_peers.push_back("::1");
+    }
+    auto server = BackgroundStoreServer::Start(so);
+    if (!server.ok()) {
+      End(1, "cannot serve round " + std::to_string(doc.state.round) +
+                 "'s store: " + server.status().message());
+      return false;
+    }
+    store_ = std::move(server).value();
+    store_round_ = doc.state.round;
+    const std::string addr = o_.advertise_addr.empty() ? o_.host : o_.advertise_addr;
+    auto put = client_->Put(keys_.store(doc.state.round), FormatEndpoint(addr, store_->port()),
+                            lease_, Deadline());
+    if (!put.ok()) {
+      End(1, "cannot publish round " + std::to_string(doc.state.round) +
+                 "'s store: " + put.status().message());
+      return false;
+    }
+    mirror_[keys_.store(doc.state.round)].value = FormatEndpoint(addr, store_->port());
+    return true;
+  }
+
+  void Decide() {
+    if (etcd::Decider(keys_, mirror_) != o_.node_id) return;
+    const auto now = rdzv::TimePoint::clock::now();
+    auto d = etcd::Decide(keys_, mirror_, now, etcd::WallClock::now());
+    if (!d.error.ok()) return End(1, d.error.message());
+    if (d.write) {
+      std::vector<etcd::Op> ops;
+      ops.push_back({etcd::Op::Kind::kPut, keys_.job(), d.job_json, 0});
+      ops.insert(ops.end(), d.ops.begin(), d.ops.end());
+      const auto target = d.job_mod_revision == 0 ? etcd::Compare::Target::kCreateRevision
+                                                  : etcd::Compare::Target::kModRevision;
+      auto txn = client_->Txn({{keys_.job(), target, d.job_mod_revision, ""}}, ops, {}, Deadline());
+      if (!txn.ok()) {
+        // etcd did not take it (an outage): decide again shortly, whatever the watch brings.
+        spdlog::warn("etcd rendezvous: deciding: {}", txn.status().message());
+        d.wake_at = now + Millis(500);
+      } else if (txn->succeeded) {
+        for (const auto& line : d.log) spdlog::info("etcd rendezvous: {}: {}", o_.run_id, line);
+      }
+      // Lost the race: the watch brings the newer document, and this runs again.
+    }
+    if (d.wake_at) {
+      decide_timer_.expires_at(*d.wake_at + Millis(1));
+      decide_timer_.async_wait([this](const boost::system::error_code& ec) {
+        if (!ec) Changed();
+      });
+    }
+  }
+
+  void Finish(const etcd::JobDoc& doc) {
+    const auto& o = *doc.outcome;
+    JobOutcome out;
+    out.success = o.success;
+    out.exit_code = o.exit_code;
+    out.reason = o.reason;
+    out.root_node_id = o.root_node_id;
+    if (!o.root_report_json.empty()) {
+      v1::FailureReport report;
+      if (google::protobuf::util::JsonStringToMessage(o.root_report_json, &report).ok()) {
+        out.root_report = FailureReportFromProto(report);
+      }
+    }
+    ended_ = true;
+    StopAll();
+    Post([out](RendezvousEvents* e) { e->OnFinished(out); });
+  }
+
+  void End(int code, const std::string& reason) {
+    if (ended_) return;
+    ended_ = true;
+    StopAll();
+    spdlog::error("{}", reason);
+    JobOutcome out;
+    out.exit_code = code;
+    out.reason = reason;
+    Post([out](RendezvousEvents* e) { e->OnFinished(out); });
+  }
+
+  void StopAll() {
+    watch_.reset();
+    decide_timer_.cancel();
+    keepalive_timer_.cancel();
+  }
+
+  // Runs `f` with the agent's events on the agent's loop.
+  template <typename F>
+  void Post(F f) {
+    asio::post(io_, [this, f = std::move(f)] {
+      if (events_ != nullptr) f(events_);
+    });
+  }
+
+  // Calls during the job may wait out an etcd outage; at the start they may not.
+  Clock::time_point Deadline() const {
+    return Clock::now() + (ready_ ? o_.outage_timeout : o_.connect_timeout);
+  }
+
+  static std::string Join(const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
+    return out;
+  }
+
+  struct Round {
+    int gathering = 0;
+    int round = 0;
+  };
+
+  asio::io_context& io_;
+  EtcdRendezvousOptions o_;
+  etcd::Keys keys_;
+  asio::executor_work_guard<asio::io_context::executor_type> agent_work_;
+  RendezvousEvents* events_ = nullptr;
+  // Everything below is the etcd thread's.
+  asio::io_context eio_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  asio::steady_timer decide_timer_;
+  asio::steady_timer keepalive_timer_;
+  std::shared_ptr<etcd::Client> client_;
+  std::unique_ptr<etcd::Client::Watch> watch_;
+  etcd::Mirror mirror_;
+  std::int64_t revision_ = 0;
+  std::int64_t lease_ = 0;
+  std::chrono::seconds ttl_{3};
+  std::int64_t node_revision_ = 0;  // when this node's key was created
+  bool ready_ = false;
+  bool want_join_ = false;
+  std::optional<int> joined_gathering_;
+  std::optional<Round> round_;  // the round whose assignment the agent has
+  std::unique_ptr<BackgroundStoreServer> store_;
+  int store_round_ = -1;
+  bool ended_ = false;
+  bool left_ = false;
+  bool outage_logged_ = false;
+  Clock::time_point last_contact_;
+  std::thread thread_;  // last: runs eio_ once everything above is built
+};
+
+}  // namespace
+
+std::unique_ptr<Rendezvous> MakeEtcdRendezvous(asio::io_context& io,
+                                               const EtcdRendezvousOptions& options) {
+  return std::make_unique<EtcdRendezvous>(io, options);
+}
+
+}  // namespace crun::agent

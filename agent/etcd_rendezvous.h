@@ -1,0 +1,57 @@
+// The agent's rendezvous through etcd's v3 API (--rdzv-backend etcd-v3): no crun process is
+// special, and the job outlives the loss of any one machine (docs/rendezvous.md, "On etcd").
+//
+// * The agent holds a lease (TTL: heartbeat_timeout) and, bound to it, its nodes/ key; a join
+//   writes joins/<node id>; failures and successes are written under reports/. The oldest agent
+//   decides (rendezvous/etcd/job.h): it folds those keys into the job document with the
+//   rendezvous rules, in transactions that compare the document's revision. Every agent
+//   watches the run's prefix and acts on the document: an assignment, "stop and rejoin", the
+//   outcome.
+// * The round's c10d store is served by the crun of the round's group rank 0, which writes its
+//   address to stores/<round>; the others start their workers once it is there. If that node
+//   dies, its lease ends, the survivors re-form and another node serves the next round's store.
+// * etcd unreachable at the start: the job ends here within connect_timeout, naming the
+//   endpoints, with nothing started. Unreachable while workers run (its quorum lost): they run
+//   on and the agent keeps trying for outage_timeout, then ends the job here.
+// * Its lease expired while it was cut off: the other nodes have re-formed without it, so it
+//   stops its workers and joins again as a new member.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "agent/rendezvous.h"
+#include "base/security.h"
+#include "rendezvous/service/rules.h"
+
+namespace crun::agent {
+
+struct EtcdRendezvousOptions {
+  std::vector<std::string> endpoints;  // "host:port" of etcd's members
+  std::string root = "/crun/rdzv";     // keys live under <root>/<run id>/
+  std::string run_id;
+  std::string role = "default";
+  std::string node_id;
+  std::string host;                    // for reports and rank order
+  std::vector<std::string> addresses;  // this node's, for the round store's allow list
+  std::string advertise_addr;          // MASTER_ADDR when this node serves the round's store
+  int nproc = 1;
+  std::optional<int> requested_rank;
+  rdzv::Settings settings;
+  Security security;  // TLS to etcd
+  std::string user;   // etcd auth; the password comes from a file, never argv
+  std::string password;
+  std::chrono::milliseconds connect_timeout{10'000};
+  std::chrono::milliseconds outage_timeout{60'000};
+  bool virtual_local_rank = false;
+};
+
+std::unique_ptr<Rendezvous> MakeEtcdRendezvous(boost::asio::io_context& io,
+                                               const EtcdRendezvousOptions& options);
+
+}  // namespace crun::agent

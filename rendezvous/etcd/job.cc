@@ -1,0 +1,489 @@
+#include "rendezvous/etcd/job.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+
+#include "rendezvous/service/engine.h"
+
+namespace crun::etcd {
+namespace {
+
+using json = nlohmann::json;
+using rdzv::Millis;
+using rdzv::Phase;
+using rdzv::TimePoint;
+
+// Lost node ids kept in the document (the rules append one per loss).
+constexpr std::size_t kMaxLost = 64;
+
+std::int64_t ToWall(TimePoint t, TimePoint now, WallClock::time_point wall) {
+  const auto at = wall + std::chrono::duration_cast<WallClock::duration>(t - now);
+  return std::chrono::duration_cast<Millis>(at.time_since_epoch()).count();
+}
+
+TimePoint FromWall(std::int64_t ms, TimePoint now, WallClock::time_point wall) {
+  const WallClock::time_point at{std::chrono::duration_cast<WallClock::duration>(Millis(ms))};
+  return now + std::chrono::duration_cast<TimePoint::duration>(at - wall);
+}
+
+std::optional<Phase> PhaseFrom(const std::string& name) {
+  for (Phase p : {Phase::kGathering, Phase::kRunning, Phase::kFailed, Phase::kSucceeded}) {
+    if (name == rdzv::PhaseName(p)) return p;
+  }
+  return std::nullopt;
+}
+
+json NodeJson(const rdzv::NodeDescription& n) {
+  json j = {{"id", n.node_id}, {"host", n.host}, {"nproc", n.nproc}};
+  if (n.requested_rank) j["rank"] = *n.requested_rank;
+  return j;
+}
+
+rdzv::NodeDescription NodeFrom(const json& j) {
+  rdzv::NodeDescription n;
+  n.node_id = j.at("id").get<std::string>();
+  n.host = j.at("host").get<std::string>();
+  n.nproc = j.at("nproc").get<int>();
+  if (j.contains("rank")) n.requested_rank = j["rank"].get<int>();
+  return n;
+}
+
+json SettingsJson(const rdzv::Settings& s) {
+  return {{"min_nodes", s.min_nodes},
+          {"max_nodes", s.max_nodes},
+          {"max_restarts", s.max_restarts},
+          {"join_timeout_ms", s.join_timeout.count()},
+          {"last_call_timeout_ms", s.last_call_timeout.count()},
+          {"heartbeat_timeout_ms", s.heartbeat_timeout.count()},
+          {"storm_rounds", s.storm_rounds},
+          {"storm_window_ms", s.storm_window.count()}};
+}
+
+rdzv::Settings SettingsFrom(const json& j) {
+  rdzv::Settings s;
+  s.min_nodes = j.at("min_nodes").get<int>();
+  s.max_nodes = j.at("max_nodes").get<int>();
+  s.max_restarts = j.at("max_restarts").get<int>();
+  s.join_timeout = Millis(j.at("join_timeout_ms").get<std::int64_t>());
+  s.last_call_timeout = Millis(j.at("last_call_timeout_ms").get<std::int64_t>());
+  s.heartbeat_timeout = Millis(j.at("heartbeat_timeout_ms").get<std::int64_t>());
+  s.storm_rounds = j.value("storm_rounds", s.storm_rounds);
+  s.storm_window = Millis(j.value("storm_window_ms", s.storm_window.count()));
+  return s;
+}
+
+// A JSON object when the text is one, else the text as a string.
+json Embedded(const std::string& text) {
+  if (text.empty()) return nullptr;
+  auto parsed = json::parse(text, nullptr, false);
+  return parsed.is_discarded() ? json(text) : parsed;
+}
+
+std::string Unembedded(const json& j) {
+  if (j.is_null()) return {};
+  if (j.is_string()) return j.get<std::string>();
+  return j.dump();
+}
+
+template <typename F>
+auto Guarded(const std::string& what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return ProtocolError(what + ": " + e.what());
+  }
+}
+
+std::optional<TimePoint> Earliest(const rdzv::State& s) {
+  if (s.phase != Phase::kGathering) return std::nullopt;
+  std::optional<TimePoint> t = s.join_deadline;
+  if (s.last_call_deadline && (!t || *s.last_call_deadline < *t)) t = s.last_call_deadline;
+  return t;
+}
+
+// The id after `dir` in `key`, if the key is directly under it.
+std::optional<std::string> Child(const std::string& key, const std::string& dir) {
+  if (key.size() <= dir.size() || key.compare(0, dir.size(), dir) != 0) return std::nullopt;
+  return key.substr(dir.size());
+}
+
+}  // namespace
+
+Keys::Keys(const std::string& root, const std::string& run_id) {
+  std::string r = root;
+  while (!r.empty() && r.back() == '/') r.pop_back();
+  prefix = r + "/" + run_id + "/";
+}
+
+std::string Keys::round(int n) const {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08d", n);
+  return rounds() + buf;
+}
+
+std::string EncodeNode(const NodeRecord& r) {
+  json j = NodeJson(r.node);
+  j["addresses"] = r.addresses;
+  j["settings"] = SettingsJson(r.settings);
+  return j.dump();
+}
+
+StatusOr<NodeRecord> DecodeNode(const std::string& id, const std::string& text) {
+  return Guarded("node record of '" + id + "'", [&]() -> StatusOr<NodeRecord> {
+    const json j = json::parse(text);
+    NodeRecord r;
+    r.node = NodeFrom(j);
+    if (r.node.node_id != id) {
+      return ProtocolError("node record under '" + id + "' names '" + r.node.node_id + "'");
+    }
+    r.addresses = j.value("addresses", std::vector<std::string>{});
+    r.settings = SettingsFrom(j.at("settings"));
+    return r;
+  });
+}
+
+std::string EncodeReport(const Report& r) {
+  json j = {{"success", r.success}};
+  if (!r.success) {
+    j["what"] = r.what;
+    j["exit_code"] = r.exit_code;
+    j["report"] = Embedded(r.report_json);
+  }
+  return j.dump();
+}
+
+StatusOr<Report> DecodeReport(const std::string& text) {
+  return Guarded("report", [&]() -> StatusOr<Report> {
+    const json j = json::parse(text);
+    Report r;
+    r.success = j.at("success").get<bool>();
+    if (!r.success) {
+      r.what = j.at("what").get<std::string>();
+      r.exit_code = j.at("exit_code").get<int>();
+      r.report_json = Unembedded(j.value("report", json(nullptr)));
+    }
+    return r;
+  });
+}
+
+std::string EncodeJob(const JobDoc& d, TimePoint now, WallClock::time_point wall) {
+  const auto& s = d.state;
+  auto when = [&](const std::optional<TimePoint>& t) -> json {
+    return t ? json(ToWall(*t, now, wall)) : json(nullptr);
+  };
+  json members = json::array();
+  for (const auto& m : s.members) {
+    json n = NodeJson(m.node);
+    n["succeeded"] = m.succeeded;
+    members.push_back(std::move(n));
+  }
+  auto nodes = [](const std::vector<rdzv::NodeDescription>& v) {
+    json a = json::array();
+    for (const auto& n : v) a.push_back(NodeJson(n));
+    return a;
+  };
+  json times = json::array();
+  for (auto t : s.round_times) times.push_back(ToWall(t, now, wall));
+  const std::size_t lost_from = s.lost_hosts.size() > kMaxLost ? s.lost_hosts.size() - kMaxLost : 0;
+  json j = {{"job", d.job},
+            {"gathering", d.gathering},
+            {"settings", SettingsJson(s.settings)},
+            {"phase", rdzv::PhaseName(s.phase)},
+            {"round", s.round},
+            {"joined", nodes(s.joined)},
+            {"join_deadline_ms", when(s.join_deadline)},
+            {"last_call_deadline_ms", when(s.last_call_deadline)},
+            {"members", std::move(members)},
+            {"spares", nodes(s.spares)},
+            {"lost",
+             std::vector<std::string>(s.lost_hosts.begin() + static_cast<std::ptrdiff_t>(lost_from),
+                                      s.lost_hosts.end())},
+            {"restarts_used", s.restarts_used},
+            {"round_times_ms", std::move(times)},
+            {"stop", {{"reason", d.stop_reason}, {"spends_restart", d.stop_spends_restart}}},
+            {"last_failure", d.last_failure},
+            {"world_size", d.world_size}};
+  if (d.outcome) {
+    j["outcome"] = {{"success", d.outcome->success},
+                    {"exit_code", d.outcome->exit_code},
+                    {"reason", d.outcome->reason},
+                    {"root_node_id", d.outcome->root_node_id},
+                    {"root_report", Embedded(d.outcome->root_report_json)}};
+  }
+  return j.dump();
+}
+
+StatusOr<JobDoc> DecodeJob(const std::string& text, TimePoint now, WallClock::time_point wall) {
+  return Guarded("job document", [&]() -> StatusOr<JobDoc> {
+    const json j = json::parse(text);
+    JobDoc d;
+    d.job = j.at("job").get<std::uint64_t>();
+    d.gathering = j.at("gathering").get<int>();
+    auto& s = d.state;
+    s.settings = SettingsFrom(j.at("settings"));
+    auto phase = PhaseFrom(j.at("phase").get<std::string>());
+    if (!phase) return ProtocolError("unknown phase '" + j["phase"].get<std::string>() + "'");
+    s.phase = *phase;
+    s.round = j.at("round").get<int>();
+    for (const auto& n : j.at("joined")) s.joined.push_back(NodeFrom(n));
+    auto when = [&](const char* key) -> std::optional<TimePoint> {
+      if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+      return FromWall(j[key].get<std::int64_t>(), now, wall);
+    };
+    s.join_deadline = when("join_deadline_ms");
+    s.last_call_deadline = when("last_call_deadline_ms");
+    for (const auto& n : j.at("members")) {
+      rdzv::Member m;
+      m.node = NodeFrom(n);
+      m.succeeded = n.value("succeeded", false);
+      // Liveness is the node's lease: a member whose nodes/ key exists is alive now.
+      m.last_heartbeat = now;
+      s.member_index[m.node.node_id] = s.members.size();
+      if (m.succeeded) ++s.members_succeeded;
+      s.members.push_back(std::move(m));
+    }
+    for (const auto& n : j.at("spares")) s.spares.push_back(NodeFrom(n));
+    s.lost_hosts = j.at("lost").get<std::vector<std::string>>();
+    s.restarts_used = j.at("restarts_used").get<int>();
+    for (const auto& t : j.at("round_times_ms")) {
+      s.round_times.push_back(FromWall(t.get<std::int64_t>(), now, wall));
+    }
+    for (const auto& n : s.joined) s.present.insert(n.node_id);
+    for (const auto& m : s.members) s.present.insert(m.node.node_id);
+    for (const auto& n : s.spares) s.present.insert(n.node_id);
+    d.stop_reason = j.at("stop").at("reason").get<std::string>();
+    d.stop_spends_restart = j.at("stop").at("spends_restart").get<bool>();
+    d.last_failure = j.value("last_failure", std::string());
+    d.world_size = j.value("world_size", 0);
+    if (j.contains("outcome") && !j["outcome"].is_null()) {
+      const auto& o = j["outcome"];
+      Outcome out;
+      out.success = o.at("success").get<bool>();
+      out.exit_code = o.at("exit_code").get<int>();
+      out.reason = o.at("reason").get<std::string>();
+      out.root_node_id = o.value("root_node_id", std::string());
+      out.root_report_json = Unembedded(o.value("root_report", json(nullptr)));
+      d.outcome = std::move(out);
+    }
+    return d;
+  });
+}
+
+std::string Decider(const Keys& keys, const Mirror& mirror) {
+  std::string who;
+  std::int64_t oldest = 0;
+  for (auto it = mirror.lower_bound(keys.nodes()); it != mirror.end(); ++it) {
+    auto id = Child(it->first, keys.nodes());
+    if (!id) break;
+    if (who.empty() || it->second.create_revision < oldest) {
+      who = *id;
+      oldest = it->second.create_revision;
+    }
+  }
+  return who;
+}
+
+namespace {
+
+struct NodeEntry {
+  NodeRecord record;
+  const KeyValue* kv = nullptr;
+};
+
+// The entries directly under `dir`, in the order etcd created them.
+std::vector<std::pair<std::string, const KeyValue*>> Children(const Mirror& mirror,
+                                                              const std::string& dir) {
+  std::vector<std::pair<std::string, const KeyValue*>> out;
+  for (auto it = mirror.lower_bound(dir); it != mirror.end(); ++it) {
+    auto id = Child(it->first, dir);
+    if (!id) break;
+    if (id->find('/') != std::string::npos) continue;
+    out.emplace_back(*id, &it->second);
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.second->create_revision < b.second->create_revision;
+  });
+  return out;
+}
+
+}  // namespace
+
+Decision Decide(const Keys& keys, const Mirror& mirror, TimePoint now, WallClock::time_point wall) {
+  Decision out;
+  if (auto layout = mirror.find(keys.layout());
+      layout != mirror.end() && layout->second.value != kLayout) {
+    out.error =
+        ProtocolError(keys.layout() + " is '" + layout->second.value + "', this crun writes '" +
+                      kLayout + "': another crun version owns run '" + keys.prefix + "'");
+    return out;
+  }
+  std::map<std::string, NodeEntry> nodes;
+  for (const auto& [id, kv] : Children(mirror, keys.nodes())) {
+    auto r = DecodeNode(id, kv->value);
+    if (!r.ok()) {
+      out.log.push_back("ignoring " + kv->key + ": " + r.status().message());
+      continue;
+    }
+    nodes[id] = {std::move(r).value(), kv};
+  }
+  JobDoc doc;
+  std::string before;
+  auto job_kv = mirror.find(keys.job());
+  if (job_kv == mirror.end()) {
+    if (nodes.empty()) return out;
+    // The first agent's settings make the job; later ones must agree (the rules check).
+    const auto oldest = Children(mirror, keys.nodes());
+    const auto& first =
+        nodes.count(oldest.front().first) ? nodes.at(oldest.front().first) : nodes.begin()->second;
+    doc.state.settings = first.record.settings;
+  } else {
+    auto decoded = DecodeJob(job_kv->second.value, now, wall);
+    if (!decoded.ok()) {
+      out.error = ProtocolError(keys.job() + " cannot be read: " + decoded.status().message());
+      return out;
+    }
+    doc = std::move(decoded).value();
+    out.job_mod_revision = job_kv->second.mod_revision;
+    before = EncodeJob(doc, now, wall);
+  }
+  rdzv::State& s = doc.state;
+
+  // A finished job whose agents have all gone: a new job on the same run id.
+  const bool ended = s.phase == Phase::kFailed || s.phase == Phase::kSucceeded;
+  if (ended && !nodes.empty()) {
+    const bool all_new = std::all_of(nodes.begin(), nodes.end(), [&](const auto& n) {
+      return n.second.kv->create_revision > out.job_mod_revision;
+    });
+    if (all_new) {
+      JobDoc fresh;
+      fresh.job = doc.job + 1;
+      fresh.gathering = doc.gathering + 1;
+      const auto oldest = Children(mirror, keys.nodes());
+      for (const auto& [id, kv] : oldest) {
+        if (nodes.count(id)) {
+          fresh.state.settings = nodes.at(id).record.settings;
+          break;
+        }
+      }
+      out.log.push_back("job " + std::to_string(doc.job) + " ended and its agents left: job " +
+                        std::to_string(fresh.job) + " starts");
+      doc = std::move(fresh);
+      out.ops.push_back({Op::Kind::kDeletePrefix, keys.reports(), "", 0});
+      out.ops.push_back({Op::Kind::kDeletePrefix, keys.stores(), "", 0});
+    }
+  }
+
+  std::optional<std::string> root_node;  // the failure that decided, this time
+  Report root_report;
+  auto apply = [&](rdzv::Transition t) {
+    s = std::move(t.state);
+    for (auto& action : t.actions) {
+      if (auto* round = std::get_if<rdzv::FormRound>(&action)) {
+        doc.world_size = round->assignments.empty() ? 0 : round->assignments.front().world_size;
+        json history = {{"round", round->round},
+                        {"restart_count", round->restart_count},
+                        {"formed_unix_ms", ToWall(now, now, wall)},
+                        {"world_size", doc.world_size},
+                        {"gathering", doc.gathering}};
+        for (const auto& a : round->assignments) history["nodes"].push_back(a.node_id);
+        history["spares"] = round->spares;
+        out.ops.push_back({Op::Kind::kPut, keys.round(round->round), history.dump(), 0});
+        out.log.push_back("round " + std::to_string(round->round) +
+                          " formed: " + std::to_string(round->assignments.size()) + " nodes, " +
+                          std::to_string(doc.world_size) + " workers, restart count " +
+                          std::to_string(round->restart_count));
+      } else if (auto* stop = std::get_if<rdzv::StopAndRejoin>(&action)) {
+        out.ops.push_back({Op::Kind::kDeletePrefix, keys.reports(doc.gathering), "", 0});
+        ++doc.gathering;
+        doc.stop_reason = stop->reason;
+        doc.stop_spends_restart = stop->spends_restart;
+        out.log.push_back("every node stops and rejoins: " + stop->reason);
+      } else if (auto* fail = std::get_if<rdzv::FailJob>(&action)) {
+        Outcome o;
+        o.reason = fail->reason;
+        o.exit_code = 1;
+        if (root_node) {
+          o.root_node_id = *root_node;
+          o.root_report_json = root_report.report_json;
+          o.exit_code = root_report.exit_code;
+        }
+        doc.last_failure = fail->reason;
+        doc.outcome = std::move(o);
+        out.log.push_back("job failed: " + fail->reason);
+      } else if (std::holds_alternative<rdzv::SucceedJob>(action)) {
+        doc.outcome = Outcome{true, 0, "all workers succeeded", {}, {}};
+        out.log.push_back("job succeeded");
+      } else if (auto* refuse = std::get_if<rdzv::RefuseJoin>(&action)) {
+        auto n = nodes.find(refuse->node_id);
+        const std::int64_t lease = n == nodes.end() ? 0 : n->second.kv->lease;
+        out.ops.push_back({Op::Kind::kPut, keys.refusal(refuse->node_id), refuse->reason, lease});
+        out.log.push_back("refused node '" + refuse->node_id + "': " + refuse->reason);
+      }
+    }
+  };
+
+  // Lost: in the job, but its lease (and so its nodes/ key) is gone.
+  std::vector<std::string> present(s.present.begin(), s.present.end());
+  std::sort(present.begin(), present.end());
+  for (const auto& id : present) {
+    if (nodes.count(id) == 0) {
+      apply(rdzv::OnNodeLost(std::move(s), id, now,
+                             "its etcd lease ended (the agent left, died, or was cut off for "
+                             "longer than heartbeat_timeout " +
+                                 std::to_string(s.settings.heartbeat_timeout.count()) + " ms)"));
+    }
+  }
+  // How this gathering's rounds ended, first written first.
+  for (const auto& [id, kv] : Children(mirror, keys.reports(doc.gathering))) {
+    auto r = DecodeReport(kv->value);
+    if (!r.ok()) {
+      out.log.push_back("ignoring " + kv->key + ": " + r.status().message());
+      continue;
+    }
+    if (r->success) {
+      apply(rdzv::OnNodeSucceeded(std::move(s), id, now));
+      continue;
+    }
+    const int gathering = doc.gathering;
+    if (s.phase == Phase::kRunning && s.member_index.count(id) != 0) {
+      root_node = id;
+      root_report = *r;
+      doc.last_failure = r->what;
+      out.ops.push_back({Op::Kind::kPut, keys.last_failure(), kv->value, 0});
+    }
+    apply(rdzv::OnWorkerFailed(std::move(s), id, r->what, now));
+    if (doc.gathering != gathering) break;  // the rest belong to the round that just stopped
+  }
+  // Joins for this gathering, first come first.
+  for (const auto& [id, kv] : Children(mirror, keys.joins())) {
+    if (kv->value != std::to_string(doc.gathering) || s.present.count(id) != 0) continue;
+    if (mirror.count(keys.refusal(id)) != 0) continue;
+    auto n = nodes.find(id);
+    if (n == nodes.end()) continue;  // its lease is gone with it
+    apply(rdzv::OnJoin(std::move(s), n->second.record.node, n->second.record.settings, now));
+  }
+  apply(rdzv::OnTick(std::move(s), now));
+
+  if (mirror.count(keys.layout()) == 0) {
+    out.ops.push_back({Op::Kind::kPut, keys.layout(), kLayout, 0});
+  }
+  out.wake_at = Earliest(s);
+  out.job_json = EncodeJob(doc, now, wall);
+  out.write = out.job_json != before || !out.ops.empty();
+  if (!out.write) out.ops.clear();
+  return out;
+}
+
+StatusOr<rdzv::msg::JobStatus> StatusOf(const Keys& keys, const std::string& run_id,
+                                        const Mirror& mirror, TimePoint now,
+                                        WallClock::time_point wall) {
+  auto job_kv = mirror.find(keys.job());
+  if (job_kv == mirror.end()) return NotFound("no job '" + run_id + "' under " + keys.prefix);
+  CRUN_ASSIGN_OR_RETURN(JobDoc doc, DecodeJob(job_kv->second.value, now, wall));
+  return rdzv::DescribeJob(run_id, doc.state, doc.world_size, doc.last_failure, now);
+}
+
+}  // namespace crun::etcd

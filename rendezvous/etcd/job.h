@@ -1,0 +1,134 @@
+// The etcd rendezvous's keys and what they hold (docs/rendezvous.md, "On etcd"): one prefix per
+// run id, JSON values that an operator can read with etcdctl, and the decisions taken on them.
+//
+//   <root>/<run id>/layout             "crun-etcd-rendezvous/1": written once; another value is
+//                                      a layout of another crun version, and agents refuse it
+//   <root>/<run id>/job                the job document: the rules' state (rules.h) with
+//                                      wall-clock deadlines, the gathering number, why the last
+//                                      round stopped, and the outcome once there is one
+//   <root>/<run id>/nodes/<node id>    an agent: bound to its lease (TTL = heartbeat timeout),
+//                                      so that etcd deletes it when the agent dies or is cut off
+//   <root>/<run id>/joins/<node id>    "ready for gathering G": written when its workers are down
+//   <root>/<run id>/reports/<G>/<id>   how this node's workers ended in gathering G
+//   <root>/<run id>/stores/<round>     the round's c10d store, written by its group rank 0
+//   <root>/<run id>/rounds/<round>     history: when each round formed, with whom
+//   <root>/<run id>/last_failure       the report that spent the last restart or ended the job
+//   <root>/<run id>/refused/<node id>  why a join was refused (bound to that agent's lease)
+//
+// Deciding (Decide): one agent at a time, the one whose nodes/ key is oldest, folds what the
+// other keys say into the job document with the pure rules and writes it back in a transaction
+// that compares the document's revision, so two deciders can never both close a round. Every
+// agent watches the prefix and acts on the document (Reaction).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "rendezvous/etcd/client.h"
+#include "rendezvous/service/messages.h"
+#include "rendezvous/service/rules.h"
+
+namespace crun::etcd {
+
+inline constexpr char kLayout[] = "crun-etcd-rendezvous/1";
+inline constexpr char kDefaultRoot[] = "/crun/rdzv";
+
+using WallClock = std::chrono::system_clock;
+
+struct Keys {
+  Keys(const std::string& root, const std::string& run_id);
+  std::string prefix;  // "<root>/<run id>/"
+  std::string layout() const { return prefix + "layout"; }
+  std::string job() const { return prefix + "job"; }
+  std::string nodes() const { return prefix + "nodes/"; }
+  std::string node(const std::string& id) const { return nodes() + id; }
+  std::string joins() const { return prefix + "joins/"; }
+  std::string join(const std::string& id) const { return joins() + id; }
+  std::string reports() const { return prefix + "reports/"; }
+  std::string reports(int gathering) const { return reports() + std::to_string(gathering) + "/"; }
+  std::string report(int gathering, const std::string& id) const { return reports(gathering) + id; }
+  std::string stores() const { return prefix + "stores/"; }
+  std::string store(int round) const { return stores() + std::to_string(round); }
+  std::string rounds() const { return prefix + "rounds/"; }
+  std::string round(int n) const;  // zero-padded, so that keys sort by round
+  std::string last_failure() const { return prefix + "last_failure"; }
+  std::string refusals() const { return prefix + "refused/"; }
+  std::string refusal(const std::string& id) const { return refusals() + id; }
+};
+
+// An agent, as its nodes/ key describes it.
+struct NodeRecord {
+  rdzv::NodeDescription node;
+  std::vector<std::string> addresses;
+  rdzv::Settings settings;
+};
+std::string EncodeNode(const NodeRecord& r);
+StatusOr<NodeRecord> DecodeNode(const std::string& id, const std::string& json);
+
+// How one node's workers ended: success, or failure with the report (crun.v1.FailureReport as
+// protobuf JSON, opaque here), what it says in one line and the exit code it implies.
+struct Report {
+  bool success = false;
+  std::string what;
+  int exit_code = 1;
+  std::string report_json;
+};
+std::string EncodeReport(const Report& r);
+StatusOr<Report> DecodeReport(const std::string& json);
+
+struct Outcome {
+  bool success = false;
+  int exit_code = 0;
+  std::string reason;
+  std::string root_node_id;
+  std::string root_report_json;  // as in Report
+};
+
+struct JobDoc {
+  std::uint64_t job = 1;  // a new job on a run id whose job ended and whose agents all left
+  int gathering = 0;      // +1 at every "stop and rejoin"
+  rdzv::State state;
+  std::string stop_reason;
+  bool stop_spends_restart = false;
+  std::string last_failure;  // one line, for status
+  int world_size = 0;        // of the last round
+  std::optional<Outcome> outcome;
+};
+// Times are written as wall-clock milliseconds and read back against this machine's clocks
+// (`now` and `wall` taken together): agents on different hosts agree to within their clocks'
+// skew, which moves deadlines of seconds by that much.
+std::string EncodeJob(const JobDoc& doc, rdzv::TimePoint now, WallClock::time_point wall);
+StatusOr<JobDoc> DecodeJob(const std::string& json, rdzv::TimePoint now,
+                           WallClock::time_point wall);
+
+// What is under the prefix, as a watch keeps it.
+using Mirror = std::map<std::string, KeyValue>;
+
+struct Decision {
+  bool write = false;  // the job document changed: write it (and `ops`) if it is still at...
+  std::int64_t job_mod_revision = 0;  // ...this revision (0: it does not exist yet)
+  std::string job_json;
+  std::vector<Op> ops;                     // to apply in the same transaction
+  std::vector<std::string> log;            // what was decided, one line each
+  std::optional<rdzv::TimePoint> wake_at;  // decide again then (a deadline), if nothing else
+  Status error = Status::Ok();  // the mirror cannot be decided on (the layout, a corrupt doc)
+};
+
+// The node that decides: the one whose nodes/ key is oldest; empty when none.
+std::string Decider(const Keys& keys, const Mirror& mirror);
+
+// Folds everything the mirror says into the job document (see the file comment).
+Decision Decide(const Keys& keys, const Mirror& mirror, rdzv::TimePoint now,
+                WallClock::time_point wall);
+
+// The job as `crun status` shows it.
+StatusOr<rdzv::msg::JobStatus> StatusOf(const Keys& keys, const std::string& run_id,
+                                        const Mirror& mirror, rdzv::TimePoint now,
+                                        WallClock::time_point wall);
+
+}  // namespace crun::etcd

@@ -1,0 +1,33 @@
+#include "rendezvous/service/channel.h"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace crun::rdzv {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const ChannelOptions& o) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(o.min_connect.count()));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(std::max<std::int64_t>(1'000, o.min_connect.count())));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(o.keepalive_interval.count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(o.keepalive_timeout.count()));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  // Names are never resolved through a proxy; the service is dialed directly.
+  args.SetInt(GRPC_ARG_ENABLE_HTTP_PROXY, 0);
+  if (o.own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (o.security.tls()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = o.security.ca_pem;  // empty: gRPC's default roots
+    ssl.pem_private_key = o.security.key_pem;
+    ssl.pem_cert_chain = o.security.cert_pem;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  return grpc::CreateCustomChannel(target, credentials, args);
+}
+
+}  // namespace crun::rdzv

@@ -1,0 +1,34 @@
+// gRPC client channels as crun dials them: to the rendezvous service (agents, `crun status`,
+// `crun stacks`) and to etcd (rendezvous/etcd). Reconnects back off from 20 ms to at most 1 s,
+// keepalive pings notice a silent peer within keepalive_timeout, no proxy is ever used, and
+// TLS is used when the Security holds a certificate or a CA (base/security.h).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "base/security.h"
+
+namespace crun::rdzv {
+
+struct ChannelOptions {
+  std::chrono::milliseconds keepalive_interval{1'000};
+  std::chrono::milliseconds keepalive_timeout{3'000};
+  // gRPC's floor for one connection attempt (TCP and HTTP/2 handshakes) and for the pause
+  // after a failed one. A server that accepts connections before it serves them (etcd while
+  // it boots) needs a floor longer than its start.
+  std::chrono::milliseconds min_connect{100};
+  // A connection of its own (not shared with other channels to the same endpoint).
+  bool own_connection = true;
+  // TLS when it holds a certificate or a CA (security.h), else plaintext.
+  Security security;
+};
+
+// "host:port" (IPv6 as "[::1]:29400").
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const ChannelOptions& options);
+
+}  // namespace crun::rdzv

@@ -1,0 +1,251 @@
+"""crun's rendezvous kept in etcd (--rdzv-backend etcd-v3) against a real 3-member etcd cluster
+(Debian's etcd-server) across network namespaces (tests/pylib/fabric.py): every host runs one
+etcd member and one crun, as a fleet that keeps its own etcd would. The job survives the loss
+of any one machine: an etcd member, the host serving the round's store, a partitioned agent.
+Needs root, as CI runs it."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+CRUN = os.environ["CRUN_BIN"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROBE = os.path.join(HERE, "..", "workers", "node_probe.py")
+PYTHON = os.environ.get("PYTHON_EXEC", sys.executable)
+LIMIT_S = 120
+# Fast failure detection for the tests: a lease of 2 s (etcd's own minimum is about 1.5 s with
+# the 100 ms heartbeat the members run with here).
+FAST = "heartbeat_timeout=2,last_call_timeout=0.2"
+
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from crun_testing import alive, kill_all, probe_events, wait_for  # noqa: E402
+from etcd_cluster import EtcdCluster, missing_programs  # noqa: E402
+from fabric import Fabric  # noqa: E402
+
+
+class EtcdRendezvous(unittest.TestCase):
+    def setUp(self):
+        missing = missing_programs()
+        if missing:
+            self.fail(f"{', '.join(missing)} not found: install etcd-server and etcd-client "
+                      "(scripts/install-deps.sh)")
+        self.dir = tempfile.mkdtemp(prefix="crun-etcd-")
+        self.procs = []
+
+    def tearDown(self):
+        kill_all(self.procs)
+
+    def crun(self, fab, host, nnodes, cmd, endpoints, conf=FAST, extra=(), run_id="job",
+             nproc=2):
+        args = [CRUN, "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-backend",
+                "etcd-v3", "--rdzv-endpoint", endpoints, "--rdzv-id", run_id, *extra]
+        if conf:
+            args += ["--rdzv-conf", conf]
+        env = dict(os.environ, NODE_TAG=host)
+        p = fab.popen(host, [*args, PYTHON, *cmd], stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def finish(self, p, limit=LIMIT_S):
+        out, err = p.communicate(timeout=limit)
+        return p.returncode, out, err
+
+    def events(self):
+        return probe_events(self.dir)
+
+    def status(self, fab, etcd, host="a", run_id="job"):
+        r = subprocess.run(fab.command(host, [CRUN, "status", "--rdzv-backend", "etcd-v3",
+                                              "--rdzv-endpoint", etcd.endpoints(), "--rdzv-id",
+                                              run_id, "--json"]),
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout)[0]
+
+    def no_crun_left(self, fab):
+        """Every crun and worker of the test is gone (etcd members are the cluster's)."""
+        wait_for(lambda: not [p for p in self.procs if p.poll() is None], "every crun to exit")
+        pids = [e["pid"] for e in self.events()]
+        wait_for(lambda: not any(alive(p) for p in pids), "every worker to be gone")
+
+    def test_two_hosts_form_fail_restart_and_finish_with_the_count_in_etcd(self):
+        with Fabric(["a", "b", "c"]) as fab, \
+                EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
+            probe = [PROBE, self.dir, "--connect-master", "--fail-rank", "1", "--fail-restart",
+                     "0", "--code", "3", "--fail-when-all-started"]
+            nodes = [self.crun(fab, h, "2", probe, etcd.endpoints(), extra=["--max-restarts",
+                                                                             "2"])
+                     for h in ("a", "b")]
+            for p in nodes:
+                code, _, err = self.finish(p)
+                self.assertEqual(code, 0, err)
+            ev = self.events()
+            self.assertEqual(sorted(e["TORCHELASTIC_RESTART_COUNT"] for e in ev),
+                             ["0"] * 4 + ["1"] * 4)
+            # The store of each round is served by group rank 0's crun, at its own address,
+            # and reached from both hosts.
+            for restart in ("0", "1"):
+                round_ev = [e for e in ev if e["TORCHELASTIC_RESTART_COUNT"] == restart]
+                self.assertEqual(len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in round_ev}), 1)
+                host0 = [e["NODE_TAG"] for e in round_ev if e["GROUP_RANK"] == "0"][0]
+                self.assertEqual(round_ev[0]["MASTER_ADDR"], fab.addr(host0))
+                self.assertEqual({e["connected_from"] for e in round_ev},
+                                 {fab.addr("a"), fab.addr("b")})
+            job = self.status(fab, etcd)
+            self.assertEqual(job["phase"], "succeeded")
+            self.assertEqual(job["restarts_used"], 1)
+            self.assertIn("exit code 3", job["last_failure"])
+            # The job's keys, as an operator reads them with etcdctl.
+            r = etcd.etcdctl("get", "--prefix", "--keys-only", "/crun/rdzv/job/")
+            keys = set(r.stdout.split())
+            self.assertIn("/crun/rdzv/job/job", keys)
+            self.assertIn("/crun/rdzv/job/layout", keys)
+            self.assertIn("/crun/rdzv/job/rounds/00000001", keys)
+            self.assertIn("/crun/rdzv/job/last_failure", keys)
+            self.assertFalse([k for k in keys if "/nodes/" in k], keys)  # leases revoked
+            self.no_crun_left(fab)
+
+    def test_scale_up_from_two_to_three_hosts(self):
+        with Fabric(["a", "b", "c"]) as fab, \
+                EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
+            probe = [PROBE, self.dir, "--exit-when-world", "6"]
+            a = self.crun(fab, "a", "2:3", probe, etcd.endpoints())
+            b = self.crun(fab, "b", "2:3", probe, etcd.endpoints())
+            wait_for(lambda: sum(e["WORLD_SIZE"] == "4" for e in self.events()) == 4,
+                     "a round of two hosts")
+            c = self.crun(fab, "c", "2:3", probe, etcd.endpoints())
+            for p in (a, b, c):
+                code, _, err = self.finish(p)
+                self.assertEqual(code, 0, err)
+            six = [e for e in self.events() if e["WORLD_SIZE"] == "6"]
+            self.assertEqual(sorted(int(e["RANK"]) for e in six), list(range(6)))
+            # A membership change spends no restart.
+            self.assertEqual({e["TORCHELASTIC_RESTART_COUNT"] for e in self.events()}, {"0"})
+            self.no_crun_left(fab)
+
+    def test_etcd_members_lost_one_has_no_effect_two_make_agents_wait(self):
+        with Fabric(["a", "b", "c"]) as fab, \
+                EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
+            probe = [PROBE, self.dir, "--until", "go"]
+            conf = FAST + ",reconnect_timeout=60"
+            nodes = [self.crun(fab, h, "2", probe, etcd.endpoints(), conf=conf)
+                     for h in ("a", "b")]
+            wait_for(lambda: len(self.events()) == 4, "the first round's workers")
+            first = {e["pid"] for e in self.events()}
+            etcd.kill("c")  # one of three: quorum stays
+            etcd.kill("b")  # two of three: no quorum; leases cannot expire, nothing decides
+            lost_at = time.monotonic()
+            # Longer than the lease's TTL: without quorum nobody is declared lost.
+            wait_for(lambda: time.monotonic() - lost_at > 4, "the outage to last 4 s", limit=10)
+            self.assertTrue(all(p.poll() is None for p in nodes))
+            etcd.start("b")
+            etcd.start("c")
+            etcd.wait_healthy(["a", "b", "c"])
+            open(os.path.join(self.dir, "go"), "w").close()
+            for p in nodes:
+                code, _, err = self.finish(p)
+                self.assertEqual(code, 0, err)
+            # The same workers ran to the end: no restart, no new round.
+            self.assertEqual({e["pid"] for e in self.events()}, first)
+            self.assertEqual(self.status(fab, etcd)["round"], 0)
+            self.no_crun_left(fab)
+
+    def test_the_store_hosts_machine_lost_the_others_re_form_with_a_new_store_host(self):
+        with Fabric(["a", "b", "c"]) as fab, \
+                EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
+            probe = [PROBE, self.dir, "--connect-master", "--exit-when-world", "4"]
+            nodes = {h: self.crun(fab, h, "2:3", probe, etcd.endpoints(),
+                                  extra=["--max-restarts", "1"])
+                     for h in ("a", "b", "c")}
+            wait_for(lambda: sum(e["WORLD_SIZE"] == "6" for e in self.events()) == 6,
+                     "a round of three hosts")
+            host0 = [e["NODE_TAG"] for e in self.events() if e["GROUP_RANK"] == "0"][0]
+            first_store = self.events()[0]["MASTER_ADDR"]
+            self.assertEqual(first_store, fab.addr(host0))
+            # The machine is gone: its crun, its workers and its etcd member.
+            lost_workers = [e["pid"] for e in self.events() if e["NODE_TAG"] == host0]
+            os.killpg(nodes[host0].pid, signal.SIGKILL)
+            for pid in lost_workers:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            etcd.kill(host0)
+            survivors = [h for h in ("a", "b", "c") if h != host0]
+            for h in survivors:
+                code, _, err = self.finish(nodes[h])
+                self.assertEqual(code, 0, err)
+                self.assertRegex(err, r"its etcd lease ended")
+            four = [e for e in self.events() if e["WORLD_SIZE"] == "4"]
+            self.assertEqual(len(four), 4)
+            new_store = {e["MASTER_ADDR"] for e in four}
+            self.assertEqual(len(new_store), 1)
+            self.assertNotEqual(new_store.pop(), fab.addr(host0))
+            self.assertEqual({e["connected_from"] for e in four},
+                             {fab.addr(h) for h in survivors})
+            # A machine's loss is a membership change: the restart count goes on unspent.
+            self.assertEqual({e["TORCHELASTIC_RESTART_COUNT"] for e in self.events()}, {"0"})
+            job = self.status(fab, etcd, host=survivors[0])
+            self.assertEqual(job["phase"], "succeeded")
+            self.assertEqual(job["round"], 1)
+            self.no_crun_left(fab)
+
+    def test_a_partitioned_agent_is_replaced_and_rejoins_as_a_new_member(self):
+        with Fabric(["a", "b", "c", "d"]) as fab, \
+                EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
+            probe = [PROBE, self.dir, "--until", "go"]
+            conf = FAST + ",reconnect_timeout=60"
+            nodes = {h: self.crun(fab, h, "2:3", probe, etcd.endpoints(), conf=conf)
+                     for h in ("a", "b", "d")}
+            wait_for(lambda: sum(e["WORLD_SIZE"] == "6" for e in self.events()) == 6,
+                     "a round of three hosts")
+            d_first = [e["pid"] for e in self.events() if e["NODE_TAG"] == "d"]
+            fab.link_down("d")  # d (no etcd member) is cut off: its lease runs out
+            wait_for(lambda: sum(e["WORLD_SIZE"] == "4" for e in self.events()) == 4,
+                     "the others to re-form without d", limit=30)
+            fab.link_up("d")
+            # d finds its lease gone, stops its workers and joins again: a scale-up round.
+            wait_for(lambda: sum(e["WORLD_SIZE"] == "6" for e in self.events()) == 12,
+                     "d back in a round of three", limit=60)
+            wait_for(lambda: not any(alive(p) for p in d_first), "d's first workers to stop")
+            open(os.path.join(self.dir, "go"), "w").close()
+            for h, p in nodes.items():
+                code, _, err = self.finish(p)
+                self.assertEqual(code, 0, f"{h}: {err}")
+            self.assertEqual({e["TORCHELASTIC_RESTART_COUNT"] for e in self.events()}, {"0"})
+            self.no_crun_left(fab)
+
+    def test_bad_endpoints_and_layouts_are_refused_with_nothing_started(self):
+        with Fabric(["a", "b"]) as fab, EtcdCluster(fab, ["a"], self.dir + "/etcd") as etcd:
+            probe = [PROBE, self.dir]
+            # Nobody there.
+            dead = f"{fab.addr('b')}:2379"
+            p = self.crun(fab, "a", "1", probe, dead, conf="connect_timeout=2")
+            code, _, err = self.finish(p)
+            self.assertNotEqual(code, 0)
+            self.assertIn(f"cannot use etcd at {dead}", err)
+            self.assertIn("nothing was started", err)
+            # Keys of another layout under the run's prefix.
+            etcd.etcdctl("put", "/crun/rdzv/old/layout", "crun-etcd-rendezvous/0")
+            p = self.crun(fab, "a", "1", probe, etcd.endpoints(), run_id="old")
+            code, _, err = self.finish(p)
+            self.assertNotEqual(code, 0)
+            self.assertIn("'crun-etcd-rendezvous/0', this crun reads 'crun-etcd-rendezvous/1'",
+                          err)
+            # etcd's v2 backend is named and refused before anything starts.
+            r = subprocess.run([CRUN, "--rdzv-backend", "etcd-v2", "--rdzv-endpoint",
+                                etcd.endpoints(), "--nnodes", "1", PYTHON, PROBE, self.dir],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("etcd-v3", r.stderr)
+            self.assertEqual(self.events(), [])
+            self.no_crun_left(fab)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

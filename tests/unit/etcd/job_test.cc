@@ -1,0 +1,290 @@
+// The etcd rendezvous's decisions (rendezvous/etcd/job.h) as tables: a mirror of keys as etcd
+// would hold them, Decide at invented times, and its writes applied the way a transaction
+// would apply them (revisions counted up). The real etcd is in etcd_client_test.cc and the
+// integration suite.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "rendezvous/etcd/job.h"
+
+namespace {
+
+using crun::etcd::Decide;
+using crun::etcd::Decision;
+using crun::etcd::Keys;
+using crun::etcd::Mirror;
+using crun::etcd::NodeRecord;
+using crun::etcd::Op;
+using crun::etcd::Report;
+using Ms = std::chrono::milliseconds;
+
+const auto kT0 = crun::rdzv::TimePoint(std::chrono::hours(1000));
+const auto kWall0 = crun::etcd::WallClock::time_point(std::chrono::hours(500'000));
+
+// etcd, as far as Decide can tell: keys with create and mod revisions, leases by id.
+struct Etcd {
+  Keys keys{"/crun/rdzv", "job1"};
+  Mirror kv;
+  std::int64_t revision = 1;
+
+  void Put(const std::string& key, const std::string& value, std::int64_t lease = 0) {
+    ++revision;
+    auto& e = kv[key];
+    if (e.create_revision == 0) e.create_revision = revision;
+    e.key = key;
+    e.value = value;
+    e.mod_revision = revision;
+    e.lease = lease;
+  }
+  void Delete(const std::string& key) {
+    ++revision;
+    kv.erase(key);
+  }
+  void DeletePrefix(const std::string& prefix) {
+    ++revision;
+    for (auto it = kv.lower_bound(prefix); it != kv.end() && it->first.rfind(prefix, 0) == 0;) {
+      it = kv.erase(it);
+    }
+  }
+  void AddNode(const std::string& id, const std::string& host, int nproc, int min_nodes,
+               int max_nodes, int max_restarts = 0, std::int64_t lease = 100) {
+    NodeRecord r;
+    r.node.node_id = id;
+    r.node.host = host;
+    r.node.nproc = nproc;
+    r.addresses = {"10.0.0." + std::to_string(kv.size() + 1)};
+    r.settings.min_nodes = min_nodes;
+    r.settings.max_nodes = max_nodes;
+    r.settings.max_restarts = max_restarts;
+    Put(keys.node(id), crun::etcd::EncodeNode(r), lease);
+  }
+  void JoinNode(const std::string& id) { Put(keys.join(id), std::to_string(Gathering())); }
+  int Gathering() const {
+    auto j = kv.find(keys.job());
+    if (j == kv.end()) return 0;
+    return nlohmann::json::parse(j->second.value).at("gathering").get<int>();
+  }
+  nlohmann::json Job() const { return nlohmann::json::parse(kv.at(keys.job()).value); }
+
+  // Decides at `now` and applies the decision as the transaction would (when it still
+  // compares equal).
+  Decision Step(Ms at) {
+    auto d = Decide(keys, kv, kT0 + at, kWall0 + at);
+    REQUIRE(d.error.ok());
+    if (!d.write) return d;
+    auto job = kv.find(keys.job());
+    const std::int64_t current = job == kv.end() ? 0 : job->second.mod_revision;
+    REQUIRE(current == d.job_mod_revision);
+    Put(keys.job(), d.job_json);
+    for (const auto& op : d.ops) {
+      switch (op.kind) {
+        case Op::Kind::kPut:
+          Put(op.key, op.value, op.lease);
+          break;
+        case Op::Kind::kDelete:
+          Delete(op.key);
+          break;
+        case Op::Kind::kDeletePrefix:
+          DeletePrefix(op.key);
+          break;
+        default:
+          FAIL("Decide reads nothing");
+      }
+    }
+    return d;
+  }
+};
+
+std::string FailureReport(const std::string& what, int exit_code) {
+  Report r;
+  r.what = what;
+  r.exit_code = exit_code;
+  r.report_json = R"({"host":"b","failures":[{"rank":1,"exit_code":3}]})";
+  return crun::etcd::EncodeReport(r);
+}
+
+}  // namespace
+
+TEST_CASE("etcd job: the first node's settings make the job; a round forms when max nodes join") {
+  Etcd e;
+  e.AddNode("n-b", "host-b", 2, 2, 2);
+  e.AddNode("n-a", "host-a", 3, 2, 2);
+  CHECK(crun::etcd::Decider(e.keys, e.kv) == "n-b");  // the oldest key
+  e.JoinNode("n-b");
+  auto d = e.Step(Ms(0));
+  CHECK(d.write);
+  CHECK(e.kv.at(e.keys.layout()).value == crun::etcd::kLayout);
+  CHECK(e.Job()["phase"] == "gathering");
+  CHECK(d.wake_at.has_value());  // the join deadline
+  e.JoinNode("n-a");
+  e.Step(Ms(10));
+  auto job = e.Job();
+  CHECK(job["phase"] == "running");
+  CHECK(job["round"] == 0);
+  CHECK(job["world_size"] == 5);
+  // Rank order: by host.
+  REQUIRE(job["members"].size() == 2);
+  CHECK(job["members"][0]["id"] == "n-a");
+  CHECK(job["members"][1]["id"] == "n-b");
+  auto history = nlohmann::json::parse(e.kv.at(e.keys.round(0)).value);
+  CHECK(history["nodes"] == nlohmann::json::array({"n-a", "n-b"}));
+  // Nothing new: nothing written.
+  CHECK_FALSE(e.Step(Ms(20)).write);
+}
+
+TEST_CASE("etcd job: a worker failure spends a restart and every node rejoins") {
+  Etcd e;
+  e.AddNode("a", "host-a", 1, 2, 2, /*max_restarts=*/1);
+  e.AddNode("b", "host-b", 1, 2, 2, 1);
+  e.JoinNode("a");
+  e.JoinNode("b");
+  e.Step(Ms(0));
+  REQUIRE(e.Job()["phase"] == "running");
+  e.Put(e.keys.report(0, "b"), FailureReport("rank 1 on host-b failed with exit code 3", 3));
+  e.Step(Ms(5));
+  auto job = e.Job();
+  CHECK(job["phase"] == "gathering");
+  CHECK(job["gathering"] == 1);
+  CHECK(job["restarts_used"] == 1);
+  CHECK(job["stop"]["reason"] == "rank 1 on host-b failed with exit code 3");
+  CHECK(job["stop"]["spends_restart"] == true);
+  CHECK(e.kv.count(e.keys.last_failure()) == 1);
+  CHECK(e.kv.count(e.keys.report(0, "b")) == 0);  // the stopped round's reports are cleared
+  // Old joins do not count for the new gathering; new ones do.
+  CHECK(e.Step(Ms(6)).write == false);
+  e.JoinNode("a");
+  e.JoinNode("b");
+  e.Step(Ms(7));
+  CHECK(e.Job()["phase"] == "running");
+  CHECK(e.Job()["round"] == 1);
+  // The second failure has no restart left: the job fails with the root cause's exit code.
+  e.Put(e.keys.report(1, "a"), FailureReport("rank 0 on host-a failed with exit code 3", 3));
+  e.Step(Ms(8));
+  job = e.Job();
+  CHECK(job["phase"] == "failed");
+  CHECK(job["outcome"]["success"] == false);
+  CHECK(job["outcome"]["exit_code"] == 3);
+  CHECK(job["outcome"]["root_node_id"] == "a");
+  CHECK(job["outcome"]["root_report"]["host"] == "b");  // the report as the node wrote it
+  CHECK(job["outcome"]["reason"].get<std::string>().find("after 1 restarts") != std::string::npos);
+}
+
+TEST_CASE("etcd job: a node whose lease ended is lost; the others re-form without a restart") {
+  Etcd e;
+  e.AddNode("a", "host-a", 1, 1, 3);
+  e.AddNode("b", "host-b", 1, 1, 3);
+  e.AddNode("c", "host-c", 1, 1, 3);
+  for (const char* n : {"a", "b", "c"}) e.JoinNode(n);
+  e.Step(Ms(0));
+  REQUIRE(e.Job()["members"].size() == 3);
+  e.Delete(e.keys.node("a"));  // etcd let a's lease run out (the decider's own, here)
+  CHECK(crun::etcd::Decider(e.keys, e.kv) == "b");
+  e.Step(Ms(100));
+  auto job = e.Job();
+  CHECK(job["phase"] == "gathering");
+  CHECK(job["restarts_used"] == 0);
+  CHECK(job["lost"] == nlohmann::json::array({"a"}));
+  CHECK(job["stop"]["reason"].get<std::string>().find("node host-a (a) was lost: its etcd "
+                                                      "lease ended") != std::string::npos);
+  e.JoinNode("b");
+  e.JoinNode("c");
+  auto d = e.Step(Ms(110));
+  CHECK(e.Job()["phase"] == "gathering");  // 2 of max 3: the last call runs
+  REQUIRE(d.wake_at.has_value());
+  e.Step(Ms(110) + std::chrono::duration_cast<Ms>(*d.wake_at - (kT0 + Ms(110))) + Ms(1));
+  job = e.Job();
+  CHECK(job["phase"] == "running");
+  CHECK(job["members"].size() == 2);
+  CHECK(job["members"][0]["id"] == "b");  // the new store host: group rank 0
+}
+
+TEST_CASE("etcd job: every member's success ends the job") {
+  Etcd e;
+  e.AddNode("a", "host-a", 1, 2, 2);
+  e.AddNode("b", "host-b", 1, 2, 2);
+  e.JoinNode("a");
+  e.JoinNode("b");
+  e.Step(Ms(0));
+  e.Put(e.keys.report(0, "a"), crun::etcd::EncodeReport(Report{true, "", 0, ""}));
+  e.Step(Ms(1));
+  CHECK(e.Job()["phase"] == "running");
+  e.Put(e.keys.report(0, "b"), crun::etcd::EncodeReport(Report{true, "", 0, ""}));
+  e.Step(Ms(2));
+  CHECK(e.Job()["phase"] == "succeeded");
+  CHECK(e.Job()["outcome"]["success"] == true);
+  CHECK(e.Job()["outcome"]["exit_code"] == 0);
+}
+
+TEST_CASE("etcd job: a join with other settings is refused, bound to that agent's lease") {
+  Etcd e;
+  e.AddNode("a", "host-a", 1, 2, 2);
+  e.AddNode("b", "host-b", 1, 2, 3, 0, /*lease=*/777);
+  e.JoinNode("a");
+  e.JoinNode("b");
+  e.Step(Ms(0));
+  const auto& refusal = e.kv.at(e.keys.refusal("b"));
+  CHECK(refusal.value.find("--nnodes differs: this job uses 2:2, the joining agent 2:3") !=
+        std::string::npos);
+  CHECK(refusal.lease == 777);
+  CHECK(e.Job()["joined"].size() == 1);
+  CHECK_FALSE(e.Step(Ms(1)).write);  // refused once
+}
+
+TEST_CASE("etcd job: a finished job whose agents all left makes way for a new one") {
+  Etcd e;
+  e.AddNode("a", "host-a", 1, 1, 1);
+  e.JoinNode("a");
+  e.Step(Ms(0));
+  e.Put(e.keys.report(0, "a"), crun::etcd::EncodeReport(Report{true, "", 0, ""}));
+  e.Step(Ms(1));
+  REQUIRE(e.Job()["phase"] == "succeeded");
+  // An agent still there: a join is refused ("already finished").
+  e.AddNode("b", "host-b", 1, 1, 1);
+  e.JoinNode("b");
+  e.Step(Ms(2));
+  CHECK(e.kv.at(e.keys.refusal("b")).value == "the job has already finished");
+  e.Delete(e.keys.node("a"));
+  e.Delete(e.keys.node("b"));
+  e.Delete(e.keys.refusal("b"));
+  // Everyone left; a new agent comes: job 2, its gathering new.
+  e.AddNode("c", "host-c", 1, 1, 1);
+  e.Step(Ms(3));
+  auto job = e.Job();
+  CHECK(job["job"] == 2);
+  CHECK(job["phase"] == "gathering");
+  CHECK(job["restarts_used"] == 0);
+  CHECK(!job.contains("outcome"));
+  e.JoinNode("c");
+  e.Step(Ms(4));
+  CHECK(e.Job()["phase"] == "running");
+}
+
+TEST_CASE("etcd job: a layout written by another version is refused, naming both") {
+  Etcd e;
+  e.Put(e.keys.layout(), "crun-etcd-rendezvous/9");
+  e.AddNode("a", "host-a", 1, 1, 1);
+  auto d = Decide(e.keys, e.kv, kT0, kWall0);
+  CHECK_FALSE(d.error.ok());
+  CHECK(d.error.message().find("'crun-etcd-rendezvous/9', this crun writes "
+                               "'crun-etcd-rendezvous/1'") != std::string::npos);
+}
+
+TEST_CASE("etcd job: deadlines survive another host's clocks; a corrupt document is an error") {
+  crun::etcd::JobDoc doc;
+  doc.state.settings.min_nodes = 1;
+  doc.state.settings.max_nodes = 2;
+  doc.state.join_deadline = kT0 + Ms(5'000);
+  doc.gathering = 4;
+  const auto text = crun::etcd::EncodeJob(doc, kT0, kWall0);
+  // Another host: its steady clock elsewhere, its wall clock 1 s later (1 s has passed).
+  const auto other = crun::rdzv::TimePoint(std::chrono::hours(7));
+  auto back = crun::etcd::DecodeJob(text, other, kWall0 + Ms(1'000));
+  REQUIRE(back.ok());
+  CHECK(back->gathering == 4);
+  REQUIRE(back->state.join_deadline.has_value());
+  CHECK(*back->state.join_deadline - other == Ms(4'000));
+  auto bad = crun::etcd::DecodeJob(R"({"job":1})", kT0, kWall0);
+  CHECK_FALSE(bad.ok());
+  CHECK(bad.status().message().find("job document") != std::string::npos);
+}
