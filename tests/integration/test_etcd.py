@@ -23,7 +23,8 @@ LIMIT_S = 120
 FAST = "heartbeat_timeout=2,last_call_timeout=0.2"
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import alive, kill_all, probe_events, wait_for  # noqa: E402
+from crun_testing import (alive, kill_all, make_certificates, probe_events,  # noqa: E402
+                          wait_for)
 from etcd_cluster import EtcdCluster, missing_programs  # noqa: E402
 from fabric import Fabric  # noqa: E402
 
@@ -39,6 +40,23 @@ class EtcdRendezvous(unittest.TestCase):
 
     def tearDown(self):
         kill_all(self.procs)
+        # Every crun, worker and etcd member of the test is accounted for: all their command
+        # lines name the test's directory.
+        wait_for(lambda: not self.leftovers(), "the test's processes to be gone", limit=30)
+
+    def leftovers(self):
+        found = []
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit() or not alive(int(pid)):
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if self.dir in cmdline:
+                found.append(f"{pid}: {cmdline[:200]}")
+        return found
 
     def crun(self, fab, host, nnodes, cmd, endpoints, conf=FAST, extra=(), run_id="job",
              nproc=2):
@@ -155,6 +173,23 @@ class EtcdRendezvous(unittest.TestCase):
             self.assertEqual(self.status(fab, etcd)["round"], 0)
             self.no_crun_left(fab)
 
+    def test_quorum_lost_longer_than_reconnect_timeout_ends_the_job_naming_etcd(self):
+        with Fabric(["a", "b", "c"]) as fab, \
+                EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
+            probe = [PROBE, self.dir, "--until", "never"]
+            conf = FAST + ",reconnect_timeout=3"
+            nodes = [self.crun(fab, h, "2", probe, etcd.endpoints(), conf=conf)
+                     for h in ("a", "b")]
+            wait_for(lambda: len(self.events()) == 4, "the first round's workers")
+            etcd.kill("b")
+            etcd.kill("c")
+            for p in nodes:
+                code, _, err = self.finish(p)
+                self.assertNotEqual(code, 0)
+                self.assertRegex(err, r"lost (the watch on )?etcd at .*no member answered for "
+                                      r"3000 ms")
+            self.no_crun_left(fab)
+
     def test_the_store_hosts_machine_lost_the_others_re_form_with_a_new_store_host(self):
         with Fabric(["a", "b", "c"]) as fab, \
                 EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
@@ -218,6 +253,59 @@ class EtcdRendezvous(unittest.TestCase):
                 code, _, err = self.finish(p)
                 self.assertEqual(code, 0, f"{h}: {err}")
             self.assertEqual({e["TORCHELASTIC_RESTART_COUNT"] for e in self.events()}, {"0"})
+            self.no_crun_left(fab)
+
+    def test_tls_and_etcd_users(self):
+        with Fabric(["a", "b", "c"]) as fab:
+            san = ",".join(f"IP:{fab.addr(h)}" for h in ("a", "b", "c"))
+            certs = make_certificates(os.path.join(self.dir, "pki"), san=san)
+            tls = {"ca": certs["ca.pem"], "cert": certs["service.pem"],
+                   "key": certs["service.key"], "client_cert": certs["client.pem"],
+                   "client_key": certs["client.key"]}
+            with EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd", tls=tls) as etcd:
+                for cmd in (["user", "add", "root:s3cret"], ["auth", "enable"]):
+                    r = etcd.etcdctl(*cmd)
+                    self.assertEqual(r.returncode, 0, r.stderr)
+                good = os.path.join(self.dir, "password")
+                bad = os.path.join(self.dir, "wrong")
+                for path, text in ((good, "s3cret\n"), (bad, "guess\n")):
+                    with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+                        f.write(text)
+                client = ["--tls-ca", certs["ca.pem"], "--tls-cert", certs["client.pem"],
+                          "--tls-key", certs["client.key"]]
+                auth = f",etcd_user=root,etcd_password_file={good}"
+                probe = [PROBE, self.dir, "--connect-master"]
+                nodes = [self.crun(fab, h, "2", probe, etcd.endpoints(), conf=FAST + auth,
+                                   extra=client) for h in ("a", "b")]
+                for p in nodes:
+                    code, _, err = self.finish(p)
+                    self.assertEqual(code, 0, err)
+                self.assertEqual(len(self.events()), 4)
+                # Status through TLS and auth: the same JSON as against the daemon.
+                r = subprocess.run(fab.command("c", [
+                    CRUN, "status", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
+                    etcd.endpoints(), "--rdzv-id", "job", "--etcd-user", "root",
+                    "--etcd-password-file", good, *client]), capture_output=True, text=True,
+                    timeout=60)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertRegex(r.stdout, r"job job: succeeded, round 0, nodes 2:2, world size "
+                                           r"4, restarts 0 of 0")
+                # A wrong password, no password, and plaintext against TLS: refused, named,
+                # nothing started.
+                cases = [
+                    (client, FAST + f",etcd_user=root,etcd_password_file={bad}",
+                     "refused a read of crun-connect-probe"),
+                    (client, FAST, "no etcd user given"),
+                    ([], FAST + auth, "if etcd uses TLS, give --tls-ca"),
+                ]
+                for extra, conf, needle in cases:
+                    p = self.crun(fab, "a", "1", probe, etcd.endpoints(), conf=conf +
+                                  ",connect_timeout=3", extra=extra, run_id="refused")
+                    code, _, err = self.finish(p)
+                    self.assertNotEqual(code, 0)
+                    self.assertIn(needle, err)
+                    self.assertIn("nothing was started", err)
+                self.assertEqual(len(self.events()), 4)
             self.no_crun_left(fab)
 
     def test_bad_endpoints_and_layouts_are_refused_with_nothing_started(self):

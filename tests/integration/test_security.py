@@ -20,8 +20,8 @@ LIMIT_S = 60
 GRPC_LOG_LINE = r"(?m)^[EWID]\d{4} "
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from crun_testing import (VALIDATE, free_port, kill_all, probe_events, raw_add,  # noqa: E402
-                          wait_for)
+from crun_testing import (VALIDATE, free_port, kill_all, make_certificates,  # noqa: E402
+                          probe_events, raw_add, wait_for)
 
 
 def listening_addresses(port):
@@ -42,25 +42,6 @@ def listening_addresses(port):
                 else:
                     found.add(socket.inet_ntop(socket.AF_INET, raw[::-1]))
     return found
-
-
-def make_certificates(d):
-    """A CA, a service certificate for 127.0.0.1/localhost and a client certificate, all signed
-    by the CA (openssl CLI, EC keys: fast)."""
-    def run(*args):
-        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
-    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    run("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
-        "-subj", "/CN=crun test CA")
-    with open(os.path.join(d, "san.ext"), "w") as f:
-        f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("service", "client"):
-        run("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr",
-            "-subj", f"/CN=crun test {name}")
-        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")
-    return {n: os.path.join(d, n) for n in ("ca.pem", "service.pem", "service.key",
-                                            "client.pem", "client.key")}
 
 
 class Security(unittest.TestCase):

@@ -135,3 +135,23 @@ def signal_events(out_dir, event=None):
     with open(path) as f:
         lines = [json.loads(line) for line in f if line.strip()]
     return [e for e in lines if event is None or e["event"] == event]
+
+
+def make_certificates(d, san="IP:127.0.0.1,DNS:localhost"):
+    """A CA, a service certificate for `san` (openssl's subjectAltName syntax) and a client
+    certificate, all signed by the CA (openssl CLI, EC keys: fast). Paths by file name."""
+    def run(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+    os.makedirs(d, exist_ok=True)
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=crun test CA")
+    with open(os.path.join(d, "san.ext"), "w") as f:
+        f.write(f"subjectAltName={san}\n")
+    for name in ("service", "client"):
+        run("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", f"/CN=crun test {name}")
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", "san.ext")
+    return {n: os.path.join(d, n) for n in ("ca.pem", "service.pem", "service.key",
+                                            "client.pem", "client.key")}

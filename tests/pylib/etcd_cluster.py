@@ -23,8 +23,9 @@ def missing_programs():
 
 class EtcdCluster:
     def __init__(self, fab, hosts, root, tls=None):
-        """tls: None, or a dict with ca, cert, key (PEM paths) for the client port; the
-        certificate must name every member's address."""
+        """tls: None, or a dict of PEM paths for the client port: ca, cert and key (the
+        members', naming every member's address), client_cert and client_key (etcdctl's: with
+        a CA, etcd requires client certificates)."""
         self.fab = fab
         self.hosts = list(hosts)
         self.root = root
@@ -100,13 +101,16 @@ class EtcdCluster:
     def running(self):
         return [h for h, p in self.procs.items() if p.poll() is None]
 
-    def etcdctl(self, *args, hosts=None, timeout=30):
-        """etcdctl run in the first host's namespace against `hosts` (default: all)."""
+    def etcdctl(self, *args, hosts=None, timeout=30, user=None):
+        """etcdctl run in the first host's namespace against `hosts` (default: all); `user`:
+        "name:password" once etcd's auth is on."""
         env = dict(os.environ, ETCDCTL_API="3")
         cmd = ["etcdctl", f"--endpoints={self.endpoints(hosts)}", "--command-timeout=5s"]
+        if user:
+            cmd.append(f"--user={user}")
         if self.tls:
-            cmd += [f"--cacert={self.tls['ca']}", f"--cert={self.tls['cert']}",
-                    f"--key={self.tls['key']}"]
+            cmd += [f"--cacert={self.tls['ca']}", f"--cert={self.tls['client_cert']}",
+                    f"--key={self.tls['client_key']}"]
         r = subprocess.run(self.fab.command(self.hosts[0], [*cmd, *args]), capture_output=True,
                            text=True, timeout=timeout, env=env)
         return r
