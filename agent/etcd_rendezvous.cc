@@ -332,10 +332,17 @@ class EtcdRendezvous final : public Rendezvous {
 
   // Something under the prefix changed (or time passed): act on the job document, and decide
   // if this node is the one that does.
+  // Coalesced: what the watch has queued is applied first, and one pass acts on all of it (a
+  // thousand joins arriving together are one decision, not a thousand).
   void Changed() {
-    if (ended_) return;
-    React();
-    if (!ended_) Decide();
+    if (ended_ || pass_queued_) return;
+    pass_queued_ = true;
+    asio::post(eio_, [this] {
+      pass_queued_ = false;
+      if (ended_) return;
+      React();
+      if (!ended_) Decide();
+    });
   }
 
   void React() {
@@ -465,6 +472,8 @@ class EtcdRendezvous final : public Rendezvous {
 
   void Decide() {
     if (etcd::Decider(keys_, mirror_) != o_.node_id) return;
+    // The last transaction's revision not seen yet: the watch brings it, and a pass follows.
+    if (revision_ < seen_needed_) return;
     const auto now = rdzv::TimePoint::clock::now();
     auto d = etcd::Decide(keys_, mirror_, now, etcd::WallClock::now());
     if (!d.error.ok()) return End(1, d.error.message());
@@ -480,6 +489,9 @@ class EtcdRendezvous final : public Rendezvous {
         spdlog::warn("etcd rendezvous: deciding: {}", txn.status().message());
         d.wake_at = now + Millis(500);
       } else if (txn->succeeded) {
+        // Its writes are under the prefix, so the watch reaches exactly this revision. (A lost
+        // race needs no such wait: the newer document it lost to is on its way.)
+        seen_needed_ = txn->revision;
         for (const auto& line : d.log) spdlog::info("etcd rendezvous: {}: {}", o_.run_id, line);
       }
       // Lost the race: the watch brings the newer document, and this runs again.
@@ -577,6 +589,8 @@ class EtcdRendezvous final : public Rendezvous {
   bool ended_ = false;
   bool left_ = false;
   bool outage_logged_ = false;
+  bool pass_queued_ = false;
+  std::int64_t seen_needed_ = 0;  // the revision the mirror must reach before deciding again
   Clock::time_point last_contact_;
   std::thread thread_;  // last: runs eio_ once everything above is built
 };
