@@ -1,6 +1,7 @@
-"""Rendezvous benchmark: crun's rendezvous service against torchrun's c10d rendezvous (PyTorch
-2.x from PyPI), same machine, same run. Writes its section of docs/benchmarks.md (between the
-rdzv-bench markers).
+"""Rendezvous benchmark: crun's rendezvous service and crun's etcd rendezvous (a 3-member etcd
+on loopback, Debian's etcd-server) against torchrun's c10d rendezvous (PyTorch 2.x from PyPI),
+same machine, same run. Writes its section of docs/benchmarks.md (between the rdzv-bench
+markers).
 
   * launch -> all workers running, N real agents on loopback (N = 2, 4, 8, 16, 64): N launcher
     processes started together with `--nnodes N --nproc-per-node 1`, the first one hosting
@@ -8,6 +9,9 @@ rdzv-bench markers).
     Time: from just before the first launcher is started to the last worker's stamp.
   * failure -> every node's replacement workers running, 3 nodes x 2 workers: rank 0 fails
     once every worker runs; time from its stamp to the last replacement's.
+  * the store's host lost (etcd only: with crun's hosted service or torchrun's c10d the job
+    ends with it), 3 nodes x 1 worker (--nnodes 2:3): group rank 0's crun and worker are
+    SIGKILLed; time to the two survivors' new workers running.
   * simulated agents (rdzv_loadgen) against one `crun rendezvous` daemon: 1,000 and 10,000
     agents forming a round, heartbeating, restarting after a failure, finishing; the
     daemon's CPU time and RSS.
@@ -33,7 +37,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from bench_support import in_private_netns, measured_at, write_section  # noqa: E402
-from crun_testing import free_port  # noqa: E402
+from crun_testing import free_port, wait_for  # noqa: E402
+from etcd_cluster import EtcdCluster, Loopback  # noqa: E402
 
 AGENTS = (2, 4, 8, 16, 64)
 SIMULATED = (1000, 10000)
@@ -41,8 +46,14 @@ LIMIT_S = 300
 
 
 
-def agent_cmd(args, launcher, n, i, port, nproc, max_restarts):
+def agent_cmd(args, launcher, n, i, port, nproc, max_restarts, nnodes=None):
     host = "1" if i == 0 else "0"
+    if launcher == "etcd":
+        # A run id of its own each run (port is unique per run): the last run's keys stay.
+        return [args.crun, "--nnodes", nnodes or str(n), "--nproc-per-node", str(nproc),
+                "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", args.etcd.endpoints(),
+                "--rdzv-id", f"bench{port}", "--max-restarts", str(max_restarts),
+                "--rdzv-conf", f"node_id=n{i}"]
     common = ["--nnodes", str(n), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
               "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "bench",
               "--max-restarts", str(max_restarts)]
@@ -52,17 +63,24 @@ def agent_cmd(args, launcher, n, i, port, nproc, max_restarts):
             "--rdzv-conf", f"is_host={host}", "--monitor-interval", "0.1"]
 
 
-def run_agents(args, launcher, n, nproc, probe_args, max_restarts=0):
-    """Starts n agents at once; returns (start time in ns, output dir) once all exit 0."""
+def start_agents(args, launcher, n, nproc, probe_args, max_restarts=0, nnodes=None):
+    """Starts n agents at once; returns (start time in ns, output dir, processes)."""
     out = tempfile.mkdtemp(prefix="crun-rdzv-bench-")
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", LOGLEVEL="WARNING")
     t0 = time.time_ns()
-    procs = [subprocess.Popen([*agent_cmd(args, launcher, n, i, port, nproc, max_restarts),
+    procs = [subprocess.Popen([*agent_cmd(args, launcher, n, i, port, nproc, max_restarts,
+                                          nnodes),
                                "--no-python", args.probe, out, *probe_args],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               env=env)
              for i in range(n)]
+    return t0, out, procs
+
+
+def run_agents(args, launcher, n, nproc, probe_args, max_restarts=0):
+    """Starts n agents at once; returns (start time in ns, output dir) once all exit 0."""
+    t0, out, procs = start_agents(args, launcher, n, nproc, probe_args, max_restarts)
     failed = []
     for i, p in enumerate(procs):
         try:
@@ -103,6 +121,36 @@ def failure_to_restarted(args, launcher, nodes=3, nproc=2):
     if len(crash) != 1 or len(starts) != nodes * nproc:
         raise RuntimeError(f"{launcher}: {len(starts)} of {nodes * nproc} replacements started")
     return (max(starts) - crash[0]) / 1e6
+
+
+def store_host_lost(args, nodes=3):
+    """etcd only: group rank 0's machine lost (its crun and worker SIGKILLed) -> the survivors'
+    new workers running."""
+    _, out, procs = start_agents(args, "etcd", nodes, 1, ["hold"], nnodes=f"2:{nodes}")
+    try:
+        wait_for(lambda: len(glob.glob(os.path.join(out, "held_*"))) == nodes,
+                 f"{nodes} workers running", limit=LIMIT_S)
+        (rank0,) = glob.glob(os.path.join(out, "held_0_*"))
+        open(os.path.join(out, "lost"), "w").close()
+        lost = time.time_ns()
+        procs[0].kill()  # node_id n0: group rank 0 (the same host name for all, then by id)
+        os.kill(int(rank0.rsplit("_", 1)[1]), 9)
+        procs[0].communicate(timeout=LIMIT_S)
+        for i, p in enumerate(procs[1:], 1):
+            _, err = p.communicate(timeout=LIMIT_S)
+            if p.returncode != 0:
+                raise RuntimeError(f"etcd store-host loss: agent {i} exited {p.returncode}: "
+                                   f"{err[-400:]}")
+        starts = stamps(out, "start_")
+        if len(starts) != nodes - 1:
+            raise RuntimeError(f"etcd store-host loss: {len(starts)} of {nodes - 1} started")
+        return (max(starts) - lost) / 1e6
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def start_daemon(crun):
@@ -157,10 +205,21 @@ def main():
     args.crun, args.probe, args.loadgen = (os.path.abspath(p) for p in
                                            (args.crun, args.probe, args.loadgen))
 
+    ports = {h: (free_port(), free_port()) for h in ("e1", "e2", "e3")}
+    etcd_dir = tempfile.mkdtemp(prefix="crun-rdzv-bench-etcd-")
+    with EtcdCluster(Loopback(), ["e1", "e2", "e3"], etcd_dir, ports=ports) as etcd:
+        args.etcd = etcd
+        run_all(args)
+    shutil.rmtree(etcd_dir, ignore_errors=True)
+
+
+def run_all(args):
     launch = {}
     for n in AGENTS:
         launch[("crun", n)] = measure(lambda: launch_to_running(args, "crun", n), args.rounds,
                                       f"crun x{n}")
+        launch[("etcd", n)] = measure(lambda: launch_to_running(args, "etcd", n), args.rounds,
+                                      f"crun etcd x{n}")
         if n <= args.torch_max_agents:
             try:
                 launch[("torchrun", n)] = measure(
@@ -171,6 +230,9 @@ def main():
                 launch[("torchrun", n)] = str(e)
     restart = {
         "crun": measure(lambda: failure_to_restarted(args, "crun"), args.rounds, "crun restart"),
+        "etcd": measure(lambda: failure_to_restarted(args, "etcd"), args.rounds,
+                        "crun etcd restart"),
+        "lost": measure(lambda: store_host_lost(args), args.rounds, "crun etcd store host lost"),
         "torchrun": measure(lambda: failure_to_restarted(args, "torchrun"), args.torch_rounds,
                             "torchrun restart"),
     }
@@ -196,21 +258,31 @@ def write(args, launch, restart, sims):
         f"{args.torch_rounds} for torchrun 2.x (`--rdzv-backend c10d`, the first agent "
         "`is_host`; `--monitor-interval 0.1`). Workers are `tests/workers/restart_probe.cc`, "
         "whose first instruction takes the time. " + args.measured_at, "",
-        "| launch → all workers running | crun | torchrun 2.x (c10d) | torchrun / crun |",
-        "|---|---|---|---|"]
+        "| launch → all workers running | crun (service) | crun (etcd-v3) | "
+        "torchrun 2.x (c10d) | torchrun / crun (service) |",
+        "|---|---|---|---|---|"]
     for n in AGENTS:
-        c, t = launch[("crun", n)], launch.get(("torchrun", n), "not run")
+        c, e = launch[("crun", n)], launch[("etcd", n)]
+        t = launch.get(("torchrun", n), "not run")
         ratio = f"{t / c:,.0f}×" if isinstance(t, float) else "–"
         shown = cell(t) if t != "not run" else "not run (1)"
-        lines.append(f"| {n} agents × 1 worker | {cell(c)} | {shown} | {ratio} |")
+        lines.append(f"| {n} agents × 1 worker | {cell(c)} | {cell(e)} | {shown} | {ratio} |")
     lines.append(f"| failure → every node's replacements running, 3 agents × 2 workers | "
-                 f"{cell(restart['crun'])} | {cell(restart['torchrun'])} | "
-                 f"{restart['torchrun'] / restart['crun']:,.0f}× |")
-    if any(launch.get(("torchrun", n)) is None for n in AGENTS):
+                 f"{cell(restart['crun'])} | {cell(restart['etcd'])} | "
+                 f"{cell(restart['torchrun'])} | {restart['torchrun'] / restart['crun']:,.0f}× |")
+    lines.append(f"| the store's host lost → survivors' new workers running, 3 agents × 1 "
+                 f"worker (2) | the job ends | {cell(restart['lost'])} | the job ends | – |")
+    if any(("torchrun", n) not in launch for n in AGENTS):
         lines += ["", f"(1) Not run above {args.torch_max_agents} agents "
                   "(`--torch-max-agents`): each torchrun agent is a Python process that imports "
                   "torch, and 64 of them did not finish within 300 s on this 2-core, 24 GiB "
                   "machine (18 GiB in use, load average 55)."]
+    lines += ["", "(2) With crun's service hosted by a node, or torchrun's c10d store on it, that "
+              "node's loss ends the job everywhere. With etcd, its lease runs out after "
+              "heartbeat_timeout (3 s by default, --rdzv-conf heartbeat_timeout), the survivors "
+              "re-form and another node serves the next round's store: the figure is that TTL "
+              "plus the re-forming. etcd here: 3 members on loopback (Debian's etcd-server "
+              "3.4), each on this machine's disk (every write is fsynced)."]
     lines += [
         "", "Simulated agents (`tests/bench/rdzv_loadgen.cc`: each a real crun.v1 session, "
         "16 HTTP/2 connections shared) against one `crun rendezvous` daemon; the run with the "

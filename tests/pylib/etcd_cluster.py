@@ -17,17 +17,32 @@ CLIENT_PORT = 2379
 PEER_PORT = 2380
 
 
+class Loopback:
+    """Stands in for a Fabric when every member runs here, on loopback (give EtcdCluster
+    distinct ports)."""
+    def addr(self, host):
+        return "127.0.0.1"
+
+    def command(self, host, cmd):
+        return list(cmd)
+
+    def popen(self, host, cmd, **kwargs):
+        return subprocess.Popen(cmd, **kwargs)
+
+
 def missing_programs():
     return [p for p in ("etcd", "etcdctl") if shutil.which(p) is None]
 
 
 class EtcdCluster:
-    def __init__(self, fab, hosts, root, tls=None):
+    def __init__(self, fab, hosts, root, tls=None, ports=None):
         """tls: None, or a dict of PEM paths for the client port: ca, cert and key (the
         members', naming every member's address), client_cert and client_key (etcdctl's: with
         a CA, etcd requires client certificates)."""
         self.fab = fab
         self.hosts = list(hosts)
+        # host -> (client port, peer port): distinct when members share an address (Loopback)
+        self.ports = ports or {h: (CLIENT_PORT, PEER_PORT) for h in self.hosts}
         self.root = root
         self.tls = tls
         self.procs = {}
@@ -37,7 +52,7 @@ class EtcdCluster:
         return "https" if self.tls else "http"
 
     def endpoint(self, host):
-        return f"{self.fab.addr(host)}:{CLIENT_PORT}"
+        return f"{self.fab.addr(host)}:{self.ports[host][0]}"
 
     def endpoints(self, hosts=None):
         return ",".join(self.endpoint(h) for h in (hosts or self.hosts))
@@ -58,12 +73,13 @@ class EtcdCluster:
 
     def start(self, host, initial=False):
         addr = self.fab.addr(host)
-        cluster = ",".join(f"{h}=http://{self.fab.addr(h)}:{PEER_PORT}" for h in self.hosts)
-        client = f"{self.scheme()}://{addr}:{CLIENT_PORT}"
+        cluster = ",".join(f"{h}=http://{self.fab.addr(h)}:{self.ports[h][1]}"
+                           for h in self.hosts)
+        client = f"{self.scheme()}://{addr}:{self.ports[host][0]}"
         args = ["etcd", f"--name={host}", f"--data-dir={os.path.join(self.root, host)}",
                 f"--listen-client-urls={client}", f"--advertise-client-urls={client}",
-                f"--listen-peer-urls=http://{addr}:{PEER_PORT}",
-                f"--initial-advertise-peer-urls=http://{addr}:{PEER_PORT}",
+                f"--listen-peer-urls=http://{addr}:{self.ports[host][1]}",
+                f"--initial-advertise-peer-urls=http://{addr}:{self.ports[host][1]}",
                 f"--initial-cluster={cluster}", "--initial-cluster-token=crun-test",
                 "--heartbeat-interval=100", "--election-timeout=1000",
                 "--logger=zap", "--log-level=warn"]

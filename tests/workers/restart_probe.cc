@@ -2,6 +2,8 @@
 // timestamp. Works across nodes that share OUT_DIR (loopback "nodes" on one machine).
 //
 //   restart_probe OUT_DIR start     record OUT_DIR/start_<RANK> and exit 0
+//   restart_probe OUT_DIR hold      before OUT_DIR/lost exists (a machine is about to be lost):
+//     write OUT_DIR/held_<RANK>_<pid> and wait to be stopped; after: record start_<RANK>, exit 0
 //   restart_probe OUT_DIR           the restart dance:
 //     first round (no OUT_DIR/crash yet): every worker marks itself ready; once all WORLD_SIZE
 //     are (so the failure is not mixed up with the launch), rank 0 records the time in
@@ -41,6 +43,13 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   const bool start_only = argc > 2 && std::strcmp(argv[2], "start") == 0;
   if (start_only || Exists(dir + "/crash")) return Record(dir + "/start_" + rank, now);
+  if (argc > 2 && std::strcmp(argv[2], "hold") == 0) {
+    if (Exists(dir + "/lost")) return Record(dir + "/start_" + rank, now);
+    const std::string held = dir + "/held_" + rank + "_" + std::to_string(getpid());
+    if (FILE* h = std::fopen(held.c_str(), "w")) std::fclose(h);
+    pause();  // wait to be stopped (or killed with the machine)
+    return 0;
+  }
 
   if (FILE* r = std::fopen((dir + "/ready_" + rank).c_str(), "w")) std::fclose(r);
   if (std::string(rank) != "0") {
