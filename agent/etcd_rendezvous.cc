@@ -205,7 +205,7 @@ class EtcdRendezvous final : public Rendezvous {
 
   void StartWatch() {
     watch_ = client_->WatchPrefix(
-        keys_.prefix, revision_ + 1,
+        WatchedPrefix(), revision_ + 1,
         [this](std::vector<etcd::WatchEvent> events, std::int64_t revision) {
           asio::post(eio_, [this, events = std::move(events), revision] {
             if (ended_) return;
@@ -239,10 +239,14 @@ class EtcdRendezvous final : public Rendezvous {
     Changed();
   }
 
-  // Everything under the run's prefix, read at one revision; false when etcd did not answer
-  // (the job ends here).
+  // The decider reads and watches everything under the run's prefix; the others what they act
+  // on (job.h).
+  std::string WatchedPrefix() const { return watch_all_ ? keys_.prefix : keys_.announce(); }
+
+  // What this node watches, read at one revision; false when etcd did not answer (the job ends
+  // here).
   bool LoadMirror() {
-    auto all = client_->GetPrefix(keys_.prefix, Deadline());
+    auto all = client_->GetPrefix(WatchedPrefix(), Deadline());
     if (!all.ok()) {
       End(1, all.status().message());
       return false;
@@ -341,13 +345,15 @@ class EtcdRendezvous final : public Rendezvous {
       pass_queued_ = false;
       if (ended_) return;
       React();
-      if (!ended_) Decide();
+      if (!ended_) Elect();
+      if (!ended_ && watch_all_) Decide();
     });
   }
 
   void React() {
     // This node's key is gone though the watch has seen past its creation: the lease ran out.
-    if (revision_ >= node_revision_ && mirror_.count(keys_.node(o_.node_id)) == 0) {
+    // (Only the decider watches nodes/; the others learn it from their next keep-alive.)
+    if (watch_all_ && revision_ >= node_revision_ && mirror_.count(keys_.node(o_.node_id)) == 0) {
       return LeaseLost();
     }
     if (auto refused = mirror_.find(keys_.refusal(o_.node_id)); refused != mirror_.end()) {
@@ -435,9 +441,21 @@ class EtcdRendezvous final : public Rendezvous {
     store_.reset();
     StoreServerOptions so;
     so.host = "::";
+    // The members' addresses: in the mirror of the decider, read once per round by another.
+    etcd::Mirror read;
+    if (!watch_all_) {
+      auto nodes = client_->GetPrefix(keys_.nodes(), Deadline());
+      if (!nodes.ok()) {
+        End(1, "cannot read the members' addresses for round " + std::to_string(doc.state.round) +
+                   "'s store: " + nodes.status().message());
+        return false;
+      }
+      for (auto& kv : nodes->kvs) read[kv.key] = std::move(kv);
+    }
+    const etcd::Mirror& records = watch_all_ ? mirror_ : read;
     for (const auto& m : doc.state.members) {
-      auto kv = mirror_.find(keys_.node(m.node.node_id));
-      if (kv == mirror_.end()) continue;
+      auto kv = records.find(keys_.node(m.node.node_id));
+      if (kv == records.end()) continue;
       auto record = etcd::DecodeNode(m.node.node_id, kv->second.value);
       if (!record.ok() || record->addresses.empty()) {
         so.allowed_peers.clear();  // a member of unknown address: no list rather than a wrong one
@@ -470,6 +488,33 @@ class EtcdRendezvous final : public Rendezvous {
     return true;
   }
 
+  // No node decides (the first agents, or the decider's lease ended): try to become the one.
+  // The one that does reads and watches everything from then on.
+  void Elect() {
+    const std::string who = etcd::Decider(keys_, mirror_);
+    if (who == o_.node_id) {
+      if (!watch_all_) {
+        watch_all_ = true;
+        Resync();
+      }
+      return;
+    }
+    if (!who.empty() || elect_tried_at_ == revision_) return;
+    elect_tried_at_ = revision_;  // once per state of the mirror: the watch brings the winner
+    auto txn =
+        client_->Txn({{keys_.decider(), etcd::Compare::Target::kCreateRevision, 0, ""}},
+                     {{etcd::Op::Kind::kPut, keys_.decider(), o_.node_id, lease_}}, {}, Deadline());
+    if (txn.status().code() == StatusCode::kNotFound) return LeaseLost();
+    if (!txn.ok()) {
+      spdlog::warn("etcd rendezvous: cannot stand as the decider: {}", txn.status().message());
+      elect_tried_at_ = -1;
+      decide_timer_.expires_after(Millis(500));
+      decide_timer_.async_wait([this](const boost::system::error_code& ec) {
+        if (!ec) Changed();
+      });
+    }
+  }
+
   void Decide() {
     if (etcd::Decider(keys_, mirror_) != o_.node_id) return;
     // The last transaction's revision not seen yet: the watch brings it, and a pass follows.
@@ -479,11 +524,12 @@ class EtcdRendezvous final : public Rendezvous {
     if (!d.error.ok()) return End(1, d.error.message());
     if (d.write) {
       std::vector<etcd::Op> ops;
-      ops.push_back({etcd::Op::Kind::kPut, keys_.job(), d.job_json, 0});
+      ops.push_back({etcd::Op::Kind::kPut, keys_.state(), d.job_json, 0});
       ops.insert(ops.end(), d.ops.begin(), d.ops.end());
       const auto target = d.job_mod_revision == 0 ? etcd::Compare::Target::kCreateRevision
                                                   : etcd::Compare::Target::kModRevision;
-      auto txn = client_->Txn({{keys_.job(), target, d.job_mod_revision, ""}}, ops, {}, Deadline());
+      auto txn =
+          client_->Txn({{keys_.state(), target, d.job_mod_revision, ""}}, ops, {}, Deadline());
       if (!txn.ok()) {
         // etcd did not take it (an outage): decide again shortly, whatever the watch brings.
         spdlog::warn("etcd rendezvous: deciding: {}", txn.status().message());
@@ -580,6 +626,8 @@ class EtcdRendezvous final : public Rendezvous {
   std::int64_t lease_ = 0;
   std::chrono::seconds ttl_{3};
   std::int64_t node_revision_ = 0;  // when this node's key was created
+  bool watch_all_ = false;          // this node decides: it reads the whole prefix
+  std::int64_t elect_tried_at_ = -1;
   bool ready_ = false;
   bool want_join_ = false;
   std::optional<int> joined_gathering_;

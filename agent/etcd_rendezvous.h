@@ -2,11 +2,12 @@
 // special, and the job outlives the loss of any one machine (docs/rendezvous.md, "On etcd").
 //
 // * The agent holds a lease (TTL: heartbeat_timeout) and, bound to it, its nodes/ key; a join
-//   writes joins/<node id>; failures and successes are written under reports/. The oldest agent
-//   decides (rendezvous/etcd/job.h): it folds those keys into the job document with the
-//   rendezvous rules, in transactions that compare the document's revision. Every agent
-//   watches the run's prefix and acts on the document: an assignment, "stop and rejoin", the
-//   outcome.
+//   writes joins/<node id>; failures and successes are written under reports/. One agent, the
+//   one holding a/decider, decides (rendezvous/etcd/job.h): it folds those keys into the state
+//   with the rendezvous rules, in transactions that compare the state's revision, and
+//   publishes a/job when the agents must act. The decider watches the run's whole prefix; the
+//   others watch a/ only and act on a/job: an assignment, "stop and rejoin", the outcome. When
+//   the decider's lease ends, the others race to take its place.
 // * The round's c10d store is served by the crun of the round's group rank 0, which writes its
 //   address to stores/<round>; the others start their workers once it is there. If that node
 //   dies, its lease ends, the survivors re-form and another node serves the next round's store.

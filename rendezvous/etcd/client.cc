@@ -105,6 +105,24 @@ struct Client::Impl {
   std::mutex token_mu;
   std::string token;
 
+  // A watch on a member the calls have left leaves it too: a member cut off silently keeps
+  // a stream open until keepalive gives up on it, and calls notice sooner.
+  struct MemberUser {
+    virtual ~MemberUser() = default;
+    virtual void Left(std::size_t member) = 0;
+  };
+  std::mutex users_mu;
+  std::vector<MemberUser*> users;
+
+  void AddUser(MemberUser* u) {
+    std::lock_guard lock(users_mu);
+    users.push_back(u);
+  }
+  void RemoveUser(MemberUser* u) {
+    std::lock_guard lock(users_mu);
+    users.erase(std::remove(users.begin(), users.end(), u), users.end());
+  }
+
   std::string Endpoints() const {
     std::string out;
     for (const auto& e : o.endpoints) out += (out.empty() ? "" : ",") + e;
@@ -123,7 +141,10 @@ struct Client::Impl {
   }
 
   void Rotate(std::size_t from) {
-    current.compare_exchange_strong(from, (from + 1) % o.endpoints.size());
+    const std::size_t left = from;
+    if (!current.compare_exchange_strong(from, (from + 1) % o.endpoints.size())) return;
+    std::lock_guard lock(users_mu);
+    for (auto* u : users) u->Left(left);
   }
 
   // A fresh auth token from member `m` (no retry: Call retries).
@@ -222,7 +243,11 @@ StatusOr<std::shared_ptr<Client>> Client::Connect(ClientOptions options,
   impl->o = std::move(options);
   rdzv::ChannelOptions co;
   co.keepalive_timeout = impl->o.keepalive_timeout;
-  co.keepalive_interval = std::chrono::seconds(5);  // etcd refuses pings more often than that
+  // etcd's servers refuse pings more often than every 5 s (--grpc-keepalive-min-time) and
+  // on a connection without a call (GOAWAY "too_many_pings"). A silent member is noticed by
+  // the calls' own deadlines (kAttempt), and the watch leaves it with them (Rotate).
+  co.keepalive_interval = std::chrono::seconds(10);
+  co.ping_when_idle = false;
   co.min_connect = kAttempt;
   co.security = impl->o.security;
   for (const auto& e : impl->o.endpoints) {
@@ -361,7 +386,7 @@ Status Client::Revoke(std::int64_t lease, Clock::time_point deadline) {
 
 namespace {
 
-class PrefixWatch final : public Client::Watch {
+class PrefixWatch final : public Client::Watch, Client::Impl::MemberUser {
  public:
   PrefixWatch(std::shared_ptr<Client> client, Client::Impl* impl, std::string prefix,
               std::int64_t start,
@@ -374,9 +399,12 @@ class PrefixWatch final : public Client::Watch {
         on_events_(std::move(on_events)),
         on_error_(std::move(on_error)),
         give_up_after_(give_up_after),
-        thread_([this] { Run(); }) {}
+        thread_([this] { Run(); }) {
+    impl_->AddUser(this);
+  }
 
   ~PrefixWatch() override {
+    impl_->RemoveUser(this);
     {
       std::lock_guard lock(mu_);
       stopped_ = true;
@@ -387,6 +415,11 @@ class PrefixWatch final : public Client::Watch {
   }
 
  private:
+  void Left(std::size_t member) override {
+    std::lock_guard lock(mu_);
+    if (ctx_ != nullptr && member_ == member) ctx_->TryCancel();
+  }
+
   void Run() {
     auto last_ok = Clock::now();
     std::string last_error;
@@ -406,6 +439,7 @@ class PrefixWatch final : public Client::Watch {
         std::lock_guard lock(mu_);
         if (stopped_) return;
         ctx_ = ctx.get();
+        member_ = m;
       }
       auto stream = impl_->watch[m]->Watch(ctx.get());
       if (!connected) ctx->TryCancel();
@@ -494,7 +528,8 @@ class PrefixWatch final : public Client::Watch {
   std::condition_variable cv_;
   bool stopped_ = false;
   grpc::ClientContext* ctx_ = nullptr;
-  std::thread thread_;  // last: starts once everything above is set
+  std::size_t member_ = 0;  // of ctx_'s stream
+  std::thread thread_;      // last: starts once everything above is set
 };
 
 }  // namespace

@@ -272,18 +272,19 @@ StatusOr<JobDoc> DecodeJob(const std::string& text, TimePoint now, WallClock::ti
   });
 }
 
+std::string EncodePublicJob(const JobDoc& doc, TimePoint now, WallClock::time_point wall) {
+  JobDoc pub = doc;
+  pub.state.joined.clear();
+  pub.state.join_deadline.reset();
+  pub.state.last_call_deadline.reset();
+  pub.state.round_times.clear();
+  for (auto& m : pub.state.members) m.succeeded = false;
+  return EncodeJob(pub, now, wall);
+}
+
 std::string Decider(const Keys& keys, const Mirror& mirror) {
-  std::string who;
-  std::int64_t oldest = 0;
-  for (auto it = mirror.lower_bound(keys.nodes()); it != mirror.end(); ++it) {
-    auto id = Child(it->first, keys.nodes());
-    if (!id) break;
-    if (who.empty() || it->second.create_revision < oldest) {
-      who = *id;
-      oldest = it->second.create_revision;
-    }
-  }
-  return who;
+  auto kv = mirror.find(keys.decider());
+  return kv == mirror.end() ? std::string() : kv->second.value;
 }
 
 namespace {
@@ -331,7 +332,7 @@ Decision Decide(const Keys& keys, const Mirror& mirror, TimePoint now, WallClock
   }
   JobDoc doc;
   std::string before;
-  auto job_kv = mirror.find(keys.job());
+  auto job_kv = mirror.find(keys.state());
   if (job_kv == mirror.end()) {
     if (nodes.empty()) return out;
     // The first agent's settings make the job; later ones must agree (the rules check).
@@ -472,6 +473,12 @@ Decision Decide(const Keys& keys, const Mirror& mirror, TimePoint now, WallClock
   }
   out.wake_at = Earliest(s);
   out.job_json = EncodeJob(doc, now, wall);
+  // Agents other than the decider wake for a/job: written only when what they act on changed.
+  std::string pub = EncodePublicJob(doc, now, wall);
+  auto pub_kv = mirror.find(keys.job());
+  if (pub_kv == mirror.end() || pub_kv->second.value != pub) {
+    out.ops.push_back({Op::Kind::kPut, keys.job(), std::move(pub), 0});
+  }
   out.write = out.job_json != before || !out.ops.empty();
   if (!out.write) out.ops.clear();
   return out;
@@ -480,7 +487,7 @@ Decision Decide(const Keys& keys, const Mirror& mirror, TimePoint now, WallClock
 StatusOr<rdzv::msg::JobStatus> StatusOf(const Keys& keys, const std::string& run_id,
                                         const Mirror& mirror, TimePoint now,
                                         WallClock::time_point wall) {
-  auto job_kv = mirror.find(keys.job());
+  auto job_kv = mirror.find(keys.state());
   if (job_kv == mirror.end()) return NotFound("no job '" + run_id + "' under " + keys.prefix);
   CRUN_ASSIGN_OR_RETURN(JobDoc doc, DecodeJob(job_kv->second.value, now, wall));
   return rdzv::DescribeJob(run_id, doc.state, doc.world_size, doc.last_failure, now);

@@ -1,24 +1,29 @@
 // The etcd rendezvous's keys and what they hold (docs/rendezvous.md, "On etcd"): one prefix per
 // run id, JSON values that an operator can read with etcdctl, and the decisions taken on them.
 //
-//   <root>/<run id>/layout             "crun-etcd-rendezvous/1": written once; another value is
-//                                      a layout of another crun version, and agents refuse it
-//   <root>/<run id>/job                the job document: the rules' state (rules.h) with
-//                                      wall-clock deadlines, the gathering number, why the last
-//                                      round stopped, and the outcome once there is one
-//   <root>/<run id>/nodes/<node id>    an agent: bound to its lease (TTL = heartbeat timeout),
-//                                      so that etcd deletes it when the agent dies or is cut off
-//   <root>/<run id>/joins/<node id>    "ready for gathering G": written when its workers are down
-//   <root>/<run id>/reports/<G>/<id>   how this node's workers ended in gathering G
-//   <root>/<run id>/stores/<round>     the round's c10d store, written by its group rank 0
-//   <root>/<run id>/rounds/<round>     history: when each round formed, with whom
-//   <root>/<run id>/last_failure       the report that spent the last restart or ended the job
-//   <root>/<run id>/refused/<node id>  why a join was refused (bound to that agent's lease)
+//   <root>/<run id>/layout              "crun-etcd-rendezvous/2": written once; another value
+//                                       is a layout of another crun version, and agents refuse it
+//   <root>/<run id>/state               the decider's document: the rules' state (rules.h) with
+//                                       wall-clock deadlines, who has joined, the gathering
+//                                       number, why the last round stopped, the outcome
+//   <root>/<run id>/nodes/<node id>     an agent: bound to its lease (TTL = heartbeat timeout),
+//                                       so that etcd deletes it when the agent dies or is cut off
+//   <root>/<run id>/joins/<node id>     "ready for gathering G": written when its workers are down
+//   <root>/<run id>/reports/<G>/<id>    how this node's workers ended in gathering G
+//   <root>/<run id>/rounds/<round>      history: when each round formed, with whom
+//   <root>/<run id>/last_failure        the report that spent the last restart or ended the job
+//   <root>/<run id>/a/job               what every agent acts on: the state without what only
+//                                       the decider needs (who has joined, deadlines)
+//   <root>/<run id>/a/decider           the node id that decides (bound to its lease)
+//   <root>/<run id>/a/stores/<round>    the round's c10d store, written by its group rank 0
+//   <root>/<run id>/a/refused/<id>      why a join was refused (bound to that agent's lease)
 //
-// Deciding (Decide): one agent at a time, the one whose nodes/ key is oldest, folds what the
-// other keys say into the job document with the pure rules and writes it back in a transaction
-// that compares the document's revision, so two deciders can never both close a round. Every
-// agent watches the prefix and acts on the document (Reaction).
+// Deciding (Decide): one agent at a time, the one that created a/decider, folds what the other
+// keys say into the state with the pure rules and writes it back in a transaction that compares
+// the state's revision, so two deciders can never both close a round. The decider watches the
+// whole prefix; every other agent watches a/ only, so that a join or a node's key reaches one
+// watcher, not all of them, and a/job changes only when the agents must act (a round formed,
+// stop and rejoin, the outcome): N agents cost O(N) watch events per round, not O(N^2).
 #pragma once
 
 #include <chrono>
@@ -35,7 +40,7 @@
 
 namespace crun::etcd {
 
-inline constexpr char kLayout[] = "crun-etcd-rendezvous/1";
+inline constexpr char kLayout[] = "crun-etcd-rendezvous/2";
 inline constexpr char kDefaultRoot[] = "/crun/rdzv";
 
 using WallClock = std::chrono::system_clock;
@@ -44,7 +49,10 @@ struct Keys {
   Keys(const std::string& root, const std::string& run_id);
   std::string prefix;  // "<root>/<run id>/"
   std::string layout() const { return prefix + "layout"; }
-  std::string job() const { return prefix + "job"; }
+  std::string state() const { return prefix + "state"; }
+  std::string announce() const { return prefix + "a/"; }  // what every agent watches
+  std::string job() const { return announce() + "job"; }
+  std::string decider() const { return announce() + "decider"; }
   std::string nodes() const { return prefix + "nodes/"; }
   std::string node(const std::string& id) const { return nodes() + id; }
   std::string joins() const { return prefix + "joins/"; }
@@ -52,12 +60,12 @@ struct Keys {
   std::string reports() const { return prefix + "reports/"; }
   std::string reports(int gathering) const { return reports() + std::to_string(gathering) + "/"; }
   std::string report(int gathering, const std::string& id) const { return reports(gathering) + id; }
-  std::string stores() const { return prefix + "stores/"; }
+  std::string stores() const { return announce() + "stores/"; }
   std::string store(int round) const { return stores() + std::to_string(round); }
   std::string rounds() const { return prefix + "rounds/"; }
   std::string round(int n) const;  // zero-padded, so that keys sort by round
   std::string last_failure() const { return prefix + "last_failure"; }
-  std::string refusals() const { return prefix + "refused/"; }
+  std::string refusals() const { return announce() + "refused/"; }
   std::string refusal(const std::string& id) const { return refusals() + id; }
 };
 
@@ -109,17 +117,21 @@ StatusOr<JobDoc> DecodeJob(const std::string& json, rdzv::TimePoint now,
 // What is under the prefix, as a watch keeps it.
 using Mirror = std::map<std::string, KeyValue>;
 
+// What agents other than the decider read (a/job): `doc` without who has joined, the deadlines
+// and who has succeeded, so that it stays the same while a round gathers or ends.
+std::string EncodePublicJob(const JobDoc& doc, rdzv::TimePoint now, WallClock::time_point wall);
+
 struct Decision {
-  bool write = false;  // the job document changed: write it (and `ops`) if it is still at...
-  std::int64_t job_mod_revision = 0;  // ...this revision (0: it does not exist yet)
-  std::string job_json;
+  bool write = false;  // the state changed: write it (and `ops`) if it is still at...
+  std::int64_t job_mod_revision = 0;       // ...this revision (0: it does not exist yet)
+  std::string job_json;                    // the state (the public a/job, when it changed, in ops)
   std::vector<Op> ops;                     // to apply in the same transaction
   std::vector<std::string> log;            // what was decided, one line each
   std::optional<rdzv::TimePoint> wake_at;  // decide again then (a deadline), if nothing else
   Status error = Status::Ok();  // the mirror cannot be decided on (the layout, a corrupt doc)
 };
 
-// The node that decides: the one whose nodes/ key is oldest; empty when none.
+// The node that decides (a/decider); empty when none.
 std::string Decider(const Keys& keys, const Mirror& mirror);
 
 // Folds everything the mirror says into the job document (see the file comment).

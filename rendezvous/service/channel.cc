@@ -13,7 +13,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const Chan
               static_cast<int>(std::max<std::int64_t>(1'000, o.min_connect.count())));
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(o.keepalive_interval.count()));
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, static_cast<int>(o.keepalive_timeout.count()));
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, o.ping_when_idle ? 1 : 0);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   // Names are never resolved through a proxy; the service is dialed directly.

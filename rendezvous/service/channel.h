@@ -21,6 +21,10 @@ struct ChannelOptions {
   // after a failed one. A server that accepts connections before it serves them (etcd while
   // it boots) needs a floor longer than its start.
   std::chrono::milliseconds min_connect{100};
+  // Pings also while no call is open. etcd refuses that by default (its servers answer a
+  // client that pings an idle connection, or more often than every 5 s, with GOAWAY
+  // "too_many_pings").
+  bool ping_when_idle = true;
   // A connection of its own (not shared with other channels to the same endpoint).
   bool own_connection = true;
   // TLS when it holds a certificate or a CA (security.h), else plaintext.

@@ -15,6 +15,9 @@
 //
 //   rdzv_loadgen --endpoint 127.0.0.1:29400 --agents 10000 [--channels 16] [--nproc 8]
 //                [--service-pid PID] [--run-id bench]
+//
+// With --etcd host:port,... instead of --endpoint, the same phases run through etcd, each
+// agent the agent's own etcd rendezvous (rdzv_loadgen_etcd.h); --service-pid once per member.
 #include <unistd.h>
 
 #include <atomic>
@@ -33,70 +36,17 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/session_client.h"
+#include "tests/bench/loadgen_util.h"
+#include "tests/bench/rdzv_loadgen_etcd.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using crun::agent::SessionClient;
+using crun::bench::ProcStat;
+using crun::bench::ReadProcs;
+using crun::bench::Tally;
 namespace v1 = crun::v1;
-
-struct ProcStat {
-  double cpu_s = 0;  // user + system
-  double rss_mib = 0;
-  double hwm_mib = 0;
-};
-
-ProcStat ReadProc(int pid) {
-  ProcStat p;
-  if (pid <= 0) return p;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(stat)), {});
-  const auto close = text.rfind(')');
-  if (close == std::string::npos) return p;
-  std::istringstream rest(text.substr(close + 2));
-  std::string field;
-  long utime = 0, stime = 0;
-  for (int i = 3; rest >> field; ++i) {  // field 3 is the state
-    if (i == 14) utime = std::stol(field);
-    if (i == 15) {
-      stime = std::stol(field);
-      break;
-    }
-  }
-  p.cpu_s = static_cast<double>(utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(status, line);) {
-    if (line.rfind("VmRSS:", 0) == 0) p.rss_mib = std::stod(line.substr(6)) / 1024;
-    if (line.rfind("VmHWM:", 0) == 0) p.hwm_mib = std::stod(line.substr(6)) / 1024;
-  }
-  return p;
-}
-
-// Counts agents that reached a phase's goal; the main thread waits for all of them.
-class Tally {
- public:
-  void Reset(int goal) {
-    std::lock_guard lock(mu_);
-    goal_ = goal;
-    count_ = 0;
-  }
-  void Hit() {
-    std::lock_guard lock(mu_);
-    if (++count_ >= goal_) cv_.notify_all();
-  }
-  // The number reached: goal_ unless the deadline passed first.
-  int Wait(std::chrono::milliseconds limit) {
-    std::unique_lock lock(mu_);
-    cv_.wait_for(lock, limit, [&] { return count_ >= goal_; });
-    return count_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int goal_ = 0;
-  int count_ = 0;
-};
 
 struct Agent {
   int index = 0;
@@ -113,8 +63,9 @@ struct Options {
   int heartbeat_ms = 1000;
   int steady_ms = 3000;
   int phase_timeout_ms = 120'000;
-  int service_pid = 0;
+  std::vector<int> service_pids;
   std::string run_id = "bench";
+  std::string etcd;  // endpoints: the etcd mode (rdzv_loadgen_etcd.h)
 };
 
 v1::AgentMessage JoinMessage(const Options& o, int index, const std::string& service_host) {
@@ -143,7 +94,10 @@ v1::AgentMessage JoinMessage(const Options& o, int index, const std::string& ser
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"crun rendezvous load generator"};
-  app.add_option("--endpoint", o.endpoint, "host:port of the rendezvous service")->required();
+  auto* endpoint = app.add_option("--endpoint", o.endpoint, "host:port of the rendezvous service");
+  app.add_option("--etcd", o.etcd,
+                 "host:port,... of an etcd cluster: agents rendezvous through it instead")
+      ->excludes(endpoint);
   app.add_option("--agents", o.agents)->check(CLI::Range(1, 1'000'000));
   app.add_option("--channels", o.channels, "HTTP/2 connections the agents share")
       ->check(CLI::Range(1, 4096));
@@ -151,13 +105,29 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-ms", o.heartbeat_ms)->check(CLI::Range(10, 60'000));
   app.add_option("--steady-ms", o.steady_ms)->check(CLI::Range(0, 600'000));
   app.add_option("--phase-timeout-ms", o.phase_timeout_ms)->check(CLI::Range(100, 3'600'000));
-  app.add_option("--service-pid", o.service_pid);
+  app.add_option("--service-pid", o.service_pids,
+                 "the service's process (repeat: the sum over etcd's members)");
   app.add_option("--run-id", o.run_id);
   CLI11_PARSE(app, argc, argv);
+  if (!o.etcd.empty()) {
+    crun::bench::EtcdLoad e;
+    e.endpoints = o.etcd;
+    e.agents = o.agents;
+    e.nproc = o.nproc;
+    e.steady_ms = o.steady_ms;
+    e.phase_timeout_ms = o.phase_timeout_ms;
+    e.service_pids = o.service_pids;
+    e.run_id = o.run_id;
+    return crun::bench::RunEtcdLoad(e);
+  }
+  if (o.endpoint.empty()) {
+    std::fprintf(stderr, "rdzv_loadgen: --endpoint or --etcd is required\n");
+    return 2;
+  }
   const std::string service_host = o.endpoint.substr(0, o.endpoint.rfind(':'));
   const auto limit = std::chrono::milliseconds(o.phase_timeout_ms);
   nlohmann::json out{{"agents", o.agents}, {"channels", o.channels}, {"nproc", o.nproc}};
-  const ProcStat idle = ReadProc(o.service_pid);
+  const ProcStat idle = ReadProcs(o.service_pids);
   out["service_idle_rss_mib"] = idle.rss_mib;
 
   std::vector<std::shared_ptr<grpc::Channel>> channels;
@@ -205,16 +175,16 @@ int main(int argc, char** argv) {
     a->session = std::make_unique<SessionClient>(*stubs[static_cast<std::size_t>(i % o.channels)],
                                                  on_message, on_done);
   }
-  out["service_rss_connected_mib"] = ReadProc(o.service_pid).rss_mib;
+  out["service_rss_connected_mib"] = ReadProcs(o.service_pids).rss_mib;
 
   auto phase = [&](const char* name, Tally& tally, auto&& start) {
     tally.Reset(o.agents);
-    const ProcStat before = ReadProc(o.service_pid);
+    const ProcStat before = ReadProcs(o.service_pids);
     const auto t0 = Clock::now();
     start();
     const int reached = tally.Wait(limit);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    const ProcStat after = ReadProc(o.service_pid);
+    const ProcStat after = ReadProcs(o.service_pids);
     if (reached < o.agents) {
       std::fprintf(stderr, "rdzv_loadgen: phase '%s': only %d of %d agents within %d ms\n", name,
                    reached, o.agents, o.phase_timeout_ms);
@@ -249,7 +219,7 @@ int main(int argc, char** argv) {
 
   // Steady state: heartbeats spread evenly over each interval from one thread.
   {
-    const ProcStat before = ReadProc(o.service_pid);
+    const ProcStat before = ReadProcs(o.service_pids);
     const auto t0 = Clock::now();
     const auto end = t0 + std::chrono::milliseconds(o.steady_ms);
     const auto gap = std::chrono::nanoseconds(std::chrono::milliseconds(o.heartbeat_ms)) / o.agents;
@@ -263,7 +233,7 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_until(next);  // pacing the load, not synchronisation
     }
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    const ProcStat after = ReadProc(o.service_pid);
+    const ProcStat after = ReadProcs(o.service_pids);
     out["steady"] = {{"s", s},
                      {"heartbeats", seq},
                      {"service_cpu_percent", s > 0 ? 100 * (after.cpu_s - before.cpu_s) / s : 0},
@@ -310,7 +280,7 @@ int main(int argc, char** argv) {
       a->session->Send(std::move(m));
     }
   });
-  out["service_hwm_mib"] = ReadProc(o.service_pid).hwm_mib;
+  out["service_hwm_mib"] = ReadProcs(o.service_pids).hwm_mib;
   for (auto& a : agents) a->session->Close(std::chrono::milliseconds(2000));
   out["errors"] = errors.load();
   std::printf("%s\n", out.dump().c_str());

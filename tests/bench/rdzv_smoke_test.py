@@ -1,11 +1,18 @@
-"""Checks that the rendezvous load generator works against a `crun rendezvous` daemon: every
-simulated agent forms a round, restarts after the failure, and gets the outcome (counts, not
-timings: benchmarks never fail a build on speed)."""
+"""Checks that the rendezvous load generator works against a `crun rendezvous` daemon and
+through a 3-member etcd: every simulated agent forms a round, restarts after the failure, and
+gets the outcome (counts, not timings: benchmarks never fail a build on speed)."""
 import json
 import os
 import select
+import shutil
 import subprocess
+import sys
+import tempfile
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from etcd_cluster import EtcdCluster, Loopback, missing_programs  # noqa: E402
+from crun_testing import free_port  # noqa: E402
 
 CRUN, LOADGEN = os.environ["CRUN_BIN"], os.environ["RDZV_LOADGEN_BIN"]
 
@@ -32,6 +39,33 @@ class RdzvLoadgenSmoke(unittest.TestCase):
             daemon.terminate()
             _, err = daemon.communicate(timeout=30)
         self.assertEqual(daemon.returncode, 0, err)
+
+
+    @unittest.skipIf(missing_programs(), f"{missing_programs()} not installed")
+    def test_100_agents_through_etcd_go_through_every_phase(self):
+        root = tempfile.mkdtemp(prefix="crun-rdzv-smoke-etcd-")
+        ports = {h: (free_port(), free_port()) for h in ("e1", "e2", "e3")}
+        try:
+            with EtcdCluster(Loopback(), ["e1", "e2", "e3"], root, ports=ports) as etcd:
+                pids = [a for p in etcd.procs.values() for a in ("--service-pid", str(p.pid))]
+                r = subprocess.run([LOADGEN, "--etcd", etcd.endpoints(), "--agents", "100",
+                                    "--steady-ms", "200", *pids],
+                                   capture_output=True, text=True, timeout=120)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                out = json.loads(r.stdout)
+                self.assertEqual(out["errors"], 0)
+                for phase in ("form", "told", "reformed", "finish"):
+                    self.assertIn("ms", out[phase])
+                self.assertGreater(out["service_idle_rss_mib"], 0)  # every member's /proc read
+                # a/job changed for the round, the stop, the next round and the outcome; not
+                # for each of the 100 joins.
+                self.assertGreaterEqual(out["job_writes"], 4)
+                self.assertLess(out["job_writes"], 20)
+                # Every agent left: its lease revoked, its key gone.
+                keys = etcd.etcdctl("get", "--prefix", "--keys-only", "/crun/rdzv/bench/nodes/")
+                self.assertEqual(keys.stdout.strip(), "", keys.stdout)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

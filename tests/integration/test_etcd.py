@@ -121,11 +121,13 @@ class EtcdRendezvous(unittest.TestCase):
             # The job's keys, as an operator reads them with etcdctl.
             r = etcd.etcdctl("get", "--prefix", "--keys-only", "/crun/rdzv/job/")
             keys = set(r.stdout.split())
-            self.assertIn("/crun/rdzv/job/job", keys)
+            self.assertIn("/crun/rdzv/job/state", keys)
+            self.assertIn("/crun/rdzv/job/a/job", keys)
             self.assertIn("/crun/rdzv/job/layout", keys)
             self.assertIn("/crun/rdzv/job/rounds/00000001", keys)
             self.assertIn("/crun/rdzv/job/last_failure", keys)
-            self.assertFalse([k for k in keys if "/nodes/" in k], keys)  # leases revoked
+            # Leases revoked: every agent's key, and the decider's, went with them.
+            self.assertFalse([k for k in keys if "/nodes/" in k or k.endswith("/decider")], keys)
             self.no_crun_left(fab)
 
     def test_scale_up_from_two_to_three_hosts(self):
@@ -323,7 +325,7 @@ class EtcdRendezvous(unittest.TestCase):
             p = self.crun(fab, "a", "1", probe, etcd.endpoints(), run_id="old")
             code, _, err = self.finish(p)
             self.assertNotEqual(code, 0)
-            self.assertIn("'crun-etcd-rendezvous/0', this crun reads 'crun-etcd-rendezvous/1'",
+            self.assertIn("'crun-etcd-rendezvous/0', this crun reads 'crun-etcd-rendezvous/2'",
                           err)
             # etcd's v2 backend is named and refused before anything starts.
             r = subprocess.run([CRUN, "--rdzv-backend", "etcd-v2", "--rdzv-endpoint",

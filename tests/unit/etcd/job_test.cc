@@ -61,11 +61,12 @@ struct Etcd {
   }
   void JoinNode(const std::string& id) { Put(keys.join(id), std::to_string(Gathering())); }
   int Gathering() const {
-    auto j = kv.find(keys.job());
+    auto j = kv.find(keys.job());  // what agents read
     if (j == kv.end()) return 0;
     return nlohmann::json::parse(j->second.value).at("gathering").get<int>();
   }
-  nlohmann::json Job() const { return nlohmann::json::parse(kv.at(keys.job()).value); }
+  nlohmann::json Job() const { return nlohmann::json::parse(kv.at(keys.state()).value); }
+  nlohmann::json Public() const { return nlohmann::json::parse(kv.at(keys.job()).value); }
 
   // Decides at `now` and applies the decision as the transaction would (when it still
   // compares equal).
@@ -73,10 +74,10 @@ struct Etcd {
     auto d = Decide(keys, kv, kT0 + at, kWall0 + at);
     REQUIRE(d.error.ok());
     if (!d.write) return d;
-    auto job = kv.find(keys.job());
+    auto job = kv.find(keys.state());
     const std::int64_t current = job == kv.end() ? 0 : job->second.mod_revision;
     REQUIRE(current == d.job_mod_revision);
-    Put(keys.job(), d.job_json);
+    Put(keys.state(), d.job_json);
     for (const auto& op : d.ops) {
       switch (op.kind) {
         case Op::Kind::kPut:
@@ -110,12 +111,15 @@ TEST_CASE("etcd job: the first node's settings make the job; a round forms when 
   Etcd e;
   e.AddNode("n-b", "host-b", 2, 2, 2);
   e.AddNode("n-a", "host-a", 3, 2, 2);
-  CHECK(crun::etcd::Decider(e.keys, e.kv) == "n-b");  // the oldest key
+  CHECK(crun::etcd::Decider(e.keys, e.kv).empty());
+  e.Put(e.keys.decider(), "n-b", 100);
+  CHECK(crun::etcd::Decider(e.keys, e.kv) == "n-b");
   e.JoinNode("n-b");
   auto d = e.Step(Ms(0));
   CHECK(d.write);
   CHECK(e.kv.at(e.keys.layout()).value == crun::etcd::kLayout);
   CHECK(e.Job()["phase"] == "gathering");
+  CHECK(e.Job()["joined"].size() == 1);
   CHECK(d.wake_at.has_value());  // the join deadline
   e.JoinNode("n-a");
   e.Step(Ms(10));
@@ -170,6 +174,39 @@ TEST_CASE("etcd job: a worker failure spends a restart and every node rejoins") 
   CHECK(job["outcome"]["reason"].get<std::string>().find("after 1 restarts") != std::string::npos);
 }
 
+TEST_CASE("etcd job: what every agent watches (a/job) changes only when they must act") {
+  Etcd e;
+  for (const char* n : {"a", "b", "c"}) e.AddNode(n, std::string("host-") + n, 1, 3, 3);
+  e.JoinNode("a");
+  e.Step(Ms(0));
+  // Nothing of who joined or when: it stays the same while the round gathers, so that a join
+  // wakes the decider only, not every agent.
+  CHECK(e.Public()["phase"] == "gathering");
+  CHECK(e.Public()["joined"].empty());
+  CHECK(e.Public()["join_deadline_ms"].is_null());
+  const auto published = e.kv.at(e.keys.job()).mod_revision;
+  e.JoinNode("b");
+  auto d = e.Step(Ms(5));
+  CHECK(d.write);  // the state took b's join...
+  CHECK(e.Job()["joined"].size() == 2);
+  CHECK(e.kv.at(e.keys.job()).mod_revision == published);  // ...and a/job did not change
+  e.JoinNode("c");
+  e.Step(Ms(10));
+  CHECK(e.kv.at(e.keys.job()).mod_revision > published);
+  CHECK(e.Public()["phase"] == "running");
+  CHECK(e.Public()["members"].size() == 3);
+  CHECK(e.Public()["world_size"] == 3);
+  // Successes: the state counts them, a/job waits for the outcome.
+  const auto running = e.kv.at(e.keys.job()).mod_revision;
+  e.Put(e.keys.report(e.Gathering(), "a"), R"({"success":true})");
+  e.Step(Ms(20));
+  CHECK(e.kv.at(e.keys.job()).mod_revision == running);
+  e.Put(e.keys.report(e.Gathering(), "b"), R"({"success":true})");
+  e.Put(e.keys.report(e.Gathering(), "c"), R"({"success":true})");
+  e.Step(Ms(30));
+  CHECK(e.Public()["outcome"]["success"] == true);
+}
+
 TEST_CASE("etcd job: a node whose lease ended is lost; the others re-form without a restart") {
   Etcd e;
   e.AddNode("a", "host-a", 1, 1, 3);
@@ -178,7 +215,10 @@ TEST_CASE("etcd job: a node whose lease ended is lost; the others re-form withou
   for (const char* n : {"a", "b", "c"}) e.JoinNode(n);
   e.Step(Ms(0));
   REQUIRE(e.Job()["members"].size() == 3);
-  e.Delete(e.keys.node("a"));  // etcd let a's lease run out (the decider's own, here)
+  e.Put(e.keys.decider(), "a", 100);
+  e.Delete(e.keys.node("a"));         // etcd let a's lease run out (the decider's own, here)
+  e.Delete(e.keys.decider());         // bound to it
+  e.Put(e.keys.decider(), "b", 101);  // b won the race to stand
   CHECK(crun::etcd::Decider(e.keys, e.kv) == "b");
   e.Step(Ms(100));
   auto job = e.Job();
@@ -267,7 +307,7 @@ TEST_CASE("etcd job: a layout written by another version is refused, naming both
   auto d = Decide(e.keys, e.kv, kT0, kWall0);
   CHECK_FALSE(d.error.ok());
   CHECK(d.error.message().find("'crun-etcd-rendezvous/9', this crun writes "
-                               "'crun-etcd-rendezvous/1'") != std::string::npos);
+                               "'crun-etcd-rendezvous/2'") != std::string::npos);
 }
 
 TEST_CASE("etcd job: deadlines survive another host's clocks; a corrupt document is an error") {
