@@ -190,7 +190,7 @@ int StatusFromEtcd(const StatusCommandOptions& o, v1::StatusResponse* resp, std:
   const auto now = rdzv::TimePoint::clock::now();
   for (const auto& [run_id, mirror] : runs) {
     etcd::Keys keys(root, run_id);
-    if (mirror.count(keys.job()) == 0) continue;
+    if (mirror.count(keys.state()) == 0) continue;
     auto job = etcd::StatusOf(keys, run_id, mirror, now, etcd::WallClock::now());
     if (!job.ok()) {
       std::fprintf(stderr, "crun status: run '%s': %s\n", run_id.c_str(),

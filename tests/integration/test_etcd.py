@@ -130,15 +130,15 @@ class EtcdRendezvous(unittest.TestCase):
             self.assertFalse([k for k in keys if "/nodes/" in k or k.endswith("/decider")], keys)
             self.no_crun_left(fab)
 
-    def test_scale_up_from_two_to_three_hosts(self):
+    def test_scale_up_from_two_to_three_hosts_of_at_most_four(self):
         with Fabric(["a", "b", "c"]) as fab, \
                 EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
             probe = [PROBE, self.dir, "--exit-when-world", "6"]
-            a = self.crun(fab, "a", "2:3", probe, etcd.endpoints())
-            b = self.crun(fab, "b", "2:3", probe, etcd.endpoints())
+            a = self.crun(fab, "a", "2:4", probe, etcd.endpoints())
+            b = self.crun(fab, "b", "2:4", probe, etcd.endpoints())
             wait_for(lambda: sum(e["WORLD_SIZE"] == "4" for e in self.events()) == 4,
                      "a round of two hosts")
-            c = self.crun(fab, "c", "2:3", probe, etcd.endpoints())
+            c = self.crun(fab, "c", "2:4", probe, etcd.endpoints())
             for p in (a, b, c):
                 code, _, err = self.finish(p)
                 self.assertEqual(code, 0, err)
@@ -226,6 +226,45 @@ class EtcdRendezvous(unittest.TestCase):
             self.assertEqual({e["connected_from"] for e in four},
                              {fab.addr(h) for h in survivors})
             # A machine's loss is a membership change: the restart count goes on unspent.
+            self.assertEqual({e["TORCHELASTIC_RESTART_COUNT"] for e in self.events()}, {"0"})
+            job = self.status(fab, etcd, host=survivors[0])
+            self.assertEqual(job["phase"], "succeeded")
+            self.assertEqual(job["round"], 1)
+            self.no_crun_left(fab)
+
+    def test_the_deciders_machine_lost_another_agent_decides(self):
+        with Fabric(["a", "b", "c"]) as fab, \
+                EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
+            probe = [PROBE, self.dir, "--until", "go"]
+            nodes = {h: self.crun(fab, h, "2:3", probe, etcd.endpoints(),
+                                  conf=FAST + f",node_id={h}", extra=["--max-restarts", "1"])
+                     for h in ("a", "b", "c")}
+            wait_for(lambda: sum(e["WORLD_SIZE"] == "6" for e in self.events()) == 6,
+                     "a round of three hosts")
+
+            def decider():
+                r = etcd.etcdctl("get", "--print-value-only", "/crun/rdzv/job/a/decider")
+                return r.stdout.strip()
+            first = decider()
+            self.assertIn(first, nodes)
+            lost_workers = [e["pid"] for e in self.events() if e["NODE_TAG"] == first]
+            os.killpg(nodes[first].pid, signal.SIGKILL)
+            for pid in lost_workers:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            # Its lease runs out, a/decider goes with it, a survivor takes its place and
+            # re-forms the job without it.
+            wait_for(lambda: sum(e["WORLD_SIZE"] == "4" for e in self.events()) == 4,
+                     "the survivors to re-form", limit=30)
+            survivors = [h for h in nodes if h != first]
+            wait_for(lambda: decider() in survivors, "a survivor to decide")
+            open(os.path.join(self.dir, "go"), "w").close()
+            for h in survivors:
+                code, _, err = self.finish(nodes[h])
+                self.assertEqual(code, 0, f"{h}: {err}")
+                self.assertRegex(err, rf"node \S+ \({first}\) was lost: its etcd lease ended")
             self.assertEqual({e["TORCHELASTIC_RESTART_COUNT"] for e in self.events()}, {"0"})
             job = self.status(fab, etcd, host=survivors[0])
             self.assertEqual(job["phase"], "succeeded")
