@@ -85,6 +85,16 @@ class EtcdRendezvous(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         return json.loads(r.stdout)[0]
 
+    def lose_machine(self, nodes, host):
+        """`host`'s crun and its workers SIGKILLed at once, as when the machine dies."""
+        workers = [e["pid"] for e in self.events() if e["NODE_TAG"] == host]
+        os.killpg(nodes[host].pid, signal.SIGKILL)
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def no_crun_left(self, fab):
         """Every crun and worker of the test is gone (etcd members are the cluster's)."""
         wait_for(lambda: not [p for p in self.procs if p.poll() is None], "every crun to exit")
@@ -205,13 +215,7 @@ class EtcdRendezvous(unittest.TestCase):
             first_store = self.events()[0]["MASTER_ADDR"]
             self.assertEqual(first_store, fab.addr(host0))
             # The machine is gone: its crun, its workers and its etcd member.
-            lost_workers = [e["pid"] for e in self.events() if e["NODE_TAG"] == host0]
-            os.killpg(nodes[host0].pid, signal.SIGKILL)
-            for pid in lost_workers:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            self.lose_machine(nodes, host0)
             etcd.kill(host0)
             survivors = [h for h in ("a", "b", "c") if h != host0]
             for h in survivors:
@@ -247,13 +251,7 @@ class EtcdRendezvous(unittest.TestCase):
                 return r.stdout.strip()
             first = decider()
             self.assertIn(first, nodes)
-            lost_workers = [e["pid"] for e in self.events() if e["NODE_TAG"] == first]
-            os.killpg(nodes[first].pid, signal.SIGKILL)
-            for pid in lost_workers:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            self.lose_machine(nodes, first)
             # Its lease runs out, a/decider goes with it, a survivor takes its place and
             # re-forms the job without it.
             wait_for(lambda: sum(e["WORLD_SIZE"] == "4" for e in self.events()) == 4,
