@@ -12,13 +12,14 @@ cxx=${1:-c++}
 # the SDK's public headers). The longest matching folder decides.
 declare -A allowed=(
   [base]="base"
+  [metrics]="base metrics"
   [proto]="proto crun/v1"
   [rendezvous/store]="base rendezvous/store"
-  [rendezvous/server]="base rendezvous/store rendezvous/server"
-  [rendezvous/service]="base proto crun/v1 rendezvous"
+  [rendezvous/server]="base metrics rendezvous/store rendezvous/server"
+  [rendezvous/service]="base metrics proto crun/v1 rendezvous"
   [rendezvous/etcd]="base proto crun/v1 rendezvous etcd"
-  [agent]="base proto crun/v1 rendezvous agent"
-  [launcher]="base proto crun/v1 rendezvous agent launcher"
+  [agent]="base metrics proto crun/v1 rendezvous agent"
+  [launcher]="base metrics proto crun/v1 rendezvous agent launcher"
   [worker_sdk]="base rendezvous/store worker_sdk crun/worker"
   [train]="base crun/worker train"
 )

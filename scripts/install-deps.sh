@@ -15,3 +15,6 @@ $SUDO apt-get install -y -q \
   slurmctld slurmd slurm-client munge \
   etcd-server etcd-client golang-etcd-server-dev \
   clang libclang-rt-14-dev clang-format-14
+# Prometheus (its server scrapes crun in the tests; promtool checks the page), without the
+# node exporter it recommends.
+$SUDO apt-get install -y -q --no-install-recommends prometheus

@@ -1,0 +1,211 @@
+#include "metrics/http_server.h"
+
+#include <memory>
+#include <set>
+#include <utility>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include "base/endpoint.h"
+#include "base/socket.h"
+#include "metrics/exposition.h"
+
+namespace crun::metrics {
+namespace {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+
+constexpr std::size_t kHeaderLimit = 8 * 1024;
+constexpr std::size_t kBodyLimit = 4 * 1024;
+
+class Server;
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(Server* server, std::shared_ptr<const bool> stopped, tcp::socket socket,
+             std::chrono::milliseconds timeout)
+      : server_(server),
+        stopped_(std::move(stopped)),
+        stream_(std::move(socket)),
+        timeout_(timeout) {}
+
+  void Run() { Read(); }
+  void Close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+  }
+
+ private:
+  void Read();
+  void Answer();
+  void Done();
+
+  Server* server_;  // valid while *stopped_ is false (a handler may run after it is gone)
+  std::shared_ptr<const bool> stopped_;
+  beast::tcp_stream stream_;
+  std::chrono::milliseconds timeout_;
+  beast::flat_buffer buffer_;
+  std::unique_ptr<http::request_parser<http::string_body>> parser_;
+  http::response<http::string_body> response_;
+};
+
+class Server final : public HttpServer {
+ public:
+  Server(asio::io_context& io, HttpServerOptions o, std::function<std::string()> page)
+      : io_(io), o_(std::move(o)), page_(std::move(page)), acceptor_(io) {}
+
+  Status Listen() {
+    beast::error_code ec;
+    const auto address = asio::ip::make_address(o_.host, ec);
+    if (ec) return InvalidArgument("--metrics-host '" + o_.host + "' is not an IP address");
+    const tcp::endpoint at(address, o_.port);
+    acceptor_.open(at.protocol(), ec);
+    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(at, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return ListenError("metrics at " + FormatEndpoint(o_.host, o_.port), ec.value());
+    port_ = acceptor_.local_endpoint().port();
+    Accept();
+    return Status::Ok();
+  }
+
+  std::uint16_t port() const override { return port_; }
+  std::string endpoint() const override { return FormatEndpoint(o_.host, port_); }
+
+  void Stop() override {
+    if (*stopped_) return;
+    *stopped_ = true;
+    beast::error_code ignored;
+    acceptor_.close(ignored);
+    auto open = std::move(open_);
+    for (const auto& c : open) c->Close();
+  }
+
+  ~Server() override { Stop(); }
+
+  std::string Page() { return page_(); }
+  void Forget(const std::shared_ptr<Connection>& c) { open_.erase(c); }
+
+ private:
+  void Accept() {
+    acceptor_.async_accept([this, stopped = stopped_](beast::error_code ec, tcp::socket socket) {
+      if (*stopped) return;
+      if (!ec) {
+        if (open_.size() >= o_.max_connections) {
+          beast::error_code ignored;
+          socket.close(ignored);  // full: refused at once
+        } else {
+          auto c = std::make_shared<Connection>(this, stopped_, std::move(socket), o_.io_timeout);
+          open_.insert(c);
+          c->Run();
+        }
+      }
+      // A failed accept (descriptors exhausted) is retried with the next connection.
+      Accept();
+    });
+  }
+
+  asio::io_context& io_;
+  HttpServerOptions o_;
+  std::function<std::string()> page_;
+  tcp::acceptor acceptor_;
+  std::uint16_t port_ = 0;
+  // Shared with every handler, which may run after the server is gone.
+  std::shared_ptr<bool> stopped_ = std::make_shared<bool>(false);
+  std::set<std::shared_ptr<Connection>> open_;
+};
+
+void Connection::Read() {
+  parser_ = std::make_unique<http::request_parser<http::string_body>>();
+  parser_->header_limit(kHeaderLimit);
+  parser_->body_limit(kBodyLimit);
+  stream_.expires_after(timeout_);
+  http::async_read(stream_, buffer_, *parser_,
+                   [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                     if (*self->stopped_) return;
+                     if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
+                         ec == asio::error::connection_reset || ec == asio::error::eof) {
+                       return self->Done();
+                     }
+                     if (ec) {
+                       // Malformed or too large: say so once, then close.
+                       self->response_ = {http::status::bad_request, 11};
+                       self->response_.set(http::field::content_type, "text/plain");
+                       self->response_.body() = "bad request: " + ec.message() + "\n";
+                       self->response_.keep_alive(false);
+                       self->response_.prepare_payload();
+                       self->stream_.expires_after(self->timeout_);
+                       return http::async_write(self->stream_, self->response_,
+                                                [self](beast::error_code, std::size_t) {
+                                                  self->Done();
+                                                });
+                     }
+                     self->Answer();
+                   });
+}
+
+void Connection::Answer() {
+  const auto& req = parser_->get();
+  std::string target(req.target());
+  if (auto q = target.find('?'); q != std::string::npos) target.resize(q);
+  const bool get = req.method() == http::verb::get;
+  const bool head = req.method() == http::verb::head;
+  response_ = {http::status::ok, req.version()};
+  response_.set(http::field::server, "crun");
+  if (target != "/metrics" && target != "/") {
+    response_.result(http::status::not_found);
+    response_.set(http::field::content_type, "text/plain");
+    response_.body() = "not found: crun serves /metrics\n";
+  } else if (!get && !head) {
+    response_.result(http::status::method_not_allowed);
+    response_.set(http::field::allow, "GET, HEAD");
+    response_.set(http::field::content_type, "text/plain");
+    response_.body() = "method not allowed: GET or HEAD\n";
+  } else if (target == "/") {
+    response_.set(http::field::content_type, "text/plain");
+    response_.body() = "crun: metrics at /metrics\n";
+  } else {
+    response_.set(http::field::content_type, kContentType);
+    response_.body() = server_->Page();
+  }
+  response_.keep_alive(req.keep_alive());
+  response_.prepare_payload();
+  if (head) response_.body().clear();  // the length stays the GET's
+  stream_.expires_after(timeout_);
+  http::async_write(stream_, response_,
+                    [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                      if (*self->stopped_) return;
+                      if (ec || !self->response_.keep_alive()) return self->Done();
+                      self->Read();
+                    });
+}
+
+void Connection::Done() {
+  Close();
+  if (!*stopped_) server_->Forget(shared_from_this());
+}
+
+}  // namespace
+
+Status HttpServerOptions::Validate() const {
+  if (max_connections == 0) return InvalidArgument("metrics: max_connections must be at least 1");
+  if (io_timeout.count() <= 0) return InvalidArgument("metrics: io_timeout must be positive");
+  return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(asio::io_context& io,
+                                                        const HttpServerOptions& options,
+                                                        std::function<std::string()> page) {
+  CRUN_RETURN_IF_ERROR(options.Validate());
+  auto server = std::make_unique<Server>(io, options, std::move(page));
+  CRUN_RETURN_IF_ERROR(server->Listen());
+  return std::unique_ptr<HttpServer>(std::move(server));
+}
+
+}  // namespace crun::metrics
