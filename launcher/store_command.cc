@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
@@ -12,6 +13,8 @@
 
 #include "launcher/launch_options.h"
 #include "launcher/logging.h"
+#include "metrics/http_server.h"
+#include "rendezvous/server/store_metrics.h"
 #include "rendezvous/server/store_server.h"
 
 namespace crun::launcher {
@@ -24,6 +27,8 @@ constexpr std::int64_t kMaxCount = std::int64_t{1} << 53;
 struct StoreCommandOptions {
   StoreServerOptions server;
   std::string log_level = "info";
+  std::optional<std::uint16_t> metrics_port;  // no endpoint unless given
+  std::string metrics_host = "127.0.0.1";
 };
 
 int RunStore(const StoreCommandOptions& options) {
@@ -39,11 +44,27 @@ int RunStore(const StoreCommandOptions& options) {
     spdlog::error("{}", server.status().message());
     return 1;
   }
+  metrics::Registry registry;
+  std::unique_ptr<metrics::HttpServer> metrics_server;
+  if (options.metrics_port) {
+    // Rendered on this loop, where the store's statistics may be read.
+    AddStoreMetrics(registry, [&] { return (*server)->stats(); });
+    metrics::HttpServerOptions mo;
+    mo.host = options.metrics_host;
+    mo.port = *options.metrics_port;
+    auto started = metrics::HttpServer::Start(io, mo, [&] { return registry.Render(); });
+    if (!started.ok()) {
+      spdlog::error("{}", started.status().message());
+      return 1;
+    }
+    metrics_server = std::move(started).value();
+  }
   signals.async_wait([&](const boost::system::error_code& ec, int signo) {
     if (ec) return;
     spdlog::info("{}: stopping on {}", (*server)->endpoint(),
                  signo == SIGINT ? "SIGINT" : "SIGTERM");
     (*server)->Stop();
+    if (metrics_server) metrics_server->Stop();
     usr1.cancel();
   });
   // `kill -USR1` asks for the counters (docs/store_protocol.md, limits), whatever the log level.
@@ -57,6 +78,9 @@ int RunStore(const StoreCommandOptions& options) {
   arm_stats();
   // The one line scripts read to learn the port (useful with --port 0).
   std::printf("crun store listening on %s\n", (*server)->endpoint().c_str());
+  if (metrics_server) {
+    std::printf("crun store metrics on http://%s/metrics\n", metrics_server->endpoint().c_str());
+  }
   std::fflush(stdout);
   spdlog::debug("descriptor limit {}", descriptors);
   io.run();
@@ -118,6 +142,15 @@ void AddStoreCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--allow", s.allowed_peers,
                   "Accept connections only from these IP addresses (repeatable); none = anyone")
       ->group("Security");
+  cmd->add_option("--metrics-port", options->metrics_port,
+                  "Serve Prometheus metrics on this port at /metrics (0: a free one, printed)")
+      ->check(WholeNumber(0, 65535))
+      ->group("Metrics");
+  cmd->add_option("--metrics-host", options->metrics_host,
+                  "IP address of the metrics endpoint; a non-loopback one exposes the store's "
+                  "statistics to that network")
+      ->capture_default_str()
+      ->group("Metrics");
   cmd->add_option("--log-level", options->log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
       ->capture_default_str();

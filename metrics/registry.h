@@ -26,6 +26,8 @@ inline constexpr char kOverflowValue[] = "other";
 class Counter {
  public:
   void Inc(double by = 1) { v_.fetch_add(by, std::memory_order_relaxed); }
+  // A total counted elsewhere (a server's statistics), copied at scrape time.
+  void Mirror(double total) { v_.store(total, std::memory_order_relaxed); }
   double value() const { return v_.load(std::memory_order_relaxed); }
 
  private:

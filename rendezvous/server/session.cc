@@ -67,6 +67,8 @@ void Session::OnRead(const boost::system::error_code& ec, std::size_t n) {
 bool Session::Consume(const char* data, std::size_t n) {
   const auto result = parser_.Consume(std::string_view(data, n), [this](wire::Request& request) {
     shared_->requests.fetch_add(1, std::memory_order_relaxed);
+    shared_->by_command[static_cast<std::size_t>(request.command)]
+        .fetch_add(1, std::memory_order_relaxed);
     return Handle(request);
   });
   if (result == wire::RequestParser::Result::kError) {

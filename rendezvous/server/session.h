@@ -35,6 +35,7 @@ struct ServerShared {
   std::atomic<std::uint64_t> open{0};
   std::atomic<std::uint64_t> protocol_errors{0};
   std::atomic<std::uint64_t> requests{0};
+  std::array<std::atomic<std::uint64_t>, wire::kCommandCount> by_command{};
   std::atomic<std::uint64_t> read_pauses{0};
   // Called once per session when it closes.
   std::function<void(Session*)> on_close;

@@ -135,6 +135,9 @@ class AsioStoreServer final : public StoreServer {
     s.refused_strangers = refused_strangers_.load(std::memory_order_relaxed);
     s.protocol_errors = shared_.protocol_errors.load(std::memory_order_relaxed);
     s.requests = shared_.requests.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < wire::kCommandCount; ++i) {
+      s.requests_by_command[i] = shared_.by_command[i].load(std::memory_order_relaxed);
+    }
     s.pending_waits = shared_.state.pending_waits();
     s.stored_bytes = shared_.state.bytes();
     s.read_pauses = shared_.read_pauses.load(std::memory_order_relaxed);

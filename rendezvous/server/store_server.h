@@ -14,6 +14,7 @@
 // BackgroundStoreServer wraps a server with its own thread for embedding and tests.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -25,6 +26,7 @@
 
 #include "base/status.h"
 #include "rendezvous/store/limits.h"
+#include "rendezvous/store/wire.h"
 
 namespace crun {
 
@@ -57,6 +59,7 @@ struct StoreServerStats {
   std::uint64_t refused_strangers = 0;  // from an address not in allowed_peers
   std::uint64_t protocol_errors = 0;    // connections closed for a malformed or oversize request
   std::uint64_t requests = 0;
+  std::array<std::uint64_t, wire::kCommandCount> requests_by_command{};  // by wire::Command
   std::uint64_t pending_waits = 0;  // WAITs and BARRIERs not answered yet
   std::uint64_t stored_bytes = 0;   // keys plus values held
   std::uint64_t read_pauses = 0;    // times a client's unread replies stopped its reads

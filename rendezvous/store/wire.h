@@ -52,6 +52,7 @@ enum class Command : std::uint8_t {
   kBarrier,
 };
 std::string_view CommandName(Command command);
+inline constexpr std::size_t kCommandCount = static_cast<std::size_t>(Command::kBarrier) + 1;
 
 // Wire code of `command` in `dialect`, or -1 when that dialect has no such command.
 int WireCode(Dialect dialect, Command command);

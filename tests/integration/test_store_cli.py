@@ -2,6 +2,7 @@
 import os
 import resource
 import select
+import shutil
 import signal
 import socket
 import struct
@@ -9,9 +10,11 @@ import subprocess
 import sys
 import time
 import unittest
+import urllib.error
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from crun_testing import VALIDATE, raw_add, start_store, stop_store  # noqa: E402
+from crun_testing import VALIDATE, connect_2x, raw_add, start_store, stop_store  # noqa: E402
 
 CRUN = os.environ["CRUN_BIN"]
 
@@ -88,6 +91,76 @@ class StoreCli(unittest.TestCase):
         finally:
             first.send_signal(signal.SIGTERM)
             finish(first)
+
+    def test_metrics_count_what_clients_did(self):
+        proc, port = start("--metrics-port", "0")
+        try:
+            # Printed and flushed with the first line, which start() has read.
+            line = proc.stdout.readline().decode()
+            self.assertIn("crun store metrics on ", line)
+            url = line.split("metrics on ", 1)[1].strip()
+            self.assertRegex(url, r"^http://127\.0\.0\.1:\d+/metrics$")
+            c = connect_2x(port)
+            for _ in range(3):
+                raw_add(c, "n", 1)
+            bad = socket.create_connection(("127.0.0.1", port), timeout=10)
+            bad.sendall(b"\xff" * 64)  # no such command in any dialect
+            self.assertEqual(bad.recv(1), b"")  # closed by the store
+            bad.close()
+            with urllib.request.urlopen(url, timeout=10) as r:
+                self.assertEqual(r.headers["Content-Type"],
+                                 "text/plain; version=0.0.4; charset=utf-8")
+                page = r.read().decode()
+            values = {}
+            for sample in page.splitlines():
+                if sample and not sample.startswith("#"):
+                    name, value = sample.rsplit(" ", 1)
+                    values[name] = float(value)
+            self.assertEqual(values['crun_store_requests_total{op="add"}'], 3)
+            self.assertEqual(values['crun_store_requests_total{op="validate"}'], 1)
+            self.assertEqual(values['crun_store_requests_total{op="set"}'], 0)
+            self.assertEqual(values["crun_store_connections_accepted_total"], 2)
+            self.assertEqual(values["crun_store_connections"], 1)
+            self.assertEqual(values["crun_store_protocol_errors_total"], 1)
+            self.assertEqual(values['crun_store_connections_refused_total{reason="stranger"}'],
+                             0)
+            self.assertGreater(values["crun_store_stored_bytes"], 0)
+            if shutil.which("promtool"):
+                r = subprocess.run(["promtool", "check", "metrics"], input=page,
+                                   capture_output=True, text=True, timeout=30)
+                self.assertEqual((r.returncode, r.stdout + r.stderr), (0, ""))
+            with self.assertRaises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(url.replace("/metrics", "/other"), timeout=10)
+            self.assertEqual(e.exception.code, 404)
+            c.close()
+        finally:
+            code, err = stop_store(proc)
+        self.assertEqual(code, 0, err)
+
+    def test_bad_metrics_flags_and_a_taken_metrics_port_are_named(self):
+        for args, code, needle in [
+                (["--metrics-port", "70000"], 2, "70000"),
+                (["--metrics-port", "0", "--metrics-host", "localhost"], 1,
+                 "--metrics-host 'localhost' is not an IP address")]:
+            with self.subTest(args=args):
+                r = subprocess.run([CRUN, "store", "--host", "127.0.0.1", "--port", "0", *args],
+                                   capture_output=True, text=True, timeout=30)
+                self.assertEqual(r.returncode, code, r.stderr)
+                self.assertIn(needle, r.stderr + r.stdout)
+        taken = socket.socket()
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        try:
+            busy = taken.getsockname()[1]
+            r = subprocess.run([CRUN, "store", "--host", "127.0.0.1", "--port", "0",
+                                "--metrics-port", str(busy)],
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn(f"metrics at 127.0.0.1:{busy}", r.stderr)
+            self.assertIn("in use", r.stderr)
+            self.assertNotIn("listening on", r.stdout)  # nothing announced
+        finally:
+            taken.close()
 
     def test_unresolvable_bind_host_is_named(self):
         r = subprocess.run([CRUN, "store", "--host", "no-such-host.invalid", "--port", "0"],
