@@ -102,6 +102,7 @@ void LinePump::Read() {
 
 void LinePump::Consume(std::size_t n) {
   if (targets_.progress) ++*targets_.progress;
+  if (targets_.bytes != nullptr) targets_.bytes->Inc(static_cast<double>(n));
   pending_.append(buffer_, n);
   std::size_t start = 0;
   for (auto nl = pending_.find('\n'); nl != std::string::npos; nl = pending_.find('\n', start)) {

@@ -21,6 +21,8 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "metrics/registry.h"
+
 namespace crun::agent {
 
 struct PumpTargets {
@@ -36,6 +38,7 @@ struct PumpTargets {
   std::string filtered_prefix;
   // Counts reads: the worker's progress for hang detection (hang_watch.h); null: not counted.
   std::shared_ptr<std::uint64_t> progress;
+  metrics::Counter* bytes = nullptr;  // counts the bytes read; null: not counted
 };
 
 class LinePump {

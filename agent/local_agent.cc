@@ -86,9 +86,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
       : io(io_),
         options(std::move(o)),
         rdzv(std::move(r)),
+        meters(MetersFor(registry, options, *rdzv)),
         signals(io_),
         kill_timer(io_),
-        streams(io_, StreamOptionsOf(options)),
+        streams(io_, StreamOptionsOf(options, meters.get())),
         hang_watch(io_, options.hang_timeout,
                    [this](std::vector<WorkerProgress> p) { OnHang(std::move(p)); }) {
     if (options.forward_signals.empty()) {
@@ -96,9 +97,57 @@ struct LocalAgent::Impl final : RendezvousEvents {
     }
   }
 
-  static StreamOptions StreamOptionsOf(const AgentOptions& o) {
-    return {o.redirects,      o.tees,           o.console_ranks, o.prefix_template,
-            o.stdout_filters, o.stderr_filters, o.host_name,     o.hang_timeout.count() > 0};
+  static std::unique_ptr<AgentMetrics> MetersFor(metrics::Registry& registry, const AgentOptions& o,
+                                                 const Rendezvous& r) {
+    if (!o.metrics) return nullptr;
+    AgentMetricLabels labels = o.metric_labels;
+    labels.node = r.node_id();
+    return std::make_unique<AgentMetrics>(registry, labels);
+  }
+
+  static StreamOptions StreamOptionsOf(const AgentOptions& o, AgentMetrics* m) {
+    StreamOptions s{o.redirects,      o.tees,
+                    o.console_ranks,  o.prefix_template,
+                    o.stdout_filters, o.stderr_filters,
+                    o.host_name,      o.hang_timeout.count() > 0 || m != nullptr};
+    if (m != nullptr) {
+      s.stdout_bytes = m->stdout_bytes;
+      s.stderr_bytes = m->stderr_bytes;
+    }
+    return s;
+  }
+
+  // The /metrics endpoint, when asked for; an error names its address.
+  Status StartMetrics() {
+    if (!options.metrics) return Status::Ok();
+    registry.OnScrape([this] { RefreshMetrics(); });
+    auto started =
+        metrics::HttpServer::Start(io, *options.metrics, [this] { return registry.Render(); });
+    if (!started.ok()) return started.status();
+    metrics_server = std::move(started).value();
+    std::fprintf(stderr, "crun: metrics on %s\n", metrics_server->url().c_str());
+    return Status::Ok();
+  }
+
+  // What the page shows of the workers' states, read at each scrape.
+  void RefreshMetrics() {
+    int alive = 0, exited = 0;
+    for (const auto& w : workers) {
+      if (w.running) {
+        ++alive;
+      } else if (w.pid > 0) {
+        ++exited;
+      }
+    }
+    const bool stopping = phase == Phase::kStopping;
+    meters->workers_running->Set(stopping ? 0 : alive);
+    meters->workers_stopping->Set(stopping ? alive : 0);
+    meters->workers_exited->Set(exited);
+  }
+
+  void JoinRendezvous() {
+    joined_at = std::chrono::steady_clock::now();
+    rdzv->Join();
   }
 
   int Run() {
@@ -125,10 +174,14 @@ struct LocalAgent::Impl final : RendezvousEvents {
       spdlog::error("{}", s.message());
       return 1;
     }
+    if (auto s = StartMetrics(); !s.ok()) {
+      spdlog::error("{}", s.message());
+      return 1;
+    }
     for (int s : options.forward_signals) signals.add(s);
     ArmSignals();
     rdzv->Start(this);
-    rdzv->Join();
+    JoinRendezvous();
     io.run();
     return exit_code;
   }
@@ -146,6 +199,13 @@ struct LocalAgent::Impl final : RendezvousEvents {
   void OnAssignment(const GroupAssignment& g) override {
     if (phase != Phase::kWaiting || stopped_by_signal != 0) return;
     group = g;
+    if (meters) {
+      meters->last_rendezvous_time->Set(
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count());
+      meters->last_rendezvous_duration->Set(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - joined_at).count());
+    }
     Event("torchelastic.rendezvous.round", "AGENT",
           {{"round", g.round},
            {"spare", g.spare},
@@ -162,6 +222,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   void OnStopAndRejoin(const std::string& reason, bool spends_restart) override {
     if (phase == Phase::kDone || stopped_by_signal != 0) return;
+    if (!interrupted_at) interrupted_at = std::chrono::steady_clock::now();
     Event("torchelastic.agent.restart", "AGENT",
           {{"reason", reason}, {"spends_restart", spends_restart}});
     if (spends_restart) {
@@ -313,6 +374,16 @@ struct LocalAgent::Impl final : RendezvousEvents {
            {"first_rank", group.base_rank + options.first_local_rank},
            {"pids", pids}});
     asio::post(io, [this] { StartObservers(); });
+    if (meters) {
+      meters->rounds->Inc();
+      meters->restarts->Mirror(group.restart_count);
+      if (interrupted_at) {
+        meters->recovery->Observe(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - *interrupted_at)
+                .count());
+      }
+    }
+    interrupted_at.reset();
     spdlog::info("round {} (restart {}): started {} workers, ranks {}..{} of {} (store {}:{})",
                  group.round, group.restart_count, options.nproc,
                  group.base_rank + options.first_local_rank,
@@ -334,6 +405,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   // A worker that could not be started counts as failed with the shell's code.
   void LaunchFailed(int lr, int code, const std::string& why) {
     spdlog::error("local rank {}: {}", lr, why);
+    if (meters) meters->Exit(kExitLaunch);
     FailureRecord f = NewFailure(lr, ExitStatus{false, code});
     f.stderr_tail = {why};
     failures.push_back(std::move(f));
@@ -375,6 +447,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
     --running;
     hang_watch.Forget(lr);
     WorkerEvent(w, status.success() ? "SUCCEEDED" : "FAILED");
+    // Decided before the failure below starts a stop (which would make it "stopped").
+    const char* cause = ExitCause(lr, status);
     if (FailureRecord* hung = HangRecordOf(lr)) {
       // Stopped by crun after it hung: its record stands, with how it ended.
       hung->exit = status;
@@ -390,8 +464,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
       if (w.err_pump) w.err_pump->DrainAvailable();
       f.stderr_tail = StderrTail(lr);
       const std::string how = status.Describe() + (f.oom.empty() ? "" : ": " + f.oom);
+      if (!f.oom.empty()) cause = kExitOom;
       failures.push_back(std::move(f));
       if (phase == Phase::kRunning) {
+        if (!interrupted_at) interrupted_at = std::chrono::steady_clock::now();
         spdlog::warn(
             "rank {} (local rank {}, pid {}) on {} failed with {}; stopping the other "
             "workers",
@@ -400,6 +476,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
         BeginStop(SIGTERM);
       }
     }
+    if (meters) meters->Exit(cause);
     if (running == 0) {
       // Whatever the workers left behind in their groups goes with them; that also closes
       // the last writers of their output pipes.
@@ -418,6 +495,15 @@ struct LocalAgent::Impl final : RendezvousEvents {
       }
       MaybeEndAttempt();
     }
+  }
+
+  // worker_exits_total's cause of local rank `lr`'s exit, but for an OOM kill (which the
+  // failure record finds out).
+  const char* ExitCause(int lr, const ExitStatus& status) {
+    if (HangRecordOf(lr) != nullptr) return kExitHang;
+    if (status.success()) return kExitSuccess;
+    if (phase == Phase::kStopping) return kExitStopped;  // crun's stop, not its own failure
+    return status.signaled ? kExitSignal : kExitCode;
   }
 
   // The attempt is over once every worker has exited and all their output has been read.
@@ -519,7 +605,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     if (next == Next::kRejoin) {
       next = Next::kNone;
       failures.clear();
-      rdzv->Join();
+      JoinRendezvous();
     } else if (next == Next::kConclude) {
       Conclude();
     }
@@ -1015,6 +1101,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     hang_watch.Stop();
     control_server.reset();
     file_timer.reset();
+    if (metrics_server) metrics_server->Stop();
     for (auto& w : workers) {
       w.heartbeat.reset();
       w.stacks.reset();
@@ -1025,6 +1112,12 @@ struct LocalAgent::Impl final : RendezvousEvents {
   asio::io_context& io;
   AgentOptions options;
   std::unique_ptr<Rendezvous> rdzv;
+  metrics::Registry registry;
+  std::unique_ptr<AgentMetrics> meters;  // null without options.metrics
+  std::unique_ptr<metrics::HttpServer> metrics_server;
+  std::chrono::steady_clock::time_point joined_at;  // of the rendezvous under way
+  // The first failure or stop seen since the workers last started (recovery_seconds).
+  std::optional<std::chrono::steady_clock::time_point> interrupted_at;
   std::unique_ptr<WorkerCgroup> cgroup;  // null where the machine gives crun none
   std::unique_ptr<GroupGuard> guard;
   asio::signal_set signals;

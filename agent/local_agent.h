@@ -17,13 +17,16 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
 
+#include "agent/agent_metrics.h"
 #include "agent/process.h"
 #include "agent/rendezvous.h"
+#include "metrics/http_server.h"
 
 namespace crun::agent {
 
@@ -78,6 +81,13 @@ struct AgentOptions {
   std::chrono::milliseconds stack_deadline{10'000};
   // crun's PATH, where the stack tools are looked for (and beside command[0] for py-spy).
   std::string tool_path;
+
+  // Prometheus metrics at /metrics (agent_metrics.h, docs/observability.md), served on the
+  // agent's event loop from Run() until the job ends; none when unset. The labels' node is
+  // the rendezvous's node id. With metrics, every worker stream goes through crun (its bytes
+  // are counted), as with hang_timeout.
+  std::optional<metrics::HttpServerOptions> metrics;
+  AgentMetricLabels metric_labels;
 };
 
 class LocalAgent {

@@ -113,6 +113,7 @@ std::unique_ptr<LinePump> WorkerStreams::Route(const StreamOwner& owner, int bit
   if (tee) targets.prefix = PrefixOf(owner);
   targets.file_fd = file;
   targets.progress = std::move(progress);
+  targets.bytes = bit == 1 ? options_.stdout_bytes : options_.stderr_bytes;
   targets.file_path = path;
   targets.stream_name = "rank " + std::to_string(owner.rank) + (bit == 1 ? " stdout" : " stderr");
   if (!filters.empty()) {

@@ -26,6 +26,9 @@ struct StreamOptions {
   // Every stream goes through crun (a pump), even one that could go straight to the console or
   // a file: hang detection counts the worker's output as progress.
   bool pump_all = false;
+  // Bytes read from the workers' stdout and stderr (pumped streams only); null: not counted.
+  metrics::Counter* stdout_bytes = nullptr;
+  metrics::Counter* stderr_bytes = nullptr;
 };
 
 // Who a stream belongs to, for its prefix and messages.

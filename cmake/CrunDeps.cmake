@@ -1,16 +1,20 @@
 # The two targets crun's own libraries link for their heavy dependencies:
 #   crun_grpc    gRPC C++ and Protobuf (with abseil, OpenSSL, c-ares, re2, upb, zlib)
 #   crun_spdlog  spdlog and fmt
+#   crun_openssl OpenSSL (the metrics endpoint's TLS; gRPC has its own copy of it linked in)
 # With CRUN_STATIC_DEPS (the default) both come from Debian's static archives and headers, so
 # that the `crun` executable needs no shared library but the C runtime (docs/install.md): a
 # dynamic loader resolving ~60 libraries cost 10-15 ms on every start. Without it, Debian's
 # shared libraries (faster links while developing).
 add_library(crun_grpc INTERFACE)
 add_library(crun_spdlog INTERFACE)
+add_library(crun_openssl INTERFACE)
 
 if(NOT CRUN_STATIC_DEPS)
+  find_package(OpenSSL REQUIRED)
   target_link_libraries(crun_grpc INTERFACE protobuf::libprotobuf gRPC::grpc++)
   target_link_libraries(crun_spdlog INTERFACE spdlog::spdlog)
+  target_link_libraries(crun_openssl INTERFACE OpenSSL::SSL)
   return()
 endif()
 
@@ -39,6 +43,14 @@ list(REMOVE_DUPLICATES system_libs)
 list(JOIN archives "," archive_group)
 target_link_libraries(crun_grpc INTERFACE "$<LINK_GROUP:RESCAN,${archive_group}>"
                                           Threads::Threads ${system_libs})
+# The same libssl.a and libcrypto.a gRPC links (one copy in the binary).
+foreach(name ssl crypto)
+  if(NOT CRUN_ARCHIVE_${name})
+    find_library(CRUN_ARCHIVE_${name} NAMES lib${name}.a REQUIRED)
+  endif()
+endforeach()
+target_link_libraries(crun_openssl INTERFACE ${CRUN_ARCHIVE_ssl} ${CRUN_ARCHIVE_crypto}
+                                             Threads::Threads dl)
 # Header-only spdlog over header-only fmt: no libspdlog.so or libfmt.so at run time.
 target_compile_definitions(crun_spdlog INTERFACE SPDLOG_FMT_EXTERNAL FMT_HEADER_ONLY=1)
 target_link_libraries(crun_spdlog INTERFACE Threads::Threads)

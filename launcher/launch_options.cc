@@ -59,6 +59,18 @@ CLI::Validator PositiveSeconds() {
       "SECONDS");
 }
 
+void AddMetricsFlags(CLI::App* app, MetricsFlags* f, const std::string& what) {
+  app->add_option("--metrics-port", f->port,
+                  "Serve Prometheus metrics on this port at /metrics (0: a free one, printed)")
+      ->check(WholeNumber(0, 65535))
+      ->group("Metrics");
+  app->add_option("--metrics-host", f->host,
+                  "IP address of the metrics endpoint; a non-loopback one shows " + what +
+                      " to that network")
+      ->capture_default_str()
+      ->group("Metrics");
+}
+
 void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
   auto pet = [](const char* name) { return std::string("PET_") + name; };
   app.add_option("--nnodes", o.nnodes, "Number of nodes, N or MIN:MAX")
@@ -247,6 +259,7 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
                  "Print a shell completion script (bash, zsh or tcsh) and exit")
       ->group("Help");
   AddSecurityFlags(&app, &o.security);
+  AddMetricsFlags(&app, &o.metrics, "this node's run id, workers and failures");
 }
 
 std::vector<std::string> KnownLongOptions(const CLI::App& app) {

@@ -17,6 +17,12 @@
 
 namespace crun::launcher {
 
+// --metrics-port and --metrics-host (docs/observability.md), on every crun that serves metrics.
+struct MetricsFlags {
+  std::optional<std::uint16_t> port;  // no endpoint unless given
+  std::string host = "127.0.0.1";
+};
+
 // Values as given; numbers stay text until their parser has checked them.
 struct LaunchOptions {
   std::string nnodes = "1:1";
@@ -56,6 +62,7 @@ struct LaunchOptions {
   bool slurm_direct = false;         // one crun per worker: each Slurm task is one worker
   int slurm_port = 0;                // 0: the step's default port
   crun::SecurityFlags security;      // job token and TLS of the rendezvous service
+  MetricsFlags metrics;              // this node's /metrics endpoint
   std::vector<std::string> command;  // script and its arguments
 };
 
@@ -63,6 +70,9 @@ struct LaunchOptions {
 // 1000000" rather than a range written out to 300 digits or a wrapped-around unsigned.
 CLI::Validator WholeNumber(std::int64_t min, std::int64_t max);
 CLI::Validator PositiveSeconds();
+
+// `what` says what the page shows, for the help: "the store's statistics".
+void AddMetricsFlags(CLI::App* app, MetricsFlags* f, const std::string& what);
 
 // Declares every option on `app`, bound to `o`.
 void AddLaunchOptions(CLI::App& app, LaunchOptions& o);

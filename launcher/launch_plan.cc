@@ -1,5 +1,6 @@
 #include "launcher/launch_plan.h"
 
+#include <arpa/inet.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "base/endpoint.h"
 #include "base/host_addresses.h"
 #include "launcher/devices.h"
 #include "launcher/numa_binding.h"
@@ -440,6 +442,41 @@ std::string RunId(const LaunchPlan& p, const LaunchOptions& o) {
   return o.rdzv_id;
 }
 
+// --metrics-port and --metrics-host: this node's /metrics endpoint (docs/observability.md).
+// When the job's rendezvous uses TLS, the endpoint serves HTTPS with this node's certificate
+// (--tls-cert, and client certificates of --tls-ca required); a node without one keeps its
+// endpoint on loopback, where plain HTTP leaves the host for no network.
+Status PlanMetrics(LaunchPlan& p, const LaunchOptions& o, const std::set<std::string>& given) {
+  if (!o.metrics.port) {
+    if (given.count("--metrics-host") != 0) {
+      return InvalidArgument("--metrics-host needs --metrics-port (the port of the endpoint)");
+    }
+    return Status::Ok();
+  }
+  unsigned char buf[16];
+  if (::inet_pton(AF_INET, o.metrics.host.c_str(), buf) != 1 &&
+      ::inet_pton(AF_INET6, o.metrics.host.c_str(), buf) != 1) {
+    return InvalidArgument("--metrics-host '" + o.metrics.host +
+                           "' is not an IP address (the endpoint binds one address)");
+  }
+  metrics::HttpServerOptions m;
+  m.host = o.metrics.host;
+  m.port = *o.metrics.port;
+  const Security& s = p.security;
+  if (s.tls() && !s.cert_pem.empty()) {
+    m.tls = metrics::TlsOptions{s.cert_pem, s.key_pem, s.ca_pem};
+  } else if (s.tls() && !LoopbackOnly(m.host)) {
+    return InvalidArgument("--metrics-host " + m.host +
+                           ": this job's rendezvous uses TLS, and this node has no certificate "
+                           "(--tls-cert, --tls-key) to serve its metrics over TLS with; give it "
+                           "one, or leave the endpoint on loopback");
+  }
+  p.agent.metrics = m;
+  p.agent.metric_labels.run_id = p.run_id;
+  p.agent.metric_labels.role = o.role;
+  return Status::Ok();
+}
+
 }  // namespace
 
 MachineFacts MachineFacts::OfThisMachine() {
@@ -477,6 +514,7 @@ StatusOr<LaunchPlan> PlanLaunch(LaunchOptions o, const std::set<std::string>& gi
   CRUN_RETURN_IF_ERROR(PlanRendezvous(p, o, given));
   CRUN_RETURN_IF_ERROR(PlanAgent(p, o, given, facts));
   p.run_id = RunId(p, o);
+  CRUN_RETURN_IF_ERROR(PlanMetrics(p, o, given));
   p.o = std::move(o);
   return p;
 }

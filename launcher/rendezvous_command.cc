@@ -1,7 +1,13 @@
 #include "launcher/rendezvous_command.h"
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -31,6 +37,7 @@ struct RendezvousCommandOptions {
   crun::SecurityFlags security;
   bool insecure = false;
   std::string log_level = "info";
+  MetricsFlags metrics;
 };
 
 int RunRendezvous(RendezvousCommandOptions o) {
@@ -41,6 +48,12 @@ int RunRendezvous(RendezvousCommandOptions o) {
   }
   o.service.security = std::move(security).value();
   o.service.durable = true;  // it outlives jobs: its agents wait for it across a restart
+  if (o.metrics.port) {
+    metrics::HttpServerOptions mo;
+    mo.host = o.metrics.host;
+    mo.port = *o.metrics.port;
+    o.service.metrics = mo;
+  }
   if (o.service.security.token.empty() && !o.insecure && !crun::LoopbackOnly(o.service.host)) {
     std::fprintf(stderr,
                  "crun rendezvous: refusing to serve %s without a job token: anyone who can "
@@ -70,6 +83,9 @@ int RunRendezvous(RendezvousCommandOptions o) {
   });
   std::printf("crun rendezvous listening on %s\n",
               crun::FormatEndpoint(o.service.host, (*service)->port()).c_str());
+  if (o.service.metrics) {
+    std::printf("crun rendezvous metrics on %s\n", (*service)->metrics_url().c_str());
+  }
   std::fflush(stdout);
   io.run();  // until a signal
   (*service)->Stop();
@@ -86,6 +102,9 @@ struct StatusCommandOptions {
   std::string etcd_password_file;
   bool json = false;
   double timeout = 5;
+  bool watch = false;
+  double interval = 2;
+  long count = 0;  // --watch: refreshes before it ends; 0: until Ctrl-C
 };
 
 std::string Age(std::int64_t ms) {
@@ -94,7 +113,9 @@ std::string Age(std::int64_t ms) {
 }
 
 // The jobs from crun's rendezvous service; exit code and message on failure.
-int StatusFromService(const StatusCommandOptions& o, v1::StatusResponse* resp, std::string* where) {
+// *refused: the service answered no (a wrong token): asking again will not help.
+int StatusFromService(const StatusCommandOptions& o, v1::StatusResponse* resp, std::string* where,
+                      bool* refused) {
   auto parsed = crun::ParseEndpoint(o.endpoint, 29400);
   if (!parsed.ok()) {
     std::fprintf(stderr, "crun status: --rdzv-endpoint: %s\n", parsed.status().message().c_str());
@@ -121,6 +142,7 @@ int StatusFromService(const StatusCommandOptions& o, v1::StatusResponse* resp, s
   auto s = stub->Status(&ctx, req, resp);
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      *refused = true;
       std::fprintf(stderr, "crun status: the rendezvous service at %s refused the request: %s\n",
                    target.c_str(), s.error_message().c_str());
       return 1;
@@ -207,74 +229,168 @@ int StatusFromEtcd(const StatusCommandOptions& o, v1::StatusResponse* resp, std:
   return 0;
 }
 
+// The jobs, from the service or etcd; exit code and message on failure.
+// *final: an answer that asking again will not change (a refusal).
+int FetchStatus(const StatusCommandOptions& o, v1::StatusResponse* resp, std::string* target,
+                bool* final) {
+  const bool etcd = o.backend == "etcd-v3" || o.backend == "etcd";
+  if (const int code =
+          etcd ? StatusFromEtcd(o, resp, target) : StatusFromService(o, resp, target, final);
+      code != 0) {
+    return code;
+  }
+  // Watched, a job not there yet may come: the table says "no jobs" until it does.
+  if (!o.run_id.empty() && resp->jobs_size() == 0 && !o.watch) {
+    std::fprintf(stderr, "crun status: %s knows no job with run id '%s'\n", target->c_str(),
+                 o.run_id.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+nlohmann::json JobsJson(const v1::StatusResponse& resp) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& j : resp.jobs()) {
+    nlohmann::json job{{"run_id", j.run_id()},
+                       {"phase", j.phase()},
+                       {"round", j.round()},
+                       {"restarts_used", j.restarts_used()},
+                       {"max_restarts", j.max_restarts()},
+                       {"min_nodes", j.min_nodes()},
+                       {"max_nodes", j.max_nodes()},
+                       {"world_size", j.world_size()},
+                       {"last_failure", j.last_failure()},
+                       {"lost_hosts",
+                        std::vector<std::string>(j.lost_hosts().begin(), j.lost_hosts().end())}};
+    job["nodes"] = nlohmann::json::array();
+    for (const auto& n : j.nodes()) {
+      job["nodes"].push_back({{"node_id", n.node_id()},
+                              {"host", n.host()},
+                              {"state", n.state()},
+                              {"group_rank", n.group_rank()},
+                              {"nproc", n.nproc()},
+                              {"last_heartbeat_ms_ago", n.last_heartbeat_ms_ago()}});
+    }
+    out.push_back(job);
+  }
+  return out;
+}
+
+std::string JobsTable(const v1::StatusResponse& resp, const std::string& target) {
+  std::string out;
+  auto line = [&out](const char* fmt, auto... args) {
+    char buf[1024];
+    std::snprintf(buf, sizeof buf, fmt, args...);
+    out += buf;
+  };
+  if (resp.jobs_size() == 0) line("no jobs at %s\n", target.c_str());
+  for (const auto& j : resp.jobs()) {
+    line("job %s: %s, round %d, nodes %d:%d, world size %d, restarts %d of %d\n",
+         j.run_id().c_str(), j.phase().c_str(), j.round(), j.min_nodes(), j.max_nodes(),
+         j.world_size(), j.restarts_used(), j.max_restarts());
+    if (!j.last_failure().empty()) line("  last failure: %s\n", j.last_failure().c_str());
+    if (j.lost_hosts_size() > 0) {
+      std::string lost;
+      for (const auto& h : j.lost_hosts()) lost += (lost.empty() ? "" : ", ") + h;
+      line("  lost: %s\n", lost.c_str());
+    }
+    line("  %-24s %-20s %-10s %5s %6s  %s\n", "NODE", "HOST", "STATE", "RANK", "NPROC",
+         "LAST HEARTBEAT");
+    for (const auto& n : j.nodes()) {
+      line("  %-24s %-20s %-10s %5s %6d  %s\n", n.node_id().c_str(), n.host().c_str(),
+           n.state().c_str(), n.group_rank() < 0 ? "-" : std::to_string(n.group_rank()).c_str(),
+           n.nproc(),
+           n.state() == "member" ? (Age(n.last_heartbeat_ms_ago()) + " ago").c_str() : "-");
+    }
+  }
+  return out;
+}
+
+// Waits up to `d` for SIGINT or SIGTERM (blocked by the caller); true when one came.
+bool WaitForStop(std::chrono::milliseconds d) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + d;
+  while (true) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::nanoseconds(0)) return false;
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+    const int got = ::sigtimedwait(&set, nullptr, &ts);
+    if (got == SIGINT || got == SIGTERM) return true;
+    if (got < 0 && errno == EAGAIN) return false;  // the interval passed
+  }
+}
+
+// --watch: the table redrawn in place every --interval (a terminal), or, with --json, one
+// JSON line per refresh. A service that stops answering is shown as such and asked again;
+// refusals and bad flags end it. Ctrl-C or SIGTERM ends it with 0; --count refreshes with
+// the last one's status.
+int WatchStatus(const StatusCommandOptions& o) {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  ::sigprocmask(SIG_BLOCK, &stop, nullptr);  // taken by sigtimedwait, between refreshes
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  const auto interval = std::chrono::milliseconds(static_cast<long>(o.interval * 1000));
+  int last = 0;  // the last refresh's code: --count's exit status
+  for (long n = 0; o.count == 0 || n < o.count; ++n) {
+    v1::StatusResponse resp;
+    std::string target;
+    // The fetch's own error lines go to stderr; a watched screen keeps only the last.
+    bool final = false;
+    const int code = FetchStatus(o, &resp, &target, &final);
+    if (code == 2 || final) return code;  // a bad flag or a refusal does not get better
+    const auto now = std::chrono::system_clock::now();
+    const std::time_t t = std::chrono::system_clock::to_time_t(now);
+    char when[32];
+    std::strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+    if (o.json) {
+      nlohmann::json line{{"time", when}};
+      if (code == 0) {
+        line["jobs"] = JobsJson(resp);
+      } else {
+        line["error"] = "no answer from " + (target.empty() ? o.endpoint : target);
+      }
+      std::printf("%s\n", line.dump().c_str());
+    } else {
+      std::string screen = tty ? "\x1b[H\x1b[2J" : "";  // home, clear: redrawn in place
+      char every[64];
+      std::snprintf(every, sizeof every, "Every %g s: ", o.interval);
+      screen += every + std::string("crun status ") + (target.empty() ? o.endpoint : target) +
+                "    " + when + "\n\n";
+      screen += code == 0 ? JobsTable(resp, target) : "no answer (asking again)\n";
+      std::fputs(screen.c_str(), stdout);
+      if (!tty) std::fputs("\n", stdout);
+    }
+    std::fflush(stdout);
+    last = code;
+    if (o.count != 0 && n + 1 >= o.count) break;
+    if (WaitForStop(interval)) return 0;  // stopped by the user
+  }
+  return last;
+}
+
 int RunStatus(const StatusCommandOptions& o) {
   SetUpLogging("status", "warn");  // gRPC's own lines go to debug, not onto the terminal
-  v1::StatusResponse resp;
-  std::string target;
-  const bool etcd = o.backend == "etcd-v3" || o.backend == "etcd";
-  if (!etcd && o.backend != "crun" && o.backend != "c10d") {
+  if (o.backend != "etcd-v3" && o.backend != "etcd" && o.backend != "crun" && o.backend != "c10d") {
     std::fprintf(stderr, "crun status: --rdzv-backend '%s': expected crun, c10d or etcd-v3\n",
                  o.backend.c_str());
     return 2;
   }
-  if (const int code =
-          etcd ? StatusFromEtcd(o, &resp, &target) : StatusFromService(o, &resp, &target);
-      code != 0) {
-    return code;
-  }
-  if (!o.run_id.empty() && resp.jobs_size() == 0) {
-    std::fprintf(stderr, "crun status: %s knows no job with run id '%s'\n", target.c_str(),
-                 o.run_id.c_str());
-    return 1;
-  }
+  if (o.watch) return WatchStatus(o);
+  v1::StatusResponse resp;
+  std::string target;
+  bool final = false;
+  if (const int code = FetchStatus(o, &resp, &target, &final); code != 0) return code;
   if (o.json) {
-    nlohmann::json out = nlohmann::json::array();
-    for (const auto& j : resp.jobs()) {
-      nlohmann::json job{{"run_id", j.run_id()},
-                         {"phase", j.phase()},
-                         {"round", j.round()},
-                         {"restarts_used", j.restarts_used()},
-                         {"max_restarts", j.max_restarts()},
-                         {"min_nodes", j.min_nodes()},
-                         {"max_nodes", j.max_nodes()},
-                         {"world_size", j.world_size()},
-                         {"last_failure", j.last_failure()},
-                         {"lost_hosts",
-                          std::vector<std::string>(j.lost_hosts().begin(), j.lost_hosts().end())}};
-      job["nodes"] = nlohmann::json::array();
-      for (const auto& n : j.nodes()) {
-        job["nodes"].push_back({{"node_id", n.node_id()},
-                                {"host", n.host()},
-                                {"state", n.state()},
-                                {"group_rank", n.group_rank()},
-                                {"nproc", n.nproc()},
-                                {"last_heartbeat_ms_ago", n.last_heartbeat_ms_ago()}});
-      }
-      out.push_back(job);
-    }
-    std::printf("%s\n", out.dump(2).c_str());
+    std::printf("%s\n", JobsJson(resp).dump(2).c_str());
     return 0;
   }
-  if (resp.jobs_size() == 0) std::printf("no jobs at %s\n", target.c_str());
-  for (const auto& j : resp.jobs()) {
-    std::printf("job %s: %s, round %d, nodes %d:%d, world size %d, restarts %d of %d\n",
-                j.run_id().c_str(), j.phase().c_str(), j.round(), j.min_nodes(), j.max_nodes(),
-                j.world_size(), j.restarts_used(), j.max_restarts());
-    if (!j.last_failure().empty()) std::printf("  last failure: %s\n", j.last_failure().c_str());
-    if (j.lost_hosts_size() > 0) {
-      std::string lost;
-      for (const auto& h : j.lost_hosts()) lost += (lost.empty() ? "" : ", ") + h;
-      std::printf("  lost: %s\n", lost.c_str());
-    }
-    std::printf("  %-24s %-20s %-10s %5s %6s  %s\n", "NODE", "HOST", "STATE", "RANK", "NPROC",
-                "LAST HEARTBEAT");
-    for (const auto& n : j.nodes()) {
-      std::printf("  %-24s %-20s %-10s %5s %6d  %s\n", n.node_id().c_str(), n.host().c_str(),
-                  n.state().c_str(),
-                  n.group_rank() < 0 ? "-" : std::to_string(n.group_rank()).c_str(), n.nproc(),
-                  n.state() == "member" ? (Age(n.last_heartbeat_ms_ago()) + " ago").c_str() : "-");
-    }
-  }
+  std::fputs(JobsTable(resp, target).c_str(), stdout);
   return 0;
 }
 
@@ -305,6 +421,7 @@ void AddRendezvousCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--insecure", o->insecure,
                 "Serve a non-loopback address without a job token (a trusted network only)")
       ->group("Security");
+  AddMetricsFlags(cmd, &o->metrics, "the jobs' run ids, nodes and failures");
   cmd->callback([o, exit_code] { *exit_code = RunRendezvous(*o); });
 }
 
@@ -324,7 +441,16 @@ void AddStatusCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--etcd-user", o->etcd_user, "etcd-v3: etcd's user");
   cmd->add_option("--etcd-password-file", o->etcd_password_file,
                   "etcd-v3: file whose first line is the user's password");
-  cmd->add_flag("--json", o->json, "Machine-readable output");
+  cmd->add_flag("--json", o->json,
+                "Machine-readable output (with --watch: one JSON line per refresh)");
+  cmd->add_flag("--watch", o->watch,
+                "Refresh the table in place every --interval until Ctrl-C (like watch/top)");
+  cmd->add_option("--interval", o->interval, "--watch: seconds between refreshes")
+      ->check(PositiveSeconds())
+      ->capture_default_str();
+  cmd->add_option("--count", o->count, "--watch: stop after this many refreshes (0: never)")
+      ->check(WholeNumber(0, 1'000'000'000))
+      ->capture_default_str();
   cmd->add_option("--timeout", o->timeout, "Seconds to wait for the answer")
       ->check(PositiveSeconds())
       ->capture_default_str();

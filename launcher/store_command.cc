@@ -27,8 +27,7 @@ constexpr std::int64_t kMaxCount = std::int64_t{1} << 53;
 struct StoreCommandOptions {
   StoreServerOptions server;
   std::string log_level = "info";
-  std::optional<std::uint16_t> metrics_port;  // no endpoint unless given
-  std::string metrics_host = "127.0.0.1";
+  MetricsFlags metrics;
 };
 
 int RunStore(const StoreCommandOptions& options) {
@@ -46,12 +45,12 @@ int RunStore(const StoreCommandOptions& options) {
   }
   metrics::Registry registry;
   std::unique_ptr<metrics::HttpServer> metrics_server;
-  if (options.metrics_port) {
+  if (options.metrics.port) {
     // Rendered on this loop, where the store's statistics may be read.
     AddStoreMetrics(registry, [&] { return (*server)->stats(); });
     metrics::HttpServerOptions mo;
-    mo.host = options.metrics_host;
-    mo.port = *options.metrics_port;
+    mo.host = options.metrics.host;
+    mo.port = *options.metrics.port;
     auto started = metrics::HttpServer::Start(io, mo, [&] { return registry.Render(); });
     if (!started.ok()) {
       spdlog::error("{}", started.status().message());
@@ -79,7 +78,7 @@ int RunStore(const StoreCommandOptions& options) {
   // The one line scripts read to learn the port (useful with --port 0).
   std::printf("crun store listening on %s\n", (*server)->endpoint().c_str());
   if (metrics_server) {
-    std::printf("crun store metrics on http://%s/metrics\n", metrics_server->endpoint().c_str());
+    std::printf("crun store metrics on %s\n", metrics_server->url().c_str());
   }
   std::fflush(stdout);
   spdlog::debug("descriptor limit {}", descriptors);
@@ -142,15 +141,7 @@ void AddStoreCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--allow", s.allowed_peers,
                   "Accept connections only from these IP addresses (repeatable); none = anyone")
       ->group("Security");
-  cmd->add_option("--metrics-port", options->metrics_port,
-                  "Serve Prometheus metrics on this port at /metrics (0: a free one, printed)")
-      ->check(WholeNumber(0, 65535))
-      ->group("Metrics");
-  cmd->add_option("--metrics-host", options->metrics_host,
-                  "IP address of the metrics endpoint; a non-loopback one exposes the store's "
-                  "statistics to that network")
-      ->capture_default_str()
-      ->group("Metrics");
+  AddMetricsFlags(cmd, &options->metrics, "the store's statistics");
   cmd->add_option("--log-level", options->log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
       ->capture_default_str();

@@ -2,11 +2,13 @@
 
 #include <memory>
 #include <set>
+#include <type_traits>
 #include <utility>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include "base/endpoint.h"
 #include "base/socket.h"
@@ -18,6 +20,7 @@ namespace {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
 
 constexpr std::size_t kHeaderLimit = 8 * 1024;
@@ -25,30 +28,44 @@ constexpr std::size_t kBodyLimit = 4 * 1024;
 
 class Server;
 
-class Connection : public std::enable_shared_from_this<Connection> {
+class Connection {
  public:
-  Connection(Server* server, std::shared_ptr<const bool> stopped, tcp::socket socket,
-             std::chrono::milliseconds timeout)
+  virtual ~Connection() = default;
+  virtual void Run() = 0;
+  virtual void Close() = 0;
+};
+
+// One client's connection over plain TCP (beast::tcp_stream) or TLS (beast::ssl_stream).
+template <typename Stream>
+class ConnectionOf final : public Connection,
+                           public std::enable_shared_from_this<ConnectionOf<Stream>> {
+ public:
+  template <typename... Args>
+  ConnectionOf(Server* server, std::shared_ptr<const bool> stopped,
+               std::chrono::milliseconds timeout, Args&&... stream_args)
       : server_(server),
         stopped_(std::move(stopped)),
-        stream_(std::move(socket)),
+        stream_(std::forward<Args>(stream_args)...),
         timeout_(timeout) {}
 
-  void Run() { Read(); }
-  void Close() {
+  void Run() override;
+  void Close() override {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.close();
+    auto& socket = beast::get_lowest_layer(stream_).socket();
+    socket.shutdown(tcp::socket::shutdown_both, ignored);
+    socket.close(ignored);
   }
 
  private:
+  static constexpr bool kTls = !std::is_same_v<Stream, beast::tcp_stream>;
   void Read();
   void Answer();
   void Done();
+  void Arm() { beast::get_lowest_layer(stream_).expires_after(timeout_); }
 
   Server* server_;  // valid while *stopped_ is false (a handler may run after it is gone)
   std::shared_ptr<const bool> stopped_;
-  beast::tcp_stream stream_;
+  Stream stream_;
   std::chrono::milliseconds timeout_;
   beast::flat_buffer buffer_;
   std::unique_ptr<http::request_parser<http::string_body>> parser_;
@@ -61,6 +78,7 @@ class Server final : public HttpServer {
       : io_(io), o_(std::move(o)), page_(std::move(page)), acceptor_(io) {}
 
   Status Listen() {
+    if (o_.tls) CRUN_RETURN_IF_ERROR(MakeTlsContext(*o_.tls));
     beast::error_code ec;
     const auto address = asio::ip::make_address(o_.host, ec);
     if (ec) return InvalidArgument("--metrics-host '" + o_.host + "' is not an IP address");
@@ -77,6 +95,9 @@ class Server final : public HttpServer {
 
   std::uint16_t port() const override { return port_; }
   std::string endpoint() const override { return FormatEndpoint(o_.host, port_); }
+  std::string url() const override {
+    return (o_.tls ? "https://" : "http://") + endpoint() + "/metrics";
+  }
 
   void Stop() override {
     if (*stopped_) return;
@@ -90,9 +111,28 @@ class Server final : public HttpServer {
   ~Server() override { Stop(); }
 
   std::string Page() { return page_(); }
-  void Forget(const std::shared_ptr<Connection>& c) { open_.erase(c); }
+  void Forget(const Connection* c) {
+    std::erase_if(open_, [c](const auto& o) { return o.get() == c; });
+  }
 
  private:
+  Status MakeTlsContext(const TlsOptions& t) {
+    tls_ = std::make_unique<ssl::context>(ssl::context::tls_server);
+    tls_->set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 |
+                      ssl::context::no_sslv3 | ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1);
+    beast::error_code ec;
+    tls_->use_certificate_chain(asio::buffer(t.cert_pem), ec);
+    if (ec) return InvalidArgument("metrics: the TLS certificate cannot be used: " + ec.message());
+    tls_->use_private_key(asio::buffer(t.key_pem), ssl::context::pem, ec);
+    if (ec) return InvalidArgument("metrics: the TLS key cannot be used: " + ec.message());
+    if (!t.ca_pem.empty()) {
+      tls_->add_certificate_authority(asio::buffer(t.ca_pem), ec);
+      if (ec) return InvalidArgument("metrics: the TLS CA cannot be used: " + ec.message());
+      tls_->set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
+    }
+    return Status::Ok();
+  }
+
   void Accept() {
     acceptor_.async_accept([this, stopped = stopped_](beast::error_code ec, tcp::socket socket) {
       if (*stopped) return;
@@ -101,7 +141,17 @@ class Server final : public HttpServer {
           beast::error_code ignored;
           socket.close(ignored);  // full: refused at once
         } else {
-          auto c = std::make_shared<Connection>(this, stopped_, std::move(socket), o_.io_timeout);
+          std::shared_ptr<Connection> c;
+          if (tls_) {
+            c = std::make_shared<ConnectionOf<beast::ssl_stream<beast::tcp_stream>>>(this, stopped_,
+                                                                                     o_.io_timeout,
+                                                                                     std::move(
+                                                                                         socket),
+                                                                                     *tls_);
+          } else {
+            c = std::make_shared<ConnectionOf<beast::tcp_stream>>(this, stopped_, o_.io_timeout,
+                                                                  std::move(socket));
+          }
           open_.insert(c);
           c->Run();
         }
@@ -115,22 +165,41 @@ class Server final : public HttpServer {
   HttpServerOptions o_;
   std::function<std::string()> page_;
   tcp::acceptor acceptor_;
+  std::unique_ptr<ssl::context> tls_;
   std::uint16_t port_ = 0;
   // Shared with every handler, which may run after the server is gone.
   std::shared_ptr<bool> stopped_ = std::make_shared<bool>(false);
   std::set<std::shared_ptr<Connection>> open_;
 };
 
-void Connection::Read() {
+template <typename Stream>
+void ConnectionOf<Stream>::Run() {
+  if constexpr (kTls) {
+    Arm();
+    // A client that does not speak TLS fails the handshake and is closed.
+    stream_.async_handshake(ssl::stream_base::server,
+                            [self = this->shared_from_this()](beast::error_code ec) {
+                              if (*self->stopped_) return;
+                              if (ec) return self->Done();
+                              self->Read();
+                            });
+  } else {
+    Read();
+  }
+}
+
+template <typename Stream>
+void ConnectionOf<Stream>::Read() {
   parser_ = std::make_unique<http::request_parser<http::string_body>>();
   parser_->header_limit(kHeaderLimit);
   parser_->body_limit(kBodyLimit);
-  stream_.expires_after(timeout_);
+  Arm();
   http::async_read(stream_, buffer_, *parser_,
-                   [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                   [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
                      if (*self->stopped_) return;
                      if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
-                         ec == asio::error::connection_reset || ec == asio::error::eof) {
+                         ec == asio::error::connection_reset || ec == asio::error::eof ||
+                         ec == ssl::error::stream_truncated) {
                        return self->Done();
                      }
                      if (ec) {
@@ -140,7 +209,7 @@ void Connection::Read() {
                        self->response_.body() = "bad request: " + ec.message() + "\n";
                        self->response_.keep_alive(false);
                        self->response_.prepare_payload();
-                       self->stream_.expires_after(self->timeout_);
+                       self->Arm();
                        return http::async_write(self->stream_, self->response_,
                                                 [self](beast::error_code, std::size_t) {
                                                   self->Done();
@@ -150,7 +219,8 @@ void Connection::Read() {
                    });
 }
 
-void Connection::Answer() {
+template <typename Stream>
+void ConnectionOf<Stream>::Answer() {
   const auto& req = parser_->get();
   std::string target(req.target());
   if (auto q = target.find('?'); q != std::string::npos) target.resize(q);
@@ -177,18 +247,19 @@ void Connection::Answer() {
   response_.keep_alive(req.keep_alive());
   response_.prepare_payload();
   if (head) response_.body().clear();  // the length stays the GET's
-  stream_.expires_after(timeout_);
+  Arm();
   http::async_write(stream_, response_,
-                    [self = shared_from_this()](beast::error_code ec, std::size_t) {
+                    [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
                       if (*self->stopped_) return;
                       if (ec || !self->response_.keep_alive()) return self->Done();
                       self->Read();
                     });
 }
 
-void Connection::Done() {
+template <typename Stream>
+void ConnectionOf<Stream>::Done() {
   Close();
-  if (!*stopped_) server_->Forget(shared_from_this());
+  if (!*stopped_) server_->Forget(this);
 }
 
 }  // namespace

@@ -17,12 +17,38 @@ struct Engine::Job {
   std::unique_ptr<RoundStore> store;
   std::optional<msg::FailureReport> root_cause;  // the failure that ended the job or its round
   std::string last_failure;
-  std::uint64_t finished = 0;  // 0 while running; else its order of finishing
+  std::uint64_t finished = 0;       // 0 while running; else its order of finishing
+  TimePoint gathering_since;        // for the round formation time
+  EngineMetrics::JobSeries series;  // when the engine counts metrics
 };
 
 namespace {
 
 bool Ended(Phase p) { return p == Phase::kFailed || p == Phase::kSucceeded; }
+
+// The failures_total cause of a worker failure report.
+const char* CauseOf(const msg::FailureReport& report) {
+  if (report.failures.empty()) return kCauseExitCode;
+  const auto& f = report.failures.front();
+  if (!f.hang.empty()) return kCauseHang;
+  if (!f.oom.empty()) return kCauseOom;
+  if (f.signal) return kCauseSignal;
+  return kCauseExitCode;
+}
+
+const char* RefusalCode(RefuseJoin::Kind kind) {
+  switch (kind) {
+    case RefuseJoin::Kind::kSettingsMismatch:
+      return kRefusedMismatch;
+    case RefuseJoin::Kind::kJobEnded:
+      return kRefusedEnded;
+    case RefuseJoin::Kind::kDuplicateNode:
+      return kRefusedDuplicate;
+    case RefuseJoin::Kind::kInvalid:
+      break;
+  }
+  return kRefusedBadJoin;
+}
 
 }  // namespace
 
@@ -82,52 +108,63 @@ void Engine::OnMessage(SessionId session, const msg::AgentMessage& m, TimePoint 
   auto& job = *jobs_.at(b->second.run_id);
   const std::string node = b->second.node_id;
   if (std::holds_alternative<msg::Heartbeat>(m)) {
-    return Apply(job, rdzv::OnHeartbeat(std::move(job.state), node, now));
+    if (job.series.heartbeats != nullptr) job.series.heartbeats->Inc();
+    return Apply(job, rdzv::OnHeartbeat(std::move(job.state), node, now), now);
   }
-  Apply(job, OnNodeSucceeded(std::move(job.state), node, now));
+  Apply(job, OnNodeSucceeded(std::move(job.state), node, now), now);
 }
 
 void Engine::Log(const std::string& line) const {
   if (hooks_.log) hooks_.log(line);
 }
 
-void Engine::Refuse(SessionId session, const std::string& reason) {
+void Engine::Refuse(SessionId session, const char* code, const std::string& reason) {
   Log("refused a join: " + reason);
+  if (options_.metrics != nullptr) options_.metrics->Refused(code);
   hooks_.send(session, msg::Refused{reason});
 }
 
-Engine::Job& Engine::JobFor(const std::string& run_id, const Settings& settings) {
+Engine::Job& Engine::JobFor(const std::string& run_id, const Settings& settings, TimePoint now) {
   auto it = jobs_.find(run_id);
   // An ended job with nobody left is history: the same run id starts afresh.
   if (it != jobs_.end() && !(it->second->finished != 0 && it->second->sessions.empty())) {
     return *it->second;
   }
+  if (it != jobs_.end()) Forget(run_id);
   auto job = std::make_unique<Job>();
   job->run_id = run_id;
   job->state.settings = settings;
+  job->gathering_since = now;
+  if (options_.metrics != nullptr) job->series = options_.metrics->ForJob(run_id);
   auto& ref = *job;
   jobs_[run_id] = std::move(job);
   return ref;
 }
 
+void Engine::Forget(const std::string& run_id) {
+  if (options_.metrics != nullptr) options_.metrics->Forget(run_id);
+}
+
 void Engine::OnJoin(SessionId session, const msg::Join& join, TimePoint now,
                     const std::string& peer_ip) {
   if (join.protocol_version != kProtocolVersion) {
-    return Refuse(session, "protocol version " + std::to_string(join.protocol_version) +
-                               " is not supported: this service speaks version " +
-                               std::to_string(kProtocolVersion));
+    return Refuse(session, kRefusedVersion,
+                  "protocol version " + std::to_string(join.protocol_version) +
+                      " is not supported: this service speaks version " +
+                      std::to_string(kProtocolVersion));
   }
-  if (join.run_id.empty()) return Refuse(session, "the join names no run id");
+  if (join.run_id.empty()) return Refuse(session, kRefusedBadJoin, "the join names no run id");
   const auto& node = join.node;
-  if (node.node_id.empty()) return Refuse(session, "the join names no node id");
+  if (node.node_id.empty()) return Refuse(session, kRefusedBadJoin, "the join names no node id");
   const Settings& settings = join.settings;
-  if (auto v = settings.Validate(); !v.ok()) return Refuse(session, v.message());
+  if (auto v = settings.Validate(); !v.ok()) return Refuse(session, kRefusedBadJoin, v.message());
 
   if (auto b = bound_.find(session); b != bound_.end()) {
     // A re-join after "stop and re-join": the same run and node, on the same session.
     if (b->second.run_id != join.run_id || b->second.node_id != node.node_id) {
-      return Refuse(session, "this session already joined run '" + b->second.run_id +
-                                 "' as node '" + b->second.node_id + "'");
+      return Refuse(session, kRefusedBadJoin,
+                    "this session already joined run '" + b->second.run_id + "' as node '" +
+                        b->second.node_id + "'");
     }
     auto& bound_job = *jobs_.at(b->second.run_id);
     if (bound_job.state.phase == Phase::kGathering &&
@@ -135,7 +172,7 @@ void Engine::OnJoin(SessionId session, const msg::Join& join, TimePoint now,
       return;  // joined already: nothing to do
     }
   }
-  Job& job = JobFor(join.run_id, settings);
+  Job& job = JobFor(join.run_id, settings, now);
   if (auto owner = job.sessions.find(node.node_id);
       owner != job.sessions.end() && owner->second != session && node.incarnation != 0 &&
       job.incarnations[node.node_id] == node.incarnation) {
@@ -147,8 +184,9 @@ void Engine::OnJoin(SessionId session, const msg::Join& join, TimePoint now,
   }
   if (auto owner = job.sessions.find(node.node_id);
       owner != job.sessions.end() && owner->second != session) {
-    Refuse(session, "another agent already joined run '" + join.run_id + "' as node '" +
-                        node.node_id + "' (give each agent its own node id)");
+    Refuse(session, kRefusedDuplicate,
+           "another agent already joined run '" + join.run_id + "' as node '" + node.node_id +
+               "' (give each agent its own node id)");
     if (job.state.phase == Phase::kGathering && job.state.round < 0) {
       // Two agents claim one identity before the job ever ran: a configuration mistake (one
       // node_id given to several agents) that leaves the job a node short. The agents already
@@ -170,7 +208,7 @@ void Engine::OnJoin(SessionId session, const msg::Join& join, TimePoint now,
   for (const auto& a : t.actions) {
     if (const auto* r = std::get_if<RefuseJoin>(&a); r != nullptr && r->node_id == desc.node_id) {
       job.state = std::move(t.state);
-      return Refuse(session, r->reason);
+      return Refuse(session, RefusalCode(r->kind), r->reason);
     }
   }
   bound_[session] = Binding{job.run_id, desc.node_id};
@@ -181,7 +219,7 @@ void Engine::OnJoin(SessionId session, const msg::Join& join, TimePoint now,
   addresses.clear();
   if (!peer_ip.empty()) addresses.push_back(peer_ip);
   addresses.insert(addresses.end(), node.addresses.begin(), node.addresses.end());
-  Apply(job, std::move(t));
+  Apply(job, std::move(t), now);
 }
 
 void Engine::OnWorkersFailed(SessionId session, const msg::FailureReport& report, TimePoint now) {
@@ -194,8 +232,9 @@ void Engine::OnWorkersFailed(SessionId session, const msg::FailureReport& report
     job.root_cause = report;
     job.root_cause->node_id = node;
     job.last_failure = Describe(report);
+    if (options_.metrics != nullptr) options_.metrics->Failure(job.run_id, CauseOf(report));
   }
-  Apply(job, rdzv::OnWorkerFailed(std::move(job.state), node, Describe(report), now));
+  Apply(job, rdzv::OnWorkerFailed(std::move(job.state), node, Describe(report), now), now);
 }
 
 void Engine::Unbind(SessionId session, TimePoint now, const std::string& cause) {
@@ -209,7 +248,13 @@ void Engine::Unbind(SessionId session, TimePoint now, const std::string& cause) 
     EvictFinished();
     return;
   }
-  Apply(job, OnNodeLost(std::move(job.state), binding.node_id, now, cause));
+  if (options_.metrics != nullptr && job.state.phase == Phase::kRunning) {
+    auto m = job.state.member_index.find(binding.node_id);
+    if (m != job.state.member_index.end() && !job.state.members[m->second].succeeded) {
+      options_.metrics->Failure(job.run_id, kCauseNodeLost);
+    }
+  }
+  Apply(job, OnNodeLost(std::move(job.state), binding.node_id, now, cause), now);
 }
 
 void Engine::OnSessionClosed(SessionId session, TimePoint now) {
@@ -322,7 +367,13 @@ void Engine::OnTick(TimePoint now) {
   for (auto& [id, job] : jobs_) {
     if (job->wake && *job->wake <= now) {
       job->wake.reset();
-      Apply(*job, rdzv::OnTick(std::move(job->state), now));
+      const bool running = job->state.phase == Phase::kRunning;
+      const std::size_t lost = job->state.lost_hosts.size();
+      Apply(*job, rdzv::OnTick(std::move(job->state), now), now);
+      // A running round loses a node on a tick only when its heartbeats ran out.
+      if (options_.metrics != nullptr && running && job->state.lost_hosts.size() > lost) {
+        options_.metrics->Failure(job->run_id, kCauseHeartbeat);
+      }
     }
   }
 }
@@ -357,11 +408,12 @@ void Engine::Finish(Job& job, bool success, const std::string& reason) {
   }
   if (!success) job.last_failure = reason;
   Log(job.run_id + ": job " + (success ? "succeeded" : "failed: " + reason));
+  if (options_.metrics != nullptr) options_.metrics->Finished(success);
   SendToJob(job, f);
   EvictFinished();
 }
 
-void Engine::Apply(Job& job, Transition t) {
+void Engine::Apply(Job& job, Transition t, TimePoint now) {
   job.state = std::move(t.state);
   if (t.wake_at) job.wake = t.wake_at;
   if (Ended(job.state.phase)) job.wake.reset();
@@ -394,6 +446,11 @@ void Engine::Apply(Job& job, Transition t) {
           std::to_string(job.store->port()) +
           (round->spares.empty() ? "" : ", " + std::to_string(round->spares.size()) + " spares"));
       job.world_size = round->assignments.empty() ? 0 : round->assignments.front().world_size;
+      if (options_.metrics != nullptr) {
+        options_.metrics
+            ->RoundFormed(job.series,
+                          std::chrono::duration<double>(now - job.gathering_since).count());
+      }
       for (const auto& a : round->assignments) {
         auto session = job.sessions.find(a.node_id);
         if (session == job.sessions.end()) continue;  // cannot happen: members are bound
@@ -422,6 +479,7 @@ void Engine::Apply(Job& job, Transition t) {
       }
     } else if (auto* stop = std::get_if<StopAndRejoin>(&action)) {
       Log(job.run_id + ": stop and re-join: " + stop->reason);
+      job.gathering_since = now;
       const msg::ServiceMessage m = msg::StopAndRejoin{stop->reason, stop->spends_restart};
       for (const auto& [node, session] : job.sessions) {
         // A node that caused the new gathering by joining it is in it already.
@@ -444,8 +502,31 @@ void Engine::EvictFinished() {
   if (ended.size() <= options_.keep_finished_jobs) return;
   std::sort(ended.begin(), ended.end());
   for (std::size_t i = 0; i + options_.keep_finished_jobs < ended.size(); ++i) {
+    Forget(ended[i].second);
     jobs_.erase(ended[i].second);
   }
+}
+
+void Engine::RefreshMetrics() const {
+  EngineMetrics* m = options_.metrics;
+  if (m == nullptr) return;
+  std::map<Phase, int> phases{{Phase::kGathering, 0},
+                              {Phase::kRunning, 0},
+                              {Phase::kSucceeded, 0},
+                              {Phase::kFailed, 0}};
+  for (const auto& [id, job] : jobs_) {
+    const State& s = job->state;
+    ++phases[s.phase];
+    const auto& series = job->series;
+    if (series.restarts == nullptr) continue;
+    series.restarts->Mirror(s.restarts_used);
+    series.members->Set(static_cast<double>(s.members.size()));
+    series.spares->Set(static_cast<double>(s.spares.size()));
+    series.joined->Set(static_cast<double>(s.joined.size()));
+    series.world_size->Set(job->world_size);
+  }
+  for (const auto& [phase, count] : phases) m->jobs.With({PhaseName(phase)}).Set(count);
+  m->agents.With().Set(static_cast<double>(bound_.size()));
 }
 
 msg::JobStatus DescribeJob(const std::string& run_id, const State& s, int world_size,

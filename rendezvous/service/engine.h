@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "proto/protocol_version.h"
+#include "rendezvous/service/engine_metrics.h"
 #include "rendezvous/service/messages.h"
 #include "rendezvous/service/rules.h"
 
@@ -61,6 +62,8 @@ struct EngineOptions {
   std::string advertise_addr;  // empty: the host each agent dialed
   std::size_t keep_finished_jobs = 64;
   bool durable = false;  // told to agents in every assignment (RoundAssignment.durable_service)
+  // Counted into when set (engine_metrics.h); outlives the engine.
+  EngineMetrics* metrics = nullptr;
 };
 
 class Engine {
@@ -86,6 +89,9 @@ class Engine {
   // it is listed as missing.
   static constexpr std::size_t kMaxStacksBytes = std::size_t{3} << 20;
   std::size_t live_sessions() const { return bound_.size(); }
+  // Sets what options.metrics shows of the engine's state (jobs by phase, agents, each job's
+  // nodes and restarts); run before each scrape, on the engine's thread.
+  void RefreshMetrics() const;
 
  private:
   struct Job;
@@ -105,10 +111,11 @@ class Engine {
 
   void OnJoin(SessionId session, const msg::Join& join, TimePoint now, const std::string& peer_ip);
   void OnWorkersFailed(SessionId session, const msg::FailureReport& report, TimePoint now);
-  void Apply(Job& job, Transition t);
+  void Apply(Job& job, Transition t, TimePoint now);
   void Finish(Job& job, bool success, const std::string& reason);
   void SendToJob(const Job& job, const msg::ServiceMessage& m);
-  void Refuse(SessionId session, const std::string& reason);
+  // `code`: refused_total's reason (engine_metrics.h).
+  void Refuse(SessionId session, const char* code, const std::string& reason);
   void Log(const std::string& line) const;
   void Unbind(SessionId session, TimePoint now, const std::string& cause = "its session ended");
   // Fans a stacks request out to the running round's nodes but `except`; nullopt: no job, or
@@ -118,7 +125,8 @@ class Engine {
                                             TimePoint now, std::string* error);
   void OnStacksReply(SessionId session, const msg::StacksReply& reply);
   void CompleteStacks(std::uint64_t id);
-  Job& JobFor(const std::string& run_id, const Settings& settings);
+  Job& JobFor(const std::string& run_id, const Settings& settings, TimePoint now);
+  void Forget(const std::string& run_id);
   void EvictFinished();
 
   EngineHooks hooks_;

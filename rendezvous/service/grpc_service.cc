@@ -20,8 +20,10 @@
 #include "base/socket.h"
 #include "base/write_queue.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
+#include "metrics/registry.h"
 #include "rendezvous/server/store_server.h"
 #include "rendezvous/service/engine.h"
+#include "rendezvous/service/engine_metrics.h"
 #include "rendezvous/service/proto_messages.h"
 
 namespace crun::rdzv {
@@ -148,6 +150,11 @@ struct Core {
   std::mutex mu;
   std::unordered_map<SessionId, SessionReactor*> streams;
   std::atomic<std::uint64_t> refused_calls{0};
+  // Prometheus metrics (options.metrics): counted on any thread, the page rendered on the
+  // engine's.
+  metrics::Registry registry;
+  std::unique_ptr<EngineMetrics> engine_metrics;
+  std::unique_ptr<metrics::HttpServer> metrics_server;
 };
 
 grpc::Status Core::Authorize(const grpc::CallbackServerContext* context, const char* call) {
@@ -161,6 +168,7 @@ grpc::Status Core::Authorize(const grpc::CallbackServerContext* context, const c
   }
   const auto n = refused_calls.fetch_add(1, std::memory_order_relaxed) + 1;
   const std::string why = given ? "a wrong job token" : "no job token";
+  if (engine_metrics) engine_metrics->Refused(given ? kRefusedWrongToken : kRefusedNoToken);
   if (WorthLogging(n)) {
     spdlog::warn("refused {} call #{} from {}: {}", call, n, PeerIp(context->peer()), why);
   }
@@ -258,6 +266,7 @@ class ServiceImpl final : public v1::Rendezvous::CallbackService {
 
   grpc::ServerBidiReactor<v1::AgentMessage, v1::ServiceMessage>* Session(
       grpc::CallbackServerContext* context) override {
+    if (core_->engine_metrics) core_->engine_metrics->sessions_total.With().Inc();
     if (auto s = core_->Authorize(context, "Session"); !s.ok()) return new RefusedSession(s);
     return new SessionReactor(core_, PeerIp(context->peer()));
   }
@@ -342,6 +351,19 @@ class GrpcRendezvousService final : public RendezvousService {
     eo.advertise_addr = o.advertise_addr;
     eo.keep_finished_jobs = o.keep_finished_jobs;
     eo.durable = o.durable;
+    if (o.metrics) {
+      core_->engine_metrics = std::make_unique<EngineMetrics>(core_->registry);
+      eo.metrics = core_->engine_metrics.get();
+      core_->registry.OnScrape([core] {  // on the engine's thread, where the page is rendered
+        if (core->engine) core->engine->RefreshMetrics();
+        std::size_t open = 0;
+        {
+          std::lock_guard lock(core->mu);
+          open = core->streams.size();
+        }
+        core->engine_metrics->sessions.With().Set(static_cast<double>(open));
+      });
+    }
     core_->engine = std::make_unique<Engine>(std::move(hooks), eo);
 
     // gRPC says only "failed" when it cannot listen: find out why first (in use, not an
@@ -365,6 +387,22 @@ class GrpcRendezvousService final : public RendezvousService {
                          " (address in use, not an address of this host, or no permission)");
     }
     port_ = static_cast<std::uint16_t>(selected);
+    if (o.metrics) {
+      metrics::HttpServerOptions mo = *o.metrics;
+      if (o.security.tls()) {
+        mo.tls = metrics::TlsOptions{o.security.cert_pem, o.security.key_pem, o.security.ca_pem};
+      }
+      auto started =
+          metrics::HttpServer::Start(core_->io, mo, [core] { return core->registry.Render(); });
+      if (!started.ok()) {
+        server_->Shutdown();
+        server_->Wait();
+        server_.reset();
+        return started.status();
+      }
+      core_->metrics_server = std::move(started).value();
+      metrics_url_ = core_->metrics_server->url();
+    }
     if (auto* health = server_->GetHealthCheckService()) {
       health->SetServingStatus("crun.v1.Rendezvous", true);
     }
@@ -376,6 +414,7 @@ class GrpcRendezvousService final : public RendezvousService {
   }
 
   std::uint16_t port() const override { return port_; }
+  std::string metrics_url() const override { return metrics_url_; }
 
   void Stop(std::chrono::milliseconds grace) override {
     if (stopped_.exchange(true)) return;
@@ -384,6 +423,7 @@ class GrpcRendezvousService final : public RendezvousService {
       std::promise<void> ended;
       asio::post(core_->io, [this, &ended] {
         core_->EndStacksCalls();
+        if (core_->metrics_server) core_->metrics_server->Stop();
         ended.set_value();
       });
       ended.get_future().wait();
@@ -425,6 +465,7 @@ class GrpcRendezvousService final : public RendezvousService {
   std::unique_ptr<grpc::Server> server_;
   std::thread thread_;
   std::uint16_t port_ = 0;
+  std::string metrics_url_;
   std::atomic<bool> stopped_{false};
 };
 

@@ -10,10 +10,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "base/security.h"
 #include "base/status.h"
+#include "metrics/http_server.h"
 
 namespace crun::rdzv {
 
@@ -33,6 +35,9 @@ struct ServiceOptions {
   bool store_allow_list = true;
   // Connections one address may hold open on a round's store (0: no bound).
   std::size_t store_connections_per_peer = 4096;
+  // Prometheus metrics at /metrics (docs/observability.md), served on the engine's thread;
+  // TLS with the service's certificate when the service has one.
+  std::optional<metrics::HttpServerOptions> metrics;
 };
 
 struct ServiceStats {
@@ -47,6 +52,8 @@ class RendezvousService {
   static StatusOr<std::unique_ptr<RendezvousService>> Start(const ServiceOptions& options);
   virtual ~RendezvousService() = default;
   virtual std::uint16_t port() const = 0;
+  // "http://127.0.0.1:9400/metrics" (https with TLS), or "" without options.metrics.
+  virtual std::string metrics_url() const = 0;
   // Waits up to `grace` for the agents to end their sessions (they do on a job's outcome),
   // then ends the rest, closes the stores and joins the thread. Idempotent.
   virtual void Stop(std::chrono::milliseconds grace = std::chrono::milliseconds(200)) = 0;

@@ -180,18 +180,24 @@ std::vector<NodeDescription> RankOrder(std::vector<NodeDescription> nodes) {
 
 Transition OnJoin(State s, const NodeDescription& node, const Settings& its_settings,
                   TimePoint now) {
-  auto refuse = [&](std::string why) {
-    Transition t{s, {RefuseJoin{node.node_id, std::move(why)}}, EarliestDeadline(s)};
+  using Kind = RefuseJoin::Kind;
+  auto refuse = [&](std::string why, Kind kind) {
+    Transition t{s, {RefuseJoin{node.node_id, std::move(why), kind}}, EarliestDeadline(s)};
     return t;
   };
-  if (auto c = s.settings.CheckCompatible(its_settings); !c.ok()) return refuse(c.message());
-  if (s.phase == Phase::kFailed) return refuse("the job has already failed");
-  if (s.phase == Phase::kSucceeded) return refuse("the job has already finished");
-  if (s.present.count(node.node_id) != 0)
-    return refuse("another agent already joined as node '" + node.node_id + "'");
+  if (auto c = s.settings.CheckCompatible(its_settings); !c.ok()) {
+    return refuse(c.message(), Kind::kSettingsMismatch);
+  }
+  if (s.phase == Phase::kFailed) return refuse("the job has already failed", Kind::kJobEnded);
+  if (s.phase == Phase::kSucceeded) return refuse("the job has already finished", Kind::kJobEnded);
+  if (s.present.count(node.node_id) != 0) {
+    return refuse("another agent already joined as node '" + node.node_id + "'",
+                  Kind::kDuplicateNode);
+  }
   if (node.nproc < 1 || node.nproc > kMaxNprocPerNode) {
     return refuse("nproc " + std::to_string(node.nproc) + " must be 1 to " +
-                  std::to_string(kMaxNprocPerNode));
+                      std::to_string(kMaxNprocPerNode),
+                  Kind::kInvalid);
   }
   if (s.phase == Phase::kRunning) {
     if (static_cast<int>(s.members.size()) >= s.settings.max_nodes) {

@@ -77,8 +77,10 @@ struct FormRound {
   std::vector<std::string> spares;      // joined, kept for a node that is lost
 };
 struct RefuseJoin {
+  enum class Kind { kSettingsMismatch, kJobEnded, kDuplicateNode, kInvalid };
   std::string node_id;
   std::string reason;
+  Kind kind = Kind::kInvalid;
 };
 struct FailJob {
   std::string reason;

@@ -9,7 +9,8 @@
 // (OnTick at the engine's own NextWake or at an arbitrary later time). After every event:
 // nothing crashed, leaked or hit undefined behaviour; every message sent reaches the wire and
 // parses back (an agent's gRPC would drop one that does not); every assignment sent names a
-// rank range inside its world; at the end Status() answers with a message that serializes.
+// rank range inside its world; at the end Status() answers with a message that serializes,
+// and the metrics page renders with series of the jobs still held only.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstdint>
@@ -21,6 +22,7 @@
 
 #include <google/protobuf/stubs/logging.h>
 
+#include "metrics/registry.h"
 #include "rendezvous/service/engine.h"
 #include "rendezvous/service/proto_messages.h"
 
@@ -199,8 +201,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (!asked.count(query) || !answered.insert(query).second) Broken("a stacks answer twice");
     CheckSent(r);
   };
+  // The metrics are counted throughout (hostile run ids become label values).
+  crun::metrics::Registry registry;
+  crun::rdzv::EngineMetrics metrics(registry);
   crun::rdzv::EngineOptions options;
   options.keep_finished_jobs = 2;
+  options.metrics = &metrics;
   Engine engine(std::move(hooks), options);
   TimePoint now{};
   for (int step = 0; step < 200 && in.remaining_bytes() > 0; ++step) {
@@ -247,6 +253,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto status = crun::rdzv::ToProto(engine.Status("", now));
   std::string wire;
   if (!status.SerializeToString(&wire)) Broken("Status does not serialize");
+  // The page renders; the jobs no longer held have no series left.
+  engine.RefreshMetrics();
+  const std::string page = registry.Render();
+  if (page.find("crun_rendezvous_jobs{") == std::string::npos) Broken("no jobs on the page");
+  if (metrics.held_runs() > static_cast<std::size_t>(status.jobs_size()))
+    Broken("series of a forgotten job remain");
   (void)sends;
   return 0;
 }

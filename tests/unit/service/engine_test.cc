@@ -7,7 +7,9 @@
 #include <variant>
 #include <vector>
 
+#include "metrics/registry.h"
 #include "rendezvous/service/engine.h"
+#include "tests/unit/metrics_page.h"
 
 namespace {
 
@@ -534,4 +536,127 @@ TEST_CASE(
   CHECK(h.stacks_done[0].second.nodes.size() == 1);
   REQUIRE(h.stacks_done[0].second.missing.size() == 1);
   CHECK(h.stacks_done[0].second.missing[0].rfind("b (its stacks did not fit", 0) == 0);
+}
+
+namespace {
+
+// An engine's metrics, and options that count into them.
+struct Metered {
+  crun::metrics::Registry registry;
+  crun::rdzv::EngineMetrics metrics{registry};
+  crun::rdzv::EngineOptions Options(std::size_t keep_finished_jobs = 64) {
+    crun::rdzv::EngineOptions o;
+    o.metrics = &metrics;
+    o.keep_finished_jobs = keep_finished_jobs;
+    return o;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("engine: metrics count rounds, failures by cause, refusals and outcomes", "[engine]") {
+  using crun::testing::SampleValue;
+  Metered m;
+  auto& registry = m.registry;
+  Harness h(m.Options());
+  auto value = [&](const std::string& series) {
+    h.engine.RefreshMetrics();
+    return SampleValue(registry.Render(), series);
+  };
+  h.Join(1, "a", T0);
+  CHECK(value("crun_rendezvous_jobs{phase=\"gathering\"}") == 1);
+  CHECK(value("crun_rendezvous_job_nodes{run_id=\"job7\",state=\"joined\"}") == 1);
+  h.Join(2, "b", T0 + 250ms);  // round 0 forms 0.25 s after the first join
+  CHECK(value("crun_rendezvous_jobs{phase=\"running\"}") == 1);
+  CHECK(value("crun_rendezvous_jobs{phase=\"gathering\"}") == 0);
+  CHECK(value("crun_rendezvous_agents_connected") == 2);
+  CHECK(value("crun_rendezvous_job_nodes{run_id=\"job7\",state=\"member\"}") == 2);
+  CHECK(value("crun_rendezvous_job_world_size{run_id=\"job7\"}") == 4);
+  CHECK(value("crun_rendezvous_rounds_total{run_id=\"job7\"}") == 1);
+  CHECK(value("crun_rendezvous_round_formation_seconds_bucket{le=\"0.1\"}") == 0);
+  CHECK(value("crun_rendezvous_round_formation_seconds_bucket{le=\"0.25\"}") == 1);
+  CHECK(value("crun_rendezvous_round_formation_seconds_sum") == Approx(0.25));
+  h.Heartbeat(1, T0 + 1s);
+  h.Heartbeat(2, T0 + 1s);
+  CHECK(value("crun_rendezvous_heartbeats_total{run_id=\"job7\"}") == 2);
+
+  // A worker fails: one restart spent; the re-joins form round 1 in 0.5 s.
+  h.Fail(2, "b", 3, 7, T0 + 2s);
+  CHECK(value("crun_rendezvous_failures_total{run_id=\"job7\",cause=\"exit_code\"}") == 1);
+  CHECK(value("crun_rendezvous_failures_total{run_id=\"job7\",cause=\"signal\"}") == 0);
+  CHECK(value("crun_rendezvous_restarts_total{run_id=\"job7\"}") == 1);
+  h.Join(1, "a", T0 + 2s + 100ms);
+  h.Join(2, "b", T0 + 2s + 500ms);
+  CHECK(value("crun_rendezvous_rounds_total{run_id=\"job7\"}") == 2);
+  CHECK(value("crun_rendezvous_round_formation_seconds_bucket{le=\"0.5\"}") == 2);
+  CHECK(value("crun_rendezvous_round_formation_seconds_count") == 2);
+
+  // A session ends mid-round: a node lost, no restart spent.
+  h.engine.OnSessionClosed(2, T0 + 3s);
+  CHECK(value("crun_rendezvous_failures_total{run_id=\"job7\",cause=\"node_lost\"}") == 1);
+  CHECK(value("crun_rendezvous_restarts_total{run_id=\"job7\"}") == 1);
+  CHECK(value("crun_rendezvous_agents_connected") == 1);
+
+  // A join with other settings and one of another protocol version are refused, by reason.
+  h.Join(3, "c", T0 + 3s, {.max = 4});
+  h.Join(4, "d", T0 + 3s, {.version = 9});
+  CHECK(value("crun_rendezvous_refused_total{reason=\"settings_mismatch\"}") == 1);
+  CHECK(value("crun_rendezvous_refused_total{reason=\"protocol_version\"}") == 1);
+  CHECK(value("crun_rendezvous_refused_total{reason=\"duplicate_node\"}") == 0);
+
+  // b comes back, a round forms; a's worker is killed with the budget spent: the job fails.
+  h.Join(1, "a", T0 + 3s);
+  h.Join(5, "b", T0 + 3s + 10ms);
+  REQUIRE(h.LastIs<msg::Assignment>(5));
+  msg::FailureReport r;
+  r.host = "a";
+  r.failures.emplace_back().signal = 9;
+  r.failures.back().oom = "killed by the kernel's OOM killer";
+  h.engine.OnMessage(1, r, T0 + 4s);
+  CHECK(value("crun_rendezvous_failures_total{run_id=\"job7\",cause=\"oom\"}") == 1);
+  CHECK(value("crun_rendezvous_jobs_finished_total{outcome=\"failed\"}") == 1);
+  CHECK(value("crun_rendezvous_jobs_finished_total{outcome=\"succeeded\"}") == 0);
+  CHECK(value("crun_rendezvous_jobs{phase=\"failed\"}") == 1);
+
+  // A second job whose node goes silent: heartbeat_timeout.
+  h.Join(11, "x", T0, {.min = 1, .max = 2, .run = "job8"});
+  h.Join(12, "y", T0, {.min = 1, .max = 2, .run = "job8"});
+  for (auto t = 1s; t <= 5s; t += 1s) {
+    h.Heartbeat(11, T0 + t);
+    if (auto w = h.engine.NextWake(); w && *w <= T0 + t) h.engine.OnTick(T0 + t);
+  }
+  CHECK(value("crun_rendezvous_failures_total{run_id=\"job8\",cause=\"heartbeat_timeout\"}") == 1);
+  CHECK(value("crun_rendezvous_failures_total{run_id=\"job8\",cause=\"node_lost\"}") == 0);
+}
+
+TEST_CASE("engine: a forgotten job's series go; a reused run id counts from 0", "[engine]") {
+  using crun::testing::SampleValue;
+  Metered m;
+  auto& registry = m.registry;
+  Harness h(m.Options(0));
+  const JoinSpec one{.min = 1, .max = 1, .nproc = 1, .max_restarts = 0};
+  h.Join(1, "a", T0, one);
+  h.Succeed(1, T0 + 1s);
+  CHECK(h.Finished(1).success);
+  CHECK(SampleValue(registry.Render(), "crun_rendezvous_rounds_total{run_id=\"job7\"}") == 1);
+  h.engine.OnSessionClosed(1, T0 + 2s);  // nobody left, nothing kept: forgotten
+  h.engine.RefreshMetrics();
+  const std::string page = registry.Render();
+  CHECK(page.find("job7") == std::string::npos);
+  CHECK(SampleValue(page, "crun_rendezvous_jobs_finished_total{outcome=\"succeeded\"}") == 1);
+  CHECK(SampleValue(page, "crun_rendezvous_jobs{phase=\"succeeded\"}") == 0);
+
+  // Kept jobs: a new job of an ended run id replaces it, its series from 0.
+  Metered kept;
+  auto& r2 = kept.registry;
+  Harness k(kept.Options(8));
+  k.Join(1, "a", T0, one);
+  k.Fail(1, "a", 0, 1, T0 + 1s);
+  k.engine.OnSessionClosed(1, T0 + 2s);
+  CHECK(SampleValue(r2.Render(),
+                    "crun_rendezvous_failures_total{run_id=\"job7\",cause=\"exit_code\"}") == 1);
+  k.Join(2, "a", T0 + 3s, one);
+  CHECK(SampleValue(r2.Render(),
+                    "crun_rendezvous_failures_total{run_id=\"job7\",cause=\"exit_code\"}") == 0);
+  CHECK(SampleValue(r2.Render(), "crun_rendezvous_rounds_total{run_id=\"job7\"}") == 1);
 }

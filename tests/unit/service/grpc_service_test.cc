@@ -14,9 +14,11 @@
 
 #include "agent/session_client.h"
 #include "base/security.h"
+#include "base/socket.h"
 #include "proto/protocol_version.h"
 #include "rendezvous/service/grpc_service.h"
 #include "rendezvous/store/tcp_store_client.h"
+#include "tests/unit/metrics_page.h"
 
 namespace {
 
@@ -28,12 +30,14 @@ namespace v1 = crun::v1;
 // Every wait on the service has a deadline: a service that never answers fails the test.
 constexpr std::chrono::seconds kDeadline{30};
 
-std::unique_ptr<RendezvousService> StartService(const std::string& token = "") {
+std::unique_ptr<RendezvousService> StartService(const std::string& token = "",
+                                                bool metrics = false) {
   ServiceOptions o;
   o.host = "127.0.0.1";
   o.port = 0;
   o.log_decisions = false;
   o.security.token = token;
+  if (metrics) o.metrics = crun::metrics::HttpServerOptions{};  // loopback, a free port
   auto s = RendezvousService::Start(o);
   REQUIRE(s.ok());
   return std::move(s).value();
@@ -120,6 +124,28 @@ class Agent {
   crun::Status done_status_ = crun::Status::Ok();
   std::unique_ptr<SessionClient> client_;  // last: destroyed (and closed) first
 };
+
+// The body of GET `url` ("http://127.0.0.1:PORT/metrics"), over a plain socket.
+std::string Scrape(const std::string& url) {
+  const auto colon = url.rfind(':');
+  const auto port = std::stoi(url.substr(colon + 1, url.find('/', colon) - colon - 1));
+  auto fd = crun::ConnectTcp("127.0.0.1", static_cast<std::uint16_t>(port),
+                             crun::DeadlineAfter(kDeadline));
+  REQUIRE(fd.ok());
+  const auto deadline = crun::DeadlineAfter(kDeadline);
+  REQUIRE(crun::SendAll(fd->get(), "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                        deadline, "metrics")
+              .ok());
+  std::string got;
+  char buf[4096];
+  while (true) {
+    auto n = crun::RecvSome(fd->get(), buf, 1, sizeof buf, deadline, "metrics");
+    if (!n.ok()) break;  // closed (a timeout fails below: no 200)
+    got.append(buf, *n);
+  }
+  REQUIRE(got.rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+  return got.substr(got.find("\r\n\r\n") + 4);
+}
 
 }  // namespace
 
@@ -397,4 +423,41 @@ TEST_CASE("grpc service: stopping the service ends a Stacks call still waiting f
   call.join();
   // Ended by the stop (not by the call's own deadline, which would be DEADLINE_EXCEEDED).
   CHECK(status.error_code() == grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_CASE("grpc service: /metrics counts sessions, refusals by reason and the job's rounds",
+          "[grpc][metrics]") {
+  using crun::testing::SampleValue;
+  auto service = StartService("s3cret-token", true);
+  const std::string url = service->metrics_url();
+  CHECK_THAT(url, Catch::StartsWith("http://127.0.0.1:"));
+  Agent a(service->port(), "node-a", "s3cret-token"), b(service->port(), "node-b", "s3cret-token");
+  Agent none(service->port(), "node-x"), wrong(service->port(), "node-y", "guess");
+  none.Join();
+  wrong.Join();
+  CHECK(none.WaitDone().code() == crun::StatusCode::kPermissionDenied);
+  CHECK(wrong.WaitDone().code() == crun::StatusCode::kPermissionDenied);
+  a.Join();
+  b.Join();
+  REQUIRE(a.Next().has_assignment());
+  REQUIRE(b.Next().has_assignment());
+  a.Fail(1, 3);  // one restart: both re-join
+  REQUIRE(a.Next().has_stop_and_rejoin());
+  REQUIRE(b.Next().has_stop_and_rejoin());
+  a.Join();
+  b.Join();
+  REQUIRE(a.Next().has_assignment());
+  REQUIRE(b.Next().has_assignment());
+  const std::string page = Scrape(url);
+  CHECK(SampleValue(page, "crun_rendezvous_refused_total{reason=\"token_missing\"}") == 1);
+  CHECK(SampleValue(page, "crun_rendezvous_refused_total{reason=\"token_wrong\"}") == 1);
+  CHECK(SampleValue(page, "crun_rendezvous_grpc_sessions_total") == 4);
+  CHECK(SampleValue(page, "crun_rendezvous_grpc_sessions") == 2);
+  CHECK(SampleValue(page, "crun_rendezvous_agents_connected") == 2);
+  CHECK(SampleValue(page, "crun_rendezvous_jobs{phase=\"running\"}") == 1);
+  CHECK(SampleValue(page, "crun_rendezvous_rounds_total{run_id=\"job7\"}") == 2);
+  CHECK(SampleValue(page, "crun_rendezvous_restarts_total{run_id=\"job7\"}") == 1);
+  CHECK(SampleValue(page, "crun_rendezvous_failures_total{run_id=\"job7\",cause=\"exit_code\"}") ==
+        1);
+  CHECK(SampleValue(page, "crun_rendezvous_round_formation_seconds_count") == 2);
 }

@@ -1,0 +1,83 @@
+#include "agent/agent_metrics.h"
+
+namespace crun::agent {
+namespace {
+
+const std::vector<std::string> kLabels{"run_id", "node", "role"};
+
+std::vector<std::string> With(std::vector<std::string> names, const std::string& extra) {
+  names.push_back(extra);
+  return names;
+}
+
+std::vector<std::string> Values(const AgentMetricLabels& l) { return {l.run_id, l.node, l.role}; }
+
+std::vector<std::string> Values(const AgentMetricLabels& l, const std::string& extra) {
+  auto v = Values(l);
+  v.push_back(extra);
+  return v;
+}
+
+// Seconds from a failure to the replacements running: the stop (milliseconds, or the grace
+// of a worker that ignores SIGTERM) plus the rendezvous (the last call of elastic jobs).
+std::vector<double> RecoveryBuckets() {
+  auto b = metrics::LatencyBuckets();
+  b.insert(b.end(), {120, 300});
+  return b;
+}
+
+}  // namespace
+
+AgentMetrics::AgentMetrics(metrics::Registry& r, const AgentMetricLabels& l)
+    : exits_(r.AddCounter("crun_agent_worker_exits_total",
+                          "This node's worker exits, by cause: success, exit_code, signal, "
+                          "oom, hang, stopped (by crun), launch (could not start)",
+                          With(kLabels, "cause"))),
+      labels_(Values(l)) {
+  auto& workers = r.AddGauge("crun_agent_workers",
+                             "This node's workers, by state: running, stopping (being stopped "
+                             "by crun), exited (in the current attempt)",
+                             With(kLabels, "state"));
+  workers_running = &workers.With(Values(l, "running"));
+  workers_stopping = &workers.With(Values(l, "stopping"));
+  workers_exited = &workers.With(Values(l, "exited"));
+  // One series of a family labelled with this node's labels only.
+  auto counter = [&](const char* name, const char* help) {
+    return &r.AddCounter(name, help, kLabels).With(labels_);
+  };
+  auto gauge = [&](const char* name, const char* help) {
+    return &r.AddGauge(name, help, kLabels).With(labels_);
+  };
+  restarts = counter("crun_agent_restarts_total",
+                     "Restarts of the job's worker groups: TORCHELASTIC_RESTART_COUNT of this "
+                     "node's latest workers");
+  rounds = counter("crun_agent_rounds_total",
+                   "Attempts started on this node (rounds in which it ran workers)");
+  recovery = &r.AddHistogram("crun_agent_recovery_seconds",
+                             "Time from a failure this node saw (one of its workers', or the "
+                             "stop the rendezvous pushed) to its replacement workers running",
+                             kLabels, RecoveryBuckets())
+                  .With(labels_);
+  auto& bytes =
+      r.AddCounter("crun_agent_log_bytes_total",
+                   "Bytes of the workers' output crun read, by stream", With(kLabels, "stream"));
+  stdout_bytes = &bytes.With(Values(l, "stdout"));
+  stderr_bytes = &bytes.With(Values(l, "stderr"));
+  last_rendezvous_time = gauge("crun_agent_last_rendezvous_timestamp_seconds",
+                               "When this node last got an assignment (Unix time)");
+  last_rendezvous_duration = gauge("crun_agent_last_rendezvous_duration_seconds",
+                                   "How long this node's last rendezvous took, from its join to "
+                                   "its assignment");
+  for (const char* cause :
+       {kExitSuccess, kExitCode, kExitSignal, kExitOom, kExitHang, kExitStopped, kExitLaunch}) {
+    exits_.With(Values(l, cause));  // shown from 0
+  }
+}
+
+void AgentMetrics::Exit(const char* cause) {
+  auto v = labels_;
+  v.push_back(cause);
+  exits_.With(v).Inc();
+}
+
+}  // namespace crun::agent

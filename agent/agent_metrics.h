@@ -1,0 +1,52 @@
+// The per-node crun's metrics (crun_agent_* in docs/observability.md): this node's workers by
+// state, their exits by cause, restarts and rounds, the time from a failure to the
+// replacements running, the bytes of output crun read, and the last rendezvous. Every series
+// carries the job's run_id, this agent's node id and the workers' role: a process serves one
+// job, so each family holds a handful of series (one per state, cause or stream).
+// Counted on the agent's event loop, where the page is also rendered.
+#pragma once
+
+#include <string>
+
+#include "metrics/registry.h"
+
+namespace crun::agent {
+
+// Why a worker exited: worker_exits_total's "cause".
+inline constexpr char kExitSuccess[] = "success";
+inline constexpr char kExitCode[] = "exit_code";   // a non-zero exit code
+inline constexpr char kExitSignal[] = "signal";    // killed by a signal it was not sent by crun
+inline constexpr char kExitOom[] = "oom";          // the kernel's OOM killer
+inline constexpr char kExitHang[] = "hang";        // no progress for --hang-timeout
+inline constexpr char kExitStopped[] = "stopped";  // crun stopped it (another's failure, a signal)
+inline constexpr char kExitLaunch[] = "launch";    // could not be started
+
+struct AgentMetricLabels {
+  std::string run_id;
+  std::string node;
+  std::string role;
+};
+
+class AgentMetrics {
+ public:
+  AgentMetrics(metrics::Registry& registry, const AgentMetricLabels& labels);
+
+  // This node's series (valid while the registry lives).
+  metrics::Gauge* workers_running;
+  metrics::Gauge* workers_stopping;
+  metrics::Gauge* workers_exited;
+  metrics::Counter* restarts;  // mirrored: the job-wide count the rendezvous gives
+  metrics::Counter* rounds;    // attempts started on this node
+  metrics::Histogram* recovery;
+  metrics::Counter* stdout_bytes;
+  metrics::Counter* stderr_bytes;
+  metrics::Gauge* last_rendezvous_time;      // seconds since the epoch
+  metrics::Gauge* last_rendezvous_duration;  // join to assignment
+  void Exit(const char* cause);
+
+ private:
+  metrics::Family<metrics::Counter>& exits_;
+  std::vector<std::string> labels_;
+};
+
+}  // namespace crun::agent
