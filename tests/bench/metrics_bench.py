@@ -164,7 +164,7 @@ def write(args, results):
         ("… at one scrape each 15 s", lambda r: f"{r['cpu_per_scrape_ms'] / 150:.4f} % of a core"),
         ("daemon CPU without scrapes (heartbeats)",
          lambda r: f"{r['base_cpu_percent']:.1f} % of a core"),
-        ("page: series · bytes", lambda r: f"{r['series']} · {r['page_bytes']:,} B"),
+        ("page: series · bytes", lambda r: f"{r['series']:,} · {r['page_bytes']:,} B"),
     ]
     for label, fmt in rows:
         lines.append(f"| {label} | " + " | ".join(fmt(r) for r in results) + " |")
