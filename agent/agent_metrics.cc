@@ -28,6 +28,14 @@ std::vector<double> RecoveryBuckets() {
 
 }  // namespace
 
+const char* ExitCauseOf(const ExitStatus& status, bool hung, bool oom, bool stopping) {
+  if (hung) return kExitHang;
+  if (oom) return kExitOom;
+  if (status.success()) return kExitSuccess;
+  if (stopping) return kExitStopped;  // crun's stop, not the worker's own failure
+  return status.signaled ? kExitSignal : kExitCode;
+}
+
 AgentMetrics::AgentMetrics(metrics::Registry& r, const AgentMetricLabels& l)
     : exits_(r.AddCounter("crun_agent_worker_exits_total",
                           "This node's worker exits, by cause: success, exit_code, signal, "

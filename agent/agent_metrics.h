@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "agent/process.h"
 #include "metrics/registry.h"
 
 namespace crun::agent {
@@ -20,6 +21,10 @@ inline constexpr char kExitOom[] = "oom";          // the kernel's OOM killer
 inline constexpr char kExitHang[] = "hang";        // no progress for --hang-timeout
 inline constexpr char kExitStopped[] = "stopped";  // crun stopped it (another's failure, a signal)
 inline constexpr char kExitLaunch[] = "launch";    // could not be started
+
+// The cause of one worker exit: `hung` (crun found it hung and stopped it), `oom` (the kernel's
+// OOM killer took it), `stopping` (crun was stopping the group when it exited).
+const char* ExitCauseOf(const ExitStatus& status, bool hung, bool oom, bool stopping);
 
 struct AgentMetricLabels {
   std::string run_id;

@@ -447,8 +447,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
     --running;
     hang_watch.Forget(lr);
     WorkerEvent(w, status.success() ? "SUCCEEDED" : "FAILED");
-    // Decided before the failure below starts a stop (which would make it "stopped").
-    const char* cause = ExitCause(lr, status);
+    // Read before the failure below starts a stop (which would make it "stopped").
+    const bool stopping = phase == Phase::kStopping;
+    bool oom_kill = false;
+    const bool hang = HangRecordOf(lr) != nullptr;
     if (FailureRecord* hung = HangRecordOf(lr)) {
       // Stopped by crun after it hung: its record stands, with how it ended.
       hung->exit = status;
@@ -464,7 +466,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
       if (w.err_pump) w.err_pump->DrainAvailable();
       f.stderr_tail = StderrTail(lr);
       const std::string how = status.Describe() + (f.oom.empty() ? "" : ": " + f.oom);
-      if (!f.oom.empty()) cause = kExitOom;
+      oom_kill = !f.oom.empty();
       failures.push_back(std::move(f));
       if (phase == Phase::kRunning) {
         if (!interrupted_at) interrupted_at = std::chrono::steady_clock::now();
@@ -476,7 +478,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
         BeginStop(SIGTERM);
       }
     }
-    if (meters) meters->Exit(cause);
+    if (meters) meters->Exit(ExitCauseOf(status, hang, oom_kill, stopping));
     if (running == 0) {
       // Whatever the workers left behind in their groups goes with them; that also closes
       // the last writers of their output pipes.
@@ -495,15 +497,6 @@ struct LocalAgent::Impl final : RendezvousEvents {
       }
       MaybeEndAttempt();
     }
-  }
-
-  // worker_exits_total's cause of local rank `lr`'s exit, but for an OOM kill (which the
-  // failure record finds out).
-  const char* ExitCause(int lr, const ExitStatus& status) {
-    if (HangRecordOf(lr) != nullptr) return kExitHang;
-    if (status.success()) return kExitSuccess;
-    if (phase == Phase::kStopping) return kExitStopped;  // crun's stop, not its own failure
-    return status.signaled ? kExitSignal : kExitCode;
   }
 
   // The attempt is over once every worker has exited and all their output has been read.

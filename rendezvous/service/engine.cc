@@ -26,16 +26,6 @@ namespace {
 
 bool Ended(Phase p) { return p == Phase::kFailed || p == Phase::kSucceeded; }
 
-// The failures_total cause of a worker failure report.
-const char* CauseOf(const msg::FailureReport& report) {
-  if (report.failures.empty()) return kCauseExitCode;
-  const auto& f = report.failures.front();
-  if (!f.hang.empty()) return kCauseHang;
-  if (!f.oom.empty()) return kCauseOom;
-  if (f.signal) return kCauseSignal;
-  return kCauseExitCode;
-}
-
 const char* RefusalCode(RefuseJoin::Kind kind) {
   switch (kind) {
     case RefuseJoin::Kind::kSettingsMismatch:
@@ -232,7 +222,7 @@ void Engine::OnWorkersFailed(SessionId session, const msg::FailureReport& report
     job.root_cause = report;
     job.root_cause->node_id = node;
     job.last_failure = Describe(report);
-    if (options_.metrics != nullptr) options_.metrics->Failure(job.run_id, CauseOf(report));
+    if (options_.metrics != nullptr) options_.metrics->Failure(job.run_id, FailureCause(report));
   }
   Apply(job, rdzv::OnWorkerFailed(std::move(job.state), node, Describe(report), now), now);
 }

@@ -19,6 +19,15 @@ std::vector<double> FormationBuckets() {
 
 }  // namespace
 
+const char* FailureCause(const msg::FailureReport& report) {
+  if (report.failures.empty()) return kCauseExitCode;
+  const auto& f = report.failures.front();
+  if (!f.hang.empty()) return kCauseHang;
+  if (!f.oom.empty()) return kCauseOom;
+  if (f.signal) return kCauseSignal;
+  return kCauseExitCode;
+}
+
 EngineMetrics::EngineMetrics(metrics::Registry& r)
     : jobs(r.AddGauge("crun_rendezvous_jobs",
                       "Jobs the daemon holds, by phase (gathering, running; succeeded and "

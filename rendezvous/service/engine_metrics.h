@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "metrics/registry.h"
+#include "rendezvous/service/messages.h"
 
 namespace crun::rdzv {
 
@@ -24,6 +25,10 @@ inline constexpr char kCauseOom[] = "oom";
 inline constexpr char kCauseHang[] = "hang";
 inline constexpr char kCauseNodeLost[] = "node_lost";
 inline constexpr char kCauseHeartbeat[] = "heartbeat_timeout";
+
+// The cause of a node's worker failure report: its first failure's (hang, oom, signal or
+// exit_code).
+const char* FailureCause(const msg::FailureReport& report);
 
 // Why a call or a join was refused: refused_total's "reason" label.
 inline constexpr char kRefusedNoToken[] = "token_missing";

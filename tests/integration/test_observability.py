@@ -353,6 +353,40 @@ class Observability(unittest.TestCase):
         with self.assertRaises((urllib.error.URLError, ConnectionError)):
             scrape(f"http://127.0.0.1:{port}/metrics")
 
+    def test_a_hung_worker_is_a_hang_exit(self):
+        """--hang-timeout: the worker that made no progress is counted as a hang, not as the
+        signal crun ended it with."""
+        script = os.path.join(self.dir, "hang_once.py")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent("""\
+                import os, signal, sys, time
+                out = sys.argv[1]
+                if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+                    signal.pause()  # no output, no heartbeat: hung
+                open(os.path.join(out, "started"), "w").close()
+                beat = int(os.environ["CRUN_HEARTBEAT_FD"])
+                deadline = time.monotonic() + 120
+                while not os.path.exists(os.path.join(out, "release")):
+                    if time.monotonic() > deadline:
+                        sys.exit(9)
+                    os.write(beat, b".")  # progress, for --hang-timeout
+                    time.sleep(0.05)
+                """))
+        port = free_port()
+        p = self.start([CRUN, "--standalone", "--nproc-per-node", "1", "--max-restarts", "1",
+                        "--hang-timeout", "1", "--metrics-port", str(port), "--no-python",
+                        PYTHON, script, self.dir])
+        wait_for(lambda: os.path.exists(os.path.join(self.dir, "started")), "the restart",
+                 LIMIT_S)
+        v = page_values(scrape(f"http://127.0.0.1:{port}/metrics"))
+        exits = {k.rsplit('cause="', 1)[1][:-2]: x for k, x in v.items()
+                 if k.startswith("crun_agent_worker_exits_total{")}
+        self.assertEqual(exits, {"success": 0, "exit_code": 0, "signal": 0, "oom": 0,
+                                 "hang": 1, "stopped": 0, "launch": 0})
+        open(os.path.join(self.dir, "release"), "w").close()
+        code, _, err = self.finish(p)
+        self.assertEqual(code, 0, err)
+
     def test_status_watch_redraws_and_prints_json_lines(self):
         daemon, port, _ = self.daemon()
         endpoint = f"127.0.0.1:{port}"

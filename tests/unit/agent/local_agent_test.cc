@@ -219,3 +219,17 @@ TEST_CASE("agent: a worker that ignores SIGTERM is killed after the grace", "[ag
   CHECK(report["failures"][1]["rank"] == 1);
   CHECK(report["failures"][1]["signal"] == "SIGKILL");
 }
+
+TEST_CASE("agent: each worker exit has one metrics cause", "[agent][metrics]") {
+  const ExitStatus ok{false, 0}, code{false, 3}, killed{true, SIGKILL}, term{true, SIGTERM};
+  CHECK(std::string(ExitCauseOf(ok, false, false, false)) == "success");
+  CHECK(std::string(ExitCauseOf(ok, false, false, true)) == "success");  // done in time
+  CHECK(std::string(ExitCauseOf(code, false, false, false)) == "exit_code");
+  CHECK(std::string(ExitCauseOf(killed, false, false, false)) == "signal");
+  CHECK(std::string(ExitCauseOf(killed, false, true, false)) == "oom");
+  CHECK(std::string(ExitCauseOf(killed, false, true, true)) == "oom");  // OOM beats the stop
+  CHECK(std::string(ExitCauseOf(term, false, false, true)) == "stopped");
+  CHECK(std::string(ExitCauseOf(code, false, false, true)) == "stopped");  // its SIGTERM handler
+  CHECK(std::string(ExitCauseOf(killed, true, false, true)) == "hang");    // crun killed it hung
+  CHECK(std::string(ExitCauseOf(ok, true, false, true)) == "hang");
+}

@@ -660,3 +660,21 @@ TEST_CASE("engine: a forgotten job's series go; a reused run id counts from 0", 
                     "crun_rendezvous_failures_total{run_id=\"job7\",cause=\"exit_code\"}") == 0);
   CHECK(SampleValue(r2.Render(), "crun_rendezvous_rounds_total{run_id=\"job7\"}") == 1);
 }
+
+TEST_CASE("engine: a failure report's cause is its first failure's", "[engine]") {
+  using crun::rdzv::FailureCause;
+  msg::FailureReport r;
+  CHECK(std::string(FailureCause(r)) == "exit_code");  // no detail: an exit
+  auto& f = r.failures.emplace_back();
+  f.exit_code = 2;
+  CHECK(std::string(FailureCause(r)) == "exit_code");
+  f.exit_code.reset();
+  f.signal = 9;
+  CHECK(std::string(FailureCause(r)) == "signal");
+  f.oom = "killed by the OOM killer";
+  CHECK(std::string(FailureCause(r)) == "oom");
+  f.hang = "no progress for 3 s";
+  CHECK(std::string(FailureCause(r)) == "hang");
+  r.failures.emplace_back().exit_code = 1;  // later failures do not decide
+  CHECK(std::string(FailureCause(r)) == "hang");
+}
