@@ -441,6 +441,7 @@ class EtcdRendezvous final : public Rendezvous {
     store_.reset();
     StoreServerOptions so;
     so.host = "::";
+    so.expected_connections = static_cast<std::size_t>(std::max(doc.world_size, 1));
     // The members' addresses: in the mirror of the decider, read once per round by another.
     etcd::Mirror read;
     if (!watch_all_) {

@@ -31,6 +31,11 @@ class LocalRendezvous final : public Rendezvous {
       StoreServerOptions store;
       store.host = BindHost();
       store.port = options_.store_port;
+      // Every worker of the job connects: this node's, and with the static backend every
+      // node's (or every Slurm task's).
+      store.expected_connections = static_cast<std::size_t>(
+          options_.fixed_group ? std::max(options_.fixed_group->world_size, 1)
+                               : options_.nproc * std::max(options_.nnodes, 1));
       auto server = StoreServer::Start(io_, store);
       if (!server.ok()) {
         JobOutcome o;

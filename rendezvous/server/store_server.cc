@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/ip/v6_only.hpp>
@@ -67,7 +69,7 @@ Status StoreListenError(const std::string& where, const boost::system::error_cod
 class AsioStoreServer final : public StoreServer {
  public:
   AsioStoreServer(asio::io_context& io, const StoreServerOptions& options)
-      : io_(io), options_(options), acceptor_(io), shared_(options.limits) {}
+      : io_(io), options_(options), shared_(options.limits) {}
 
   ~AsioStoreServer() override { Stop(); }
 
@@ -76,21 +78,43 @@ class AsioStoreServer final : public StoreServer {
     if (!address.ok()) return address.status();
     tcp::endpoint ep(*address, options_.port);
     const std::string where = FormatEndpoint(address->to_string(), options_.port);
-    boost::system::error_code ec;
-    acceptor_.open(ep.protocol(), ec);
-    if (ec) return Unavailable("store: cannot open a socket for " + where + ": " + ec.message());
-    acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (address->is_v6() && address->to_v6().is_unspecified()) {
-      acceptor_.set_option(asio::ip::v6_only(false), ec);  // "::" serves IPv4 too
-    }
-    acceptor_.bind(ep, ec);
-    if (ec) return StoreListenError(where, ec);
     const int backlog = options_.backlog > 0 ? options_.backlog : SystemBacklog();
-    acceptor_.listen(backlog, ec);
-    if (ec) return StoreListenError(where, ec);
-    acceptor_.non_blocking(true, ec);
-    ::fcntl(acceptor_.native_handle(), F_SETFD, FD_CLOEXEC);
-    port_ = acceptor_.local_endpoint().port();
+    const int sockets = ListenSockets(backlog);
+    if (sockets > 1 && ep.port() != 0) {
+      // The port must be free: a plain socket (no SO_REUSEPORT) binds it only then. Without
+      // this, a second server on the port would join this one's group instead of failing.
+      tcp::acceptor probe(io_);
+      boost::system::error_code ec;
+      probe.open(ep.protocol(), ec);
+      if (!ec) probe.set_option(tcp::acceptor::reuse_address(true), ec);
+      if (!ec && address->is_v6() && address->to_v6().is_unspecified()) {
+        probe.set_option(asio::ip::v6_only(false), ec);
+      }
+      if (!ec) probe.bind(ep, ec);
+      if (ec) return StoreListenError(where, ec);
+    }
+    for (int i = 0; i < sockets; ++i) {
+      auto acceptor = std::make_unique<tcp::acceptor>(io_);
+      boost::system::error_code ec;
+      acceptor->open(ep.protocol(), ec);
+      if (ec) return Unavailable("store: cannot open a socket for " + where + ": " + ec.message());
+      acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
+      if (address->is_v6() && address->to_v6().is_unspecified()) {
+        acceptor->set_option(asio::ip::v6_only(false), ec);  // "::" serves IPv4 too
+      }
+      if (sockets > 1) {
+        const int on = 1;
+        ::setsockopt(acceptor->native_handle(), SOL_SOCKET, SO_REUSEPORT, &on, sizeof on);
+      }
+      acceptor->bind(i == 0 ? ep : tcp::endpoint(ep.address(), port_), ec);
+      if (ec) return StoreListenError(where, ec);
+      acceptor->listen(backlog, ec);
+      if (ec) return StoreListenError(where, ec);
+      acceptor->non_blocking(true, ec);
+      ::fcntl(acceptor->native_handle(), F_SETFD, FD_CLOEXEC);
+      if (i == 0) port_ = acceptor->local_endpoint().port();
+      acceptors_.push_back(std::move(acceptor));
+    }
     endpoint_ = FormatEndpoint(address->to_string(), port_);
     max_connections_ = options_.max_connections;
     shared_.name = "store " + endpoint_;
@@ -102,11 +126,11 @@ class AsioStoreServer final : public StoreServer {
       allowed_.insert(parsed.to_string());
     }
     reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-    spdlog::info("{}: listening (backlog {}, {} connections, descriptor limit {})", shared_.name,
-                 backlog,
+    spdlog::info("{}: listening ({} x backlog {}, {} connections, descriptor limit {})",
+                 shared_.name, sockets, backlog,
                  max_connections_ > 0 ? "up to " + std::to_string(max_connections_) : "unlimited",
                  DescriptorLimit());
-    ArmAccept();
+    for (auto& a : acceptors_) ArmAccept(*a);
     return Status::Ok();
   }
 
@@ -114,7 +138,7 @@ class AsioStoreServer final : public StoreServer {
     if (stopped_) return;
     stopped_ = true;
     boost::system::error_code ec;
-    acceptor_.close(ec);
+    for (auto& a : acceptors_) a->close(ec);
     auto sessions = std::move(sessions_);
     sessions_.clear();
     for (auto& [raw, session] : sessions) session->Close();
@@ -145,30 +169,47 @@ class AsioStoreServer final : public StoreServer {
   }
 
  private:
-  void ArmAccept() {
-    acceptor_.async_wait(tcp::acceptor::wait_read, [this](const boost::system::error_code& ec) {
+  // Listening sockets of one port (SO_REUSEPORT), each with its own accept queue of `backlog`:
+  // enough queue for every connection the server may hold, so that a storm of them is not
+  // dropped (and retried by the clients a second later) while the server catches up. At most
+  // 16; one when a single queue suffices.
+  int ListenSockets(int backlog) const {
+    std::uint64_t capacity = options_.expected_connections;
+    if (capacity == 0) capacity = options_.max_connections;
+    if (capacity == 0) {
+      rlimit rl{};
+      capacity = ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur
+                                                                                      : 1'000'000;
+    }
+    const std::uint64_t per = static_cast<std::uint64_t>(std::max(backlog, 1));
+    return static_cast<int>(std::clamp<std::uint64_t>((capacity + per - 1) / per, 1, 16));
+  }
+
+  void ArmAccept(tcp::acceptor& acceptor) {
+    acceptor.async_wait(tcp::acceptor::wait_read, [this,
+                                                   &acceptor](const boost::system::error_code& ec) {
       if (ec) {
         if (ec != asio::error::operation_aborted) {
           spdlog::error("{}: accept wait failed: {}", shared_.name, ec.message());
         }
         return;
       }
-      OnAcceptable();
+      OnAcceptable(acceptor);
     });
   }
 
-  void OnAcceptable() {
+  void OnAcceptable(tcp::acceptor& acceptor) {
     bool drained = false;
     for (int i = 0; i < kAcceptsPerWake && !stopped_; ++i) {
       tcp::socket socket(io_);
       boost::system::error_code ec;
-      acceptor_.accept(socket, ec);
+      acceptor.accept(socket, ec);
       if (ec == asio::error::would_block || ec == asio::error::try_again) {
         drained = true;
         break;
       }
       if (ec == asio::error::no_descriptors || ec.value() == ENFILE) {
-        RefuseAtDescriptorLimit();
+        RefuseAtDescriptorLimit(acceptor);
         continue;
       }
       if (ec) {
@@ -205,12 +246,12 @@ class AsioStoreServer final : public StoreServer {
     }
     if (stopped_) return;
     if (drained) {
-      ArmAccept();
+      ArmAccept(acceptor);
     } else {
       // The budget ran out with connections still queued: let established connections have a
       // turn, then go on accepting without first waiting for readiness.
-      asio::post(io_, [this] {
-        if (!stopped_) OnAcceptable();
+      asio::post(io_, [this, &acceptor] {
+        if (!stopped_) OnAcceptable(acceptor);
       });
     }
   }
@@ -247,12 +288,12 @@ class AsioStoreServer final : public StoreServer {
 
   // accept() failed with EMFILE: give up the reserve descriptor, take the waiting connection
   // and close it, so the client hears "no" instead of hanging in the backlog.
-  void RefuseAtDescriptorLimit() {
+  void RefuseAtDescriptorLimit(tcp::acceptor& acceptor) {
     if (reserve_fd_ >= 0) {
       ::close(reserve_fd_);
       reserve_fd_ = -1;
     }
-    const int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
+    const int fd = ::accept4(acceptor.native_handle(), nullptr, nullptr, SOCK_CLOEXEC);
     if (fd >= 0) ::close(fd);
     reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     const auto n = refused_.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -265,7 +306,7 @@ class AsioStoreServer final : public StoreServer {
 
   asio::io_context& io_;
   StoreServerOptions options_;
-  tcp::acceptor acceptor_;
+  std::vector<std::unique_ptr<tcp::acceptor>> acceptors_;
   ServerShared shared_;
   std::unordered_map<Session*, std::shared_ptr<Session>> sessions_;
   std::uint16_t port_ = 0;

@@ -41,6 +41,12 @@ struct StoreServerOptions {
   std::size_t max_connections = 0;
   // 0: the system maximum (net.core.somaxconn).
   int backlog = 0;
+  // Listening sockets on the port (SO_REUSEPORT), each with its own accept queue of `backlog`:
+  // enough that their queues hold every connection a storm may bring at once (at most 16).
+  // A storm into one full queue has its surplus dropped by the kernel and retried by the
+  // clients a second later. The connections to expect: the job's workers, when the caller
+  // knows them; 0: max_connections, else the descriptor limit.
+  std::size_t expected_connections = 0;
   // At most this many connections open from one IP address at a time (0: no such bound).
   std::size_t max_connections_per_peer = 0;
   // When not empty, only these IP addresses (literals; an IPv4 client of a dual-stack socket

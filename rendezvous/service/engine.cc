@@ -419,7 +419,8 @@ void Engine::Apply(Job& job, Transition t, TimePoint now) {
         }
         allowed.insert(allowed.end(), known->second.begin(), known->second.end());
       }
-      auto store = hooks_.start_store(job.run_id, round->round, allowed);
+      const int world = round->assignments.empty() ? 0 : round->assignments.front().world_size;
+      auto store = hooks_.start_store(job.run_id, round->round, world, allowed);
       if (!store.ok()) {
         job.state.phase = Phase::kFailed;
         job.wake.reset();

@@ -329,10 +329,11 @@ class GrpcRendezvousService final : public RendezvousService {
     Core* core = core_.get();
     hooks.send = [core](SessionId id, const msg::ServiceMessage& m) { core->SendTo(id, m); };
     hooks.start_store =
-        [core](const std::string&, int,
+        [core](const std::string&, int, int world_size,
                const std::vector<std::string>& allowed) -> StatusOr<std::unique_ptr<RoundStore>> {
       StoreServerOptions so;
       so.host = core->options.host;
+      so.expected_connections = static_cast<std::size_t>(std::max(world_size, 1));
       if (core->options.store_allow_list) so.allowed_peers = allowed;
       so.max_connections_per_peer = core->options.store_connections_per_peer;
       auto server = StoreServer::Start(core->io, so);

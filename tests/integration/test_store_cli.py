@@ -1,4 +1,5 @@
 """`crun store` as an operator meets it: flags, errors, signals, what is left behind."""
+import json
 import os
 import resource
 import select
@@ -67,6 +68,53 @@ def try_round_trip(port):
         return None
 
 
+def storm_child():
+    """Run by test_a_storm_beyond_one_backlog_is_queued_not_dropped inside a network namespace
+    of its own (clean TCP counters): a stopped store with a 64-connection backlog is sent 400
+    connections; the kernel must queue every one (no listen overflow), and once the store
+    runs again it must serve them all. Prints a JSON summary."""
+    def overflows():
+        out = subprocess.run(["nstat", "-az", "TcpExtListenOverflows"], capture_output=True,
+                             text=True, timeout=30).stdout
+        return int(next((x.split()[1] for x in out.splitlines()
+                         if x.startswith("TcpExtListenOverflows")), "0"))
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=30)
+    proc, port = start("--backlog", "64", "--log-level", "info", nofile=2048)
+    try:
+        _, log = read_line_with(proc.stderr, b"listening (")
+        before = overflows()
+        proc.send_signal(signal.SIGSTOP)
+        socks = []
+        for _ in range(400):
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(("127.0.0.1", port))
+            socks.append(c)
+        deadline = time.monotonic() + 30
+        waiting = list(socks)
+        while waiting and time.monotonic() < deadline:
+            _, writable, _ = select.select([], waiting, [], 1)
+            waiting = [c for c in waiting if c not in writable]
+        dropped = overflows() - before
+        proc.send_signal(signal.SIGCONT)
+        served = 0
+        for c in socks:
+            c.setblocking(True)
+            c.settimeout(30)
+            try:
+                c.sendall(VALIDATE)
+                raw_add(c, "n", 1)
+                served += 1
+            except OSError:
+                pass
+            c.close()
+        print(json.dumps({"log": log, "dropped": dropped, "served": served,
+                          "unconnected": len(waiting)}))
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        stop_store(proc)
+
+
 class StoreCli(unittest.TestCase):
     def test_bad_flags_name_the_value_and_fail(self):
         for args, needle in [(["--port", "70000"], "70000"),
@@ -79,6 +127,29 @@ class StoreCli(unittest.TestCase):
                                    timeout=30)
                 self.assertNotEqual(r.returncode, 0)
                 self.assertIn(needle, r.stderr + r.stdout)
+
+    @unittest.skipUnless(os.geteuid() == 0 and shutil.which("nstat"),
+                         "needs root (a network namespace) and nstat")
+    def test_a_storm_beyond_one_backlog_is_queued_not_dropped(self):
+        """The store listens on several sockets of one port (SO_REUSEPORT), each with its own
+        accept queue, enough for the connections it may hold: with a backlog of 64 and 2,048
+        descriptors, 16 queues. One queue would drop 336 of these 400 connections (the
+        clients retry a second later: the storm regression of issue 23)."""
+        ns = f"crun-storm-{os.getpid()}"
+        subprocess.run(["ip", "netns", "add", ns], check=True, timeout=30)
+        try:
+            r = subprocess.run(["ip", "netns", "exec", ns, sys.executable,
+                                os.path.abspath(__file__), "--storm-child"],
+                               capture_output=True, text=True, timeout=120,
+                               env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        finally:
+            subprocess.run(["ip", "netns", "del", ns], check=False, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        result = json.loads(r.stdout.strip().splitlines()[-1])
+        self.assertIn("16 x backlog 64", result["log"])
+        self.assertEqual(result["unconnected"], 0)
+        self.assertEqual(result["dropped"], 0)
+        self.assertEqual(result["served"], 400)
 
     def test_port_in_use_is_named(self):
         first, port = start("--host", "127.0.0.1", "--port", "0")
@@ -270,4 +341,7 @@ class StoreCli(unittest.TestCase):
 
 
 if __name__ == "__main__":
+    if "--storm-child" in sys.argv:
+        storm_child()
+        sys.exit(0)
     unittest.main(verbosity=2)

@@ -55,7 +55,7 @@ struct Harness {
   explicit Harness(crun::rdzv::EngineOptions options = {})
       : engine(crun::rdzv::EngineHooks{
                    [this](SessionId s, const msg::ServiceMessage& m) { inbox[s].push_back(m); },
-                   [this](const std::string&, int, const std::vector<std::string>& allowed)
+                   [this](const std::string&, int, int, const std::vector<std::string>& allowed)
                        -> crun::StatusOr<std::unique_ptr<crun::rdzv::RoundStore>> {
                      if (store_fails) return crun::Unavailable("port exhausted");
                      ++stores_started;
