@@ -1,10 +1,13 @@
 #include "base/proc.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace crun {
@@ -53,6 +56,63 @@ std::optional<pid_t> ParentOf(pid_t pid) {
   const long parent = std::strtol(start, &end, 10);
   if (end == start || parent < 0) return std::nullopt;
   return static_cast<pid_t>(parent);
+}
+
+std::vector<Mapping> ReleasableMappings(std::string_view smaps) {
+  std::vector<Mapping> out;
+  std::istringstream in{std::string(smaps)};
+  std::optional<Mapping> current;  // a candidate until its Anonymous line says otherwise
+  bool anonymous = false;
+  auto flush = [&] {
+    if (current && !anonymous && current->rss_kib > 0) out.push_back(*current);
+    current.reset();
+    anonymous = false;
+  };
+  for (std::string line; std::getline(in, line);) {
+    const auto dash = line.find('-');
+    const auto space = line.find(' ');
+    const bool header = dash != std::string::npos && space != std::string::npos && dash < space &&
+                        line.find(':') > space;
+    if (header) {
+      flush();
+      std::istringstream h(line);
+      std::string range, perms, offset, dev, inode, path;
+      h >> range >> perms >> offset >> dev >> inode >> path;
+      // Read-only, private, backed by a file (not [vdso], [heap], anonymous memory).
+      if (perms.size() == 4 && perms[0] == 'r' && perms[1] == '-' && perms[3] == 'p' &&
+          !path.empty() && path[0] == '/') {
+        Mapping m;
+        m.start = std::strtoull(range.substr(0, dash).c_str(), nullptr, 16);
+        m.end = std::strtoull(range.substr(dash + 1).c_str(), nullptr, 16);
+        if (m.end > m.start) current = m;
+      }
+      continue;
+    }
+    if (!current) continue;
+    std::istringstream f(line);
+    std::string key;
+    std::size_t kib = 0;
+    f >> key >> kib;
+    if (key == "Rss:") current->rss_kib = kib;
+    if (key == "Anonymous:" && kib > 0) anonymous = true;  // a private copy (RELRO)
+    if (key == "VmFlags:" && line.find(" lo") != std::string::npos) anonymous = true;  // locked
+  }
+  flush();
+  return out;
+}
+
+std::size_t ReleaseStartupPages() {
+  std::ifstream in("/proc/self/smaps");
+  if (!in) return 0;
+  std::stringstream text;
+  text << in.rdbuf();
+  std::size_t released = 0;
+  for (const auto& m : ReleasableMappings(text.str())) {
+    if (::madvise(reinterpret_cast<void*>(m.start), m.end - m.start, MADV_DONTNEED) == 0) {
+      released += m.rss_kib * 1024;
+    }
+  }
+  return released;
 }
 
 }  // namespace crun

@@ -20,6 +20,7 @@
 
 #include "agent/service_rendezvous.h"
 #include "agent/session_client.h"
+#include "base/proc.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "launcher/launch_options.h"
 #include "launcher/logging.h"
@@ -87,6 +88,8 @@ int RunRendezvous(RendezvousCommandOptions o) {
     std::printf("crun rendezvous metrics on %s\n", (*service)->metrics_url().c_str());
   }
   std::fflush(stdout);
+  // As crun store does: the pages only start-up touched go back (base/proc.h).
+  spdlog::debug("gave back {} KiB of start-up pages", ReleaseStartupPages() / 1024);
   io.run();  // until a signal
   (*service)->Stop();
   return 0;

@@ -60,3 +60,54 @@ TEST_CASE("proc: a child seen running, stopped, a zombie, then gone", "[proc]") 
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   CHECK_FALSE(ProcessState(pid).has_value());
 }
+
+TEST_CASE("start-up pages: read-only private file mappings without a private copy", "[proc]") {
+  const char* smaps =
+      "00400000-00406000 r--p 00000000 fe:00 53 /opt/crun/bin/crun\n"
+      "Size:                 24 kB\n"
+      "Rss:                  24 kB\n"
+      "Anonymous:             0 kB\n"
+      "VmFlags: rd mr mw me\n"
+      "00406000-01071000 r-xp 00006000 fe:00 53 /opt/crun/bin/crun\n"
+      "Rss:                2800 kB\n"
+      "Private_Dirty:      2800 kB\n"  // a binary just written: dirty in the page cache
+      "Anonymous:             0 kB\n"
+      "VmFlags: rd ex mr mw me\n"
+      "014bb000-01555000 r--p 010ba000 fe:00 53 /opt/crun/bin/crun\n"
+      "Rss:                 212 kB\n"
+      "Anonymous:             4 kB\n"  // relocated read-only data: never given back
+      "01555000-01564000 rw-p 01154000 fe:00 53 /opt/crun/bin/crun\n"
+      "Rss:                  60 kB\n"
+      "Anonymous:            28 kB\n"
+      "7f00000-7f01000 r-xp 00000000 00:00 0 [vdso]\n"
+      "Rss:                   4 kB\n"
+      "Anonymous:             0 kB\n"
+      "7f10000-7f20000 r--p 00000000 fe:00 7 /usr/lib/locale/C.utf8/LC_CTYPE\n"
+      "Rss:                   0 kB\n"
+      "Anonymous:             0 kB\n"
+      "7f30000-7f40000 r-xp 00000000 fe:00 8 /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+      "Rss:                  64 kB\n"
+      "Anonymous:             0 kB\n"
+      "VmFlags: rd ex mr mw me lo\n"  // locked: left alone
+      "7f50000-7f60000 rw-s 00000000 00:01 9 /dev/shm/x\n"
+      "Rss:                  64 kB\n"
+      "Anonymous:             0 kB\n";
+  const auto m = crun::ReleasableMappings(smaps);
+  REQUIRE(m.size() == 2);
+  CHECK(m[0].start == 0x400000);
+  CHECK(m[0].end == 0x406000);
+  CHECK(m[0].rss_kib == 24);
+  CHECK(m[1].start == 0x406000);
+  CHECK(m[1].end == 0x1071000);
+  CHECK(m[1].rss_kib == 2800);
+  CHECK(crun::ReleasableMappings("").empty());
+  CHECK(crun::ReleasableMappings("garbage\nRss: 4 kB\n").empty());
+}
+
+TEST_CASE("start-up pages: given back, and the process runs on", "[proc]") {
+  const std::size_t released = crun::ReleaseStartupPages();
+  CHECK(released > 0);  // this test binary's own code, at least
+  // Code and constants come back from the page cache as they are used again.
+  CHECK(crun::StateFromStat("1 (a) R 0") == 'R');
+  CHECK(crun::ProcessState(::getpid()) == 'R');
+}
