@@ -1,0 +1,232 @@
+#!/usr/bin/env python3
+"""The performance regression guard: short versions of the launch, store and rendezvous
+benchmarks, each crun figure beside its anchor in the same run, compared with the ratio that
+docs/benchmarks.md records (and the commit it names).
+
+A ratio is "how many times better than the anchor" (anchor time / crun time, crun's
+throughput / the anchor's): it is what the tables promise, and a slower or faster machine
+moves both sides of it. Every check runs in rounds that alternate crun and its anchor; the
+noise band is what this run measured: the spread of the per-round ratios (max - min, over
+their median), at least 10 %. A ratio that fell below the recorded one by more than its band
+is reported as a regression and makes the exit status 1; one that rose is reported too (the
+tables are then out of date in crun's favour). Not part of ctest: timing is not a test. Its
+smoke test (tests/bench/CMakeLists.txt) checks that it runs and parses the tables.
+
+Runs in a private network namespace (needs root), as store_bench.py and rdzv_bench.py do:
+PyTorch's stores stall where reverse DNS does not answer.
+
+Usage: check.py --crun BIN --store-loadgen BIN --probe BIN --torch2-python PY
+                [--docs docs/benchmarks.md] [--smoke]
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from bench_support import in_private_netns  # noqa: E402
+import launch_bench  # noqa: E402
+import rdzv_bench  # noqa: E402
+import store_bench  # noqa: E402
+
+MIN_BAND = 0.10
+
+
+# ---- what docs/benchmarks.md records --------------------------------------------------------
+
+def section(text, begin, end):
+    """The text between two markers (or headings) of the file."""
+    a = text.index(begin)
+    b = text.index(end, a)
+    return text[a:b]
+
+
+def row(text, label):
+    """The cells of the table row whose first cell is `label`."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == label:
+            return cells
+    raise ValueError(f"no table row '{label}'")
+
+
+def number(cell):
+    """12.3 from "12.3 ms", "1,652.1 ms", "382×", "1.07×", "0.45 s"."""
+    m = re.search(r"[-\d,.]+", cell)
+    if not m:
+        raise ValueError(f"no number in '{cell}'")
+    return float(m.group(0).replace(",", ""))
+
+
+def commit_of(text):
+    m = re.search(r"Measured at commit (\w+)", text)
+    return m.group(1) if m else "?"
+
+
+def recorded(docs):
+    """{check: (ratio, commit)} from the tables."""
+    text = open(docs).read()
+    store = text[:text.index("<!-- Analysis:")]
+    launch = section(text, "<!-- launch-bench:begin -->", "<!-- launch-bench:end -->")
+    rdzv = section(text, "<!-- rdzv-bench:begin -->", "<!-- rdzv-bench:end -->")
+    two = row(launch, "launch → exit, 2 workers")
+    storm = section(store, "## Connection storm", "## How to reproduce")
+    wire = section(store, "### 2.x wire dialect", "### 1.13 wire dialect")
+    return {
+        "launch, 2 workers: torchrun 2.x / crun": (number(two[-1]), commit_of(launch)),
+        "launch, 2 workers: limit / crun": (1 / number(two[3]), commit_of(launch)),
+        "restart, 2 workers: torchrun 2.x / crun":
+            (number(row(launch, "restart, 2 workers")[-1]), commit_of(launch)),
+        "store set, 64 clients: crun / libuv":
+            (number(row_with(wire, ["set", "64"])[-1]), commit_of(store)),
+        "storm, 20,000 connections: libuv / crun":
+            (number(row(storm, "PyTorch 2.x libuv")[4]) /
+             number(row(storm, "crun (2.x dialect)")[4]), commit_of(store)),
+        "rendezvous, 2 agents: torchrun c10d / crun":
+            (number(row(rdzv, "2 agents × 1 worker")[-1]), commit_of(rdzv)),
+    }
+
+
+def row_with(text, first_cells):
+    """The cells of the row whose first cells are `first_cells`."""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[:len(first_cells)] == first_cells:
+            return cells
+    raise ValueError(f"no table row {first_cells}")
+
+
+# ---- this run -------------------------------------------------------------------------------
+
+def rounds_of(args, n):
+    return 1 if args.smoke else n
+
+
+def launch_checks(args):
+    """Per round: crun's median of 5 (milliseconds: more samples), the anchor's one run."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmds = launch_bench.launchers(args)
+    crun = [*cmds["crun"], "--nproc_per_node", "2", "--no_python", "true"]
+    torch = [*cmds["torchrun 2.x"], "--nproc_per_node", "2", "--no_python", "true"]
+    limit = [args.limit, "2", "true"]
+    ratios = {"launch, 2 workers: torchrun 2.x / crun": [],
+              "launch, 2 workers: limit / crun": [],
+              "restart, 2 workers: torchrun 2.x / crun": []}
+    for _ in range(rounds_of(args, 3)):
+        c = statistics.median(launch_bench.timed(crun, env) for _ in range(5))
+        lim = statistics.median(launch_bench.timed(limit, env) for _ in range(5))
+        ratios["launch, 2 workers: limit / crun"].append(lim / c)
+        ratios["launch, 2 workers: torchrun 2.x / crun"].append(
+            launch_bench.timed(torch, env) / c)
+        cr = statistics.median(launch_bench.restart_latency(cmds["crun"], 2, args.probe)
+                               for _ in range(3))
+        tr = launch_bench.restart_latency(cmds["torchrun 2.x"], 2, args.probe)
+        ratios["restart, 2 workers: torchrun 2.x / crun"].append(tr / cr)
+    return ratios
+
+
+def store_checks(args):
+    """set at 64 clients, crun against libuv, short rounds taking turns; then the storm."""
+    args.warmup_ms, args.duration_ms = (100, 300) if args.smoke else (200, 700)
+    servers = {k: store_bench.start_server(k, args) for k in ("crun-2x", "torch2-libuv")}
+    ratios = {"store set, 64 clients: crun / libuv": [],
+              "storm, 20,000 connections: libuv / crun": []}
+    try:
+        for _ in range(rounds_of(args, 3)):
+            r = {k: store_bench.loadgen(args, s, "set", 8 if args.smoke else 64)
+                 for k, s in servers.items()}
+            for k, v in r.items():
+                if "error" in v:
+                    raise RuntimeError(f"store {k}: {v['error']}")
+            ratios["store set, 64 clients: crun / libuv"].append(
+                r["crun-2x"]["ops_per_s"] / r["torch2-libuv"]["ops_per_s"])
+    finally:
+        for s in servers.values():
+            s.stop()
+    args.storm_timeout_ms = 60000
+    total = 400 if args.smoke else 20000
+    for _ in range(rounds_of(args, 2)):
+        seconds = {}
+        for k in ("crun-2x", "torch2-libuv"):
+            server = store_bench.start_server(k, args)
+            try:
+                s = store_bench.storm(args, server, total, 4)
+            finally:
+                server.stop()
+            if s["pending"] or not s["seconds"]:
+                raise RuntimeError(f"storm {k}: {s}")
+            seconds[k] = s["seconds"]
+        ratios["storm, 20,000 connections: libuv / crun"].append(
+            seconds["torch2-libuv"] / seconds["crun-2x"])
+    return ratios
+
+
+def rdzv_checks(args):
+    ratios = {"rendezvous, 2 agents: torchrun c10d / crun": []}
+    for _ in range(rounds_of(args, 3)):
+        c = statistics.median(rdzv_bench.launch_to_running(args, "crun", 2) for _ in range(3))
+        t = rdzv_bench.launch_to_running(args, "torchrun", 2)
+        ratios["rendezvous, 2 agents: torchrun c10d / crun"].append(t / c)
+    return ratios
+
+
+def judge(measured, recorded_ratios):
+    """Rows of (check, recorded, commit, now, band, verdict); whether any regressed."""
+    rows, regressed = [], False
+    for name, values in measured.items():
+        now = statistics.median(values)
+        band = max(MIN_BAND, (max(values) - min(values)) / now if now else 1.0)
+        was, commit = recorded_ratios[name]
+        if now < was * (1 - band):
+            verdict = "REGRESSION"
+            regressed = True
+        elif now > was * (1 + band):
+            verdict = "better than recorded"
+        else:
+            verdict = "ok"
+        rows.append((name, was, commit, now, band, verdict))
+    return rows, regressed
+
+
+def main():
+    if "CRUN_BENCH_IN_NETNS" not in os.environ:
+        sys.exit(in_private_netns([os.path.abspath(__file__), *sys.argv[1:]]))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--crun", required=True)
+    ap.add_argument("--store-loadgen", required=True, help="the store_loadgen binary")
+    ap.add_argument("--probe", required=True, help="the restart_probe binary")
+    ap.add_argument("--limit", required=True, help="the spawn_limit binary")
+    ap.add_argument("--torch2-python", required=True)
+    ap.add_argument("--docs", default=os.path.join(HERE, "..", "..", "docs", "benchmarks.md"))
+    ap.add_argument("--smoke", action="store_true",
+                    help="one short round each: checks that it runs and parses, judges nothing")
+    args = ap.parse_args()
+    args.loadgen = args.store_loadgen
+    t0 = time.monotonic()
+    was = recorded(args.docs)
+    print("recorded in docs/benchmarks.md:", file=sys.stderr)
+    for name, (ratio, commit) in was.items():
+        print(f"  {name}: {ratio:,.2f} (at {commit})", file=sys.stderr)
+    measured = {}
+    for checks in (launch_checks, store_checks, rdzv_checks):
+        measured.update(checks(args))
+    rows, regressed = judge(measured, was)
+    print(f"| check | recorded (commit) | this run | noise band | verdict |")
+    print(f"|---|---|---|---|---|")
+    for name, before, commit, now, band, verdict in rows:
+        print(f"| {name} | {before:,.2f} ({commit}) | {now:,.2f} | ±{band * 100:.0f} % | "
+              f"{verdict} |")
+    print(f"{len(rows)} checks in {time.monotonic() - t0:.0f} s: "
+          f"{'a ratio fell beyond its noise band' if regressed else 'no ratio fell beyond its noise band'}")
+    if args.smoke:
+        sys.exit(0)  # one short round proves it runs; it judges nothing
+    sys.exit(1 if regressed else 0)
+
+
+if __name__ == "__main__":
+    main()

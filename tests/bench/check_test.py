@@ -1,0 +1,50 @@
+"""check.py's judgement and its reading of docs/benchmarks.md, without running anything: a ratio
+that fell beyond its band is a regression, one inside it is not, one that rose says so; the
+recorded ratios come from the real tables with their commits."""
+import os
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import check  # noqa: E402
+
+DOCS = os.path.join(HERE, "..", "..", "docs", "benchmarks.md")
+
+
+class Judge(unittest.TestCase):
+    def test_a_fall_beyond_the_band_is_a_regression(self):
+        was = {"a": (100.0, "abc1234"), "b": (100.0, "abc1234"), "c": (100.0, "abc1234")}
+        rows, regressed = check.judge({"a": [95, 100, 105],   # inside a 10 % band
+                                       "b": [60, 62, 61],     # fell by 39 %
+                                       "c": [150, 151, 149]},  # rose
+                                      was)
+        verdicts = {r[0]: r[5] for r in rows}
+        self.assertEqual(verdicts, {"a": "ok", "b": "REGRESSION", "c": "better than recorded"})
+        self.assertTrue(regressed)
+
+    def test_the_band_is_the_measured_spread_when_wider(self):
+        rows, regressed = check.judge({"a": [60, 100, 140]}, {"a": (130.0, "x")})
+        self.assertAlmostEqual(rows[0][4], 0.8)  # (140 - 60) / 100
+        self.assertEqual(rows[0][5], "ok")
+        self.assertFalse(regressed)
+
+
+class Recorded(unittest.TestCase):
+    def test_every_check_has_a_recorded_ratio_and_commit(self):
+        was = check.recorded(DOCS)
+        self.assertEqual(len(was), 6)
+        for name, (ratio, commit) in was.items():
+            self.assertGreater(ratio, 0, name)
+            self.assertRegex(commit, r"^[0-9a-f]{7,}$", name)
+
+    def test_number_reads_the_tables_cells(self):
+        self.assertEqual(check.number("1,652.1 ms"), 1652.1)
+        self.assertEqual(check.number("382×"), 382)
+        self.assertEqual(check.number("0.45 s"), 0.45)
+        with self.assertRaises(ValueError):
+            check.number("failed")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
