@@ -111,7 +111,8 @@ void AddStoreCommand(CLI::App& app, int* exit_code) {
                   "its hard limit at start)")
       ->check(WholeNumber(0, kMaxCount))
       ->capture_default_str();
-  cmd->add_option("--backlog", s.backlog, "listen() backlog; 0 = the system maximum")
+  cmd->add_option("--backlog", s.backlog,
+                  "listen() backlog of each listening socket; 0 = the system maximum")
       ->check(WholeNumber(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--max-key-bytes", l.max_key_bytes, "Longest key accepted")

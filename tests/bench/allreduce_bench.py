@@ -17,7 +17,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from bench_support import human, write_section  # noqa: E402
+from bench_support import human, measured_at, write_section  # noqa: E402
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20]
 
@@ -66,6 +66,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "..", "..", "docs", "benchmarks.md"))
     a = ap.parse_args()
+    a.measured_at = measured_at()  # before the run: the tree may change while it runs
     sizes = [int(s) for s in a.sizes.split(",")]
     worlds = [int(w) for w in a.worlds.split(",")]
     anchors = a.torch_python or ["/usr/bin/python3"]
@@ -117,7 +118,7 @@ def main():
         "over repetitions of the slowest rank's time, and of that the median over "
         f"{a.rounds} rounds that alternate the sides (in brackets: the lowest and highest "
         "round). algbw = size / time; the ratios compare busbw; "
-        "busbw = algbw x 2(n-1)/n (nccl-tests).",
+        "busbw = algbw x 2(n-1)/n (nccl-tests). " + a.measured_at,
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
