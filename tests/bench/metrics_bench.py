@@ -54,10 +54,15 @@ def start_daemon(crun, keep_jobs):
                           "--metrics-port", "0", "--log-level", "warn", "--keep-finished-jobs",
                           str(keep_jobs)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    port = int(read_line(p.stdout, "listening on").rsplit(":", 1)[1])
-    url = read_line(p.stdout, "metrics on").split("metrics on ", 1)[1].strip()
-    host_port = url.split("//", 1)[1].split("/", 1)[0]
-    return p, port, int(host_port.rsplit(":", 1)[1])
+    try:
+        port = int(read_line(p.stdout, "listening on").rsplit(":", 1)[1])
+        url = read_line(p.stdout, "metrics on").split("metrics on ", 1)[1].strip()
+        host_port = url.split("//", 1)[1].split("/", 1)[0]
+        return p, port, int(host_port.rsplit(":", 1)[1])
+    except Exception:
+        p.kill()  # a daemon that did not say where it listens is not left running
+        p.communicate(timeout=60)
+        raise
 
 
 def scrape_window(pid, metrics_port, scrapes, agents, jobs):
