@@ -11,13 +11,14 @@
 #include "base/endpoint.h"
 
 namespace crun {
-namespace {
 
-bool IsLiteral(const std::string& host) {
+bool IsIpLiteral(const std::string& host) {
   in6_addr buf{};
   return ::inet_pton(AF_INET, host.c_str(), &buf) == 1 ||
          ::inet_pton(AF_INET6, host.c_str(), &buf) == 1;
 }
+
+namespace {
 
 bool Contains(const std::vector<std::string>& v, const std::string& x) {
   return std::find(v.begin(), v.end(), x) != v.end();
@@ -89,7 +90,7 @@ Status CheckResolvable(const std::string& host) {
 
 std::string BindAddressFor(const std::string& host) {
   if (host == "localhost") return "127.0.0.1";
-  if (IsLiteral(host)) return host;
+  if (IsIpLiteral(host)) return host;
   const auto local = LocalAddresses();
   for (const auto& a : ResolveNumeric(host)) {
     if (!LoopbackOnly(a) && Contains(local, a)) return a;

@@ -11,6 +11,9 @@
 
 namespace crun {
 
+// Whether `host` is an IPv4 or IPv6 address written as numbers (no brackets, no zone).
+bool IsIpLiteral(const std::string& host);
+
 // The numeric addresses of this machine's interfaces (IPv6 without a "%zone").
 std::vector<std::string> LocalAddresses();
 

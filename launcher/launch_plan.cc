@@ -1,6 +1,5 @@
 #include "launcher/launch_plan.h"
 
-#include <arpa/inet.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -453,9 +452,7 @@ Status PlanMetrics(LaunchPlan& p, const LaunchOptions& o, const std::set<std::st
     }
     return Status::Ok();
   }
-  unsigned char buf[16];
-  if (::inet_pton(AF_INET, o.metrics.host.c_str(), buf) != 1 &&
-      ::inet_pton(AF_INET6, o.metrics.host.c_str(), buf) != 1) {
+  if (!IsIpLiteral(o.metrics.host)) {
     return InvalidArgument("--metrics-host '" + o.metrics.host +
                            "' is not an IP address (the endpoint binds one address)");
   }

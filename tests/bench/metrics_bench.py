@@ -26,7 +26,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from bench_support import measured_at, write_section  # noqa: E402
+from bench_support import measured_at, table_rows, write_section  # noqa: E402
 
 LIMIT_S = 300
 TICK = os.sysconf("SC_CLK_TCK")
@@ -171,8 +171,7 @@ def write(args, results):
          lambda r: f"{r['base_cpu_percent']:.1f} % of a core"),
         ("page: series · bytes", lambda r: f"{r['series']:,} · {r['page_bytes']:,} B"),
     ]
-    for label, fmt in rows:
-        lines.append(f"| {label} | " + " | ".join(fmt(r) for r in results) + " |")
+    lines += table_rows(rows, results)
     lines += ["", "The page does not grow with the agents: the daemon's series are per job "
               "(`run_id`), never per node or host (docs/observability.md, Label cardinality), "
               "so a scrape reads counters and walks the jobs, not the sessions. It grows with "

@@ -36,7 +36,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from bench_support import in_private_netns, measured_at, write_section  # noqa: E402
+from bench_support import in_private_netns, measured_at, table_rows, write_section  # noqa: E402
 from crun_testing import free_port, wait_for  # noqa: E402
 from etcd_cluster import EtcdCluster, Loopback  # noqa: E402
 
@@ -328,8 +328,7 @@ def write(args, launch, restart, sims, etcd_sims):
          lambda r: f"{r['service_idle_rss_mib']:.0f} → {r['service_rss_connected_mib']:.0f} → "
                    f"{r['service_hwm_mib']:.0f} MiB"),
     ]
-    for label, fmt in rows:
-        lines.append(f"| {label} | " + " | ".join(fmt(sims[a]) for a in SIMULATED) + " |")
+    lines += table_rows(rows, [sims[a] for a in SIMULATED])
     lines += [
         "", "Through etcd (`rdzv_loadgen --etcd`): each simulated agent is the agent's own etcd "
         "rendezvous (`agent/etcd_rendezvous.cc`: its lease, node key, watch and client), all in "
@@ -359,9 +358,7 @@ def write(args, launch, restart, sims, etcd_sims):
         ("load generator RSS (every agent's client and watch)",
          lambda r: f"{r['loadgen_rss_mib']:.0f} MiB"),
     ]
-    for label, fmt in etcd_rows:
-        lines.append(f"| {label} | " + " | ".join(fmt(etcd_sims[a]) for a in ETCD_SIMULATED) +
-                     " |")
+    lines += table_rows(etcd_rows, [etcd_sims[a] for a in ETCD_SIMULATED])
     big = etcd_sims[ETCD_SIMULATED[-1]]
     per_node = big["job_max_bytes"] / big["agents"]
     per_change = big["job_max_bytes"] * big["agents"] / 2**20

@@ -51,6 +51,12 @@ def write_section(path, name, lines):
     print(f"wrote {path}", file=sys.stderr)
 
 
+def table_rows(rows, results):
+    """Markdown rows: for each (label, format) of `rows`, the label and format(r) of each of
+    `results`, one column each."""
+    return [f"| {label} | " + " | ".join(fmt(r) for r in results) + " |" for label, fmt in rows]
+
+
 def human(nbytes):
     """A byte count as a table shows it: "4 KiB", "256 MiB", "1 GiB"."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
