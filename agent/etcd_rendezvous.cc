@@ -9,7 +9,6 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <google/protobuf/util/json_util.h>
 #include <spdlog/spdlog.h>
 
 #include "agent/failure_proto.h"
@@ -66,9 +65,7 @@ class EtcdRendezvous final : public Rendezvous {
       const auto report = rdzv::FromProto(proto);
       r.what = rdzv::Describe(report);
       r.exit_code = rdzv::ExitCodeOf(report);
-      google::protobuf::util::JsonPrintOptions options;
-      options.preserve_proto_field_names = true;
-      (void)google::protobuf::util::MessageToJsonString(proto, &r.report_json, options);
+      r.report_json = FailureReportToJson(proto);
       WriteReport(r);
     });
   }
@@ -559,9 +556,8 @@ class EtcdRendezvous final : public Rendezvous {
     out.reason = o.reason;
     out.root_node_id = o.root_node_id;
     if (!o.root_report_json.empty()) {
-      v1::FailureReport report;
-      if (google::protobuf::util::JsonStringToMessage(o.root_report_json, &report).ok()) {
-        out.root_report = FailureReportFromProto(report);
+      if (const auto report = FailureReportFromJson(o.root_report_json)) {
+        out.root_report = FailureReportFromProto(*report);
       }
     }
     ended_ = true;

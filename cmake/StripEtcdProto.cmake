@@ -15,4 +15,11 @@ if(left)
   message(FATAL_ERROR "StripEtcdProto.cmake: ${IN} still mentions '${left}' after stripping: "
                       "this etcd version's .proto files need another rule here")
 endif()
+# The lite runtime, as crun's own protocol: nothing of etcd's API is registered (and parsed)
+# at every start of crun, and no reflection is linked in.
+string(REGEX REPLACE "\npackage ([a-z.]+);\n" "\npackage \\1;\noption optimize_for = LITE_RUNTIME;\n"
+       text "${text}")
+if(NOT text MATCHES "option optimize_for = LITE_RUNTIME;")
+  message(FATAL_ERROR "StripEtcdProto.cmake: ${IN} has no package line to put the lite option after")
+endif()
 file(WRITE "${OUT}" "${text}")

@@ -209,8 +209,11 @@ int main(int argc, char** argv) {
       const auto r = static_cast<std::size_t>(as.group_rank());
       if (as.group_world_size() != o.agents || r >= by_rank.size() || by_rank[r] != -1 ||
           as.world_size() != o.agents * o.nproc || as.base_rank() != as.group_rank() * o.nproc) {
-        std::fprintf(stderr, "rdzv_loadgen: agent %d got a bad assignment: %s\n", a->index,
-                     as.ShortDebugString().c_str());
+        std::fprintf(stderr,
+                     "rdzv_loadgen: agent %d got a bad assignment: group rank %d of %d, "
+                     "base rank %d of %d\n",
+                     a->index, as.group_rank(), as.group_world_size(), as.base_rank(),
+                     as.world_size());
         return 1;
       }
       by_rank[r] = a->index;

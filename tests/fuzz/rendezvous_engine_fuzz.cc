@@ -59,7 +59,9 @@ void CheckSent(const msg::ServiceMessage& sent) {
   if (a.world_size() <= 0 || a.group_world_size() <= 0 || a.group_rank() < 0 ||
       a.group_rank() >= a.group_world_size() || a.base_rank() < 0 ||
       a.base_rank() >= a.world_size()) {
-    Broken("an assignment outside its world: " + a.ShortDebugString());
+    Broken("an assignment outside its world: group rank " + std::to_string(a.group_rank()) +
+           " of " + std::to_string(a.group_world_size()) + ", base rank " +
+           std::to_string(a.base_rank()) + " of " + std::to_string(a.world_size()));
   }
 }
 

@@ -1,6 +1,9 @@
 // The wire schema of crun.v1 as a contract: messages round-trip, and the service has the shape
 // agents and `crun status` rely on (a bidirectional Session, a unary Status).
 #include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <type_traits>
 
 #include "crun/v1/rendezvous.grpc.pb.h"
 
@@ -36,17 +39,26 @@ TEST_CASE("a failure report keeps exit code and signal apart", "[proto]") {
   CHECK(f.exit_case() == crun::v1::WorkerFailure::kExitCode);  // exit code 0 is still recorded
 }
 
+// A full (non-lite) message: it has a descriptor, registered at start.
+template <typename T>
+concept HasDescriptor = requires(const T& m) {
+  m.GetDescriptor();
+};
+
 TEST_CASE("the service: a bidirectional Session and a unary Status", "[proto]") {
-  const auto* service =
-      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName("crun.v1.Rendezvous");
-  REQUIRE(service != nullptr);
-  CHECK(service->full_name() == "crun.v1.Rendezvous");
-  const auto* session = service->FindMethodByName("Session");
-  REQUIRE(session != nullptr);
-  CHECK(session->client_streaming());
-  CHECK(session->server_streaming());
-  const auto* status = service->FindMethodByName("Status");
-  REQUIRE(status != nullptr);
-  CHECK_FALSE(status->client_streaming());
-  CHECK_FALSE(status->server_streaming());
+  // The messages are lite (no descriptors at run time): the shape is checked on the generated
+  // stub's types, at compile time.
+  using Stub = crun::v1::Rendezvous::Stub;
+  CHECK(std::string(crun::v1::Rendezvous::service_full_name()) == "crun.v1.Rendezvous");
+  static_assert(std::is_same_v<decltype(std::declval<Stub&>().Session(nullptr)),
+                               std::unique_ptr<grpc::ClientReaderWriter<crun::v1::AgentMessage,
+                                                                        crun::v1::ServiceMessage>>>,
+                "Session is bidirectional: agent messages up, service messages down");
+  static_assert(std::is_same_v<decltype(std::declval<Stub&>().Status(
+                                   nullptr, std::declval<crun::v1::StatusRequest>(), nullptr)),
+                               grpc::Status>,
+                "Status is unary");
+  static_assert(std::is_base_of_v<google::protobuf::MessageLite, crun::v1::AgentMessage> &&
+                    !HasDescriptor<crun::v1::AgentMessage>,
+                "crun's messages are lite: nothing registered at every start of crun");
 }
