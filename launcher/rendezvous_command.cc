@@ -365,7 +365,10 @@ int WatchStatus(const StatusCommandOptions& o) {
       std::snprintf(every, sizeof every, "Every %g s: ", o.interval);
       screen += every + std::string("crun status ") + (target.empty() ? o.endpoint : target) +
                 "    " + when + "\n\n";
-      screen += code == 0 ? JobsTable(resp, target) : "no answer (asking again)\n";
+      const bool last_refresh = o.count != 0 && n + 1 >= o.count;
+      screen += code == 0      ? JobsTable(resp, target)
+                : last_refresh ? "no answer\n"
+                               : "no answer (asking again)\n";
       std::fputs(screen.c_str(), stdout);
       if (!tty) std::fputs("\n", stdout);
     }

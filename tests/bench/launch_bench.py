@@ -19,12 +19,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXED = os.path.join(HERE, "..", "compat", "torchrun_fixed.py")
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from bench_support import measured_at, write_section  # noqa: E402
+from bench_support import measured_at, timed_run, write_section  # noqa: E402
 
 
 def launchers(args):
@@ -36,13 +35,11 @@ def launchers(args):
 
 
 def timed(cmd, env=None):
-    """Wall time of one run, started directly (nothing else's start-up is counted)."""
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                       timeout=600, env=env)
-    wall = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise RuntimeError(f"{cmd[:3]} exited {r.returncode}: {r.stderr[-500:]}")
+    """Wall time of one run, started directly (nothing else's start-up is counted), to the
+    moment it ends (bench_support.timed_run)."""
+    wall, code, err = timed_run(cmd, env)
+    if code != 0:
+        raise RuntimeError(f"{cmd[:3]} exited {code}: {err[-500:]}")
     return wall
 
 

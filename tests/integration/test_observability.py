@@ -418,6 +418,13 @@ class Observability(unittest.TestCase):
         docs = [json.loads(x) for x in r.stdout.splitlines()]
         self.assertEqual(len(docs), 2)
         self.assertEqual(docs[0]["error"], f"no answer from {endpoint}")
+        # The table says it asks again, but not on its last refresh.
+        r = subprocess.run([CRUN, "status", "--rdzv-endpoint", endpoint, "--watch",
+                            "--interval", "0.1", "--count", "2", "--timeout", "0.5"],
+                           capture_output=True, text=True, timeout=LIMIT_S)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertEqual(r.stdout.count("no answer (asking again)\n"), 1, r.stdout)
+        self.assertTrue(r.stdout.rstrip("\n").endswith("\n\nno answer"), r.stdout)
         # Bad flags end it at once.
         r = subprocess.run([CRUN, "status", "--rdzv-endpoint", endpoint, "--watch",
                             "--interval", "0"], capture_output=True, text=True, timeout=LIMIT_S)
