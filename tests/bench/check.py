@@ -35,6 +35,13 @@ import rdzv_bench  # noqa: E402
 import store_bench  # noqa: E402
 
 MIN_BAND = 0.10
+STORM = "storm, 20,000 connections: libuv / crun"
+# Floors of a check's band where its anchor moves in steps: libuv's storm time is set by how
+# many of its clients need a second or third SYN retry (1, 2, then 4 s later), so it lands near
+# 3-4 s in one run and 7 s in another (4.17 s at f53d4fa, 7.18 s at 2c7f83f) and the ratio
+# moves twofold with it. A crun that overflowed its accept queues again would pay those
+# retries itself (2-4 s instead of 0.45 s) and fall far beyond 60 %.
+BAND_FLOORS = {STORM: 0.60}
 
 
 # ---- what docs/benchmarks.md records --------------------------------------------------------
@@ -84,7 +91,7 @@ def recorded(docs):
             (number(row(launch, "restart, 2 workers")[-1]), commit_of(launch)),
         "store set, 64 clients: crun / libuv":
             (number(row_with(wire, ["set", "64"])[-1]), commit_of(store)),
-        "storm, 20,000 connections: libuv / crun":
+        STORM:
             (number(row(storm, "PyTorch 2.x libuv")[4]) /
              number(row(storm, "crun (2.x dialect)")[4]), commit_of(store)),
         "rendezvous, 2 agents: torchrun c10d / crun":
@@ -147,7 +154,7 @@ def store_checks(args):
     args.warmup_ms, args.duration_ms = (100, 300) if args.smoke else (200, 700)
     servers = {k: store_bench.start_server(k, args) for k in ("crun-2x", "torch2-libuv")}
     ratios = {"store set, 64 clients: crun / libuv": [],
-              "storm, 20,000 connections: libuv / crun": []}
+              STORM: []}
     try:
         for _ in range(rounds_of(args, 3)):
             r = {k: store_bench.loadgen(args, s, "set", 8 if args.smoke else 64)
@@ -173,7 +180,7 @@ def store_checks(args):
             if s["pending"] or not s["seconds"]:
                 raise RuntimeError(f"storm {k}: {s}")
             seconds[k] = s["seconds"]
-        ratios["storm, 20,000 connections: libuv / crun"].append(
+        ratios[STORM].append(
             seconds["torch2-libuv"] / seconds["crun-2x"])
     return ratios
 
@@ -193,7 +200,8 @@ def judge(measured, recorded_ratios):
     rows, regressed = [], False
     for name, values in measured.items():
         now = statistics.median(values)
-        band = max(MIN_BAND, (max(values) - min(values)) / now if now else 1.0)
+        floor = BAND_FLOORS.get(name, MIN_BAND)
+        band = max(floor, (max(values) - min(values)) / now if now else 1.0)
         was, commit = recorded_ratios[name]
         if now < was * (1 - band):
             verdict = "REGRESSION"

@@ -30,6 +30,17 @@ class Judge(unittest.TestCase):
         self.assertFalse(regressed)
 
 
+    def test_the_storm_has_a_wider_floor_for_its_stepping_anchor(self):
+        was = {check.STORM: (16.0, "x")}
+        rows, regressed = check.judge({check.STORM: [7.7, 7.8]}, was)  # libuv 3.5 s, not 7 s
+        self.assertEqual(rows[0][4], 0.6)
+        self.assertEqual(rows[0][5], "ok")
+        self.assertFalse(regressed)
+        rows, regressed = check.judge({check.STORM: [3.0, 3.1]}, was)  # crun itself retrying
+        self.assertEqual(rows[0][5], "REGRESSION")
+        self.assertTrue(regressed)
+
+
 class Recorded(unittest.TestCase):
     def test_every_check_has_a_recorded_ratio_and_commit(self):
         was = check.recorded(DOCS)
