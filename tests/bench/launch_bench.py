@@ -121,7 +121,8 @@ def write(args, rows):
     lines = ["## Launcher: start, restart, memory", "",
              f"`tests/bench/launch_bench.py`, median of {args.rounds} runs each ({args.rounds * 4} "
              "for crun and the limit), on the same machine as above, each started from Python's "
-             "`subprocess` (whose own cost is in every figure, the limit's included). Workers are "
+             "`subprocess` and timed to its exit, which a pidfd reports (the spawn's own cost is in "
+             "every figure, the limit's included). Workers are "
              "trivial programs (`--no-python true`; for restarts "
              "`tests/workers/restart_probe.cc`, whose first instruction takes the time), so the "
              "numbers are the launchers' own. *limit*: `tests/bench/spawn_limit.cc`, a "
