@@ -5,13 +5,12 @@
 
 #include <sys/types.h>
 
-#include <cstdint>
-#include <vector>
-
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace crun {
 

@@ -84,30 +84,13 @@ class AsioStoreServer final : public StoreServer {
       // The port must be free: a plain socket (no SO_REUSEPORT) binds it only then. Without
       // this, a second server on the port would join this one's group instead of failing.
       tcp::acceptor probe(io_);
-      boost::system::error_code ec;
-      probe.open(ep.protocol(), ec);
-      if (!ec) probe.set_option(tcp::acceptor::reuse_address(true), ec);
-      if (!ec && address->is_v6() && address->to_v6().is_unspecified()) {
-        probe.set_option(asio::ip::v6_only(false), ec);
-      }
-      if (!ec) probe.bind(ep, ec);
-      if (ec) return StoreListenError(where, ec);
+      if (auto s = Bind(probe, ep, false, where); !s.ok()) return s;
     }
     for (int i = 0; i < sockets; ++i) {
       auto acceptor = std::make_unique<tcp::acceptor>(io_);
+      const tcp::endpoint at = i == 0 ? ep : tcp::endpoint(ep.address(), port_);
+      if (auto s = Bind(*acceptor, at, sockets > 1, where); !s.ok()) return s;
       boost::system::error_code ec;
-      acceptor->open(ep.protocol(), ec);
-      if (ec) return Unavailable("store: cannot open a socket for " + where + ": " + ec.message());
-      acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
-      if (address->is_v6() && address->to_v6().is_unspecified()) {
-        acceptor->set_option(asio::ip::v6_only(false), ec);  // "::" serves IPv4 too
-      }
-      if (sockets > 1) {
-        const int on = 1;
-        ::setsockopt(acceptor->native_handle(), SOL_SOCKET, SO_REUSEPORT, &on, sizeof on);
-      }
-      acceptor->bind(i == 0 ? ep : tcp::endpoint(ep.address(), port_), ec);
-      if (ec) return StoreListenError(where, ec);
       acceptor->listen(backlog, ec);
       if (ec) return StoreListenError(where, ec);
       acceptor->non_blocking(true, ec);
@@ -169,6 +152,25 @@ class AsioStoreServer final : public StoreServer {
   }
 
  private:
+  // Opens `acceptor` and binds it to `ep` (with SO_REUSEPORT when `share_port`); "::" serves
+  // IPv4 too.
+  static Status Bind(tcp::acceptor& acceptor, const tcp::endpoint& ep, bool share_port,
+                     const std::string& where) {
+    boost::system::error_code ec;
+    acceptor.open(ep.protocol(), ec);
+    if (ec) return Unavailable("store: cannot open a socket for " + where + ": " + ec.message());
+    acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (ep.address().is_v6() && ep.address().to_v6().is_unspecified()) {
+      acceptor.set_option(asio::ip::v6_only(false), ec);
+    }
+    if (share_port) {
+      const int on = 1;
+      ::setsockopt(acceptor.native_handle(), SOL_SOCKET, SO_REUSEPORT, &on, sizeof on);
+    }
+    acceptor.bind(ep, ec);
+    return ec ? StoreListenError(where, ec) : Status::Ok();
+  }
+
   // Listening sockets of one port (SO_REUSEPORT), each with its own accept queue of `backlog`:
   // enough queue for every connection the server may hold, so that a storm of them is not
   // dropped (and retried by the clients a second later) while the server catches up. At most

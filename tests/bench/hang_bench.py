@@ -29,7 +29,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from bench_support import measured_at, write_section  # noqa: E402
+from bench_support import measured_at, timed_run, write_section  # noqa: E402
 from fabric import Fabric  # noqa: E402
 
 PARKED = """
@@ -142,17 +142,6 @@ def running_script(path):
     return left
 
 
-def timed(cmd, env, limit=600):
-    """Wall time of `cmd`; None as the result when it ran past `limit` s (then killed)."""
-    t0 = time.monotonic()
-    try:
-        r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           text=True, timeout=limit)
-    except subprocess.TimeoutExpired:
-        return time.monotonic() - t0, None
-    return time.monotonic() - t0, r
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--crun", required=True)
@@ -249,9 +238,9 @@ def main():
             env = dict(base, PYTHON_EXEC=a.torch2_python)
             times = []
             for _ in range(a.rounds):
-                t, r = timed(cmd, env)
-                if r.returncode != 0:
-                    raise SystemExit(f"{name}: exit {r.returncode}\n{r.stderr[-2000:]}")
+                t, code, err = timed_run(cmd, env)
+                if code != 0:
+                    raise SystemExit(f"{name}: exit {code}\n{err[-2000:]}")
                 times.append(t)
             cells[name] = statistics.median(times)
             print(f"busy {how} {name}: {cells[name]:.2f} s", file=sys.stderr)

@@ -32,18 +32,15 @@ def timed_run(cmd, env=None, limit=600):
     pidfd = os.pidfd_open(p.pid)
     err = p.stderr.fileno()
     chunks = []
+    exited = False
     with selectors.DefaultSelector() as sel:
         sel.register(pidfd, selectors.EVENT_READ)
         sel.register(err, selectors.EVENT_READ)
-        exited = False
         while not exited:
             left = t0 + limit - time.perf_counter()
             if left <= 0:
                 p.kill()
-                p.wait()
-                os.close(pidfd)
-                p.stderr.close()
-                return time.perf_counter() - t0, None, b"".join(chunks).decode(errors="replace")
+                break
             for key, _ in sel.select(left):
                 if key.fd == pidfd:
                     exited = True
@@ -51,7 +48,7 @@ def timed_run(cmd, env=None, limit=600):
                     chunks.append(data)
                 else:
                     sel.unregister(err)
-    p.wait()  # it has ended: reaped at once
+    p.wait()  # it has ended (or was killed): reaped at once
     seconds = time.perf_counter() - t0
     os.close(pidfd)
     os.set_blocking(err, False)  # what it wrote before ending; a worker may hold the pipe on
@@ -61,7 +58,7 @@ def timed_run(cmd, env=None, limit=600):
     except BlockingIOError:
         pass
     p.stderr.close()
-    return seconds, p.returncode, b"".join(chunks).decode(errors="replace")
+    return seconds, p.returncode if exited else None, b"".join(chunks).decode(errors="replace")
 
 
 def measured_at():
