@@ -17,6 +17,8 @@
 #   scripts/gpu-check.sh train OUT there, after run: train (ResNet-18, synthetic CIFAR-10) on
 #                                  the GPU at fp32, bf16 and fp16, and PyTorch's own loop as the
 #                                  anchor, all under crun; OUT/train_*.json, OUT/torch_*.json.
+# tests/integration/test_gpu_check.py rehearses the three here, without a GPU, as far as the
+# first step that needs one (TORCH_CUDA_ARCH_LIST names the architecture torch cannot detect).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,18 +50,20 @@ case "${1:-}" in
     crun="$PWD/.gpu/crun/bin/crun"
     echo "gpu-check: $("$crun" --version) from $tarball; it needs: $(ldd "$crun" | awk '{print $1}' | tr '\n' ' ')"
     export PYTHON_EXEC="$(command -v "$py")"
-    # NCCL: the toolkit's if it has one, else the one PyTorch ships (the nvidia-nccl wheel).
+    # NCCL: the one PyTorch ships (the nvidia-nccl wheel) if there is one, else the toolkit's.
+    # PyTorch's first: train links libtorch_cuda, which needs the NCCL it was built with (a
+    # toolkit's older NCCL leaves symbols undefined), and the benchmark's two sides then share
+    # one NCCL. The wheel has only libnccl.so.2; the SDK's build finds that (nothing is linked
+    # or written into the wheel).
     nccl_root=${NCCL_ROOT:-}
     if [[ -z "$nccl_root" ]]; then
-      hdr=$(find /usr/local/cuda/include "$($py -c 'import site; print(site.getsitepackages()[0])')/nvidia" \
+      hdr=$(find "$($py -c 'import site; print(site.getsitepackages()[0])')/nvidia" /usr/local/cuda/include \
               -name nccl.h 2>/dev/null | head -1)
       [[ -n "$hdr" ]] || { echo "gpu-check: nccl.h not found; set NCCL_ROOT" >&2; exit 1; }
       nccl_root=$(dirname "$(dirname "$hdr")")
     fi
-    if [[ ! -e "$nccl_root/lib/libnccl.so" && -e "$nccl_root/lib/libnccl.so.2" ]]; then
-      ln -sf libnccl.so.2 "$nccl_root/lib/libnccl.so"
-    fi
-    echo "gpu-check: NCCL from $nccl_root"
+    echo "gpu-check: NCCL from $nccl_root ($(grep -E -m3 '^#define NCCL_(MAJOR|MINOR|PATCH) ' "$nccl_root/include/nccl.h" |
+      awk '{print $3}' | paste -sd.))"
     export LD_LIBRARY_PATH="$nccl_root/lib:${LD_LIBRARY_PATH:-}"
     prefix="$PWD/.gpu/catch2"
     with_torch=OFF
@@ -71,8 +75,8 @@ case "${1:-}" in
     cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCRUN_WERROR=ON \
       -DCRUN_WORKER_SDK_ONLY=ON -DCRUN_WITH_GLOO=OFF -DCRUN_WITH_TORCH=$with_torch \
       -DCRUN_WITH_NCCL=ON -DNCCL_ROOT="$nccl_root" -DCMAKE_PREFIX_PATH="$prefix" \
-      -DCMAKE_POLICY_VERSION_MINIMUM=3.5 > "/tmp/crun-configure-$mode.log" 2>&1 ||
-      { tail -40 "/tmp/crun-configure-$mode.log"; exit 1; }
+      -DCMAKE_POLICY_VERSION_MINIMUM=3.5 > "$out/configure-$mode.log" 2>&1 ||
+      { tail -40 "$out/configure-$mode.log"; exit 1; }
     if [[ $mode == run ]]; then
       # Stock PyTorch DDP over NCCL, one worker per visible GPU; then a GPU worker SIGKILLed
       # in the first attempt and the group restarted (--max-restarts 1).
@@ -83,6 +87,7 @@ case "${1:-}" in
           tests/workers/ddp_train.py "$ddp_out" --nccl --die-once &&
         echo "gpu-check: DDP over NCCL, a worker SIGKILLed and restarted under crun: exit 0"; } 2>&1 |
         tee "$out/ddp.log" || echo "gpu-check: a DDP run failed (OUT/ddp.log)" >&2
+      rm -rf "$ddp_out"
       cmake --build build-gpu -j "$(nproc)"
       (cd build-gpu && ctest --output-on-failure -j 1) 2>&1 | tee "$out/ctest.log" || echo "gpu-check: ctest failed" >&2
       cp docs/benchmarks.md "$out/benchmarks.md"

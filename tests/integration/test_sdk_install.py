@@ -42,6 +42,22 @@ class InstalledSdk(unittest.TestCase):
                        "base/status.h"]:
             self.assertTrue(os.path.exists(os.path.join(self.prefix, "include", header)), header)
 
+    def test_the_package_names_nothing_of_this_machine(self):
+        # Relocatable: the CMake package finds its dependencies (libtorch, NCCL) where it is
+        # used, so no path of the building machine may be written in it. The .pc file cannot
+        # search: where CUDA and NCCL are is in variables a user can redefine
+        # (--define-variable), and nowhere else.
+        source = os.path.realpath(os.path.join(EXAMPLE, "..", "..", ".."))
+        overridable = ("cuda_includedir=", "cuda_libdir=", "nccl_libdir=")
+        for sub in ["cmake/crun_worker", "pkgconfig"]:
+            folder = os.path.join(self.prefix, "lib", sub)
+            for name in sorted(os.listdir(folder)):
+                with open(os.path.join(folder, name)) as f:
+                    lines = [line for line in f if not line.startswith(overridable)]
+                for path in [os.path.realpath(BUILD_DIR), source, "/usr/", "/opt/"]:
+                    for line in lines:
+                        self.assertNotIn(path, line, f"{sub}/{name} names {path}")
+
     def test_find_package(self):
         build = os.path.join(self.tmp, "cmake-build")
         run(["cmake", "-S", EXAMPLE, "-B", build, f"-DCMAKE_PREFIX_PATH={self.prefix}"])
