@@ -1094,6 +1094,12 @@ struct LocalAgent::Impl final : RendezvousEvents {
     hang_watch.Stop();
     control_server.reset();
     file_timer.reset();
+    // crun's own files in its log directory end with the run: crun.pid says that a crun runs
+    // (`crun stacks --log-dir`), the Python hook is for workers. What stays is what was logged
+    // or reported. The directory is this crun's alone (mkdtemp), so nothing else is named here.
+    std::error_code fs_ec;
+    std::filesystem::remove(options.log_dir + "/crun.pid", fs_ec);
+    if (!python_dir.empty()) std::filesystem::remove_all(python_dir, fs_ec);
     if (metrics_server) metrics_server->Stop();
     for (auto& w : workers) {
       w.heartbeat.reset();

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
@@ -58,10 +59,24 @@ struct LogDirs {
   bool made_base = false;  // a temporary base of crun's own
   bool made_run = false;   // the run's directory did not exist before
 
-  // A run that never started a worker (an unreachable endpoint, a refused join) leaves
-  // nothing behind: the directories it made are removed while they are still empty.
+  // At the end of a run, what holds nothing goes: the attempt and rank directories no log,
+  // error file or failure report was written into, then this node's directory, the run's and a
+  // temporary base of crun's own when they are empty. So a run that wrote nothing (one that
+  // never started a worker, or that succeeded without logs to files) leaves nothing behind,
+  // and one that did keeps exactly the directories that hold its files. The node directory is
+  // this crun's own (mkdtemp), so nothing in it is anyone else's.
   void RemoveIfEmpty() const {
     std::error_code ec;
+    std::vector<std::filesystem::path> below;  // pre-order: every parent before its children
+    for (std::filesystem::recursive_directory_iterator it(node, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      if (it->symlink_status(ec).type() == std::filesystem::file_type::directory) {
+        below.push_back(it->path());
+      }
+    }
+    for (auto d = below.rbegin(); d != below.rend(); ++d) {
+      if (std::filesystem::is_empty(*d, ec) && !ec) std::filesystem::remove(*d, ec);
+    }
     if (!std::filesystem::is_empty(node, ec) || ec) return;
     std::filesystem::remove(node, ec);
     if (made_run && std::filesystem::is_empty(run, ec)) std::filesystem::remove(run, ec);

@@ -111,6 +111,37 @@ class FirstHour(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stderr)
         self.assertEqual(os.listdir(logs), [])
 
+    def test_a_finished_job_leaves_only_what_it_wrote(self):
+        # torchrun leaves a torchelastic_* directory in the temp dir after every run; crun
+        # leaves nothing after a run that wrote nothing (no pid file, no Python hook, no empty
+        # attempt or rank directories), Python workers included.
+        tmp = os.path.join(self.dir, "tmp")
+        os.mkdir(tmp)
+        out = tempfile.mkdtemp(dir=self.dir)
+        r = self.crun("--nproc-per-node", "2", ENV_DUMP, out,
+                      env={"TMPDIR": tmp, "PYTHON_EXEC": sys.executable})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(glob.glob(os.path.join(out, "env_*.json"))), 2)
+        self.assertEqual(os.listdir(tmp), [])
+        # A failed run keeps its report (its path is printed), and only that.
+        r = self.crun("--nproc-per-node", "2", "--no-python", "false", env={"TMPDIR": tmp})
+        self.assertEqual(r.returncode, 1, r.stderr)
+        report = re.search(r"failure report written to (\S+)", r.stderr).group(1)
+        files = [os.path.relpath(os.path.join(d, f), tmp)
+                 for d, _, names in os.walk(tmp) for f in names]
+        self.assertEqual(files, [os.path.relpath(report, tmp)])
+        # With --redirects, the logs stay where they were written; the user's --log-dir stays.
+        logs = os.path.join(self.dir, "logs")
+        r = self.crun("--nproc-per-node", "2", "--log-dir", logs, "--redirects", "1:1",
+                      "--no-python", "echo", "hi", env={"TMPDIR": tmp})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        kept = sorted(os.path.relpath(os.path.join(d, f), logs).split(os.sep)[2:]
+                      for d, _, names in os.walk(logs) for f in names)
+        self.assertEqual(kept, [["attempt_0", "1", "stdout.log"]])
+        r = self.crun("--nproc-per-node", "1", "--log-dir", logs, "--no-python", "true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(os.listdir(logs)), 1, "the second run left a directory")
+
     def fake_dev(self, *indices):
         root = os.path.join(self.dir, "root")
         for name in ["nvidiactl", "nvidia-uvm"] + [f"nvidia{i}" for i in indices]:
