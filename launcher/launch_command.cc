@@ -67,20 +67,17 @@ struct LogDirs {
   // this crun's own (mkdtemp), so nothing in it is anyone else's.
   void RemoveIfEmpty() const {
     std::error_code ec;
-    std::vector<std::filesystem::path> below;  // pre-order: every parent before its children
+    std::vector<std::string> below;  // pre-order: every parent before its children
     for (std::filesystem::recursive_directory_iterator it(node, ec), end; !ec && it != end;
          it.increment(ec)) {
-      if (it->symlink_status(ec).type() == std::filesystem::file_type::directory) {
-        below.push_back(it->path());
-      }
+      if (it->is_directory(ec)) below.push_back(it->path());
     }
-    for (auto d = below.rbegin(); d != below.rend(); ++d) {
-      if (std::filesystem::is_empty(*d, ec) && !ec) std::filesystem::remove(*d, ec);
-    }
-    if (!std::filesystem::is_empty(node, ec) || ec) return;
-    std::filesystem::remove(node, ec);
-    if (made_run && std::filesystem::is_empty(run, ec)) std::filesystem::remove(run, ec);
-    if (made_base && std::filesystem::is_empty(base, ec)) std::filesystem::remove(base, ec);
+    // rmdir removes only an empty directory, and no symlink or what it points to: trying each
+    // one, deepest first, is the test.
+    for (auto d = below.rbegin(); d != below.rend(); ++d) ::rmdir(d->c_str());
+    if (::rmdir(node.c_str()) != 0) return;
+    if (made_run) ::rmdir(run.c_str());
+    if (made_base) ::rmdir(base.c_str());
   }
 };
 
