@@ -65,7 +65,7 @@ struct LogDirs {
   // never started a worker, or that succeeded without logs to files) leaves nothing behind,
   // and one that did keeps exactly the directories that hold its files. The node directory is
   // this crun's own (mkdtemp), so nothing in it is anyone else's.
-  void RemoveIfEmpty() const {
+  void RemoveEmptyDirs() const {
     std::error_code ec;
     std::vector<std::string> below;  // pre-order: every parent before its children
     for (std::filesystem::recursive_directory_iterator it(node, ec), end; !ec && it != end;
@@ -96,7 +96,7 @@ StatusOr<LogDirs> MakeRunLogDirs(const std::string& given, const std::string& ru
   }
   d.run = d.base + "/" + PathComponent(run_id);
   // Another crun sharing the base may remove an empty run directory between our two steps
-  // (RemoveIfEmpty): then make it again.
+  // (RemoveEmptyDirs): then make it again.
   for (int attempt = 0;; ++attempt) {
     std::error_code ec;
     const bool made = std::filesystem::create_directories(d.run, ec);
@@ -257,7 +257,7 @@ int Execute(LaunchPlan& p) {
   boost::asio::io_context io(1);
   if (p.mode == Mode::kEtcd) {
     const int code = RunWithEtcd(p, io, std::move(agent_options));
-    dirs->RemoveIfEmpty();
+    dirs->RemoveEmptyDirs();
     return code;
   }
   if (p.mode != Mode::kService) {
@@ -291,11 +291,11 @@ int Execute(LaunchPlan& p) {
       agent::LocalAgent agent(io, std::move(agent_options), agent::MakeLocalRendezvous(io, rdzv));
       code = agent.Run();
     }
-    dirs->RemoveIfEmpty();
+    dirs->RemoveEmptyDirs();
     return code;
   }
   const int code = RunWithService(p, io, std::move(agent_options));
-  dirs->RemoveIfEmpty();
+  dirs->RemoveEmptyDirs();
   return code;
 }
 
