@@ -203,6 +203,7 @@ std::string EncodeJob(const JobDoc& d, TimePoint now, WallClock::time_point wall
                                       s.lost_hosts.end())},
             {"restarts_used", s.restarts_used},
             {"round_times_ms", std::move(times)},
+            {"paid_round", s.paid_round},
             {"stop", {{"reason", d.stop_reason}, {"spends_restart", d.stop_spends_restart}}},
             {"last_failure", d.last_failure},
             {"world_size", d.world_size}};
@@ -251,6 +252,7 @@ StatusOr<JobDoc> DecodeJob(const std::string& text, TimePoint now, WallClock::ti
     for (const auto& t : j.at("round_times_ms")) {
       s.round_times.push_back(FromWall(t.get<std::int64_t>(), now, wall));
     }
+    s.paid_round = j.value("paid_round", false);  // absent from documents before it
     for (const auto& n : s.joined) s.present.insert(n.node_id);
     for (const auto& m : s.members) s.present.insert(m.node.node_id);
     for (const auto& n : s.spares) s.present.insert(n.node_id);

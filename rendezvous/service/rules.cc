@@ -1,6 +1,7 @@
 #include "rendezvous/service/rules.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace crun::rdzv {
 namespace {
@@ -41,12 +42,14 @@ std::optional<TimePoint> NextHeartbeatDeadline(const State& s, TimePoint now) {
 
 // Forms a round from the joined nodes: the first max_nodes in rank order take part, the rest
 // are spares.
+// A round after a restart paid from the budget is no storm round: max_restarts bounds those.
 Transition Form(State s, TimePoint now) {
   std::vector<TimePoint> recent;
   for (auto t : s.round_times) {
     if (now - t < s.settings.storm_window) recent.push_back(t);
   }
-  if (static_cast<int>(recent.size()) >= s.settings.storm_rounds) {
+  const bool paid = std::exchange(s.paid_round, false);
+  if (!paid && static_cast<int>(recent.size()) >= s.settings.storm_rounds) {
     s.phase = Phase::kFailed;
     std::string reason =
         "restart storm: " + std::to_string(recent.size() + 1) + " rounds within " +
@@ -54,7 +57,7 @@ Transition Form(State s, TimePoint now) {
         (s.lost_hosts.empty() ? std::string() : " (lost: " + Join(s.lost_hosts) + ")");
     return Transition{std::move(s), {FailJob{std::move(reason)}}, std::nullopt};
   }
-  recent.push_back(now);
+  if (!paid) recent.push_back(now);
   s.round_times = std::move(recent);
   auto ordered = RankOrder(s.joined);
   FormRound round;
@@ -97,6 +100,7 @@ Transition Regather(State s, std::string reason, bool spends_restart, TimePoint 
   s.present.clear();  // everyone joins again
   s.join_deadline = now + s.settings.join_timeout;
   s.last_call_deadline.reset();
+  s.paid_round = spends_restart;
   auto wake = s.join_deadline;
   return Transition{std::move(s), {StopAndRejoin{std::move(reason), spends_restart}}, wake};
 }

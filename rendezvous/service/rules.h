@@ -8,7 +8,8 @@
 // node and re-forms (one job-wide restart budget); a lost node (dropped session, or no
 // heartbeat within heartbeat_timeout) re-forms without spending the budget; a late joiner
 // triggers a scale-up round while below max_nodes and is a spare otherwise; too many rounds
-// too fast is a restart storm and fails the job; when every member succeeds, the job does.
+// too fast (membership changes, not restarts paid from the budget) is a restart storm and fails
+// the job; when every member succeeds, the job does.
 #pragma once
 
 #include <chrono>
@@ -114,7 +115,10 @@ struct State {
   std::vector<NodeDescription> spares;  // connected, outside the round
   std::vector<std::string> lost_hosts;  // node ids of lost nodes, for reports
   int restarts_used = 0;
-  std::vector<TimePoint> round_times;  // for restart-storm detection
+  // The rounds that count towards a restart storm: those formed after a membership change.
+  // Restarts paid from the budget do not count (max_restarts is their limit).
+  std::vector<TimePoint> round_times;
+  bool paid_round = false;  // the gathering under way follows a restart paid from the budget
   // Indexes, so that an event costs O(1) whatever the number of nodes:
   std::unordered_set<std::string> present;                    // ids in joined, members, spares
   std::unordered_map<std::string, std::size_t> member_index;  // id -> position in members

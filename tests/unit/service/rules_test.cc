@@ -301,6 +301,38 @@ TEST_CASE("the job succeeds when every member has", "[rules]") {
   CHECK(both.state.phase == Phase::kSucceeded);
 }
 
+TEST_CASE("restarts paid from the budget are no restart storm", "[rules]") {
+  // max_restarts bounds them: a job allowed 50 restarts of a fast-failing worker gets them.
+  State st = Running(/*max_restarts=*/50);
+  st.settings.storm_rounds = 3;
+  st.settings.storm_window = 60s;
+  TimePoint now = T0 + 2s;
+  for (int i = 0; i < 20; ++i) {
+    auto failed = OnWorkerFailed(st, "a#1", "rank 0 failed with exit code 7", now);
+    REQUIRE(Only<StopAndRejoin>(failed.actions) != nullptr);
+    st = Rejoin(failed.state, now, {"a", "b"});
+    REQUIRE(st.phase == crun::rdzv::Phase::kRunning);
+    now += 100ms;
+  }
+  CHECK(st.restarts_used == 20);
+  CHECK(st.round_times.size() == 1);  // the first round only
+  // Membership changes still count, and a paid round in between does not reset them.
+  for (int i = 0; i < 2; ++i) {
+    st = OnNodeLost(st, "b#1", now, "its session ended").state;
+    st = Rejoin(st, now, {"a", "b"});
+    st = Rejoin(OnWorkerFailed(st, "a#1", "rank 0 failed", now).state, now, {"a", "b"});
+    now += 1s;
+  }
+  CHECK(st.round_times.size() == 3);
+  st = OnNodeLost(st, "b#1", now, "its session ended").state;
+  st = OnJoin(st, Node("a"), st.settings, now).state;
+  st = OnJoin(st, Node("b"), st.settings, now).state;
+  const auto t = OnTick(st, now + 1s);
+  const auto* f = Only<FailJob>(t.actions);
+  REQUIRE(f != nullptr);
+  CHECK_THAT(f->reason, Catch::StartsWith("restart storm: 4 rounds within 60000 ms"));
+}
+
 TEST_CASE("too many rounds too fast is a restart storm", "[rules]") {
   State st = Running(/*max_restarts=*/0);
   st.settings.storm_rounds = 3;
