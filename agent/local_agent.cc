@@ -14,6 +14,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
+#include "agent/attempt_edge.h"
 #include "agent/control_socket.h"
 #include "agent/failure_report.h"
 #include "agent/file_timer.h"
@@ -170,6 +171,16 @@ struct LocalAgent::Impl final : RendezvousEvents {
     if (auto sub = BecomeSubreaper(); !sub.ok()) {
       spdlog::warn("{}: a worker's daemonised descendants may outlive the job", sub.message());
     }
+    // Orphans that come to crun are reaped as they end; an attempt's edge looks again.
+    auto child_signals = ChildSignals::Open(io, [this] {
+      ReapOrphans();
+      if (edge) edge->Notify();
+    });
+    if (!child_signals.ok()) {
+      spdlog::error("{}", child_signals.status().message());
+      return 1;
+    }
+    children = std::move(child_signals).value();
     if (auto s = PrepareHangTools(); !s.ok()) {
       spdlog::error("{}", s.message());
       return 1;
@@ -293,6 +304,9 @@ struct LocalAgent::Impl final : RendezvousEvents {
     failed_to_launch = false;
     group = g;
     const Environment base = CurrentEnvironment();
+    edge.reset();
+    edge_clear = false;
+    OpenAttemptCgroup();
     workers.clear();
     workers.resize(static_cast<std::size_t>(options.nproc));
     std::vector<std::pair<int, PendingProcess>> pending;
@@ -311,9 +325,9 @@ struct LocalAgent::Impl final : RendezvousEvents {
       w.error_file = w.dir + "/error.json";
       std::filesystem::remove(w.error_file, ec);  // a re-formed round with the same number
       ProcessSpec spec;
-      if (cgroup) {
-        spec.cgroup_fd = cgroup->fd();
-        spec.cgroup_dir = cgroup->dir();
+      if (attempt_cgroup) {
+        spec.cgroup_fd = attempt_cgroup->fd();
+        spec.cgroup_dir = attempt_cgroup->dir();
       }
       if (const auto i = static_cast<std::size_t>(lr - options.first_local_rank);
           i < options.bindings.size()) {
@@ -362,7 +376,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     }
     if (failed_to_launch) {
       ReportFailures();
-      if (running == 0) return MaybeEndAttempt();
+      if (running == 0) return BeginEdge();
       return BeginStop(SIGTERM);
     }
     nlohmann::json pids = nlohmann::json::array();
@@ -479,29 +493,71 @@ struct LocalAgent::Impl final : RendezvousEvents {
       }
     }
     if (meters) meters->Exit(ExitCauseOf(status, hang, oom_kill, stopping));
-    if (running == 0) {
-      // Whatever the workers left behind in their groups goes with them; that also closes
-      // the last writers of their output pipes.
-      for (const auto& x : workers) {
-        if (x.pid > 0) ::kill(-x.pid, SIGKILL);
-      }
-      // Descendants that left the workers' groups (setsid, double fork) end with the attempt
-      // too, which also closes any output pipe they held: everything in the workers' cgroup,
-      // and every orphan that came to crun as their subreaper.
-      if (cgroup) cgroup->KillAll();
-      if (const int strays = KillStrays({guard->pid()}); strays > 0) {
-        spdlog::warn(
-            "ended {} process(es) the workers left behind outside their process "
-            "groups (daemonised descendants)",
-            strays);
-      }
-      MaybeEndAttempt();
-    }
+    if (running == 0) BeginEdge();
   }
 
-  // The attempt is over once every worker has exited and all their output has been read.
+  // This attempt's cgroup, below crun's: a new one for every attempt (AttemptEdge).
+  void OpenAttemptCgroup() {
+    attempt_cgroup.reset();
+    if (!cgroup) return;
+    auto a = AttemptCgroup::Create(*cgroup, attempts_started++);
+    if (!a.ok()) {
+      spdlog::warn("{}: this attempt's workers run without a cgroup of their own",
+                   a.status().message());
+      return;
+    }
+    attempt_cgroup = std::move(a).value();
+  }
+
+  // Every worker has exited: end and reap whatever else the attempt started (which also
+  // closes the last writers of the workers' output pipes) before anything else happens.
+  void BeginEdge() {
+    std::vector<pid_t> groups;
+    for (const auto& w : workers) {
+      if (w.pid > 0) groups.push_back(w.pid);
+    }
+    edge = std::make_unique<AttemptEdge>(io, group.restart_count, std::move(groups),
+                                         std::move(attempt_cgroup), options.edge_timeout,
+                                         [this](const EdgeReport& r) { OnEdge(r); });
+    edge->Start();
+  }
+
+  void OnEdge(const EdgeReport& r) {
+    if (r.in_groups > 0) {
+      spdlog::debug("attempt {}: ended {} process(es) still in the workers' process groups",
+                    r.attempt, r.in_groups);
+    }
+    if (r.left_count > 0) {
+      spdlog::warn(
+          "attempt {}: ended {} process(es) that had left their worker's process group "
+          "(setsid or daemonised): {}{}",
+          r.attempt, r.left_count, Joined(r.left),
+          r.left_count > static_cast<int>(r.left.size()) ? ", ..." : "");
+    }
+    if (!r.complete) {
+      spdlog::error(
+          "attempt {}: still running {} ms after SIGKILL: {}; no further attempt starts "
+          "beside them",
+          r.attempt, options.edge_timeout.count(), Joined(r.remaining));
+      edge_stuck = true;
+    } else if (!r.remaining.empty()) {
+      spdlog::warn("attempt {}: {}", r.attempt, Joined(r.remaining));
+    }
+    spdlog::debug("attempt {}: its edge took {} us", r.attempt, r.took.count());
+    edge_clear = true;
+    MaybeEndAttempt();
+  }
+
+  static std::string Joined(const std::vector<std::string>& items) {
+    std::string s;
+    for (const auto& i : items) s += (s.empty() ? "" : ", ") + i;
+    return s;
+  }
+
+  // The attempt is over once every worker has exited, all their output has been read, and
+  // nothing else of the attempt is left (BeginEdge).
   void MaybeEndAttempt() {
-    if (running == 0 && open_pumps == 0 &&
+    if (running == 0 && open_pumps == 0 && edge_clear &&
         (phase == Phase::kRunning || phase == Phase::kStopping)) {
       OnAllExited();
     }
@@ -586,6 +642,12 @@ struct LocalAgent::Impl final : RendezvousEvents {
               [](const auto& a, const auto& b) { return a.when < b.when; });
     for (auto& f : failures) {
       if (f.pid != 0) f.stderr_tail = StderrTail(f.local_rank);  // complete now
+    }
+    if (edge_stuck && next != Next::kConclude) {
+      // Another attempt beside processes of this one would share the GPUs, ports and files
+      // they hold: the job ends here, with the failure that caused the restart if any.
+      if (!failures.empty()) Report(failures);
+      return Finish(failures.empty() ? 1 : failures.front().exit.ShellCode());
     }
     if (failures.empty() && next == Next::kNone) {
       rdzv->ReportSuccess();  // the job succeeds when every node has
@@ -1094,6 +1156,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
     hang_watch.Stop();
     control_server.reset();
     file_timer.reset();
+    // Posted: Finish may run inside the SIGCHLD handler.
+    asio::post(io, [this] { children.reset(); });
     // crun's own files in its log directory end with the run: crun.pid says that a crun runs
     // (`crun stacks --log-dir`), the Python hook is for workers. What stays is what was logged
     // or reported. The directory is this crun's alone (mkdtemp), so nothing else is named here.
@@ -1117,7 +1181,13 @@ struct LocalAgent::Impl final : RendezvousEvents {
   std::chrono::steady_clock::time_point joined_at;  // of the rendezvous under way
   // The first failure or stop seen since the workers last started (recovery_seconds).
   std::optional<std::chrono::steady_clock::time_point> interrupted_at;
-  std::unique_ptr<WorkerCgroup> cgroup;  // null where the machine gives crun none
+  std::unique_ptr<WorkerCgroup> cgroup;           // null where the machine gives crun none
+  std::unique_ptr<AttemptCgroup> attempt_cgroup;  // the running attempt's, until its edge
+  int attempts_started = 0;
+  std::unique_ptr<ChildSignals> children;  // SIGCHLD
+  std::unique_ptr<AttemptEdge> edge;       // the last attempt's end
+  bool edge_clear = true;                  // nothing of the last attempt is left
+  bool edge_stuck = false;                 // something of it outlived SIGKILL past its deadline
   std::unique_ptr<GroupGuard> guard;
   asio::signal_set signals;
   asio::steady_timer kill_timer;

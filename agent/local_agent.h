@@ -39,6 +39,9 @@ struct AgentOptions {
   int first_local_rank = 0;
   int max_restarts = 0;
   std::chrono::milliseconds shutdown_timeout{30'000};
+  // How long an attempt's leftovers may take to die after SIGKILL before the job ends rather
+  // than start another attempt beside them (AttemptEdge).
+  std::chrono::milliseconds edge_timeout{30'000};
   std::vector<int> forward_signals;  // empty: SIGTERM, SIGINT, SIGHUP, SIGQUIT
   std::string host_name;             // for reports
   std::string entrypoint;            // the script or program, for reports

@@ -4,7 +4,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -19,6 +18,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <set>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -49,10 +49,34 @@ struct CloneArgs {
 constexpr std::uint64_t kCloneIntoCgroup = 0x200000000ULL;
 std::atomic<bool> clone_into_cgroup_works{true};
 
+// The children started here and not reaped yet (OwnedChildren). A mutex, though the agent is
+// single-threaded: the stack tools and the guard are started from the same process.
+std::mutex owned_mutex;
+std::set<pid_t> owned;
+
+void Own(pid_t pid) {
+  std::lock_guard<std::mutex> lock(owned_mutex);
+  owned.insert(pid);
+}
+void Disown(pid_t pid) {
+  std::lock_guard<std::mutex> lock(owned_mutex);
+  owned.erase(pid);
+}
+
+// waitpid for an owned child, which is then no longer owned.
+pid_t ReapOwned(pid_t pid, int* status, int flags) {
+  pid_t r;
+  do {
+    r = ::waitpid(pid, status, flags);
+  } while (r < 0 && errno == EINTR);
+  if (r == pid) Disown(pid);
+  return r;
+}
+
 // fork(), but created inside the cgroup `cgroup_fd` when that is given and the kernel can
 // (Linux 5.7+): `*in_cgroup` says whether it was. Returns as fork() does. The child of a raw
 // clone3 runs no atfork handlers: like fork's child here, it only prepares and execs.
-pid_t Fork(int cgroup_fd, bool* in_cgroup) {
+pid_t ForkInto(int cgroup_fd, bool* in_cgroup) {
   *in_cgroup = false;
   if (cgroup_fd >= 0 && clone_into_cgroup_works.load()) {
     CloneArgs args;
@@ -97,10 +121,7 @@ class PidfdWatcher final : public ExitWatcher {
  private:
   void Reap() {
     int status = 0;
-    pid_t r;
-    do {
-      r = ::waitpid(pid_, &status, 0);
-    } while (r < 0 && errno == EINTR);
+    const pid_t r = ReapOwned(pid_, &status, 0);
     ExitStatus exit;
     if (r == pid_ && WIFSIGNALED(status)) {
       exit.signaled = true;
@@ -146,7 +167,11 @@ std::string ExitStatus::Describe() const {
   return "exit code " + std::to_string(value);
 }
 
-StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
+namespace {
+
+// Forks the child of `spec` (into its cgroup when `into_cgroup` and the kernel can), which
+// writes one byte to the report pipe as soon as it runs, then execs.
+StatusOr<PendingProcess> Fork(const ProcessSpec& spec, bool into_cgroup) {
   if (spec.argv.empty()) return InvalidArgument("no program to start");
   // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
   std::vector<char*> argv, envp;
@@ -175,7 +200,7 @@ StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
   const pid_t parent = ::getpid();
   const std::string procs = spec.cgroup_dir + "/cgroup.procs";
   bool in_cgroup = false;  // the child was created inside spec's cgroup
-  const pid_t pid = Fork(spec.cgroup_fd, &in_cgroup);
+  const pid_t pid = ForkInto(into_cgroup ? spec.cgroup_fd : -1, &in_cgroup);
   if (pid < 0) {
     const int err = errno;
     ::close(report[0]);
@@ -184,6 +209,8 @@ StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
   }
   if (pid == 0) {
     ::close(report[0]);
+    const char ran = 'r';
+    if (::write(report[1], &ran, 1) != 1) ::_exit(127);
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) ::_exit(127);  // crun died before the line above
@@ -214,41 +241,73 @@ StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
     ::execvpe(argv[0], argv.data(), envp.data());
     fail(0);
   }
+  Own(pid);
   ::setpgid(pid, pid);  // also here, so the group exists whichever side runs first
   ::close(report[1]);
-  return PendingProcess{pid, report[0], spec.argv[0], spec.cpus, spec.mem_nodes, spec.cgroup_dir};
+  return PendingProcess{pid, report[0], spec, in_cgroup};
+}
+
+// Reads up to `size` bytes of the report, to its EOF.
+ssize_t ReadReport(int fd, char* buffer, std::size_t size) {
+  std::size_t got = 0;
+  while (got < size) {
+    const ssize_t n = ::read(fd, buffer + got, size - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  return static_cast<ssize_t>(got);
+}
+
+std::string List(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+}  // namespace
+
+StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
+  return Fork(spec, clone_into_cgroup_works.load());
 }
 
 StatusOr<pid_t> FinishStart(PendingProcess& pending) {
-  int what[2] = {0, 0};  // stage, errno
-  ssize_t n;
-  do {
-    n = ::read(pending.report_fd, what, sizeof what);
-  } while (n < 0 && errno == EINTR);
+  char report[1 + 2 * sizeof(int)] = {};  // the byte it ran, then stage and errno
+  const ssize_t n = ReadReport(pending.report_fd, report, sizeof report);
   ::close(pending.report_fd);
   pending.report_fd = -1;
-  if (n != sizeof what) return pending.pid;
-  int status;
-  ::waitpid(pending.pid, &status, 0);
-  auto list = [](const std::vector<int>& v) {
-    std::string s;
-    for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
-    return s;
-  };
+  if (n == 1) return pending.pid;  // it ran, and exec closed the pipe
+  int status = 0;
+  ReapOwned(pending.pid, &status, 0);
+  const std::string& program = pending.spec.argv[0];
+  if (n == 0) {
+    // Killed before it ran: created into a cgroup the kernel kills every new child of.
+    if (pending.in_cgroup && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
+      clone_into_cgroup_works = false;
+      auto again = Fork(pending.spec, false);
+      if (!again.ok()) return again.status();
+      return FinishStart(*again);
+    }
+    return Aborted("'" + program + "' ended before it ran (" +
+                   (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
+                                        : "exit " + std::to_string(WEXITSTATUS(status))) +
+                   ")");
+  }
+  int what[2] = {0, 0};  // stage, errno
+  std::memcpy(what, report + 1, sizeof what);
   if (what[0] == 1) {
-    return PosixError("cannot bind '" + pending.program + "' to CPUs " + list(pending.cpus),
-                      what[1]);
+    return PosixError("cannot bind '" + program + "' to CPUs " + List(pending.spec.cpus), what[1]);
   }
   if (what[0] == 2) {
-    return PosixError("cannot bind the memory of '" + pending.program + "' to NUMA nodes " +
-                          list(pending.mem_nodes),
+    return PosixError("cannot bind the memory of '" + program + "' to NUMA nodes " +
+                          List(pending.spec.mem_nodes),
                       what[1]);
   }
   if (what[0] == 3) {
-    return PosixError("cannot move '" + pending.program + "' into the cgroup " + pending.cgroup_dir,
+    return PosixError("cannot move '" + program + "' into the cgroup " + pending.spec.cgroup_dir,
                       what[1]);
   }
-  return PosixError("cannot start '" + pending.program + "'", what[1]);
+  return PosixError("cannot start '" + program + "'", what[1]);
 }
 
 StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec) {
@@ -276,34 +335,26 @@ Status BecomeSubreaper() {
   return Status::Ok();
 }
 
-int KillStrays(const std::vector<pid_t>& keep, int limit) {
-  int found = 0;
-  const pid_t own_group = ::getpgrp();
-  // Killing a stray hands its own children to crun: sweep until none is left.
-  for (int sweep = 0; sweep < 64 && found < limit; ++sweep) {
-    std::vector<pid_t> strays;
-    for (pid_t c : ChildrenOfSelf()) {
-      if (std::find(keep.begin(), keep.end(), c) == keep.end()) strays.push_back(c);
-    }
-    if (strays.empty()) break;
-    for (pid_t c : strays) {
-      ++found;
-      const pid_t group = ::getpgid(c);
-      if (group > 0 && group != own_group) ::kill(-group, SIGKILL);
-      ::kill(c, SIGKILL);
-      // Reap it once it is gone; a process in uninterruptible sleep may take a moment, and is
-      // not waited for beyond a second (the next sweep, or crun's exit, deals with it).
-      const int fd = static_cast<int>(::syscall(SYS_pidfd_open, c, 0));
-      if (fd >= 0) {
-        pollfd p{fd, POLLIN, 0};
-        ::poll(&p, 1, 1000);
-        ::close(fd);
-      }
-      int status = 0;
-      ::waitpid(c, &status, WNOHANG);
-    }
+bool IsOwnedChild(pid_t pid) {
+  std::lock_guard<std::mutex> lock(owned_mutex);
+  return owned.count(pid) > 0;
+}
+
+std::vector<pid_t> OrphanChildren() {
+  std::vector<pid_t> orphans;
+  for (pid_t c : ChildrenOfSelf()) {
+    if (!IsOwnedChild(c)) orphans.push_back(c);
   }
-  return found;
+  return orphans;
+}
+
+int ReapOrphans() {
+  int reaped = 0;
+  for (pid_t c : OrphanChildren()) {
+    int status = 0;
+    if (::waitpid(c, &status, WNOHANG) == c) ++reaped;
+  }
+  return reaped;
 }
 
 StatusOr<std::unique_ptr<ExitWatcher>> ExitWatcher::Watch(asio::io_context& io, pid_t pid,
@@ -351,6 +402,7 @@ StatusOr<std::unique_ptr<GroupGuard>> GroupGuard::Start(const std::string& cgrou
     if (!cgroup_dir.empty()) KillAndRemoveCgroup(cgroup_dir);
     ::_exit(0);
   }
+  Own(pid);
   ::close(p[0]);
   return std::unique_ptr<GroupGuard>(new GroupGuard(pid, p[1]));
 }
@@ -358,7 +410,7 @@ StatusOr<std::unique_ptr<GroupGuard>> GroupGuard::Start(const std::string& cgrou
 GroupGuard::~GroupGuard() {
   ::close(fd_);  // the guard kills whatever is still registered, then exits
   int status;
-  ::waitpid(pid_, &status, 0);
+  ReapOwned(pid_, &status, 0);
 }
 
 void GroupGuard::Send(std::int32_t message) {

@@ -10,6 +10,10 @@
 //   polling) and reaps it.
 // * GroupGuard: a helper process that outlives crun: it kills every registered process group
 //   when crun dies, even by SIGKILL, so no worker or grandchild survives its launcher.
+// * Owned children: every child this process starts here (StartProcess, GroupGuard) is owned
+//   until it is reaped by its owner. Any other child is an orphan of a worker that came to crun
+//   as its subreaper (OwnedChildren, ReapOrphans): those are crun's to reap and to end, never
+//   an owned one behind its ExitWatcher's back.
 #pragma once
 
 #include <sys/types.h>
@@ -63,14 +67,20 @@ int ParseSignal(const std::string& name);
 // A started child whose exec has not been confirmed yet.
 struct PendingProcess {
   pid_t pid = -1;
-  int report_fd = -1;  // EOF once the child has exec'd; stage and errno if that failed
-  std::string program;
-  std::vector<int> cpus, mem_nodes;  // the binding asked for, for the message
-  std::string cgroup_dir;
+  // The child writes one byte as soon as it runs, then nothing (it exec'd: EOF) or the stage
+  // and errno of what failed. No byte at all: it was killed before it ran (below).
+  int report_fd = -1;
+  ProcessSpec spec;        // for messages, and to start it again without CLONE_INTO_CGROUP
+  bool in_cgroup = false;  // created straight into spec.cgroup_fd
 };
 
 // Two phases, so that many children exec at the same time: StartProcess forks and returns at
 // once; FinishStart waits for that child's exec and reports a failure (reaping the child).
+// A child created into a cgroup that dies of SIGKILL before it runs a single instruction is
+// started again with fork and a move into the cgroup, and clone3(CLONE_INTO_CGROUP) is not
+// used again by this process: Linux 6.x kills every child cloned into a cgroup whose
+// cgroup.kill was written once, when the cloning process's own cgroup was not killed the same
+// number of times (docs/reliability.md, "The attempt's edge").
 StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec);
 StatusOr<pid_t> FinishStart(PendingProcess& pending);
 // Both in one.
@@ -85,18 +95,20 @@ class ExitWatcher {
   virtual ~ExitWatcher() = default;
 };
 
-// The children of this process (every thread's), from /proc/self/task/*/children.
+// The children of this process (every thread's, zombies too), from /proc/self/task/*/children.
 std::vector<pid_t> ChildrenOfSelf();
+
+// Whether `pid` is a child this process started itself and has not reaped yet.
+bool IsOwnedChild(pid_t pid);
+// The children that are not owned: orphans of workers, reparented to this subreaper.
+std::vector<pid_t> OrphanChildren();
+// Reaps every orphan child that has ended (never an owned one); returns how many.
+int ReapOrphans();
 
 // Makes this process the reaper of its orphaned descendants (PR_SET_CHILD_SUBREAPER): a
 // worker's grandchild that daemonises (setsid + double fork) becomes crun's child instead of
-// init's, so crun can find it and end it with its job (KillStrays).
+// init's, so crun can find it, reap it as it ends, and end it with its attempt (AttemptEdge).
 Status BecomeSubreaper();
-
-// SIGKILLs every child of this process except `keep`, with its process group and whatever it
-// started in turn (they come to crun as orphans), and reaps them: up to `limit` in all, waiting
-// at most about a second. Returns how many were found.
-int KillStrays(const std::vector<pid_t>& keep, int limit = 4096);
 
 class GroupGuard {
  public:

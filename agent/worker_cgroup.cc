@@ -1,5 +1,6 @@
 #include "agent/worker_cgroup.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -90,13 +91,22 @@ std::unique_ptr<WorkerCgroup> WorkerCgroup::Create(std::string* why_not) {
   return std::unique_ptr<WorkerCgroup>(new WorkerCgroup(dir, fd));
 }
 
-int WorkerCgroup::KillAll() const {
-  const auto procs = Procs(dir_);
-  if (procs.empty()) return 0;
-  if (!WriteFile(dir_ + "/cgroup.kill", "1")) {  // before Linux 5.14: one by one
-    for (pid_t p : procs) ::kill(p, SIGKILL);
+// SIGKILL to everything in `dir` and below: cgroup.kill, else (before Linux 5.14) one by one.
+void Kill(const std::string& dir) {
+  if (WriteFile(dir + "/cgroup.kill", "1")) return;
+  for (pid_t p : Procs(dir)) ::kill(p, SIGKILL);
+}
+
+// The attempt cgroups below `dir`.
+std::vector<std::string> Attempts(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (const dirent* e = ::readdir(d)) {
+    if (std::strncmp(e->d_name, "attempt-", 8) == 0) out.push_back(dir + "/" + e->d_name);
   }
-  return static_cast<int>(procs.size());
+  ::closedir(d);
+  return out;
 }
 
 WorkerCgroup::~WorkerCgroup() {
@@ -104,15 +114,56 @@ WorkerCgroup::~WorkerCgroup() {
   KillAndRemoveCgroup(dir_);
 }
 
+StatusOr<std::unique_ptr<AttemptCgroup>> AttemptCgroup::Create(const WorkerCgroup& parent,
+                                                               int attempt) {
+  const std::string dir = parent.dir() + "/attempt-" + std::to_string(attempt);
+  if (::mkdir(dir.c_str(), 0755) != 0) return PosixError("cannot create cgroup " + dir, errno);
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    ::rmdir(dir.c_str());
+    return PosixError("cannot open cgroup " + dir, err);
+  }
+  return std::unique_ptr<AttemptCgroup>(new AttemptCgroup(dir, fd));
+}
+
+AttemptCgroup::~AttemptCgroup() {
+  ::close(fd_);
+  if (!removed_) ::rmdir(dir_.c_str());
+}
+
+void AttemptCgroup::KillAll() const { Kill(dir_); }
+
+std::vector<pid_t> AttemptCgroup::Procs() const { return agent::Procs(dir_); }
+
+bool AttemptCgroup::Populated() const {
+  std::ifstream in(dir_ + "/cgroup.events");
+  std::string key, value;
+  while (in >> key >> value) {
+    if (key == "populated") return value != "0";
+  }
+  return !Procs().empty();
+}
+
+Status AttemptCgroup::Remove() {
+  if (removed_) return Status::Ok();
+  if (::rmdir(dir_.c_str()) != 0 && errno != ENOENT) {
+    return PosixError("cannot remove cgroup " + dir_, errno);
+  }
+  removed_ = true;
+  return Status::Ok();
+}
+
 void KillAndRemoveCgroup(const std::string& dir) {
-  // Killed processes leave the cgroup once they are reaped (by crun, or by init for the
-  // orphans of a dead crun): wait for that a little, then give up quietly.
-  for (int attempt = 0; attempt < 100; ++attempt) {
+  // Killed processes leave the cgroup as they exit (by crun, or by init for the orphans of a
+  // dead crun): wait for that a little, then give up quietly.
+  for (int round = 0; round < 100; ++round) {
+    for (const auto& a : Attempts(dir)) {
+      if (Procs(a).empty()) ::rmdir(a.c_str());
+    }
     if (Procs(dir).empty() && ::rmdir(dir.c_str()) == 0) return;
     if (errno == ENOENT) return;
-    if (!WriteFile(dir + "/cgroup.kill", "1")) {
-      for (pid_t p : Procs(dir)) ::kill(p, SIGKILL);
-    }
+    Kill(dir);  // the attempts' cgroups with it
     ::poll(nullptr, 0, 10);
   }
 }

@@ -1,15 +1,21 @@
 // A cgroup (v2) that holds every worker of this crun and everything they start, where the
 // machine lets crun make one: a descendant that leaves its process group and session (setsid,
 // double fork) still cannot leave its cgroup, so the attempt's end, crun's exit and, if crun
-// is SIGKILLed, its guard process end all of them. Where no cgroup can be made (no cgroup2
-// mount, no write access, a systemd unit that did not delegate, CRUN_CGROUP=0), crun says so
-// at info level
-// and relies on being the subreaper of its orphans, which covers every end but its own
-// SIGKILL (docs/cli.md, "Differences from torchrun").
+// is SIGKILLed, its guard process end all of them. Each attempt has a cgroup of its own below
+// it (AttemptCgroup): killed, seen empty and removed before the next attempt starts, so that
+// nothing that ends one attempt can reach the next (docs/reliability.md, "The attempt's edge").
+// Where no cgroup can be made (no cgroup2 mount, no write access, a systemd unit that did not
+// delegate, CRUN_CGROUP=0), crun says so at info level and relies on being the subreaper of its
+// orphans, which covers every end but its own SIGKILL (docs/cli.md, "Differences from torchrun").
 #pragma once
+
+#include <sys/types.h>
 
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "base/status.h"
 
 namespace crun::agent {
 
@@ -20,12 +26,7 @@ class WorkerCgroup {
   static std::unique_ptr<WorkerCgroup> Create(std::string* why_not);
   ~WorkerCgroup();  // KillAll, then removes the directory (once it is empty)
 
-  // The directory, and a descriptor of it for clone3(CLONE_INTO_CGROUP) (ProcessSpec).
   const std::string& dir() const { return dir_; }
-  int fd() const { return fd_; }
-  // SIGKILL to every process in it (cgroup.kill, else one by one from cgroup.procs). Returns
-  // how many processes it held.
-  int KillAll() const;
 
  private:
   WorkerCgroup(std::string dir, int fd) : dir_(std::move(dir)), fd_(fd) {}
@@ -33,9 +34,35 @@ class WorkerCgroup {
   int fd_;
 };
 
-// Ends every process in the cgroup at `dir` and removes it: what WorkerCgroup's destructor
-// does, for the guard process (async-signal-safe work is not needed there: the guard is a
-// fresh process of its own).
+// One attempt's cgroup, <worker cgroup>/attempt-<n>: the workers are created into it, and it
+// is never used again once killed (a new attempt gets a new one).
+class AttemptCgroup {
+ public:
+  // Creates it; an error names the directory and errno.
+  static StatusOr<std::unique_ptr<AttemptCgroup>> Create(const WorkerCgroup& parent, int attempt);
+  ~AttemptCgroup();  // removes the directory if it is empty (Remove), leaves it otherwise
+
+  // The directory, and a descriptor of it for clone3(CLONE_INTO_CGROUP) (ProcessSpec).
+  const std::string& dir() const { return dir_; }
+  int fd() const { return fd_; }
+  // SIGKILL to every process in it (cgroup.kill, else one by one from cgroup.procs).
+  void KillAll() const;
+  // Whether any process is in it ("populated 1" in cgroup.events; cgroup.procs without it).
+  bool Populated() const;
+  std::vector<pid_t> Procs() const;
+  // rmdir: succeeds once nothing is in it.
+  Status Remove();
+
+ private:
+  AttemptCgroup(std::string dir, int fd) : dir_(std::move(dir)), fd_(fd) {}
+  std::string dir_;
+  int fd_;
+  bool removed_ = false;
+};
+
+// Ends every process in the cgroup at `dir` and its attempts' cgroups, and removes them: what
+// WorkerCgroup's destructor does, for the guard process (async-signal-safe work is not needed
+// there: the guard is a fresh process of its own).
 void KillAndRemoveCgroup(const std::string& dir);
 
 }  // namespace crun::agent

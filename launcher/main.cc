@@ -1,5 +1,7 @@
 // crun: the command-line entry point. `crun store`, `crun rendezvous`, `crun status` and
 // `crun stacks` are subcommands; anything else is the torchrun-compatible launcher.
+#include <signal.h>
+
 #include <cstring>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +12,12 @@
 #include "launcher/store_command.h"
 
 int main(int argc, char** argv) {
+  // Before any thread exists, so that none takes it: the agent reads SIGCHLD from a signalfd
+  // (agent/attempt_edge.h). Workers start with an empty mask.
+  sigset_t child;
+  sigemptyset(&child);
+  sigaddset(&child, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &child, nullptr);
   const bool store = argc > 1 && std::strcmp(argv[1], "store") == 0;
   const bool rendezvous = argc > 1 && std::strcmp(argv[1], "rendezvous") == 0;
   const bool status = argc > 1 && std::strcmp(argv[1], "status") == 0;

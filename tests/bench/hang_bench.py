@@ -30,6 +30,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from bench_support import measured_at, timed_run, write_section  # noqa: E402
+from crun_testing import proc_files, proc_state  # noqa: E402
 from fabric import Fabric  # noqa: E402
 
 PARKED = """
@@ -126,20 +127,8 @@ def two_hosts_timing(crun, parked, env, d):
 
 def running_script(path):
     """Live processes whose command line names `path` (a worker script the launcher left)."""
-    left = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if path.encode() in cmd and state != "Z":
-            left.append(int(pid))
-    return left
+    return [pid for pid, cmd in proc_files("cmdline")
+            if path.encode() in cmd.split(b"\0") and proc_state(pid) not in (None, "Z")]
 
 
 def main():

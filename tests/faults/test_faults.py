@@ -554,7 +554,8 @@ class Faults(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual([p for p in self.daemon_pids(normal) if alive(p)], [],
                          "a daemon outlived crun's exit")
-        self.assertIn("left behind outside their process groups", r.stderr)
+        self.assertIn("had left their worker's process group (setsid or daemonised)",
+                      r.stderr)
         self.record("a worker's daemonised grandchild (setsid + double fork), job ends normally",
                     "crun, the subreaper of its orphans, kills it with its group at the attempt's "
                     "end (one warning line); exit 0; nothing outlives crun",

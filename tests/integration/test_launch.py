@@ -90,7 +90,8 @@ class Launch(unittest.TestCase):
                         pids.append(int(f.read()))
                 wait_for(lambda: not any(alive(p) for p in pids), "the daemons to be gone",
                          limit=10)
-                self.assertIn("left behind outside their process groups", r.stderr)
+                self.assertIn("had left their worker's process group (setsid or daemonised)",
+                              r.stderr)
 
     def test_crash_restart_success_with_a_fresh_store(self):
         r = self.crun("--max-restarts", "2",

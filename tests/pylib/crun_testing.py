@@ -38,6 +38,19 @@ def proc_state(pid):
         return None
 
 
+def proc_files(name):
+    """(pid, bytes) of /proc/<pid>/<name> for every process that can be read (processes may end
+    while they are listed)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/{name}", "rb") as f:
+                yield int(entry), f.read()
+        except OSError:
+            continue
+
+
 def alive(pid):
     """Whether `pid` runs: a zombie answers kill(0) but is gone for our purposes."""
     return proc_state(pid) not in (None, "Z")
@@ -58,13 +71,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+def whole_lines(path):
+    """The complete lines of a file that others append to, without their newlines: a last line
+    still being written (no newline yet) is left for the next read. [] before the file exists."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return []
+    return text.split("\n")[:-1]
+
+
 def probe_events(out_dir):
     """The lines tests/workers/node_probe.py appended to OUT/events.jsonl, one per start."""
-    path = os.path.join(out_dir, "events.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return [json.loads(line) for line in whole_lines(os.path.join(out_dir, "events.jsonl"))
+            if line.strip()]
 
 
 VALIDATE = b"\x00" + struct.pack("<I", 0x3C85F7CE)
@@ -129,11 +150,8 @@ def connect_2x(port, timeout=10):
 def signal_events(out_dir, event=None):
     """The lines tests/workers/signal_probe.py appended to OUT/signals.jsonl (start, signal,
     saved), those of kind `event` only when given."""
-    path = os.path.join(out_dir, "signals.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        lines = [json.loads(line) for line in f if line.strip()]
+    lines = [json.loads(line) for line in whole_lines(os.path.join(out_dir, "signals.jsonl"))
+             if line.strip()]
     return [e for e in lines if event is None or e["event"] == event]
 
 
