@@ -20,6 +20,7 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from bench_support import measured_at, write_section  # noqa: E402
 from crun_testing import free_port, kill_all, proc_files, whole_lines  # noqa: E402
 from etcd_cluster import EtcdCluster, Loopback, missing_programs  # noqa: E402
 
@@ -34,6 +35,8 @@ SCALE = float(os.environ.get("SOAK_SCALE", "1"))
 RESTARTS = {"one": 200, "service": 800, "etcd": 600}
 LIMIT_S = 600
 LEFT_GROUP = "had left their worker's process group"
+MEASURED_AT = measured_at()  # before the run
+ROWS = []  # (case, restarts, workers, seconds, left): the table CRUN_SOAK_DOC=FILE receives
 
 
 def restarts(kind):
@@ -106,6 +109,8 @@ class RestartSoak(unittest.TestCase):
             self.assertEqual(warned, last + 1 if kind == "daemon" else 0, tails)
         self.check_attempts(last, world)
         # The figures docs/reliability.md quotes.
+        ROWS.append((self.id().rsplit(".", 1)[-1][5:], last, world, took,
+                     len(tagged_processes(self.tag))))
         print(f"soak {self.id().rsplit('.', 1)[-1]}: {last} restarts of {world} workers in "
               f"{took:.1f} s ({last / took:.1f} restarts/s), {len(tagged_processes(self.tag))} "
               f"processes left", file=sys.stderr)
@@ -126,6 +131,20 @@ class RestartSoak(unittest.TestCase):
         done = sorted(int(e[2]) for e in lines if e[0] == "done")
         self.assertEqual(done, list(range(world)), "the last attempt's ranks succeeded")
         self.assertEqual(max(int(e[1]) for e in lines), last, "no attempt beyond the last")
+
+    @classmethod
+    def tearDownClass(cls):
+        doc = os.environ.get("CRUN_SOAK_DOC")
+        if not doc or not ROWS:
+            return
+        scale = "" if SCALE == 1 else f" with SOAK_SCALE={SCALE:g}"
+        rows = [f"`CRUN_SOAK_DOC=docs/reliability.md python3 tests/integration/"
+                f"test_restart_soak.py`{scale}. {MEASURED_AT}", "",
+                "| case | restarts | workers | time | restarts/s | processes left |",
+                "|---|---|---|---|---|---|"]
+        rows += [f"| {case.replace('_', ' ')} | {n} | {w} | {t:.1f} s | {n / t:.1f} | {left} |"
+                 for case, n, w, t, left in sorted(ROWS)]
+        write_section(doc, "soak", rows)
 
     # ---- one node -----------------------------------------------------------------------
 

@@ -68,10 +68,10 @@ def measured_at():
     def git(*args):
         return subprocess.run(["git", "-C", here, *args], capture_output=True, text=True).stdout.strip()
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    # The tables the benchmarks write are not what they measure: a sequence of benchmarks,
+    # The tables the benchmarks and suites write are not what they measure: a sequence of them,
     # each writing its own table, stays at one commit.
     changed = git("status", "--porcelain", "--untracked-files=no", "--", ":/",
-                  ":(exclude,top)docs/benchmarks.md")
+                  ":(exclude,top)docs/benchmarks.md", ":(exclude,top)docs/reliability.md")
     dirty = " plus uncommitted changes" if changed else ""
     date = git("show", "-s", "--format=%cs", "HEAD")
     cpus = os.cpu_count()
