@@ -1,0 +1,154 @@
+// The attempt's edge (agent/attempt_edge.h) and the start of a child into a cgroup, with real
+// processes: a worker that leaves a child in its group and a grandchild in a session of its
+// own, ended and reaped by the edge with and without a cgroup; a child started into a cgroup
+// that was killed once (the kernel kills clone3(CLONE_INTO_CGROUP) children of such a cgroup
+// at birth on Linux 6.x), which must still start. Cases that need a writable cgroup2 skip
+// without one. Every wait has a deadline; nothing outlives its case.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "agent/attempt_edge.h"
+#include "agent/process.h"
+#include "agent/worker_cgroup.h"
+#include "tests/unit/skip.h"
+#include "tests/unit/temp_dir.h"
+
+namespace {
+
+namespace asio = boost::asio;
+using namespace crun::agent;
+using crun::testing::TempDir;
+using namespace std::chrono_literals;
+
+// Gone and reaped: no such process (a zombie of ours would still answer kill 0).
+bool Gone(pid_t pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
+
+pid_t ReadPid(const std::string& path) {
+  std::ifstream in(path);
+  pid_t pid = 0;
+  in >> pid;
+  return pid;
+}
+
+struct Run {
+  EdgeReport report;
+  bool done = false;
+  pid_t child = 0, daemon = 0;
+};
+
+// A worker whose plain child stays in its group and whose second child leaves it (setsid),
+// each writing its pid; the worker exits once both are there. Then the edge, as the agent
+// runs it: SIGCHLD wakes it.
+Run EndAttempt(std::unique_ptr<AttemptCgroup> cgroup) {
+  TempDir dir;
+  asio::io_context io;
+  REQUIRE(BecomeSubreaper().ok());
+  std::unique_ptr<AttemptEdge> edge;
+  auto signals = ChildSignals::Open(io, [&] {
+    ReapOrphans();
+    if (edge) edge->Notify();
+  });
+  REQUIRE(signals.ok());
+  const std::string& d = dir.path;
+  ProcessSpec spec;
+  spec.argv = {"/bin/sh", "-c",
+               "sh -c 'echo $$ > " + d + "/c.tmp; mv " + d + "/c.tmp " + d +
+                   "/child; exec sleep 600' &"
+                   "setsid sh -c 'echo $$ > " + d + "/d.tmp; mv " + d + "/d.tmp " + d +
+                   "/daemon; exec sleep 600' &"
+                   "while [ ! -e " + d + "/child ] || [ ! -e " + d + "/daemon ]; do sleep 0.01; done"};
+  if (cgroup) {
+    spec.cgroup_fd = cgroup->fd();
+    spec.cgroup_dir = cgroup->dir();
+  }
+  auto pid = SpawnProcess(spec);
+  REQUIRE(pid.ok());
+  Run run;
+  auto watcher = ExitWatcher::Watch(io, *pid, [&](ExitStatus s) {
+    CHECK(s.success());
+    run.child = ReadPid(d + "/child");
+    run.daemon = ReadPid(d + "/daemon");
+    edge = std::make_unique<AttemptEdge>(io, 3, std::vector<pid_t>{*pid}, std::move(cgroup),
+                                         10'000ms, [&](const EdgeReport& r) {
+                                           run.report = r;
+                                           run.done = true;
+                                           io.stop();
+                                         });
+    edge->Start();
+  });
+  REQUIRE(watcher.ok());
+  asio::steady_timer deadline(io, 30s);
+  deadline.async_wait([&](const boost::system::error_code& ec) {
+    if (!ec) io.stop();
+  });
+  io.run();
+  return run;
+}
+
+void CheckEnded(const Run& run) {
+  REQUIRE(run.done);
+  CHECK(run.report.complete);
+  CHECK(run.report.attempt == 3);
+  CHECK(run.report.in_groups == 1);  // the plain child
+  CHECK(run.report.left_count == 1);  // the one in its own session
+  REQUIRE(run.report.left.size() == 1);
+  CHECK(run.report.left[0] == "pid " + std::to_string(run.daemon) + " (sleep)");
+  CHECK(Gone(run.child));
+  CHECK(Gone(run.daemon));
+  CHECK(OrphanChildren().empty());
+}
+
+std::unique_ptr<WorkerCgroup> WorkerCgroupOrSkip() {
+  std::string why;
+  auto cgroup = WorkerCgroup::Create(&why);
+  if (!cgroup) crun::testing::Skip(("no cgroup for the workers: " + why).c_str());
+  return cgroup;
+}
+
+TEST_CASE("edge: a worker's child and daemonised grandchild are ended and reaped (no cgroup)",
+          "[edge]") {
+  CheckEnded(EndAttempt(nullptr));
+}
+
+TEST_CASE("edge: the same in the attempt's own cgroup, which is removed", "[edge]") {
+  auto parent = WorkerCgroupOrSkip();
+  auto attempt = AttemptCgroup::Create(*parent, 0);
+  REQUIRE(attempt.ok());
+  const std::string dir = (*attempt)->dir();
+  CheckEnded(EndAttempt(std::move(attempt).value()));
+  CHECK(::access(dir.c_str(), F_OK) != 0);
+}
+
+TEST_CASE("edge: a child started into a cgroup that was killed once still starts", "[edge]") {
+  auto parent = WorkerCgroupOrSkip();
+  auto attempt = AttemptCgroup::Create(*parent, 0);
+  REQUIRE(attempt.ok());
+  (*attempt)->KillAll();  // empty: only the kernel's kill counter moves
+  ProcessSpec spec;
+  spec.argv = {"/bin/sh", "-c", "exit 3"};
+  spec.cgroup_fd = (*attempt)->fd();
+  spec.cgroup_dir = (*attempt)->dir();
+  for (int i = 0; i < 3; ++i) {  // the first may be reborn outside clone3; the rest start so
+    auto pid = SpawnProcess(spec);
+    REQUIRE(pid.ok());
+    int status = 0;
+    REQUIRE(::waitpid(*pid, &status, 0) == *pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 3);
+  }
+}
+
+}  // namespace
