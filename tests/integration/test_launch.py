@@ -15,7 +15,7 @@ SIGNAL_PROBE = os.path.join(os.path.dirname(WORKER), "signal_probe.py")
 LIMIT_S = 60
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from crun_testing import alive, signal_events, wait_for  # noqa: E402
+from crun_testing import alive, proc_state, signal_events, wait_for  # noqa: E402
 
 
 class Launch(unittest.TestCase):
@@ -92,6 +92,39 @@ class Launch(unittest.TestCase):
                          limit=10)
                 self.assertIn("had left their worker's process group (setsid or daemonised)",
                               r.stderr)
+
+    def test_an_orphan_that_ends_mid_job_is_reaped_at_once(self):
+        # A worker starts a helper that outlives its parent (a subshell that exits at once), so
+        # the helper comes to crun, the subreaper; the helper ends while the worker still runs.
+        # crun must reap it then, not leave a zombie until the attempt ends (a job that runs
+        # for days and starts such helpers would pile them up).
+        d = self.dir
+        script = ("(setsid sh -c 'echo $$ > %(d)s/h.tmp && mv %(d)s/h.tmp %(d)s/helper; "
+                  "while [ ! -e %(d)s/go ]; do sleep 0.01; done' &); "
+                  "while [ ! -e %(d)s/stop ]; do sleep 0.01; done" % {"d": d})
+        for cgroup in ("1", "0"):
+            with self.subTest(cgroup=cgroup):
+                for f in ("helper", "go", "stop"):
+                    if os.path.exists(os.path.join(d, f)):
+                        os.remove(os.path.join(d, f))
+                p = subprocess.Popen([CRUN, "--nproc-per-node", "1", "--no-python", "sh", "-c",
+                                      script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env=dict(os.environ, CRUN_CGROUP=cgroup))
+                try:
+                    wait_for(lambda: os.path.exists(os.path.join(d, "helper")), "the helper")
+                    with open(os.path.join(d, "helper")) as f:
+                        helper = int(f.read())
+                    with open(f"/proc/{helper}/stat") as f:
+                        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+                    self.assertEqual(parent, p.pid, "the helper is crun's orphan")
+                    open(os.path.join(d, "go"), "w").close()
+                    wait_for(lambda: proc_state(helper) is None,
+                             "crun to reap its ended orphan while the job runs", limit=10)
+                    self.assertIsNone(p.poll(), "the job still runs")
+                finally:
+                    open(os.path.join(d, "stop"), "w").close()
+                    _, err = p.communicate(timeout=LIMIT_S)
+                self.assertEqual(p.returncode, 0, err)
 
     def test_crash_restart_success_with_a_fresh_store(self):
         r = self.crun("--max-restarts", "2",
