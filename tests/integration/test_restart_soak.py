@@ -77,9 +77,14 @@ class RestartSoak(unittest.TestCase):
             [SHELL_WORKER]
         e = dict(os.environ, SOAK_OUT=self.dir, SOAK_KIND=kind, SOAK_TAG=self.tag,
                  SOAK_NODE=node, SOAK_LAST=str(last), **dict(env))
+        # Into a file, not a pipe: hundreds of restarts write more than a pipe holds, and a crun
+        # blocked on a full pipe that nobody reads stops keeping its etcd lease alive.
+        err = open(os.path.join(self.dir, f"crun-{node}.err"), "w")
         p = subprocess.Popen([CRUN, "--max-restarts", str(last), "--shutdown-timeout", "0.1",
-                              "--no-python", *args, *worker], env=e, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+                              "--no-python", *args, *worker], env=e, stdout=subprocess.DEVNULL,
+                             stderr=err, start_new_session=True)
+        err.close()
+        p.err_path = err.name
         self.procs.append(p)
         return p
 
@@ -87,11 +92,12 @@ class RestartSoak(unittest.TestCase):
         outs = []
         for p in procs:
             try:
-                _, err = p.communicate(timeout=LIMIT_S)
+                p.wait(timeout=LIMIT_S)
             except subprocess.TimeoutExpired:
                 self.fail(f"crun still running after {LIMIT_S} s; events:\n"
-                          + "".join(whole_lines(self.events_path())[-20:]))
-            outs.append((p.pid, p.returncode, err))
+                          + "\n".join(whole_lines(self.events_path())[-20:]))
+            with open(p.err_path) as f:
+                outs.append((p.pid, p.returncode, f.read()))
         took = time.monotonic() - self.t0
         tails = "\n".join(f"--- crun {pid} exited {rc} ---\n{err[-3000:]}"
                           for pid, rc, err in outs)
