@@ -64,12 +64,14 @@ Run EndAttempt(std::unique_ptr<AttemptCgroup> cgroup) {
   REQUIRE(signals.ok());
   const std::string& d = dir.path;
   ProcessSpec spec;
+  // "sh -c '...' &": a shell that writes its pid to NAME (atomically) and becomes a sleep.
+  auto announced = [&](const std::string& name) {
+    return "sh -c 'echo $$ > " + d + "/" + name + ".tmp; mv " + d + "/" + name + ".tmp " + d + "/" +
+           name + "; exec sleep 600' &";
+  };
   spec.argv = {"/bin/sh", "-c",
-               "sh -c 'echo $$ > " + d + "/c.tmp; mv " + d + "/c.tmp " + d +
-                   "/child; exec sleep 600' &"
-                   "setsid sh -c 'echo $$ > " + d + "/d.tmp; mv " + d + "/d.tmp " + d +
-                   "/daemon; exec sleep 600' &"
-                   "while [ ! -e " + d + "/child ] || [ ! -e " + d + "/daemon ]; do sleep 0.01; done"};
+               announced("child") + "setsid " + announced("daemon") + "while [ ! -e " + d +
+                   "/child ] || [ ! -e " + d + "/daemon ]; do sleep 0.01; done"};
   if (cgroup) {
     spec.cgroup_fd = cgroup->fd();
     spec.cgroup_dir = cgroup->dir();
@@ -102,7 +104,7 @@ void CheckEnded(const Run& run) {
   REQUIRE(run.done);
   CHECK(run.report.complete);
   CHECK(run.report.attempt == 3);
-  CHECK(run.report.in_groups == 1);  // the plain child
+  CHECK(run.report.in_groups == 1);   // the plain child
   CHECK(run.report.left_count == 1);  // the one in its own session
   REQUIRE(run.report.left.size() == 1);
   CHECK(run.report.left[0] == "pid " + std::to_string(run.daemon) + " (sleep)");
