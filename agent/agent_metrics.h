@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "agent/process.h"
+#include "agent/supervise/process.h"
 #include "metrics/registry.h"
 
 namespace crun::agent {

@@ -14,16 +14,16 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
-#include "agent/attempt_edge.h"
 #include "agent/control_socket.h"
 #include "agent/failure_report.h"
-#include "agent/file_timer.h"
-#include "agent/hang_watch.h"
-#include "agent/oom.h"
+#include "agent/hangs/file_timer.h"
+#include "agent/hangs/hang_watch.h"
+#include "agent/hangs/stacks.h"
+#include "agent/hangs/worker_pipe.h"
 #include "agent/report_writer.h"
-#include "agent/stacks.h"
-#include "agent/worker_cgroup.h"
-#include "agent/worker_pipe.h"
+#include "agent/supervise/attempt_edge.h"
+#include "agent/supervise/oom.h"
+#include "agent/supervise/worker_cgroup.h"
 #include "agent/worker_streams.h"
 #include "base/proc.h"
 #include "proto/protocol_version.h"

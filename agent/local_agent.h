@@ -24,8 +24,8 @@
 #include <boost/asio/io_context.hpp>
 
 #include "agent/agent_metrics.h"
-#include "agent/process.h"
 #include "agent/rendezvous.h"
+#include "agent/supervise/process.h"
 #include "metrics/http_server.h"
 
 namespace crun::agent {

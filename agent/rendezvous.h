@@ -1,8 +1,8 @@
 // The agent's view of the rendezvous. The agent asks to join; the rendezvous answers with
 // events: an assignment for a round, "stop your workers and join again", or the job's final
 // outcome. The agent reports how its workers ended. Implementations: the in-process one for a
-// single node (agent/local_rendezvous.h) and the gRPC client of the rendezvous service
-// (agent/service_rendezvous.h).
+// single node (agent/rendezvous/local_rendezvous.h) and the gRPC client of the rendezvous service
+// (agent/rendezvous/service_rendezvous.h).
 //
 // Events are delivered on the agent's event loop and never from inside a call below.
 #pragma once
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "agent/failure_report.h"
-#include "agent/stacks.h"
+#include "agent/hangs/stacks.h"
 #include "agent/worker_env.h"
 
 namespace crun::agent {

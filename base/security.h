@@ -9,7 +9,8 @@
 //   the service against --tls-ca (the system's roots without it) and present --tls-cert/--tls-key
 //   when given. CRUN_TLS_CERT, CRUN_TLS_KEY and CRUN_TLS_CA stand in for the flags. This file
 //   loads and checks them; gRPC credentials are made from them where gRPC is used: the
-//   service adapter (rendezvous/service) and the agent's client (agent/session_client.h).
+//   service adapter (rendezvous/service) and the agent's client
+//   (agent/rendezvous/session_client.h).
 //
 // Shared by the service and the agent, so it sits in the bottom layer; plain C++ and POSIX,
 // and a library of its own (crun_security) beside crun_base, which the worker SDK installs.

@@ -11,10 +11,10 @@
 #include <boost/asio/io_context.hpp>
 #include <spdlog/spdlog.h>
 
-#include "agent/etcd_rendezvous.h"
 #include "agent/local_agent.h"
-#include "agent/local_rendezvous.h"
-#include "agent/service_rendezvous.h"
+#include "agent/rendezvous/etcd_rendezvous.h"
+#include "agent/rendezvous/local_rendezvous.h"
+#include "agent/rendezvous/service_rendezvous.h"
 #include "base/host_addresses.h"
 #include "launcher/launch_options.h"
 #include "launcher/launch_plan.h"

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "agent/process.h"
+#include "agent/supervise/process.h"
 #include "base/numbers.h"
 #include "launcher/rendezvous_command.h"
 

@@ -13,7 +13,7 @@
 
 int main(int argc, char** argv) {
   // Before any thread exists, so that none takes it: the agent reads SIGCHLD from a signalfd
-  // (agent/attempt_edge.h). Workers start with an empty mask.
+  // (agent/supervise/attempt_edge.h). Workers start with an empty mask.
   sigset_t child;
   sigemptyset(&child);
   sigaddset(&child, SIGCHLD);

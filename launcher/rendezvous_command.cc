@@ -18,8 +18,8 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "agent/service_rendezvous.h"
-#include "agent/session_client.h"
+#include "agent/rendezvous/service_rendezvous.h"
+#include "agent/rendezvous/session_client.h"
 #include "base/proc.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "launcher/launch_options.h"

@@ -15,9 +15,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include "agent/control_socket.h"
-#include "agent/session_client.h"
-#include "agent/stacks.h"
-#include "agent/stacks_proto.h"
+#include "agent/hangs/stacks.h"
+#include "agent/rendezvous/session_client.h"
+#include "agent/rendezvous/stacks_proto.h"
 #include "base/endpoint.h"
 #include "base/numbers.h"
 #include "base/security.h"

@@ -79,8 +79,8 @@ std::string EncodeNode(const NodeRecord& r);
 StatusOr<NodeRecord> DecodeNode(const std::string& id, const std::string& json);
 
 // How one node's workers ended: success, or failure with the report (crun.v1.FailureReport in
-// protobuf's JSON mapping, agent/failure_proto.h; opaque here), what it says in one line and the
-// exit code it implies.
+// protobuf's JSON mapping, agent/rendezvous/failure_proto.h; opaque here), what it says in one
+// line and the exit code it implies.
 struct Report {
   bool success = false;
   std::string what;

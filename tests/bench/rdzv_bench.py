@@ -331,7 +331,7 @@ def write(args, launch, restart, sims, etcd_sims):
     lines += table_rows(rows, [sims[a] for a in SIMULATED])
     lines += [
         "", "Through etcd (`rdzv_loadgen --etcd`): each simulated agent is the agent's own etcd "
-        "rendezvous (`agent/etcd_rendezvous.cc`: its lease, node key, watch and client), all in "
+        "rendezvous (`agent/rendezvous/etcd_rendezvous.cc`: its lease, node key, watch and client), all in "
         "one process, against a fresh 3-member etcd on loopback each run (Debian's etcd-server "
         "3.4, every write fsynced to this machine's disk); the run with the median formation "
         "time of 3. Same phases; heartbeats are the leases' keep-alives (TTL 30 s, one each "

@@ -35,7 +35,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "agent/session_client.h"
+#include "agent/rendezvous/session_client.h"
 #include "tests/bench/loadgen_util.h"
 #include "tests/bench/rdzv_loadgen_etcd.h"
 

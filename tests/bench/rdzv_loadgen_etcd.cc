@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "agent/etcd_rendezvous.h"
+#include "agent/rendezvous/etcd_rendezvous.h"
 #include "rendezvous/etcd/client.h"
 #include "rendezvous/etcd/job.h"
 #include "tests/bench/loadgen_util.h"

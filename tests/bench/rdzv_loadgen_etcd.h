@@ -1,6 +1,7 @@
 // The rendezvous load generator's etcd mode (rdzv_loadgen --etcd host:port,...): N agents,
-// each the agent's own etcd rendezvous (agent/etcd_rendezvous.h: its lease, its node key, its
-// watch of the run's prefix, its client), in this one process, against a running etcd cluster.
+// each the agent's own etcd rendezvous (agent/rendezvous/etcd_rendezvous.h: its lease, its node
+// key, its watch of the run's prefix, its client), in this one process, against a running etcd
+// cluster.
 // Phases as in the service mode: form, steady, failure -> everyone re-assigned, finish.
 #pragma once
 

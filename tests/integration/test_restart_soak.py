@@ -50,7 +50,7 @@ def tagged_processes(tag):
 
 
 def cgroup2_dir_of(pid):
-    """Where crun `pid` makes its cgroup (agent/worker_cgroup.cc), or None without cgroup2."""
+    """Where crun `pid` makes its cgroup (agent/supervise/worker_cgroup.cc), or None without cgroup2."""
     with open("/proc/self/mountinfo") as f:
         mounts = [line.split() for line in f]
     mount = next((m[4] for m in mounts if m[m.index("-") + 1] == "cgroup2"), None)

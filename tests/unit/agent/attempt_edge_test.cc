@@ -1,5 +1,5 @@
-// The attempt's edge (agent/attempt_edge.h) and the start of a child into a cgroup, with real
-// processes: a worker that leaves a child in its group and a grandchild in a session of its
+// The attempt's edge (agent/supervise/attempt_edge.h) and the start of a child into a cgroup, with
+// real processes: a worker that leaves a child in its group and a grandchild in a session of its
 // own, ended and reaped by the edge with and without a cgroup; a child started into a cgroup
 // that was killed once (the kernel kills clone3(CLONE_INTO_CGROUP) children of such a cgroup
 // at birth on Linux 6.x), which must still start. Cases that need a writable cgroup2 skip
@@ -20,9 +20,9 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
-#include "agent/attempt_edge.h"
-#include "agent/process.h"
-#include "agent/worker_cgroup.h"
+#include "agent/supervise/attempt_edge.h"
+#include "agent/supervise/process.h"
+#include "agent/supervise/worker_cgroup.h"
 #include "tests/unit/skip.h"
 #include "tests/unit/temp_dir.h"
 

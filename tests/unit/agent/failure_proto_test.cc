@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "agent/failure_proto.h"
+#include "agent/rendezvous/failure_proto.h"
 
 namespace {
 

@@ -19,11 +19,11 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
-#include "agent/file_timer.h"
-#include "agent/hang_watch.h"
-#include "agent/oom.h"
-#include "agent/process.h"
-#include "agent/stacks.h"
+#include "agent/hangs/file_timer.h"
+#include "agent/hangs/hang_watch.h"
+#include "agent/hangs/stacks.h"
+#include "agent/supervise/oom.h"
+#include "agent/supervise/process.h"
 #include "base/proc.h"
 #include "tests/unit/temp_dir.h"
 

@@ -12,7 +12,7 @@
 
 #include <grpcpp/generic/generic_stub.h>
 
-#include "agent/session_client.h"
+#include "agent/rendezvous/session_client.h"
 #include "base/security.h"
 #include "base/socket.h"
 #include "proto/protocol_version.h"

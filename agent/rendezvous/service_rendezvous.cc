@@ -1,4 +1,4 @@
-#include "agent/service_rendezvous.h"
+#include "agent/rendezvous/service_rendezvous.h"
 
 #include <map>
 #include <memory>
@@ -12,9 +12,9 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
-#include "agent/failure_proto.h"
-#include "agent/session_client.h"
-#include "agent/stacks_proto.h"
+#include "agent/rendezvous/failure_proto.h"
+#include "agent/rendezvous/session_client.h"
+#include "agent/rendezvous/stacks_proto.h"
 #include "base/backoff.h"
 #include "base/endpoint.h"
 #include "base/security.h"

@@ -1,4 +1,4 @@
-#include "agent/stacks.h"
+#include "agent/hangs/stacks.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,7 +15,7 @@
 
 #include <boost/asio/post.hpp>
 
-#include "agent/process.h"
+#include "agent/supervise/process.h"
 #include "base/numbers.h"
 #include "base/proc.h"
 

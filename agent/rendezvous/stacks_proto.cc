@@ -1,4 +1,4 @@
-#include "agent/stacks_proto.h"
+#include "agent/rendezvous/stacks_proto.h"
 
 namespace crun::agent {
 namespace {

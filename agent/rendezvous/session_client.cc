@@ -1,4 +1,4 @@
-#include "agent/session_client.h"
+#include "agent/rendezvous/session_client.h"
 
 #include "base/security.h"
 

@@ -1,4 +1,4 @@
-#include "agent/worker_cgroup.h"
+#include "agent/supervise/worker_cgroup.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -28,7 +28,7 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 
-#include "agent/worker_cgroup.h"
+#include "agent/supervise/worker_cgroup.h"
 #include "base/status.h"
 
 namespace crun::agent {

@@ -1,4 +1,4 @@
-#include "agent/hang_watch.h"
+#include "agent/hangs/hang_watch.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "agent/local_rendezvous.h"
+#include "agent/rendezvous/local_rendezvous.h"
 
 #include <thread>
 

@@ -1,4 +1,4 @@
-#include "agent/etcd_rendezvous.h"
+#include "agent/rendezvous/etcd_rendezvous.h"
 
 #include <cmath>
 #include <future>
@@ -11,7 +11,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
-#include "agent/failure_proto.h"
+#include "agent/rendezvous/failure_proto.h"
 #include "base/endpoint.h"
 #include "rendezvous/etcd/client.h"
 #include "rendezvous/etcd/job.h"

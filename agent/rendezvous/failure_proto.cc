@@ -1,4 +1,4 @@
-#include "agent/failure_proto.h"
+#include "agent/rendezvous/failure_proto.h"
 
 #include <charconv>
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-#include "agent/file_timer.h"
+#include "agent/hangs/file_timer.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "agent/oom.h"
+#include "agent/supervise/oom.h"
 
 #include <fcntl.h>
 #include <unistd.h>

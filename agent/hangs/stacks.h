@@ -24,7 +24,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
-#include "agent/worker_pipe.h"
+#include "agent/hangs/worker_pipe.h"
 #include "base/status.h"
 
 namespace crun::agent {

@@ -1,6 +1,6 @@
-#include "agent/process.h"
+#include "agent/supervise/process.h"
 
-#include "agent/worker_cgroup.h"
+#include "agent/supervise/worker_cgroup.h"
 
 #include <dirent.h>
 #include <fcntl.h>

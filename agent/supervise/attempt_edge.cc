@@ -1,4 +1,4 @@
-#include "agent/attempt_edge.h"
+#include "agent/supervise/attempt_edge.h"
 
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <fstream>
 
-#include "agent/process.h"
+#include "agent/supervise/process.h"
 #include "base/proc.h"
 
 namespace crun::agent {

@@ -1,4 +1,4 @@
-#include "agent/worker_pipe.h"
+#include "agent/hangs/worker_pipe.h"
 
 #include <fcntl.h>
 #include <unistd.h>
