@@ -1,26 +1,16 @@
 #include "agent/report_writer.h"
 
 #include <cstdio>
-#include <fstream>
+
+#include "base/files.h"
 
 namespace crun::agent {
-namespace {
-
-// Writes `text` to `path`; whether all of it got there.
-bool WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  out.close();
-  return static_cast<bool>(out);
-}
-
-}  // namespace
 
 void PublishReport(const ReportContext& context, const std::vector<FailureRecord>& report,
                    const std::string& log_dir, const std::string& parent_error_file) {
   std::fputs(FormatReport(context, report).c_str(), stderr);
   const std::string json_path = log_dir + "/failure.json";
-  if (WriteFile(json_path, ReportJson(context, report).dump(2) + "\n")) {
+  if (WriteWholeFile(json_path, ReportJson(context, report).dump(2) + "\n")) {
     std::fprintf(stderr, "crun: failure report written to %s\n", json_path.c_str());
   } else {
     std::fprintf(stderr, "crun: cannot write the failure report to %s\n", json_path.c_str());
@@ -35,7 +25,7 @@ void PublishReport(const ReportContext& context, const std::vector<FailureRecord
     j["message"]["message"] = root.error ? root.error->message : FormatReport(context, report);
   }
   j["message"]["errorCode"] = root.exit.ShellCode();
-  if (!WriteFile(parent_error_file, j.dump() + "\n")) {
+  if (!WriteWholeFile(parent_error_file, j.dump() + "\n")) {
     std::fprintf(stderr, "crun: cannot write the root cause to TORCHELASTIC_ERROR_FILE %s\n",
                  parent_error_file.c_str());
   }

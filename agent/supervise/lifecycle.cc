@@ -326,8 +326,8 @@ Transition OnSignal(State state, int signo, TimePoint now) {
     // wait: no more grace. A repeated SIGTERM or SIGHUP is not: Slurm, for one, sends
     // SIGTERM more than once at a job's time limit, and the grace stands.
     if (signo != SIGINT && signo != SIGQUIT) {
-      st.out.push_back(
-          Say{Say::Level::kWarn, "received " + name + " again: the workers keep their grace"});
+      st.out.push_back(Say{Say::Level::kWarn,
+                           "received " + name + " again: the workers keep their grace period"});
       return st.Done();
     }
     st.out.push_back(

@@ -82,13 +82,7 @@ std::unique_ptr<WorkerCgroup> WorkerCgroup::Create(std::string* why_not) {
     *why_not = "cannot create " + dir + ": " + std::strerror(errno);
     return nullptr;
   }
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) {
-    *why_not = "cannot open " + dir + ": " + std::strerror(errno);
-    ::rmdir(dir.c_str());
-    return nullptr;
-  }
-  return std::unique_ptr<WorkerCgroup>(new WorkerCgroup(dir, fd));
+  return std::unique_ptr<WorkerCgroup>(new WorkerCgroup(dir));
 }
 
 // SIGKILL to everything in `dir` and below: cgroup.kill, else (before Linux 5.14) one by one.
@@ -109,10 +103,7 @@ std::vector<std::string> Attempts(const std::string& dir) {
   return out;
 }
 
-WorkerCgroup::~WorkerCgroup() {
-  ::close(fd_);
-  KillAndRemoveCgroup(dir_);
-}
+WorkerCgroup::~WorkerCgroup() { KillAndRemoveCgroup(dir_); }
 
 StatusOr<std::unique_ptr<AttemptCgroup>> AttemptCgroup::Create(const WorkerCgroup& parent,
                                                                int attempt) {

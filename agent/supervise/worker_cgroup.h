@@ -29,9 +29,8 @@ class WorkerCgroup {
   const std::string& dir() const { return dir_; }
 
  private:
-  WorkerCgroup(std::string dir, int fd) : dir_(std::move(dir)), fd_(fd) {}
-  std::string dir_;
-  int fd_;
+  explicit WorkerCgroup(std::string dir) : dir_(std::move(dir)) {}
+  std::string dir_;  // nothing is started in it: each attempt has its own (AttemptCgroup)
 };
 
 // One attempt's cgroup, <worker cgroup>/attempt-<n>: the workers are created into it, and it

@@ -289,7 +289,7 @@ TEST_CASE("signals: a stop, a repeat, a second Ctrl-C, a notice", "[lifecycle]")
             {Signal{SIGTERM},
              {"say: received SIGTERM: forwarding it to 2 workers", "leave SIGTERM",
               "signal 0 SIGTERM [0,1] stop"}},
-            {Signal{SIGTERM}, {"say: received SIGTERM again: the workers keep their grace"}},
+            {Signal{SIGTERM}, {"say: received SIGTERM again: the workers keep their grace period"}},
             {Rejoin{true}, {}},  // the job is ending: no rejoin
             {Signal{SIGINT},
              {"say: received SIGINT again: SIGKILL to the workers now",

@@ -1,0 +1,163 @@
+#include "agent/attempt_start.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <optional>
+
+#include <spdlog/spdlog.h>
+
+namespace crun::agent {
+namespace {
+
+std::string Substitute(std::string arg, int local_rank) {
+  static const std::string kMacro = "${local_rank}";
+  for (auto at = arg.find(kMacro); at != std::string::npos; at = arg.find(kMacro, at)) {
+    const std::string value = std::to_string(local_rank);
+    arg.replace(at, kMacro.size(), value);
+    at += value.size();
+  }
+  return arg;
+}
+
+// The shell's codes for a program that cannot be run: 127 not found, 126 found but not
+// executable (or exec failed otherwise).
+int LaunchFailureCode(const Status& s) { return s.code() == StatusCode::kNotFound ? 127 : 126; }
+
+WorkerStart Failed(int lr, int code, std::string why, int streams) {
+  spdlog::error("local rank {}: {}", lr, why);
+  return WorkerStart{lifecycle::Launch{lr, false, code, streams}, std::move(why)};
+}
+
+int StreamsOf(const Worker& w) { return (w.out_pump ? 1 : 0) + (w.err_pump ? 1 : 0); }
+
+// The heartbeat pipe, the stack pipe, the hook on PYTHONPATH and the timer file.
+void AddChannels(boost::asio::io_context& io, const AgentOptions& o, const AttemptStartContext& c,
+                 Worker& w, Environment& env, ProcessSpec& spec) {
+  HangChannels h;
+  if (o.hang_timeout.count() > 0) {
+    auto pipe = WorkerPipe::Create(io, [counter = w.progress](std::string_view) { ++*counter; });
+    if (pipe.ok()) {
+      w.heartbeat = std::move(pipe).value();
+      h.heartbeat_fd = w.heartbeat->child_fd();
+      spec.inherit_fds.push_back(h.heartbeat_fd);
+    } else {
+      spdlog::warn("local rank {}: no heartbeat: {}", w.local_rank, pipe.status().message());
+    }
+  }
+  if (auto pipe = StackPipe::Create(io); pipe.ok()) {
+    w.stacks = std::move(pipe).value();
+    h.stacks_fd = w.stacks->child_fd();
+    h.stacks_safe_signal = HookSignals().safe;
+    h.stacks_signal = HookSignals().at_once;
+    spec.inherit_fds.push_back(h.stacks_fd);
+  }
+  h.python_dir = c.python_dir;
+  h.timer_file = c.timer_file;
+  AddHangChannels(h, env);
+}
+
+// The worker's process: what it runs, where, with which environment and streams.
+ProcessSpec SpecOf(boost::asio::io_context& io, const AgentOptions& o, const AttemptStartContext& c,
+                   WorkerStreams& streams, Worker& w, std::vector<int>* child_fds) {
+  const int lr = w.local_rank;
+  ProcessSpec spec;
+  spec.cgroup_fd = c.cgroup_fd;
+  spec.cgroup_dir = c.cgroup_dir;
+  if (const auto i = static_cast<std::size_t>(lr - o.first_local_rank); i < o.bindings.size()) {
+    spec.cpus = o.bindings[i].cpus;
+    spec.mem_nodes = o.bindings[i].mems;
+  }
+  for (const auto& a : o.command) spec.argv.push_back(Substitute(a, lr));
+  Environment env = BuildWorkerEnvironment(c.group, lr, w.error_file, w.dir, c.base);
+  w.progress = std::make_shared<std::uint64_t>(0);
+  AddChannels(io, o, c, w, env, spec);
+  spec.envp = ToEnvp(env);
+  const StreamOwner owner{c.group.role, c.group.base_rank + lr, lr, w.dir};
+  auto closed = [on = c.on_stream_closed, lr] { on(lr); };
+  w.out_pump = streams.Route(owner, 1, &spec.stdout_fd, child_fds, closed, w.progress);
+  w.err_pump = streams.Route(owner, 2, &spec.stderr_fd, child_fds, closed, w.progress);
+  return spec;
+}
+
+// Phase one for one rank: its directory, its spec, and its fork (the child waits to exec).
+std::optional<WorkerStart> Prepare(boost::asio::io_context& io, const AgentOptions& o,
+                                   const AttemptStartContext& c, WorkerStreams& streams,
+                                   const std::string& attempt_dir, Worker& w,
+                                   std::optional<PendingProcess>* pending) {
+  std::error_code ec;
+  std::filesystem::create_directories(w.dir, ec);
+  if (ec)
+    return Failed(w.local_rank, 1, "cannot create log directory " + w.dir + ": " + ec.message(), 0);
+  if (w.local_rank == o.first_local_rank) streams.BeginAttempt(attempt_dir);
+  w.error_file = w.dir + "/error.json";
+  std::filesystem::remove(w.error_file, ec);  // a re-formed round with the same number
+  std::vector<int> child_fds;                 // closed in crun once the worker has them
+  const ProcessSpec spec = SpecOf(io, o, c, streams, w, &child_fds);
+  auto started = StartProcess(spec);
+  for (int fd : child_fds) ::close(fd);
+  if (w.heartbeat) w.heartbeat->CloseChildEnd();
+  if (w.stacks) w.stacks->CloseChildEnd();
+  if (!started.ok()) {
+    return Failed(w.local_rank, LaunchFailureCode(started.status()), started.status().message(),
+                  StreamsOf(w));
+  }
+  *pending = std::move(started).value();
+  return std::nullopt;
+}
+
+// Phase two for one rank: its exec confirmed, its exit watched.
+WorkerStart Confirm(boost::asio::io_context& io, const AttemptStartContext& c, Worker& w,
+                    PendingProcess& p) {
+  auto pid = FinishStart(p);
+  if (!pid.ok()) {
+    return Failed(w.local_rank, LaunchFailureCode(pid.status()), pid.status().message(),
+                  StreamsOf(w));
+  }
+  auto watcher = ExitWatcher::Watch(io, *pid, [on = c.on_exit, lr = w.local_rank](ExitStatus s) {
+    on(lr, s);
+  });
+  if (!watcher.ok()) {
+    // Unwatched, its end would never be seen: take it down and reap it now (SIGKILL cannot be
+    // ignored, so the wait is short), and count it as not started.
+    ::kill(-*pid, SIGKILL);
+    ::kill(*pid, SIGKILL);
+    int status = 0;
+    ::waitpid(*pid, &status, 0);
+    return Failed(w.local_rank, 1, watcher.status().message(), StreamsOf(w));
+  }
+  w.pid = *pid;
+  w.running = true;
+  w.watcher = std::move(watcher).value();
+  return WorkerStart{lifecycle::Launch{w.local_rank, true, 0, StreamsOf(w)}, ""};
+}
+
+}  // namespace
+
+std::vector<WorkerStart> StartWorkers(boost::asio::io_context& io, const AgentOptions& o,
+                                      const AttemptStartContext& c, WorkerStreams& streams,
+                                      std::vector<Worker>& workers) {
+  workers.clear();
+  workers.resize(static_cast<std::size_t>(o.nproc));
+  const std::string attempt_dir = o.log_dir + "/attempt_" + std::to_string(c.group.round);
+  std::vector<WorkerStart> result;
+  std::vector<std::pair<Worker*, PendingProcess>> pending;
+  for (int i = 0; i < o.nproc; ++i) {
+    Worker& w = workers[static_cast<std::size_t>(i)];
+    w.local_rank = o.first_local_rank + i;
+    w.dir = attempt_dir + "/" + std::to_string(w.local_rank);
+    std::optional<PendingProcess> p;
+    if (auto failed = Prepare(io, o, c, streams, attempt_dir, w, &p)) {
+      result.push_back(std::move(*failed));
+      break;  // the ranks after it are not tried
+    }
+    pending.emplace_back(&w, std::move(*p));
+  }
+  // Second phase: every child execs in parallel; collect the reports.
+  for (auto& [w, p] : pending) result.push_back(Confirm(io, c, *w, p));
+  return result;
+}
+
+}  // namespace crun::agent

@@ -1,0 +1,70 @@
+// Starting an attempt's workers, in two phases: each worker is prepared (its log directory, its
+// command line, its environment, its output streams and hang channels) and forked, waiting;
+// then all exec at once and each start is confirmed (supervise/process.h). A worker that could
+// not be started is answered with the shell's code (127 not found, 126 cannot run, 1 no log
+// directory); when one fails in the first phase, the ranks after it are not tried.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "agent/hangs/hang_watch.h"
+#include "agent/hangs/stacks.h"
+#include "agent/hangs/worker_pipe.h"
+#include "agent/line_pump.h"
+#include "agent/local_agent.h"
+#include "agent/supervise/lifecycle.h"
+#include "agent/supervise/process.h"
+#include "agent/worker_env.h"
+#include "agent/worker_streams.h"
+
+namespace crun::agent {
+
+// One worker of the running attempt, as crun holds it.
+struct Worker {
+  int local_rank = 0;
+  pid_t pid = 0;
+  bool running = false;
+  ExitStatus exit;  // once it has exited
+  std::unique_ptr<ExitWatcher> watcher;
+  std::unique_ptr<LinePump> out_pump, err_pump;
+  std::string dir, error_file;
+  // Hangs: what counts as its progress, its heartbeat pipe (when watched) and the pipe its
+  // Python hook writes stacks to.
+  ProgressCounter progress;
+  std::unique_ptr<WorkerPipe> heartbeat;
+  std::unique_ptr<StackPipe> stacks;
+};
+
+// What an attempt's start needs beyond the agent's options.
+struct AttemptStartContext {
+  int attempt = 0;
+  GroupAssignment group;
+  Environment base;    // crun's environment, the workers' starting point
+  int cgroup_fd = -1;  // the attempt's cgroup (AttemptCgroup), -1: none
+  std::string cgroup_dir;
+  std::string python_dir;  // the hook's sitecustomize.py; empty: none
+  std::string timer_file;  // the file timer's pipe; empty: none
+  // Called on the event loop: a worker exited; one of its streams was read to its end.
+  std::function<void(int local_rank, ExitStatus)> on_exit;
+  std::function<void(int local_rank)> on_stream_closed;
+};
+
+// A rank's start: the lifecycle's Launch, and why it failed.
+struct WorkerStart {
+  lifecycle::Launch launch;
+  std::string why;
+};
+
+// Starts every local rank of `options` into `workers` (resized, one per local rank).
+std::vector<WorkerStart> StartWorkers(boost::asio::io_context& io, const AgentOptions& options,
+                                      const AttemptStartContext& context, WorkerStreams& streams,
+                                      std::vector<Worker>& workers);
+
+}  // namespace crun::agent
