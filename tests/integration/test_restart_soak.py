@@ -22,7 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from bench_support import measured_at, write_section  # noqa: E402
 from crun_testing import free_port, kill_all, proc_files, whole_lines  # noqa: E402
-from etcd_cluster import EtcdCluster, Loopback, missing_programs  # noqa: E402
+from etcd_cluster import EtcdCluster, missing_programs  # noqa: E402
+from fabric import Fabric  # noqa: E402
 
 CRUN = os.environ["CRUN_BIN"]
 PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
@@ -72,7 +73,7 @@ class RestartSoak(unittest.TestCase):
         kill_all(self.procs)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def crun(self, node, args, kind, last, env=()):
+    def crun(self, node, args, kind, last, env=(), wrap=lambda cmd: cmd):
         worker = [PYTHON, PY_WORKER] if kind in ("multiprocessing", "dataloader") else \
             [SHELL_WORKER]
         e = dict(os.environ, SOAK_OUT=self.dir, SOAK_KIND=kind, SOAK_TAG=self.tag,
@@ -80,9 +81,9 @@ class RestartSoak(unittest.TestCase):
         # Into a file, not a pipe: hundreds of restarts write more than a pipe holds, and a crun
         # blocked on a full pipe that nobody reads stops keeping its etcd lease alive.
         err = open(os.path.join(self.dir, f"crun-{node}.err"), "w")
-        p = subprocess.Popen([CRUN, "--max-restarts", str(last), "--shutdown-timeout", "0.1",
-                              "--no-python", *args, *worker], env=e, stdout=subprocess.DEVNULL,
-                             stderr=err, start_new_session=True)
+        p = subprocess.Popen(wrap([CRUN, "--max-restarts", str(last), "--shutdown-timeout", "0.1",
+                                   "--no-python", *args, *worker]),
+                             env=e, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         err.close()
         p.err_path = err.name
         self.procs.append(p)
@@ -178,13 +179,16 @@ class RestartSoak(unittest.TestCase):
         if missing:
             self.skipTest(f"not installed: {', '.join(missing)}")
         last = restarts("etcd")
-        ports = {"e": (free_port(), free_port())}
-        with EtcdCluster(Loopback(), ["e"], os.path.join(self.dir, "etcd"), ports=ports) as etcd:
+        # etcd, both agents and their workers in a network namespace of their own: etcd's
+        # ports are fixed there, so no other test's connection can take one before etcd binds
+        # it (a port found free on the machine's loopback can be gone a moment later).
+        with Fabric(["e"]) as fab, \
+                EtcdCluster(fab, ["e"], os.path.join(self.dir, "etcd")) as etcd:
             procs = [self.crun(node, ["--nnodes", "2", "--nproc-per-node", "2",
                                       "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
                                       etcd.endpoints(), "--rdzv-id", "soak", "--rdzv-conf",
                                       "heartbeat_timeout=2,last_call_timeout=0.2"],
-                               "daemon", last)
+                               "daemon", last, wrap=lambda cmd: fab.command("e", cmd))
                      for node in ("a", "b")]
             self.finish(procs, last, 4, "daemon")
 

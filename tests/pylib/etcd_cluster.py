@@ -99,7 +99,10 @@ class EtcdCluster:
         p = self.procs.pop(host, None)
         if p is None:
             return
-        os.killpg(p.pid, signal.SIGKILL)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it had ended already (etcd that could not start): reaped below
         p.wait(timeout=30)
 
     def stop(self, host):
