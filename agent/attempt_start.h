@@ -44,7 +44,6 @@ struct Worker {
 
 // What an attempt's start needs beyond the agent's options.
 struct AttemptStartContext {
-  int attempt = 0;
   GroupAssignment group;
   Environment base;    // crun's environment, the workers' starting point
   int cgroup_fd = -1;  // the attempt's cgroup (AttemptCgroup), -1: none

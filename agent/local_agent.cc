@@ -222,10 +222,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   static std::chrono::steady_clock::time_point Now() { return std::chrono::steady_clock::now(); }
 
   // Whether `attempt` is the one whose workers run (or are being stopped).
-  bool Live(int attempt) const {
-    return attempt == state.attempt &&
-           (state.phase == lc::Phase::kRunning || state.phase == lc::Phase::kStopping);
-  }
+  bool Live(int attempt) const { return lc::IsLive(state, attempt); }
 
   // ---- the lifecycle ----------------------------------------------------------------------
 
@@ -261,7 +258,6 @@ struct LocalAgent::Impl final : RendezvousEvents {
     edge.reset();
     OpenAttemptCgroup(a.attempt);
     AttemptStartContext c;
-    c.attempt = a.attempt;
     c.group = group;
     c.base = CurrentEnvironment();
     if (attempt_cgroup) {
@@ -336,7 +332,9 @@ struct LocalAgent::Impl final : RendezvousEvents {
     } else if (a.record == lc::WorkerExited::Record::kFailure) {
       oom_kill = RecordExit(w, a.exit, a.stops_group);
     }
-    if (meters) meters->Exit(ExitCauseOf(a.exit, a.hung, oom_kill, a.stopping));
+    if (meters)
+      meters->Exit(ExitCauseOf(a.exit, a.record == lc::WorkerExited::Record::kHangEnd, oom_kill,
+                               a.stopping));
   }
 
   // A failed exit's record: how it ended, its error file, its last lines; true for an OOM

@@ -42,11 +42,6 @@ Failure* HangOf(State& s, int local_rank) {
   return nullptr;
 }
 
-// Whether an event about workers of `attempt` is about the current attempt's live workers.
-bool Live(const State& s, int attempt) {
-  return attempt == s.attempt && (s.phase == Phase::kRunning || s.phase == Phase::kStopping);
-}
-
 void End(Step& st, int exit_code, Finish::How how) {
   st.s.phase = Phase::kDone;
   st.s.exit_code = exit_code;
@@ -142,6 +137,10 @@ const char* PhaseName(Phase p) {
 
 int Running(const State& state) { return static_cast<int>(RunningRanks(state).size()); }
 
+bool IsLive(const State& s, int attempt) {
+  return attempt == s.attempt && (s.phase == Phase::kRunning || s.phase == Phase::kStopping);
+}
+
 State Initial(const Settings& settings) {
   State s;
   s.settings = settings;
@@ -159,7 +158,6 @@ Transition OnAssignment(State state, int round, bool spare, TimePoint /*now*/) {
     return st.Done();
   }
   ++s.attempt;
-  s.round = round;
   s.phase = Phase::kStarting;
   s.next = Next::kNone;
   s.failures.clear();
@@ -194,8 +192,7 @@ Transition OnLaunched(State state, int attempt, const std::vector<Launch>& launc
       continue;
     }
     w->state = Worker::State::kExited;
-    w->exit = ExitStatus{false, l.code};
-    s.failures.push_back(Failure{l.local_rank, w->exit, now, false, true});
+    s.failures.push_back(Failure{l.local_rank, ExitStatus{false, l.code}, now, false});
     failed = true;
   }
   ReportFailures(st);
@@ -212,10 +209,9 @@ Transition OnLaunched(State state, int attempt, const std::vector<Launch>& launc
 }
 
 Transition OnWorkerExit(State state, int attempt, int local_rank, ExitStatus exit, TimePoint now) {
-  Worker* w = Live(state, attempt) ? Find(state, local_rank) : nullptr;
+  Worker* w = IsLive(state, attempt) ? Find(state, local_rank) : nullptr;
   if (w == nullptr || w->state != Worker::State::kRunning) return Unchanged(std::move(state));
   w->state = Worker::State::kExited;
-  w->exit = exit;
   Step st{std::move(state), {}};
   State& s = st.s;
   WorkerExited e{attempt, local_rank, exit};
@@ -223,9 +219,8 @@ Transition OnWorkerExit(State state, int attempt, int local_rank, ExitStatus exi
   if (Failure* hung = HangOf(s, local_rank)) {
     hung->exit = exit;  // stopped by crun after it hung: its record stands, with how it ended
     e.record = WorkerExited::Record::kHangEnd;
-    e.hung = true;
   } else if (!exit.success()) {
-    s.failures.push_back(Failure{local_rank, exit, now, false, false});
+    s.failures.push_back(Failure{local_rank, exit, now, false});
     e.record = WorkerExited::Record::kFailure;
     e.stops_group = s.phase == Phase::kRunning;
   }
@@ -240,7 +235,7 @@ Transition OnWorkerExit(State state, int attempt, int local_rank, ExitStatus exi
 }
 
 Transition OnStreamClosed(State state, int attempt, int local_rank, TimePoint /*now*/) {
-  Worker* w = Live(state, attempt) ? Find(state, local_rank) : nullptr;
+  Worker* w = IsLive(state, attempt) ? Find(state, local_rank) : nullptr;
   if (w == nullptr || w->open_streams == 0) return Unchanged(std::move(state));
   --w->open_streams;
   Step st{std::move(state), {}};
@@ -249,7 +244,7 @@ Transition OnStreamClosed(State state, int attempt, int local_rank, TimePoint /*
 }
 
 Transition OnEdgeDone(State state, int attempt, bool complete, TimePoint /*now*/) {
-  if (!Live(state, attempt) || !state.edge_begun || state.edge_clear) {
+  if (!IsLive(state, attempt) || !state.edge_begun || state.edge_clear) {
     return Unchanged(std::move(state));
   }
   Step st{std::move(state), {}};
@@ -261,13 +256,13 @@ Transition OnEdgeDone(State state, int attempt, bool complete, TimePoint /*now*/
 
 Transition OnHang(State state, int attempt, const std::vector<int>& hung, TimePoint declared,
                   TimePoint now) {
-  if (!Live(state, attempt)) return Unchanged(std::move(state));
+  if (!IsLive(state, attempt)) return Unchanged(std::move(state));
   Step st{std::move(state), {}};
   State& s = st.s;
   for (int lr : hung) {
     Worker* w = Find(s, lr);
     if (w == nullptr || w->state != Worker::State::kRunning || HangOf(s, lr) != nullptr) continue;
-    s.failures.push_back(Failure{lr, ExitStatus{true, SIGTERM}, declared, true, false});
+    s.failures.push_back(Failure{lr, ExitStatus{true, SIGTERM}, declared, true});
     st.out.push_back(RecordHang{attempt, lr});
   }
   if (s.phase == Phase::kRunning) {  // else already stopping for another failure

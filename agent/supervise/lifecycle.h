@@ -46,7 +46,6 @@ struct Worker {
   enum class State { kNotStarted, kRunning, kExited };
   int local_rank = 0;
   State state = State::kNotStarted;
-  ExitStatus exit;       // once exited
   int open_streams = 0;  // its stdout/stderr pipes crun still reads
 };
 
@@ -54,9 +53,8 @@ struct Worker {
 struct Failure {
   int local_rank = 0;
   ExitStatus exit;
-  TimePoint when;       // the first in time is the root cause
-  bool hang = false;    // crun declared it hung (its exit, once stopped, follows)
-  bool launch = false;  // it could not be started
+  TimePoint when;     // the first in time is the root cause
+  bool hang = false;  // crun declared it hung (its exit, once stopped, follows)
 };
 
 // The rendezvous's word on the job.
@@ -69,7 +67,6 @@ struct State {
   Settings settings;
   Phase phase = Phase::kWaiting;
   int attempt = -1;             // the current (or last) attempt, numbered from 0 in this crun
-  int round = -1;               // its round
   std::vector<Worker> workers;  // index: local rank - first_local_rank
   std::vector<Failure> failures;
   bool failure_reported = false;  // this attempt's failures went to the rendezvous
@@ -107,7 +104,6 @@ struct WorkerExited {
   int local_rank = 0;
   ExitStatus exit;
   Record record = Record::kNone;
-  bool hung = false;
   bool stops_group = false;
   bool stopping = false;
 };
@@ -210,5 +206,8 @@ Transition OnTick(State state, TimePoint now);
 
 // How many workers of the current attempt run.
 int Running(const State& state);
+// Whether events about workers of `attempt` are about the current attempt's live workers
+// (running, or being stopped); any other such event changes nothing.
+bool IsLive(const State& state, int attempt);
 
 }  // namespace crun::agent::lifecycle
