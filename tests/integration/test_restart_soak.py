@@ -31,8 +31,8 @@ SHELL_WORKER = os.path.join(HERE, "..", "workers", "soak_worker.sh")
 PY_WORKER = os.path.join(HERE, "..", "workers", "soak_worker.py")
 SCALE = float(os.environ.get("SOAK_SCALE", "1"))
 # Restarts per run. One node: 200 (the DataLoader's, which import torch in every worker of every
-# attempt, take about 140 s). Two nodes: what fits in about 60 s on a 2-core machine (14.5 and
-# 10.9 restarts/s through the service and etcd at the commit docs/reliability.md names).
+# attempt, take about 140 s). Two nodes: what fits in about 60 s on a 2-core machine (15.0 and
+# 11.9 restarts/s through the service and etcd at the commit docs/reliability.md names).
 RESTARTS = {"one": 200, "service": 800, "etcd": 600}
 LIMIT_S = 600
 LEFT_GROUP = "had left their worker's process group"
