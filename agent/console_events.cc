@@ -1,0 +1,39 @@
+#include "agent/console_events.h"
+
+#include <unistd.h>
+
+#include <chrono>
+
+namespace crun::agent {
+
+void ConsoleEvents::Emit(const std::string& name, const char* source, nlohmann::json metadata,
+                         const GroupAssignment& group) const {
+  if (!enabled_) return;
+  metadata["run_id"] = group.run_id;
+  metadata["role"] = group.role;
+  metadata["hostname"] = host_;
+  metadata["group_rank"] = group.group_rank;
+  metadata["agent_restarts"] = group.restart_count;
+  const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  nlohmann::json e{{"name", name},
+                   {"source", source},
+                   {"timestamp", now.count()},
+                   {"metadata", std::move(metadata)}};
+  // One write, so that the line is never split by another writer's.
+  const std::string line = e.dump() + "\n";
+  ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
+  (void)ignored;
+}
+
+void ConsoleEvents::WorkerStatus(const Worker& w, const char* state,
+                                 const GroupAssignment& group) const {
+  nlohmann::json m{{"state", state},
+                   {"global_rank", group.base_rank + w.local_rank},
+                   {"local_rank", w.local_rank},
+                   {"worker_id", std::to_string(w.pid)},
+                   {"exit", w.exit.Describe()}};
+  Emit(std::string("torchelastic.worker.status.") + state, "WORKER", std::move(m), group);
+}
+
+}  // namespace crun::agent

@@ -1,0 +1,89 @@
+// The process side of the agent: it carries out the lifecycle's actions on processes (start,
+// signal, end and reap) and decides nothing; supervise/lifecycle.h decides. It holds the
+// running attempt's workers, crun's cgroup and the attempt's own, the guard that ends the
+// workers if crun dies, SIGCHLD (orphans that come to crun are reaped as they end), the OOM
+// witnesses and the attempt's edge.
+//
+// Single-threaded: everything runs on the io_context given. The workers' exits and streams
+// reach the caller through the AttemptStartContext of each Start.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "agent/attempt_start.h"
+#include "agent/supervise/attempt_edge.h"
+#include "agent/supervise/lifecycle.h"
+#include "agent/supervise/oom.h"
+#include "agent/supervise/worker_cgroup.h"
+#include "base/status.h"
+
+namespace crun::agent {
+
+class WorkerGroup {
+ public:
+  // `options` must outlive the group.
+  WorkerGroup(boost::asio::io_context& io, const AgentOptions& options);
+  ~WorkerGroup();
+  WorkerGroup(const WorkerGroup&) = delete;
+  WorkerGroup& operator=(const WorkerGroup&) = delete;
+
+  // Before any worker: crun's cgroup (or, logged, why there is none), the guard, the
+  // subreaper and SIGCHLD. An error names what could not be set up.
+  Status Prepare();
+  // Attempt `attempt`: its own cgroup, then every local rank (StartWorkers); the ones that
+  // started are guarded and their exits watched.
+  std::vector<WorkerStart> Start(int attempt, AttemptStartContext context, WorkerStreams& streams);
+  // Local rank `lr` exited (its watcher said so and reaped it).
+  void Exited(int lr, ExitStatus exit);
+  // The lifecycle's SignalWorkers, to the process group of each named rank still running; a
+  // stopped one (SIGSTOP, a debugger) is also continued so that it acts on a stop signal now.
+  // `base_rank` names ranks in the log.
+  void Signal(const lifecycle::SignalWorkers& action, int base_rank);
+  // Every worker has exited: end and reap whatever else the attempt started (AttemptEdge),
+  // then `done(complete)`; false when something was still there at the edge's deadline.
+  void BeginEdge(int attempt_label, std::function<void(bool complete)> done);
+  // The attempt is over: its process groups are no longer the guard's.
+  void EndAttempt();
+  // Once workers have run: the OOM killer's witnesses (read at start, off the start's path).
+  void StartOomWatch();
+  // Why worker `pid`, which died of SIGKILL, was killed by the OOM killer; "" if it was not.
+  std::string OomKillOf(pid_t pid);
+  // The job is over: the workers' hang and stack pipes close, SIGCHLD is no longer read.
+  void Close();
+
+  // The worker of local rank `lr` (one of this crun's).
+  Worker& at(int lr);
+  const std::vector<Worker>& workers() const { return workers_; }
+  // The running worker that is `pid` or started it (its process group, else its ancestry).
+  Worker* OfPid(pid_t pid);
+  // How many of the attempt's workers run, and how many have exited.
+  int running() const;
+  int exited() const;
+  // crun's cgroup for the workers; "" when it has none.
+  std::string cgroup_dir() const;
+
+ private:
+  void OnEdge(const EdgeReport& r);
+
+  boost::asio::io_context& io_;
+  const AgentOptions& options_;
+  std::unique_ptr<WorkerCgroup> cgroup_;           // null where the machine gives crun none
+  std::unique_ptr<AttemptCgroup> attempt_cgroup_;  // the running attempt's, until its edge
+  std::unique_ptr<ChildSignals> children_;         // SIGCHLD
+  std::unique_ptr<AttemptEdge> edge_;              // the last attempt's end
+  std::unique_ptr<GroupGuard> guard_;
+  std::unique_ptr<OomWatch> oom_;
+  std::vector<Worker> workers_;
+};
+
+// The last lines of a worker's stderr: what its pump kept, else its log file's.
+std::vector<std::string> StderrTail(const Worker& w);
+
+}  // namespace crun::agent
