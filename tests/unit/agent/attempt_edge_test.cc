@@ -50,7 +50,7 @@ struct Run {
 };
 
 // A worker whose plain child stays in its group and whose second child leaves it (setsid),
-// each writing its pid; the worker exits once both are there. Then the edge, as the agent
+// each writing its pid; the worker exits once both are there and running sleep. Then the edge, as the agent
 // runs it: SIGCHLD wakes it.
 Run EndAttempt(std::unique_ptr<AttemptCgroup> cgroup) {
   TempDir dir;
@@ -69,9 +69,14 @@ Run EndAttempt(std::unique_ptr<AttemptCgroup> cgroup) {
     return "sh -c 'echo $$ > " + d + "/" + name + ".tmp; mv " + d + "/" + name + ".tmp " + d + "/" +
            name + "; exec sleep 600' &";
   };
+  // The worker exits once both have become sleeps (their pid files exist and /proc says
+  // "sleep"): before the exec, the edge would find, and name, a shell.
+  auto slept = [&](const std::string& name) {
+    return "[ \"$(cat /proc/$(cat " + d + "/" + name + " 2>/dev/null)/comm 2>/dev/null)\" = sleep ]";
+  };
   spec.argv = {"/bin/sh", "-c",
-               announced("child") + "setsid " + announced("daemon") + "while [ ! -e " + d +
-                   "/child ] || [ ! -e " + d + "/daemon ]; do sleep 0.01; done"};
+               announced("child") + "setsid " + announced("daemon") + "until " + slept("child") +
+                   " && " + slept("daemon") + "; do sleep 0.01; done"};
   if (cgroup) {
     spec.cgroup_fd = cgroup->fd();
     spec.cgroup_dir = cgroup->dir();
