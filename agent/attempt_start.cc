@@ -82,6 +82,16 @@ ProcessSpec SpecOf(boost::asio::io_context& io, const AgentOptions& o, const Att
   return spec;
 }
 
+// A warm start when the template is ready, else (or when it cannot fork) a cold one.
+StatusOr<PendingProcess> Start(const AttemptStartContext& c, const ProcessSpec& spec, int lr) {
+  if (c.warm != nullptr && c.warm->state() == WarmTemplate::State::kReady) {
+    auto warm = c.warm->Fork(spec, c.python_dir.empty() ? "" : c.python_dir + "/sitecustomize.py");
+    if (warm.ok()) return warm;
+    spdlog::warn("local rank {}: {}; it starts cold", lr, warm.status().message());
+  }
+  return StartProcess(spec);
+}
+
 // Phase one for one rank: its directory, its spec, and its fork (the child waits to exec).
 std::optional<WorkerStart> Prepare(boost::asio::io_context& io, const AgentOptions& o,
                                    const AttemptStartContext& c, WorkerStreams& streams,
@@ -96,7 +106,7 @@ std::optional<WorkerStart> Prepare(boost::asio::io_context& io, const AgentOptio
   std::filesystem::remove(w.error_file, ec);  // a re-formed round with the same number
   std::vector<int> child_fds;                 // closed in crun once the worker has them
   const ProcessSpec spec = SpecOf(io, o, c, streams, w, &child_fds);
-  auto started = StartProcess(spec);
+  auto started = Start(c, spec, w.local_rank);
   for (int fd : child_fds) ::close(fd);
   if (w.heartbeat) w.heartbeat->CloseChildEnd();
   if (w.stacks) w.stacks->CloseChildEnd();
@@ -122,10 +132,7 @@ WorkerStart Confirm(boost::asio::io_context& io, const AttemptStartContext& c, W
   if (!watcher.ok()) {
     // Unwatched, its end would never be seen: take it down and reap it now (SIGKILL cannot be
     // ignored, so the wait is short), and count it as not started.
-    ::kill(-*pid, SIGKILL);
-    ::kill(*pid, SIGKILL);
-    int status = 0;
-    ::waitpid(*pid, &status, 0);
+    KillAndReap(*pid);
     return Failed(w.local_rank, 1, watcher.status().message(), StreamsOf(w));
   }
   w.pid = *pid;

@@ -21,6 +21,7 @@
 #include "agent/local_agent.h"
 #include "agent/supervise/lifecycle.h"
 #include "agent/supervise/process.h"
+#include "agent/warm/warm_template.h"
 #include "agent/worker_env.h"
 #include "agent/worker_streams.h"
 
@@ -50,6 +51,8 @@ struct AttemptStartContext {
   std::string cgroup_dir;
   std::string python_dir;  // the hook's sitecustomize.py; empty: none
   std::string timer_file;  // the file timer's pipe; empty: none
+  // Where workers are forked from when it is ready (agent/warm); null: cold starts only.
+  WarmTemplate* warm = nullptr;
   // Called on the event loop: a worker exited; one of its streams was read to its end.
   std::function<void(int local_rank, ExitStatus)> on_exit;
   std::function<void(int local_rank)> on_stream_closed;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <deque>
+#include <filesystem>
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -122,8 +123,25 @@ struct LocalAgent::Impl final : RendezvousEvents {
   // The workers' processes (cgroup, guard, SIGCHLD), the hang tools and metrics.
   Status Prepare() {
     if (auto s = workers.Prepare(); !s.ok()) return s;
+    if (!options.warm_modules.empty()) StartWarm();
     if (auto s = PrepareFileTimer(); !s.ok()) return s;
     return StartMetrics();
+  }
+
+  // --warm: the template gets the workers' interpreter and the environment every worker
+  // shares (crun's, with the hook's directory on PYTHONPATH), so that what the imports read
+  // from it (OMP_NUM_THREADS) is what a cold worker's would.
+  void StartWarm() {
+    presence.WritePythonHook();
+    Environment env = CurrentEnvironment();
+    HangChannels hook;
+    hook.python_dir = presence.python_dir();
+    AddHangChannels(hook, env);
+    const std::string dir = options.log_dir + "/warm";
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    workers.StartWarm({options.command[0], options.command, options.warm_modules, dir,
+                       dir + "/template.log", ToEnvp(env)});
   }
 
   // The /metrics endpoint, when asked for; an error names its address.
@@ -211,19 +229,20 @@ struct LocalAgent::Impl final : RendezvousEvents {
     NoteRound();
     failures.Clear();
     presence.WritePythonHook();
+    workers.WhenReadyToStart([this, n = a.attempt] { StartAttempt(n); });
+  }
+
+  // The workers of attempt `n`; the lifecycle hears how each start went.
+  void StartAttempt(int n) {
     AttemptStartContext c;
     c.group = group;
     c.base = CurrentEnvironment();
     c.python_dir = presence.python_dir();
     if (file_timer) c.timer_file = file_timer->path();
-    c.on_exit = [this, n = a.attempt](int lr, ExitStatus s) {
-      Feed(lc::OnWorkerExit(state, n, lr, s, Now()));
-    };
-    c.on_stream_closed = [this, n = a.attempt](int lr) {
-      Feed(lc::OnStreamClosed(state, n, lr, Now()));
-    };
+    c.on_exit = [this, n](int lr, ExitStatus s) { Feed(lc::OnWorkerExit(state, n, lr, s, Now())); };
+    c.on_stream_closed = [this, n](int lr) { Feed(lc::OnStreamClosed(state, n, lr, Now())); };
     std::vector<lc::Launch> launches;
-    for (auto& s : workers.Start(a.attempt, std::move(c), streams)) {
+    for (auto& s : workers.Start(n, std::move(c), streams)) {
       const int lr = s.launch.local_rank;
       if (s.launch.started) {
         hang_watch.Watch(lr, workers.at(lr).pid, workers.at(lr).progress);
@@ -233,7 +252,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
       }
       launches.push_back(s.launch);
     }
-    Feed(lc::OnLaunched(state, a.attempt, launches, Now()));
+    Feed(lc::OnLaunched(state, n, launches, Now()));
   }
 
   void Carry(const lc::WaitAsSpare& a) {

@@ -68,6 +68,9 @@ struct AgentOptions {
   // How Python workers' interpreter was chosen ("/usr/bin/python3 (python3 on PATH ...)"),
   // for the report's hint when a module is missing; empty for native programs.
   std::string interpreter;
+  // --warm (docs/warm.md): Python workers are forked from a template process that has
+  // imported these modules ("name?": may be missing); empty: every worker starts cold.
+  std::vector<std::string> warm_modules;
   // crun's own TORCHELASTIC_ERROR_FILE (set by a scheduler): gets the root cause's error.
   std::string parent_error_file;
 

@@ -71,6 +71,7 @@ std::vector<WorkerStart> WorkerGroup::Start(int attempt, AttemptStartContext con
                    a.status().message());
     }
   }
+  context.warm = warm_.get();
   auto starts = StartWorkers(io_, options_, context, streams, workers_);
   for (const auto& s : starts) {
     if (s.launch.started) guard_->Add(at(s.launch.local_rank).pid);
@@ -161,7 +162,18 @@ std::string WorkerGroup::OomKillOf(pid_t pid) {
   return kill ? kill->Describe() : "";
 }
 
+void WorkerGroup::StartWarm(WarmOptions options) {
+  warm_ = std::make_unique<WarmTemplate>(io_, std::move(options), cgroup_.get(), guard_.get());
+  warm_->Start();
+}
+
+void WorkerGroup::WhenReadyToStart(std::function<void()> done) {
+  if (!warm_) return done();
+  warm_->WhenSettled(std::move(done));
+}
+
 void WorkerGroup::Close() {
+  warm_.reset();
   for (auto& w : workers_) {
     w.heartbeat.reset();
     w.stacks.reset();

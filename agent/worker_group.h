@@ -22,6 +22,7 @@
 #include "agent/supervise/lifecycle.h"
 #include "agent/supervise/oom.h"
 #include "agent/supervise/worker_cgroup.h"
+#include "agent/warm/warm_template.h"
 #include "base/status.h"
 
 namespace crun::agent {
@@ -55,7 +56,13 @@ class WorkerGroup {
   void StartOomWatch();
   // Why worker `pid`, which died of SIGKILL, was killed by the OOM killer; "" if it was not.
   std::string OomKillOf(pid_t pid);
-  // The job is over: the workers' hang and stack pipes close, SIGCHLD is no longer read.
+  // --warm: starts the template (agent/warm) that later workers are forked from.
+  void StartWarm(WarmOptions options);
+  // Runs `done` when an attempt may start: at once, or once a template that is still
+  // importing is ready (or given up on: the attempt then starts cold).
+  void WhenReadyToStart(std::function<void()> done);
+  // The job is over: the template ends, the workers' hang and stack pipes close, SIGCHLD is
+  // no longer read.
   void Close();
 
   // The worker of local rank `lr` (one of this crun's).
@@ -79,6 +86,7 @@ class WorkerGroup {
   std::unique_ptr<ChildSignals> children_;         // SIGCHLD
   std::unique_ptr<AttemptEdge> edge_;              // the last attempt's end
   std::unique_ptr<GroupGuard> guard_;
+  std::unique_ptr<WarmTemplate> warm_;  // before guard_ goes: it forgets its group there
   std::unique_ptr<OomWatch> oom_;
   std::vector<Worker> workers_;
 };

@@ -159,6 +159,19 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
                "Run the script with runpy.run_path inside the interpreter")
       ->envname(pet("RUN_PATH"))
       ->group("Worker program");
+  app.add_flag("--warm", o.warm,
+               "Fork Python workers from a template that has imported torch, instead of "
+               "starting each cold (docs/warm.md). Not for native programs, modules whose "
+               "import must happen in every process, or code that reads its start time in "
+               "/proc/self")
+      ->envname(pet("WARM"))
+      ->group("Worker program");
+  app.add_option("--warm-modules", o.warm_modules,
+                 "With --warm: more modules for the template to import, comma-separated "
+                 "(after torch, torch.distributed, torch.nn.parallel and torch._dynamo)")
+      ->envname(pet("WARM_MODULES"))
+      ->type_name("LIST")
+      ->group("Worker program");
   app.add_flag("--virtual-local-rank,--virtual_local_rank", o.virtual_local_rank,
                "Every worker sees LOCAL_RANK=0 and only its own GPU in CUDA_VISIBLE_DEVICES")
       ->envname(pet("VIRTUAL_LOCAL_RANK"))

@@ -5,13 +5,16 @@
 #include <unistd.h>
 
 #include <array>
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <thread>
 
+#include "agent/warm/warm_template.h"
 #include "base/endpoint.h"
 #include "base/host_addresses.h"
 #include "launcher/devices.h"
@@ -383,6 +386,30 @@ StatusOr<std::chrono::milliseconds> ShutdownTimeout(const LaunchOptions& o,
   return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
 }
 
+// --warm: the template's modules, for Python workers only.
+Status PlanWarm(const LaunchOptions& o, agent::AgentOptions& a) {
+  if (!o.warm) {
+    if (!o.warm_modules.empty()) return InvalidArgument("--warm-modules needs --warm");
+    return Status::Ok();
+  }
+  if (a.interpreter.empty()) {
+    std::fprintf(stderr, "crun: --warm applies to Python workers; '%s' starts cold\n",
+                 a.command[0].c_str());
+    return Status::Ok();
+  }
+  a.warm_modules = agent::DefaultWarmModules();
+  for (const auto& m : ParseFilters(o.warm_modules)) {
+    if (m.empty() ||
+        m.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                            "0123456789_.") != std::string::npos ||
+        m.front() == '.' || m.back() == '.' || std::isdigit(static_cast<unsigned char>(m[0]))) {
+      return InvalidArgument("--warm-modules: '" + m + "' is not a Python module name");
+    }
+    a.warm_modules.push_back(m);
+  }
+  return Status::Ok();
+}
+
 // The agent's options: the workers, their command, signals, logs and bindings.
 Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& given,
                  const MachineFacts& facts) {
@@ -392,6 +419,7 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   agent::AgentOptions& a = p.agent;
   CRUN_ASSIGN_OR_RETURN(a.command, WorkerCommand(wo, facts.getenv));
   a.interpreter = InterpreterNote(a.command, wo, facts.getenv);
+  CRUN_RETURN_IF_ERROR(PlanWarm(o, a));
   // Under Slurm, its warning signals (--signal=USR1@60, scancel -s USR2) reach crun; by
   // default they are passed on to the workers as notices rather than ending crun.
   if ((p.slurm || p.slurm_task) && !given.count("--signals-to-handle") &&

@@ -560,8 +560,7 @@ def _crun_register_stack_hook():
         pass
 
 
-def _crun_leave_and_run_shadowed_sitecustomize():
-    import importlib
+def _crun_leave_path():
     import os
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
@@ -573,6 +572,11 @@ def _crun_leave_and_run_shadowed_sitecustomize():
         else:
             os.environ["PYTHONPATH"] = os.pathsep.join(parts[1:])
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+
+
+def _crun_run_shadowed_sitecustomize():
+    import importlib
+    import sys
     this = sys.modules.pop("sitecustomize", None)
     try:
         importlib.import_module("sitecustomize")
@@ -583,8 +587,12 @@ def _crun_leave_and_run_shadowed_sitecustomize():
             sys.modules["sitecustomize"] = this
 
 
-_crun_register_stack_hook()
-_crun_leave_and_run_shadowed_sitecustomize()
+# Imported as sitecustomize at a worker's start; a warm worker runs the first two itself
+# (agent/warm/template.py), with the environment crun gave it.
+if __name__ == "sitecustomize":
+    _crun_register_stack_hook()
+    _crun_leave_path()
+    _crun_run_shadowed_sitecustomize()
 )PY";
 }
 

@@ -271,7 +271,25 @@ StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
   return Fork(spec, clone_into_cgroup_works.load());
 }
 
+// A warm worker waits for one byte on its pipe: this one makes it run.
+static StatusOr<pid_t> FinishWarmStart(PendingProcess& pending) {
+  const char go = 'g';
+  ssize_t n;
+  do {
+    n = ::write(pending.report_fd, &go, 1);
+  } while (n < 0 && errno == EINTR);
+  const int err = errno;
+  ::close(pending.report_fd);
+  pending.report_fd = -1;
+  if (n == 1) return pending.pid;
+  KillAndReap(pending.pid);
+  return PosixError("the warm worker process for '" + pending.spec.argv[0] + "' (pid " +
+                        std::to_string(pending.pid) + ") ended before it ran",
+                    err);
+}
+
 StatusOr<pid_t> FinishStart(PendingProcess& pending) {
+  if (pending.warm) return FinishWarmStart(pending);
   char report[1 + 2 * sizeof(int)] = {};  // the byte it ran, then stage and errno
   const ssize_t n = ReadReport(pending.report_fd, report, sizeof report);
   ::close(pending.report_fd);
@@ -308,6 +326,15 @@ StatusOr<pid_t> FinishStart(PendingProcess& pending) {
                       what[1]);
   }
   return PosixError("cannot start '" + program + "'", what[1]);
+}
+
+void AdoptChild(pid_t pid) { Own(pid); }
+
+void KillAndReap(pid_t pid) {
+  ::kill(-pid, SIGKILL);
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ReapOwned(pid, &status, 0);
 }
 
 StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec) {

@@ -72,6 +72,9 @@ struct PendingProcess {
   int report_fd = -1;
   ProcessSpec spec;        // for messages, and to start it again without CLONE_INTO_CGROUP
   bool in_cgroup = false;  // created straight into spec.cgroup_fd
+  // Forked from a warm template (agent/warm): `report_fd` is the write end of the pipe it
+  // waits on, and FinishStart tells it to run.
+  bool warm = false;
 };
 
 // Two phases, so that many children exec at the same time: StartProcess forks and returns at
@@ -85,6 +88,12 @@ StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec);
 StatusOr<pid_t> FinishStart(PendingProcess& pending);
 // Both in one.
 StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec);
+// Takes `pid`, a child this process did not fork itself (a warm worker, reparented to it), as
+// owned: from here on it is reaped by its owner (FinishStart, an ExitWatcher), never as an
+// orphan.
+void AdoptChild(pid_t pid);
+// Ends `pid`, an owned child, with SIGKILL to its process group and reaps it.
+void KillAndReap(pid_t pid);
 
 class ExitWatcher {
  public:

@@ -107,7 +107,12 @@ WorkerCgroup::~WorkerCgroup() { KillAndRemoveCgroup(dir_); }
 
 StatusOr<std::unique_ptr<AttemptCgroup>> AttemptCgroup::Create(const WorkerCgroup& parent,
                                                                int attempt) {
-  const std::string dir = parent.dir() + "/attempt-" + std::to_string(attempt);
+  return Create(parent, "attempt-" + std::to_string(attempt));
+}
+
+StatusOr<std::unique_ptr<AttemptCgroup>> AttemptCgroup::Create(const WorkerCgroup& parent,
+                                                               const std::string& name) {
+  const std::string dir = parent.dir() + "/" + name;
   if (::mkdir(dir.c_str(), 0755) != 0) return PosixError("cannot create cgroup " + dir, errno);
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) {

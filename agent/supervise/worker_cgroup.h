@@ -39,6 +39,9 @@ class AttemptCgroup {
  public:
   // Creates it; an error names the directory and errno.
   static StatusOr<std::unique_ptr<AttemptCgroup>> Create(const WorkerCgroup& parent, int attempt);
+  // <worker cgroup>/<name>, for what lives beside the attempts (the warm template).
+  static StatusOr<std::unique_ptr<AttemptCgroup>> Create(const WorkerCgroup& parent,
+                                                         const std::string& name);
   ~AttemptCgroup();  // removes the directory if it is empty (Remove), leaves it otherwise
 
   // The directory, and a descriptor of it for clone3(CLONE_INTO_CGROUP) (ProcessSpec).

@@ -50,8 +50,8 @@ struct Run {
 };
 
 // A worker whose plain child stays in its group and whose second child leaves it (setsid),
-// each writing its pid; the worker exits once both are there and running sleep. Then the edge, as the agent
-// runs it: SIGCHLD wakes it.
+// each writing its pid; the worker exits once both are there and running sleep. Then the edge, as
+// the agent runs it: SIGCHLD wakes it.
 Run EndAttempt(std::unique_ptr<AttemptCgroup> cgroup) {
   TempDir dir;
   asio::io_context io;
@@ -72,7 +72,8 @@ Run EndAttempt(std::unique_ptr<AttemptCgroup> cgroup) {
   // The worker exits once both have become sleeps (their pid files exist and /proc says
   // "sleep"): before the exec, the edge would find, and name, a shell.
   auto slept = [&](const std::string& name) {
-    return "[ \"$(cat /proc/$(cat " + d + "/" + name + " 2>/dev/null)/comm 2>/dev/null)\" = sleep ]";
+    return "[ \"$(cat /proc/$(cat " + d + "/" + name +
+           " 2>/dev/null)/comm 2>/dev/null)\" = sleep ]";
   };
   spec.argv = {"/bin/sh", "-c",
                announced("child") + "setsid " + announced("daemon") + "until " + slept("child") +

@@ -41,6 +41,20 @@ crun::StatusOr<LaunchPlan> Plan(const Strings& args, const Vars& vars = {}) {
   return PlanLaunch(o, GivenFlags(app), Facts(vars));
 }
 
+// The same for a Python worker: any readable file that is not a native program is a script.
+crun::StatusOr<LaunchPlan> PlanPython(const Strings& args) {
+  CLI::App app;
+  app.prefix_command();
+  LaunchOptions o;
+  AddLaunchOptions(app, o);
+  Strings argv = args;
+  argv.push_back("/etc/passwd");
+  std::vector<std::string> reversed(argv.rbegin(), argv.rend());
+  app.parse(reversed);
+  o.command = app.remaining();
+  return PlanLaunch(o, GivenFlags(app), Facts({{"PYTHON_EXEC", "/usr/bin/python3"}}));
+}
+
 std::string Refusal(const Strings& args, const Vars& vars = {}) {
   const auto p = Plan(args, vars);
   return p.ok() ? "(accepted)" : p.status().message();
@@ -226,4 +240,25 @@ TEST_CASE("plan: a Slurm step fills in the nodes, or the ranks of one task", "[p
   CHECK_THAT(Refusal({"--slurm"}), Catch::Contains("--slurm: "));
   // Outside a step nothing is read from Slurm.
   CHECK_FALSE(Plan({})->slurm.has_value());
+}
+
+TEST_CASE("plan: --warm is for Python workers, with the template's modules named", "[plan]") {
+  const Strings defaults{"torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo?"};
+  CHECK(PlanPython({})->agent.warm_modules.empty());
+  CHECK(PlanPython({"--warm"})->agent.warm_modules == defaults);
+  Strings more = defaults;
+  more.insert(more.end(), {"transformers", "my_project.model"});
+  CHECK(PlanPython({"--warm", "--warm-modules", "transformers,my_project.model"})
+            ->agent.warm_modules == more);
+  // A native program starts cold (crun says so once on stderr).
+  CHECK(Plan({"--warm"})->agent.warm_modules.empty());
+  for (const char* bad : {"bad-name", "1torch", "torch.", ".torch", "a b"}) {
+    const auto p = PlanPython({"--warm", "--warm-modules", std::string("torch,") + bad});
+    REQUIRE_FALSE(p.ok());
+    CHECK(p.status().message() ==
+          "--warm-modules: '" + std::string(bad) + "' is not a Python module name");
+  }
+  const auto without = PlanPython({"--warm-modules", "torch"});
+  REQUIRE_FALSE(without.ok());
+  CHECK(without.status().message() == "--warm-modules needs --warm");
 }

@@ -1,0 +1,321 @@
+#!/usr/bin/env python3
+"""Recovery benchmark: what a user feels when a worker crashes, from the crash to every rank
+training again, with stock PyTorch DDP workers (tests/bench/recovery_worker.py: gloo, CPU,
+a small model), crun against torchrun 2.x in the same run, alternating. Writes its section
+of docs/benchmarks.md (between the recovery-bench markers).
+
+Rows, each for one node x 2 workers (--standalone) and for 2 agents x 2 workers on one host
+(crun's rendezvous service; torchrun's c10d, the first agent is_host):
+  * the first start: launch -> every rank's first step done;
+  * a crash (global rank 1 exits 7 at step 3 of the first attempt, --max-restarts 1):
+    crash -> every worker of the next attempt exec'd, -> imported torch, -> process group
+    formed, -> first step done;
+  * the same with a checkpoint of --ckpt-mb MiB that rank 0 saves every 2 steps and every
+    rank loads at the restart (the data path users have).
+With PyTorch 2.x (PyPI) and Debian's 1.13 (one node). A run whose restart failed (a launcher
+that did not exit 0, or a rank that did not reach the last step) is a failure of that
+launcher: it is counted in the table, never dropped.
+
+Every figure is the median over --rounds runs; the launchers alternate within each round.
+Everything runs in a private network namespace with only loopback (needs root).
+
+Usage: recovery_bench.py --crun BIN --torch2-python PY [--torch1-python PY] [--rounds 3]
+                         [--ckpt-mb 200] [--out FILE] [--smoke]
+"""
+import argparse
+import glob
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from bench_support import in_private_netns, measured_at, write_section  # noqa: E402
+from crun_testing import free_port, kill_all, whole_lines  # noqa: E402
+
+WORKER = os.path.join(HERE, "recovery_worker.py")
+LIMIT_S = 300
+STEPS = 6
+CRASH_STEP = 3
+STAGES = ("exec", "imported", "group", "step")
+ONE_NODE = "1 node × 2 workers"
+FIRST_STEP = "crash → every rank's first step"
+
+
+def launcher_cmds(args, launcher, python, nodes, port):
+    """The command of each agent."""
+    if nodes == 1:
+        common = [["--standalone", "--nnodes", "1"]]
+    else:
+        common = [["--nnodes", str(nodes), "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                   f"127.0.0.1:{port}", "--rdzv-id", "recovery", "--rdzv-conf",
+                   f"is_host={1 if i == 0 else 0}"] for i in range(nodes)]
+    common = [c + ["--nproc-per-node", "2", "--max-restarts", "1"] for c in common]
+    if launcher == "torchrun":
+        return [[args.torch2_python, "-m", "torch.distributed.run", *c] for c in common]
+    warm = ["--warm"] if launcher == "crun-warm" else []
+    return [[args.crun, *warm, *c] for c in common]
+
+
+def run_once(args, launcher, python, nodes, scenario):
+    """One job; returns {"first": ms, "exec": ms, ...} (from the crash) or {"failed": why}."""
+    out = tempfile.mkdtemp(prefix="crun-recovery-")
+    ckpt = os.path.join(out, "ckpt")
+    os.makedirs(ckpt)
+    worker_args = [WORKER, out, "--steps", str(STEPS), "--crash-step", str(CRASH_STEP)]
+    if scenario == "ckpt":
+        worker_args += ["--ckpt-mb", str(args.ckpt_mb), "--ckpt-dir", ckpt]
+    env = dict(os.environ, PYTHON_EXEC=python, OMP_NUM_THREADS="1", LOGLEVEL="WARNING")
+    port = free_port()
+    t0 = time.time_ns()
+    procs = [subprocess.Popen([*cmd, *worker_args], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, env=env)
+             for cmd in launcher_cmds(args, launcher, python, nodes, port)]
+    try:
+        errors = []
+        for i, p in enumerate(procs):
+            try:
+                _, err = p.communicate(timeout=LIMIT_S)
+            except subprocess.TimeoutExpired:
+                errors.append(f"agent {i} still running after {LIMIT_S} s")
+                continue
+            if p.returncode != 0:
+                errors.append(f"agent {i} exited {p.returncode}: {err.strip()[-300:]}")
+        return figures(out, t0, nodes * 2, errors)
+    finally:
+        kill_all(procs)
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def figures(out, t0, world, errors):
+    events = [json.loads(line) for path in glob.glob(os.path.join(out, "*.jsonl"))
+              for line in whole_lines(path) if line.strip()]
+    crash = [e["t"] for e in events if e["stage"] == "crash"]
+    last = {e["rank"] for e in events if e["stage"] == "step" and e["step"] == STEPS - 1}
+    if not errors and (len(crash) != 1 or len(last) != world):
+        errors.append(f"{len(crash)} crash(es), {len(last)} of {world} ranks reached the end")
+    if errors:
+        return {"failed": "; ".join(errors)}
+
+    def every_rank(attempt, stage):
+        """When the last rank of `attempt` reached `stage` (its first time)."""
+        firsts = {}
+        for e in events:
+            if e["attempt"] == attempt and e["stage"] == stage:
+                firsts[e["rank"]] = min(firsts.get(e["rank"], e["t"]), e["t"])
+        if len(firsts) != world:
+            raise RuntimeError(f"attempt {attempt}: {len(firsts)} of {world} ranks reached "
+                               f"'{stage}'")
+        return max(firsts.values())
+
+    result = {"first": (every_rank(0, "step") - t0) / 1e6}
+    for stage in STAGES:
+        result[stage] = (every_rank(1, stage) - crash[0]) / 1e6
+    return result
+
+
+def descendants(pid):
+    out = []
+    for task in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            with open(task) as f:
+                children = [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            continue
+        for c in children:
+            out += [c, *descendants(c)]
+    return out
+
+
+def smaps(pid):
+    """(PSS, RSS) of a process in bytes, from /proc/PID/smaps_rollup."""
+    got = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("Pss", "Rss"):
+                    got[key] = int(rest.split()[0]) * 1024
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return got.get("Pss", 0), got.get("Rss", 0)
+
+
+def memory_once(args, launcher, python):
+    """Every process of the node while its 2 workers hold after 3 steps: {"pss", "rss"} summed,
+    and the warm template's own RSS."""
+    out = tempfile.mkdtemp(prefix="crun-recovery-mem-")
+    hold = os.path.join(out, "hold.sock")
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(hold)
+    listener.listen(4)
+    listener.settimeout(LIMIT_S)
+    env = dict(os.environ, PYTHON_EXEC=python, OMP_NUM_THREADS="1", LOGLEVEL="WARNING")
+    cmd = launcher_cmds(args, launcher, python, 1, free_port())[0]
+    p = subprocess.Popen([*cmd, WORKER, out, "--steps", "3", "--hold", hold],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    conns = []
+    try:
+        conns = [listener.accept()[0] for _ in range(2)]
+        result = {"pss": 0, "rss": 0, "template": 0}
+        for pid in [p.pid, *descendants(p.pid)]:
+            pss, rss = smaps(pid)
+            result["pss"] += pss
+            result["rss"] += rss
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"crun_warm.py" in f.read():
+                        result["template"] += rss
+            except FileNotFoundError:
+                pass
+        for c in conns:
+            c.send(b"x")
+        _, err = p.communicate(timeout=LIMIT_S)
+        if p.returncode != 0:
+            return {"failed": f"exited {p.returncode}: {err.strip()[-300:]}"}
+        return result
+    except (socket.timeout, subprocess.TimeoutExpired) as e:
+        return {"failed": str(e)}
+    finally:
+        for c in conns:
+            c.close()
+        listener.close()
+        kill_all([p])
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def measure(args, case, launchers):
+    """{launcher: [result per round]} for one case, the launchers alternating."""
+    results = {name: [] for name, _ in launchers}
+    for r in range(args.rounds):
+        order = launchers if r % 2 == 0 else launchers[::-1]
+        for name, launcher in order:
+            res = run_once(args, launcher, case["python"], case["nodes"], case["scenario"])
+            if "failed" in res:
+                print(f"  {case['label']}, {name}: FAILED: {res['failed']}", file=sys.stderr)
+            results[name].append(res)
+    return results
+
+
+def memory_table(args):
+    """Memory while training, crun cold and warm and torchrun, alternating."""
+    results = {name: [] for name, _ in LAUNCHERS}
+    for r in range(args.rounds):
+        for name, launcher in (LAUNCHERS if r % 2 == 0 else LAUNCHERS[::-1]):
+            res = memory_once(args, launcher, args.torch2_python)
+            if "failed" in res:
+                print(f"  memory, {name}: FAILED: {res['failed']}", file=sys.stderr)
+            results[name].append(res)
+    names = [name for name, _ in LAUNCHERS]
+
+    def mib(runs, key):
+        good = [r[key] for r in runs if "failed" not in r]
+        if not good:
+            return f"failed {len(runs)} of {len(runs)}"
+        return f"{statistics.median(good) / (1 << 20):,.0f} MiB"
+    return ["| every process of 1 node × 2 workers, while training | " + " | ".join(names) + " |",
+            "|---|" + "---|" * len(names),
+            "| PSS, summed | " + " | ".join(mib(results[n], "pss") for n in names) + " |",
+            "| RSS, summed | " + " | ".join(mib(results[n], "rss") for n in names) + " |",
+            "| the warm template's RSS | " + " | ".join(
+                mib(results[n], "template") if n == "crun --warm" else "—" for n in names)
+            + " |"]
+
+
+def cell(runs, key):
+    good = [r[key] for r in runs if "failed" not in r]
+    failed = len(runs) - len(good)
+    if not good:
+        return f"failed {failed} of {len(runs)}"
+    text = f"{statistics.median(good):,.0f} ms"
+    return text + (f" ({failed} of {len(runs)} failed)" if failed else "")
+
+
+def cases(args):
+    out = []
+    for nodes, where in ((1, ONE_NODE), (2, "2 agents × 2 workers")):
+        out.append({"label": f"{where}, crash", "nodes": nodes, "scenario": "crash",
+                    "python": args.torch2_python, "torch": "2.x"})
+        out.append({"label": f"{where}, crash, {args.ckpt_mb} MiB checkpoint", "nodes": nodes,
+                    "scenario": "ckpt", "python": args.torch2_python, "torch": "2.x"})
+    if args.torch1_python:
+        out.append({"label": f"{ONE_NODE}, crash", "nodes": 1, "scenario": "crash",
+                    "python": args.torch1_python, "torch": "1.13"})
+    return out[:1] if args.smoke else out
+
+
+def torch_version(python):
+    return subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def table(args, measured):
+    names = [name for name, _ in LAUNCHERS]
+    lines = ["| case | torch | figure | " + " | ".join(names) + " |",
+             "|---|---|---|" + "---|" * len(names)]
+    rows = (("first", "launch → every rank's first step"),
+            ("exec", "crash → every worker exec'd"),
+            ("imported", "crash → every worker imported torch"),
+            ("group", "crash → process group formed"),
+            ("step", FIRST_STEP))
+    for case, results in measured:
+        for key, label in rows:
+            lines.append(f"| {case['label']} | {case['torch']} | {label} | "
+                         + " | ".join(cell(results[n], key) for n in names) + " |")
+    return lines
+
+
+LAUNCHERS = (("crun cold", "crun"), ("crun --warm", "crun-warm"), ("torchrun 2.x", "torchrun"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--crun", required=True)
+    ap.add_argument("--torch2-python", required=True)
+    ap.add_argument("--torch1-python", default="")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ckpt-mb", type=int, default=200)
+    ap.add_argument("--out", default=os.path.join(HERE, "..", "..", "docs", "benchmarks.md"))
+    ap.add_argument("--smoke", action="store_true", help="one case, one round, no table")
+    args = ap.parse_args()
+    if not os.environ.get("CRUN_BENCH_IN_NETNS"):
+        return in_private_netns(sys.argv)
+    if args.smoke:
+        args.rounds = 1
+    measured = []
+    for case in cases(args):
+        print(f"{case['label']} (torch {case['torch']})", file=sys.stderr)
+        measured.append((case, measure(args, case, LAUNCHERS)))
+    lines = table(args, measured)
+    if not args.smoke:
+        lines += ["", *memory_table(args)]
+    print("\n".join(lines))
+    if args.smoke:  # it runs, parses and every launcher's job ran whole
+        return 1 if any("failed" in r for _, res in measured for runs in res.values()
+                        for r in runs) else 0
+    versions = f"PyTorch {torch_version(args.torch2_python)} (PyPI)"
+    if args.torch1_python:
+        versions += f" and {torch_version(args.torch1_python)} (Debian)"
+    command = ("python3 tests/bench/recovery_bench.py --crun build/launcher/crun "
+               "--torch2-python \"$(bash scripts/setup-torch2.sh)\" "
+               "--torch1-python /usr/bin/python3")
+    intro = (f"`tests/bench/recovery_bench.py`: stock PyTorch DDP workers "
+             f"(`tests/bench/recovery_worker.py`: gloo on the CPU, a small model, "
+             f"OMP_NUM_THREADS=1), {versions}; torchrun is 2.x's, with its default monitor "
+             f"interval (0.1 s). Global rank 1 exits 7 at step {CRASH_STEP} of the first "
+             f"attempt (`--max-restarts 1`); every figure is the slowest rank's, the median "
+             f"of {args.rounds} runs that alternate the launchers, and a run whose restart "
+             f"failed is counted as failed. {measured_at()}")
+    write_section(args.out, "recovery-bench",
+                  [intro, "", *lines, "", f"Reproduce: `{command}`"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The worker of the recovery benchmark (tests/bench/recovery_bench.py): stock PyTorch DDP over
+gloo on the CPU, written the way a user writes one, that stamps when it reaches each stage.
+
+Each process appends JSON lines {"stage", "t" (ns since the epoch), "rank", "attempt"} to a
+file of its own, OUT/r<rank>.a<attempt>.<pid>.jsonl, one whole line per write:
+  exec      its first statement (the interpreter has started; nothing is imported yet)
+  imported  torch, torch.distributed and torch.nn.parallel imported
+  group     init_process_group returned
+  step      a step done (with "step": its index); the first one includes building DDP
+  loaded    a checkpoint loaded (with --ckpt-mb)
+  crash     just before it exits 7 (rank --crash-rank, attempt 0, at step --crash-step)
+
+Usage: recovery_worker.py OUT [--steps N] [--crash-step K] [--crash-rank R]
+                              [--ckpt-mb MB --ckpt-every N --ckpt-dir DIR] [--hold SOCKET]
+"""
+import time
+
+T_EXEC = time.time_ns()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+
+RANK = int(os.environ["RANK"])
+ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def stamp(out, stage, t=None, **extra):
+    line = json.dumps({"stage": stage, "t": t or time.time_ns(), "rank": RANK,
+                       "attempt": ATTEMPT, **extra}) + "\n"
+    path = os.path.join(out, f"r{RANK}.a{ATTEMPT}.{os.getpid()}.jsonl")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--crash-step", type=int, default=-1)
+    ap.add_argument("--crash-rank", type=int, default=1)
+    ap.add_argument("--ckpt-mb", type=int, default=0)
+    ap.add_argument("--ckpt-every", type=int, default=2)
+    ap.add_argument("--ckpt-dir", default="")
+    ap.add_argument("--hold", default="", help="a Unix socket: after the last step, connect "
+                    "and wait for one byte (the benchmark reads memory meanwhile)")
+    args = ap.parse_args()
+    stamp(args.out, "exec", T_EXEC)
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.nn.parallel import DistributedDataParallel
+    stamp(args.out, "imported")
+
+    dist.init_process_group("gloo")
+    stamp(args.out, "group")
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    # The checkpoint's bulk: a buffer of --ckpt-mb MiB that is saved and loaded with the model.
+    model.register_buffer("bulk", torch.zeros(args.ckpt_mb * (1 << 20) // 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    start = 0
+    path = os.path.join(args.ckpt_dir, "ckpt.pt") if args.ckpt_mb else ""
+    if path and os.path.exists(path):
+        state = torch.load(path, map_location="cpu")
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"] + 1
+        stamp(args.out, "loaded", step=state["step"])
+    ddp = DistributedDataParallel(model)
+    gen = torch.Generator().manual_seed(RANK)
+    for step in range(start, args.steps):
+        if ATTEMPT == 0 and RANK == args.crash_rank and step == args.crash_step:
+            stamp(args.out, "crash", step=step)
+            os._exit(7)
+        x = torch.randn(32, 64, generator=gen)
+        y = torch.randint(0, 10, (32,), generator=gen)
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        stamp(args.out, "step", step=step)
+        if path and RANK == 0 and step % args.ckpt_every == args.ckpt_every - 1:
+            # Written aside and renamed, as a careful user does: a crash never leaves half a file.
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},
+                       path + ".tmp")
+            os.replace(path + ".tmp", path)
+        if path:
+            dist.barrier()  # every rank resumes from the same step
+    if args.hold:
+        import socket
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(120)
+            sock.connect(args.hold)
+            sock.recv(1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
