@@ -107,11 +107,7 @@ class PidfdWatcher final : public ExitWatcher {
  public:
   PidfdWatcher(asio::io_context& io, pid_t pid, int pidfd, Callback cb)
       : pid_(pid), fd_(io, pidfd), callback_(std::move(cb)) {
-    fd_.async_wait(asio::posix::stream_descriptor::wait_read,
-                   [this](const boost::system::error_code& ec) {
-                     if (ec) return;  // cancelled: the watcher is being destroyed
-                     Reap();
-                   });
+    Wait();
   }
   ~PidfdWatcher() override {
     boost::system::error_code ec;
@@ -119,9 +115,22 @@ class PidfdWatcher final : public ExitWatcher {
   }
 
  private:
+  void Wait() {
+    fd_.async_wait(asio::posix::stream_descriptor::wait_read,
+                   [this](const boost::system::error_code& ec) {
+                     if (ec) return;  // cancelled: the watcher is being destroyed
+                     Reap();
+                   });
+  }
+
+  // Readiness is a hint, never proof: the reactor can report a descriptor ready that is not
+  // (an event of a closed pidfd whose slot the reactor gave to this one, at a restart). A
+  // blocking wait there stopped crun's event loop for good, its store and signals with it.
+  // So the child is reaped only if it has ended, and otherwise watched again.
   void Reap() {
     int status = 0;
-    const pid_t r = ReapOwned(pid_, &status, 0);
+    const pid_t r = ReapOwned(pid_, &status, WNOHANG);
+    if (r == 0) return Wait();
     ExitStatus exit;
     if (r == pid_ && WIFSIGNALED(status)) {
       exit.signaled = true;

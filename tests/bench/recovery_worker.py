@@ -98,6 +98,10 @@ def main():
             sock.settimeout(120)
             sock.connect(args.hold)
             sock.recv(1)
+    # Every rank is done with every collective before any tears its group down: PyTorch
+    # 2.15's gloo group aborted ("terminate called without an active exception") in 1 of 6
+    # runs when one rank destroyed it while the other was still finishing the last step.
+    dist.barrier()
     dist.destroy_process_group()
 
 
