@@ -3,18 +3,13 @@
 #include <signal.h>
 
 #include <boost/asio/post.hpp>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "base/proc.h"
 
 namespace crun::agent {
 namespace {
-
-std::string Joined(const std::vector<std::string>& items) {
-  std::string s;
-  for (const auto& i : items) s += (s.empty() ? "" : ", ") + i;
-  return s;
-}
 
 // Whether `pid` is stopped (SIGSTOP, SIGTSTP, a tracer).
 bool IsStopped(pid_t pid) {
@@ -132,16 +127,16 @@ void WorkerGroup::OnEdge(const EdgeReport& r) {
     spdlog::warn(
         "attempt {}: ended {} process(es) that had left their worker's process group (setsid "
         "or daemonised): {}{}",
-        r.attempt, r.left_count, Joined(r.left),
+        r.attempt, r.left_count, fmt::join(r.left, ", "),
         r.left_count > static_cast<int>(r.left.size()) ? ", ..." : "");
   }
   if (!r.complete) {
     spdlog::error(
         "attempt {}: still running {} ms after SIGKILL: {}; no further attempt starts beside "
         "them",
-        r.attempt, options_.edge_timeout.count(), Joined(r.remaining));
+        r.attempt, options_.edge_timeout.count(), fmt::join(r.remaining, ", "));
   } else if (!r.remaining.empty()) {
-    spdlog::warn("attempt {}: {}", r.attempt, Joined(r.remaining));
+    spdlog::warn("attempt {}: {}", r.attempt, fmt::join(r.remaining, ", "));
   }
   spdlog::debug("attempt {}: its edge took {} us", r.attempt, r.took.count());
 }

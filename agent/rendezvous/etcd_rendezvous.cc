@@ -9,6 +9,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "agent/rendezvous/failure_proto.h"
@@ -120,7 +121,7 @@ class EtcdRendezvous final : public Rendezvous {
   // ---- on the etcd thread ----------------------------------------------------------------
 
   void Setup() {
-    const std::string where = "etcd at " + Join(o_.endpoints);
+    const std::string where = fmt::format("etcd at {}", fmt::join(o_.endpoints, ","));
     etcd::ClientOptions co;
     co.endpoints = o_.endpoints;
     co.security = o_.security;
@@ -593,12 +594,6 @@ class EtcdRendezvous final : public Rendezvous {
   // Calls during the job may wait out an etcd outage; at the start they may not.
   Clock::time_point Deadline() const {
     return Clock::now() + (ready_ ? o_.outage_timeout : o_.connect_timeout);
-  }
-
-  static std::string Join(const std::vector<std::string>& v) {
-    std::string out;
-    for (const auto& s : v) out += (out.empty() ? "" : ",") + s;
-    return out;
   }
 
   struct Round {

@@ -3,17 +3,10 @@
 #include <algorithm>
 #include <utility>
 
+#include <fmt/format.h>
+
 namespace crun::rdzv {
 namespace {
-
-std::string Join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& i : items) {
-    if (!out.empty()) out += ", ";
-    out += i;
-  }
-  return out;
-}
 
 std::string Hosts(const std::vector<NodeDescription>& nodes) {
   std::string out;
@@ -54,7 +47,8 @@ Transition Form(State s, TimePoint now) {
     std::string reason =
         "restart storm: " + std::to_string(recent.size() + 1) + " rounds within " +
         std::to_string(s.settings.storm_window.count()) + " ms" +
-        (s.lost_hosts.empty() ? std::string() : " (lost: " + Join(s.lost_hosts) + ")");
+        (s.lost_hosts.empty() ? std::string()
+                              : fmt::format(" (lost: {})", fmt::join(s.lost_hosts, ", ")));
     return Transition{std::move(s), {FailJob{std::move(reason)}}, std::nullopt};
   }
   if (!paid) recent.push_back(now);
@@ -253,11 +247,12 @@ Transition OnTick(State s, TimePoint now) {
   }
   if (s.join_deadline && now >= *s.join_deadline && count < s.settings.min_nodes) {
     s.phase = Phase::kFailed;
-    std::string reason = "only " + std::to_string(count) + " of at least " +
-                         std::to_string(s.settings.min_nodes) + " nodes joined within " +
-                         std::to_string(s.settings.join_timeout.count()) +
-                         " ms (joined: " + Hosts(s.joined) + ")" +
-                         (s.lost_hosts.empty() ? std::string() : "; lost: " + Join(s.lost_hosts));
+    std::string reason =
+        "only " + std::to_string(count) + " of at least " + std::to_string(s.settings.min_nodes) +
+        " nodes joined within " + std::to_string(s.settings.join_timeout.count()) +
+        " ms (joined: " + Hosts(s.joined) + ")" +
+        (s.lost_hosts.empty() ? std::string()
+                              : fmt::format("; lost: {}", fmt::join(s.lost_hosts, ", ")));
     Transition t{std::move(s), {FailJob{std::move(reason)}}, std::nullopt};
     return t;
   }
