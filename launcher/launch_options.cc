@@ -168,7 +168,8 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->group("Worker program");
   app.add_option("--warm-modules", o.warm_modules,
                  "With --warm: more modules for the template to import, comma-separated "
-                 "(after torch, torch.distributed, torch.nn.parallel and torch._dynamo)")
+                 "(after torch, torch.distributed, torch.nn.parallel and torch._dynamo, where "
+                 "installed)")
       ->envname(pet("WARM_MODULES"))
       ->type_name("LIST")
       ->group("Worker program");

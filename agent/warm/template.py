@@ -50,19 +50,24 @@ def threads():
 
 
 def import_all(modules):
-    """Imports every module crun named; the first that fails is named with its error."""
+    """Imports every module crun named; the first that fails is named with its error. A name
+    ending in "?" (crun's defaults: torch, and what an older torch lacks) is skipped where the
+    interpreter has no such module or package."""
     import importlib
     import traceback
+    imported = []
     for name in modules:
-        optional = name.endswith("?")  # crun's defaults that an older torch lacks
+        optional = name.endswith("?")
         name = name.rstrip("?")
         try:
             importlib.import_module(name)
         except BaseException as e:  # noqa: B902 - anything a module's import raises
-            if optional and isinstance(e, ModuleNotFoundError) and e.name == name:
+            if optional and isinstance(e, ModuleNotFoundError) and e.name is not None and \
+                    (name == e.name or name.startswith(e.name + ".")):
                 continue
             return {"ready": False, "module": name,
                     "error": "".join(traceback.format_exception_only(type(e), e)).strip()}
+        imported.append(name)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "cuda") and torch.cuda.is_initialized():
         return {"ready": False, "module": modules[-1].rstrip("?"),
@@ -72,7 +77,7 @@ def import_all(modules):
         return {"ready": False, "module": modules[-1].rstrip("?") if modules else "",
                 "error": f"the imports left {n} threads running; fork needs one"}
     return {"ready": True, "pid": os.getpid(), "executable": sys.executable,
-            "version": sys.version.split()[0], "threads": n}
+            "version": sys.version.split()[0], "threads": n, "imported": imported}
 
 
 def fork_worker(sock, request, fds):
@@ -127,12 +132,14 @@ def serve():
     """The template's life; returns (request, fds, status fd) in a forked worker."""
     sock = socket.socket(fileno=int(os.environ.pop("CRUN_WARM_FD")))
     modules = [m for m in os.environ.pop("CRUN_WARM_MODULES", "").split(",") if m]
+    os.environ.pop("CRUN_WARM_ROOM", None)  # room in /proc/self/environ for set_environ
     hello = import_all(modules)
     send(sock, hello)
     if not hello["ready"]:
         return None
     # The template's log (and the tests) learn it is ready, one whole line.
-    print(f"crun warm template {os.getpid()}: ready ({', '.join(modules)})", flush=True)
+    print(f"crun warm template {os.getpid()}: ready ({', '.join(hello['imported'])})",
+          flush=True)
     while True:
         request, fds = receive(sock)
         if request is None:
@@ -167,6 +174,7 @@ def set_up(request, fds):
         env[name] = str(fd)  # the descriptor's number here
     os.environ.clear()  # unsetenv and putenv too: the C-level environment follows
     os.environ.update(env)
+    set_environ(ctypes, env)
     os.chdir(request["cwd"])
     handler = {signal.SIGINT: signal.default_int_handler, signal.SIGPIPE: signal.SIG_IGN,
                signal.SIGXFSZ: signal.SIG_IGN}
@@ -203,6 +211,24 @@ def set_cmdline(ctypes, argv):
         fields = f.read().rsplit(b")", 1)[1].split()
     start, end = int(fields[47 - 2]), int(fields[48 - 2])  # arg_start, arg_end (man 5 proc)
     text = b"\0".join(a.encode("utf-8", "surrogateescape") for a in argv)[:end - start - 1]
+    ctypes.memmove(start, text.ljust(end - start, b"\0"), end - start)
+
+
+def set_environ(ctypes, env):
+    """Makes /proc/self/environ (ps e, tools that find a job's processes by a variable) the
+    worker's environment, not the template's: written over the template's own environment
+    strings, which crun padded (CRUN_WARM_ROOM), once the C-level environment no longer points
+    into them (os.environ's clear and update above). Whole variables only: one that does not
+    fit is left out of what /proc shows, never out of the environment itself."""
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    start, end = int(fields[50 - 3]), int(fields[51 - 3])  # (50) env_start, (51) env_end
+    # (man 5 proc; fields[0] is field (3))
+    text = b""
+    for key, value in env.items():
+        entry = f"{key}={value}".encode("utf-8", "surrogateescape") + b"\0"
+        if len(text) + len(entry) <= end - start:
+            text += entry
     ctypes.memmove(start, text.ljust(end - start, b"\0"), end - start)
 
 

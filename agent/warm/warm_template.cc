@@ -8,6 +8,7 @@
 
 #include <cstring>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -25,13 +26,8 @@ namespace asio = boost::asio;
 // The template's own boot: its file runs as a module of its own, so that __main__ stays free
 // for the worker's script.
 constexpr char kBoot[] = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__crun_warm__')";
-constexpr std::size_t kMaxReply = 1 << 16;  // the template's answers are a line of JSON
-
-std::string Joined(const std::vector<std::string>& items, const char* sep) {
-  std::string s;
-  for (const auto& i : items) s += (s.empty() ? "" : sep) + i;
-  return s;
-}
+constexpr std::size_t kMaxReply = 1 << 16;      // the template's answers are a line of JSON
+constexpr std::size_t kEnvironRoom = 16 << 10;  // see Launch()
 
 // The environment variables that name descriptor `fd` ("CRUN_STACKS_FD=9").
 std::vector<std::string> NamesOfFd(const std::vector<std::string>& envp, int fd) {
@@ -113,7 +109,8 @@ Status MoveIntoCgroup(const std::string& dir, pid_t pid) {
 }  // namespace
 
 std::vector<std::string> DefaultWarmModules() {
-  return {"torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo?"};
+  // Each where the interpreter has it: workers that do not use torch start warm too.
+  return {"torch?", "torch.distributed?", "torch.nn.parallel?", "torch._dynamo?"};
 }
 
 WarmTemplate::WarmTemplate(asio::io_context& io, WarmOptions options, const WorkerCgroup* cgroup,
@@ -164,8 +161,12 @@ void WarmTemplate::Launch() {
   for (const auto& a : options_.worker_argv) room += a.size() + 1;
   spec.argv = {options_.python, "-u", "-c", kBoot, source_, std::string(room, ' ')};
   spec.envp = options_.envp;
+  // Room for a forked worker's environment in the environment strings it inherits
+  // (template.py, set_environ): what a worker adds to the environment every worker shares
+  // (its ranks, the store, the attempt) takes a few hundred bytes.
+  spec.envp.push_back("CRUN_WARM_ROOM=" + std::string(kEnvironRoom, ' '));
   spec.envp.push_back("CRUN_WARM_FD=" + std::to_string(sv[1]));
-  spec.envp.push_back("CRUN_WARM_MODULES=" + Joined(options_.modules, ","));
+  spec.envp.push_back(fmt::format("CRUN_WARM_MODULES={}", fmt::join(options_.modules, ",")));
   spec.stdout_fd = spec.stderr_fd = log;
   spec.inherit_fds = {sv[1]};
   if (own_cgroup_) {
@@ -185,7 +186,7 @@ void WarmTemplate::Launch() {
   auto watcher = ExitWatcher::Watch(io_, pid_, [this](ExitStatus s) { OnExit(s); });
   if (!watcher.ok()) return Broken(watcher.status().message(), true);
   watcher_ = std::move(watcher).value();
-  spdlog::info("warm template (pid {}) importing {}", pid_, Joined(options_.modules, ", "));
+  spdlog::info("warm template (pid {}) importing {}", pid_, fmt::join(options_.modules, ", "));
   WaitForHello();
 }
 
@@ -206,8 +207,11 @@ void WarmTemplate::OnHello() {
   }
   state_ = State::kReady;
   failed_starts_ = 0;
-  spdlog::info("warm template (pid {}) ready: {} {}", pid_,
-               hello->value("executable", std::string()), hello->value("version", std::string()));
+  const auto imported = hello->value("imported", std::vector<std::string>{});
+  spdlog::info("warm template (pid {}) ready: {} {}, with {}", pid_,
+               hello->value("executable", std::string()), hello->value("version", std::string()),
+               imported.empty() ? std::string("nothing imported")
+                                : fmt::format("{}", fmt::join(imported, ", ")));
   Settle();
 }
 
@@ -276,8 +280,8 @@ void WarmTemplate::Settle() {
 StatusOr<PendingProcess> WarmTemplate::Fork(const ProcessSpec& spec, const std::string& hook) {
   if (state_ != State::kReady) return Aborted("the warm template is not ready");
   if (spec.argv.size() < 3 || spec.argv[0] != options_.python || spec.argv[1] != "-u") {
-    return Aborted("'" + Joined(spec.argv, " ") + "' is not run by the template's interpreter " +
-                   options_.python);
+    return Aborted(fmt::format("'{}' is not run by the template's interpreter {}",
+                               fmt::join(spec.argv, " "), options_.python));
   }
   int go[2];
   if (::pipe2(go, O_CLOEXEC) != 0) return PosixError("pipe", errno);

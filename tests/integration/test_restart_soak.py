@@ -74,15 +74,17 @@ class RestartSoak(unittest.TestCase):
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def crun(self, node, args, kind, last, env=(), wrap=lambda cmd: cmd):
-        worker = [PYTHON, PY_WORKER] if kind in ("multiprocessing", "dataloader") else \
-            [SHELL_WORKER]
+        # Python workers as users start them (crun runs PYTHON_EXEC -u script), so that with
+        # PET_WARM=1 (its warm twin, tests/warm_variant.py) they are forked from the template.
+        worker = [PY_WORKER] if kind in ("multiprocessing", "dataloader") else \
+            ["--no-python", SHELL_WORKER]
         e = dict(os.environ, SOAK_OUT=self.dir, SOAK_KIND=kind, SOAK_TAG=self.tag,
-                 SOAK_NODE=node, SOAK_LAST=str(last), **dict(env))
+                 SOAK_NODE=node, SOAK_LAST=str(last), PYTHON_EXEC=PYTHON, **dict(env))
         # Into a file, not a pipe: hundreds of restarts write more than a pipe holds, and a crun
         # blocked on a full pipe that nobody reads stops keeping its etcd lease alive.
         err = open(os.path.join(self.dir, f"crun-{node}.err"), "w")
         p = subprocess.Popen(wrap([CRUN, "--max-restarts", str(last), "--shutdown-timeout", "0.1",
-                                   "--no-python", *args, *worker]),
+                                   *args, *worker]),
                              env=e, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         err.close()
         p.err_path = err.name

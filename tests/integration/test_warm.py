@@ -32,8 +32,13 @@ PER_PROCESS_ENV = {"CRUN_HEARTBEAT_FD", "CRUN_STACKS_FD", "TORCHELASTIC_RUN_ID",
 
 def comparable(report):
     r = {k: v for k, v in report.items() if k not in PER_PROCESS}
-    for key in ("env", "c_env"):
+    for key in ("env", "c_env", "proc_env"):
         r[key] = {k: v for k, v in r[key].items() if k not in PER_PROCESS_ENV}
+    # A worker starts with crun's hook directory (one per run) first on PYTHONPATH; the hook
+    # takes it off os.environ, not off what /proc shows.
+    hook, _, rest = r["proc_env"].get("PYTHONPATH", "").partition(os.pathsep)
+    if hook.endswith("/python"):
+        r["proc_env"]["PYTHONPATH"] = os.pathsep.join(["<crun's hook>", *rest.split(os.pathsep)])
     return r
 
 
@@ -90,6 +95,9 @@ class Warm(unittest.TestCase):
                 self.assertEqual(w["threads"], 1)
                 self.assertEqual(set(w["env"]), set(c["env"]))
                 self.assertEqual(w["env"], w["c_env"], "os.environ and the C environment differ")
+                # What others see in /proc is the worker's environment, not the template's
+                # (compared with a cold worker's below).
+                self.assertNotIn("CRUN_WARM_ROOM", w["proc_env"])
                 # In the attempt's cgroup, as a cold worker (where crun has cgroups).
                 self.assertEqual("/attempt-" in w["cgroup"], "/attempt-" in c["cgroup"],
                                  (w["cgroup"], c["cgroup"]))
@@ -214,6 +222,22 @@ class Warm(unittest.TestCase):
                            text=True, timeout=LIMIT_S)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(r.stderr.count("--warm applies to Python workers"), 1, r.stderr)
+
+    def test_the_warm_variants_witness_tells_warm_workers_from_cold_ones(self):
+        """tests/warm_variant.py, which runs suites again warm, must fail a suite whose workers
+        fell back to a cold start, and pass one whose workers all started warm."""
+        variant = [sys.executable, os.path.join(HERE, "..", "warm_variant.py"), "--", CRUN,
+                   "--nproc-per-node", "2"]
+        env = dict(os.environ, PYTHON_EXEC=PYTHONS[0])
+        for extra, rc, says in (([], 0, "2 worker(s) started warm, 0 cold"),
+                                (["--warm-modules", "crun_no_such_module"], 1,
+                                 "0 worker(s) started warm, 2 cold")):
+            with self.subTest(extra=extra):
+                out = tempfile.mkdtemp(dir=self.dir)
+                r = subprocess.run([*variant, *extra, PROBE, out], capture_output=True,
+                                   text=True, timeout=LIMIT_S, env=env)
+                self.assertEqual(r.returncode, rc, r.stdout + r.stderr)
+                self.assertIn(says, r.stdout, r.stdout + r.stderr)
 
 
 def same_run(report, cold_out, warm_out):

@@ -35,6 +35,15 @@ def c_environ():
     return out
 
 
+def proc_environ():
+    """What /proc/PID/environ shows others (ps e, a tool that finds a job's processes by a
+    variable): the environment the process started with, for a warm worker the one crun gave
+    it."""
+    with open("/proc/self/environ", "rb") as f:
+        entries = [e.decode() for e in f.read().split(b"\0") if e]
+    return dict(e.partition("=")[::2] for e in entries)
+
+
 def status_field(name):
     with open("/proc/self/status") as f:
         for line in f:
@@ -59,6 +68,7 @@ def report(out):
         "orig_argv": sys.orig_argv[1:],
         "env": dict(os.environ),
         "c_env": c_environ(),
+        "proc_env": proc_environ(),
         "cwd": os.getcwd(),
         "path0": sys.path[0],
         "path": sys.path[1:],
