@@ -74,21 +74,27 @@ def run_once(args, launcher, python, nodes, scenario):
         worker_args += ["--ckpt-mb", str(args.ckpt_mb), "--ckpt-dir", ckpt]
     env = dict(os.environ, PYTHON_EXEC=python, OMP_NUM_THREADS="1", LOGLEVEL="WARNING")
     port = free_port()
+    # Each agent's stderr into a file, not a pipe: a worker that outlived its launcher
+    # (torchrun's do, ppid 1) would hold a pipe open, and reading it would wait for that worker.
+    logs = [os.path.join(out, f"agent-{i}.err") for i in range(nodes)]
     t0 = time.time_ns()
-    procs = [subprocess.Popen([*cmd, *worker_args], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, env=env)
-             for cmd in launcher_cmds(args, launcher, python, nodes, port)]
+    procs = []
+    for cmd, log in zip(launcher_cmds(args, launcher, python, nodes, port), logs):
+        with open(log, "w") as err:
+            procs.append(subprocess.Popen([*cmd, *worker_args], stdout=subprocess.DEVNULL,
+                                          stderr=err, env=env))
     deadline = time.monotonic() + LIMIT_S
     try:
         errors = []
-        for i, p in enumerate(procs):
+        for i, (p, log) in enumerate(zip(procs, logs)):
             try:
-                _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 errors.append(f"agent {i} still running after {LIMIT_S} s")
                 continue
             if p.returncode != 0:
-                errors.append(f"agent {i} exited {p.returncode}: {err.strip()[-300:]}")
+                with open(log) as f:
+                    errors.append(f"agent {i} exited {p.returncode}: {f.read().strip()[-300:]}")
         return figures(out, t0, nodes * 2, errors)
     finally:
         kill_all(procs)
