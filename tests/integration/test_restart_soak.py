@@ -147,13 +147,18 @@ class RestartSoak(unittest.TestCase):
         if not doc or not ROWS:
             return
         scale = "" if SCALE == 1 else f" with SOAK_SCALE={SCALE:g}"
-        rows = [f"`CRUN_SOAK_DOC=docs/reliability.md python3 tests/integration/"
-                f"test_restart_soak.py`{scale}. {MEASURED_AT}", "",
+        # Its warm twin (tests/warm_variant.py) writes a table of its own.
+        warm = os.environ.get("PET_WARM") == "1"
+        command = "python3 tests/integration/test_restart_soak.py"
+        if warm:
+            command = (f"python3 tests/warm_variant.py -- {command} -k multiprocessing "
+                       f"-k dataloader")
+        rows = [f"`CRUN_SOAK_DOC=docs/reliability.md {command}`{scale}. {MEASURED_AT}", "",
                 "| case | restarts | workers | time | restarts/s | processes left |",
                 "|---|---|---|---|---|---|"]
         rows += [f"| {case.replace('_', ' ')} | {n} | {w} | {t:.1f} s | {n / t:.1f} | {left} |"
                  for case, n, w, t, left in sorted(ROWS)]
-        write_section(doc, "soak", rows)
+        write_section(doc, "soak-warm" if warm else "soak", rows)
 
     # ---- one node -----------------------------------------------------------------------
 
