@@ -19,8 +19,12 @@ launcher: it is counted in the table, never dropped.
 Every figure is the median over --rounds runs; the launchers alternate within each round.
 Everything runs in a private network namespace with only loopback (needs root).
 
+With --imports, it writes instead where a worker's own start goes (its section
+recovery-imports): `python -X importtime` of what the template imports, per PyTorch, the
+median of --rounds runs on an otherwise idle machine.
+
 Usage: recovery_bench.py --crun BIN --torch2-python PY [--torch1-python PY] [--rounds 3]
-                         [--ckpt-mb 200] [--out FILE] [--smoke]
+                         [--ckpt-mb 200] [--out FILE] [--smoke | --imports]
 """
 import argparse
 import glob
@@ -47,6 +51,7 @@ CRASH_STEP = 3
 STAGES = ("exec", "imported", "group", "step")
 ONE_NODE = "1 node × 2 workers"
 FIRST_STEP = "crash → every rank's first step"
+IMPORTED = "crash → every worker imported torch"
 
 
 def launcher_cmds(args, launcher, python, nodes, port):
@@ -128,29 +133,35 @@ def end_leftovers(out):
 
 
 def figures(out, t0, world, errors):
+    """The run's figures: {"first", "exec", "imported", "group", "step"} in ms. A failed run
+    is {"failed": why} plus the figures of the stages every rank still reached (a restart that
+    failed in its process group still exec'd and imported): the table shows those beside the
+    count of failed runs, and never a figure a failed run did not reach."""
     events = [json.loads(line) for path in glob.glob(os.path.join(out, "*.jsonl"))
               for line in whole_lines(path) if line.strip()]
     crash = [e["t"] for e in events if e["stage"] == "crash"]
     last = {e["rank"] for e in events if e["stage"] == "step" and e["step"] == STEPS - 1}
     if not errors and (len(crash) != 1 or len(last) != world):
         errors.append(f"{len(crash)} crash(es), {len(last)} of {world} ranks reached the end")
-    if errors:
-        return {"failed": "; ".join(errors)}
 
     def every_rank(attempt, stage):
-        """When the last rank of `attempt` reached `stage` (its first time)."""
+        """When the last rank of `attempt` reached `stage` (its first time); None if one did
+        not."""
         firsts = {}
         for e in events:
             if e["attempt"] == attempt and e["stage"] == stage:
                 firsts[e["rank"]] = min(firsts.get(e["rank"], e["t"]), e["t"])
-        if len(firsts) != world:
-            raise RuntimeError(f"attempt {attempt}: {len(firsts)} of {world} ranks reached "
-                               f"'{stage}'")
-        return max(firsts.values())
+        return max(firsts.values()) if len(firsts) == world else None
 
-    result = {"first": (every_rank(0, "step") - t0) / 1e6}
+    result = {"failed": "; ".join(errors)} if errors else {}
+    first = every_rank(0, "step")
+    if first is not None:
+        result["first"] = (first - t0) / 1e6
     for stage in STAGES:
-        result[stage] = (every_rank(1, stage) - crash[0]) / 1e6
+        t = every_rank(1, stage) if len(crash) == 1 else None
+        if t is None:
+            break
+        result[stage] = (t - crash[0]) / 1e6
     return result
 
 
@@ -263,11 +274,13 @@ def memory_table(args):
 
 
 def cell(runs, key):
-    good = [r[key] for r in runs if "failed" not in r]
-    failed = len(runs) - len(good)
-    if not good:
+    """The median of the runs that reached `key`, and how many runs failed: a failed run's
+    stages before its failure count, what it never reached does not."""
+    got = [r[key] for r in runs if key in r]
+    failed = sum(1 for r in runs if "failed" in r)
+    if not got:
         return f"failed {failed} of {len(runs)}"
-    text = f"{statistics.median(good):,.0f} ms"
+    text = f"{statistics.median(got):,.0f} ms"
     return text + (f" ({failed} of {len(runs)} failed)" if failed else "")
 
 
@@ -295,7 +308,7 @@ def table(args, measured):
              "|---|---|---|" + "---|" * len(names)]
     rows = (("first", "launch → every rank's first step"),
             ("exec", "crash → every worker exec'd"),
-            ("imported", "crash → every worker imported torch"),
+            ("imported", IMPORTED),
             ("group", "crash → process group formed"),
             ("step", FIRST_STEP))
     for case, results in measured:
@@ -306,6 +319,81 @@ def table(args, measured):
 
 
 LAUNCHERS = (("crun cold", "crun"), ("crun --warm", "crun-warm"), ("torchrun 2.x", "torchrun"))
+# What the template imports (agent/warm/warm_template.cc, DefaultWarmModules), in its order.
+TEMPLATE_IMPORTS = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
+
+
+def import_times(python):
+    """One `python -X importtime` of the template's imports: {"wall": ms of the whole command,
+    "startup": ms of `python -c pass`, "<module>": cumulative ms of each top-level import,
+    "torch/<child>": cumulative ms of each of torch's own direct imports}."""
+    # As the template does: each where the interpreter has it (1.13 has no torch._dynamo).
+    # It ends at once, as a worker goes on: an interpreter's own teardown with torch loaded
+    # (about 0.6 s here) is no part of a start.
+    code = "\n".join([f"try:\n    import {m}\nexcept ModuleNotFoundError:\n    pass"
+                      for m in TEMPLATE_IMPORTS]
+                     + ["import os, sys", "print(' '.join(sorted(sys.modules)), flush=True)",
+                        "os._exit(0)"])
+    t0 = time.monotonic()
+    subprocess.run([python, "-c", "pass"], check=True)
+    startup = (time.monotonic() - t0) * 1e3
+    t0 = time.monotonic()
+    r = subprocess.run([python, "-X", "importtime", "-c", code], capture_output=True, text=True,
+                       check=True)
+    out = {"wall": (time.monotonic() - t0) * 1e3, "startup": startup}
+    loaded = set(r.stdout.split())
+    # Lines "import time: self [us] | cumulative | imported package", a nested import indented
+    # by two spaces a level and printed before the module that imported it.
+    children = []
+    for line in r.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        _, cumulative, name = line[len("import time:"):].split("|")
+        depth = (len(name) - len(name.lstrip(" ")) - 1) // 2
+        name, ms = name.strip(), int(cumulative) / 1e3
+        if depth == 1:
+            children.append((name, ms))
+        elif depth == 0:
+            if name in loaded:  # a module that failed still gets a line
+                out[name] = ms
+            if name == "torch":
+                out.update({f"torch/{c}": t for c, t in children})
+            children = []
+    return out
+
+
+def import_table(args):
+    """Where a worker's own start goes, for each PyTorch: the template's imports, one by one."""
+    pythons = [("2.x", args.torch2_python)] + ([("1.13", args.torch1_python)]
+                                                if args.torch1_python else [])
+    runs = {label: [import_times(py) for _ in range(args.rounds)] for label, py in pythons}
+
+    def med(label, key):
+        got = [r[key] for r in runs[label] if key in r]
+        return statistics.median(got) if got else None
+
+    lines = ["| PyTorch | " + " | ".join(label for label, _ in pythons) + " |",
+             "|---|" + "---|" * len(pythons)]
+
+    def add(title, key):
+        cells = [med(label, key) for label, _ in pythons]
+        if any(c is not None for c in cells):
+            lines.append(f"| {title} | " + " | ".join(
+                "—" if c is None else f"{c:,.0f} ms" for c in cells) + " |")
+    add("the interpreter's own start (`python -c pass`)", "startup")
+    for m in TEMPLATE_IMPORTS:
+        add(f"`import {m}`, cumulative", m)
+    add("**the start and all of it, wall clock**", "wall")
+    # torch's heaviest direct imports, by the 2.x figures.
+    first = pythons[0][0]
+    heavy = sorted((k for k in runs[first][0] if k.startswith("torch/")),
+                   key=lambda k: -(med(first, k) or 0))[:6]
+    lines += ["", "The heaviest of `import torch`'s own imports (cumulative, PyTorch "
+              f"{first}):", "", "| module | " + " | ".join(label for label, _ in pythons)
+              + " |", "|---|" + "---|" * len(pythons)]
+    for k in heavy:
+        add(f"`{k[len('torch/'):]}`", k)
+    return lines
 
 
 def main():
@@ -317,9 +405,21 @@ def main():
     ap.add_argument("--ckpt-mb", type=int, default=200)
     ap.add_argument("--out", default=os.path.join(HERE, "..", "..", "docs", "benchmarks.md"))
     ap.add_argument("--smoke", action="store_true", help="one case, one round, no table")
+    ap.add_argument("--imports", action="store_true",
+                    help="only where a worker's own start goes (python -X importtime)")
     args = ap.parse_args()
     if not os.environ.get("CRUN_BENCH_IN_NETNS"):
         return in_private_netns(sys.argv)
+    if args.imports:
+        lines = import_table(args)
+        print("\n".join(lines))
+        command = ("python3 tests/bench/recovery_bench.py --imports --crun build/launcher/crun "
+                   "--torch2-python \"$(bash scripts/setup-torch2.sh)\" "
+                   "--torch1-python /usr/bin/python3")
+        write_section(args.out, "recovery-imports",
+                      [f"Median of {args.rounds} runs, one at a time, on an otherwise idle "
+                       f"machine. {measured_at()}", "", *lines, "", f"Reproduce: `{command}`"])
+        return 0
     if args.smoke:
         args.rounds = 1
     measured = []
@@ -345,8 +445,10 @@ def main():
              f"OMP_NUM_THREADS=1), {versions}; torchrun is 2.x's, with its default monitor "
              f"interval (0.1 s). Global rank 1 exits 7 at step {CRASH_STEP} of the first "
              f"attempt (`--max-restarts 1`); every figure is the slowest rank's, the median "
-             f"of {args.rounds} runs that alternate the launchers, and a run whose restart "
-             f"failed is counted as failed. {measured_at()}")
+             f"of {args.rounds} runs that alternate the launchers. A run whose restart failed "
+             f"is counted as failed in every row (\"(2 of 3 failed)\"); the stages it "
+             f"reached before it failed count in their rows, the ones it never reached do "
+             f"not. {measured_at()}")
     write_section(args.out, "recovery-bench",
                   [intro, "", *lines, "", f"Reproduce: `{command}`"])
     return 0
