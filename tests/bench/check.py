@@ -32,10 +32,12 @@ sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from bench_support import in_private_netns  # noqa: E402
 import launch_bench  # noqa: E402
 import rdzv_bench  # noqa: E402
+import recovery_bench  # noqa: E402
 import store_bench  # noqa: E402
 
 MIN_BAND = 0.10
 STORM = "storm, 20,000 connections: libuv / crun"
+RECOVERY = "recovery, crash → imported, 1 node: torchrun 2.x / crun --warm"
 # Floors of a check's band where its anchor moves in steps: libuv's storm time is set by how
 # many of its clients need a second or third SYN retry (1, 2, then 4 s later), so it lands near
 # 3-4 s in one run and 7 s in another (4.17 s at f53d4fa, 7.18 s at 2c7f83f) and the ratio
@@ -81,6 +83,9 @@ def recorded(docs):
     store = text[:text.index("<!-- Analysis:")]
     launch = section(text, "<!-- launch-bench:begin -->", "<!-- launch-bench:end -->")
     rdzv = section(text, "<!-- rdzv-bench:begin -->", "<!-- rdzv-bench:end -->")
+    recovery = section(text, "<!-- recovery-bench:begin -->", "<!-- recovery-bench:end -->")
+    crash = row_with(recovery, [f"{recovery_bench.ONE_NODE}, crash", "2.x",
+                                recovery_bench.IMPORTED])
     two = row(launch, "launch → exit, 2 workers")
     storm = section(store, "## Connection storm", "## How to reproduce")
     wire = section(store, "### 2.x wire dialect", "### 1.13 wire dialect")
@@ -96,6 +101,8 @@ def recorded(docs):
              number(row(storm, "crun (2.x dialect)")[4]), commit_of(store)),
         "rendezvous, 2 agents: torchrun c10d / crun":
             (number(row(rdzv, "2 agents × 1 worker")[-1]), commit_of(rdzv)),
+        # Cells: case, torch, figure, crun cold, crun --warm, torchrun 2.x.
+        RECOVERY: (number(crash[5]) / number(crash[4]), commit_of(recovery)),
     }
 
 
@@ -195,6 +202,25 @@ def rdzv_checks(args):
     return ratios
 
 
+def recovery_checks(args):
+    """One node x 2 stock DDP workers, rank 1 crashing: crash -> every worker of the next
+    attempt imported torch, crun --warm and torchrun 2.x taking turns. torchrun's restarts
+    often fail later, in gloo (docs/benchmarks.md): its figure counts when its workers got that
+    far. crun's side must succeed whole; the anchor gets its second chance."""
+    def imported(launcher, whole):
+        res = recovery_bench.run_once(args, launcher, args.torch2_python, 1, "crash")
+        if "imported" not in res or (whole and "failed" in res):
+            raise RuntimeError(f"{launcher}: {res.get('failed', 'no figure')}")
+        return res["imported"]
+
+    ratios = {RECOVERY: []}
+    for _ in range(rounds_of(args, 3)):
+        warm = imported("crun-warm", True)
+        ratios[RECOVERY].append(
+            anchor(lambda: imported("torchrun", False), "torchrun 2.x restart") / warm)
+    return ratios
+
+
 def judge(measured, recorded_ratios):
     """Rows of (check, recorded, commit, now, band, verdict); whether any regressed."""
     rows, regressed = [], False
@@ -235,7 +261,7 @@ def main():
         print(f"  {name}: {ratio:,.2f} (at {commit})", file=sys.stderr)
     measured = {}
     # The storm last: it leaves 40,000 closed connections in TIME_WAIT behind it.
-    for checks in (launch_checks, rdzv_checks, store_checks):
+    for checks in (launch_checks, rdzv_checks, recovery_checks, store_checks):
         measured.update(checks(args))
     rows, regressed = judge(measured, was)
     print(f"| check | recorded (commit) | this run | noise band | verdict |")
