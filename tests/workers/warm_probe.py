@@ -16,6 +16,7 @@ import argparse  # noqa: E402
 import ctypes  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import resource  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 
@@ -42,6 +43,12 @@ def proc_environ():
     with open("/proc/self/environ", "rb") as f:
         entries = [e.decode() for e in f.read().split(b"\0") if e]
     return dict(e.partition("=")[::2] for e in entries)
+
+
+def rlimits():
+    """Every resource limit: a warm worker's are crun's, as a cold worker's are."""
+    return {name: list(resource.getrlimit(getattr(resource, name)))
+            for name in dir(resource) if name.startswith("RLIMIT_")}
 
 
 def status_field(name):
@@ -83,6 +90,7 @@ def report(out):
         "blocked": status_field("SigBlk"),
         "ignored": status_field("SigIgn"),
         "threads": len(os.listdir("/proc/self/task")),
+        "rlimits": rlimits(),
         "cgroup": open("/proc/self/cgroup").read().strip(),
         "affinity": sorted(os.sched_getaffinity(0)),
         "stdin": os.path.realpath("/proc/self/fd/0"),
