@@ -61,6 +61,11 @@ void AttemptEdge::Notify() {
 void AttemptEdge::Classify(pid_t pid) {
   if (!seen_.insert(pid).second) return;
   const pid_t group = ::getpgid(pid);
+  // Gone since it was listed (the group's SIGKILL above, and a parent that reaped it): it
+  // cannot be told apart, and one that left its group would still be there (nothing kills it
+  // before this look). Counting it as having left named a shell's `sleep` in 1 of 2,800
+  // attempts of the soak.
+  if (group < 0) return;
   if (std::find(groups_.begin(), groups_.end(), group) != groups_.end()) {
     ++report_.in_groups;
     return;
