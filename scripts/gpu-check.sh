@@ -8,10 +8,11 @@
 #                                  (train's metrics), into .gpu/
 #   scripts/gpu-check.sh run OUT   there: crun from the tarball; stock PyTorch NCCL DDP under
 #                                  `crun --nproc-per-node gpu`, then the same with a GPU worker
-#                                  SIGKILLed and restarted; the SDK-only build with NCCL and its
-#                                  unit tests (nccl_unit_tests runs every collective on the
-#                                  GPU); the allreduce/allgather benchmark against PyTorch's
-#                                  ProcessGroupNCCL, both sides launched by crun. Writes
+#                                  SIGKILLed and restarted, cold and --warm; the SDK-only
+#                                  build with NCCL and its unit tests (nccl_unit_tests runs
+#                                  every collective on the GPU); the allreduce/allgather
+#                                  benchmark against PyTorch's ProcessGroupNCCL, both sides
+#                                  launched by crun. Writes
 #                                  OUT/ctest.log, OUT/ddp.log and OUT/benchmarks.md
 #                                  (docs/benchmarks.md with its nccl-bench section filled in).
 #   scripts/gpu-check.sh train OUT there, after run: train (ResNet-18, synthetic CIFAR-10) on
@@ -34,6 +35,11 @@ case "${1:-}" in
     cp -r /usr/share/cmake/nlohmann_json .gpu/nlohmann/share/cmake/
     bash scripts/package.sh --out .gpu/dist >/dev/null
     cp .gpu/dist/crun-*-linux-x86_64.tar.gz .gpu/ && rm -rf .gpu/dist
+    # The GPU machine gets the tree without its history: the benchmarks' "Measured at" line
+    # comes from here (tests/pylib/bench_support.py reads it from CRUN_MEASURED_AT).
+    dirty=$(git status --porcelain --untracked-files=no | grep -q . && echo " plus uncommitted changes" || true)
+    echo "Measured at commit $(git rev-parse --short HEAD)$dirty ($(git show -s --format=%cs HEAD))," \
+      "on the GPU machine named above." > .gpu/measured_at
     echo "prepared .gpu/ (carry it with the run): $(ls .gpu/*.tar.gz)"
     ;;
   run | train)
@@ -50,6 +56,7 @@ case "${1:-}" in
     crun="$PWD/.gpu/crun/bin/crun"
     echo "gpu-check: $("$crun" --version) from $tarball; it needs: $(ldd "$crun" | awk '{print $1}' | tr '\n' ' ')"
     export PYTHON_EXEC="$(command -v "$py")"
+    [[ -f .gpu/measured_at ]] && CRUN_MEASURED_AT=$(cat .gpu/measured_at) && export CRUN_MEASURED_AT
     # NCCL: the one PyTorch ships (the nvidia-nccl wheel) if there is one, else the toolkit's.
     # PyTorch's first: train links libtorch_cuda, which needs the NCCL it was built with (a
     # toolkit's older NCCL leaves symbols undefined), and the benchmark's two sides then share
@@ -85,7 +92,10 @@ case "${1:-}" in
         echo "gpu-check: DDP over NCCL under crun: exit 0" &&
         PYTHONUNBUFFERED=1 "$crun" --standalone --nproc-per-node gpu --max-restarts 1 \
           tests/workers/ddp_train.py "$ddp_out" --nccl --die-once &&
-        echo "gpu-check: DDP over NCCL, a worker SIGKILLed and restarted under crun: exit 0"; } 2>&1 |
+        echo "gpu-check: DDP over NCCL, a worker SIGKILLed and restarted under crun: exit 0" &&
+        PYTHONUNBUFFERED=1 "$crun" --standalone --nproc-per-node gpu --max-restarts 1 --warm \
+          tests/workers/ddp_train.py "$ddp_out" --nccl --die-once &&
+        echo "gpu-check: the same with warm workers (--warm): exit 0"; } 2>&1 |
         tee "$out/ddp.log" || echo "gpu-check: a DDP run failed (OUT/ddp.log)" >&2
       rm -rf "$ddp_out"
       cmake --build build-gpu -j "$(nproc)"

@@ -20,7 +20,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from bench_support import human, write_section  # noqa: E402
+from bench_support import human, measured_at, write_section  # noqa: E402
 
 SIZES = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20, 1 << 30]
 
@@ -60,6 +60,7 @@ def main():
         ap.error("give exactly one of --crun BIN and --torchrun PY")
     a.torch_python = a.torch_python or a.torchrun or sys.executable
     sizes = [int(s) for s in a.sizes.split(",")]
+    a.measured_at = measured_at()
 
     ours = run(a, True, [a.bench], sizes)
     theirs = run(a, False, [os.path.join(HERE, "torch_nccl.py")], sizes)
@@ -95,7 +96,7 @@ def main():
         "(scripts/gpu-check.sh runs it). float32; allreduce in place (sum), allgather out of "
         "place; the median over repetitions (20 to 1000, about 8 GiB per size) of the slowest "
         "rank's time for one call plus the wait for the GPU to finish it. algbw = size / time; "
-        "'crun speed' = torch time / crun time.",
+        "'crun speed' = torch time / crun time. " + a.measured_at,
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
