@@ -67,11 +67,11 @@ def measured_at():
     here = os.path.dirname(os.path.abspath(__file__))
     def git(*args):
         return subprocess.run(["git", "-C", here, *args], capture_output=True, text=True).stdout.strip()
-    commit = git("rev-parse", "--short", "HEAD")
-    if not commit:
-        # A copy of the tree without its history (scripts/gpu-check.sh on a GPU machine): the
-        # line is the one `prepare` wrote where the history was.
-        return os.environ.get("CRUN_MEASURED_AT", "Measured at an unknown commit.")
+    # A copy of the tree on another machine (scripts/gpu-check.sh on a GPU machine) does not
+    # carry this history: its line is the one `prepare` wrote where the history was.
+    if os.environ.get("CRUN_MEASURED_AT"):
+        return os.environ["CRUN_MEASURED_AT"]
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
     # The tables the benchmarks and suites write are not what they measure: a sequence of them,
     # each writing its own table, stays at one commit.
     changed = git("status", "--porcelain", "--untracked-files=no", "--", ":/",

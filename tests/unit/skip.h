@@ -1,4 +1,4 @@
-// Skipping a unit-test case that cannot run on this machine (no GPU, no IPv6 loopback): the
+// Skipping a unit-test case that cannot run on this machine (no GPU, no name server): the
 // process ends with kSkipped, which ctest reports as skipped (crun_unit_test's SKIPPABLE sets
 // SKIP_RETURN_CODE), never as passed. Under ctest each case runs in a process of its own.
 #pragma once
