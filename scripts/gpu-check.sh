@@ -17,7 +17,8 @@
 #                                  (docs/benchmarks.md with its nccl-bench section filled in).
 #   scripts/gpu-check.sh train OUT there, after run: train (ResNet-18, synthetic CIFAR-10) on
 #                                  the GPU at fp32, bf16 and fp16, and PyTorch's own loop as the
-#                                  anchor, all under crun; OUT/train_*.json, OUT/torch_*.json.
+#                                  anchor, all under crun; OUT/train_*.json, OUT/torch_*.json
+#                                  and OUT/benchmarks.md (its train-gpu section filled in).
 # tests/integration/test_gpu_check.py rehearses the three here, without a GPU, as far as the
 # first step that needs one (TORCH_CUDA_ARCH_LIST names the architecture torch cannot detect).
 set -euo pipefail
@@ -94,8 +95,11 @@ case "${1:-}" in
           tests/workers/ddp_train.py "$ddp_out" --nccl --die-once &&
         echo "gpu-check: DDP over NCCL, a worker SIGKILLed and restarted under crun: exit 0" &&
         PYTHONUNBUFFERED=1 "$crun" --standalone --nproc-per-node gpu --max-restarts 1 --warm \
-          tests/workers/ddp_train.py "$ddp_out" --nccl --die-once &&
-        echo "gpu-check: the same with warm workers (--warm): exit 0"; } 2>&1 |
+          tests/workers/ddp_train.py "$ddp_out" --nccl --die-once 2>&1 | tee "$ddp_out/warm.log" &&
+        if grep -q "warm starts are off\|start cold\|starts cold" "$ddp_out/warm.log"; then
+          echo "gpu-check: the --warm run started workers cold"; false
+        else echo "gpu-check: the same with warm workers (--warm), none started cold: exit 0"; fi
+      } 2>&1 |
         tee "$out/ddp.log" || echo "gpu-check: a DDP run failed (OUT/ddp.log)" >&2
       rm -rf "$ddp_out"
       cmake --build build-gpu -j "$(nproc)"
@@ -121,6 +125,9 @@ case "${1:-}" in
           tests/bench/ddp_cifar.py $data 2 256 "$out/torch_$name.json" --model resnet18 \
           --device cuda ${m#*:} 2>&1 | tee -a "$out/train.log"
       done
+      cp docs/benchmarks.md "$out/benchmarks.md"
+      $py tests/bench/train_gpu_table.py --dir "$out" --out "$out/benchmarks.md" --device \
+        "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)"
     fi
     ;;
   *)

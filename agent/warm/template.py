@@ -56,6 +56,7 @@ def import_all(modules):
     import importlib
     import traceback
     imported = []
+    threaded = ""  # the first module after whose import more than one thread ran
     for name in modules:
         optional = name.endswith("?")
         name = name.rstrip("?")
@@ -68,16 +69,35 @@ def import_all(modules):
             return {"ready": False, "module": name,
                     "error": "".join(traceback.format_exception_only(type(e), e)).strip()}
         imported.append(name)
+        if not threaded and threads() != 1:
+            threaded = name
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "cuda") and torch.cuda.is_initialized():
         return {"ready": False, "module": modules[-1].rstrip("?"),
                 "error": "CUDA was initialised while importing; a forked worker could not use it"}
-    n = threads()
+    n = threads() if not threaded else settle()
     if n != 1:
-        return {"ready": False, "module": modules[-1].rstrip("?") if modules else "",
-                "error": f"the imports left {n} threads running; fork needs one"}
+        return {"ready": False, "module": threaded,
+                "error": f"its import left {n} threads running, which fork would not stop; "
+                         "fork needs one"}
     return {"ready": True, "pid": os.getpid(), "executable": sys.executable,
             "version": sys.version.split()[0], "threads": n, "imported": imported}
+
+
+def settle():
+    """Forks once, lets the child exit, and counts the threads again. A library that keeps a
+    pool of threads and knows fork (numpy's OpenBLAS, whose pool starts with numpy's import and
+    so with torch's, where OMP_NUM_THREADS does not make it one thread) stops the pool in its
+    pthread_atfork handler and starts it again on its next call, which the template never
+    makes. Threads that survive this would survive every fork: those keep workers cold."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12 on fork with threads
+        pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return threads()
 
 
 def fork_worker(sock, request, fds):

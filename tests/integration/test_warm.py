@@ -107,6 +107,24 @@ class Warm(unittest.TestCase):
                     self.assertEqual(ww[key], cw[key], key)
         self.for_each_python(check)
 
+    def test_one_worker_per_node_starts_warm_with_the_threads_of_a_cold_one(self):
+        """One worker: crun sets no OMP_NUM_THREADS, so torch's import starts numpy's BLAS
+        pool in the template (on a GPU machine with 16 CPUs, 15 threads). The template must
+        still fork, and the worker compute with the threads a cold one has."""
+        def check(python):
+            reports = []
+            for warm in (False, True):
+                r, out = self.crun(python, warm=warm, nproc=1, worker=(PROBE, "--compute"))
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertNotIn("warm starts are off", r.stderr)
+                reports.append(self.reports(out, n=1)[0])
+            cold, warm = reports
+            self.assertTrue(warm["warm"], "the worker was not forked from the template")
+            self.assertNotIn("OMP_NUM_THREADS", warm["env"])
+            self.assertEqual(warm["threads"], 1)
+            self.assertEqual(warm["compute"], cold["compute"])
+        self.for_each_python(check)
+
     def test_module_and_run_path_modes(self):
         def check(python):
             for mode in (["-m"], ["--run-path"]):

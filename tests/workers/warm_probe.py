@@ -3,7 +3,7 @@ and warm, the two reports must match but for what names one process (pids, descr
 numbers) and for what the template imported.
 
   warm_probe.py OUT_DIR [--then exit:N | raise | interrupt | signal:N | wait-for:SOCKET]
-                        [--fail-attempt A]
+                        [--fail-attempt A] [--compute]
 
 It writes OUT_DIR/report_<rank>_<attempt>.json first, then does what --then says on attempt
 --fail-attempt (default: every attempt) and exits 0 otherwise.
@@ -68,7 +68,18 @@ def handlers():
     return out
 
 
-def report(out):
+def compute_threads():
+    """The threads a worker computes with: torch's intra-op count, and the threads running
+    once numpy's BLAS and torch have each multiplied two matrices (their pools started)."""
+    import numpy
+    import torch
+    a = numpy.ones((256, 256))
+    a @ a
+    torch.ones(256, 256) @ torch.ones(256, 256)
+    return {"torch": torch.get_num_threads(), "running": len(os.listdir("/proc/self/task"))}
+
+
+def report(out, compute=False):
     fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
     r = {
         "argv": sys.argv,
@@ -99,6 +110,8 @@ def report(out):
         "warm": WARM,
         "started_ns": T0,
     }
+    if compute:
+        r["compute"] = compute_threads()
     rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
     path = os.path.join(out, f"report_{rank}_{attempt}.json")
     with open(path + ".tmp", "w") as f:
@@ -111,8 +124,9 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--then", default="exit:0")
     ap.add_argument("--fail-attempt", type=int, default=-1)
+    ap.add_argument("--compute", action="store_true", help="report the compute threads too")
     args = ap.parse_args()
-    report(args.out)
+    report(args.out, args.compute)
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     if args.fail_attempt not in (-1, attempt):
         return 0
