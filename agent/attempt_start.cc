@@ -9,6 +9,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "agent/contracts.h"
+
 namespace crun::agent {
 namespace {
 
@@ -60,8 +62,9 @@ void AddChannels(boost::asio::io_context& io, const AgentOptions& o, const Attem
 }
 
 // The worker's process: what it runs, where, with which environment and streams.
-ProcessSpec SpecOf(boost::asio::io_context& io, const AgentOptions& o, const AttemptStartContext& c,
-                   WorkerStreams& streams, Worker& w, std::vector<int>* child_fds) {
+StatusOr<ProcessSpec> SpecOf(boost::asio::io_context& io, const AgentOptions& o,
+                             const AttemptStartContext& c, WorkerStreams& streams, Worker& w,
+                             std::vector<int>* child_fds) {
   const int lr = w.local_rank;
   ProcessSpec spec;
   spec.cgroup_fd = c.cgroup_fd;
@@ -72,6 +75,7 @@ ProcessSpec SpecOf(boost::asio::io_context& io, const AgentOptions& o, const Att
   }
   for (const auto& a : o.command) spec.argv.push_back(Substitute(a, lr));
   Environment env = BuildWorkerEnvironment(c.group, lr, w.error_file, w.dir, c.base);
+  if (Status s = AddContractEnvironment(o.contracts, c.group, lr, env); !s.ok()) return s;
   w.progress = std::make_shared<std::uint64_t>(0);
   AddChannels(io, o, c, w, env, spec);
   spec.envp = ToEnvp(env);
@@ -105,8 +109,9 @@ std::optional<WorkerStart> Prepare(boost::asio::io_context& io, const AgentOptio
   w.error_file = w.dir + "/error.json";
   std::filesystem::remove(w.error_file, ec);  // a re-formed round with the same number
   std::vector<int> child_fds;                 // closed in crun once the worker has them
-  const ProcessSpec spec = SpecOf(io, o, c, streams, w, &child_fds);
-  auto started = Start(c, spec, w.local_rank);
+  const auto spec = SpecOf(io, o, c, streams, w, &child_fds);
+  if (!spec.ok()) return Failed(w.local_rank, 1, spec.status().message(), 0);
+  auto started = Start(c, *spec, w.local_rank);
   for (int fd : child_fds) ::close(fd);
   if (w.heartbeat) w.heartbeat->CloseChildEnd();
   if (w.stacks) w.stacks->CloseChildEnd();

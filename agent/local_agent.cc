@@ -21,6 +21,7 @@
 #include "agent/failure_report.h"
 #include "agent/hangs/file_timer.h"
 #include "agent/hangs/hang_responder.h"
+#include "agent/port_reservation.h"
 #include "agent/report_writer.h"
 #include "agent/run_presence.h"
 #include "agent/worker_group.h"
@@ -191,7 +192,17 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   void JoinRendezvous() {
     joined_at = Now();
-    rdzv->Join();
+    reserved = PortReservation();
+    if (const int n = options.contracts.PortsToReserve(options.nproc); n > 0) {
+      auto r = PortReservation::Reserve(n);
+      if (r.ok()) {
+        reserved = std::move(r).value();
+      } else {  // the workers' start then fails naming the missing ports
+        spdlog::error("cannot reserve {} ports for --contract {}: {}", n,
+                      options.contracts.ToString(), r.status().message());
+      }
+    }
+    rdzv->Join(reserved.ports());
   }
 
   static std::chrono::steady_clock::time_point Now() { return std::chrono::steady_clock::now(); }
@@ -234,6 +245,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   // The workers of attempt `n`; the lifecycle hears how each start went.
   void StartAttempt(int n) {
+    reserved.Release();  // the workers bind these ports themselves
     AttemptStartContext c;
     c.group = group;
     c.base = CurrentEnvironment();
@@ -561,6 +573,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   asio::io_context& io;
   AgentOptions options;
   std::unique_ptr<Rendezvous> rdzv;
+  PortReservation reserved;  // this round's ports (--contract), until its workers start
   metrics::Registry registry;
   std::unique_ptr<AgentMetrics> meters;  // null without options.metrics
   std::unique_ptr<metrics::HttpServer> metrics_server;

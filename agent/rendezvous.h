@@ -45,8 +45,10 @@ class Rendezvous {
  public:
   virtual ~Rendezvous() = default;
   virtual void Start(RendezvousEvents* events) = 0;
-  // Ready for the next round (no workers running).
-  virtual void Join() = 0;
+  // Ready for the next round (no workers running). `ports`: what this node reserved for the
+  // round's workers (agent/contracts.h), published with the join where the rendezvous
+  // exchanges them; each round's GroupAssignment::members carries every node's.
+  virtual void Join(const std::vector<std::uint16_t>& ports) = 0;
   // The first failure of this node's round, the root cause first; sent at once so every
   // node can stop.
   virtual void ReportFailure(const std::vector<FailureRecord>& failures) = 0;

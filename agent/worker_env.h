@@ -14,6 +14,15 @@ using Environment = std::map<std::string, std::string>;
 // This process's environment as a map.
 Environment CurrentEnvironment();
 
+// One node of a round, as the other frameworks' contracts need it (agent/contracts.h).
+struct RoundMember {
+  std::string host;     // its host name (Horovod's local scope)
+  std::string address;  // where other nodes' workers reach its workers
+  int nproc = 0;        // its workers
+  // What it reserved for the round (contracts.h says which port is what).
+  std::vector<std::uint16_t> ports;
+};
+
 // What the rendezvous decided for this node's group in one attempt.
 struct GroupAssignment {
   std::string run_id;
@@ -34,6 +43,9 @@ struct GroupAssignment {
   // Every worker sees LOCAL_RANK=0 and only its own GPU: CUDA_VISIBLE_DEVICES is entry
   // `local_rank` of the parent's list, or `local_rank` itself when the parent set none.
   bool virtual_local_rank = false;
+  // Every node of the round in group-rank order, with the ports each reserved; empty where
+  // the rendezvous exchanges none (static, one crun per Slurm task).
+  std::vector<RoundMember> members;
 };
 
 // `base` updated with the contract for `local_rank`; `error_file` may be empty (then

@@ -249,6 +249,7 @@ int Execute(LaunchPlan& p) {
   rdzv.run_id = p.run_id;
   rdzv.role = o.role;
   rdzv.nproc = p.nproc;
+  rdzv.host = host;
   rdzv.max_restarts = p.max_restarts;
   rdzv.store_host = o.local_addr.empty() ? o.master_addr : o.local_addr;
   rdzv.virtual_local_rank = o.virtual_local_rank;

@@ -6,6 +6,7 @@
 
 #include "agent/supervise/process.h"
 #include "base/numbers.h"
+#include "base/spelling.h"
 #include "launcher/rendezvous_command.h"
 
 namespace crun::launcher {
@@ -20,22 +21,6 @@ std::vector<std::string> Split(const std::string& text, char sep) {
   std::string item;
   while (std::getline(in, item, sep)) out.push_back(item);
   return out;
-}
-
-// Edit distance, for "did you mean".
-std::size_t Distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
 }
 
 }  // namespace
@@ -173,6 +158,14 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->envname(pet("WARM_MODULES"))
       ->type_name("LIST")
       ->group("Worker program");
+  app.add_option("--contract", o.contract,
+                 "Also give workers the launch contract of these frameworks, comma-separated, "
+                 "on top of torchrun's: tensorflow (tf: TF_CONFIG), jax "
+                 "(JAX_COORDINATOR_ADDRESS), deepspeed, mpi (OMPI_COMM_WORLD_*); "
+                 "docs/frameworks.md")
+      ->envname(pet("CONTRACT"))
+      ->type_name("LIST")
+      ->group("Worker program");
   app.add_flag("--virtual-local-rank,--virtual_local_rank", o.virtual_local_rank,
                "Every worker sees LOCAL_RANK=0 and only its own GPU in CUDA_VISIBLE_DEVICES")
       ->envname(pet("VIRTUAL_LOCAL_RANK"))
@@ -286,18 +279,8 @@ std::vector<std::string> KnownLongOptions(const CLI::App& app) {
 
 std::string UnknownOptionMessage(const std::string& word, const std::vector<std::string>& known) {
   const std::string name = word.substr(0, word.find('='));
-  std::string best;
-  std::size_t best_distance = 0;
-  for (const auto& k : known) {
-    const std::size_t d = Distance(name, k);
-    if (best.empty() || d < best_distance) {
-      best = k;
-      best_distance = d;
-    }
-  }
   std::string message = "unknown option '" + name + "'";
-  // Close enough to be a typo: a few edits, relative to the length.
-  if (!best.empty() && best_distance <= std::max<std::size_t>(2, name.size() / 4)) {
+  if (const std::string best = ClosestName(name, known); !best.empty()) {
     message += " (did you mean " + best + "?)";
   }
   return message + "; crun --help lists the options";

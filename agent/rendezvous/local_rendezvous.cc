@@ -25,7 +25,7 @@ class LocalRendezvous final : public Rendezvous {
 
   // Every round is a restart: its store is new, so a restarted worker never reads a key of
   // an earlier attempt.
-  void Join() override {
+  void Join(const std::vector<std::uint16_t>& ports) override {
     if (!options_.static_store) StopStore();
     if (options_.host_store && !store_) {
       StoreServerOptions store;
@@ -70,6 +70,10 @@ class LocalRendezvous final : public Rendezvous {
       g.role_world_size = f.world_size;
       g.base_rank = f.base_rank;
       g.base_role_rank = f.base_rank;
+    }
+    // One node: it is the whole round. Static nodes and Slurm tasks exchange nothing.
+    if (!options_.fixed_group && options_.nnodes <= 1) {
+      g.members = {RoundMember{options_.host, options_.store_host, options_.nproc, ports}};
     }
     Post([this, g] { events_->OnAssignment(g); });
   }

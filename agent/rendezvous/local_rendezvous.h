@@ -22,6 +22,7 @@ struct LocalRendezvousOptions {
   std::string role = "default";
   int nproc = 1;
   int max_restarts = 0;
+  std::string host;                      // this host's name (the round's member)
   std::string store_host = "127.0.0.1";  // where the round's store listens; workers' MASTER_ADDR
   std::uint16_t store_port = 0;          // 0: a free port each round
   bool virtual_local_rank = false;

@@ -72,8 +72,9 @@ class ServiceRendezvous final : public Rendezvous {
     }
   }
 
-  void Join() override {
+  void Join(const std::vector<std::uint16_t>& ports) override {
     if (Ended()) return;
+    ports_ = ports;
     if (!client_) {  // still waiting for the endpoint to listen
       join_pending_ = true;
       return;
@@ -89,6 +90,7 @@ class ServiceRendezvous final : public Rendezvous {
     for (const auto& a : o_.addresses) n->add_addresses(a);
     n->set_nproc(o_.nproc);
     n->set_incarnation(incarnation_);
+    for (const auto port : ports_) n->add_ports(port);
     if (o_.requested_rank) n->set_requested_rank(*o_.requested_rank);
     auto* s = j->mutable_settings();
     s->set_min_nodes(o_.settings.min_nodes);
@@ -258,7 +260,7 @@ class ServiceRendezvous final : public Rendezvous {
     ArmHeartbeat();
     if (join_pending_) {
       join_pending_ = false;
-      Join();
+      Join(ports_);
     }
   }
 
@@ -299,6 +301,13 @@ class ServiceRendezvous final : public Rendezvous {
         state_ = State::kInJob;
         reconnect_timer_.cancel();
         g.virtual_local_rank = o_.virtual_local_rank;
+        for (const auto& p : a.members()) {
+          RoundMember member{p.host(), p.address(), p.nproc(), {}};
+          for (const auto port : p.ports()) {
+            member.ports.push_back(static_cast<std::uint16_t>(port));
+          }
+          g.members.push_back(std::move(member));
+        }
         return events_->OnAssignment(g);
       }
       case v1::ServiceMessage::kStopAndRejoin:
@@ -501,6 +510,7 @@ class ServiceRendezvous final : public Rendezvous {
   std::vector<std::unique_ptr<SessionClient>> retired_;  // sessions that ended (reconnects)
   std::unique_ptr<SessionClient> client_;
   std::uint64_t sequence_ = 0;
+  std::vector<std::uint16_t> ports_;  // this node's, sent with every join
   bool durable_ = false;  // the service said it outlives jobs (RoundAssignment.durable_service)
   bool listening_ = false;
   bool join_deadline_passed_ = false;

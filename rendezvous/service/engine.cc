@@ -194,6 +194,11 @@ void Engine::OnJoin(SessionId session, const msg::Join& join, TimePoint now,
   desc.host = node.host;
   desc.nproc = node.nproc;
   desc.requested_rank = node.requested_rank;
+  // Other nodes' workers reach this node's where it says, else where its session came from.
+  desc.address = !node.addresses.empty() ? node.addresses.front()
+                 : !peer_ip.empty()      ? peer_ip
+                                         : node.host;
+  desc.ports = node.ports;
   Transition t = rdzv::OnJoin(std::move(job.state), desc, settings, now);
   for (const auto& a : t.actions) {
     if (const auto* r = std::get_if<RefuseJoin>(&a); r != nullptr && r->node_id == desc.node_id) {
@@ -442,10 +447,18 @@ void Engine::Apply(Job& job, Transition t, TimePoint now) {
             ->RoundFormed(job.series,
                           std::chrono::duration<double>(now - job.gathering_since).count());
       }
+      std::vector<msg::RoundMember> members;
+      for (const auto& a : round->assignments) {
+        const auto it = std::find_if(job.state.members.begin(), job.state.members.end(),
+                                     [&a](const Member& m) { return m.node.node_id == a.node_id; });
+        if (it == job.state.members.end()) continue;  // cannot happen: the round's members
+        members.push_back({it->node.host, it->node.address, it->node.nproc, it->node.ports});
+      }
       for (const auto& a : round->assignments) {
         auto session = job.sessions.find(a.node_id);
         if (session == job.sessions.end()) continue;  // cannot happen: members are bound
         msg::Assignment m;
+        m.members = members;
         m.round = round->round;
         m.group_rank = a.group_rank;
         m.group_world_size = a.group_world_size;

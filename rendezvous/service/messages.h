@@ -22,7 +22,8 @@ struct Node {
   std::vector<std::string> addresses;  // declared by the agent
   int nproc = 0;
   std::optional<int> requested_rank;
-  std::uint64_t incarnation = 0;  // 0: unknown
+  std::uint64_t incarnation = 0;     // 0: unknown
+  std::vector<std::uint16_t> ports;  // reserved for the round's workers (--contract)
 };
 
 struct Join {
@@ -84,6 +85,13 @@ using AgentMessage = std::variant<Join, Heartbeat, FailureReport, WorkersSucceed
 
 // ---- service -> agent ------------------------------------------------------------------------
 
+struct RoundMember {
+  std::string host;
+  std::string address;
+  int nproc = 0;
+  std::vector<std::uint16_t> ports;
+};
+
 struct Assignment {
   int round = 0;
   int group_rank = 0;
@@ -95,6 +103,7 @@ struct Assignment {
   int restart_count = 0;
   bool spare = false;
   bool durable_service = false;
+  std::vector<RoundMember> members;  // group-rank order
 };
 
 struct StopAndRejoin {

@@ -14,6 +14,11 @@ msg::Join JoinFromProto(const v1::Join& j) {
   out.node.nproc = n.nproc();
   if (n.has_requested_rank()) out.node.requested_rank = n.requested_rank();
   out.node.incarnation = n.incarnation();
+  for (const auto port : n.ports()) {
+    // A port is 1..65535; anything else is not one this agent could have reserved.
+    if (port == 0 || port > 65535) continue;
+    out.node.ports.push_back(static_cast<std::uint16_t>(port));
+  }
   out.settings = FromProto(j.settings());
   out.service_host = j.service_host();
   return out;
@@ -55,6 +60,13 @@ struct ServiceToProto {
     r->set_restart_count(a.restart_count);
     r->set_spare(a.spare);
     r->set_durable_service(a.durable_service);
+    for (const auto& m : a.members) {
+      auto* p = r->add_members();
+      p->set_host(m.host);
+      p->set_address(m.address);
+      p->set_nproc(m.nproc);
+      for (const auto port : m.ports) p->add_ports(port);
+    }
   }
   void operator()(const msg::StopAndRejoin& s) const {
     out.mutable_stop_and_rejoin()->set_reason(s.reason);

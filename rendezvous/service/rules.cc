@@ -197,6 +197,12 @@ Transition OnJoin(State s, const NodeDescription& node, const Settings& its_sett
                       std::to_string(kMaxNprocPerNode),
                   Kind::kInvalid);
   }
+  // At most one per worker and one per node (agent/contracts.h).
+  if (node.ports.size() > static_cast<std::size_t>(node.nproc) + 1) {
+    return refuse(std::to_string(node.ports.size()) + " reserved ports for " +
+                      std::to_string(node.nproc) + " workers: at most one each and one more",
+                  Kind::kInvalid);
+  }
   if (s.phase == Phase::kRunning) {
     if (static_cast<int>(s.members.size()) >= s.settings.max_nodes) {
       s.spares.push_back(node);  // held for a node that is lost

@@ -60,6 +60,10 @@ struct NodeDescription {
   int nproc = 1;
   // A scheduler-imposed order (Slurm's node index); nodes without one come after, by host.
   std::optional<int> requested_rank;
+  // Opaque to the rules, passed to the round's members: where other nodes reach this one's
+  // workers, and the ports it reserved for them (--contract).
+  std::string address;
+  std::vector<std::uint16_t> ports;
 };
 
 struct Assignment {

@@ -51,7 +51,7 @@ struct SimAgent final : agent::RendezvousEvents {
   }
   void OnStopAndRejoin(const std::string&, bool) override {
     told->Hit();
-    rdzv->Join();  // re-join at once
+    rdzv->Join({});  // re-join at once
   }
   void OnFinished(const agent::JobOutcome& out) override {
     if (!out.success) {
@@ -187,7 +187,7 @@ int RunEtcdLoad(const EtcdLoad& load) {
   phase("form", assigned, [&] {
     for (auto& a : agents) {
       a->rdzv->Start(a.get());
-      a->rdzv->Join();
+      a->rdzv->Join({});
     }
   });
   {

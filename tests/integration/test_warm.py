@@ -22,7 +22,7 @@ PYTHONS = [p for p in os.environ.get("TORCH_PYTHONS", "python3").split(",") if p
 LIMIT_S = 180
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import alive, wait_for, whole_lines  # noqa: E402
+from crun_testing import alive, processes_mentioning, wait_for, whole_lines  # noqa: E402
 
 # What names one process or one descriptor, and may differ between any two starts.
 PER_PROCESS = {"pid", "ppid", "sid", "started_ns", "cgroup", "fd_count", "warm"}
@@ -291,21 +291,6 @@ def templates_of(crun_pid):
             continue
         if b"crun_warm.py" in cmdline and not is_zombie(child):
             out.append(child)
-    return out
-
-
-def processes_mentioning(text):
-    """Live processes whose command line mentions `text` (a run's directory): none may stay."""
-    out = []
-    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
-        try:
-            with open(cmdline, "rb") as f:
-                if text.encode() in f.read():
-                    pid = int(cmdline.split("/")[2])
-                    if not is_zombie(pid):
-                        out.append(pid)
-        except (FileNotFoundError, ProcessLookupError):
-            continue
     return out
 
 

@@ -56,6 +56,13 @@ def alive(pid):
     return proc_state(pid) not in (None, "Z")
 
 
+def processes_mentioning(text):
+    """Live processes (zombies aside) whose command line mentions `text`, e.g. a run's
+    directory: what a test asserts is empty once a job ended."""
+    needle = text.encode()
+    return [pid for pid, cmdline in proc_files("cmdline") if needle in cmdline and alive(pid)]
+
+
 def kill_all(procs):
     """Test teardown: SIGKILL whatever of `procs` still runs, reap it, and close its pipes."""
     for p in procs:

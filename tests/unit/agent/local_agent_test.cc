@@ -41,7 +41,7 @@ class ScriptedRendezvous final : public Rendezvous {
       : io_(io), nproc_(nproc), max_restarts_(max_restarts), record_(record) {}
 
   void Start(RendezvousEvents* events) override { events_ = events; }
-  void Join() override {
+  void Join(const std::vector<std::uint16_t>& /*ports*/) override {
     GroupAssignment g;
     g.run_id = "unit";
     g.local_world_size = nproc_;

@@ -157,6 +157,36 @@ TEST_CASE("engine: two nodes form a round with contiguous ranks and one store", 
   CHECK(a.restart_count == 0);
 }
 
+TEST_CASE("engine: every member gets each node's address and reserved ports in rank order",
+          "[engine]") {
+  Harness h;
+  auto b = Harness::JoinMessage("node-b", {.nproc = 3});
+  b.node.ports = {5000, 5001, 5002};
+  h.engine.OnMessage(1, b, T0, "10.0.0.2");  // no declared address: where it came from
+  auto a = Harness::JoinMessage("node-a", {});
+  a.node.addresses = {"192.168.1.1"};  // --local-addr wins over the session's peer
+  a.node.ports = {4000, 4001};
+  h.engine.OnMessage(2, a, T0 + 5ms, "10.0.0.3");
+  const std::vector<msg::RoundMember> want{{"node-a", "192.168.1.1", 2, {4000, 4001}},
+                                           {"node-b", "10.0.0.2", 3, {5000, 5001, 5002}}};
+  for (SessionId s : {1, 2}) {
+    const auto& m = h.Assignment(s).members;
+    REQUIRE(m.size() == want.size());
+    for (std::size_t i = 0; i < m.size(); ++i) {
+      CHECK(m[i].host == want[i].host);
+      CHECK(m[i].address == want[i].address);
+      CHECK(m[i].nproc == want[i].nproc);
+      CHECK(m[i].ports == want[i].ports);
+    }
+  }
+  // More ports than workers and one: refused, naming the counts.
+  Harness h2;
+  auto c = Harness::JoinMessage("node-c", {.min = 1, .max = 1, .nproc = 1});
+  c.node.ports = {1, 2, 3};
+  h2.engine.OnMessage(1, c, T0, "10.0.0.4");
+  CHECK(h2.Refused(1).reason.find("3 reserved ports for 1 workers") != std::string::npos);
+}
+
 TEST_CASE("engine: MASTER_ADDR is the advertised address when one is set", "[engine]") {
   crun::rdzv::EngineOptions o;
   o.advertise_addr = "192.168.7.7";

@@ -40,6 +40,7 @@ TEST_CASE("a join reaches the engine with every field", "[proto]") {
   n->set_nproc(8);
   n->set_requested_rank(0);  // set to 0 is not unset
   n->set_incarnation(0xFEEDFACECAFEBEEFULL);
+  for (std::uint32_t port : {4000u, 0u, 70000u, 65535u}) n->add_ports(port);
   auto* s = j->mutable_settings();
   s->set_min_nodes(2);
   s->set_max_nodes(4);
@@ -58,6 +59,9 @@ TEST_CASE("a join reaches the engine with every field", "[proto]") {
   CHECK(join.node.nproc == 8);
   CHECK(join.node.requested_rank == std::optional<int>(0));
   CHECK(join.node.incarnation == 0xFEEDFACECAFEBEEFULL);
+  // What cannot be a port (0, above 65535) is dropped: the round then says that node
+  // reserved fewer than its contracts need.
+  CHECK(join.node.ports == std::vector<std::uint16_t>{4000, 65535});
   CHECK(join.settings.min_nodes == 2);
   CHECK(join.settings.max_nodes == 4);
   CHECK(join.settings.join_timeout == crun::rdzv::Millis(1234));
@@ -157,6 +161,7 @@ TEST_CASE("the engine's messages reach the wire with every field", "[proto]") {
   assignment.master_port = 29500;
   assignment.restart_count = 1;
   assignment.durable_service = true;
+  assignment.members = {{"node-a", "10.0.0.2", 2, {4000, 4001}}, {"node-b", "fd00::3", 1, {}}};
   const auto a = OverTheWire(ToProto(assignment));
   REQUIRE(a.has_assignment());
   CHECK(a.assignment().round() == 2);
@@ -169,6 +174,15 @@ TEST_CASE("the engine's messages reach the wire with every field", "[proto]") {
   CHECK(a.assignment().restart_count() == 1);
   CHECK_FALSE(a.assignment().spare());
   CHECK(a.assignment().durable_service());
+  REQUIRE(a.assignment().members_size() == 2);
+  CHECK(a.assignment().members(0).host() == "node-a");
+  CHECK(a.assignment().members(0).address() == "10.0.0.2");
+  CHECK(a.assignment().members(0).nproc() == 2);
+  CHECK(std::vector<std::uint32_t>(a.assignment().members(0).ports().begin(),
+                                   a.assignment().members(0).ports().end()) ==
+        std::vector<std::uint32_t>{4000, 4001});
+  CHECK(a.assignment().members(1).address() == "fd00::3");
+  CHECK(a.assignment().members(1).ports_size() == 0);
 
   const auto s = OverTheWire(ToProto(msg::StopAndRejoin{"node b was lost", true}));
   REQUIRE(s.has_stop_and_rejoin());

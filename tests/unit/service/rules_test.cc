@@ -39,7 +39,7 @@ Settings Nodes(int min, int max) {
 }
 
 NodeDescription Node(const std::string& host, int nproc = 2, std::optional<int> rank = {}) {
-  return {host + "#1", host, nproc, rank};
+  return {host + "#1", host, nproc, rank, host, {}};
 }
 
 State Start(const Settings& s) {

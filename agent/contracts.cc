@@ -1,0 +1,178 @@
+#include "agent/contracts.h"
+
+#include <algorithm>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "base/endpoint.h"
+#include "base/spelling.h"
+
+namespace crun::agent {
+namespace {
+
+struct Named {
+  const char* name;
+  Contract contract;
+};
+// In the order ToString writes them; "tf" is TensorFlow's usual short name.
+constexpr Named kNames[] = {{"torch", Contract::kTorch},         {"tensorflow", Contract::kTensorflow},
+                            {"jax", Contract::kJax},             {"horovod", Contract::kHorovod},
+                            {"deepspeed", Contract::kDeepspeed}, {"mpi", Contract::kMpi},
+                            {"tf", Contract::kTensorflow}};
+
+std::string Num(int v) { return std::to_string(v); }
+
+// The round's members checked against what the contracts need of them.
+Status CheckMembers(const ContractSet& contracts, const GroupAssignment& g) {
+  const auto n = static_cast<int>(g.members.size());
+  if (n != g.group_world_size || g.group_rank < 0 || g.group_rank >= n) {
+    return InvalidArgument(
+        "--contract " + contracts.ToString() + " needs every node's address and ports, and " +
+        "this rendezvous gave " + Num(n) + " of " + Num(g.group_world_size) +
+        " nodes: use crun's rendezvous service (--rdzv-backend c10d) or --standalone");
+  }
+  int workers = 0;
+  for (int i = 0; i < n; ++i) {
+    const RoundMember& m = g.members[static_cast<std::size_t>(i)];
+    const int want = contracts.PortsToReserve(m.nproc);
+    if (static_cast<int>(m.ports.size()) != want) {
+      return InvalidArgument("node " + Num(i) + " (" + m.host + ") reserved " +
+                                Num(static_cast<int>(m.ports.size())) + " ports where --contract " +
+                                contracts.ToString() + " needs " + Num(want) +
+                                ": is it running crun with another --contract?");
+    }
+    workers += m.nproc;
+  }
+  if (workers != g.world_size) {
+    return InvalidArgument("the round's nodes run " + Num(workers) + " workers, not " +
+                              Num(g.world_size));
+  }
+  return Status::Ok();
+}
+
+// TF_CONFIG: every worker's host:port in global rank order, and this worker's index.
+std::string TfConfig(const GroupAssignment& g, int rank) {
+  nlohmann::json workers = nlohmann::json::array();
+  for (const RoundMember& m : g.members) {
+    for (int lr = 0; lr < m.nproc; ++lr) {
+      workers.push_back(FormatEndpoint(m.address, m.ports[static_cast<std::size_t>(lr)]));
+    }
+  }
+  return nlohmann::json{{"cluster", {{"worker", workers}}},
+                        {"task", {{"type", "worker"}, {"index", rank}}}}
+      .dump();
+}
+
+// Horovod's host name for node i: its own, unless another node of the round has the same one
+// (several agents on one host), whose local scopes must still differ.
+std::string HorovodHost(const GroupAssignment& g, std::size_t i) {
+  const std::string& host = g.members[i].host;
+  const auto same = std::count_if(g.members.begin(), g.members.end(),
+                                  [&](const RoundMember& m) { return m.host == host; });
+  return same > 1 ? host + "-node" + std::to_string(i) : host;
+}
+
+}  // namespace
+
+std::string ContractSet::ToString() const {
+  std::string out;
+  for (const auto& [name, c] : kNames) {
+    if (std::string_view(name) == "tf" || !Has(c)) continue;
+    out += (out.empty() ? "" : ",") + std::string(name);
+  }
+  return out;
+}
+
+int ContractSet::PortsToReserve(int nproc) const {
+  return (Has(Contract::kTensorflow) ? nproc : 0) + (Has(Contract::kJax) ? 1 : 0);
+}
+
+const std::vector<std::string>& ContractNames() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (const auto& n : kNames) v.emplace_back(n.name);
+    return v;
+  }();
+  return names;
+}
+
+StatusOr<ContractSet> ParseContracts(const std::string& list) {
+  ContractSet set;
+  std::stringstream in(list);
+  std::string word;
+  bool any = false;
+  while (std::getline(in, word, ',')) {
+    any = true;
+    const auto* found = std::find_if(std::begin(kNames), std::end(kNames),
+                                     [&](const Named& n) { return word == n.name; });
+    if (found != std::end(kNames)) {
+      set.Add(found->contract);
+      continue;
+    }
+    std::string message = "unknown contract '" + word + "'";
+    if (const std::string best = ClosestName(word, ContractNames()); !best.empty()) {
+      message += " (did you mean " + best + "?)";
+    }
+    return InvalidArgument(message +
+                           "; known: torch, tensorflow (tf), jax, horovod, deepspeed, mpi");
+  }
+  if (!any || list.back() == ',') {
+    return InvalidArgument("--contract '" + list +
+                           "' names no contract: give a comma-separated list such as "
+                           "'tensorflow' or 'jax,mpi'");
+  }
+  return set;
+}
+
+Status AddContractEnvironment(const ContractSet& contracts, const GroupAssignment& g,
+                              int local_rank, Environment& env) {
+  const int rank = g.base_rank + local_rank;
+  auto set = [&env](const char* name, const std::string& value) { env[name] = value; };
+  if (contracts.NeedsPorts() || contracts.Has(Contract::kHorovod)) {
+    if (Status s = CheckMembers(contracts, g); !s.ok()) return s;
+  }
+  if (contracts.Has(Contract::kTensorflow)) set("TF_CONFIG", TfConfig(g, rank));
+  if (contracts.Has(Contract::kJax)) {
+    const RoundMember& first = g.members.front();
+    set("JAX_COORDINATOR_ADDRESS", FormatEndpoint(first.address, first.ports.back()));
+    // JAX takes SIGTERM as a preemption notice and keeps running, so every stop of a group
+    // would wait the whole --shutdown-timeout for SIGKILL. A user who wants the notice sets it.
+    if (!env.contains("JAX_ENABLE_PREEMPTION_SERVICE")) {
+      set("JAX_ENABLE_PREEMPTION_SERVICE", "false");
+    }
+  }
+  if (contracts.Has(Contract::kHorovod)) {
+    // Cross rank: this node's place among the nodes that have a worker of this local rank.
+    int cross_rank = 0, cross_size = 0;
+    for (int i = 0; i < static_cast<int>(g.members.size()); ++i) {
+      if (g.members[static_cast<std::size_t>(i)].nproc <= local_rank) continue;
+      if (i < g.group_rank) ++cross_rank;
+      ++cross_size;
+    }
+    set("HOROVOD_RANK", Num(rank));
+    set("HOROVOD_SIZE", Num(g.world_size));
+    set("HOROVOD_LOCAL_RANK", Num(local_rank));
+    set("HOROVOD_LOCAL_SIZE", Num(g.local_world_size));
+    set("HOROVOD_CROSS_RANK", Num(cross_rank));
+    set("HOROVOD_CROSS_SIZE", Num(cross_size));
+    set("HOROVOD_HOSTNAME", HorovodHost(g, static_cast<std::size_t>(g.group_rank)));
+    set("HOROVOD_CONTROLLER", "gloo");
+    set("HOROVOD_CPU_OPERATIONS", "gloo");
+  }
+  if (contracts.Has(Contract::kDeepspeed)) {
+    set("LOCAL_SIZE", Num(g.local_world_size));
+    set("CROSS_RANK", Num(g.group_rank));
+    set("CROSS_SIZE", Num(g.group_world_size));
+  }
+  if (contracts.Has(Contract::kMpi)) {
+    set("OMPI_COMM_WORLD_RANK", Num(rank));
+    set("OMPI_COMM_WORLD_SIZE", Num(g.world_size));
+    set("OMPI_COMM_WORLD_LOCAL_RANK", Num(local_rank));
+    set("OMPI_COMM_WORLD_LOCAL_SIZE", Num(g.local_world_size));
+    set("OMPI_COMM_WORLD_NODE_RANK", Num(g.group_rank));
+  }
+  return Status::Ok();
+}
+
+}  // namespace crun::agent

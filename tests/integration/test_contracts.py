@@ -1,0 +1,262 @@
+"""--contract (docs/frameworks.md) with the real frameworks from PyPI, on the CPU: TensorFlow's
+MultiWorkerMirroredStrategy from TF_CONFIG, JAX's jax.distributed from JAX_COORDINATOR_ADDRESS,
+DeepSpeed's init_distributed with its --local_rank argument; each standalone and with two
+agents on the rendezvous service, and each restarted after a worker is SIGKILLed. Plus the
+refusals, and the environment against DeepSpeed's own launcher.
+
+  test_contracts.py FRAMEWORK     tf | jax | deepspeed | refusals
+
+The interpreters come from TF_PYTHON, JAX_PYTHON and DEEPSPEED_PYTHON
+(scripts/setup-frameworks.sh); a framework whose interpreter is not given is skipped (77)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+CRUN = os.environ["CRUN_BIN"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKERS = os.path.join(HERE, "..", "workers")
+LIMIT_S = 300
+SKIPPED = 77
+
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from crun_testing import free_port, processes_mentioning  # noqa: E402
+
+
+class Contract(unittest.TestCase):
+    python = None
+    worker = None
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="crun-contract-")
+
+    def outdir(self):
+        return tempfile.mkdtemp(dir=self.dir)
+
+    def run_all(self, commands, out):
+        """Runs crun processes together to their end; returns their (code, stderr)."""
+        env = dict(os.environ, PYTHON_EXEC=self.python)
+        procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env, stdin=subprocess.DEVNULL) for c in commands]
+        results = []
+        try:
+            for p in procs:
+                stdout, stderr = p.communicate(timeout=LIMIT_S)
+                results.append((p.returncode, stdout + stderr))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+        self.assertEqual(processes_mentioning(out), [], "processes left running")
+        return results
+
+    def standalone(self, contract, *args, nproc=2, extra=()):
+        out = self.outdir()
+        cmd = [CRUN, "--contract", contract, "--standalone", "--nproc-per-node", str(nproc),
+               *extra, self.worker, *args, out]
+        [(code, text)] = self.run_all([cmd], out)
+        return code, text, out
+
+    def two_agents(self, contract, *args, extra=()):
+        """Two crun agents on this host, one worker each, on the rendezvous service one of
+        them hosts."""
+        out = self.outdir()
+        endpoint = f"127.0.0.1:{free_port()}"
+        cmds = [[CRUN, "--contract", contract, "--nnodes", "2", "--nproc-per-node", "1",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id",
+                 os.path.basename(out), *extra, self.worker, *args, out] for _ in range(2)]
+        results = self.run_all(cmds, out)
+        return results, out
+
+    def results(self, out, prefix, world, attempt=0):
+        got = []
+        for rank in range(world):
+            with open(os.path.join(out, f"{prefix}_{rank}_{attempt}.json")) as f:
+                got.append(json.load(f))
+        return got
+
+
+class Tf(Contract):
+    python = os.environ.get("TF_PYTHON")
+    worker = os.path.join(WORKERS, "tf_mwms.py")
+
+    def check_trained(self, out, world, attempt=0):
+        r = self.results(out, "tf", world, attempt)
+        self.assertEqual({x["weights"] for x in r}, {r[0]["weights"]}, "weights differ")
+        self.assertEqual({json.dumps(x["cluster"]) for x in r}, {json.dumps(r[0]["cluster"])})
+        self.assertEqual(len(r[0]["cluster"]), world)
+        self.assertEqual(len(set(r[0]["cluster"])), world, "two workers share a port")
+        return r
+
+    def test_standalone_two_workers_train_to_identical_weights(self):
+        code, text, out = self.standalone("tensorflow")
+        self.assertEqual(code, 0, text)
+        self.check_trained(out, 2)
+
+    def test_two_agents_on_the_service_get_one_cluster(self):
+        results, out = self.two_agents("tf")
+        for code, text in results:
+            self.assertEqual(code, 0, text)
+        self.check_trained(out, 2)
+
+    def test_a_killed_worker_restarts_the_group_with_new_ports(self):
+        code, text, out = self.standalone("tensorflow", "--die-once",
+                                          extra=("--max-restarts", "1"))
+        self.assertEqual(code, 0, text)
+        self.assertIn("restarting the worker group (restart 1 of at most 1): rank 1 failed with "
+                      "signal 9 (SIGKILL)", text)
+        first = json.load(open(os.path.join(out, "tf_config_0_0.json")))["cluster"]["worker"]
+        again = self.check_trained(out, 2, attempt=1)[0]["cluster"]
+        self.assertNotEqual(first, again, "the restart kept the first attempt's ports")
+
+    def test_a_port_taken_before_the_worker_binds_fails_it_and_restarts(self):
+        code, text, out = self.standalone("tensorflow", "--take-port-once",
+                                          extra=("--max-restarts", "1", "--shutdown-timeout", "5"))
+        self.assertEqual(code, 0, text)
+        self.assertIn("Could not start gRPC server", text)
+        self.assertIn("rank 0 failed with exit code 1", text)
+        self.check_trained(out, 2, attempt=1)
+
+
+class Jax(Contract):
+    python = os.environ.get("JAX_PYTHON")
+    worker = os.path.join(WORKERS, "jax_psum.py")
+
+    def check_sums(self, out, world, attempt=0):
+        r = self.results(out, "jax", world, attempt)
+        for x in r:
+            self.assertTrue(x["ok"], x)
+        self.assertEqual({x["coordinator"] for x in r}, {r[0]["coordinator"]})
+        return r
+
+    def test_standalone_psum(self):
+        code, text, out = self.standalone("jax")
+        self.assertEqual(code, 0, text)
+        self.check_sums(out, 2)
+
+    def test_two_agents_on_the_service(self):
+        results, out = self.two_agents("jax")
+        for code, text in results:
+            self.assertEqual(code, 0, text)
+        self.check_sums(out, 2)
+
+    def test_a_killed_worker_restarts_the_group_at_once(self):
+        code, text, out = self.standalone("jax", "--die-once", extra=("--max-restarts", "1"))
+        self.assertEqual(code, 0, text)
+        self.assertIn("rank 1 failed with signal 9 (SIGKILL)", text)
+        # JAX's preemption service is off (JAX_ENABLE_PREEMPTION_SERVICE=false): the survivor
+        # ends at SIGTERM rather than at the shutdown timeout's SIGKILL.
+        self.assertNotIn("after the stop signal: SIGKILL", text)
+        self.check_sums(out, 2, attempt=1)
+
+
+class DeepSpeed(Contract):
+    python = os.environ.get("DEEPSPEED_PYTHON")
+    worker = os.path.join(WORKERS, "deepspeed_worker.py")
+
+    def test_init_distributed_with_local_rank_argument(self):
+        code, text, out = self.standalone("deepspeed", "--local_rank=${local_rank}")
+        self.assertEqual(code, 0, text)
+        for x in self.results(out, "ds", 2):
+            self.assertTrue(x["ok"], x)
+            self.assertEqual(x["env"]["LOCAL_SIZE"], "2")
+            self.assertEqual(x["env"]["CROSS_RANK"], "0")
+            self.assertEqual(x["env"]["CROSS_SIZE"], "1")
+
+    def test_a_killed_worker_restarts(self):
+        code, text, out = self.standalone("deepspeed", "--local_rank=${local_rank}",
+                                          "--die-once", extra=("--max-restarts", "1"))
+        self.assertEqual(code, 0, text)
+        self.assertIn("rank 1 failed with signal 9 (SIGKILL)", text)
+        for x in self.results(out, "ds", 2, attempt=1):
+            self.assertTrue(x["ok"], x)
+
+    def test_environment_matches_deepspeed_s_own_launcher(self):
+        """Every variable DeepSpeed's launcher gives a worker, crun gives with the same value,
+        but for the differences docs/environment.md lists."""
+        code, text, ours = self.standalone("deepspeed", "--local_rank=${local_rank}")
+        self.assertEqual(code, 0, text)
+        theirs = self.outdir()
+        launcher = os.path.join(os.path.dirname(self.python), "deepspeed")
+        env = dict(os.environ, PATH=os.path.dirname(self.python) + ":" + os.environ["PATH"])
+        r = subprocess.run([launcher, "--num_gpus", "2", self.worker, theirs],
+                           capture_output=True, text=True, timeout=LIMIT_S, env=env)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        # CUDA_VISIBLE_DEVICES: its launcher lists its devices even on the CPU; MASTER_PORT:
+        # its default 29500 against the port of crun's store; PATH, PWD: the test's.
+        explained = {"CUDA_VISIBLE_DEVICES", "MASTER_PORT", "PATH", "PWD"}
+        for a, b in zip(self.results(ours, "ds", 2), self.results(theirs, "ds", 2)):
+            added = {k: v for k, v in b["env"].items()
+                     if os.environ.get(k) != v and k not in explained}
+            self.assertTrue({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK",
+                             "CROSS_SIZE", "MASTER_ADDR"} <= set(added), added)
+            for k, v in added.items():
+                self.assertEqual(a["env"].get(k), v, k)
+            self.assertEqual(a["local_rank_arg"], b["local_rank_arg"])
+
+
+class Refusals(unittest.TestCase):
+    """Bad input: a clear error naming the value, exit 2, nothing created or left running."""
+
+    def refused(self, *args, says):
+        d = tempfile.mkdtemp(prefix="crun-contract-")
+        r = subprocess.run([CRUN, "--log-dir", os.path.join(d, "logs"), *args, "--no-python",
+                            "true"], capture_output=True, text=True, timeout=60, cwd=d)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(says, r.stderr)
+        self.assertEqual(os.listdir(d), [], "a refused launch created files")
+
+    def test_unknown_contract_names_the_closest(self):
+        self.refused("--contract", "tensorflw", "--standalone",
+                     says="unknown contract 'tensorflw' (did you mean tensorflow?)")
+        self.refused("--contract", "jax,mxnet", "--standalone", says="unknown contract 'mxnet'")
+
+    def test_the_pet_variable_is_read(self):
+        d = tempfile.mkdtemp(prefix="crun-contract-")
+        r = subprocess.run([CRUN, "--standalone", "--no-python", "true"], capture_output=True,
+                           text=True, timeout=60, cwd=d, env=dict(os.environ, PET_CONTRACT="jx"))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("unknown contract 'jx' (did you mean jax?)", r.stderr)
+
+    def test_contracts_that_need_ports_refuse_a_rendezvous_without_them(self):
+        self.refused("--contract", "tensorflow", "--nnodes", "2", "--node-rank", "0",
+                     "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                     says="which a static rendezvous")
+        self.refused("--contract", "jax", "--nnodes", "2", "--rdzv-backend", "etcd-v3",
+                     "--rdzv-endpoint", "127.0.0.1:2379", says="which the etcd-v3 backend")
+
+    def test_horovod_is_refused_until_its_rendezvous_is_served(self):
+        self.refused("--contract", "horovod", "--standalone",
+                     says="crun does not serve Horovod's HTTP rendezvous yet")
+
+    def test_mpi_and_deepspeed_variables_reach_a_plain_program(self):
+        r = subprocess.run([CRUN, "--contract", "mpi,deepspeed", "--standalone",
+                            "--nproc-per-node", "3", "--no-python", "sh", "-c",
+                            "echo $OMPI_COMM_WORLD_RANK/$OMPI_COMM_WORLD_SIZE "
+                            "$OMPI_COMM_WORLD_LOCAL_RANK/$OMPI_COMM_WORLD_LOCAL_SIZE "
+                            "$OMPI_COMM_WORLD_NODE_RANK $LOCAL_SIZE $CROSS_RANK $CROSS_SIZE"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = sorted(line.split("]:", 1)[-1].strip() for line in r.stdout.splitlines())
+        self.assertEqual(lines, ["0/3 0/3 0 3 0 1", "1/3 1/3 0 3 0 1", "2/3 2/3 0 3 0 1"])
+
+
+def main():
+    which = sys.argv.pop(1) if len(sys.argv) > 1 else ""
+    suites = {"tf": Tf, "jax": Jax, "deepspeed": DeepSpeed, "refusals": Refusals}
+    if which not in suites:
+        raise SystemExit(f"usage: test_contracts.py {' | '.join(suites)}")
+    suite = suites[which]
+    if suite is not Refusals and not suite.python:
+        print(f"SKIPPED: no interpreter for {which} (scripts/setup-frameworks.sh)")
+        return SKIPPED
+    result = unittest.TextTestRunner(verbosity=2).run(
+        unittest.defaultTestLoader.loadTestsFromTestCase(suite))
+    return 0 if result.wasSuccessful() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+// The other frameworks' contracts (agent/contracts.h) as tables: names in, variables out.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "agent/contracts.h"
+
+using crun::agent::Contract;
+using crun::agent::ContractSet;
+using crun::agent::Environment;
+using crun::agent::GroupAssignment;
+using crun::agent::RoundMember;
+
+namespace {
+
+ContractSet Parse(const std::string& list) {
+  auto s = crun::agent::ParseContracts(list);
+  REQUIRE(s.ok());
+  return *s;
+}
+
+// Two nodes: "alpha" with 2 workers, "beta" with 3, as the service would give node `rank`.
+GroupAssignment TwoNodes(const ContractSet& c, int group_rank) {
+  GroupAssignment g;
+  g.group_rank = group_rank;
+  g.group_world_size = 2;
+  g.local_world_size = group_rank == 0 ? 2 : 3;
+  g.world_size = 5;
+  g.base_rank = group_rank == 0 ? 0 : 2;
+  auto ports = [&c](int nproc, std::uint16_t first) {
+    std::vector<std::uint16_t> p;
+    for (int i = 0; i < c.PortsToReserve(nproc); ++i) p.push_back(first + i);
+    return p;
+  };
+  g.members = {RoundMember{"alpha", "10.0.0.1", 2, ports(2, 4000)},
+               RoundMember{"beta", "fd00::2", 3, ports(3, 5000)}};
+  return g;
+}
+
+Environment For(const ContractSet& c, const GroupAssignment& g, int local_rank) {
+  Environment env{{"RANK", std::to_string(g.base_rank + local_rank)}};
+  const crun::Status s = crun::agent::AddContractEnvironment(c, g, local_rank, env);
+  REQUIRE(s.ok());
+  return env;
+}
+
+}  // namespace
+
+TEST_CASE("contracts: names, the tf alias, and torch always in", "[contracts]") {
+  const struct {
+    const char* list;
+    const char* canonical;
+  } cases[] = {
+      {"torch", "torch"},
+      {"tensorflow", "torch,tensorflow"},
+      {"tf", "torch,tensorflow"},
+      {"jax,tf", "torch,tensorflow,jax"},
+      {"mpi,deepspeed,horovod,jax,tensorflow,torch", "torch,tensorflow,jax,horovod,deepspeed,mpi"},
+      {"jax,jax", "torch,jax"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.list);
+    CHECK(Parse(c.list).ToString() == c.canonical);
+  }
+  CHECK(ContractSet{}.ToString() == "torch");
+}
+
+TEST_CASE("contracts: an unknown name is refused with the closest one", "[contracts]") {
+  const struct {
+    const char* list;
+    const char* message;
+  } cases[] = {
+      {"tensorflw", "unknown contract 'tensorflw' (did you mean tensorflow?); known: torch, "
+                    "tensorflow (tf), jax, horovod, deepspeed, mpi"},
+      {"jax,horovd", "unknown contract 'horovd' (did you mean horovod?)"},
+      {"Deepspeed", "unknown contract 'Deepspeed' (did you mean deepspeed?)"},
+      {"mxnet", "unknown contract 'mxnet'; known:"},
+      {"", "--contract '' names no contract"},
+      {"jax,", "--contract 'jax,' names no contract"},
+      {",jax", "unknown contract ''"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.list);
+    auto s = crun::agent::ParseContracts(c.list);
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.status().message().find(c.message) == 0);
+  }
+}
+
+TEST_CASE("contracts: ports to reserve per node", "[contracts]") {
+  CHECK(Parse("torch").PortsToReserve(4) == 0);
+  CHECK(Parse("tensorflow").PortsToReserve(4) == 4);
+  CHECK(Parse("jax").PortsToReserve(4) == 1);
+  CHECK(Parse("tf,jax").PortsToReserve(4) == 5);
+  CHECK(Parse("horovod,deepspeed,mpi").PortsToReserve(4) == 0);
+  CHECK_FALSE(Parse("horovod,deepspeed,mpi").NeedsPorts());
+}
+
+TEST_CASE("contracts: TF_CONFIG lists every worker in global rank order", "[contracts]") {
+  const ContractSet c = Parse("tensorflow");
+  const std::vector<std::string> cluster{"10.0.0.1:4000", "10.0.0.1:4001", "[fd00::2]:5000",
+                                         "[fd00::2]:5001", "[fd00::2]:5002"};
+  for (const auto& [node, lr, rank] : {std::tuple{0, 0, 0}, {0, 1, 1}, {1, 0, 2}, {1, 2, 4}}) {
+    INFO("rank " << rank);
+    const auto env = For(c, TwoNodes(c, node), lr);
+    const auto tf = nlohmann::json::parse(env.at("TF_CONFIG"));
+    CHECK(tf["cluster"]["worker"].get<std::vector<std::string>>() == cluster);
+    CHECK(tf["cluster"].size() == 1);
+    CHECK(tf["task"] == nlohmann::json{{"type", "worker"}, {"index", rank}});
+    CHECK_FALSE(env.contains("JAX_COORDINATOR_ADDRESS"));
+  }
+}
+
+TEST_CASE("contracts: JAX's coordinator is node 0's last reserved port", "[contracts]") {
+  for (const char* list : {"jax", "tf,jax"}) {
+    const ContractSet c = Parse(list);
+    const std::string want = std::string("10.0.0.1:") + (c.Has(Contract::kTensorflow) ? "4002" : "4000");
+    for (int node : {0, 1}) {
+      INFO(list << " node " << node);
+      const auto env = For(c, TwoNodes(c, node), 0);
+      CHECK(env.at("JAX_COORDINATOR_ADDRESS") == want);
+      CHECK(env.at("JAX_ENABLE_PREEMPTION_SERVICE") == "false");
+    }
+  }
+  // A user who wants SIGTERM as a preemption notice keeps it.
+  const ContractSet c = Parse("jax");
+  Environment env{{"JAX_ENABLE_PREEMPTION_SERVICE", "true"}};
+  REQUIRE(crun::agent::AddContractEnvironment(c, TwoNodes(c, 0), 0, env).ok());
+  CHECK(env.at("JAX_ENABLE_PREEMPTION_SERVICE") == "true");
+}
+
+TEST_CASE("contracts: Horovod's ranks, cross ranks on uneven nodes, and host names",
+          "[contracts]") {
+  const ContractSet c = Parse("horovod");
+  const struct {
+    int node, local_rank;
+    const char *rank, *local_size, *cross_rank, *cross_size, *host;
+  } cases[] = {
+      {0, 0, "0", "2", "0", "2", "alpha"}, {0, 1, "1", "2", "0", "2", "alpha"},
+      {1, 0, "2", "3", "1", "2", "beta"},  {1, 1, "3", "3", "1", "2", "beta"},
+      {1, 2, "4", "3", "0", "1", "beta"},  // only beta has a local rank 2
+  };
+  for (const auto& k : cases) {
+    INFO("node " << k.node << " local rank " << k.local_rank);
+    const auto env = For(c, TwoNodes(c, k.node), k.local_rank);
+    CHECK(env.at("HOROVOD_RANK") == k.rank);
+    CHECK(env.at("HOROVOD_SIZE") == "5");
+    CHECK(env.at("HOROVOD_LOCAL_RANK") == std::to_string(k.local_rank));
+    CHECK(env.at("HOROVOD_LOCAL_SIZE") == k.local_size);
+    CHECK(env.at("HOROVOD_CROSS_RANK") == k.cross_rank);
+    CHECK(env.at("HOROVOD_CROSS_SIZE") == k.cross_size);
+    CHECK(env.at("HOROVOD_HOSTNAME") == k.host);
+    CHECK(env.at("HOROVOD_CONTROLLER") == "gloo");
+    CHECK(env.at("HOROVOD_CPU_OPERATIONS") == "gloo");
+  }
+  // Two agents on one host keep separate local scopes.
+  GroupAssignment g = TwoNodes(c, 1);
+  g.members[0].host = g.members[1].host = "box";
+  CHECK(For(c, g, 0).at("HOROVOD_HOSTNAME") == "box-node1");
+  g.group_rank = 0;
+  CHECK(For(c, g, 0).at("HOROVOD_HOSTNAME") == "box-node0");
+}
+
+TEST_CASE("contracts: DeepSpeed's and Open MPI's variables", "[contracts]") {
+  const ContractSet c = Parse("deepspeed,mpi");
+  const auto env = For(c, TwoNodes(c, 1), 2);
+  const Environment want{{"RANK", "4"},
+                         {"LOCAL_SIZE", "3"},
+                         {"CROSS_RANK", "1"},
+                         {"CROSS_SIZE", "2"},
+                         {"OMPI_COMM_WORLD_RANK", "4"},
+                         {"OMPI_COMM_WORLD_SIZE", "5"},
+                         {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                         {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"},
+                         {"OMPI_COMM_WORLD_NODE_RANK", "1"}};
+  CHECK(env == want);
+  // Neither needs the round's members.
+  GroupAssignment alone = TwoNodes(c, 1);
+  alone.members.clear();
+  CHECK(For(c, alone, 0).at("CROSS_RANK") == "1");
+}
+
+TEST_CASE("contracts: torch alone adds nothing", "[contracts]") {
+  const ContractSet c;
+  GroupAssignment g = TwoNodes(c, 0);
+  g.members.clear();
+  CHECK(For(c, g, 1) == Environment{{"RANK", "1"}});
+}
+
+TEST_CASE("contracts: a round without what a contract needs is refused naming it",
+          "[contracts]") {
+  const ContractSet c = Parse("tensorflow");
+  Environment env;
+  GroupAssignment g = TwoNodes(c, 0);
+  g.members.pop_back();
+  auto s = crun::agent::AddContractEnvironment(c, g, 0, env);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.message().find("--contract torch,tensorflow needs every node's address and ports, "
+                         "and this rendezvous gave 1 of 2 nodes") == 0);
+  g = TwoNodes(c, 0);
+  g.members[1].ports.pop_back();  // beta runs another --contract
+  s = crun::agent::AddContractEnvironment(c, g, 0, env);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.message() ==
+        "node 1 (beta) reserved 2 ports where --contract torch,tensorflow needs 3: is it "
+        "running crun with another --contract?");
+  CHECK(env.empty());
+}
