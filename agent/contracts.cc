@@ -16,9 +16,12 @@ struct Named {
   Contract contract;
 };
 // In the order ToString writes them; "tf" is TensorFlow's usual short name.
-constexpr Named kNames[] = {{"torch", Contract::kTorch},         {"tensorflow", Contract::kTensorflow},
-                            {"jax", Contract::kJax},             {"horovod", Contract::kHorovod},
-                            {"deepspeed", Contract::kDeepspeed}, {"mpi", Contract::kMpi},
+constexpr Named kNames[] = {{"torch", Contract::kTorch},
+                            {"tensorflow", Contract::kTensorflow},
+                            {"jax", Contract::kJax},
+                            {"horovod", Contract::kHorovod},
+                            {"deepspeed", Contract::kDeepspeed},
+                            {"mpi", Contract::kMpi},
                             {"tf", Contract::kTensorflow}};
 
 std::string Num(int v) { return std::to_string(v); }
@@ -38,15 +41,15 @@ Status CheckMembers(const ContractSet& contracts, const GroupAssignment& g) {
     const int want = contracts.PortsToReserve(m.nproc);
     if (static_cast<int>(m.ports.size()) != want) {
       return InvalidArgument("node " + Num(i) + " (" + m.host + ") reserved " +
-                                Num(static_cast<int>(m.ports.size())) + " ports where --contract " +
-                                contracts.ToString() + " needs " + Num(want) +
-                                ": is it running crun with another --contract?");
+                             Num(static_cast<int>(m.ports.size())) + " ports where --contract " +
+                             contracts.ToString() + " needs " + Num(want) +
+                             ": is it running crun with another --contract?");
     }
     workers += m.nproc;
   }
   if (workers != g.world_size) {
     return InvalidArgument("the round's nodes run " + Num(workers) + " workers, not " +
-                              Num(g.world_size));
+                           Num(g.world_size));
   }
   return Status::Ok();
 }

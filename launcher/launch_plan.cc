@@ -423,11 +423,6 @@ Status PlanContracts(const LaunchPlan& p, const LaunchOptions& o, agent::AgentOp
   if (!a.contracts.NeedsPorts()) return Status::Ok();
   const std::string what = "--contract " + a.contracts.ToString() +
                            " needs every node's address and the ports it reserved, ";
-  if (p.mode == Mode::kEtcd) {
-    return InvalidArgument(what +
-                           "which the etcd-v3 backend does not carry yet: use crun's "
-                           "rendezvous service (--rdzv-backend c10d --rdzv-endpoint HOST:PORT)");
-  }
   if (p.mode == Mode::kStatic || p.slurm_task) {
     return InvalidArgument(what +
                            "which a static rendezvous (--node-rank, one crun per Slurm task) "

@@ -51,9 +51,8 @@ class EtcdRendezvous final : public Rendezvous {
     asio::post(eio_, [this] { Setup(); });
   }
 
-  // Reserved ports are not published in etcd yet: its rounds carry no members, and the
-  // launcher refuses the contracts that need them (docs/frameworks.md).
-  void Join(const std::vector<std::uint16_t>& /*ports*/) override {
+  void Join(const std::vector<std::uint16_t>& ports) override {
+    ports_ = ports;  // published with the join (its value), for the round's members
     asio::post(eio_, [this] {
       want_join_ = true;
       if (ready_) WriteJoin();
@@ -173,6 +172,8 @@ class EtcdRendezvous final : public Rendezvous {
     record.node.host = o_.host;
     record.node.nproc = o_.nproc;
     record.node.requested_rank = o_.requested_rank;
+    // Where other nodes' workers reach this one's (--contract): as its store is reached.
+    record.node.address = o_.advertise_addr.empty() ? o_.host : o_.advertise_addr;
     record.addresses = o_.addresses;
     record.settings = o_.settings;
     const auto until = Clock::now() + o_.settings.heartbeat_timeout + Millis(2'000);
@@ -314,7 +315,8 @@ class EtcdRendezvous final : public Rendezvous {
 
   void WriteJoin() {
     const int gathering = CurrentGathering();
-    auto put = client_->Put(keys_.join(o_.node_id), std::to_string(gathering), lease_, Deadline());
+    auto put = client_->Put(keys_.join(o_.node_id), etcd::EncodeJoin({gathering, ports_}), lease_,
+                            Deadline());
     if (put.status().code() == StatusCode::kNotFound) return LeaseLost();  // "lease not found"
     if (!put.ok()) return End(1, "cannot join run '" + o_.run_id + "': " + put.status().message());
     joined_gathering_ = gathering;
@@ -407,6 +409,9 @@ class EtcdRendezvous final : public Rendezvous {
                                    [&](const auto& n) { return n.node_id == o_.node_id; });
     if (rank < 0 && !spare) return;  // not in this round: the decider will see our join
     g.group_world_size = static_cast<int>(s.members.size());
+    for (const auto& m : s.members) {
+      g.members.push_back({m.node.host, m.node.address, m.node.nproc, m.node.ports});
+    }
     g.world_size = doc.world_size;
     g.role_world_size = doc.world_size;
     if (spare) {
@@ -625,7 +630,8 @@ class EtcdRendezvous final : public Rendezvous {
   bool ready_ = false;
   bool want_join_ = false;
   std::optional<int> joined_gathering_;
-  std::optional<Round> round_;  // the round whose assignment the agent has
+  std::optional<Round> round_;        // the round whose assignment the agent has
+  std::vector<std::uint16_t> ports_;  // this node's for the next round, sent with its join
   std::unique_ptr<BackgroundStoreServer> store_;
   int store_round_ = -1;
   bool ended_ = false;

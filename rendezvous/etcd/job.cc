@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <stdexcept>
 #include <variant>
 
 #include <nlohmann/json.hpp>
@@ -36,9 +37,22 @@ std::optional<Phase> PhaseFrom(const std::string& name) {
   return std::nullopt;
 }
 
+// A list of TCP ports; anything else (0, above 65535, not a number) throws, naming it.
+std::vector<std::uint16_t> PortsFrom(const json& j) {
+  std::vector<std::uint16_t> ports;
+  for (const auto& p : j) {
+    const auto v = p.get<std::int64_t>();
+    if (v < 1 || v > 65535) throw std::out_of_range(std::to_string(v) + " is not a TCP port");
+    ports.push_back(static_cast<std::uint16_t>(v));
+  }
+  return ports;
+}
+
 json NodeJson(const rdzv::NodeDescription& n) {
   json j = {{"id", n.node_id}, {"host", n.host}, {"nproc", n.nproc}};
   if (n.requested_rank) j["rank"] = *n.requested_rank;
+  if (!n.address.empty()) j["address"] = n.address;
+  if (!n.ports.empty()) j["ports"] = n.ports;
   return j;
 }
 
@@ -48,6 +62,8 @@ rdzv::NodeDescription NodeFrom(const json& j) {
   n.host = j.at("host").get<std::string>();
   n.nproc = j.at("nproc").get<int>();
   if (j.contains("rank")) n.requested_rank = j["rank"].get<int>();
+  n.address = j.value("address", std::string());
+  if (j.contains("ports")) n.ports = PortsFrom(j["ports"]);
   return n;
 }
 
@@ -141,6 +157,25 @@ StatusOr<NodeRecord> DecodeNode(const std::string& id, const std::string& text) 
     }
     r.addresses = j.value("addresses", std::vector<std::string>{});
     r.settings = SettingsFrom(j.at("settings"));
+    return r;
+  });
+}
+
+std::string EncodeJoin(const JoinRecord& r) {
+  if (r.ports.empty()) return std::to_string(r.gathering);
+  return json{{"gathering", r.gathering}, {"ports", r.ports}}.dump();
+}
+
+StatusOr<JoinRecord> DecodeJoin(const std::string& id, const std::string& text) {
+  return Guarded("join of '" + id + "'", [&]() -> StatusOr<JoinRecord> {
+    const json j = json::parse(text);
+    JoinRecord r;
+    if (j.is_number_integer()) {
+      r.gathering = j.get<int>();
+      return r;
+    }
+    r.gathering = j.at("gathering").get<int>();
+    r.ports = PortsFrom(j.at("ports"));
     return r;
   });
 }
@@ -462,11 +497,14 @@ Decision Decide(const Keys& keys, const Mirror& mirror, TimePoint now, WallClock
   }
   // Joins for this gathering, first come first.
   for (const auto& [id, kv] : Children(mirror, keys.joins())) {
-    if (kv->value != std::to_string(doc.gathering) || s.present.count(id) != 0) continue;
+    const auto join = DecodeJoin(id, kv->value);
+    if (!join.ok() || join->gathering != doc.gathering || s.present.count(id) != 0) continue;
     if (mirror.count(keys.refusal(id)) != 0) continue;
     auto n = nodes.find(id);
     if (n == nodes.end()) continue;  // its lease is gone with it
-    apply(rdzv::OnJoin(std::move(s), n->second.record.node, n->second.record.settings, now));
+    rdzv::NodeDescription node = n->second.record.node;
+    node.ports = join->ports;  // this round's
+    apply(rdzv::OnJoin(std::move(s), node, n->second.record.settings, now));
   }
   apply(rdzv::OnTick(std::move(s), now));
 

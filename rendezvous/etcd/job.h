@@ -8,7 +8,9 @@
 //                                       number, why the last round stopped, the outcome
 //   <root>/<run id>/nodes/<node id>     an agent: bound to its lease (TTL = heartbeat timeout),
 //                                       so that etcd deletes it when the agent dies or is cut off
-//   <root>/<run id>/joins/<node id>     "ready for gathering G": written when its workers are down
+//   <root>/<run id>/joins/<node id>     "ready for gathering G": written when its workers are down;
+//                                       "G", or {"gathering": G, "ports": [...]} with the ports
+//                                       it reserved for the round's workers (--contract)
 //   <root>/<run id>/reports/<G>/<id>    how this node's workers ended in gathering G
 //   <root>/<run id>/rounds/<round>      history: when each round formed, with whom
 //   <root>/<run id>/last_failure        the report that spent the last restart or ended the job
@@ -76,6 +78,15 @@ struct NodeRecord {
   rdzv::Settings settings;
 };
 std::string EncodeNode(const NodeRecord& r);
+
+// A join: the gathering it is for, and the ports the node reserved for that round's workers.
+struct JoinRecord {
+  int gathering = 0;
+  std::vector<std::uint16_t> ports;
+};
+// "G" without ports (what agents before --contract wrote, and still write without ports).
+std::string EncodeJoin(const JoinRecord& j);
+StatusOr<JoinRecord> DecodeJoin(const std::string& id, const std::string& text);
 StatusOr<NodeRecord> DecodeNode(const std::string& id, const std::string& json);
 
 // How one node's workers ended: success, or failure with the report (crun.v1.FailureReport in

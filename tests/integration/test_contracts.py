@@ -1,7 +1,8 @@
 """--contract (docs/frameworks.md) with the real frameworks from PyPI, on the CPU: TensorFlow's
 MultiWorkerMirroredStrategy from TF_CONFIG, JAX's jax.distributed from JAX_COORDINATOR_ADDRESS,
-DeepSpeed's init_distributed with its --local_rank argument; each standalone and with two
-agents on the rendezvous service, and each restarted after a worker is SIGKILLed. Plus the
+DeepSpeed's init_distributed with its --local_rank argument; each standalone, with two
+agents on the rendezvous service and (TensorFlow, JAX) on two hosts (network namespaces) that
+meet on a real etcd, and each restarted after a worker is SIGKILLed. Plus the
 refusals, and the environment against DeepSpeed's own launcher.
 
   test_contracts.py FRAMEWORK     tf | jax | deepspeed | refusals
@@ -23,6 +24,8 @@ SKIPPED = 77
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from crun_testing import free_port, processes_mentioning  # noqa: E402
+from etcd_cluster import EtcdCluster, missing_programs  # noqa: E402
+from fabric import Fabric  # noqa: E402
 
 
 class Contract(unittest.TestCase):
@@ -71,6 +74,28 @@ class Contract(unittest.TestCase):
         results = self.run_all(cmds, out)
         return results, out
 
+    def two_hosts_on_etcd(self, contract, *args):
+        """Two hosts (network namespaces a and b, one worker each) whose agents meet on a real
+        etcd in a third (e): each node's workers are reached at its own address."""
+        missing = missing_programs()
+        self.assertEqual(missing, [], "etcd is installed by scripts/install-deps.sh")
+        out = self.outdir()
+        with Fabric(["e", "a", "b"]) as fab, \
+                EtcdCluster(fab, ["e"], os.path.join(self.dir, "etcd")) as etcd:
+            # The namespaces share this machine's host name, which /etc/hosts maps to
+            # loopback, and JAX's gloo finds its own address by the host name: each host gets
+            # its address as its name (a UTS namespace), as real hosts have names of their own.
+            cmds = [fab.command(host, ["unshare", "--uts", "sh", "-c",
+                                       'hostname "$0" && exec "$@"', fab.addr(host),
+                                       CRUN, "--contract", contract, "--nnodes", "2",
+                                       "--nproc-per-node", "1", "--rdzv-backend", "etcd-v3",
+                                       "--rdzv-endpoint", etcd.endpoints(), "--rdzv-id",
+                                       os.path.basename(out), self.worker, *args, out])
+                    for host in ("a", "b")]
+            results = self.run_all(cmds, out)
+            addresses = {fab.addr("a"), fab.addr("b")}
+        return results, out, addresses
+
     def results(self, out, prefix, world, attempt=0):
         got = []
         for rank in range(world):
@@ -101,6 +126,13 @@ class Tf(Contract):
         for code, text in results:
             self.assertEqual(code, 0, text)
         self.check_trained(out, 2)
+
+    def test_two_hosts_on_etcd_reach_each_other_s_workers(self):
+        results, out, addresses = self.two_hosts_on_etcd("tensorflow")
+        for code, text in results:
+            self.assertEqual(code, 0, text)
+        cluster = self.check_trained(out, 2)[0]["cluster"]
+        self.assertEqual({w.rsplit(":", 1)[0] for w in cluster}, addresses, cluster)
 
     def test_a_killed_worker_restarts_the_group_with_new_ports(self):
         code, text, out = self.standalone("tensorflow", "--die-once",
@@ -142,6 +174,13 @@ class Jax(Contract):
         for code, text in results:
             self.assertEqual(code, 0, text)
         self.check_sums(out, 2)
+
+    def test_two_hosts_on_etcd(self):
+        results, out, addresses = self.two_hosts_on_etcd("jax")
+        for code, text in results:
+            self.assertEqual(code, 0, text)
+        coordinator = self.check_sums(out, 2)[0]["coordinator"]
+        self.assertIn(coordinator.rsplit(":", 1)[0], addresses)
 
     def test_a_killed_worker_restarts_the_group_at_once(self):
         code, text, out = self.standalone("jax", "--die-once", extra=("--max-restarts", "1"))
@@ -225,8 +264,9 @@ class Refusals(unittest.TestCase):
         self.refused("--contract", "tensorflow", "--nnodes", "2", "--node-rank", "0",
                      "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                      says="which a static rendezvous")
-        self.refused("--contract", "jax", "--nnodes", "2", "--rdzv-backend", "etcd-v3",
-                     "--rdzv-endpoint", "127.0.0.1:2379", says="which the etcd-v3 backend")
+        self.refused("--contract", "jax", "--nnodes", "2", "--node-rank", "1", "--master-addr",
+                     "127.0.0.1", "--master-port", str(free_port()),
+                     says="which a static rendezvous")
 
     def test_horovod_is_refused_until_its_rendezvous_is_served(self):
         self.refused("--contract", "horovod", "--standalone",

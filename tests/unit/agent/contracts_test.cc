@@ -70,8 +70,9 @@ TEST_CASE("contracts: an unknown name is refused with the closest one", "[contra
     const char* list;
     const char* message;
   } cases[] = {
-      {"tensorflw", "unknown contract 'tensorflw' (did you mean tensorflow?); known: torch, "
-                    "tensorflow (tf), jax, horovod, deepspeed, mpi"},
+      {"tensorflw",
+       "unknown contract 'tensorflw' (did you mean tensorflow?); known: torch, "
+       "tensorflow (tf), jax, horovod, deepspeed, mpi"},
       {"jax,horovd", "unknown contract 'horovd' (did you mean horovod?)"},
       {"Deepspeed", "unknown contract 'Deepspeed' (did you mean deepspeed?)"},
       {"mxnet", "unknown contract 'mxnet'; known:"},
@@ -114,7 +115,8 @@ TEST_CASE("contracts: TF_CONFIG lists every worker in global rank order", "[cont
 TEST_CASE("contracts: JAX's coordinator is node 0's last reserved port", "[contracts]") {
   for (const char* list : {"jax", "tf,jax"}) {
     const ContractSet c = Parse(list);
-    const std::string want = std::string("10.0.0.1:") + (c.Has(Contract::kTensorflow) ? "4002" : "4000");
+    const std::string want =
+        std::string("10.0.0.1:") + (c.Has(Contract::kTensorflow) ? "4002" : "4000");
     for (int node : {0, 1}) {
       INFO(list << " node " << node);
       const auto env = For(c, TwoNodes(c, node), 0);
@@ -187,8 +189,7 @@ TEST_CASE("contracts: torch alone adds nothing", "[contracts]") {
   CHECK(For(c, g, 1) == Environment{{"RANK", "1"}});
 }
 
-TEST_CASE("contracts: a round without what a contract needs is refused naming it",
-          "[contracts]") {
+TEST_CASE("contracts: a round without what a contract needs is refused naming it", "[contracts]") {
   const ContractSet c = Parse("tensorflow");
   Environment env;
   GroupAssignment g = TwoNodes(c, 0);

@@ -137,6 +137,43 @@ TEST_CASE("etcd job: the first node's settings make the job; a round forms when 
   CHECK_FALSE(e.Step(Ms(20)).write);
 }
 
+TEST_CASE("etcd job: joins carry the ports a node reserved; members carry them to every agent") {
+  Etcd e;
+  e.AddNode("n-a", "host-a", 2, 2, 2);
+  NodeRecord b;
+  b.node = {"n-b", "host-b", 1, std::nullopt, "10.0.0.9", {}};
+  b.settings.min_nodes = b.settings.max_nodes = 2;
+  e.Put(e.keys.node("n-b"), crun::etcd::EncodeNode(b), 100);
+  e.Put(e.keys.decider(), "n-a", 100);
+  // An agent without ports writes the gathering alone, as agents before --contract did.
+  CHECK(crun::etcd::EncodeJoin({0, {}}) == "0");
+  e.Put(e.keys.join("n-a"), crun::etcd::EncodeJoin({0, {}}));
+  e.Put(e.keys.join("n-b"), crun::etcd::EncodeJoin({0, {41000, 41001}}));
+  e.Step(Ms(0));
+  const auto members = e.Public()["members"];
+  REQUIRE(members.size() == 2);
+  CHECK(members[0]["id"] == "n-a");
+  CHECK_FALSE(members[0].contains("ports"));
+  CHECK(members[1]["address"] == "10.0.0.9");
+  CHECK(members[1]["ports"] == nlohmann::json::array({41000, 41001}));
+  // Decoded back, as every agent reads a/job.
+  auto doc = crun::etcd::DecodeJob(e.kv.at(e.keys.job()).value, kT0, kWall0);
+  REQUIRE(doc.ok());
+  CHECK(doc->state.members[1].node.ports == std::vector<std::uint16_t>{41000, 41001});
+  // Joins as agents write them, and what is refused.
+  auto j = crun::etcd::DecodeJoin("n-b", R"({"gathering":3,"ports":[1,65535]})");
+  REQUIRE(j.ok());
+  CHECK(j->gathering == 3);
+  CHECK(j->ports == std::vector<std::uint16_t>{1, 65535});
+  CHECK(crun::etcd::DecodeJoin("n-b", "7")->gathering == 7);
+  for (const char* bad : {"x", R"({"ports":[1]})", R"({"gathering":1,"ports":[70000]})"}) {
+    INFO(bad);
+    auto d = crun::etcd::DecodeJoin("n-b", bad);
+    REQUIRE_FALSE(d.ok());
+    CHECK(d.status().message().find("join of 'n-b'") != std::string::npos);
+  }
+}
+
 TEST_CASE("etcd job: a worker failure spends a restart and every node rejoins") {
   Etcd e;
   e.AddNode("a", "host-a", 1, 2, 2, /*max_restarts=*/1);
