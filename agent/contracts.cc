@@ -67,16 +67,14 @@ std::string TfConfig(const GroupAssignment& g, int rank) {
       .dump();
 }
 
-// Horovod's host name for node i: its own, unless another node of the round has the same one
-// (several agents on one host), whose local scopes must still differ.
-std::string HorovodHost(const GroupAssignment& g, std::size_t i) {
+}  // namespace
+
+std::string HorovodHostName(const GroupAssignment& g, std::size_t i) {
   const std::string& host = g.members[i].host;
   const auto same = std::count_if(g.members.begin(), g.members.end(),
                                   [&](const RoundMember& m) { return m.host == host; });
   return same > 1 ? host + "-node" + std::to_string(i) : host;
 }
-
-}  // namespace
 
 std::string ContractSet::ToString() const {
   std::string out;
@@ -88,7 +86,7 @@ std::string ContractSet::ToString() const {
 }
 
 int ContractSet::PortsToReserve(int nproc) const {
-  return (Has(Contract::kTensorflow) ? nproc : 0) + (Has(Contract::kJax) ? 1 : 0);
+  return HorovodPort(nproc) + (Has(Contract::kHorovod) ? 1 : 0);
 }
 
 const std::vector<std::string>& ContractNames() {
@@ -132,13 +130,14 @@ Status AddContractEnvironment(const ContractSet& contracts, const GroupAssignmen
                               int local_rank, Environment& env) {
   const int rank = g.base_rank + local_rank;
   auto set = [&env](const char* name, const std::string& value) { env[name] = value; };
-  if (contracts.NeedsPorts() || contracts.Has(Contract::kHorovod)) {
+  if (contracts.NeedsPorts()) {
     if (Status s = CheckMembers(contracts, g); !s.ok()) return s;
   }
   if (contracts.Has(Contract::kTensorflow)) set("TF_CONFIG", TfConfig(g, rank));
   if (contracts.Has(Contract::kJax)) {
     const RoundMember& first = g.members.front();
-    set("JAX_COORDINATOR_ADDRESS", FormatEndpoint(first.address, first.ports.back()));
+    const auto port = first.ports[static_cast<std::size_t>(contracts.JaxPort(first.nproc))];
+    set("JAX_COORDINATOR_ADDRESS", FormatEndpoint(first.address, port));
     // JAX takes SIGTERM as a preemption notice and keeps running, so every stop of a group
     // would wait the whole --shutdown-timeout for SIGKILL. A user who wants the notice sets it.
     if (!env.contains("JAX_ENABLE_PREEMPTION_SERVICE")) {
@@ -159,9 +158,14 @@ Status AddContractEnvironment(const ContractSet& contracts, const GroupAssignmen
     set("HOROVOD_LOCAL_SIZE", Num(g.local_world_size));
     set("HOROVOD_CROSS_RANK", Num(cross_rank));
     set("HOROVOD_CROSS_SIZE", Num(cross_size));
-    set("HOROVOD_HOSTNAME", HorovodHost(g, static_cast<std::size_t>(g.group_rank)));
+    set("HOROVOD_HOSTNAME", HorovodHostName(g, static_cast<std::size_t>(g.group_rank)));
     set("HOROVOD_CONTROLLER", "gloo");
     set("HOROVOD_CPU_OPERATIONS", "gloo");
+    // Group rank 0's crun serves the round's rendezvous on the port it reserved.
+    const RoundMember& first = g.members.front();
+    set("HOROVOD_GLOO_RENDEZVOUS_ADDR", first.address);
+    set("HOROVOD_GLOO_RENDEZVOUS_PORT",
+        std::to_string(first.ports[static_cast<std::size_t>(contracts.HorovodPort(first.nproc))]));
   }
   if (contracts.Has(Contract::kDeepspeed)) {
     set("LOCAL_SIZE", Num(g.local_world_size));

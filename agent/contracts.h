@@ -23,12 +23,17 @@ class ContractSet {
   // "torch", "torch,tensorflow,jax": the names --contract takes, in a fixed order.
   std::string ToString() const;
   // Ports each node reserves for a round, for `nproc` workers: one per worker with
-  // tensorflow (each worker's gRPC server), then one with jax (the coordinator, used on group
-  // rank 0's node only). RoundMember::ports holds them in that order.
+  // tensorflow (each worker's gRPC server), then one with jax (the coordinator), then one with
+  // horovod (its HTTP rendezvous); the last two are used on group rank 0's node only.
+  // RoundMember::ports holds them in that order.
   int PortsToReserve(int nproc) const;
-  // tensorflow and jax need every node's address and ports, which only a rendezvous that
-  // exchanges them gives (the service, etcd, a single node).
-  bool NeedsPorts() const { return Has(Contract::kTensorflow) || Has(Contract::kJax); }
+  int JaxPort(int nproc) const { return Has(Contract::kTensorflow) ? nproc : 0; }
+  int HorovodPort(int nproc) const { return JaxPort(nproc) + (Has(Contract::kJax) ? 1 : 0); }
+  // tensorflow, jax and horovod need every node's address and ports (Horovod its cross
+  // ranks), which only a rendezvous that exchanges them gives (the service, etcd, one node).
+  bool NeedsPorts() const {
+    return Has(Contract::kTensorflow) || Has(Contract::kJax) || Has(Contract::kHorovod);
+  }
   bool operator==(const ContractSet&) const = default;
 
  private:
@@ -42,6 +47,10 @@ const std::vector<std::string>& ContractNames();
 // A comma-separated list of names. An unknown one is refused naming it and the closest name:
 // "unknown contract 'tensorflw' (did you mean tensorflow?); known: torch, tensorflow, ...".
 StatusOr<ContractSet> ParseContracts(const std::string& list);
+
+// Horovod's host name for node `i` of the round: its own, unless another node of the round has
+// the same one (several agents on one host), whose local scopes must still differ.
+std::string HorovodHostName(const GroupAssignment& group, std::size_t i);
 
 // Adds the variables of every contract in `contracts` for `local_rank` of `group` to `env`
 // (torchrun's are there already). A round whose members do not carry what a contract needs

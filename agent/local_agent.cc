@@ -21,10 +21,12 @@
 #include "agent/failure_report.h"
 #include "agent/hangs/file_timer.h"
 #include "agent/hangs/hang_responder.h"
+#include "agent/horovod_kv.h"
 #include "agent/port_reservation.h"
 #include "agent/report_writer.h"
 #include "agent/run_presence.h"
 #include "agent/worker_group.h"
+#include "base/host_addresses.h"
 #include "proto/protocol_version.h"
 
 namespace crun::agent {
@@ -245,6 +247,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   // The workers of attempt `n`; the lifecycle hears how each start went.
   void StartAttempt(int n) {
+    ServeHorovod();
     reserved.Release();  // the workers bind these ports themselves
     AttemptStartContext c;
     c.group = group;
@@ -265,6 +268,45 @@ struct LocalAgent::Impl final : RendezvousEvents {
       launches.push_back(s.launch);
     }
     Feed(lc::OnLaunched(state, n, launches, Now()));
+  }
+
+  // --contract horovod: group rank 0 serves the round's HTTP rendezvous (agent/horovod_kv.h),
+  // fresh for every round, on the port it reserved; only the round's nodes may connect where
+  // their addresses are known.
+  void ServeHorovod() {
+    horovod.reset();
+    horovod_kv.reset();
+    const ContractSet& c = options.contracts;
+    if (!c.Has(Contract::kHorovod) || group.group_rank != 0 || group.members.empty()) return;
+    metrics::HttpServerOptions o;
+    o.name = "Horovod's rendezvous";
+    o.bound_fd = reserved.Take(static_cast<std::size_t>(c.HorovodPort(options.nproc))).release();
+    if (o.bound_fd < 0) return;  // none reserved: the workers' start says so
+    o.max_connections = static_cast<std::size_t>(group.world_size) * 2 + 16;
+    o.io_timeout = std::chrono::seconds(30);
+    o.body_limit = 1 << 20;
+    for (const auto& m : group.members) {
+      if (!IsIpLiteral(m.address)) {
+        o.allowed_peers.clear();  // a member of unknown address: no list rather than a wrong one
+        break;
+      }
+      o.allowed_peers.push_back(m.address);
+    }
+    if (!o.allowed_peers.empty()) {
+      o.allowed_peers.push_back("127.0.0.1");
+      o.allowed_peers.push_back("::1");
+    }
+    horovod_kv = std::make_unique<HorovodKv>(HorovodKv::ScopeSizes(group), HorovodKv::Limits{});
+    auto served =
+        metrics::HttpServer::Serve(io, o, [kv = horovod_kv.get()](const metrics::HttpRequest& r) {
+          return kv->Handle(r);
+        });
+    if (!served.ok()) {  // the workers' hvd.init() then fails, naming the address
+      spdlog::error("cannot serve Horovod's rendezvous: {}", served.status().message());
+      return;
+    }
+    horovod = std::move(served).value();
+    spdlog::info("Horovod's rendezvous for round {} on port {}", group.round, horovod->port());
   }
 
   void Carry(const lc::WaitAsSpare& a) {
@@ -344,6 +386,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   }
 
   void Carry(const lc::EndAttempt&) {
+    if (horovod) horovod->Stop();  // the round's rendezvous ends with its workers
     streams.EndAttempt();
     hang_watch.Stop();
     if (file_timer) file_timer->Clear();
@@ -496,6 +539,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     file_timer.reset();
     workers.Close();
     if (metrics_server) metrics_server->Stop();
+    if (horovod) horovod->Stop();
     rdzv->Leave(code == 0 ? "done" : "exit code " + std::to_string(code));
   }
 
@@ -574,6 +618,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
   AgentOptions options;
   std::unique_ptr<Rendezvous> rdzv;
   PortReservation reserved;  // this round's ports (--contract), until its workers start
+  std::unique_ptr<HorovodKv> horovod_kv;  // --contract horovod on group rank 0: this round's
+  std::unique_ptr<metrics::HttpServer> horovod;
   metrics::Registry registry;
   std::unique_ptr<AgentMetrics> meters;  // null without options.metrics
   std::unique_ptr<metrics::HttpServer> metrics_server;

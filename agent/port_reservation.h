@@ -22,6 +22,9 @@ class PortReservation {
   const std::vector<std::uint16_t>& ports() const { return ports_; }
   // Closes the sockets; the ports stay listed.
   void Release() { sockets_.clear(); }
+  // The bound socket of port `i`, for crun itself to listen on (Horovod's rendezvous): no
+  // moment passes in which another process could take it. Invalid once released.
+  UniqueFd Take(std::size_t i) { return i < sockets_.size() ? std::move(sockets_[i]) : UniqueFd(); }
 
  private:
   std::vector<UniqueFd> sockets_;

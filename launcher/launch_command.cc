@@ -16,6 +16,7 @@
 #include "agent/rendezvous/local_rendezvous.h"
 #include "agent/rendezvous/service_rendezvous.h"
 #include "base/host_addresses.h"
+#include "launcher/horovodrun_spelling.h"
 #include "launcher/launch_options.h"
 #include "launcher/launch_plan.h"
 #include "launcher/logging.h"
@@ -312,8 +313,22 @@ int RunLaunch(int argc, char** argv) {
   app.prefix_command();  // everything from the script on belongs to the worker
   LaunchOptions o;
   AddLaunchOptions(app, o);
+  std::vector<std::string> words(argv + 1, argv + argc);
+  auto rewritten =
+      RewriteHorovodrunSpelling(words, [](const std::string& h) { return NamesThisHost(h); });
+  if (!rewritten.ok()) return UsageError(rewritten.status().message());
+  if (*rewritten != words) {
+    std::string line;
+    for (const auto& w : *rewritten) {
+      if (w == "--no-python") break;
+      line += " " + w;
+    }
+    std::fprintf(stderr, "crun: horovodrun's spelling, as crun's:%s --no-python ...\n",
+                 line.c_str());
+  }
+  std::vector<std::string> reversed(rewritten->rbegin(), rewritten->rend());  // CLI11's order
   try {
-    app.parse(argc, argv);
+    app.parse(reversed);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {

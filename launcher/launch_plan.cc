@@ -415,11 +415,6 @@ Status PlanWarm(const LaunchOptions& o, agent::AgentOptions& a) {
 // whether this job's rendezvous can give what they need.
 Status PlanContracts(const LaunchPlan& p, const LaunchOptions& o, agent::AgentOptions& a) {
   CRUN_ASSIGN_OR_RETURN(a.contracts, agent::ParseContracts(o.contract));
-  if (a.contracts.Has(agent::Contract::kHorovod)) {
-    return InvalidArgument(
-        "--contract horovod: crun does not serve Horovod's HTTP rendezvous yet, so hvd.init() "
-        "cannot start under it; use horovodrun for now (docs/frameworks.md)");
-  }
   if (!a.contracts.NeedsPorts()) return Status::Ok();
   const std::string what = "--contract " + a.contracts.ToString() +
                            " needs every node's address and the ports it reserved, ";

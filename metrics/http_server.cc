@@ -1,5 +1,8 @@
 #include "metrics/http_server.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <memory>
 #include <set>
 #include <type_traits>
@@ -24,7 +27,6 @@ namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
 
 constexpr std::size_t kHeaderLimit = 8 * 1024;
-constexpr std::size_t kBodyLimit = 4 * 1024;
 
 class Server;
 
@@ -74,20 +76,37 @@ class ConnectionOf final : public Connection,
 
 class Server final : public HttpServer {
  public:
-  Server(asio::io_context& io, HttpServerOptions o, std::function<std::string()> page)
-      : io_(io), o_(std::move(o)), page_(std::move(page)), acceptor_(io) {}
+  Server(asio::io_context& io, HttpServerOptions o,
+         std::function<HttpResponse(const HttpRequest&)> handle)
+      : io_(io), o_(std::move(o)), handle_(std::move(handle)), acceptor_(io) {
+    for (const auto& a : o_.allowed_peers) {
+      beast::error_code ec;
+      const auto address = asio::ip::make_address(a, ec);
+      if (!ec) allowed_.insert(address.is_v4() ? address : Unmapped(address));
+    }
+  }
 
   Status Listen() {
     if (o_.tls) CRUN_RETURN_IF_ERROR(MakeTlsContext(*o_.tls));
     beast::error_code ec;
-    const auto address = asio::ip::make_address(o_.host, ec);
-    if (ec) return InvalidArgument("--metrics-host '" + o_.host + "' is not an IP address");
-    const tcp::endpoint at(address, o_.port);
-    acceptor_.open(at.protocol(), ec);
-    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(at, ec);
+    if (o_.bound_fd >= 0) {
+      UniqueFd fd(o_.bound_fd);
+      sockaddr_storage ss{};
+      socklen_t len = sizeof ss;
+      if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+        return PosixError("an HTTP server's reserved socket", errno);
+      }
+      acceptor_.assign(ss.ss_family == AF_INET6 ? tcp::v6() : tcp::v4(), fd.release(), ec);
+    } else {
+      const auto address = asio::ip::make_address(o_.host, ec);
+      if (ec) return InvalidArgument("--metrics-host '" + o_.host + "' is not an IP address");
+      const tcp::endpoint at(address, o_.port);
+      acceptor_.open(at.protocol(), ec);
+      if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+      if (!ec) acceptor_.bind(at, ec);
+    }
     if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) return ListenError("metrics at " + FormatEndpoint(o_.host, o_.port), ec.value());
+    if (ec) return ListenError(o_.name + " at " + FormatEndpoint(o_.host, o_.port), ec.value());
     port_ = acceptor_.local_endpoint().port();
     Accept();
     return Status::Ok();
@@ -110,7 +129,8 @@ class Server final : public HttpServer {
 
   ~Server() override { Stop(); }
 
-  std::string Page() { return page_(); }
+  HttpResponse Handle(const HttpRequest& r) { return handle_(r); }
+  std::size_t body_limit() const { return o_.body_limit; }
   void Forget(const Connection* c) {
     std::erase_if(open_, [c](const auto& o) { return o.get() == c; });
   }
@@ -133,11 +153,25 @@ class Server final : public HttpServer {
     return Status::Ok();
   }
 
+  static asio::ip::address Unmapped(const asio::ip::address& a) {
+    if (a.is_v6() && a.to_v6().is_v4_mapped()) {
+      return asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6());
+    }
+    return a;
+  }
+
+  bool Allowed(const tcp::socket& socket) const {
+    if (allowed_.empty()) return true;
+    beast::error_code ec;
+    const auto peer = socket.remote_endpoint(ec);
+    return !ec && allowed_.count(Unmapped(peer.address())) != 0;
+  }
+
   void Accept() {
     acceptor_.async_accept([this, stopped = stopped_](beast::error_code ec, tcp::socket socket) {
       if (*stopped) return;
       if (!ec) {
-        if (open_.size() >= o_.max_connections) {
+        if (open_.size() >= o_.max_connections || !Allowed(socket)) {
           beast::error_code ignored;
           socket.close(ignored);  // full: refused at once
         } else {
@@ -163,7 +197,8 @@ class Server final : public HttpServer {
 
   asio::io_context& io_;
   HttpServerOptions o_;
-  std::function<std::string()> page_;
+  std::function<HttpResponse(const HttpRequest&)> handle_;
+  std::set<asio::ip::address> allowed_;
   tcp::acceptor acceptor_;
   std::unique_ptr<ssl::context> tls_;
   std::uint16_t port_ = 0;
@@ -192,7 +227,7 @@ template <typename Stream>
 void ConnectionOf<Stream>::Read() {
   parser_ = std::make_unique<http::request_parser<http::string_body>>();
   parser_->header_limit(kHeaderLimit);
-  parser_->body_limit(kBodyLimit);
+  parser_->body_limit(server_->body_limit());
   Arm();
   http::async_read(stream_, buffer_, *parser_,
                    [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
@@ -204,9 +239,15 @@ void ConnectionOf<Stream>::Read() {
                      }
                      if (ec) {
                        // Malformed or too large: say so once, then close.
-                       self->response_ = {http::status::bad_request, 11};
+                       const bool large = ec == http::error::body_limit;
+                       self->response_ = {large ? http::status::payload_too_large
+                                                : http::status::bad_request,
+                                          11};
                        self->response_.set(http::field::content_type, "text/plain");
-                       self->response_.body() = "bad request: " + ec.message() + "\n";
+                       self->response_.body() =
+                           large ? "request body over " +
+                                       std::to_string(self->server_->body_limit()) + " bytes\n"
+                                 : "bad request: " + ec.message() + "\n";
                        self->response_.keep_alive(false);
                        self->response_.prepare_payload();
                        self->Arm();
@@ -222,28 +263,14 @@ void ConnectionOf<Stream>::Read() {
 template <typename Stream>
 void ConnectionOf<Stream>::Answer() {
   const auto& req = parser_->get();
-  std::string target(req.target());
-  if (auto q = target.find('?'); q != std::string::npos) target.resize(q);
-  const bool get = req.method() == http::verb::get;
   const bool head = req.method() == http::verb::head;
-  response_ = {http::status::ok, req.version()};
+  const HttpResponse r =
+      server_->Handle({std::string(req.method_string()), std::string(req.target()), req.body()});
+  response_ = {static_cast<http::status>(r.status), req.version()};
   response_.set(http::field::server, "crun");
-  if (target != "/metrics" && target != "/") {
-    response_.result(http::status::not_found);
-    response_.set(http::field::content_type, "text/plain");
-    response_.body() = "not found: crun serves /metrics\n";
-  } else if (!get && !head) {
-    response_.result(http::status::method_not_allowed);
-    response_.set(http::field::allow, "GET, HEAD");
-    response_.set(http::field::content_type, "text/plain");
-    response_.body() = "method not allowed: GET or HEAD\n";
-  } else if (target == "/") {
-    response_.set(http::field::content_type, "text/plain");
-    response_.body() = "crun: metrics at /metrics\n";
-  } else {
-    response_.set(http::field::content_type, kContentType);
-    response_.body() = server_->Page();
-  }
+  if (!r.content_type.empty()) response_.set(http::field::content_type, r.content_type);
+  for (const auto& [name, value] : r.headers) response_.set(name, value);
+  response_.body() = r.body;
   response_.keep_alive(req.keep_alive());
   response_.prepare_payload();
   if (head) response_.body().clear();  // the length stays the GET's
@@ -267,16 +294,44 @@ void ConnectionOf<Stream>::Done() {
 Status HttpServerOptions::Validate() const {
   if (max_connections == 0) return InvalidArgument("metrics: max_connections must be at least 1");
   if (io_timeout.count() <= 0) return InvalidArgument("metrics: io_timeout must be positive");
+  if (body_limit == 0) return InvalidArgument("HTTP server: body_limit must be at least 1");
   return Status::Ok();
+}
+
+StatusOr<std::unique_ptr<HttpServer>> HttpServer::Serve(
+    asio::io_context& io, const HttpServerOptions& options,
+    std::function<HttpResponse(const HttpRequest&)> handle) {
+  if (Status s = options.Validate(); !s.ok()) {
+    UniqueFd owned(options.bound_fd);  // the server owned it
+    return s;
+  }
+  auto server = std::make_unique<Server>(io, options, std::move(handle));
+  CRUN_RETURN_IF_ERROR(server->Listen());
+  return std::unique_ptr<HttpServer>(std::move(server));
 }
 
 StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(asio::io_context& io,
                                                         const HttpServerOptions& options,
                                                         std::function<std::string()> page) {
-  CRUN_RETURN_IF_ERROR(options.Validate());
-  auto server = std::make_unique<Server>(io, options, std::move(page));
-  CRUN_RETURN_IF_ERROR(server->Listen());
-  return std::unique_ptr<HttpServer>(std::move(server));
+  return Serve(io, options, [page = std::move(page)](const HttpRequest& req) {
+    std::string target = req.target;
+    if (auto q = target.find('?'); q != std::string::npos) target.resize(q);
+    HttpResponse r;
+    if (target != "/metrics" && target != "/") {
+      r.status = 404;
+      r.body = "not found: crun serves /metrics\n";
+    } else if (req.method != "GET" && req.method != "HEAD") {
+      r.status = 405;
+      r.headers = {{"Allow", "GET, HEAD"}};
+      r.body = "method not allowed: GET or HEAD\n";
+    } else if (target == "/") {
+      r.body = "crun: metrics at /metrics\n";
+    } else {
+      r.content_type = kContentType;
+      r.body = page();
+    }
+    return r;
+  });
 }
 
 }  // namespace crun::metrics

@@ -2,13 +2,18 @@
 # Makes (once) the virtual environments of the frameworks crun launches besides PyTorch
 # (docs/frameworks.md), each from PyPI, each in its own venv under ~/.cache/crun so later runs
 # on the same machine reuse them. Prints `NAME=PYTHON` per framework on stdout.
-#   scripts/setup-frameworks.sh [tf] [jax] [deepspeed]     (default: all three)
+#   scripts/setup-frameworks.sh [tf] [jax] [deepspeed] [horovod]     (default: all four)
 # DeepSpeed goes into the PyTorch 2.x venv (scripts/setup-torch2.sh): it is a PyTorch library.
+# Horovod is built from PyPI's source distribution (it has no wheels), with its Gloo controller
+# and PyTorch, against torch 2.0.1: it does not compile against torch >= 2.1 (C++17; fixed on
+# its master, never released). About 15 minutes on 2 cores, once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TF_VERSION="2.21.0"        # tensorflow-cpu and tf-keras (Keras 3 breaks the multi-worker guide)
 JAX_VERSION="0.10.2"       # jax and jaxlib; CPU collectives over gloo
 DEEPSPEED_VERSION="0.19.8"
+HOROVOD_VERSION="0.28.1"
+HOROVOD_TORCH_VERSION="2.0.1"
 CACHE="$HOME/.cache/crun"
 pip_q=(-q --disable-pip-version-check)
 
@@ -33,7 +38,7 @@ has() {  # has PACKAGE VERSION: a check for venv()
 }
 
 wanted=("$@")
-[ ${#wanted[@]} -gt 0 ] || wanted=(tf jax deepspeed)
+[ ${#wanted[@]} -gt 0 ] || wanted=(tf jax deepspeed horovod)
 for w in "${wanted[@]}"; do
   case "$w" in
     tf)
@@ -53,8 +58,26 @@ for w in "${wanted[@]}"; do
         "$(dirname "$py")/pip" install "${pip_q[@]}" "deepspeed==$DEEPSPEED_VERSION" >&2
       fi
       ;;
+    horovod)
+      dir="$CACHE/venv-horovod-$HOROVOD_VERSION"
+      check="$(has horovod $HOROVOD_VERSION); import horovod.torch"
+      py="$dir/bin/python"
+      if ! { [ -x "$py" ] && "$py" -c "$check" 2>/dev/null; }; then
+        echo "setup-frameworks: building horovod==$HOROVOD_VERSION (Gloo, PyTorch" \
+          "$HOROVOD_TORCH_VERSION) into $dir" >&2
+        rm -rf "$dir"
+        /usr/bin/python3 -m venv "$dir"
+        "$dir/bin/pip" install "${pip_q[@]}" "torch==$HOROVOD_TORCH_VERSION" "numpy<2" \
+          cloudpickle psutil pyyaml packaging cffi wheel setuptools >&2
+        HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_PYTORCH=1 \
+          HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
+          "$dir/bin/pip" install "${pip_q[@]}" --no-build-isolation --no-cache-dir \
+          "horovod[pytorch]==$HOROVOD_VERSION" >&2
+        "$py" -c "$check" || { echo "setup-frameworks: horovod does not import after its build" >&2; exit 1; }
+      fi
+      ;;
     *)
-      echo "setup-frameworks: unknown framework '$w' (expected tf, jax, deepspeed)" >&2
+      echo "setup-frameworks: unknown framework '$w' (expected tf, jax, deepspeed, horovod)" >&2
       exit 2
       ;;
   esac

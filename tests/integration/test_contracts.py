@@ -1,13 +1,14 @@
 """--contract (docs/frameworks.md) with the real frameworks from PyPI, on the CPU: TensorFlow's
 MultiWorkerMirroredStrategy from TF_CONFIG, JAX's jax.distributed from JAX_COORDINATOR_ADDRESS,
-DeepSpeed's init_distributed with its --local_rank argument; each standalone, with two
+DeepSpeed's init_distributed with its --local_rank argument, Horovod's hvd.init() through
+crun's HTTP rendezvous (its own C++ client); each standalone, with two
 agents on the rendezvous service and (TensorFlow, JAX) on two hosts (network namespaces) that
 meet on a real etcd, and each restarted after a worker is SIGKILLed. Plus the
 refusals, and the environment against DeepSpeed's own launcher.
 
-  test_contracts.py FRAMEWORK     tf | jax | deepspeed | refusals
+  test_contracts.py FRAMEWORK     tf | jax | deepspeed | horovod | refusals
 
-The interpreters come from TF_PYTHON, JAX_PYTHON and DEEPSPEED_PYTHON
+The interpreters come from TF_PYTHON, JAX_PYTHON, DEEPSPEED_PYTHON and HOROVOD_PYTHON
 (scripts/setup-frameworks.sh); a framework whose interpreter is not given is skipped (77)."""
 import json
 import os
@@ -103,6 +104,13 @@ class Contract(unittest.TestCase):
                 got.append(json.load(f))
         return got
 
+    def ok_results(self, out, prefix, world, attempt=0):
+        """Every rank's results, each of which says its checks passed."""
+        got = self.results(out, prefix, world, attempt)
+        for x in got:
+            self.assertTrue(x["ok"], x)
+        return got
+
 
 class Tf(Contract):
     python = os.environ.get("TF_PYTHON")
@@ -158,9 +166,7 @@ class Jax(Contract):
     worker = os.path.join(WORKERS, "jax_psum.py")
 
     def check_sums(self, out, world, attempt=0):
-        r = self.results(out, "jax", world, attempt)
-        for x in r:
-            self.assertTrue(x["ok"], x)
+        r = self.ok_results(out, "jax", world, attempt)
         self.assertEqual({x["coordinator"] for x in r}, {r[0]["coordinator"]})
         return r
 
@@ -199,8 +205,7 @@ class DeepSpeed(Contract):
     def test_init_distributed_with_local_rank_argument(self):
         code, text, out = self.standalone("deepspeed", "--local_rank=${local_rank}")
         self.assertEqual(code, 0, text)
-        for x in self.results(out, "ds", 2):
-            self.assertTrue(x["ok"], x)
+        for x in self.ok_results(out, "ds", 2):
             self.assertEqual(x["env"]["LOCAL_SIZE"], "2")
             self.assertEqual(x["env"]["CROSS_RANK"], "0")
             self.assertEqual(x["env"]["CROSS_SIZE"], "1")
@@ -210,8 +215,7 @@ class DeepSpeed(Contract):
                                           "--die-once", extra=("--max-restarts", "1"))
         self.assertEqual(code, 0, text)
         self.assertIn("rank 1 failed with signal 9 (SIGKILL)", text)
-        for x in self.results(out, "ds", 2, attempt=1):
-            self.assertTrue(x["ok"], x)
+        self.ok_results(out, "ds", 2, attempt=1)
 
     def test_environment_matches_deepspeed_s_own_launcher(self):
         """Every variable DeepSpeed's launcher gives a worker, crun gives with the same value,
@@ -237,12 +241,92 @@ class DeepSpeed(Contract):
             self.assertEqual(a["local_rank_arg"], b["local_rank_arg"])
 
 
+class Horovod(Contract):
+    python = os.environ.get("HOROVOD_PYTHON")
+    worker = os.path.join(WORKERS, "horovod_worker.py")
+
+    def check_ran(self, out, world, attempt=0):
+        return self.ok_results(out, "hvd", world, attempt)
+
+    def test_standalone_allreduce_and_broadcast(self):
+        code, text, out = self.standalone("horovod")
+        self.assertEqual(code, 0, text)
+        for x in self.check_ran(out, 2):
+            self.assertEqual((x["local_size"], x["cross_rank"], x["cross_size"]), (2, 0, 1))
+
+    def test_two_agents_on_the_service_each_a_local_scope_of_its_own(self):
+        results, out = self.two_agents("horovod")
+        for code, text in results:
+            self.assertEqual(code, 0, text)
+        r = self.check_ran(out, 2)
+        self.assertEqual([(x["local_rank"], x["local_size"], x["cross_rank"], x["cross_size"])
+                          for x in r], [(0, 1, 0, 2), (0, 1, 1, 2)])
+        self.assertEqual(len({x["env"]["HOROVOD_HOSTNAME"] for x in r}), 2)
+
+    def test_a_killed_worker_restarts_on_a_fresh_rendezvous(self):
+        code, text, out = self.standalone("horovod", "--die-once", extra=("--max-restarts", "1"))
+        self.assertEqual(code, 0, text)
+        self.assertIn("rank 1 failed with signal 9 (SIGKILL)", text)
+        first = open(os.path.join(out, "hvd_port_0_0")).read()
+        again = self.check_ran(out, 2, attempt=1)[0]["env"]["HOROVOD_GLOO_RENDEZVOUS_PORT"]
+        self.assertNotEqual(first, again, "the restart reused the first round's rendezvous")
+
+    def test_environment_matches_horovodrun(self):
+        """Every HOROVOD_ variable horovodrun --gloo gives a worker on this host, crun gives
+        with the same value, but for the differences docs/environment.md lists."""
+        code, text, ours = self.standalone("horovod")
+        self.assertEqual(code, 0, text)
+        theirs = self.outdir()
+        bin_dir = os.path.dirname(self.python)
+        r = subprocess.run([os.path.join(bin_dir, "horovodrun"), "--gloo", "-np", "2", "-H",
+                            "localhost:2", self.python, self.worker, theirs],
+                           capture_output=True, text=True, timeout=LIMIT_S,
+                           env=dict(os.environ, PATH=bin_dir + ":" + os.environ["PATH"]))
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        # HOROVOD_GLOO_IFACE: horovodrun's pick of a common interface (crun leaves gloo to
+        # the host name); the rendezvous port; HOROVOD_HOSTNAME: -H's name against the host's.
+        explained = {"HOROVOD_GLOO_IFACE", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_HOSTNAME"}
+        for a, b in zip(self.check_ran(ours, 2), self.check_ran(theirs, 2)):
+            self.assertEqual({k: v for k, v in a["env"].items() if k not in explained},
+                             {k: v for k, v in b["env"].items() if k not in explained})
+            self.assertEqual(set(b["env"]) - set(a["env"]), {"HOROVOD_GLOO_IFACE"})
+            self.assertEqual(a["torchrun"]["RANK"], str(a["rank"]))
+
+    def test_horovodrun_s_spelling_on_one_host(self):
+        out = self.outdir()
+        cmd = [CRUN, "-np", "2", "-H", "localhost:2", self.python, self.worker, out]
+        [(code, text)] = self.run_all([cmd], out)
+        self.assertEqual(code, 0, text)
+        self.assertIn("horovodrun's spelling, as crun's: --contract horovod --nproc-per-node 2",
+                      text)
+        self.check_ran(out, 2)
+
+    def test_bad_requests_to_the_rendezvous_are_named(self):
+        out = self.outdir()
+        cmd = [CRUN, "--contract", "horovod", "--standalone", "--nproc-per-node", "2",
+               os.path.join(WORKERS, "horovod_kv_probe.py"), out]
+        [(code, text)] = self.run_all([cmd], out)
+        self.assertEqual(code, 0, text)
+        for rank in (0, 1):
+            a = json.load(open(os.path.join(out, f"kv_{rank}.json")))
+            self.assertEqual(a["malformed path"][0], 400, a)
+            self.assertIn("is not /<scope>/<key>", a["malformed path"][1])
+            self.assertEqual(a["too deep"][0], 400, a)
+            self.assertEqual(a["wrong method"][0], 405, a)
+            self.assertEqual(a["key too long"][0], 413, a)
+            self.assertIn("request body over 1048576 bytes", a["body too large"][1])
+            self.assertEqual(a["body too large"][0], 413, a)
+            self.assertEqual(a["put"][0], 200, a)
+            self.assertEqual(a["get"], [200, "value"], a)
+            self.assertEqual(a["absent"][0], 404, a)
+
+
 class Refusals(unittest.TestCase):
     """Bad input: a clear error naming the value, exit 2, nothing created or left running."""
 
     def refused(self, *args, says):
         d = tempfile.mkdtemp(prefix="crun-contract-")
-        r = subprocess.run([CRUN, "--log-dir", os.path.join(d, "logs"), *args, "--no-python",
+        r = subprocess.run([CRUN, *args, "--log-dir", os.path.join(d, "logs"), "--no-python",
                             "true"], capture_output=True, text=True, timeout=60, cwd=d)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn(says, r.stderr)
@@ -268,9 +352,17 @@ class Refusals(unittest.TestCase):
                      "127.0.0.1", "--master-port", str(free_port()),
                      says="which a static rendezvous")
 
-    def test_horovod_is_refused_until_its_rendezvous_is_served(self):
-        self.refused("--contract", "horovod", "--standalone",
-                     says="crun does not serve Horovod's HTTP rendezvous yet")
+    def test_horovod_needs_a_rendezvous_that_exchanges_ports(self):
+        self.refused("--contract", "horovod", "--nnodes", "2", "--node-rank", "0",
+                     "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                     says="which a static rendezvous")
+
+    def test_horovodrun_s_spelling_beyond_this_host(self):
+        self.refused("-np", "8", "-H", "node1:4,node2:4", "python",
+                     says="-H 'node1:4,node2:4' names node1, which is not this host: crun does "
+                          "not start processes on other hosts (it does not ssh)")
+        self.refused("-np", "8", "-H", "localhost:4", "python",
+                     says="-np 8 is more than the 4 slots of -H localhost:4")
 
     def test_mpi_and_deepspeed_variables_reach_a_plain_program(self):
         r = subprocess.run([CRUN, "--contract", "mpi,deepspeed", "--standalone",
@@ -286,7 +378,8 @@ class Refusals(unittest.TestCase):
 
 def main():
     which = sys.argv.pop(1) if len(sys.argv) > 1 else ""
-    suites = {"tf": Tf, "jax": Jax, "deepspeed": DeepSpeed, "refusals": Refusals}
+    suites = {"tf": Tf, "jax": Jax, "deepspeed": DeepSpeed, "horovod": Horovod,
+              "refusals": Refusals}
     if which not in suites:
         raise SystemExit(f"usage: test_contracts.py {' | '.join(suites)}")
     suite = suites[which]

@@ -93,8 +93,14 @@ TEST_CASE("contracts: ports to reserve per node", "[contracts]") {
   CHECK(Parse("tensorflow").PortsToReserve(4) == 4);
   CHECK(Parse("jax").PortsToReserve(4) == 1);
   CHECK(Parse("tf,jax").PortsToReserve(4) == 5);
-  CHECK(Parse("horovod,deepspeed,mpi").PortsToReserve(4) == 0);
-  CHECK_FALSE(Parse("horovod,deepspeed,mpi").NeedsPorts());
+  CHECK(Parse("horovod").PortsToReserve(4) == 1);
+  CHECK(Parse("tf,jax,horovod").PortsToReserve(4) == 6);
+  CHECK(Parse("tf,jax,horovod").JaxPort(4) == 4);
+  CHECK(Parse("tf,jax,horovod").HorovodPort(4) == 5);
+  CHECK(Parse("jax,horovod").HorovodPort(4) == 1);
+  CHECK(Parse("deepspeed,mpi").PortsToReserve(4) == 0);
+  CHECK_FALSE(Parse("deepspeed,mpi").NeedsPorts());
+  CHECK(Parse("horovod").NeedsPorts());
 }
 
 TEST_CASE("contracts: TF_CONFIG lists every worker in global rank order", "[contracts]") {
@@ -154,7 +160,12 @@ TEST_CASE("contracts: Horovod's ranks, cross ranks on uneven nodes, and host nam
     CHECK(env.at("HOROVOD_HOSTNAME") == k.host);
     CHECK(env.at("HOROVOD_CONTROLLER") == "gloo");
     CHECK(env.at("HOROVOD_CPU_OPERATIONS") == "gloo");
+    // Node 0's crun serves the rendezvous on its reserved port.
+    CHECK(env.at("HOROVOD_GLOO_RENDEZVOUS_ADDR") == "10.0.0.1");
+    CHECK(env.at("HOROVOD_GLOO_RENDEZVOUS_PORT") == "4000");
   }
+  const ContractSet all = Parse("tf,jax,horovod");
+  CHECK(For(all, TwoNodes(all, 1), 0).at("HOROVOD_GLOO_RENDEZVOUS_PORT") == "4003");
   // Two agents on one host keep separate local scopes.
   GroupAssignment g = TwoNodes(c, 1);
   g.members[0].host = g.members[1].host = "box";

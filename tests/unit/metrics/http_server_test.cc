@@ -1,5 +1,8 @@
 // The /metrics endpoint over real sockets: what a scraper gets, and what a bad client gets
 // (404, 405, 400 and closed, closed when idle or when the server is full).
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <chrono>
 #include <string>
 #include <thread>
@@ -100,7 +103,7 @@ TEST_CASE("metrics endpoint: HEAD, keep-alive, a query string, other paths and m
   CHECK(post.find("Allow: GET, HEAD\r\n") != std::string::npos);
 }
 
-TEST_CASE("metrics endpoint: garbage and oversized requests get 400 and the connection closed") {
+TEST_CASE("metrics endpoint: garbage and oversized requests get 400 (a body 413), then closed") {
   Served s;
   CHECK(Ask(s, std::string("\x16\x03\x01\x02\x00garbage\r\n\r\n", 17))
             .rfind("HTTP/1.1 400 Bad Request\r\n", 0) == 0);
@@ -108,7 +111,9 @@ TEST_CASE("metrics endpoint: garbage and oversized requests get 400 and the conn
   CHECK(Ask(s, huge).rfind("HTTP/1.1 400 Bad Request\r\n", 0) == 0);
   const std::string body =
       "POST / HTTP/1.1\r\nContent-Length: 100000\r\n\r\n" + std::string(100000, 'b');
-  CHECK(Ask(s, body).rfind("HTTP/1.1 400 Bad Request\r\n", 0) == 0);
+  const std::string answer = Ask(s, body);
+  CHECK(answer.rfind("HTTP/1.1 413 Payload Too Large\r\n", 0) == 0);
+  CHECK(answer.find("request body over 4096 bytes") != std::string::npos);
   CHECK(s.scrapes == 0);
 }
 
@@ -143,4 +148,34 @@ TEST_CASE("metrics endpoint: a port in use and a bad host are refused, naming th
   auto bad = HttpServer::Start(io, o, [] { return std::string(); });
   REQUIRE(!bad.ok());
   CHECK(bad.status().message() == "--metrics-host 'not-an-address' is not an IP address");
+}
+
+TEST_CASE("http server: an address off the allow-list is closed at accept", "[metrics]") {
+  HttpServerOptions o;
+  o.allowed_peers = {"10.9.9.9"};
+  Served off(o);
+  auto c = off.Connect();
+  CHECK(ReadToClose(c.get()).empty());
+  CHECK(off.scrapes == 0);
+  o.allowed_peers = {"10.9.9.9", "127.0.0.1"};
+  Served on(o);
+  CHECK(Ask(on, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+}
+
+TEST_CASE("http server: listens on a socket bound before, keeping its port", "[metrics]") {
+  crun::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(fd.valid());
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd.get(), reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  HttpServerOptions o;
+  o.bound_fd = fd.release();
+  Served s(o);
+  CHECK(s.server->port() == ntohs(a.sin_port));
+  CHECK(Ask(s, "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
 }
