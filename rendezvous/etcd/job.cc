@@ -504,6 +504,9 @@ Decision Decide(const Keys& keys, const Mirror& mirror, TimePoint now, WallClock
     if (n == nodes.end()) continue;  // its lease is gone with it
     rdzv::NodeDescription node = n->second.record.node;
     node.ports = join->ports;  // this round's
+    // The address only matters with ports (--contract); without, the job document (one entry
+    // per member, every agent reads it) stays as it was.
+    if (node.ports.empty()) node.address.clear();
     apply(rdzv::OnJoin(std::move(s), node, n->second.record.settings, now));
   }
   apply(rdzv::OnTick(std::move(s), now));

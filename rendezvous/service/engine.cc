@@ -1,6 +1,8 @@
 #include "rendezvous/service/engine.h"
 
 #include <algorithm>
+#include <string_view>
+#include <unordered_map>
 
 namespace crun::rdzv {
 
@@ -447,12 +449,20 @@ void Engine::Apply(Job& job, Transition t, TimePoint now) {
             ->RoundFormed(job.series,
                           std::chrono::duration<double>(now - job.gathering_since).count());
       }
+      // Every node's address and ports go to every member only where some node reserved
+      // ports (--contract): the list is O(nodes) per member, which a job of 10,000 torch
+      // nodes must not pay.
       std::vector<msg::RoundMember> members;
-      for (const auto& a : round->assignments) {
-        const auto it = std::find_if(job.state.members.begin(), job.state.members.end(),
-                                     [&a](const Member& m) { return m.node.node_id == a.node_id; });
-        if (it == job.state.members.end()) continue;  // cannot happen: the round's members
-        members.push_back({it->node.host, it->node.address, it->node.nproc, it->node.ports});
+      if (std::any_of(job.state.members.begin(), job.state.members.end(),
+                      [](const Member& m) { return !m.node.ports.empty(); })) {
+        std::unordered_map<std::string_view, const NodeDescription*> by_id;
+        for (const auto& m : job.state.members) by_id.emplace(m.node.node_id, &m.node);
+        for (const auto& a : round->assignments) {
+          const auto it = by_id.find(a.node_id);
+          if (it == by_id.end()) continue;  // cannot happen: the round's members
+          const NodeDescription& n = *it->second;
+          members.push_back({n.host, n.address, n.nproc, n.ports});
+        }
       }
       for (const auto& a : round->assignments) {
         auto session = job.sessions.find(a.node_id);

@@ -179,6 +179,13 @@ TEST_CASE("engine: every member gets each node's address and reserved ports in r
       CHECK(m[i].ports == want[i].ports);
     }
   }
+  // No node reserved ports (no --contract that needs them): no list, which would cost every
+  // member of a large job O(nodes).
+  Harness plain;
+  plain.Join(1, "node-b", T0);
+  plain.Join(2, "node-a", T0 + 5ms);
+  CHECK(plain.Assignment(1).members.empty());
+  CHECK(plain.Assignment(2).members.empty());
   // More ports than workers and one: refused, naming the counts.
   Harness h2;
   auto c = Harness::JoinMessage("node-c", {.min = 1, .max = 1, .nproc = 1});
