@@ -41,8 +41,7 @@ metrics::HttpResponse HorovodKv::Handle(const metrics::HttpRequest& req) {
   const auto second = path.find('/', 1);
   if (path.size() < 4 || path[0] != '/' || second == std::string::npos || second == 1 ||
       second + 1 == path.size() || path.find('/', second + 1) != std::string::npos) {
-    return Answer(400, "Horovod rendezvous: '" + path.substr(0, 200) +
-                           "' is not /<scope>/<key>\n");
+    return Answer(400, "Horovod rendezvous: '" + path.substr(0, 200) + "' is not /<scope>/<key>\n");
   }
   const std::string scope = path.substr(1, second - 1);
   const std::string key = path.substr(second + 1);
@@ -94,9 +93,8 @@ metrics::HttpResponse HorovodKv::Handle(const metrics::HttpRequest& req) {
     }
     return Answer(200, "");
   }
-  metrics::HttpResponse r =
-      Answer(405, "Horovod rendezvous: method " + req.method.substr(0, 20) +
-                      " not allowed: GET, PUT or DELETE\n");
+  metrics::HttpResponse r = Answer(405, "Horovod rendezvous: method " + req.method.substr(0, 20) +
+                                            " not allowed: GET, PUT or DELETE\n");
   r.headers = {{"Allow", "GET, PUT, DELETE"}};
   return r;
 }

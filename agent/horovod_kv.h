@@ -29,9 +29,9 @@ namespace crun::agent {
 class HorovodKv {
  public:
   struct Limits {
-    std::size_t max_keys = 65'536;          // across every scope
-    std::size_t max_bytes = 64 << 20;       // keys and values together
-    std::size_t max_key_bytes = 1024;       // a scope or key name
+    std::size_t max_keys = 65'536;     // across every scope
+    std::size_t max_bytes = 64 << 20;  // keys and values together
+    std::size_t max_key_bytes = 1024;  // a scope or key name
   };
   // The round's scopes and how many ranks each has (ScopeSizes).
   explicit HorovodKv(std::map<std::string, int> scope_sizes, Limits limits);

@@ -58,8 +58,8 @@ StatusOr<std::vector<std::string>> RewriteHorovodrunSpelling(
   int slots = 0;
   for (const auto& [host, n] : hosts) {
     if (!names_this_host(host)) {
-      return InvalidArgument("-H '" + hosts_text + "' names " + host + ", which is not this host: " +
-                             Suggestion(hosts));
+      return InvalidArgument("-H '" + hosts_text + "' names " + host +
+                             ", which is not this host: " + Suggestion(hosts));
     }
     slots += n;
   }
@@ -74,8 +74,8 @@ StatusOr<std::vector<std::string>> RewriteHorovodrunSpelling(
     }
   }
   // horovodrun runs a whole command (`python train.py`), not a script.
-  std::vector<std::string> out{"--contract", "horovod", "--nproc-per-node",
-                               std::to_string(nproc), "--no-python"};
+  std::vector<std::string> out{"--contract", "horovod", "--nproc-per-node", std::to_string(nproc),
+                               "--no-python"};
   out.insert(out.end(), args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
   return out;
 }

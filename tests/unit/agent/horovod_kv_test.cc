@@ -32,7 +32,7 @@ TEST_CASE("horovod rendezvous: PUT, GET, and 404 until a key is there", "[horovo
   CHECK(k.Status("GET", "/global/rank_0") == 200);
   CHECK(k.last.body == std::string("addr\0bytes", 10));
   CHECK(k.last.content_type == "application/octet-stream");
-  CHECK(k.Status("GET", "/local_a/rank_0") == 404);  // scopes are apart
+  CHECK(k.Status("GET", "/local_a/rank_0") == 404);        // scopes are apart
   CHECK(k.Status("PUT", "/global/rank_0", "new") == 200);  // replaced
   CHECK(k.Status("GET", "/global/rank_0") == 200);
   CHECK(k.last.body == "new");
@@ -60,8 +60,7 @@ TEST_CASE("horovod rendezvous: a round's scope empties when all its ranks have e
   CHECK(k.Status("DELETE", "/never/put") == 200);
 }
 
-TEST_CASE("horovod rendezvous: malformed, unknown and oversized requests are named",
-          "[horovod]") {
+TEST_CASE("horovod rendezvous: malformed, unknown and oversized requests are named", "[horovod]") {
   Kv k({.max_keys = 2, .max_bytes = 64, .max_key_bytes = 8});
   for (const char* bad : {"/", "/global", "/global/", "//key", "/a/b/c", "global/key", ""}) {
     INFO(bad);
@@ -69,16 +68,15 @@ TEST_CASE("horovod rendezvous: malformed, unknown and oversized requests are nam
     CHECK(k.last.body.find("is not /<scope>/<key>") != std::string::npos);
   }
   CHECK(k.Status("POST", "/global/k", "v") == 405);
-  CHECK(k.last.headers == std::vector<std::pair<std::string, std::string>>{
-                              {"Allow", "GET, PUT, DELETE"}});
+  CHECK(k.last.headers ==
+        std::vector<std::pair<std::string, std::string>>{{"Allow", "GET, PUT, DELETE"}});
   CHECK(k.Status("PUT", "/global/a-very-long-key", "v") == 413);
   CHECK(k.last.body.find("a scope or key over 8 bytes") != std::string::npos);
   CHECK(k.Status("PUT", "/global/big", std::string(100, 'x')) == 413);
-  CHECK(k.last.body.find("full (0 keys, 0 bytes; at most 2 keys, 64 bytes)") !=
-        std::string::npos);
+  CHECK(k.last.body.find("full (0 keys, 0 bytes; at most 2 keys, 64 bytes)") != std::string::npos);
   REQUIRE(k.Status("PUT", "/global/1", "a") == 200);
   REQUIRE(k.Status("PUT", "/global/2", "b") == 200);
-  CHECK(k.Status("PUT", "/global/3", "c") == 413);  // a third key
+  CHECK(k.Status("PUT", "/global/3", "c") == 413);   // a third key
   CHECK(k.Status("PUT", "/global/2", "bb") == 200);  // replacing one is not a new key
   CHECK(k.kv.keys() == 2);
 }

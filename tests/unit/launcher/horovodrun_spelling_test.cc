@@ -47,7 +47,8 @@ TEST_CASE("horovodrun spelling: other hosts, too many processes and bad values a
        "-H 'node1:4,node2:4' names node1, which is not this host: crun does not start processes "
        "on other hosts (it does not ssh): run on each node `crun --contract horovod --nnodes 2 "
        "--nproc-per-node 4 --rdzv-endpoint node1:29400 train.py`"},
-      {{"-np", "8", "-H", "localhost:4", "./p"}, "-np 8 is more than the 4 slots of -H localhost:4"},
+      {{"-np", "8", "-H", "localhost:4", "./p"},
+       "-np 8 is more than the 4 slots of -H localhost:4"},
       {{"-np", "0", "./p"}, "-np '0' is not a whole number from 1 to 4096"},
       {{"-np", "two", "./p"}, "-np 'two' is not a whole number from 1 to 4096"},
       {{"-H", "localhost:0", "./p"}, "-H 'localhost:0': 'localhost:0' is not host:slots"},
