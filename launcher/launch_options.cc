@@ -161,8 +161,8 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
   app.add_option("--contract", o.contract,
                  "Also give workers the launch contract of these frameworks, comma-separated, "
                  "on top of torchrun's: tensorflow (tf: TF_CONFIG), jax "
-                 "(JAX_COORDINATOR_ADDRESS), deepspeed, mpi (OMPI_COMM_WORLD_*); "
-                 "docs/frameworks.md")
+                 "(JAX_COORDINATOR_ADDRESS), horovod (and its HTTP rendezvous), deepspeed, "
+                 "mpi (OMPI_COMM_WORLD_*); docs/frameworks.md")
       ->envname(pet("CONTRACT"))
       ->type_name("LIST")
       ->group("Worker program");
