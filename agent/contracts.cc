@@ -32,8 +32,8 @@ Status CheckMembers(const ContractSet& contracts, const GroupAssignment& g) {
   if (n != g.group_world_size || g.group_rank < 0 || g.group_rank >= n) {
     return InvalidArgument(
         "--contract " + contracts.ToString() + " needs every node's address and ports, and " +
-        "this rendezvous gave " + Num(n) + " of " + Num(g.group_world_size) +
-        " nodes: use crun's rendezvous service (--rdzv-backend c10d) or --standalone");
+        "the round has those of " + Num(n) + " of its " + Num(g.group_world_size) +
+        " nodes (did this node reserve its ports? its log says)");
   }
   int workers = 0;
   for (int i = 0; i < n; ++i) {

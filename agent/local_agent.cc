@@ -270,14 +270,17 @@ struct LocalAgent::Impl final : RendezvousEvents {
     Feed(lc::OnLaunched(state, n, launches, Now()));
   }
 
-  // --contract horovod: group rank 0 serves the round's HTTP rendezvous (agent/horovod_kv.h),
-  // fresh for every round, on the port it reserved; only the round's nodes may connect where
-  // their addresses are known.
+  // --contract horovod: group rank 0 (with one crun per Slurm task, its local rank 0's) serves
+  // the round's HTTP rendezvous (agent/horovod_kv.h), fresh for every round, on the port it
+  // reserved; only the round's nodes may connect where their addresses are known.
   void ServeHorovod() {
     horovod.reset();
     horovod_kv.reset();
     const ContractSet& c = options.contracts;
-    if (!c.Has(Contract::kHorovod) || group.group_rank != 0 || group.members.empty()) return;
+    if (!c.Has(Contract::kHorovod) || group.group_rank != 0 || options.first_local_rank != 0 ||
+        group.members.empty()) {
+      return;
+    }
     metrics::HttpServerOptions o;
     o.name = "Horovod's rendezvous";
     o.bound_fd = reserved.Take(static_cast<std::size_t>(c.HorovodPort(options.nproc))).release();

@@ -256,6 +256,9 @@ int Execute(LaunchPlan& p) {
   rdzv.virtual_local_rank = o.virtual_local_rank;
   rdzv.store_port = p.master_port > 0 ? static_cast<std::uint16_t>(p.master_port) : 0;
   rdzv.store_linger = agent_options.shutdown_timeout;
+  rdzv.advertise_addr = o.local_addr;
+  rdzv.exchange_timeout =
+      p.conf.join_timeout ? Millis(*p.conf.join_timeout) : p.settings.join_timeout;
   boost::asio::io_context io(1);
   if (p.mode == Mode::kEtcd) {
     const int code = RunWithEtcd(p, io, std::move(agent_options));
@@ -278,6 +281,7 @@ int Execute(LaunchPlan& p) {
       g.world_size = t.world_size;
       g.base_rank = t.rank - t.local_rank;  // so that RANK = base + LOCAL_RANK = SLURM_PROCID
       rdzv.fixed_group = g;
+      rdzv.first_local_rank = t.local_rank;
     }
     if (p.mode == Mode::kStatic) {
       rdzv.node_rank = p.node_rank;

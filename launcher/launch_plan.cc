@@ -411,19 +411,11 @@ Status PlanWarm(const LaunchOptions& o, agent::AgentOptions& a) {
   return Status::Ok();
 }
 
-// --contract: the other frameworks' variables (agent/contracts.h, docs/frameworks.md), and
-// whether this job's rendezvous can give what they need.
-Status PlanContracts(const LaunchPlan& p, const LaunchOptions& o, agent::AgentOptions& a) {
+// --contract: the other frameworks' variables (agent/contracts.h, docs/frameworks.md). Every
+// rendezvous gives what they need: the service and etcd in the round, a static one through
+// its shared store (agent/rendezvous/member_exchange.h).
+Status PlanContracts(const LaunchOptions& o, agent::AgentOptions& a) {
   CRUN_ASSIGN_OR_RETURN(a.contracts, agent::ParseContracts(o.contract));
-  if (!a.contracts.NeedsPorts()) return Status::Ok();
-  const std::string what = "--contract " + a.contracts.ToString() +
-                           " needs every node's address and the ports it reserved, ";
-  if (p.mode == Mode::kStatic || p.slurm_task) {
-    return InvalidArgument(what +
-                           "which a static rendezvous (--node-rank, one crun per Slurm task) "
-                           "does not exchange: use crun's rendezvous service (--rdzv-backend "
-                           "c10d --rdzv-endpoint HOST:PORT, or one crun per node under Slurm)");
-  }
   return Status::Ok();
 }
 
@@ -437,7 +429,7 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   CRUN_ASSIGN_OR_RETURN(a.command, WorkerCommand(wo, facts.getenv));
   a.interpreter = InterpreterNote(a.command, wo, facts.getenv);
   CRUN_RETURN_IF_ERROR(PlanWarm(o, a));
-  CRUN_RETURN_IF_ERROR(PlanContracts(p, o, a));
+  CRUN_RETURN_IF_ERROR(PlanContracts(o, a));
   // Under Slurm, its warning signals (--signal=USR1@60, scancel -s USR2) reach crun; by
   // default they are passed on to the workers as notices rather than ending crun.
   if ((p.slurm || p.slurm_task) && !given.count("--signals-to-handle") &&

@@ -1,11 +1,15 @@
 #include "agent/rendezvous/local_rendezvous.h"
 
+#include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
 
+#include "agent/rendezvous/member_exchange.h"
 #include "base/endpoint.h"
+#include "base/host_addresses.h"
 #include "rendezvous/server/store_server.h"
 #include "rendezvous/store/tcp_store_client.h"
 
@@ -17,6 +21,8 @@ class LocalRendezvous final : public Rendezvous {
   LocalRendezvous(boost::asio::io_context& io, LocalRendezvousOptions options)
       : io_(io), options_(std::move(options)) {}
   ~LocalRendezvous() override {
+    stop_exchange_ = true;
+    if (exchange_thread_.joinable()) exchange_thread_.join();
     StopStore();
     if (done_thread_.joinable()) done_thread_.join();
   }
@@ -71,9 +77,12 @@ class LocalRendezvous final : public Rendezvous {
       g.base_rank = f.base_rank;
       g.base_role_rank = f.base_rank;
     }
-    // One node: it is the whole round. Static nodes and Slurm tasks exchange nothing.
-    if (!options_.fixed_group && options_.nnodes <= 1) {
+    // One node: it is the whole round. Static nodes and Slurm tasks exchange what the
+    // contracts need over the shared store, off the event loop (which may serve that store).
+    if (Participants() <= 1) {
       g.members = {RoundMember{options_.host, options_.store_host, options_.nproc, ports}};
+    } else if (!ports.empty()) {
+      return Exchange(std::move(g), ports);
     }
     Post([this, g] { events_->OnAssignment(g); });
   }
@@ -102,7 +111,10 @@ class LocalRendezvous final : public Rendezvous {
     Conclude(o);
   }
 
-  void Leave(const std::string&) override { StopStore(); }
+  void Leave(const std::string&) override {
+    stop_exchange_ = true;
+    StopStore();
+  }
   std::string node_id() const override { return "local"; }
   // One node: nobody else to ask, and nobody asks.
   void AskStacks(const std::string&, std::chrono::milliseconds,
@@ -125,24 +137,118 @@ class LocalRendezvous final : public Rendezvous {
     if (store_) store_->Stop();
     store_.reset();
   }
+  // The crun processes that share the static store: nodes, or Slurm tasks.
+  int Participants() const {
+    return options_.fixed_group ? options_.fixed_group->world_size : options_.nnodes;
+  }
+  // A client of the shared store: this crun's own through loopback when it hosts it.
+  TcpStoreClientOptions StoreClient(std::chrono::milliseconds timeout) const {
+    TcpStoreClientOptions c;
+    const bool hosting = store_ != nullptr;
+    const std::string bound = BindHost();
+    c.host = !hosting ? options_.store_host
+                      : (bound == "::" || bound == "0.0.0.0" ? std::string("127.0.0.1") : bound);
+    c.port = hosting ? store_->port() : options_.store_port;
+    c.connect_timeout = timeout;
+    c.timeout = timeout;
+    return c;
+  }
+
+  // Connects as TcpStoreClient::Connect does (retrying until c.connect_timeout), in short
+  // tries so that a stopping agent is not held up by a store that is not up yet.
+  StatusOr<std::unique_ptr<TcpStoreClient>> ConnectUnlessStopped(TcpStoreClientOptions c) const {
+    const auto total = c.connect_timeout;
+    const auto deadline = std::chrono::steady_clock::now() + total;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      c.connect_timeout =
+          std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(250));
+      auto client = TcpStoreClient::Connect(c);
+      if (client.ok() || client.status().code() != StatusCode::kTimeout) return client;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return TimeoutError("the store at " + FormatEndpoint(c.host, c.port) +
+                            " did not answer within " + std::to_string(total.count()) +
+                            " ms: " + client.status().message());
+      }
+      if (stop_exchange_) return Aborted("stopped while connecting to the store");
+    }
+  }
+
+  // Publishes this crun's address and reserved ports on the shared store and gives the round
+  // once every participant has (member_exchange.h); an exchange that fails ends the job.
+  void Exchange(GroupAssignment g, const std::vector<std::uint16_t>& ports) {
+    Participant self;
+    self.index = options_.fixed_group ? g.base_rank + options_.first_local_rank : g.group_rank;
+    self.node = g.group_rank;
+    self.local_rank = options_.fixed_group ? options_.first_local_rank : 0;
+    self.nproc = options_.nproc;
+    self.host = options_.host;
+    self.address = options_.advertise_addr.empty()
+                       ? LocalAddressToward(options_.store_host, options_.store_port)
+                       : options_.advertise_addr;
+    if (self.address.empty()) self.address = options_.host;
+    self.ports = ports;
+    ExchangeOptions e;
+    e.round = g.round;
+    e.participants = Participants();
+    e.who = options_.fixed_group ? "Slurm task" : "node";
+    e.timeout = options_.exchange_timeout;
+    e.stop = &stop_exchange_;
+    const TcpStoreClientOptions c = StoreClient(options_.exchange_timeout);
+    spdlog::info("round {}: waiting for the ports of the other {} {}s on the store at {}", g.round,
+                 e.participants - 1, e.who, FormatEndpoint(c.host, c.port));
+    // The last round's thread watches for this round to begin: it ends once this one says so.
+    std::thread last = std::move(exchange_thread_);
+    exchange_thread_ =
+        std::thread([this, g = std::move(g), self, e, c, last = std::move(last)]() mutable {
+          auto client = ConnectUnlessStopped(c);
+          StatusOr<std::vector<RoundMember>> members =
+              client.ok() ? ExchangeMembers(**client, self, e) : client.status();
+          if (last.joinable()) last.join();
+          if (!members.ok() && members.status().code() == StatusCode::kAborted) return;
+          if (!members.ok()) {
+            JobOutcome o;
+            o.exit_code = 1;
+            o.reason = "--contract: " + members.status().message();
+            return Post([this, o] { events_->OnFinished(o); });
+          }
+          g.members = std::move(members).value();
+          Post([this, g] { events_->OnAssignment(g); });
+          auto began = WatchForRound(**client, g.round + 1, stop_exchange_);
+          if (began.ok()) Post([this, round = g.round, who = *began] { PeerBegan(round, who); });
+        });
+  }
+
+  // Another crun began the round after `round` (member_exchange.h): its workers failed, and
+  // this crun's group restarts with it, so that every round has all the job's workers.
+  void PeerBegan(int round, int who) {
+    if (restarts_ != round || concluded_) return;  // this crun began it too, or is done
+    const std::string what = std::string(options_.fixed_group ? "Slurm task " : "node ") +
+                             std::to_string(who) + " began round " + std::to_string(round + 1) +
+                             " after a failure there";
+    if (restarts_ < options_.max_restarts) {
+      ++restarts_;
+      return events_->OnStopAndRejoin(what, true);
+    }
+    JobOutcome o;
+    o.exit_code = 1;
+    o.reason = what + ", and this crun has no restarts left";
+    Conclude(o);
+  }
 
   // This crun's workers are done for good. Alone, that is the end; sharing a static store, it
   // first says so on the store, off the event loop (which serves the store when this crun
   // hosts it), and the host waits there for the others (LocalRendezvousOptions::store_linger).
   void Conclude(const JobOutcome& o) {
-    const int participants =
-        options_.fixed_group ? options_.fixed_group->world_size : options_.nnodes;
+    concluded_ = true;
+    stop_exchange_ = true;
+    const int participants = Participants();
     if (!options_.static_store || participants <= 1 || done_thread_.joinable()) {
       return Post([this, o] { events_->OnFinished(o); });
     }
     const bool hosting = store_ != nullptr;
-    TcpStoreClientOptions c;
-    const std::string bound = BindHost();
-    c.host = !hosting ? options_.store_host
-                      : (bound == "::" || bound == "0.0.0.0" ? std::string("127.0.0.1") : bound);
-    c.port = hosting ? store_->port() : options_.store_port;
-    c.connect_timeout = std::chrono::seconds(5);
-    c.timeout = std::chrono::seconds(5);
+    const TcpStoreClientOptions c = StoreClient(std::chrono::seconds(5));
     done_thread_ = std::thread([this, o, c, hosting, participants] {
       SayDone(c, hosting, participants);
       Post([this, o] { events_->OnFinished(o); });
@@ -183,7 +289,10 @@ class LocalRendezvous final : public Rendezvous {
   RendezvousEvents* events_ = nullptr;
   std::unique_ptr<StoreServer> store_;
   int restarts_ = 0;
-  std::thread done_thread_;  // Conclude()'s word with the store
+  std::thread done_thread_;      // Conclude()'s word with the store
+  std::thread exchange_thread_;  // the round's Exchange(), then its watch for the next round
+  std::atomic<bool> stop_exchange_{false};
+  bool concluded_ = false;
 };
 
 }  // namespace

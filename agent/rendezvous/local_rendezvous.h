@@ -38,6 +38,12 @@ struct LocalRendezvousOptions {
   // One crun per Slurm task (docs/slurm.md): the ranks and sizes come from Slurm, not from
   // node_rank x nproc. Its master_port is filled in from the store.
   std::optional<GroupAssignment> fixed_group;
+  int first_local_rank = 0;  // a Slurm task's SLURM_LOCALID (its one worker's local rank)
+  // --contract with ports (agent/contracts.h) on a shared static store: where this crun's
+  // workers are reached (--local-addr; empty: the address this host reaches the store from),
+  // and how long to wait for the other crun processes' ports (rdzv_conf join_timeout).
+  std::string advertise_addr;
+  std::chrono::milliseconds exchange_timeout{600000};
   // With a static store shared by several crun processes (nnodes > 1, or a fixed_group of
   // several tasks), each says on the store when its workers are done, and the store's host
   // keeps serving after its own workers ended until all have said so, for at most this long:

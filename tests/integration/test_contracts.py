@@ -2,9 +2,9 @@
 MultiWorkerMirroredStrategy from TF_CONFIG, JAX's jax.distributed from JAX_COORDINATOR_ADDRESS,
 DeepSpeed's init_distributed with its --local_rank argument, Horovod's hvd.init() through
 crun's HTTP rendezvous (its own C++ client); each standalone, with two
-agents on the rendezvous service and (TensorFlow, JAX) on two hosts (network namespaces) that
-meet on a real etcd, and each restarted after a worker is SIGKILLed. Plus the
-refusals, and the environment against DeepSpeed's own launcher.
+agents on the rendezvous service, (TensorFlow, JAX, Horovod) as two nodes of the static backend
+and (TensorFlow, JAX) on two hosts (network namespaces) that meet on a real etcd, and each
+restarted after a worker is SIGKILLed. Plus the refusals, and the environment against DeepSpeed's own launcher.
 
   test_contracts.py FRAMEWORK     tf | jax | deepspeed | horovod | refusals
 
@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 
 CRUN = os.environ["CRUN_BIN"]
@@ -97,6 +98,17 @@ class Contract(unittest.TestCase):
             addresses = {fab.addr("a"), fab.addr("b")}
         return results, out, addresses
 
+    def two_static_nodes(self, contract, *args, extra=()):
+        """Two crun processes on this host as the two nodes of torchrun's static backend (node
+        0 hosts the store for the whole job), one worker each; node 1 starts first."""
+        out = self.outdir()
+        port = str(free_port())
+        cmds = [[CRUN, "--contract", contract, "--nnodes", "2", "--node-rank", rank,
+                 "--master-addr", "127.0.0.1", "--master-port", port, "--nproc-per-node", "1",
+                 *extra, self.worker, *args, out] for rank in ("1", "0")]
+        results = self.run_all(cmds, out)
+        return results, out
+
     def results(self, out, prefix, world, attempt=0):
         got = []
         for rank in range(world):
@@ -115,6 +127,10 @@ class Contract(unittest.TestCase):
 class Tf(Contract):
     python = os.environ.get("TF_PYTHON")
     worker = os.path.join(WORKERS, "tf_mwms.py")
+
+    def tf_config(self, out, rank, attempt):
+        with open(os.path.join(out, f"tf_config_{rank}_{attempt}.json")) as f:
+            return json.load(f)
 
     def check_trained(self, out, world, attempt=0):
         r = self.results(out, "tf", world, attempt)
@@ -142,13 +158,27 @@ class Tf(Contract):
         cluster = self.check_trained(out, 2)[0]["cluster"]
         self.assertEqual({w.rsplit(":", 1)[0] for w in cluster}, addresses, cluster)
 
+    def test_two_static_nodes_share_one_cluster_and_restart_together(self):
+        """The static backend exchanges ports over node 0's store: rank 1 (node 1) is killed,
+        node 0 restarts with node 1 (it hears node 1 begin round 1, or its worker fails at the
+        loss of its peer, whichever comes first), and the second round gets new ports."""
+        results, out = self.two_static_nodes("tensorflow", "--die-once",
+                                             extra=("--max-restarts", "1"))
+        for code, text in results:
+            self.assertEqual(code, 0, text)
+            self.assertIn("restarting the worker group (restart 1 of at most 1)", text)
+        self.assertIn("rank 1 failed with signal 9 (SIGKILL)", results[0][1])
+        first = self.tf_config(out, 0, 0)["cluster"]["worker"]
+        again = self.check_trained(out, 2, attempt=1)[0]["cluster"]
+        self.assertNotEqual(first, again, "the restart kept the first round's ports")
+
     def test_a_killed_worker_restarts_the_group_with_new_ports(self):
         code, text, out = self.standalone("tensorflow", "--die-once",
                                           extra=("--max-restarts", "1"))
         self.assertEqual(code, 0, text)
         self.assertIn("restarting the worker group (restart 1 of at most 1): rank 1 failed with "
                       "signal 9 (SIGKILL)", text)
-        first = json.load(open(os.path.join(out, "tf_config_0_0.json")))["cluster"]["worker"]
+        first = self.tf_config(out, 0, 0)["cluster"]["worker"]
         again = self.check_trained(out, 2, attempt=1)[0]["cluster"]
         self.assertNotEqual(first, again, "the restart kept the first attempt's ports")
 
@@ -187,6 +217,12 @@ class Jax(Contract):
             self.assertEqual(code, 0, text)
         coordinator = self.check_sums(out, 2)[0]["coordinator"]
         self.assertIn(coordinator.rsplit(":", 1)[0], addresses)
+
+    def test_two_static_nodes(self):
+        results, out = self.two_static_nodes("jax")
+        for code, text in results:
+            self.assertEqual(code, 0, text)
+        self.check_sums(out, 2)
 
     def test_a_killed_worker_restarts_the_group_at_once(self):
         code, text, out = self.standalone("jax", "--die-once", extra=("--max-restarts", "1"))
@@ -254,14 +290,21 @@ class Horovod(Contract):
         for x in self.check_ran(out, 2):
             self.assertEqual((x["local_size"], x["cross_rank"], x["cross_size"]), (2, 0, 1))
 
-    def test_two_agents_on_the_service_each_a_local_scope_of_its_own(self):
-        results, out = self.two_agents("horovod")
+    def check_two_nodes(self, results, out):
+        """Two nodes of one worker each: a local scope each, one rendezvous for both."""
         for code, text in results:
             self.assertEqual(code, 0, text)
         r = self.check_ran(out, 2)
         self.assertEqual([(x["local_rank"], x["local_size"], x["cross_rank"], x["cross_size"])
                           for x in r], [(0, 1, 0, 2), (0, 1, 1, 2)])
         self.assertEqual(len({x["env"]["HOROVOD_HOSTNAME"] for x in r}), 2)
+        self.assertEqual(len({x["env"]["HOROVOD_GLOO_RENDEZVOUS_PORT"] for x in r}), 1)
+
+    def test_two_agents_on_the_service_each_a_local_scope_of_its_own(self):
+        self.check_two_nodes(*self.two_agents("horovod"))
+
+    def test_two_static_nodes_meet_on_node_0_s_rendezvous(self):
+        self.check_two_nodes(*self.two_static_nodes("horovod"))
 
     def test_a_killed_worker_restarts_on_a_fresh_rendezvous(self):
         code, text, out = self.standalone("horovod", "--die-once", extra=("--max-restarts", "1"))
@@ -344,18 +387,43 @@ class Refusals(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("unknown contract 'jx' (did you mean jax?)", r.stderr)
 
-    def test_contracts_that_need_ports_refuse_a_rendezvous_without_them(self):
-        self.refused("--contract", "tensorflow", "--nnodes", "2", "--node-rank", "0",
-                     "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                     says="which a static rendezvous")
-        self.refused("--contract", "jax", "--nnodes", "2", "--node-rank", "1", "--master-addr",
-                     "127.0.0.1", "--master-port", str(free_port()),
-                     says="which a static rendezvous")
+    def test_a_static_node_whose_peer_never_comes_gives_up_naming_it(self):
+        """Node 0 of two, alone: its round waits join_timeout for node 1's ports, then ends
+        naming node 1, with nothing left running."""
+        d = tempfile.mkdtemp(prefix="crun-contract-")
+        r = subprocess.run([CRUN, "--contract", "tensorflow", "--nnodes", "2", "--node-rank", "0",
+                            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                            "--rdzv-conf", "join_timeout=2", "--log-dir",
+                            os.path.join(d, "logs"), "--no-python", "sleep", "600"],
+                           capture_output=True, text=True, timeout=60, cwd=d)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("--contract: round 0: no ports from node 1 within 2.0 s", r.stderr)
+        self.assertEqual(processes_mentioning(d), [], "processes left running")
 
-    def test_horovod_needs_a_rendezvous_that_exchanges_ports(self):
-        self.refused("--contract", "horovod", "--nnodes", "2", "--node-rank", "0",
-                     "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                     says="which a static rendezvous")
+    def test_a_sigterm_while_waiting_for_the_other_nodes_ends_crun(self):
+        """Node 1 of two, its store (node 0's) never up: a SIGTERM ends its wait for the
+        other nodes' ports, rather than the join timeout (600 s)."""
+        d = tempfile.mkdtemp(prefix="crun-contract-")
+        p = subprocess.Popen([CRUN, "--contract", "jax", "--nnodes", "2", "--node-rank", "1",
+                              "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                              "--log-level", "info", "--log-dir", os.path.join(d, "logs"),
+                              "--no-python", "sleep", "600"],
+                             stderr=subprocess.PIPE, text=True, cwd=d)
+        watchdog = threading.Timer(60, p.kill)  # the deadline on reading its lines
+        watchdog.start()
+        try:
+            for line in p.stderr:  # crun's own lines: at info, it says when it starts to wait
+                if "waiting for the ports of the other 1 nodes" in line:
+                    break
+            p.terminate()
+            _, err = p.communicate(timeout=30)
+        finally:
+            watchdog.cancel()
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        self.assertEqual(p.returncode, 128 + 15, err)
+        self.assertEqual(processes_mentioning(d), [], "processes left running")
 
     def test_horovodrun_s_spelling_beyond_this_host(self):
         self.refused("-np", "8", "-H", "node1:4,node2:4", "python",

@@ -7,7 +7,8 @@ of the node is still there when an attempt starts. Then the restart count, the e
 words crun used and what is left (nothing) are checked.
 
 Configurations: standalone with crun's cgroups and without them (CRUN_CGROUP=0), two agents on
-the rendezvous service, two agents on a real etcd. SOAK_SCALE scales every N (RESTARTS)."""
+the rendezvous service, two agents on a real etcd, and two nodes of the static backend that
+exchange --contract's ports over node 0's store (each restarting with the other). SOAK_SCALE scales every N (RESTARTS)."""
 import os
 import re
 import shutil
@@ -33,7 +34,7 @@ SCALE = float(os.environ.get("SOAK_SCALE", "1"))
 # Restarts per run. One node: 200 (the DataLoader's, which import torch in every worker of every
 # attempt, take about 140 s). Two nodes: what fits in about 60 s on a 2-core machine (15.0 and
 # 11.9 restarts/s through the service and etcd at the commit docs/reliability.md names).
-RESTARTS = {"one": 200, "service": 800, "etcd": 600}
+RESTARTS = {"one": 200, "service": 800, "etcd": 600, "static": 400}
 LIMIT_S = 600
 LEFT_GROUP = "had left their worker's process group"
 MEASURED_AT = measured_at()  # before the run
@@ -179,6 +180,17 @@ class RestartSoak(unittest.TestCase):
             procs.append(self.crun(node, ["--nnodes", "2", "--nproc-per-node", "2",
                                           "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
                                           "soak", "--rdzv-conf", conf], "daemon", last))
+        self.finish(procs, last, 4, "daemon")
+
+    def test_two_static_nodes_exchanging_ports(self):
+        """torchrun's static backend with --contract tensorflow: ports go through node 0's
+        store, and a node whose peer began the next round restarts its group with it."""
+        last = restarts("static")
+        port = str(free_port())
+        procs = [self.crun(node, ["--nnodes", "2", "--nproc-per-node", "2", "--node-rank", rank,
+                                  "--master-addr", "127.0.0.1", "--master-port", port,
+                                  "--contract", "tensorflow"], "daemon", last)
+                 for node, rank in (("b", "1"), ("a", "0"))]
         self.finish(procs, last, 4, "daemon")
 
     def test_two_agents_on_etcd(self):

@@ -6,6 +6,7 @@ torchrun environment of its Slurm task, task 0 hosting the store; a stock PyTorc
 across the tasks. Two "nodes" on loopback (127.0.0.1 and 127.0.0.2). Bad Slurm input is an
 error naming it, with nothing started. (The suite against real slurmctld/slurmd is issue 7's
 next step.)"""
+import json
 import os
 import socket
 import subprocess
@@ -168,6 +169,31 @@ class OneCrunPerTask(unittest.TestCase):
              "assert all(torch.equal(p[0], q) for q in p[1:]), p\n", self.dir],
             capture_output=True, text=True, timeout=LIMIT_S)
         self.assertEqual(check.returncode, 0, check.stderr)
+
+    def test_contracts_get_every_task_s_ports_through_task_0_s_store(self):
+        """--contract with ports: each task's crun publishes its worker's port on the store
+        task 0 hosts, and every worker gets the same cluster in rank order."""
+        script = ('printf "%s\\n" "$TF_CONFIG" "$JAX_COORDINATOR_ADDRESS" '
+                  '"$HOROVOD_LOCAL_RANK $HOROVOD_LOCAL_SIZE $HOROVOD_CROSS_RANK '
+                  '$HOROVOD_CROSS_SIZE" "$HOROVOD_GLOO_RENDEZVOUS_PORT" > "$0/c_$RANK"')
+        results = self.tasks("--contract", "tensorflow,jax,horovod", "--no-python", "sh", "-c",
+                             script, self.dir)
+        for proc, (code, err) in results.items():
+            self.assertEqual(code, 0, f"task {proc}: {err[-3000:]}")
+        got = []
+        for rank in range(4):
+            with open(os.path.join(self.dir, f"c_{rank}")) as f:
+                tf, jax, hvd, hvd_port = f.read().splitlines()
+            got.append((json.loads(tf), jax, hvd, hvd_port))
+        cluster = got[0][0]["cluster"]["worker"]
+        self.assertEqual(len(set(cluster)), 4, cluster)
+        for rank, (tf, jax, hvd, hvd_port) in enumerate(got):
+            self.assertEqual(tf, {"cluster": {"worker": cluster},
+                                  "task": {"type": "worker", "index": rank}})
+            self.assertEqual(jax, got[0][1])
+            self.assertEqual(hvd, f"{rank % 2} 2 {rank // 2} 2")
+            self.assertEqual(hvd_port, got[0][3])
+        self.assertNotIn(jax.rsplit(":", 1)[1], [w.rsplit(":", 1)[1] for w in cluster])
 
     def test_a_failing_task_is_reported_with_its_rank_and_code(self):
         results = self.tasks(WORKER, self.dir, "--fail-rank", "2", "--code", "3")

@@ -208,7 +208,7 @@ TEST_CASE("contracts: a round without what a contract needs is refused naming it
   auto s = crun::agent::AddContractEnvironment(c, g, 0, env);
   REQUIRE_FALSE(s.ok());
   CHECK(s.message().find("--contract torch,tensorflow needs every node's address and ports, "
-                         "and this rendezvous gave 1 of 2 nodes") == 0);
+                         "and the round has those of 1 of its 2 nodes") == 0);
   g = TwoNodes(c, 0);
   g.members[1].ports.pop_back();  // beta runs another --contract
   s = crun::agent::AddContractEnvironment(c, g, 0, env);

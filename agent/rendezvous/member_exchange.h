@@ -1,0 +1,67 @@
+// What --contract needs of the other nodes (agent/contracts.h: their addresses and reserved
+// ports), exchanged over the one store a static rendezvous shares: torchrun's static backend
+// (node 0 hosts the store for the whole job) and one crun per Slurm task (task 0 hosts it).
+//
+// Every crun of the job publishes itself under a key of its round, then waits for everyone's
+// before its workers start; the round's members follow from them. Rounds are counted by each
+// crun, and kept together: the first crun to begin a round says so under the round's "begun"
+// key, and every crun watches for the next round's while its workers run, restarting its
+// group when another began one (a TensorFlow, JAX or Horovod group restarts as a whole). A
+// crun whose peers do not publish within the timeout gives up naming them.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "agent/worker_env.h"
+#include "base/status.h"
+#include "rendezvous/store/store.h"
+
+namespace crun::agent {
+
+// One crun of the job: a node (static backend), or a Slurm task (one worker).
+struct Participant {
+  int index = 0;       // its key: the node rank, or the task's global rank
+  int node = 0;        // its node (group rank): the tasks of one node make one member
+  int local_rank = 0;  // its first local rank (a task's SLURM_LOCALID)
+  int nproc = 1;       // its workers
+  std::string host;
+  std::string address;  // where the other nodes' workers reach its workers
+  // Its workers' ports in local-rank order, then the ones beyond (contracts.h).
+  std::vector<std::uint16_t> ports;
+};
+
+std::string ExchangeKey(int round, int index);
+std::string BegunKey(int round);  // set by every crun that begins `round`: its index
+std::string EncodeParticipant(const Participant& p);
+// `index` is the key's; the error names it.
+StatusOr<Participant> DecodeParticipant(std::string_view text, int index);
+
+// The round's members in node order: a node's workers' ports in local-rank order, followed by
+// the ports beyond the workers' of its first local rank. An error names the node or
+// participant that does not fit (a gap, a repeated local rank, too few ports).
+StatusOr<std::vector<RoundMember>> MembersOf(std::vector<Participant> all);
+
+struct ExchangeOptions {
+  int round = 0;
+  int participants = 1;
+  std::string who = "node";  // what an index is, in errors: "node" or "Slurm task"
+  Millis timeout{600000};
+  // Set by another thread to give up (the agent is stopping); checked between short waits.
+  const std::atomic<bool>* stop = nullptr;
+};
+
+// Says on `store` that `self` began the round, publishes `self`, and returns the members once
+// every participant has published, or an error that names the missing ones (kTimeout) or says
+// the exchange was stopped (kAborted).
+StatusOr<std::vector<RoundMember>> ExchangeMembers(Store& store, const Participant& self,
+                                                   const ExchangeOptions& options);
+
+// Waits, for as long as the round lasts, until some crun begins `round`: returns its index,
+// or kAborted once `stop` is set, or the store's error (the store went away).
+StatusOr<int> WatchForRound(Store& store, int round, const std::atomic<bool>& stop);
+
+}  // namespace crun::agent
