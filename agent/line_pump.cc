@@ -11,6 +11,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "agent/pipe_pause.h"
+
 namespace crun::agent {
 namespace {
 
@@ -62,23 +64,16 @@ LinePump::~LinePump() {
 }
 
 void LinePump::Pause() {
-  pipe_.release();  // out of the event loop's epoll set: writes wake nobody
-  pause_.expires_after(std::chrono::milliseconds(1));
-  pause_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec) return;
-    boost::system::error_code e;
-    pipe_.assign(fd_, e);
-    if (e) {  // cannot watch it again: end as at EOF, with what came
-      if (!pending_.empty()) Emit(pending_);
-      pending_.clear();
-      Flush();
-      ::close(fd_);
-      fd_ = -1;
-      if (on_eof_) std::exchange(on_eof_, nullptr)();
-      return;
-    }
-    Read();
-  });
+  PausePipe(
+      pipe_, fd_, pause_, [this] { Read(); },
+      [this] {  // cannot watch it again: end as at EOF, with what came
+        if (!pending_.empty()) Emit(pending_);
+        pending_.clear();
+        Flush();
+        ::close(fd_);
+        fd_ = -1;
+        if (on_eof_) std::exchange(on_eof_, nullptr)();
+      });
 }
 
 void LinePump::Read() {

@@ -1,8 +1,10 @@
 // The agent's view of the rendezvous. The agent asks to join; the rendezvous answers with
 // events: an assignment for a round, "stop your workers and join again", or the job's final
 // outcome. The agent reports how its workers ended. Implementations: the in-process one for a
-// single node (agent/rendezvous/local_rendezvous.h) and the gRPC client of the rendezvous service
-// (agent/rendezvous/service_rendezvous.h).
+// single node, torchrun's static backend and one crun per Slurm task
+// (agent/rendezvous/local_rendezvous.h), the gRPC client of the rendezvous service
+// (agent/rendezvous/service_rendezvous.h), and the one kept in etcd
+// (agent/rendezvous/etcd_rendezvous.h).
 //
 // Events are delivered on the agent's event loop and never from inside a call below.
 #pragma once

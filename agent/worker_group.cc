@@ -25,15 +25,14 @@ WorkerGroup::WorkerGroup(boost::asio::io_context& io, const AgentOptions& option
 WorkerGroup::~WorkerGroup() = default;
 
 Status WorkerGroup::Prepare() {
-  std::string why_not;
-  cgroup_ = WorkerCgroup::Create(&why_not);
-  if (cgroup_) {
+  if (auto cgroup = WorkerCgroup::Create(); cgroup.ok()) {
+    cgroup_ = std::move(cgroup).value();
     spdlog::info("workers run in cgroup {}", cgroup_->dir());
   } else {
     spdlog::info(
         "no cgroup for the workers ({}): daemonised descendants are ended at the end of each "
         "attempt, but would survive a SIGKILL of crun",
-        why_not);
+        cgroup.status().message());
   }
   auto g = GroupGuard::Start(cgroup_dir());
   if (!g.ok()) return g.status();

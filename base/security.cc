@@ -8,13 +8,15 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/text.h"
+
 namespace crun {
 namespace {
 
 // `what` names where the path came from ("--tls-ca", "CRUN_TLS_CA") for the error.
 StatusOr<std::string> ReadWhole(const std::string& what, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return InvalidArgument(what + " " + path + ": " + std::strerror(errno));
+  if (!in) return PosixError(what + " " + path, errno, StatusCode::kInvalidArgument);
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
@@ -33,14 +35,6 @@ std::string FlagOrEnv(const std::string& flag_value, const char* flag, const cha
     return v;
   }
   return "";
-}
-
-std::string Trimmed(std::string s) {
-  while (!s.empty() &&
-         (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t')) {
-    s.pop_back();
-  }
-  return s;
 }
 
 Status CheckToken(const std::string& token, const std::string& source) {
@@ -67,10 +61,10 @@ StatusOr<Security> LoadSecurity(const SecurityFlags& flags, std::string_view rol
   if (!token_file.empty()) {
     auto text = ReadWhole(source, token_file);
     if (!text.ok()) return text.status();
-    s.token = Trimmed(std::move(text).value());
+    s.token = std::string(TrimEnd(*text));
     s.token_source = source + " " + token_file;
   } else if (const char* t = std::getenv("CRUN_TOKEN"); t != nullptr && *t != '\0') {
-    s.token = Trimmed(t);
+    s.token = std::string(TrimEnd(t));
     s.token_source = "CRUN_TOKEN";
   }
   if (!s.token_source.empty()) CRUN_RETURN_IF_ERROR(CheckToken(s.token, s.token_source));

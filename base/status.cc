@@ -38,10 +38,10 @@ std::string Status::ToString() const {
   return out;
 }
 
-Status PosixError(std::string_view context, int err) {
-  std::string message(context);
-  message += ": ";
-  message += std::strerror(err);
+namespace {
+
+// The code an errno value stands for where the caller gives none.
+StatusCode CodeOf(int err) {
   StatusCode code = StatusCode::kInternal;
   switch (err) {
     case ECONNREFUSED:
@@ -75,7 +75,17 @@ Status PosixError(std::string_view context, int err) {
     default:
       break;
   }
-  return Status(code, std::move(message));
+  return code;
+}
+
+}  // namespace
+
+Status PosixError(std::string_view context, int err, StatusCode code) {
+  return Status(code, std::string(context) + ": " + std::strerror(err));
+}
+
+Status PosixError(std::string_view context, int err) {
+  return PosixError(context, err, CodeOf(err));
 }
 
 std::string DescribeKeys(const std::vector<std::string>& keys) {

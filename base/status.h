@@ -66,6 +66,9 @@ inline Status PermissionDenied(std::string m) {
 
 // errno -> Status, wrapped once here: "connect to 10.0.0.5:29500: Connection refused".
 Status PosixError(std::string_view context, int err);
+// The same message with the code the caller's contract gives it whatever errno says (a file
+// the user named that cannot be read is a bad value: kInvalidArgument, exit 2).
+Status PosixError(std::string_view context, int err, StatusCode code);
 
 // "[/a, /b, ... (1000 keys)]": key lists in messages, bounded in length.
 std::string DescribeKeys(const std::vector<std::string>& keys);

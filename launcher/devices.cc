@@ -7,17 +7,10 @@
 #include <sstream>
 
 #include "base/numbers.h"
+#include "base/text.h"
 
 namespace crun::launcher {
-namespace {
-
-std::string Trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return {};
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
-}
-
-}  // namespace
+namespace {}  // namespace
 
 std::string SystemRoot() {
   const char* root = std::getenv("CRUN_SYSTEM_ROOT");
@@ -46,7 +39,7 @@ int CountVisibleGpus(const std::vector<int>& present,
   std::set<std::string> seen;
   int count = 0;
   while (std::getline(in, item, ',')) {
-    item = Trim(item);
+    item = std::string(Trim(item));
     const auto index = ParseInteger(item, 0, 1 << 20);
     const bool uuid = item.rfind("GPU-", 0) == 0 || item.rfind("MIG-", 0) == 0;
     // CUDA's index i is the i-th device present, not /dev/nvidia<i>.

@@ -7,7 +7,7 @@
 #include "agent/supervise/process.h"
 #include "base/numbers.h"
 #include "base/spelling.h"
-#include "launcher/rendezvous_command.h"
+#include "launcher/security_flags.h"
 
 namespace crun::launcher {
 namespace {

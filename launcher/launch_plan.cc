@@ -299,8 +299,8 @@ Status PlanEtcd(LaunchPlan& p, const LaunchOptions& o, const std::set<std::strin
     }
     std::ifstream in(p.conf.etcd_password_file);
     if (!in) {
-      return InvalidArgument("--rdzv-conf etcd_password_file=" + p.conf.etcd_password_file + ": " +
-                             std::strerror(errno));
+      return PosixError("--rdzv-conf etcd_password_file=" + p.conf.etcd_password_file, errno,
+                        StatusCode::kInvalidArgument);
     }
     std::getline(in, p.etcd_password);
     if (p.etcd_password.empty()) {

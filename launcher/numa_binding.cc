@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "base/numbers.h"
+#include "base/text.h"
 
 namespace crun::launcher {
 namespace {
@@ -17,14 +18,7 @@ std::optional<std::string> ReadLine(const std::string& path) {
   std::ifstream in(path);
   std::string line;
   if (!in || !std::getline(in, line)) return std::nullopt;
-  while (!line.empty() && (line.back() == ' ' || line.back() == '\r')) line.pop_back();
-  return line;
-}
-
-std::string Trim(std::string s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return {};
-  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+  return std::string(TrimEnd(line));
 }
 
 // The sysfs topology crun needs, read once.
@@ -56,8 +50,10 @@ class Topology {
       std::string line;
       while (std::getline(in, line)) {
         const auto colon = line.find(':');
-        if (colon == std::string::npos || Trim(line.substr(0, colon)) != "GPU UUID") continue;
-        const std::string value = Trim(line.substr(colon + 1));
+        if (colon == std::string::npos ||
+            Trim(std::string_view(line).substr(0, colon)) != "GPU UUID")
+          continue;
+        const std::string value(Trim(std::string_view(line).substr(colon + 1)));
         if (value == uuid || (uuid.size() > 4 && value.rfind(uuid, 0) == 0)) {
           return e.path().filename().string();
         }
@@ -173,7 +169,7 @@ std::optional<std::set<int>> ParseCpuList(const std::string& text) {
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
-    item = Trim(item);
+    item = std::string(Trim(item));
     if (item.empty()) continue;
     const auto dash = item.find('-');
     const auto lo = ParseInteger(item.substr(0, dash), 0, 1 << 20);
@@ -210,7 +206,7 @@ StatusOr<std::vector<NumaBinding>> PlanNumaBinding(
   if (cuda_visible_devices) {
     std::stringstream in(*cuda_visible_devices);
     std::string item;
-    while (std::getline(in, item, ',')) visible.push_back(Trim(item));
+    while (std::getline(in, item, ',')) visible.emplace_back(Trim(item));
   }
   // The PCI address of the GPU a local rank uses.
   auto pci_of_rank = [&](int lr) -> StatusOr<std::string> {

@@ -24,11 +24,12 @@
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "launcher/launch_options.h"
 #include "launcher/logging.h"
+#include "launcher/security_flags.h"
 #include "rendezvous/etcd/client.h"
 #include "rendezvous/etcd/job.h"
-#include "rendezvous/server/store_server.h"
 #include "rendezvous/service/grpc_service.h"
 #include "rendezvous/service/proto_messages.h"
+#include "rendezvous/store_server/store_server.h"
 
 namespace crun::launcher {
 namespace {
@@ -462,23 +463,6 @@ void AddStatusCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   AddSecurityFlags(cmd, &o->security);
   cmd->callback([o, exit_code] { *exit_code = RunStatus(*o); });
-}
-
-void AddSecurityFlags(CLI::App* app, crun::SecurityFlags* f) {
-  app->add_option("--token-file", f->token_file,
-                  "File holding the job token every rendezvous call must carry "
-                  "(else CRUN_TOKEN_FILE, CRUN_TOKEN)")
-      ->group("Security");
-  app->add_option("--tls-cert", f->tls_cert,
-                  "PEM certificate: the service's, or this "
-                  "client's for mutual TLS (else CRUN_TLS_CERT)")
-      ->group("Security");
-  app->add_option("--tls-key", f->tls_key, "PEM private key of --tls-cert (else CRUN_TLS_KEY)")
-      ->group("Security");
-  app->add_option("--tls-ca", f->tls_ca,
-                  "PEM CA: clients verify the service with it; a "
-                  "service with it requires client certificates (else CRUN_TLS_CA)")
-      ->group("Security");
 }
 
 }  // namespace crun::launcher

@@ -12,7 +12,4 @@ namespace crun::launcher {
 void AddRendezvousCommand(CLI::App& app, int* exit_code);
 void AddStatusCommand(CLI::App& app, int* exit_code);
 
-// --token-file, --tls-cert, --tls-key, --tls-ca (docs/security.md), in a "Security" group.
-void AddSecurityFlags(CLI::App* app, crun::SecurityFlags* flags);
-
 }  // namespace crun::launcher

@@ -23,7 +23,7 @@
 #include "base/security.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "launcher/logging.h"
-#include "launcher/rendezvous_command.h"
+#include "launcher/security_flags.h"
 
 namespace crun::launcher {
 namespace {

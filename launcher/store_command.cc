@@ -15,8 +15,8 @@
 #include "launcher/launch_options.h"
 #include "launcher/logging.h"
 #include "metrics/http_server.h"
-#include "rendezvous/server/store_metrics.h"
-#include "rendezvous/server/store_server.h"
+#include "rendezvous/store_server/store_metrics.h"
+#include "rendezvous/store_server/store_server.h"
 
 namespace crun::launcher {
 namespace {

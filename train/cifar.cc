@@ -80,7 +80,7 @@ Status WriteAtomically(const std::string& path, const void* data, std::size_t si
     f.flush();
     if (!f) {
       std::filesystem::remove(tmp);
-      return Unavailable("cannot write " + tmp + ": " + std::strerror(errno));
+      return PosixError("cannot write " + tmp, errno, StatusCode::kUnavailable);
     }
   }
   std::error_code ec;

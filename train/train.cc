@@ -403,7 +403,9 @@ class Training {
     worker::SamplerOptions so;
     so.seed = o_.seed;
     so.drop_last = true;
-    worker::DistributedSampler sampler(train_.size(), job_.rank, job_.world, so);
+    auto made = worker::DistributedSampler::Create(train_.size(), job_.rank, job_.world, so);
+    if (!made.ok()) Die(job_, 2, made.status().ToString());
+    worker::DistributedSampler& sampler = *made;
     sampler.set_epoch(static_cast<std::uint64_t>(epoch));
     const auto batch_size = static_cast<std::size_t>(o_.batch_size);
     const std::size_t steps = std::max<std::size_t>(1, sampler.size() / batch_size);

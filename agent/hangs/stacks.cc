@@ -18,6 +18,7 @@
 #include "agent/supervise/process.h"
 #include "base/numbers.h"
 #include "base/proc.h"
+#include "base/text.h"
 
 namespace crun::agent {
 namespace {
@@ -31,16 +32,6 @@ std::vector<std::string> Lines(const std::string& text) {
   std::string line;
   while (std::getline(in, line)) out.push_back(line);
   return out;
-}
-
-bool StartsWith(std::string_view s, std::string_view prefix) {
-  return s.substr(0, prefix.size()) == prefix;
-}
-
-std::string_view Trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\r')) s.remove_suffix(1);
-  return s;
 }
 
 int ToInt(std::string_view s) {
@@ -64,7 +55,7 @@ void MarkMain(std::vector<ThreadStack>& threads,
 // "[0x... in ]name (args) [at file:line | from lib]" of a gdb frame line after "#N  ".
 Frame GdbFrame(std::string_view s) {
   Frame f;
-  if (const auto in = s.find(" in "); StartsWith(s, "0x") && in != std::string_view::npos) {
+  if (const auto in = s.find(" in "); s.starts_with("0x") && in != std::string_view::npos) {
     s.remove_prefix(in + 4);
   }
   const auto paren = s.find(" (");
@@ -115,7 +106,7 @@ bool IsWaitPrimitive(const std::string& function) {
   std::string name = function;
   if (const auto at = name.find('@'); at != std::string::npos) name.resize(at);
   while (!name.empty() && name.front() == '_') name.erase(0, 1);
-  if (StartsWith(name, "GI_")) name.erase(0, 3);
+  if (name.starts_with("GI_")) name.erase(0, 3);
   while (!name.empty() && name.front() == '_') name.erase(0, 1);
   for (const char* n : kNames) {
     std::string_view k(n);
@@ -162,13 +153,13 @@ std::vector<ThreadStack> ParsePySpy(const std::string& text) {
   std::vector<ThreadStack> threads;
   for (const auto& raw : Lines(text)) {
     const std::string_view line(raw);
-    if (StartsWith(line, "Thread ")) {
+    if (line.starts_with("Thread ")) {
       ThreadStack t;
       t.title = raw;
       threads.push_back(std::move(t));
       continue;
     }
-    if (threads.empty() || !StartsWith(line, "    ") || StartsWith(line, "        ")) continue;
+    if (threads.empty() || !line.starts_with("    ") || line.starts_with("        ")) continue;
     const std::string_view s = Trim(line);
     Frame f;
     const auto open = s.rfind(" (");
@@ -197,7 +188,7 @@ std::vector<ThreadStack> ParseFaulthandler(const std::string& text) {
   std::vector<ThreadStack> threads;
   for (const auto& raw : Lines(text)) {
     const std::string_view line(raw);
-    if ((StartsWith(line, "Thread 0x") || StartsWith(line, "Current thread 0x")) &&
+    if ((line.starts_with("Thread 0x") || line.starts_with("Current thread 0x")) &&
         line.find("most recent call first") != std::string_view::npos) {
       ThreadStack t;
       t.title = std::string(Trim(line.substr(0, line.find(" (most recent"))));
@@ -205,7 +196,7 @@ std::vector<ThreadStack> ParseFaulthandler(const std::string& text) {
       continue;
     }
     const std::string_view s = Trim(line);
-    if (threads.empty() || !StartsWith(s, "File \"")) continue;
+    if (threads.empty() || !s.starts_with("File \"")) continue;
     Frame f;
     const auto close = s.find('"', 6);
     if (close == std::string_view::npos) continue;
@@ -233,13 +224,13 @@ std::vector<ThreadStack> ParseEuStack(const std::string& text, pid_t pid) {
   std::vector<ThreadStack> threads;
   for (const auto& raw : Lines(text)) {
     const std::string_view line(raw);
-    if (StartsWith(line, "TID ")) {
+    if (line.starts_with("TID ")) {
       ThreadStack t;
       t.title = std::string(Trim(line.substr(0, line.find(':'))));
       threads.push_back(std::move(t));
       continue;
     }
-    if (threads.empty() || !StartsWith(line, "#")) continue;
+    if (threads.empty() || !line.starts_with("#")) continue;
     // "#N  0xADDR name" (the name is absent when unknown)
     std::string_view s =
         Trim(line.substr(line.find(' ') == std::string_view::npos ? line.size() : line.find(' ')));
@@ -265,14 +256,14 @@ std::vector<ThreadStack> ParseGdb(const std::string& text, pid_t pid) {
   std::vector<ThreadStack> threads;
   for (const auto& raw : Lines(text)) {
     const std::string_view line(raw);
-    if (StartsWith(line, "Thread ") && line.find("(LWP ") != std::string_view::npos) {
+    if (line.starts_with("Thread ") && line.find("(LWP ") != std::string_view::npos) {
       ThreadStack t;
       t.title = std::string(Trim(line));
       if (!t.title.empty() && t.title.back() == ':') t.title.pop_back();
       threads.push_back(std::move(t));
       continue;
     }
-    if (threads.empty() || !StartsWith(line, "#")) continue;
+    if (threads.empty() || !line.starts_with("#")) continue;
     const auto space = line.find(' ');
     if (space == std::string_view::npos) continue;
     threads.back().frames.push_back(GdbFrame(Trim(line.substr(space))));
@@ -515,7 +506,7 @@ bool Catches(pid_t pid, int signo) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;
   while (std::getline(in, line)) {
-    if (!StartsWith(line, "SigCgt:")) continue;
+    if (!line.starts_with("SigCgt:")) continue;
     const std::string hex(Trim(std::string_view(line).substr(7)));
     errno = 0;
     const unsigned long long mask = std::strtoull(hex.c_str(), nullptr, 16);
@@ -718,7 +709,7 @@ class ToolRun : public std::enable_shared_from_this<ToolRun> {
 
   void Begin(std::vector<std::string> argv, milliseconds deadline) {
     int p[2];
-    if (::pipe2(p, O_CLOEXEC) != 0) return Fail("pipe: " + std::string(std::strerror(errno)));
+    if (::pipe2(p, O_CLOEXEC) != 0) return Fail(PosixError("pipe", errno).message());
     ProcessSpec spec;
     spec.argv = std::move(argv);
     spec.envp = {"PATH=/usr/bin:/bin", "LC_ALL=C"};
@@ -809,7 +800,9 @@ bool LooksLikePython(pid_t pid) {
   if (n <= 0) return false;
   std::string path(exe, static_cast<std::size_t>(n));
   const auto slash = path.rfind('/');
-  return StartsWith(path.substr(slash == std::string::npos ? 0 : slash + 1), "python");
+  return std::string_view(path)
+      .substr(slash == std::string::npos ? 0 : slash + 1)
+      .starts_with("python");
 }
 
 // One target's methods, tried in order until one gives a stack.

@@ -5,6 +5,8 @@
 
 #include <cerrno>
 
+#include "agent/pipe_pause.h"
+
 namespace crun::agent {
 
 StatusOr<std::unique_ptr<WorkerPipe>> WorkerPipe::Create(boost::asio::io_context& io,
@@ -50,19 +52,12 @@ void WorkerPipe::Read() {
 }
 
 void WorkerPipe::Pause() {
-  pipe_.release();  // out of the event loop's epoll set: writes wake nobody
-  pause_.expires_after(std::chrono::milliseconds(1));
-  pause_.async_wait([this](const boost::system::error_code& ec) {
-    if (ec) return;
-    boost::system::error_code e;
-    pipe_.assign(read_fd_, e);
-    if (e) {
-      ::close(read_fd_);  // cannot watch it again: nothing more is read
-      read_fd_ = -1;
-      return;
-    }
-    Read();
-  });
+  PausePipe(
+      pipe_, read_fd_, pause_, [this] { Read(); },
+      [this] {  // cannot watch it again: nothing more is read
+        ::close(read_fd_);
+        read_fd_ = -1;
+      });
 }
 
 }  // namespace crun::agent

@@ -16,9 +16,9 @@
 #include "base/endpoint.h"
 #include "rendezvous/etcd/client.h"
 #include "rendezvous/etcd/job.h"
-#include "rendezvous/server/store_server.h"
-#include "rendezvous/service/engine.h"
+#include "rendezvous/service/job_status.h"
 #include "rendezvous/service/proto_messages.h"
+#include "rendezvous/store_server/store_server.h"
 
 namespace crun::agent {
 namespace {

@@ -10,8 +10,8 @@
 #include "agent/rendezvous/member_exchange.h"
 #include "base/endpoint.h"
 #include "base/host_addresses.h"
-#include "rendezvous/server/store_server.h"
 #include "rendezvous/store/tcp_store_client.h"
+#include "rendezvous/store_server/store_server.h"
 
 namespace crun::agent {
 namespace {

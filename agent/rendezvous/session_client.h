@@ -1,5 +1,6 @@
-// The agent's gRPC client of the rendezvous service (the only agent code that includes the
-// generated headers, with service_rendezvous.cc).
+// The agent's gRPC client of the rendezvous service. Generated protobuf headers are included
+// here, in failure_proto.h and stacks_proto.h (the agent's side of the wire) and, outside the
+// agent, by the gRPC service, the etcd client and the commands that speak to the service.
 //
 // SessionClient: an agent's end of the crun.v1 Session stream, on gRPC's callback API (no
 // thread of its own). Messages from the service arrive through `on_message` on a gRPC thread,
@@ -28,7 +29,7 @@
 #include "base/write_queue.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "proto/protocol_version.h"
-#include "rendezvous/service/channel.h"
+#include "rendezvous/channel/channel.h"
 
 namespace crun::agent {
 

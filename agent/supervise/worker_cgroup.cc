@@ -65,22 +65,17 @@ bool WriteFile(const std::string& path, const char* text) {
 
 }  // namespace
 
-std::unique_ptr<WorkerCgroup> WorkerCgroup::Create(std::string* why_not) {
+StatusOr<std::unique_ptr<WorkerCgroup>> WorkerCgroup::Create() {
   if (const char* opt = std::getenv("CRUN_CGROUP"); opt != nullptr && std::string(opt) == "0") {
-    *why_not = "CRUN_CGROUP=0";
-    return nullptr;
+    return Unavailable("CRUN_CGROUP=0");
   }
   const std::string mount = Cgroup2Mount();
-  if (mount.empty()) {
-    *why_not = "no cgroup2 file system is mounted";
-    return nullptr;
-  }
+  if (mount.empty()) return Unavailable("no cgroup2 file system is mounted");
   std::string own = OwnCgroup2Path();
   if (own == "/") own.clear();
   const std::string dir = mount + own + "/crun-" + std::to_string(::getpid());
   if (::mkdir(dir.c_str(), 0755) != 0) {
-    *why_not = "cannot create " + dir + ": " + std::strerror(errno);
-    return nullptr;
+    return PosixError("cannot create " + dir, errno, StatusCode::kUnavailable);
   }
   return std::unique_ptr<WorkerCgroup>(new WorkerCgroup(dir));
 }

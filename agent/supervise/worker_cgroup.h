@@ -21,9 +21,9 @@ namespace crun::agent {
 
 class WorkerCgroup {
  public:
-  // A new cgroup below this process's own in the cgroup2 hierarchy (under `root`, "" for the
-  // real /proc and /sys); nullptr, with the reason in `why_not`, when none can be made.
-  static std::unique_ptr<WorkerCgroup> Create(std::string* why_not);
+  // A new cgroup below this process's own in the cgroup2 hierarchy, or why none can be made
+  // (kUnavailable: CRUN_CGROUP=0, no cgroup2, or a directory that cannot be created).
+  static StatusOr<std::unique_ptr<WorkerCgroup>> Create();
   ~WorkerCgroup();  // KillAll, then removes the directory (once it is empty)
 
   const std::string& dir() const { return dir_; }

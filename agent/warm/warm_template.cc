@@ -149,7 +149,7 @@ void WarmTemplate::Launch() {
   state_ = State::kStarting;
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
-    return Broken(std::string("socketpair: ") + std::strerror(errno), true);
+    return Broken(PosixError("socketpair", errno).message(), true);
   }
   const int log =
       ::open(options_.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);

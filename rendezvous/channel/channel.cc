@@ -1,4 +1,4 @@
-#include "rendezvous/service/channel.h"
+#include "rendezvous/channel/channel.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -6,7 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
-#include "rendezvous/service/channel.h"
+#include "rendezvous/channel/channel.h"
 
 namespace crun::etcd {
 namespace {

@@ -7,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rendezvous/service/engine.h"
+#include "rendezvous/service/job_status.h"
 
 namespace crun::etcd {
 namespace {

@@ -44,26 +44,6 @@ const char* RefusalCode(RefuseJoin::Kind kind) {
 
 }  // namespace
 
-int ExitCodeOf(const msg::FailureReport& report) {
-  if (report.failures.empty()) return 1;
-  const auto& f = report.failures.front();
-  if (f.signal) return 128 + *f.signal;
-  return f.exit_code.value_or(0) != 0 ? *f.exit_code : 1;
-}
-
-std::string Describe(const msg::FailureReport& report) {
-  if (report.failures.empty()) return "a worker on " + report.host + " failed";
-  const auto& f = report.failures.front();
-  std::string how = f.signal ? "signal " + std::to_string(*f.signal)
-                             : "exit code " + std::to_string(f.exit_code.value_or(0));
-  if (!f.oom.empty()) how += " (" + f.oom + ")";
-  if (!f.hang.empty()) how = "a hang: " + f.hang;
-  std::string out = "rank " + std::to_string(f.rank) + " (local rank " +
-                    std::to_string(f.local_rank) + ") on " + report.host + " failed with " + how;
-  if (!f.message.empty()) out += ": " + f.message;
-  return out;
-}
-
 Engine::Engine(EngineHooks hooks, EngineOptions options)
     : hooks_(std::move(hooks)), options_(std::move(options)) {}
 
@@ -84,13 +64,13 @@ void Engine::OnMessage(SessionId session, const msg::AgentMessage& m, TimePoint 
     ask.run_id = b->second.run_id;
     ask.requester = session;
     ask.result.request_id = wanted->request_id;
-    std::string error;
-    if (!FanOutStacks(std::move(ask), wanted->reason, session, Millis(wanted->timeout_ms), now,
-                      &error)) {
+    auto asked =
+        FanOutStacks(std::move(ask), wanted->reason, session, Millis(wanted->timeout_ms), now);
+    if (!asked.ok()) {
       msg::StacksResult none;
       none.request_id = wanted->request_id;
       none.run_id = b->second.run_id;
-      none.missing.push_back(error);
+      none.missing.push_back(asked.status().message());
       hooks_.send(session, none);
     }
     return;
@@ -279,26 +259,18 @@ crun::Status Engine::AskStacks(const std::string& run_id, std::uint64_t query, M
   StacksAsk ask;
   ask.run_id = run_id;
   ask.query = query;
-  std::string error;
-  if (!FanOutStacks(std::move(ask), kStacksCommandReason, std::nullopt, timeout, now, &error)) {
-    return NotFound(error);
-  }
-  return crun::Status::Ok();
+  return FanOutStacks(std::move(ask), kStacksCommandReason, std::nullopt, timeout, now).status();
 }
 
-std::optional<std::uint64_t> Engine::FanOutStacks(StacksAsk ask, const std::string& reason,
-                                                  std::optional<SessionId> except, Millis timeout,
-                                                  TimePoint now, std::string* error) {
+crun::StatusOr<std::uint64_t> Engine::FanOutStacks(StacksAsk ask, const std::string& reason,
+                                                   std::optional<SessionId> except, Millis timeout,
+                                                   TimePoint now) {
   auto it = jobs_.find(ask.run_id);
-  if (it == jobs_.end()) {
-    *error = "no job with run id '" + ask.run_id + "'";
-    return std::nullopt;
-  }
+  if (it == jobs_.end()) return NotFound("no job with run id '" + ask.run_id + "'");
   const Job& job = *it->second;
   if (job.state.phase != Phase::kRunning) {
-    *error = "job '" + ask.run_id + "' has no running workers (it is " +
-             PhaseName(job.state.phase) + ")";
-    return std::nullopt;
+    return NotFound("job '" + ask.run_id + "' has no running workers (it is " +
+                    PhaseName(job.state.phase) + ")");
   }
   if (timeout <= Millis(0)) timeout = std::chrono::seconds(15);
   timeout = std::clamp<Millis>(timeout, std::chrono::seconds(1), std::chrono::seconds(120));
@@ -541,40 +513,6 @@ void Engine::RefreshMetrics() const {
   }
   for (const auto& [phase, count] : phases) m->jobs.With({PhaseName(phase)}).Set(count);
   m->agents.With().Set(static_cast<double>(bound_.size()));
-}
-
-msg::JobStatus DescribeJob(const std::string& run_id, const State& s, int world_size,
-                           const std::string& last_failure, TimePoint now) {
-  auto age_ms = [&](TimePoint t) { return std::chrono::duration_cast<Millis>(now - t).count(); };
-  msg::JobStatus j;
-  j.run_id = run_id;
-  j.phase = PhaseName(s.phase);
-  j.round = s.round;
-  j.restarts_used = s.restarts_used;
-  j.max_restarts = s.settings.max_restarts;
-  j.min_nodes = s.settings.min_nodes;
-  j.max_nodes = s.settings.max_nodes;
-  j.world_size = world_size;
-  j.last_failure = last_failure;
-  j.lost_hosts.assign(s.lost_hosts.begin(), s.lost_hosts.end());
-  auto add = [&](const NodeDescription& n, const char* state, int rank) -> msg::NodeStatus& {
-    auto& ns = j.nodes.emplace_back();
-    ns.node_id = n.node_id;
-    ns.host = n.host;
-    ns.state = state;
-    ns.group_rank = rank;
-    ns.nproc = n.nproc;
-    return ns;
-  };
-  // Members are kept in group-rank order.
-  int rank = 0;
-  for (const auto& m : s.members) {
-    add(m.node, m.succeeded ? "succeeded" : "member", rank++).last_heartbeat_ms_ago =
-        age_ms(m.last_heartbeat);
-  }
-  for (const auto& n : s.spares) add(n, "spare", -1);
-  for (const auto& n : s.joined) add(n, "joined", -1);
-  return j;
 }
 
 msg::StatusResponse Engine::Status(const std::string& run_id, TimePoint now) const {

@@ -30,6 +30,7 @@
 
 #include "proto/protocol_version.h"
 #include "rendezvous/service/engine_metrics.h"
+#include "rendezvous/service/job_status.h"
 #include "rendezvous/service/messages.h"
 #include "rendezvous/service/rules.h"
 
@@ -119,11 +120,11 @@ class Engine {
   void Refuse(SessionId session, const char* code, const std::string& reason);
   void Log(const std::string& line) const;
   void Unbind(SessionId session, TimePoint now, const std::string& cause = "its session ended");
-  // Fans a stacks request out to the running round's nodes but `except`; nullopt: no job, or
-  // not running (the error says which).
-  std::optional<std::uint64_t> FanOutStacks(StacksAsk ask, const std::string& reason,
-                                            std::optional<SessionId> except, Millis timeout,
-                                            TimePoint now, std::string* error);
+  // Fans a stacks request out to the running round's nodes but `except`: the ask's id, or
+  // kNotFound naming the run id when there is no such job or it is not running.
+  crun::StatusOr<std::uint64_t> FanOutStacks(StacksAsk ask, const std::string& reason,
+                                             std::optional<SessionId> except, Millis timeout,
+                                             TimePoint now);
   void OnStacksReply(SessionId session, const msg::StacksReply& reply);
   void CompleteStacks(std::uint64_t id);
   Job& JobFor(const std::string& run_id, const Settings& settings, TimePoint now);
@@ -138,14 +139,5 @@ class Engine {
   std::map<std::uint64_t, StacksAsk> asks_;  // by the service's request id
   std::uint64_t next_ask_ = 1;
 };
-
-// One job as Status shows it: `state` and what the engine keeps beside it.
-msg::JobStatus DescribeJob(const std::string& run_id, const State& state, int world_size,
-                           const std::string& last_failure, TimePoint now);
-
-// "rank 3 (local rank 1) on node-b failed with exit code 2: ValueError: ..."
-std::string Describe(const msg::FailureReport& report);
-// The shell code of the report's first failure (exit code, or 128 + signal); 1 if none.
-int ExitCodeOf(const msg::FailureReport& report);
 
 }  // namespace crun::rdzv

@@ -21,10 +21,10 @@
 #include "base/write_queue.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "metrics/registry.h"
-#include "rendezvous/server/store_server.h"
 #include "rendezvous/service/engine.h"
 #include "rendezvous/service/engine_metrics.h"
 #include "rendezvous/service/proto_messages.h"
+#include "rendezvous/store_server/store_server.h"
 
 namespace crun::rdzv {
 namespace {

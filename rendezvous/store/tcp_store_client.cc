@@ -79,17 +79,7 @@ Status TcpStoreClient::Handshake() {
   Request validate = MakeRequest(Command::kValidate);
   validate.nonce = wire::kValidationMagic;
   CRUN_RETURN_IF_ERROR(Send(validate));
-  Request ping = MakeRequest(Command::kPing);
-  ping.nonce = next_nonce_++;
-  CRUN_RETURN_IF_ERROR(Send(ping));
-  char echo[4];
-  CRUN_RETURN_IF_ERROR(Read(echo, 4));
-  if (wire::LoadU32(echo) != ping.nonce) {
-    return Break(ProtocolError("store " + endpoint_ + " answered PING " +
-                               std::to_string(ping.nonce) + " with " +
-                               std::to_string(wire::LoadU32(echo))));
-  }
-  return Status::Ok();
+  return PingLocked();
 }
 
 Status TcpStoreClient::Break(Status status) {
@@ -350,6 +340,10 @@ Status TcpStoreClient::Barrier(std::string_view key, std::int64_t world_size, Mi
 
 Status TcpStoreClient::Ping() {
   std::lock_guard lock(mu_);
+  return PingLocked();
+}
+
+Status TcpStoreClient::PingLocked() {
   Request ping = MakeRequest(Command::kPing);
   ping.nonce = next_nonce_++;
   CRUN_RETURN_IF_ERROR(Send(ping));

@@ -67,6 +67,7 @@ class TcpStoreClient final : public Store {
  private:
   TcpStoreClient(UniqueFd fd, std::string endpoint, Millis timeout);
   Status Handshake();
+  Status PingLocked();  // Ping, with mu_ held
 
   // Building blocks; all run with mu_ held.
   Status Send(const wire::Request& request);

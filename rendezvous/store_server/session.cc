@@ -1,4 +1,4 @@
-#include "rendezvous/server/session.h"
+#include "rendezvous/store_server/session.h"
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>

@@ -1,4 +1,4 @@
-// One client connection of a StoreServer (internal to crun_server).
+// One client connection of a StoreServer (internal to crun_store_server).
 //
 // Threading: a session runs on its server's single-threaded event loop.
 //

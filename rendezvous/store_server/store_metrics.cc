@@ -1,4 +1,4 @@
-#include "rendezvous/server/store_metrics.h"
+#include "rendezvous/store_server/store_metrics.h"
 
 #include <algorithm>
 #include <cctype>

@@ -7,7 +7,7 @@
 #include <functional>
 
 #include "metrics/registry.h"
-#include "rendezvous/server/store_server.h"
+#include "rendezvous/store_server/store_server.h"
 
 namespace crun {
 

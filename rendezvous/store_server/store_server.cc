@@ -1,4 +1,4 @@
-#include "rendezvous/server/store_server.h"
+#include "rendezvous/store_server/store_server.h"
 
 #include <fcntl.h>
 #include <sys/resource.h>
@@ -21,7 +21,7 @@
 
 #include "base/log_sampling.h"
 #include "base/socket.h"
-#include "rendezvous/server/session.h"
+#include "rendezvous/store_server/session.h"
 
 namespace crun {
 namespace {

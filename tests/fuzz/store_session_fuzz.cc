@@ -1,4 +1,4 @@
-// libFuzzer target: whole store sessions (rendezvous/server/session.h) fed arbitrary bytes.
+// libFuzzer target: whole store sessions (rendezvous/store_server/session.h) fed arbitrary bytes.
 //
 // Input: byte 0 picks the chunk size (1..256), bytes 1-2 (little-endian) the length of the
 // first client's stream (at most what is left); the rest is the second client's. Both go, in
@@ -19,7 +19,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <spdlog/spdlog.h>
 
-#include "rendezvous/server/session.h"
+#include "rendezvous/store_server/session.h"
 #include "tests/fuzz/tight_limits.h"
 
 namespace {

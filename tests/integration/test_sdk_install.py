@@ -1,7 +1,8 @@
 """The worker SDK as a user gets it: `cmake --install` into a fresh prefix (crun, the SDK, docs
 and the systemd unit; scripts/package.sh packs the same install), then the example
 project in docs/examples/worker_sdk built two ways (find_package(crun_worker) and pkg-config)
-and run under crun."""
+and run under crun, and a user's project whose own base/status.h and rendezvous/store/store.h
+must not collide with crun's (everything crun installs lives under include/crun/)."""
 import os
 import shutil
 import sys
@@ -15,6 +16,7 @@ CRUN = os.environ["CRUN_BIN"]
 BUILD_DIR = os.environ["CRUN_BUILD_DIR"]
 EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
                        "examples", "worker_sdk")
+USER_PROJECT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sdk_user_project")
 
 
 class InstalledSdk(unittest.TestCase):
@@ -38,9 +40,26 @@ class InstalledSdk(unittest.TestCase):
         self.assertEqual([f for f in libs if f.endswith(".a")],
                          ["libcrun_base.a", "libcrun_store.a", "libcrun_worker.a",
                           "libcrun_worker_torch.a"])
+        include = os.path.join(self.prefix, "include")
         for header in ["crun/worker/context.h", "crun/worker/process_group.h",
-                       "base/status.h"]:
-            self.assertTrue(os.path.exists(os.path.join(self.prefix, "include", header)), header)
+                       "crun/base/status.h", "crun/rendezvous/store/store.h"]:
+            self.assertTrue(os.path.exists(os.path.join(include, header)), header)
+        # Everything crun installs lives under include/crun/.
+        self.assertEqual(os.listdir(include), ["crun"])
+        # The installed headers are crun's own, not the build tree's forwarders.
+        with open(os.path.join(include, "crun", "rendezvous", "store", "store.h")) as f:
+            text = f.read()
+        self.assertIn('#include "crun/base/status.h"', text)
+        self.assertIn("class Store", text)
+
+    def test_a_user_project_with_its_own_base_and_store_headers(self):
+        """A user's base/status.h and rendezvous/store/store.h, found first, reach neither the
+        SDK's headers nor crun's types."""
+        build = os.path.join(self.tmp, "user-build")
+        run(["cmake", "-S", USER_PROJECT, "-B", build, f"-DCMAKE_PREFIX_PATH={self.prefix}"])
+        run(["cmake", "--build", build, "-j2"])
+        r = run([os.path.join(build, "user_program")])
+        self.assertEqual(r.stdout.strip(), "user 0 0, crun 'crun's own Status', 4 samples")
 
     def test_the_package_names_nothing_of_this_machine(self):
         # Relocatable: the CMake package finds its dependencies (libtorch, NCCL) where it is

@@ -5,8 +5,8 @@
 #include <memory>
 #include <thread>
 
-#include "rendezvous/server/store_server.h"
 #include "rendezvous/store/tcp_store_client.h"
+#include "rendezvous/store_server/store_server.h"
 
 namespace crun::testing {
 

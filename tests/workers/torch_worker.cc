@@ -118,16 +118,17 @@ int Resume(crun::worker::Context& ctx, ProcessGroup& g, const std::string& out,
   const int start = loaded->has_value() ? static_cast<int>(**loaded) : 0;
   if (!loaded->has_value()) Require(crun::worker::BroadcastParameters(g, *model), "broadcast");
   crun::worker::GradientAverager avg(g, *model, 1024);
-  crun::worker::DistributedSampler sampler(64, g.rank(), g.size());
+  auto sampler = crun::worker::DistributedSampler::Create(64, g.rank(), g.size());
+  Require(sampler.status(), "sampler");
   const int batch = 4;
-  const int per_epoch = static_cast<int>(sampler.size()) / batch;
+  const int per_epoch = static_cast<int>(sampler->size()) / batch;
   for (int step = start; step < steps; ++step) {
     if (ctx.env().restart_count == 0 && step == kill_at && g.rank() == 1) {
       std::fprintf(stderr, "rank 1: killing myself before step %d\n", step);
       raise(SIGKILL);
     }
-    sampler.set_epoch(static_cast<std::uint64_t>(step / per_epoch));
-    const auto idx = sampler.indices();
+    sampler->set_epoch(static_cast<std::uint64_t>(step / per_epoch));
+    const auto idx = sampler->indices();
     std::vector<std::int64_t> rows;
     for (int k = 0; k < batch; ++k) {
       rows.push_back(

@@ -2,18 +2,22 @@
 
 #include <numeric>
 #include <random>
-#include <stdexcept>
 #include <string>
 
 namespace crun::worker {
 
+StatusOr<DistributedSampler> DistributedSampler::Create(std::size_t dataset_size, int rank,
+                                                        int world_size, SamplerOptions options) {
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return InvalidArgument("DistributedSampler: rank " + std::to_string(rank) +
+                           " is not in a world of " + std::to_string(world_size));
+  }
+  return DistributedSampler(dataset_size, rank, world_size, options);
+}
+
 DistributedSampler::DistributedSampler(std::size_t dataset_size, int rank, int world_size,
                                        SamplerOptions options)
     : dataset_size_(dataset_size), rank_(rank), world_size_(world_size), options_(options) {
-  if (world_size < 1 || rank < 0 || rank >= world_size) {
-    throw std::invalid_argument("DistributedSampler: rank " + std::to_string(rank) +
-                                " is not in a world of " + std::to_string(world_size));
-  }
   const auto w = static_cast<std::size_t>(world_size);
   per_rank_ = options.drop_last ? dataset_size / w : (dataset_size + w - 1) / w;
 }

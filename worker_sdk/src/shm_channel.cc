@@ -120,39 +120,32 @@ std::string Hex(std::uint64_t v) {
   return o.str();
 }
 
-// Maps an open segment file; null when it cannot.
-ShmChannel::Segment* Map(int fd, std::size_t bytes, std::string* why) {
+// Maps an open segment file.
+StatusOr<ShmChannel::Segment*> Map(int fd, std::size_t bytes) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) {
-    *why = std::string("mmap: ") + std::strerror(errno);
-    return nullptr;
-  }
+  if (p == MAP_FAILED) return PosixError("mmap", errno);
   return static_cast<ShmChannel::Segment*>(p);
 }
 
 // Rank 0: a fresh segment with its pages reserved now, so a full /dev/shm is a clear "no"
 // here and never a SIGBUS in the middle of a collective.
-ShmChannel::Segment* Create(int size, const std::string& name, std::uint64_t token,
-                            std::string* why) {
+StatusOr<ShmChannel::Segment*> Create(int size, const std::string& name, std::uint64_t token) {
   const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) {
-    *why = "shm_open " + name + ": " + std::strerror(errno);
-    return nullptr;
-  }
+  if (fd < 0) return PosixError("shm_open " + name, errno);
   const std::size_t bytes = SegmentBytes(size);
-  ShmChannel::Segment* seg = nullptr;
+  StatusOr<ShmChannel::Segment*> mapped = ResourceExhausted("not mapped");
   const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   if (rc != 0) {
-    *why =
-        "cannot reserve " + std::to_string(bytes >> 20) + " MiB in /dev/shm: " + std::strerror(rc);
+    mapped = PosixError("cannot reserve " + std::to_string(bytes >> 20) + " MiB in /dev/shm", rc);
   } else {
-    seg = Map(fd, bytes, why);
+    mapped = Map(fd, bytes);
   }
   ::close(fd);
-  if (seg == nullptr) {
+  if (!mapped.ok()) {
     ::shm_unlink(name.c_str());
-    return nullptr;
+    return mapped.status();
   }
+  ShmChannel::Segment* seg = *mapped;
   // The file is zero-filled: the atomics start at 0.
   seg->token = token;
   seg->pid_namespace = PidNamespace();
@@ -165,46 +158,42 @@ ShmChannel::Segment* Create(int size, const std::string& name, std::uint64_t tok
 }
 
 // Ranks 1..n-1: the offered segment, if this process can see it and it is the one offered.
-ShmChannel::Segment* Attach(const std::string& name, std::uint64_t token, int rank, int size,
-                            std::string* why) {
+StatusOr<ShmChannel::Segment*> Attach(const std::string& name, std::uint64_t token, int rank,
+                                      int size) {
   const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) {
-    *why = "shm_open " + name + ": " + std::strerror(errno) + " (another host or mount namespace)";
-    return nullptr;
-  }
+  if (fd < 0) return PosixError("shm_open " + name + " (another host or mount namespace?)", errno);
   const std::size_t bytes = SegmentBytes(size);
   struct stat st {};
-  ShmChannel::Segment* seg = nullptr;
-  if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) != bytes) {
-    *why = name + " has an unexpected size";
-  } else {
-    seg = Map(fd, bytes, why);
+  StatusOr<ShmChannel::Segment*> mapped = Unavailable(name + " has an unexpected size");
+  if (::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) == bytes) {
+    mapped = Map(fd, bytes);
   }
   ::close(fd);
-  if (seg == nullptr) return nullptr;
+  if (!mapped.ok()) return mapped.status();
+  ShmChannel::Segment* seg = *mapped;
   std::atomic_thread_fence(std::memory_order_acquire);
+  Status refused;
   if (seg->magic != kMagic || seg->token != token || seg->size != size ||
       seg->slot_bytes != SlotBytes(size)) {
-    *why = name + " is not the segment rank 0 offered";
+    refused = Unavailable(name + " is not the segment rank 0 offered");
   } else if (seg->pid_namespace != PidNamespace()) {
-    *why = "rank 0 runs in another pid namespace";
+    refused = Unavailable("rank 0 runs in another pid namespace");
   } else {
     seg->pids[rank] = static_cast<std::int32_t>(::getpid());
     return seg;
   }
   ::munmap(seg, bytes);
-  return nullptr;
+  return refused;
 }
 
 }  // namespace
 
-StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Connect(Store& store,
-                                                          const std::string& key_prefix, int rank,
-                                                          int size, bool willing, Millis timeout,
-                                                          std::string* why_not) {
+StatusOr<ShmChannel::Connection> ShmChannel::Connect(Store& store, const std::string& key_prefix,
+                                                     int rank, int size, bool willing,
+                                                     Millis timeout) {
   if (size < 2 || size > kMaxRanks) {
-    *why_not = size < 2 ? "one rank" : "more than " + std::to_string(kMaxRanks) + " ranks";
-    return std::unique_ptr<ShmChannel>();
+    return Connection{nullptr,
+                      size < 2 ? "one rank" : "more than " + std::to_string(kMaxRanks) + " ranks"};
   }
   const std::string offer_key = key_prefix + "offer";
   Segment* seg = nullptr;
@@ -215,7 +204,9 @@ StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Connect(Store& store,
     const std::uint64_t token = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
     name = "/crun-" + std::to_string(::getpid()) + "-" + Hex(token);
     if (willing) {
-      seg = Create(size, name, token, &why);
+      auto created = Create(size, name, token);
+      seg = created.ok() ? *created : nullptr;
+      if (!created.ok()) why = created.status().message();
     } else {
       why = "shared memory is turned off";
     }
@@ -238,7 +229,9 @@ StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Connect(Store& store,
       if (token_hex.empty() || parsed.ec != std::errc() || parsed.ptr != end) {
         why = "rank 0's offer '" + *offer + "' is malformed";  // not ours to throw on
       } else {
-        seg = Attach(name, token, rank, size, &why);
+        auto attached = Attach(name, token, rank, size);
+        seg = attached.ok() ? *attached : nullptr;
+        if (!attached.ok()) why = attached.status().message();
       }
     } else {
       why = "rank 0: " + offer->substr(std::min<std::size_t>(3, offer->size()));
@@ -266,10 +259,11 @@ StatusOr<std::unique_ptr<ShmChannel>> ShmChannel::Connect(Store& store,
   if (!answered.ok() || !refusal.empty() || seg == nullptr) {
     if (seg != nullptr) ::munmap(seg, SegmentBytes(size));
     CRUN_RETURN_IF_ERROR(answered);
-    *why_not = refusal.empty() ? why : refusal;
-    return std::unique_ptr<ShmChannel>();
+    return Connection{nullptr, refusal.empty() ? why : refusal};
   }
-  return std::unique_ptr<ShmChannel>(new ShmChannel(seg, SegmentBytes(size), rank, size));
+  return Connection{std::unique_ptr<ShmChannel>(
+                        new ShmChannel(seg, SegmentBytes(size), rank, size)),
+                    ""};
 }
 
 ShmChannel::ShmChannel(Segment* segment, std::size_t mapped_bytes, int rank, int size)

@@ -26,14 +26,17 @@ class ShmChannel {
  public:
   using Deadline = std::chrono::steady_clock::time_point;
 
+  // What Connect decided, the same on every rank: a channel, or why the ranks go without.
+  struct Connection {
+    std::unique_ptr<ShmChannel> channel;
+    std::string why_not;  // when channel is null
+  };
   // Collective over the group's store keys under `key_prefix`: rank 0 creates the segment and
-  // offers it, the others attach and answer. Returns null, with the reason in `why_not`, when
-  // the ranks do not share memory (other hosts, other pid or mount namespaces, no room in
-  // /dev/shm) or one of them is not `willing`; every rank reaches the same answer. An error
-  // only when the store fails.
-  static StatusOr<std::unique_ptr<ShmChannel>> Connect(Store& store, const std::string& key_prefix,
-                                                       int rank, int size, bool willing,
-                                                       Millis timeout, std::string* why_not);
+  // offers it, the others attach and answer. No channel when the ranks do not share memory
+  // (other hosts, other pid or mount namespaces, no room in /dev/shm) or one of them is not
+  // `willing`. An error only when the store fails.
+  static StatusOr<Connection> Connect(Store& store, const std::string& key_prefix, int rank,
+                                      int size, bool willing, Millis timeout);
   // Tells the peers this rank is gone: any collective they wait on for it fails at once.
   ~ShmChannel();
   ShmChannel(const ShmChannel&) = delete;

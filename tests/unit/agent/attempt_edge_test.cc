@@ -120,10 +120,11 @@ void CheckEnded(const Run& run) {
 }
 
 std::unique_ptr<WorkerCgroup> WorkerCgroupOrSkip() {
-  std::string why;
-  auto cgroup = WorkerCgroup::Create(&why);
-  if (!cgroup) crun::testing::Skip(("no cgroup for the workers: " + why).c_str());
-  return cgroup;
+  auto cgroup = WorkerCgroup::Create();
+  if (!cgroup.ok()) {
+    crun::testing::Skip(("no cgroup for the workers: " + cgroup.status().message()).c_str());
+  }
+  return std::move(cgroup).value();
 }
 
 TEST_CASE("edge: a worker's child and daemonised grandchild are ended and reaped (no cgroup)",

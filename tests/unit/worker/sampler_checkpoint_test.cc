@@ -20,7 +20,9 @@ std::vector<std::vector<std::size_t>> Shards(std::size_t n, int world, SamplerOp
                                              std::uint64_t epoch) {
   std::vector<std::vector<std::size_t>> out;
   for (int r = 0; r < world; ++r) {
-    DistributedSampler s(n, r, world, o);
+    auto made = DistributedSampler::Create(n, r, world, o);
+    REQUIRE(made.ok());
+    DistributedSampler& s = *made;
     s.set_epoch(epoch);
     out.push_back(s.indices());
     REQUIRE(out.back().size() == s.size());
@@ -87,7 +89,10 @@ TEST_CASE("sampler: the same permutation on every rank per epoch, a new one each
   SamplerOptions ordered;
   ordered.shuffle = false;
   CHECK(Shards(7, 2, ordered, 3)[1] == std::vector<std::size_t>{1, 3, 5, 0});  // padded with 0
-  CHECK_THROWS_WITH(DistributedSampler(10, 2, 2), Catch::Contains("rank 2 is not in a world of 2"));
+  auto bad = DistributedSampler::Create(10, 2, 2);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().code() == crun::StatusCode::kInvalidArgument);
+  CHECK_THAT(bad.status().message(), Catch::Contains("rank 2 is not in a world of 2"));
 }
 
 TEST_CASE("checkpoints: the newest complete one wins, older ones are pruned", "[checkpoint]") {

@@ -301,15 +301,14 @@ StatusOr<std::unique_ptr<ProcessGroup>> MakeGlooGroup(Context& context, const Gl
       // Every rank takes part, willing or not, so that all reach the same answer.
       const char* env_shm = std::getenv(crun::env::kCrunGlooShm);
       const bool willing = o.shared_memory && !(env_shm != nullptr && std::string(env_shm) == "0");
-      std::string why_not;
-      auto channel =
+      auto connected =
           ShmChannel::Connect(context.store(), context.round_prefix() + "gloo/" + o.name + "/shm/",
-                              env.rank, env.world_size, willing, o.timeout, &why_not);
-      if (!channel.ok()) {
-        return Status(channel.status().code(),
-                      where + ": cannot set up shared memory: " + channel.status().message());
+                              env.rank, env.world_size, willing, o.timeout);
+      if (!connected.ok()) {
+        return Status(connected.status().code(),
+                      where + ": cannot set up shared memory: " + connected.status().message());
       }
-      shm = std::move(channel).value();
+      shm = std::move(connected->channel);  // none: the group's TCP pairs carry everything
     }
     auto group = std::make_unique<GlooGroup>(std::move(ctx), o.name, std::move(shm));
     group->set_timeout(o.timeout);

@@ -11,7 +11,7 @@
 #include <ostream>
 #include <string>
 
-#include "base/status.h"
+#include "crun/base/status.h"
 
 namespace crun::worker {
 

@@ -16,7 +16,7 @@
 #include <memory>
 #include <string>
 
-#include "rendezvous/store/store.h"
+#include "crun/rendezvous/store/store.h"
 
 namespace crun::worker {
 

@@ -16,8 +16,8 @@
 #include <memory>
 #include <string>
 
-#include "base/status.h"
-#include "rendezvous/store/store.h"
+#include "crun/base/status.h"
+#include "crun/rendezvous/store/store.h"
 
 namespace crun::worker {
 

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "crun/base/status.h"
+
 namespace crun::worker {
 
 struct SamplerOptions {
@@ -19,8 +21,9 @@ struct SamplerOptions {
 
 class DistributedSampler {
  public:
-  DistributedSampler(std::size_t dataset_size, int rank, int world_size,
-                     SamplerOptions options = {});
+  // kInvalidArgument naming them when rank is not in [0, world_size).
+  static StatusOr<DistributedSampler> Create(std::size_t dataset_size, int rank, int world_size,
+                                             SamplerOptions options = {});
 
   void set_epoch(std::uint64_t epoch) { epoch_ = epoch; }
   // Samples per rank and epoch.
@@ -29,6 +32,8 @@ class DistributedSampler {
   std::vector<std::size_t> indices() const;
 
  private:
+  DistributedSampler(std::size_t dataset_size, int rank, int world_size, SamplerOptions options);
+
   std::size_t dataset_size_;
   int rank_;
   int world_size_;

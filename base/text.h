@@ -1,0 +1,14 @@
+// Small text helpers shared by the parsers of files and tool output (sysfs, nvidia-smi, py-spy
+// and gdb stacks, token files). Whitespace here is ' ', '\t', '\r' and '\n'.
+#pragma once
+
+#include <string_view>
+
+namespace crun {
+
+// `s` without whitespace at either end.
+std::string_view Trim(std::string_view s);
+// `s` without whitespace at its end (a line read from a file, a token).
+std::string_view TrimEnd(std::string_view s);
+
+}  // namespace crun
