@@ -10,6 +10,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/contracts.h"
+#include "agent/hangs/python_hook.h"
 
 namespace crun::agent {
 namespace {

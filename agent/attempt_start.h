@@ -15,7 +15,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "agent/hangs/hang_watch.h"
-#include "agent/hangs/stacks.h"
+#include "agent/hangs/stack_pipe.h"
 #include "agent/hangs/worker_pipe.h"
 #include "agent/line_pump.h"
 #include "agent/local_agent.h"

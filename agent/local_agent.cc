@@ -21,6 +21,7 @@
 #include "agent/failure_report.h"
 #include "agent/hangs/file_timer.h"
 #include "agent/hangs/hang_responder.h"
+#include "agent/hangs/stack_summary.h"
 #include "agent/horovod_kv.h"
 #include "agent/port_reservation.h"
 #include "agent/report_writer.h"

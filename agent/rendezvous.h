@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "agent/failure_report.h"
-#include "agent/hangs/stacks.h"
+#include "agent/hangs/stack_model.h"
 #include "agent/worker_env.h"
 
 namespace crun::agent {

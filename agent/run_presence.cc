@@ -6,7 +6,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "agent/hangs/stacks.h"
+#include "agent/hangs/python_hook.h"
 #include "base/files.h"
 
 namespace crun::agent {

@@ -18,4 +18,15 @@ std::string_view TrimEnd(std::string_view s) {
   return last == std::string_view::npos ? std::string_view() : s.substr(0, last + 1);
 }
 
+std::vector<std::string> SplitLines(std::string_view text) {
+  std::vector<std::string> lines;
+  while (!text.empty()) {
+    const auto end = text.find('\n');
+    lines.emplace_back(text.substr(0, end));
+    if (end == std::string_view::npos) break;
+    text.remove_prefix(end + 1);
+  }
+  return lines;
+}
+
 }  // namespace crun

@@ -15,7 +15,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "agent/control_socket.h"
-#include "agent/hangs/stacks.h"
+#include "agent/hangs/stack_summary.h"
 #include "agent/rendezvous/session_client.h"
 #include "agent/rendezvous/stacks_proto.h"
 #include "base/endpoint.h"

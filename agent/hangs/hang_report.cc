@@ -3,6 +3,7 @@
 #include <set>
 
 #include "agent/hangs/hang_watch.h"
+#include "agent/hangs/stack_summary.h"
 
 namespace crun::agent {
 namespace {

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/hangs/stacks.h"
+#include "agent/hangs/stack_model.h"
 
 namespace crun::agent {
 

@@ -14,6 +14,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
+#include "agent/hangs/stack_summary.h"
 #include "base/files.h"
 
 namespace crun::agent {

@@ -19,7 +19,7 @@
 
 #include "agent/hangs/hang_report.h"
 #include "agent/hangs/hang_watch.h"
-#include "agent/hangs/stacks.h"
+#include "agent/hangs/stack_capture.h"
 
 namespace crun::agent {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/hangs/stacks.h"
+#include "agent/hangs/stack_model.h"
 #include "crun/v1/rendezvous.pb.h"
 
 namespace crun::agent {

@@ -21,7 +21,11 @@
 
 #include "agent/hangs/file_timer.h"
 #include "agent/hangs/hang_watch.h"
-#include "agent/hangs/stacks.h"
+#include "agent/hangs/python_hook.h"
+#include "agent/hangs/stack_capture.h"
+#include "agent/hangs/stack_parsers.h"
+#include "agent/hangs/stack_pipe.h"
+#include "agent/hangs/stack_summary.h"
 #include "agent/supervise/oom.h"
 #include "agent/supervise/process.h"
 #include "base/proc.h"

@@ -21,3 +21,12 @@ TEST_CASE("Trim and TrimEnd remove spaces, tabs, CR and LF at the ends, nothing 
     CHECK(crun::TrimEnd(r.in) == r.trim_end);
   }
 }
+
+TEST_CASE("SplitLines takes each line without its newline, the last even without one") {
+  using Lines = std::vector<std::string>;
+  CHECK(crun::SplitLines("") == Lines{});
+  CHECK(crun::SplitLines("a") == Lines{"a"});
+  CHECK(crun::SplitLines("a\n") == Lines{"a"});
+  CHECK(crun::SplitLines("a\n\nb") == Lines{"a", "", "b"});
+  CHECK(crun::SplitLines("\n") == Lines{""});
+}

@@ -1,0 +1,275 @@
+#include "agent/hangs/stack_capture.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "agent/hangs/python_hook.h"
+#include "agent/hangs/stack_parsers.h"
+#include "agent/hangs/stack_pipe.h"
+#include "agent/supervise/process.h"
+#include "base/proc.h"
+#include "base/text.h"
+
+namespace crun::agent {
+
+namespace asio = boost::asio;
+using std::chrono::milliseconds;
+
+StackTools FindStackTools(const std::string& path, const std::vector<std::string>& extra_dirs) {
+  auto executable = [](const std::string& file) { return ::access(file.c_str(), X_OK) == 0; };
+  auto on_path = [&](const char* name) -> std::string {
+    std::size_t start = 0;
+    while (start <= path.size()) {
+      const auto end = std::min(path.find(':', start), path.size());
+      const std::string dir = path.substr(start, end - start);
+      if (!dir.empty() && dir.front() == '/' && executable(dir + "/" + name)) {
+        return dir + "/" + name;
+      }
+      start = end + 1;
+    }
+    return "";
+  };
+  StackTools t;
+  for (const auto& dir : extra_dirs) {
+    if (!dir.empty() && executable(dir + "/py-spy")) {
+      t.py_spy = dir + "/py-spy";
+      break;
+    }
+  }
+  if (t.py_spy.empty()) t.py_spy = on_path("py-spy");
+  t.eu_stack = on_path("eu-stack");
+  t.gdb = on_path("gdb");
+  return t;
+}
+
+namespace {
+
+// One run of a stack tool: its output (stdout and stderr together) and exit, or a kill at
+// the deadline.
+class ToolRun : public std::enable_shared_from_this<ToolRun> {
+ public:
+  using Done = std::function<void(bool ok, std::string output)>;
+  static void Start(asio::io_context& io, std::vector<std::string> argv, milliseconds deadline,
+                    Done done) {
+    auto run = std::shared_ptr<ToolRun>(new ToolRun(io, std::move(done)));
+    run->Begin(std::move(argv), deadline);
+  }
+
+ private:
+  ToolRun(asio::io_context& io, Done done)
+      : io_(io), pipe_(io), deadline_(io), done_(std::move(done)) {}
+
+  void Begin(std::vector<std::string> argv, milliseconds deadline) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) return Fail(PosixError("pipe", errno).message());
+    ProcessSpec spec;
+    spec.argv = std::move(argv);
+    spec.envp = {"PATH=/usr/bin:/bin", "LC_ALL=C"};
+    spec.stdout_fd = p[1];
+    spec.stderr_fd = p[1];
+    const std::string name = spec.argv[0];
+    auto pid = SpawnProcess(spec);
+    ::close(p[1]);
+    if (!pid.ok()) {
+      ::close(p[0]);
+      return Fail(pid.status().message());
+    }
+    pid_ = *pid;
+    pipe_.assign(p[0]);
+    auto self = shared_from_this();
+    auto watcher = ExitWatcher::Watch(io_, pid_, [self](ExitStatus s) {
+      self->exit_ = s;
+      self->exited_ = true;
+      self->MaybeDone();
+    });
+    if (!watcher.ok()) {
+      ::kill(-pid_, SIGKILL);
+      return Fail(watcher.status().message());
+    }
+    watcher_ = std::move(watcher).value();
+    deadline_.expires_after(deadline);
+    deadline_.async_wait([self, deadline](const boost::system::error_code& ec) {
+      if (ec || self->exited_) return;
+      self->timed_out_ = true;
+      ::kill(-self->pid_, SIGKILL);
+    });
+    Read();
+  }
+
+  void Read() {
+    auto self = shared_from_this();
+    pipe_.async_read_some(asio::buffer(chunk_),
+                          [self](const boost::system::error_code& ec, std::size_t n) {
+                            if (ec) {
+                              self->eof_ = true;
+                              return self->MaybeDone();
+                            }
+                            if (self->output_.size() < (std::size_t{4} << 20))
+                              self->output_.append(self->chunk_, n);
+                            self->Read();
+                          });
+  }
+
+  void MaybeDone() {
+    if (!eof_ || !exited_ || !done_) return;
+    deadline_.cancel();
+    if (timed_out_) {
+      return std::exchange(done_, nullptr)(false, "did not answer in time; killed");
+    }
+    std::exchange(done_, nullptr)(exit_.success(), std::move(output_));
+  }
+
+  void Fail(std::string why) {
+    auto done = std::exchange(done_, nullptr);
+    asio::post(io_, [done, why] { done(false, why); });
+  }
+
+  asio::io_context& io_;
+  asio::posix::stream_descriptor pipe_;
+  asio::steady_timer deadline_;
+  Done done_;
+  pid_t pid_ = 0;
+  std::unique_ptr<ExitWatcher> watcher_;
+  ExitStatus exit_;
+  bool exited_ = false, eof_ = false, timed_out_ = false;
+  std::string output_;
+  char chunk_[16384];
+};
+
+// The last line of a tool's output, for the error when it failed.
+std::string LastLine(const std::string& output) {
+  const auto lines = SplitLines(output);
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    if (!Trim(*it).empty()) return std::string(Trim(*it));
+  }
+  return "no output";
+}
+
+bool LooksLikePython(pid_t pid) {
+  char exe[4096];
+  const std::string link = "/proc/" + std::to_string(pid) + "/exe";
+  const ssize_t n = ::readlink(link.c_str(), exe, sizeof exe - 1);
+  if (n <= 0) return false;
+  std::string path(exe, static_cast<std::size_t>(n));
+  const auto slash = path.rfind('/');
+  return std::string_view(path)
+      .substr(slash == std::string::npos ? 0 : slash + 1)
+      .starts_with("python");
+}
+
+// One target's methods, tried in order until one gives a stack.
+struct Method {
+  std::string tool;
+  std::vector<std::string> argv;  // empty: the hook
+};
+
+struct Capture {
+  std::vector<RankStacks> results;
+  std::size_t pending = 0;
+  std::function<void(std::vector<RankStacks>)> done;
+};
+
+void TryNext(asio::io_context& io, std::shared_ptr<Capture> c, std::size_t i, StackPipe* hook,
+             std::vector<Method> methods, std::size_t next, milliseconds deadline) {
+  RankStacks& r = c->results[i];
+  if (next >= methods.size()) {
+    if (r.error.empty()) {
+      r.error = "no way to read it: install py-spy (Python) or elfutils' eu-stack or gdb";
+    }
+    if (--c->pending == 0) c->done(std::move(c->results));
+    return;
+  }
+  const Method m = methods[next];
+  // `label`: the tool as the report names it, when not `m.tool`.
+  auto finish = [&io, c, i, hook, methods, next, deadline, m](bool ok, std::string text,
+                                                              std::string label) {
+    RankStacks& result = c->results[i];
+    std::vector<ThreadStack> threads;
+    if (ok) {
+      if (m.tool == "py-spy") threads = ParsePySpy(text);
+      if (m.tool == "faulthandler") threads = ParseFaulthandler(text);
+      if (m.tool == "eu-stack") threads = ParseEuStack(text, result.pid);
+      if (m.tool == "gdb") threads = ParseGdb(text, result.pid);
+    }
+    if (!threads.empty()) {
+      result.tool = label.empty() ? m.tool : std::move(label);
+      result.text = std::move(text);
+      result.threads = std::move(threads);
+      result.error.clear();
+      if (--c->pending == 0) c->done(std::move(c->results));
+      return;
+    }
+    result.error += (result.error.empty() ? "" : "; ") + m.tool + ": " +
+                    (ok ? std::string("no stack in its output") : LastLine(text));
+    TryNext(io, c, i, hook, methods, next + 1, deadline);
+  };
+  if (m.argv.empty()) {
+    StackPipe::Timing timing;
+    timing.deadline = std::min(deadline, timing.deadline);
+    hook->Request(r.pid, timing, [finish](std::string text, bool at_once) {
+      const bool ok = !text.empty();
+      // Which of the hook's two answers it was (docs/hangs.md).
+      finish(ok, ok ? std::move(text) : "no answer to the stack signals",
+             at_once ? "faulthandler (signal handler)" : "");
+    });
+  } else {
+    ToolRun::Start(io, m.argv, deadline,
+                   [finish](bool ok, std::string text) { finish(ok, std::move(text), ""); });
+  }
+}
+
+}  // namespace
+
+void CaptureStacks(asio::io_context& io, const std::vector<StackTarget>& targets,
+                   const StackTools& tools, milliseconds deadline,
+                   std::function<void(std::vector<RankStacks>)> done) {
+  auto c = std::make_shared<Capture>();
+  c->done = std::move(done);
+  c->pending = targets.size();
+  for (const auto& t : targets) {
+    RankStacks r;
+    r.host = t.host;
+    r.rank = t.rank;
+    r.local_rank = t.local_rank;
+    r.pid = t.pid;
+    c->results.push_back(std::move(r));
+  }
+  if (targets.empty()) {
+    asio::post(io, [c] { c->done({}); });
+    return;
+  }
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    const auto& t = targets[i];
+    const std::string pid = std::to_string(t.pid);
+    // A stopped process (SIGSTOP, a debugger) runs no signal handler: not the hook then.
+    const bool stopped = ProcessState(t.pid) == 't' || ProcessState(t.pid) == 'T';
+    const bool hooked =
+        t.hook != nullptr && !stopped &&
+        (Catches(t.pid, HookSignals().safe) || Catches(t.pid, HookSignals().at_once));
+    const bool python = hooked || LooksLikePython(t.pid);
+    std::vector<Method> methods;
+    if (python && !tools.py_spy.empty())
+      methods.push_back({"py-spy", {tools.py_spy, "dump", "--pid", pid}});
+    if (hooked) methods.push_back({"faulthandler", {}});
+    if (!tools.eu_stack.empty()) methods.push_back({"eu-stack", {tools.eu_stack, "-p", pid}});
+    if (!tools.gdb.empty()) {
+      methods.push_back(
+          {"gdb", {tools.gdb, "-p", pid, "-batch", "-nx", "-ex", "thread apply all bt"}});
+    }
+    TryNext(io, c, i, t.hook, std::move(methods), 0, deadline);
+  }
+}
+
+}  // namespace crun::agent
