@@ -349,182 +349,245 @@ std::vector<std::pair<std::string, const KeyValue*>> Children(const Mirror& mirr
 
 }  // namespace
 
-Decision Decide(const Keys& keys, const Mirror& mirror, TimePoint now, WallClock::time_point wall) {
-  Decision out;
-  if (auto layout = mirror.find(keys.layout());
-      layout != mirror.end() && layout->second.value != kLayout) {
-    out.error =
-        ProtocolError(keys.layout() + " is '" + layout->second.value + "', this crun writes '" +
-                      kLayout + "': another crun version owns run '" + keys.prefix + "'");
-    return out;
+namespace {
+
+// One Decide(): the steps below, in order, each a few lines of the rules' bookkeeping.
+class Deciding {
+ public:
+  Deciding(const Keys& keys, const Mirror& mirror, TimePoint now, WallClock::time_point wall)
+      : keys_(keys), mirror_(mirror), now_(now), wall_(wall) {}
+
+  Decision Run() && {
+    if (!CheckLayout()) return std::move(out_);
+    ReadNodes();
+    if (!LoadJob()) return std::move(out_);
+    RenewEndedJob();
+    LoseAbsentNodes();
+    ApplyReports();
+    ApplyJoins();
+    Apply(rdzv::OnTick(std::move(doc_.state), now_));
+    Write();
+    return std::move(out_);
   }
-  std::map<std::string, NodeEntry> nodes;
-  for (const auto& [id, kv] : Children(mirror, keys.nodes())) {
-    auto r = DecodeNode(id, kv->value);
-    if (!r.ok()) {
-      out.log.push_back("ignoring " + kv->key + ": " + r.status().message());
-      continue;
+
+ private:
+  // Another crun version's keys: leave them alone.
+  bool CheckLayout() {
+    auto layout = mirror_.find(keys_.layout());
+    if (layout == mirror_.end() || layout->second.value == kLayout) return true;
+    out_.error =
+        ProtocolError(keys_.layout() + " is '" + layout->second.value + "', this crun writes '" +
+                      kLayout + "': another crun version owns run '" + keys_.prefix + "'");
+    return false;
+  }
+
+  void ReadNodes() {
+    for (const auto& [id, kv] : Children(mirror_, keys_.nodes())) {
+      auto r = DecodeNode(id, kv->value);
+      if (!r.ok()) {
+        out_.log.push_back("ignoring " + kv->key + ": " + r.status().message());
+        continue;
+      }
+      nodes_[id] = {std::move(r).value(), kv};
     }
-    nodes[id] = {std::move(r).value(), kv};
   }
-  JobDoc doc;
-  std::string before;
-  auto job_kv = mirror.find(keys.state());
-  if (job_kv == mirror.end()) {
-    if (nodes.empty()) return out;
-    // The first agent's settings make the job; later ones must agree (the rules check).
-    const auto oldest = Children(mirror, keys.nodes());
-    const auto& first =
-        nodes.count(oldest.front().first) ? nodes.at(oldest.front().first) : nodes.begin()->second;
-    doc.state.settings = first.record.settings;
-  } else {
-    auto decoded = DecodeJob(job_kv->second.value, now, wall);
+
+  // The settings of the oldest node whose record could be read (a renewed job's).
+  rdzv::Settings OldestSettings() const {
+    for (const auto& [id, kv] : Children(mirror_, keys_.nodes())) {
+      if (nodes_.count(id)) return nodes_.at(id).record.settings;
+    }
+    return {};
+  }
+
+  // The job as the last decision left it, or a new one from the nodes; false: nothing to
+  // decide (no job, no node), or a job that cannot be read (out_.error).
+  bool LoadJob() {
+    auto job_kv = mirror_.find(keys_.state());
+    if (job_kv == mirror_.end()) {
+      if (nodes_.empty()) return false;
+      // The first agent's settings make the job; later ones must agree (the rules check).
+      const auto oldest = Children(mirror_, keys_.nodes());
+      const auto& first = nodes_.count(oldest.front().first) ? nodes_.at(oldest.front().first)
+                                                             : nodes_.begin()->second;
+      doc_.state.settings = first.record.settings;
+      return true;
+    }
+    auto decoded = DecodeJob(job_kv->second.value, now_, wall_);
     if (!decoded.ok()) {
-      out.error = ProtocolError(keys.job() + " cannot be read: " + decoded.status().message());
-      return out;
+      out_.error = ProtocolError(keys_.job() + " cannot be read: " + decoded.status().message());
+      return false;
     }
-    doc = std::move(decoded).value();
-    out.job_mod_revision = job_kv->second.mod_revision;
-    before = EncodeJob(doc, now, wall);
+    doc_ = std::move(decoded).value();
+    out_.job_mod_revision = job_kv->second.mod_revision;
+    before_ = EncodeJob(doc_, now_, wall_);
+    return true;
   }
-  rdzv::State& s = doc.state;
 
   // A finished job whose agents have all gone: a new job on the same run id.
-  const bool ended = s.phase == Phase::kFailed || s.phase == Phase::kSucceeded;
-  if (ended && !nodes.empty()) {
-    const bool all_new = std::all_of(nodes.begin(), nodes.end(), [&](const auto& n) {
-      return n.second.kv->create_revision > out.job_mod_revision;
+  void RenewEndedJob() {
+    const bool ended = doc_.state.phase == Phase::kFailed || doc_.state.phase == Phase::kSucceeded;
+    if (!ended || nodes_.empty()) return;
+    const bool all_new = std::all_of(nodes_.begin(), nodes_.end(), [&](const auto& n) {
+      return n.second.kv->create_revision > out_.job_mod_revision;
     });
-    if (all_new) {
-      JobDoc fresh;
-      fresh.job = doc.job + 1;
-      fresh.gathering = doc.gathering + 1;
-      const auto oldest = Children(mirror, keys.nodes());
-      for (const auto& [id, kv] : oldest) {
-        if (nodes.count(id)) {
-          fresh.state.settings = nodes.at(id).record.settings;
-          break;
-        }
-      }
-      out.log.push_back("job " + std::to_string(doc.job) + " ended and its agents left: job " +
-                        std::to_string(fresh.job) + " starts");
-      doc = std::move(fresh);
-      out.ops.push_back({Op::Kind::kDeletePrefix, keys.reports(), "", 0});
-      out.ops.push_back({Op::Kind::kDeletePrefix, keys.stores(), "", 0});
-    }
+    if (!all_new) return;
+    JobDoc fresh;
+    fresh.job = doc_.job + 1;
+    fresh.gathering = doc_.gathering + 1;
+    fresh.state.settings = OldestSettings();
+    out_.log.push_back("job " + std::to_string(doc_.job) + " ended and its agents left: job " +
+                       std::to_string(fresh.job) + " starts");
+    doc_ = std::move(fresh);
+    out_.ops.push_back({Op::Kind::kDeletePrefix, keys_.reports(), "", 0});
+    out_.ops.push_back({Op::Kind::kDeletePrefix, keys_.stores(), "", 0});
   }
-
-  std::optional<std::string> root_node;  // the failure that decided, this time
-  Report root_report;
-  auto apply = [&](rdzv::Transition t) {
-    s = std::move(t.state);
-    for (auto& action : t.actions) {
-      if (auto* round = std::get_if<rdzv::FormRound>(&action)) {
-        doc.world_size = round->assignments.empty() ? 0 : round->assignments.front().world_size;
-        json history = {{"round", round->round},
-                        {"restart_count", round->restart_count},
-                        {"formed_unix_ms", ToWall(now, now, wall)},
-                        {"world_size", doc.world_size},
-                        {"gathering", doc.gathering}};
-        for (const auto& a : round->assignments) history["nodes"].push_back(a.node_id);
-        history["spares"] = round->spares;
-        out.ops.push_back({Op::Kind::kPut, keys.round(round->round), history.dump(), 0});
-        out.log.push_back("round " + std::to_string(round->round) +
-                          " formed: " + std::to_string(round->assignments.size()) + " nodes, " +
-                          std::to_string(doc.world_size) + " workers, restart count " +
-                          std::to_string(round->restart_count));
-      } else if (auto* stop = std::get_if<rdzv::StopAndRejoin>(&action)) {
-        out.ops.push_back({Op::Kind::kDeletePrefix, keys.reports(doc.gathering), "", 0});
-        ++doc.gathering;
-        doc.stop_reason = stop->reason;
-        doc.stop_spends_restart = stop->spends_restart;
-        out.log.push_back("every node stops and rejoins: " + stop->reason);
-      } else if (auto* fail = std::get_if<rdzv::FailJob>(&action)) {
-        Outcome o;
-        o.reason = fail->reason;
-        o.exit_code = 1;
-        if (root_node) {
-          o.root_node_id = *root_node;
-          o.root_report_json = root_report.report_json;
-          o.exit_code = root_report.exit_code;
-        }
-        doc.last_failure = fail->reason;
-        doc.outcome = std::move(o);
-        out.log.push_back("job failed: " + fail->reason);
-      } else if (std::holds_alternative<rdzv::SucceedJob>(action)) {
-        doc.outcome = Outcome{true, 0, "all workers succeeded", {}, {}};
-        out.log.push_back("job succeeded");
-      } else if (auto* refuse = std::get_if<rdzv::RefuseJoin>(&action)) {
-        auto n = nodes.find(refuse->node_id);
-        const std::int64_t lease = n == nodes.end() ? 0 : n->second.kv->lease;
-        out.ops.push_back({Op::Kind::kPut, keys.refusal(refuse->node_id), refuse->reason, lease});
-        out.log.push_back("refused node '" + refuse->node_id + "': " + refuse->reason);
-      }
-    }
-  };
 
   // Lost: in the job, but its lease (and so its nodes/ key) is gone.
-  std::vector<std::string> present(s.present.begin(), s.present.end());
-  std::sort(present.begin(), present.end());
-  for (const auto& id : present) {
-    if (nodes.count(id) == 0) {
-      apply(rdzv::OnNodeLost(std::move(s), id, now,
+  void LoseAbsentNodes() {
+    std::vector<std::string> present(doc_.state.present.begin(), doc_.state.present.end());
+    std::sort(present.begin(), present.end());
+    for (const auto& id : present) {
+      if (nodes_.count(id) != 0) continue;
+      const auto heartbeat = doc_.state.settings.heartbeat_timeout.count();
+      Apply(rdzv::OnNodeLost(std::move(doc_.state), id, now_,
                              "its etcd lease ended (the agent left, died, or was cut off for "
                              "longer than heartbeat_timeout " +
-                                 std::to_string(s.settings.heartbeat_timeout.count()) + " ms)"));
+                                 std::to_string(heartbeat) + " ms)"));
     }
   }
-  // How this gathering's rounds ended, first written first.
-  for (const auto& [id, kv] : Children(mirror, keys.reports(doc.gathering))) {
-    auto r = DecodeReport(kv->value);
-    if (!r.ok()) {
-      out.log.push_back("ignoring " + kv->key + ": " + r.status().message());
-      continue;
-    }
-    if (r->success) {
-      apply(rdzv::OnNodeSucceeded(std::move(s), id, now));
-      continue;
-    }
-    const int gathering = doc.gathering;
-    if (s.phase == Phase::kRunning && s.member_index.count(id) != 0) {
-      root_node = id;
-      root_report = *r;
-      doc.last_failure = r->what;
-      out.ops.push_back({Op::Kind::kPut, keys.last_failure(), kv->value, 0});
-    }
-    apply(rdzv::OnWorkerFailed(std::move(s), id, r->what, now));
-    if (doc.gathering != gathering) break;  // the rest belong to the round that just stopped
-  }
-  // Joins for this gathering, first come first.
-  for (const auto& [id, kv] : Children(mirror, keys.joins())) {
-    const auto join = DecodeJoin(id, kv->value);
-    if (!join.ok() || join->gathering != doc.gathering || s.present.count(id) != 0) continue;
-    if (mirror.count(keys.refusal(id)) != 0) continue;
-    auto n = nodes.find(id);
-    if (n == nodes.end()) continue;  // its lease is gone with it
-    rdzv::NodeDescription node = n->second.record.node;
-    node.ports = join->ports;  // this round's
-    // The address only matters with ports (--contract); without, the job document (one entry
-    // per member, every agent reads it) stays as it was.
-    if (node.ports.empty()) node.address.clear();
-    apply(rdzv::OnJoin(std::move(s), node, n->second.record.settings, now));
-  }
-  apply(rdzv::OnTick(std::move(s), now));
 
-  if (mirror.count(keys.layout()) == 0) {
-    out.ops.push_back({Op::Kind::kPut, keys.layout(), kLayout, 0});
+  // How this gathering's rounds ended, first written first.
+  void ApplyReports() {
+    for (const auto& [id, kv] : Children(mirror_, keys_.reports(doc_.gathering))) {
+      auto r = DecodeReport(kv->value);
+      if (!r.ok()) {
+        out_.log.push_back("ignoring " + kv->key + ": " + r.status().message());
+        continue;
+      }
+      if (r->success) {
+        Apply(rdzv::OnNodeSucceeded(std::move(doc_.state), id, now_));
+        continue;
+      }
+      const int gathering = doc_.gathering;
+      if (doc_.state.phase == Phase::kRunning && doc_.state.member_index.count(id) != 0) {
+        root_node_ = id;
+        root_report_ = *r;
+        doc_.last_failure = r->what;
+        out_.ops.push_back({Op::Kind::kPut, keys_.last_failure(), kv->value, 0});
+      }
+      Apply(rdzv::OnWorkerFailed(std::move(doc_.state), id, r->what, now_));
+      if (doc_.gathering != gathering) break;  // the rest belong to the round that just stopped
+    }
   }
-  out.wake_at = Earliest(s);
-  out.job_json = EncodeJob(doc, now, wall);
-  // Agents other than the decider wake for a/job: written only when what they act on changed.
-  std::string pub = EncodePublicJob(doc, now, wall);
-  auto pub_kv = mirror.find(keys.job());
-  if (pub_kv == mirror.end() || pub_kv->second.value != pub) {
-    out.ops.push_back({Op::Kind::kPut, keys.job(), std::move(pub), 0});
+
+  // Joins for this gathering, first come first.
+  void ApplyJoins() {
+    for (const auto& [id, kv] : Children(mirror_, keys_.joins())) {
+      const auto join = DecodeJoin(id, kv->value);
+      if (!join.ok() || join->gathering != doc_.gathering || doc_.state.present.count(id) != 0) {
+        continue;
+      }
+      if (mirror_.count(keys_.refusal(id)) != 0) continue;
+      auto n = nodes_.find(id);
+      if (n == nodes_.end()) continue;  // its lease is gone with it
+      rdzv::NodeDescription node = n->second.record.node;
+      node.ports = join->ports;  // this round's
+      // The address only matters with ports (--contract); without, the job document (one
+      // entry per member, every agent reads it) stays as it was.
+      if (node.ports.empty()) node.address.clear();
+      Apply(rdzv::OnJoin(std::move(doc_.state), node, n->second.record.settings, now_));
+    }
   }
-  out.write = out.job_json != before || !out.ops.empty();
-  if (!out.write) out.ops.clear();
-  return out;
+
+  // The rules' next state, and what each of their actions means for etcd.
+  void Apply(rdzv::Transition t) {
+    doc_.state = std::move(t.state);
+    for (auto& action : t.actions) {
+      if (auto* round = std::get_if<rdzv::FormRound>(&action)) {
+        FormRound(*round);
+      } else if (auto* stop = std::get_if<rdzv::StopAndRejoin>(&action)) {
+        out_.ops.push_back({Op::Kind::kDeletePrefix, keys_.reports(doc_.gathering), "", 0});
+        ++doc_.gathering;
+        doc_.stop_reason = stop->reason;
+        doc_.stop_spends_restart = stop->spends_restart;
+        out_.log.push_back("every node stops and rejoins: " + stop->reason);
+      } else if (auto* fail = std::get_if<rdzv::FailJob>(&action)) {
+        FailJob(*fail);
+      } else if (std::holds_alternative<rdzv::SucceedJob>(action)) {
+        doc_.outcome = Outcome{true, 0, "all workers succeeded", {}, {}};
+        out_.log.push_back("job succeeded");
+      } else if (auto* refuse = std::get_if<rdzv::RefuseJoin>(&action)) {
+        auto n = nodes_.find(refuse->node_id);
+        const std::int64_t lease = n == nodes_.end() ? 0 : n->second.kv->lease;
+        out_.ops.push_back({Op::Kind::kPut, keys_.refusal(refuse->node_id), refuse->reason, lease});
+        out_.log.push_back("refused node '" + refuse->node_id + "': " + refuse->reason);
+      }
+    }
+  }
+
+  void FormRound(const rdzv::FormRound& round) {
+    doc_.world_size = round.assignments.empty() ? 0 : round.assignments.front().world_size;
+    json history = {{"round", round.round},
+                    {"restart_count", round.restart_count},
+                    {"formed_unix_ms", ToWall(now_, now_, wall_)},
+                    {"world_size", doc_.world_size},
+                    {"gathering", doc_.gathering}};
+    for (const auto& a : round.assignments) history["nodes"].push_back(a.node_id);
+    history["spares"] = round.spares;
+    out_.ops.push_back({Op::Kind::kPut, keys_.round(round.round), history.dump(), 0});
+    out_.log.push_back("round " + std::to_string(round.round) +
+                       " formed: " + std::to_string(round.assignments.size()) + " nodes, " +
+                       std::to_string(doc_.world_size) + " workers, restart count " +
+                       std::to_string(round.restart_count));
+  }
+
+  void FailJob(const rdzv::FailJob& fail) {
+    Outcome o;
+    o.reason = fail.reason;
+    o.exit_code = 1;
+    if (root_node_) {  // the failure that decided, this time
+      o.root_node_id = *root_node_;
+      o.root_report_json = root_report_.report_json;
+      o.exit_code = root_report_.exit_code;
+    }
+    doc_.last_failure = fail.reason;
+    doc_.outcome = std::move(o);
+    out_.log.push_back("job failed: " + fail.reason);
+  }
+
+  // The job for the decider (state) and, when what they act on changed, for the others (job).
+  void Write() {
+    if (mirror_.count(keys_.layout()) == 0) {
+      out_.ops.push_back({Op::Kind::kPut, keys_.layout(), kLayout, 0});
+    }
+    out_.wake_at = Earliest(doc_.state);
+    out_.job_json = EncodeJob(doc_, now_, wall_);
+    std::string pub = EncodePublicJob(doc_, now_, wall_);
+    auto pub_kv = mirror_.find(keys_.job());
+    if (pub_kv == mirror_.end() || pub_kv->second.value != pub) {
+      out_.ops.push_back({Op::Kind::kPut, keys_.job(), std::move(pub), 0});
+    }
+    out_.write = out_.job_json != before_ || !out_.ops.empty();
+    if (!out_.write) out_.ops.clear();
+  }
+
+  const Keys& keys_;
+  const Mirror& mirror_;
+  const TimePoint now_;
+  const WallClock::time_point wall_;
+  Decision out_;
+  std::map<std::string, NodeEntry> nodes_;
+  JobDoc doc_;
+  std::string before_;  // the job as read, encoded: unchanged means nothing to write
+  std::optional<std::string> root_node_;
+  Report root_report_;
+};
+
+}  // namespace
+
+Decision Decide(const Keys& keys, const Mirror& mirror, TimePoint now, WallClock::time_point wall) {
+  return Deciding(keys, mirror, now, wall).Run();
 }
 
 StatusOr<rdzv::msg::JobStatus> StatusOf(const Keys& keys, const std::string& run_id,
