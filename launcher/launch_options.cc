@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <sstream>
+#include <string_view>
+#include <utility>
 
 #include "agent/supervise/process.h"
 #include "base/numbers.h"
@@ -421,6 +424,80 @@ std::vector<std::string> ParseFilters(const std::string& list) {
   return out;
 }
 
+namespace {
+
+// The --rdzv-conf keys that take seconds, and where each goes.
+using SecondsField = std::optional<double> RdzvConf::*;
+constexpr std::pair<std::string_view, SecondsField> kSecondsKeys[] = {
+    {"join_timeout", &RdzvConf::join_timeout},
+    {"timeout", &RdzvConf::join_timeout},
+    {"last_call_timeout", &RdzvConf::last_call_timeout},
+    {"close_timeout", &RdzvConf::close_timeout},
+    {"heartbeat_interval", &RdzvConf::heartbeat_interval},
+    {"keep_alive_interval", &RdzvConf::heartbeat_interval},
+    {"heartbeat_timeout", &RdzvConf::heartbeat_timeout},
+    {"read_timeout", &RdzvConf::read_timeout},
+    {"reconnect_timeout", &RdzvConf::reconnect_timeout},
+    {"connect_timeout", &RdzvConf::connect_timeout},
+};
+
+// torchrun's get_as_bool: 1/true/t/yes/y and 0/false/f/no/n, in any case.
+std::optional<bool> TorchrunBool(std::string v) {
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  if (v == "1" || v == "true" || v == "t" || v == "yes" || v == "y") return true;
+  if (v == "0" || v == "false" || v == "f" || v == "no" || v == "n") return false;
+  return std::nullopt;
+}
+
+// One key=value of --rdzv-conf into `c`; a key crun does not know goes to c.ignored.
+Status SetRdzvKey(RdzvConf& c, const std::string& key, const std::string& value) {
+  for (const auto& [name, field] : kSecondsKeys) {
+    if (key != name) continue;
+    const auto s = ParseNumber(value, 0, kMaxSeconds);
+    if (!s || *s <= 0) {
+      return InvalidArgument("--rdzv-conf: " + key + "='" + value +
+                             "' is not a number of seconds > 0 (at most 30 days)");
+    }
+    c.*field = *s;
+    return Status::Ok();
+  }
+  if (key == "keep_alive_max_attempt") {
+    const auto n = ParseInteger(value, 1, 1000);
+    if (!n) {
+      return InvalidArgument("--rdzv-conf: keep_alive_max_attempt='" + value +
+                             "' is not a whole number from 1 to 1000");
+    }
+    c.keep_alive_max_attempt = static_cast<int>(*n);
+  } else if (key == "is_host") {
+    c.is_host = TorchrunBool(value);
+    if (!c.is_host) {
+      return InvalidArgument("--rdzv-conf: is_host='" + value + "' is not true or false");
+    }
+  } else if (key == "node_id") {
+    c.node_id = value;
+  } else if (key == "etcd_prefix") {
+    if (value.front() != '/') {
+      return InvalidArgument("--rdzv-conf: etcd_prefix='" + value + "' must start with '/'");
+    }
+    c.etcd_prefix = value;
+  } else if (key == "etcd_user") {
+    c.etcd_user = value;
+  } else if (key == "etcd_password_file") {
+    c.etcd_password_file = value;
+  } else if (key == "store_type") {
+    if (value != "tcp") {
+      return InvalidArgument("--rdzv-conf: store_type='" + value +
+                             "': crun's rendezvous keeps its state in its own service and "
+                             "gives workers a TCP store; only store_type=tcp is accepted");
+    }
+  } else if (key != "rank") {  // rank: the static backend's, which --node-rank sets
+    c.ignored.push_back(key);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
   RdzvConf c;
   if (text.empty()) return c;
@@ -438,72 +515,7 @@ StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     if (key.empty()) return InvalidArgument("--rdzv-conf: '" + item + "' has no key");
     if (value.empty()) return InvalidArgument("--rdzv-conf: " + key + " has no value");
-    auto seconds = [&](std::optional<double>* out) -> Status {
-      if (auto s = ParseNumber(value, 0, kMaxSeconds); s && *s > 0) {
-        *out = *s;
-        return Status::Ok();
-      }
-      return InvalidArgument("--rdzv-conf: " + key + "='" + value +
-                             "' is not a number of seconds > 0 (at most 30 days)");
-    };
-    if (key == "join_timeout" || key == "timeout") {
-      CRUN_RETURN_IF_ERROR(seconds(&c.join_timeout));
-    } else if (key == "last_call_timeout") {
-      CRUN_RETURN_IF_ERROR(seconds(&c.last_call_timeout));
-    } else if (key == "close_timeout") {
-      CRUN_RETURN_IF_ERROR(seconds(&c.close_timeout));
-    } else if (key == "heartbeat_interval" || key == "keep_alive_interval") {
-      CRUN_RETURN_IF_ERROR(seconds(&c.heartbeat_interval));
-    } else if (key == "keep_alive_max_attempt") {
-      const auto n = ParseInteger(value, 1, 1000);
-      if (!n) {
-        return InvalidArgument("--rdzv-conf: keep_alive_max_attempt='" + value +
-                               "' is not a whole number from 1 to 1000");
-      }
-      c.keep_alive_max_attempt = static_cast<int>(*n);
-    } else if (key == "heartbeat_timeout") {
-      CRUN_RETURN_IF_ERROR(seconds(&c.heartbeat_timeout));
-    } else if (key == "read_timeout") {
-      CRUN_RETURN_IF_ERROR(seconds(&c.read_timeout));
-    } else if (key == "reconnect_timeout") {
-      CRUN_RETURN_IF_ERROR(seconds(&c.reconnect_timeout));
-    } else if (key == "is_host") {
-      // torchrun's get_as_bool: 1/true/t/yes/y and 0/false/f/no/n, in any case.
-      std::string v = value;
-      std::transform(v.begin(), v.end(), v.begin(),
-                     [](unsigned char ch) { return std::tolower(ch); });
-      if (v == "1" || v == "true" || v == "t" || v == "yes" || v == "y") {
-        c.is_host = true;
-      } else if (v == "0" || v == "false" || v == "f" || v == "no" || v == "n") {
-        c.is_host = false;
-      } else {
-        return InvalidArgument("--rdzv-conf: is_host='" + value + "' is not true or false");
-      }
-    } else if (key == "node_id") {
-      if (value.empty()) return InvalidArgument("--rdzv-conf: node_id is empty");
-      c.node_id = value;
-    } else if (key == "etcd_prefix") {
-      if (value.front() != '/') {
-        return InvalidArgument("--rdzv-conf: etcd_prefix='" + value + "' must start with '/'");
-      }
-      c.etcd_prefix = value;
-    } else if (key == "etcd_user") {
-      c.etcd_user = value;
-    } else if (key == "etcd_password_file") {
-      c.etcd_password_file = value;
-    } else if (key == "connect_timeout") {
-      CRUN_RETURN_IF_ERROR(seconds(&c.connect_timeout));
-    } else if (key == "store_type") {
-      if (value != "tcp") {
-        return InvalidArgument("--rdzv-conf: store_type='" + value +
-                               "': crun's rendezvous keeps its state in its own service and "
-                               "gives workers a TCP store; only store_type=tcp is accepted");
-      }
-    } else if (key == "rank") {
-      // The static backend's node rank, which torchrun injects itself: --node-rank sets it.
-    } else {
-      c.ignored.push_back(key);
-    }
+    CRUN_RETURN_IF_ERROR(SetRdzvKey(c, key, value));
   }
   return c;
 }
