@@ -193,6 +193,109 @@ std::string FormatCpuList(const std::vector<int>& cpus) {
   return out;
 }
 
+namespace {
+
+// The PCI address of the GPU each local rank uses: CUDA_VISIBLE_DEVICES's entry (an index or a
+// GPU UUID) when set, else the rank's own index, among `gpus` in PCI order.
+class RankGpus {
+ public:
+  RankGpus(const Topology& topo, const std::vector<std::string>& gpus, const std::string& root,
+           const std::optional<std::string>& cuda_visible_devices)
+      : topo_(topo), gpus_(gpus), root_(root), cvd_(cuda_visible_devices) {
+    if (!cvd_) return;
+    std::stringstream in(*cvd_);
+    std::string item;
+    while (std::getline(in, item, ',')) visible_.emplace_back(Trim(item));
+  }
+
+  StatusOr<std::string> PciOf(int lr) const {
+    std::string entry = std::to_string(lr);
+    if (cvd_) {
+      if (lr >= static_cast<int>(visible_.size())) {
+        return InvalidArgument("--numa-binding: local rank " + std::to_string(lr) +
+                               " has no GPU in CUDA_VISIBLE_DEVICES='" + *cvd_ + "'");
+      }
+      entry = visible_[static_cast<std::size_t>(lr)];
+      if (entry.rfind("GPU-", 0) == 0) {
+        if (auto pci = topo_.PciOfUuid(entry)) return *pci;
+        return NotFound("--numa-binding: no GPU with UUID " + entry + " in " + root_ +
+                        "/proc/driver/nvidia/gpus/*/information");
+      }
+      if (entry.rfind("MIG-", 0) == 0) {
+        return InvalidArgument("--numa-binding: CUDA_VISIBLE_DEVICES entry " + entry +
+                               " is a MIG instance: give its GPU's index instead");
+      }
+    }
+    const auto index = ParseInteger(entry, 0, static_cast<std::int64_t>(gpus_.size()) - 1);
+    if (!index) {
+      return InvalidArgument("--numa-binding: local rank " + std::to_string(lr) +
+                             " would use GPU " + entry + ", but this node has " +
+                             std::to_string(gpus_.size()) + " NVIDIA GPUs");
+    }
+    return gpus_[static_cast<std::size_t>(*index)];
+  }
+
+ private:
+  const Topology& topo_;
+  const std::vector<std::string>& gpus_;
+  const std::string& root_;
+  const std::optional<std::string>& cvd_;
+  std::vector<std::string> visible_;  // CUDA_VISIBLE_DEVICES entries, if set
+};
+
+// --numa-binding socket: add the CPUs and memory of every node on the socket of `node_cpus`.
+Status WidenToSocket(const Topology& topo, const std::set<int>& node_cpus,
+                     const std::set<int>& allowed, std::set<int>& cpus, std::set<int>& mems) {
+  const auto socket = topo.SocketOfCpu(*node_cpus.begin());
+  if (!socket) {
+    return NotFound("--numa-binding socket: cannot read the socket of CPU " +
+                    std::to_string(*node_cpus.begin()));
+  }
+  for (int n : topo.Nodes()) {
+    const auto other = Intersect(topo.CpusOfNode(n), allowed);
+    if (other.empty() || topo.SocketOfCpu(*other.begin()) != socket) continue;
+    cpus.insert(other.begin(), other.end());
+    mems.insert(n);
+  }
+  return Status::Ok();
+}
+
+// --numa-binding exclusive: share `share` of the node's physical cores, dealt out evenly among
+// its `gpus` GPUs.
+StatusOr<std::set<int>> ExclusiveCores(const Topology& topo, const std::set<int>& node_cpus,
+                                       int node, std::size_t share, std::size_t gpus) {
+  const auto cores = GroupBy(node_cpus, [&](int c) { return topo.SiblingsOf(c); });
+  const std::size_t per = cores.size() / gpus;
+  const std::size_t extra = cores.size() % gpus;
+  if (per == 0) {
+    return InvalidArgument("--numa-binding exclusive: NUMA node " + std::to_string(node) + " has " +
+                           std::to_string(cores.size()) + " physical cores for " +
+                           std::to_string(gpus) + " GPUs");
+  }
+  const std::size_t start = share * per + std::min(share, extra);
+  const std::size_t end = start + per + (share < extra ? 1 : 0);
+  std::set<int> cpus;
+  std::size_t i = 0;
+  for (const auto& [key, group] : cores) {
+    if (i >= start && i < end) cpus.insert(group.begin(), group.end());
+    ++i;
+  }
+  return cpus;
+}
+
+// --numa-binding core-complex: the CPUs sharing a last-level cache, the largest complexes
+// going to the node's first GPUs.
+std::set<int> CoreComplex(const Topology& topo, const std::set<int>& node_cpus, std::size_t share) {
+  const auto groups = GroupBy(node_cpus, [&](int c) { return topo.LastCacheOf(c); });
+  std::vector<std::pair<int, std::set<int>>> ordered(groups.begin(), groups.end());
+  std::stable_sort(ordered.begin(), ordered.end(), [](const auto& x, const auto& y) {
+    return x.second.size() > y.second.size();  // the largest complexes first
+  });
+  return ordered[share % ordered.size()].second;
+}
+
+}  // namespace
+
 StatusOr<std::vector<NumaBinding>> PlanNumaBinding(
     NumaMode mode, const std::string& root, int first, int count,
     const std::optional<std::string>& cuda_visible_devices, const std::set<int>& allowed) {
@@ -202,56 +305,19 @@ StatusOr<std::vector<NumaBinding>> PlanNumaBinding(
     return NotFound("--numa-binding: no NVIDIA GPU among the PCI devices (" + root +
                     "/sys/bus/pci/devices)");
   }
-  std::vector<std::string> visible;  // CUDA_VISIBLE_DEVICES entries, if set
-  if (cuda_visible_devices) {
-    std::stringstream in(*cuda_visible_devices);
-    std::string item;
-    while (std::getline(in, item, ',')) visible.emplace_back(Trim(item));
-  }
-  // The PCI address of the GPU a local rank uses.
-  auto pci_of_rank = [&](int lr) -> StatusOr<std::string> {
-    std::string entry = std::to_string(lr);
-    if (cuda_visible_devices) {
-      if (lr >= static_cast<int>(visible.size())) {
-        return InvalidArgument("--numa-binding: local rank " + std::to_string(lr) +
-                               " has no GPU in CUDA_VISIBLE_DEVICES='" + *cuda_visible_devices +
-                               "'");
-      }
-      entry = visible[static_cast<std::size_t>(lr)];
-      if (entry.rfind("GPU-", 0) == 0) {
-        if (auto pci = topo.PciOfUuid(entry)) return *pci;
-        return NotFound("--numa-binding: no GPU with UUID " + entry + " in " + root +
-                        "/proc/driver/nvidia/gpus/*/information");
-      }
-      if (entry.rfind("MIG-", 0) == 0) {
-        return InvalidArgument("--numa-binding: CUDA_VISIBLE_DEVICES entry " + entry +
-                               " is a MIG instance: give its GPU's index instead");
-      }
-    }
-    const auto index = ParseInteger(entry, 0, static_cast<std::int64_t>(gpus.size()) - 1);
-    if (!index) {
-      return InvalidArgument("--numa-binding: local rank " + std::to_string(lr) +
-                             " would use GPU " + entry + ", but this node has " +
-                             std::to_string(gpus.size()) + " NVIDIA GPUs");
-    }
-    return gpus[static_cast<std::size_t>(*index)];
-  };
+  const RankGpus rank_gpus(topo, gpus, root, cuda_visible_devices);
   // The GPUs of each node, in GPU order (for exclusive and core-complex shares).
   std::map<int, std::vector<int>> gpus_of_node;
   std::vector<int> node_of_gpu(gpus.size());
   for (std::size_t g = 0; g < gpus.size(); ++g) {
-    auto node = topo.NodeOfPci(gpus[g]);
-    if (!node.ok()) return node.status();
-    node_of_gpu[g] = *node;
-    gpus_of_node[*node].push_back(static_cast<int>(g));
+    CRUN_ASSIGN_OR_RETURN(node_of_gpu[g], topo.NodeOfPci(gpus[g]));
+    gpus_of_node[node_of_gpu[g]].push_back(static_cast<int>(g));
   }
   std::vector<NumaBinding> out;
   for (int lr = first; lr < first + count; ++lr) {
-    auto pci = pci_of_rank(lr);
-    if (!pci.ok()) return pci.status();
     NumaBinding b;
-    b.pci = *pci;
-    b.gpu = static_cast<int>(std::find(gpus.begin(), gpus.end(), *pci) - gpus.begin());
+    CRUN_ASSIGN_OR_RETURN(b.pci, rank_gpus.PciOf(lr));
+    b.gpu = static_cast<int>(std::find(gpus.begin(), gpus.end(), b.pci) - gpus.begin());
     b.node = node_of_gpu[static_cast<std::size_t>(b.gpu)];
     const std::set<int> node_cpus = Intersect(topo.CpusOfNode(b.node), allowed);
     if (node_cpus.empty()) {
@@ -264,41 +330,11 @@ StatusOr<std::vector<NumaBinding>> PlanNumaBinding(
     const std::size_t share =
         static_cast<std::size_t>(std::find(peers.begin(), peers.end(), b.gpu) - peers.begin());
     if (mode == NumaMode::kSocket) {
-      const auto socket = topo.SocketOfCpu(*node_cpus.begin());
-      if (!socket) {
-        return NotFound("--numa-binding socket: cannot read the socket of CPU " +
-                        std::to_string(*node_cpus.begin()));
-      }
-      for (int n : topo.Nodes()) {
-        const auto other = Intersect(topo.CpusOfNode(n), allowed);
-        if (other.empty() || topo.SocketOfCpu(*other.begin()) != socket) continue;
-        cpus.insert(other.begin(), other.end());
-        mems.insert(n);
-      }
+      CRUN_RETURN_IF_ERROR(WidenToSocket(topo, node_cpus, allowed, cpus, mems));
     } else if (mode == NumaMode::kExclusive) {
-      const auto cores = GroupBy(node_cpus, [&](int c) { return topo.SiblingsOf(c); });
-      const std::size_t per = cores.size() / peers.size();
-      const std::size_t extra = cores.size() % peers.size();
-      if (per == 0) {
-        return InvalidArgument("--numa-binding exclusive: NUMA node " + std::to_string(b.node) +
-                               " has " + std::to_string(cores.size()) + " physical cores for " +
-                               std::to_string(peers.size()) + " GPUs");
-      }
-      const std::size_t start = share * per + std::min(share, extra);
-      const std::size_t end = start + per + (share < extra ? 1 : 0);
-      cpus.clear();
-      std::size_t i = 0;
-      for (const auto& [key, group] : cores) {
-        if (i >= start && i < end) cpus.insert(group.begin(), group.end());
-        ++i;
-      }
+      CRUN_ASSIGN_OR_RETURN(cpus, ExclusiveCores(topo, node_cpus, b.node, share, peers.size()));
     } else if (mode == NumaMode::kCoreComplex) {
-      const auto groups = GroupBy(node_cpus, [&](int c) { return topo.LastCacheOf(c); });
-      std::vector<std::pair<int, std::set<int>>> ordered(groups.begin(), groups.end());
-      std::stable_sort(ordered.begin(), ordered.end(), [](const auto& x, const auto& y) {
-        return x.second.size() > y.second.size();  // the largest complexes first
-      });
-      cpus = ordered[share % ordered.size()].second;
+      cpus = CoreComplex(topo, node_cpus, share);
     }
     b.cpus.assign(cpus.begin(), cpus.end());
     b.mems.assign(mems.begin(), mems.end());
