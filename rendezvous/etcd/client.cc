@@ -420,77 +420,28 @@ class PrefixWatch final : public Client::Watch, Client::Impl::MemberUser {
     if (ctx_ != nullptr && member_ == member) ctx_->TryCancel();
   }
 
+  // One stream after another, each on the current member, until the watch is stopped, etcd
+  // compacted the revisions it needs, or no member answered for give_up_after_.
   void Run() {
     auto last_ok = Clock::now();
-    std::string last_error;
     Millis pause{20};
     while (true) {
       const std::size_t m = impl_->current.load();
       // A member that does not connect within an attempt's time is left for the next.
       const bool connected =
           impl_->channels[m]->WaitForConnected(SystemDeadline(Clock::now() + kAttempt));
-      auto ctx = std::make_unique<grpc::ClientContext>();
-      ctx->AddMetadata("hasleader", "true");
-      {
-        std::lock_guard token(impl_->token_mu);
-        if (!impl_->token.empty()) ctx->AddMetadata("token", impl_->token);
-      }
-      {
-        std::lock_guard lock(mu_);
-        if (stopped_) return;
-        ctx_ = ctx.get();
-        member_ = m;
-      }
-      auto stream = impl_->watch[m]->Watch(ctx.get());
-      if (!connected) ctx->TryCancel();
-      etcdserverpb::WatchRequest req;
-      auto* create = req.mutable_create_request();
-      create->set_key(prefix_);
-      create->set_range_end(PrefixEnd(prefix_));
-      create->set_start_revision(next_);
-      bool compacted = false;
-      std::string cancel_reason;
-      if (stream->Write(req)) {
-        etcdserverpb::WatchResponse resp;
-        while (stream->Read(&resp)) {
-          if (resp.compact_revision() > 0) {
-            compacted = true;
-            break;
-          }
-          if (resp.canceled()) {
-            cancel_reason = resp.cancel_reason();
-            break;
-          }
-          last_ok = Clock::now();
-          pause = Millis(20);
-          if (resp.events().empty()) continue;
-          std::vector<WatchEvent> events;
-          std::int64_t revision = next_ - 1;
-          for (const auto& e : resp.events()) {
-            WatchEvent w;
-            w.deleted = e.type() == mvccpb::Event::DELETE;
-            w.kv = FromPb(e.kv());
-            revision = std::max(revision, e.kv().mod_revision());
-            events.push_back(std::move(w));
-          }
-          next_ = revision + 1;
-          on_events_(std::move(events), revision);
-        }
-      }
-      ctx->TryCancel();
-      const auto status = stream->Finish();
-      {
-        std::lock_guard lock(mu_);
-        ctx_ = nullptr;
-        if (stopped_) return;
-      }
-      if (compacted) {
+      auto ctx = NewContext();
+      if (!Attach(ctx.get(), m)) return;
+      const StreamEnd end = Stream(*ctx, m, connected, last_ok, pause);
+      if (!Detach()) return;
+      if (end.compacted) {
         return on_error_(NotFound("etcd compacted the revisions this watch of " + prefix_ +
                                   " needs (from " + std::to_string(next_) + ")"));
       }
-      last_error = "etcd at " + impl_->o.endpoints[m] + ": " +
-                   (cancel_reason.empty() ? status.error_message() : cancel_reason);
-      if (TokenExpired(status) || cancel_reason.find("auth") != std::string::npos) {
+      const std::string last_error =
+          "etcd at " + impl_->o.endpoints[m] + ": " +
+          (end.cancel_reason.empty() ? end.status.error_message() : end.cancel_reason);
+      if (TokenExpired(end.status) || end.cancel_reason.find("auth") != std::string::npos) {
         std::lock_guard token(impl_->token_mu);
         impl_->token.clear();  // fetched again before the next stream
       }
@@ -500,21 +451,105 @@ class PrefixWatch final : public Client::Watch, Client::Impl::MemberUser {
             "lost the watch on etcd at " + impl_->Endpoints() + ": no member answered for " +
             std::to_string(give_up_after_.count()) + " ms (last: " + last_error + ")"));
       }
+      if (!Pause(pause)) return;
+    }
+  }
+
+  // How a stream ended.
+  struct StreamEnd {
+    bool compacted = false;
+    std::string cancel_reason;  // etcd canceled the watch
+    grpc::Status status;
+  };
+
+  std::unique_ptr<grpc::ClientContext> NewContext() const {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->AddMetadata("hasleader", "true");
+    std::lock_guard token(impl_->token_mu);
+    if (!impl_->token.empty()) ctx->AddMetadata("token", impl_->token);
+    return ctx;
+  }
+
+  // The stream's context, for the destructor and Left() to cancel; false once stopped.
+  bool Attach(grpc::ClientContext* ctx, std::size_t member) {
+    std::lock_guard lock(mu_);
+    if (stopped_) return false;
+    ctx_ = ctx;
+    member_ = member;
+    return true;
+  }
+  bool Detach() {
+    std::lock_guard lock(mu_);
+    ctx_ = nullptr;
+    return !stopped_;
+  }
+
+  // Watches from next_ on member `m` and hands on its events until the stream ends; each
+  // answer resets `last_ok` and `pause`.
+  StreamEnd Stream(grpc::ClientContext& ctx, std::size_t m, bool connected,
+                   Clock::time_point& last_ok, Millis& pause) {
+    StreamEnd end;
+    auto stream = impl_->watch[m]->Watch(&ctx);
+    if (!connected) ctx.TryCancel();
+    etcdserverpb::WatchRequest req;
+    auto* create = req.mutable_create_request();
+    create->set_key(prefix_);
+    create->set_range_end(PrefixEnd(prefix_));
+    create->set_start_revision(next_);
+    if (stream->Write(req)) {
+      etcdserverpb::WatchResponse resp;
+      while (stream->Read(&resp)) {
+        if (resp.compact_revision() > 0) {
+          end.compacted = true;
+          break;
+        }
+        if (resp.canceled()) {
+          end.cancel_reason = resp.cancel_reason();
+          break;
+        }
+        last_ok = Clock::now();
+        pause = Millis(20);
+        Deliver(resp);
+      }
+    }
+    ctx.TryCancel();
+    end.status = stream->Finish();
+    return end;
+  }
+
+  void Deliver(const etcdserverpb::WatchResponse& resp) {
+    if (resp.events().empty()) return;
+    std::vector<WatchEvent> events;
+    std::int64_t revision = next_ - 1;
+    for (const auto& e : resp.events()) {
+      WatchEvent w;
+      w.deleted = e.type() == mvccpb::Event::DELETE;
+      w.kv = FromPb(e.kv());
+      revision = std::max(revision, e.kv().mod_revision());
+      events.push_back(std::move(w));
+    }
+    next_ = revision + 1;
+    on_events_(std::move(events), revision);
+  }
+
+  // Waits `pause` (doubling it, up to 0.5 s) unless stopped, then fetches a token for the
+  // next stream when the last one lost it; false once stopped.
+  bool Pause(Millis& pause) {
+    {
       std::unique_lock lock(mu_);
       cv_.wait_for(lock, pause, [this] { return stopped_; });
       pause = std::min(pause * 2, Millis(500));
-      if (stopped_) return;
-      if (!impl_->o.user.empty()) {
-        lock.unlock();
-        // A token for the next stream (a failed read is retried by Call itself).
-        bool empty = false;
-        {
-          std::lock_guard token(impl_->token_mu);
-          empty = impl_->token.empty();
-        }
-        if (empty) (void)impl_->Authenticate(impl_->current.load(), Clock::now() + kAttempt);
-      }
+      if (stopped_) return false;
     }
+    if (impl_->o.user.empty()) return true;
+    bool empty = false;
+    {
+      std::lock_guard token(impl_->token_mu);
+      empty = impl_->token.empty();
+    }
+    // A failed read is retried by Call itself.
+    if (empty) (void)impl_->Authenticate(impl_->current.load(), Clock::now() + kAttempt);
+    return true;
   }
 
   std::shared_ptr<Client> client_;  // keeps the channels alive
