@@ -323,86 +323,17 @@ class GrpcRendezvousService final : public RendezvousService {
       : core_(std::make_unique<Core>(options)), service_(core_.get()) {}
   ~GrpcRendezvousService() override { Stop(std::chrono::milliseconds(200)); }
 
+  // The engine, then the gRPC server, then the metrics endpoint, then the engine's thread.
   Status Init() {
-    const auto& o = core_->options;
-    EngineHooks hooks;
-    Core* core = core_.get();
-    hooks.send = [core](SessionId id, const msg::ServiceMessage& m) { core->SendTo(id, m); };
-    hooks.start_store =
-        [core](const std::string&, int, int world_size,
-               const std::vector<std::string>& allowed) -> StatusOr<std::unique_ptr<RoundStore>> {
-      StoreServerOptions so;
-      so.host = core->options.host;
-      so.expected_connections = static_cast<std::size_t>(std::max(world_size, 1));
-      if (core->options.store_allow_list) so.allowed_peers = allowed;
-      so.max_connections_per_peer = core->options.store_connections_per_peer;
-      auto server = StoreServer::Start(core->io, so);
-      if (!server.ok()) return server.status();
-      return std::unique_ptr<RoundStore>(std::make_unique<StoreHandle>(std::move(server).value()));
-    };
-    if (o.log_decisions) hooks.log = [](const std::string& line) { spdlog::info("{}", line); };
-    hooks.stacks_done = [core](std::uint64_t query, const msg::StacksResult& result) {
-      auto it = core->stacks_calls.find(query);
-      if (it == core->stacks_calls.end()) return;
-      *it->second.response = ToProto(result);
-      it->second.reactor->Finish(grpc::Status::OK);
-      core->stacks_calls.erase(it);
-    };
-    EngineOptions eo;
-    eo.advertise_addr = o.advertise_addr;
-    eo.keep_finished_jobs = o.keep_finished_jobs;
-    eo.durable = o.durable;
-    if (o.metrics) {
-      core_->engine_metrics = std::make_unique<EngineMetrics>(core_->registry);
-      eo.metrics = core_->engine_metrics.get();
-      core_->registry.OnScrape([core] {  // on the engine's thread, where the page is rendered
-        if (core->engine) core->engine->RefreshMetrics();
-        std::size_t open = 0;
-        {
-          std::lock_guard lock(core->mu);
-          open = core->streams.size();
-        }
-        core->engine_metrics->sessions.With().Set(static_cast<double>(open));
-      });
-    }
-    core_->engine = std::make_unique<Engine>(std::move(hooks), eo);
-
-    // gRPC says only "failed" when it cannot listen: find out why first (in use, not an
-    // address of this host, no permission), as the store server says it.
-    CRUN_RETURN_IF_ERROR(CheckCanListen(o.host, o.port));
-    grpc::EnableDefaultHealthCheckService(true);
-    grpc::ServerBuilder builder;
-    const std::string address = FormatEndpoint(o.host, o.port);
-    int selected = 0;
-    builder.AddListeningPort(address, ServerCredentials(o.security), &selected);
-    builder.RegisterService(&service_);
-    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second daemon must fail
-    // Agents ping to notice a dead service quickly; let them.
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 200);
-    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    server_ = builder.BuildAndStart();
-    if (!server_ || selected == 0) {
-      server_.reset();
-      return Unavailable("cannot listen on " + address +
-                         " (address in use, not an address of this host, or no permission)");
-    }
-    port_ = static_cast<std::uint16_t>(selected);
-    if (o.metrics) {
-      metrics::HttpServerOptions mo = *o.metrics;
-      if (o.security.tls()) {
-        mo.tls = metrics::TlsOptions{o.security.cert_pem, o.security.key_pem, o.security.ca_pem};
-      }
-      auto started =
-          metrics::HttpServer::Start(core_->io, mo, [core] { return core->registry.Render(); });
-      if (!started.ok()) {
+    core_->engine = std::make_unique<Engine>(Hooks(), EngineOptionsFor());
+    CRUN_RETURN_IF_ERROR(Listen());
+    if (core_->options.metrics) {
+      if (Status s = ServeMetrics(); !s.ok()) {
         server_->Shutdown();
         server_->Wait();
         server_.reset();
-        return started.status();
+        return s;
       }
-      core_->metrics_server = std::move(started).value();
-      metrics_url_ = core_->metrics_server->url();
     }
     if (auto* health = server_->GetHealthCheckService()) {
       health->SetServingStatus("crun.v1.Rendezvous", true);
@@ -461,6 +392,102 @@ class GrpcRendezvousService final : public RendezvousService {
   }
 
  private:
+  // How the engine reaches the sessions, starts a round's store, logs and answers Stacks.
+  EngineHooks Hooks() {
+    EngineHooks hooks;
+    Core* core = core_.get();
+    hooks.send = [core](SessionId id, const msg::ServiceMessage& m) { core->SendTo(id, m); };
+    hooks.start_store =
+        [core](const std::string&, int, int world_size,
+               const std::vector<std::string>& allowed) -> StatusOr<std::unique_ptr<RoundStore>> {
+      StoreServerOptions so;
+      so.host = core->options.host;
+      so.expected_connections = static_cast<std::size_t>(std::max(world_size, 1));
+      if (core->options.store_allow_list) so.allowed_peers = allowed;
+      so.max_connections_per_peer = core->options.store_connections_per_peer;
+      auto server = StoreServer::Start(core->io, so);
+      if (!server.ok()) return server.status();
+      return std::unique_ptr<RoundStore>(std::make_unique<StoreHandle>(std::move(server).value()));
+    };
+    if (core_->options.log_decisions) {
+      hooks.log = [](const std::string& line) { spdlog::info("{}", line); };
+    }
+    hooks.stacks_done = [core](std::uint64_t query, const msg::StacksResult& result) {
+      auto it = core->stacks_calls.find(query);
+      if (it == core->stacks_calls.end()) return;
+      *it->second.response = ToProto(result);
+      it->second.reactor->Finish(grpc::Status::OK);
+      core->stacks_calls.erase(it);
+    };
+    return hooks;
+  }
+
+  // The engine's options; with metrics, its series, refreshed at each scrape.
+  EngineOptions EngineOptionsFor() {
+    const auto& o = core_->options;
+    EngineOptions eo;
+    eo.advertise_addr = o.advertise_addr;
+    eo.keep_finished_jobs = o.keep_finished_jobs;
+    eo.durable = o.durable;
+    if (!o.metrics) return eo;
+    Core* core = core_.get();
+    core_->engine_metrics = std::make_unique<EngineMetrics>(core_->registry);
+    eo.metrics = core_->engine_metrics.get();
+    core_->registry.OnScrape([core] {  // on the engine's thread, where the page is rendered
+      if (core->engine) core->engine->RefreshMetrics();
+      std::size_t open = 0;
+      {
+        std::lock_guard lock(core->mu);
+        open = core->streams.size();
+      }
+      core->engine_metrics->sessions.With().Set(static_cast<double>(open));
+    });
+    return eo;
+  }
+
+  // The gRPC server on options.host:port (0: a free port, read back into port_).
+  Status Listen() {
+    const auto& o = core_->options;
+    // gRPC says only "failed" when it cannot listen: find out why first (in use, not an
+    // address of this host, no permission), as the store server says it.
+    CRUN_RETURN_IF_ERROR(CheckCanListen(o.host, o.port));
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder builder;
+    const std::string address = FormatEndpoint(o.host, o.port);
+    int selected = 0;
+    builder.AddListeningPort(address, ServerCredentials(o.security), &selected);
+    builder.RegisterService(&service_);
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second daemon must fail
+    // Agents ping to notice a dead service quickly; let them.
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 200);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    server_ = builder.BuildAndStart();
+    if (!server_ || selected == 0) {
+      server_.reset();
+      return Unavailable("cannot listen on " + address +
+                         " (address in use, not an address of this host, or no permission)");
+    }
+    port_ = static_cast<std::uint16_t>(selected);
+    return Status::Ok();
+  }
+
+  // The /metrics endpoint, with the service's TLS when it has one.
+  Status ServeMetrics() {
+    const auto& o = core_->options;
+    metrics::HttpServerOptions mo = *o.metrics;
+    if (o.security.tls()) {
+      mo.tls = metrics::TlsOptions{o.security.cert_pem, o.security.key_pem, o.security.ca_pem};
+    }
+    Core* core = core_.get();
+    auto started =
+        metrics::HttpServer::Start(core_->io, mo, [core] { return core->registry.Render(); });
+    if (!started.ok()) return started.status();
+    core_->metrics_server = std::move(started).value();
+    metrics_url_ = core_->metrics_server->url();
+    return Status::Ok();
+  }
+
   std::unique_ptr<Core> core_;
   ServiceImpl service_;
   std::unique_ptr<grpc::Server> server_;
