@@ -84,7 +84,7 @@ checkpoints, evaluation, output
 )";
 }
 
-std::optional<Options> ParseOptions(const std::vector<std::string>& args, std::string* error) {
+StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   Options o;
   using Setter = std::function<bool(const std::string&)>;
   auto int_opt = [](auto* field, long long lo, long long hi) -> Setter {
@@ -184,37 +184,32 @@ std::optional<Options> ParseOptions(const std::vector<std::string>& args, std::s
     }
     if (name == "--channels-last") {
       if (value) {
-        *error = "--channels-last takes no value (got '" + *value + "')";
-        return std::nullopt;
+        return InvalidArgument("--channels-last takes no value (got '" + *value + "')");
       }
       o.channels_last = true;
       continue;
     }
     const auto it = with_value.find(name);
     if (it == with_value.end()) {
-      *error = "unknown option '" + args[i] + "' (train --help lists them)";
-      return std::nullopt;
+      return InvalidArgument("unknown option '" + args[i] + "' (train --help lists them)");
     }
     if (!value) {
       if (i + 1 >= args.size()) {
-        *error = name + " needs a value: " + it->second.second;
-        return std::nullopt;
+        return InvalidArgument(name + " needs a value: " + it->second.second);
       }
       value = args[++i];
     }
     if (!it->second.first(*value)) {
-      *error = name + " '" + *value + "' is not valid: expected " + it->second.second;
-      return std::nullopt;
+      return InvalidArgument(name + " '" + *value + "' is not valid: expected " +
+                             it->second.second);
     }
   }
   if (o.data_dir.empty() && o.synthetic == 0 && !o.help) {
-    *error = "no data: give --data-dir DIR (CIFAR-10 binary files) or --synthetic N";
-    return std::nullopt;
+    return InvalidArgument("no data: give --data-dir DIR (CIFAR-10 binary files) or --synthetic N");
   }
   if (o.amp != Amp::kOff && o.device == Device::kCpu) {
-    *error = "--amp " + std::string(Name(o.amp)) +
-             " needs --device cuda (autocast runs on the GPU here)";
-    return std::nullopt;
+    return InvalidArgument("--amp " + std::string(Name(o.amp)) +
+                           " needs --device cuda (autocast runs on the GPU here)");
   }
   return o;
 }

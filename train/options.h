@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
+
 namespace crun::train {
 
 enum class Device { kCpu, kCuda, kAuto };
@@ -39,9 +41,9 @@ struct Options {
   bool help = false;
 };
 
-// Parses argv[1..]. On an error returns std::nullopt and sets `error` to a message naming the
-// option and its value ("--epochs 'ten' is not an integer").
-std::optional<Options> ParseOptions(const std::vector<std::string>& args, std::string* error);
+// Parses argv[1..]; kInvalidArgument naming the option and its value ("--epochs 'ten' is not
+// valid: expected an integer from 1").
+StatusOr<Options> ParseOptions(const std::vector<std::string>& args);
 
 std::string Usage();
 const char* Name(Device d);

@@ -609,10 +609,9 @@ int main(int argc, char** argv) {
   mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: blocks below it come from the heap
   mallopt(M_TRIM_THRESHOLD, 1 << 30);
 #endif
-  std::string error;
-  auto o = crun::train::ParseOptions(std::vector<std::string>(argv + 1, argv + argc), &error);
-  if (!o) {
-    std::fprintf(stderr, "train: %s\n", error.c_str());
+  auto o = crun::train::ParseOptions(std::vector<std::string>(argv + 1, argv + argc));
+  if (!o.ok()) {
+    std::fprintf(stderr, "train: %s\n", o.status().message().c_str());
     return 2;
   }
   if (o->help) {

@@ -15,8 +15,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The options, or nullopt with the error's message in `error`.
 std::optional<Options> Parse(std::vector<std::string> args, std::string* error) {
-  return ParseOptions(args, error);
+  auto o = ParseOptions(args);
+  if (!o.ok()) {
+    CHECK(o.status().code() == crun::StatusCode::kInvalidArgument);
+    *error = o.status().message();
+    return std::nullopt;
+  }
+  return std::move(o).value();
 }
 
 fs::path TempDir(const std::string& name) {
