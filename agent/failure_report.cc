@@ -162,4 +162,59 @@ nlohmann::json ReportJson(const ReportContext& c, const std::vector<FailureRecor
   return j;
 }
 
+report::FailureReport ToReport(const std::string& node_id,
+                               const std::vector<FailureRecord>& failures) {
+  report::FailureReport r;
+  r.node_id = node_id;
+  if (!failures.empty()) r.host = failures.front().host;
+  for (const auto& f : failures) {
+    report::WorkerFailure w;
+    w.time_unix_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(f.when.time_since_epoch()).count();
+    w.rank = f.rank;
+    w.local_rank = f.local_rank;
+    w.pid = f.pid;
+    if (f.exit.signaled) {
+      w.signal = f.exit.value;
+    } else {
+      w.exit_code = f.exit.value;
+    }
+    if (f.error) {
+      w.message = f.error->message;
+      w.traceback = f.error->traceback;
+    }
+    w.stderr_tail = f.stderr_tail;
+    w.error_file = f.error_file;
+    w.hang = f.hang;
+    w.oom = f.oom;
+    r.failures.push_back(std::move(w));
+  }
+  return r;
+}
+
+std::vector<FailureRecord> FromReport(const report::FailureReport& r) {
+  std::vector<FailureRecord> out;
+  for (const auto& w : r.failures) {
+    FailureRecord f;
+    f.host = r.host;
+    f.rank = w.rank;
+    f.local_rank = w.local_rank;
+    f.pid = w.pid;
+    f.exit = w.signal ? ExitStatus{true, *w.signal} : ExitStatus{false, w.exit_code.value_or(0)};
+    f.when = std::chrono::system_clock::time_point(std::chrono::milliseconds(w.time_unix_ms));
+    f.error_file = w.error_file;
+    f.hang = w.hang;
+    f.oom = w.oom;
+    if (!w.message.empty() || !w.traceback.empty()) {
+      ErrorFileContent e;
+      e.message = w.message;
+      e.traceback = w.traceback;
+      f.error = std::move(e);
+    }
+    f.stderr_tail = w.stderr_tail;
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
 }  // namespace crun::agent

@@ -14,6 +14,7 @@
 
 #include "agent/hangs/hang_report.h"
 #include "agent/supervise/process.h"
+#include "rendezvous/report/report.h"
 
 namespace crun::agent {
 
@@ -55,6 +56,12 @@ struct ReportContext {
   std::string interpreter;
   const HangReport* hang = nullptr;  // the attempt's hang, when it had one
 };
+
+// The records as the report other nodes read (rendezvous/report/report.h), and back: every
+// field a record shows travels (the error file's raw JSON does not).
+report::FailureReport ToReport(const std::string& node_id,
+                               const std::vector<FailureRecord>& failures);
+std::vector<FailureRecord> FromReport(const report::FailureReport& report);
 
 // Reads a torchelastic error file (either format); nullopt when absent or unreadable.
 std::optional<ErrorFileContent> ReadErrorFile(const std::string& path);

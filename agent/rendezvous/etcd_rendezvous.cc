@@ -12,12 +12,10 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "agent/rendezvous/failure_proto.h"
 #include "base/endpoint.h"
 #include "rendezvous/etcd/client.h"
 #include "rendezvous/etcd/job.h"
-#include "rendezvous/service/job_status.h"
-#include "rendezvous/service/proto_messages.h"
+#include "rendezvous/report/report.h"
 #include "rendezvous/store_server/store_server.h"
 
 namespace crun::agent {
@@ -60,14 +58,13 @@ class EtcdRendezvous final : public Rendezvous {
   }
 
   void ReportFailure(const std::vector<FailureRecord>& failures) override {
-    auto proto = FailureReportToProto(o_.node_id, failures);
-    asio::post(eio_, [this, proto = std::move(proto)] {
+    auto report = ToReport(o_.node_id, failures);
+    asio::post(eio_, [this, report = std::move(report)] {
       if (ended_ || !round_) return;
       etcd::Report r;
-      const auto report = rdzv::FromProto(proto);
-      r.what = rdzv::Describe(report);
-      r.exit_code = rdzv::ExitCodeOf(report);
-      r.report_json = FailureReportToJson(proto);
+      r.what = crun::report::Describe(report);
+      r.exit_code = crun::report::ExitCodeOf(report);
+      r.report_json = crun::report::ToJson(report);
       WriteReport(r);
     });
   }
@@ -564,8 +561,10 @@ class EtcdRendezvous final : public Rendezvous {
     out.reason = o.reason;
     out.root_node_id = o.root_node_id;
     if (!o.root_report_json.empty()) {
-      if (const auto report = FailureReportFromJson(o.root_report_json)) {
-        out.root_report = FailureReportFromProto(*report);
+      if (auto report = crun::report::FromJson(o.root_report_json); report.ok()) {
+        out.root_report = FromReport(*report);
+      } else {
+        spdlog::warn("the job's root cause in etcd cannot be read: {}", report.status().message());
       }
     }
     ended_ = true;

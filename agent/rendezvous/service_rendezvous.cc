@@ -12,12 +12,12 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
-#include "agent/rendezvous/failure_proto.h"
 #include "agent/rendezvous/session_client.h"
 #include "agent/rendezvous/stacks_proto.h"
 #include "base/backoff.h"
 #include "base/endpoint.h"
 #include "base/security.h"
+#include "rendezvous/service/proto_messages.h"
 
 namespace crun::agent {
 namespace {
@@ -106,7 +106,7 @@ class ServiceRendezvous final : public Rendezvous {
   void ReportFailure(const std::vector<FailureRecord>& failures) override {
     if (Ended() || !client_) return;
     v1::AgentMessage m;
-    *m.mutable_workers_failed() = FailureReportToProto(o_.node_id, failures);
+    *m.mutable_workers_failed() = rdzv::ToProto(ToReport(o_.node_id, failures));
     client_->Send(std::move(m));
   }
 
@@ -321,7 +321,7 @@ class ServiceRendezvous final : public Rendezvous {
         o.reason = f.reason();
         if (f.has_root_cause()) {
           o.root_node_id = f.root_cause().node_id();
-          o.root_report = FailureReportFromProto(f.root_cause());
+          o.root_report = FromReport(rdzv::FromProto(f.root_cause()));
         }
         state_ = State::kEnded;
         StopTimers();

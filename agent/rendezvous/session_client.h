@@ -1,6 +1,7 @@
 // The agent's gRPC client of the rendezvous service. Generated protobuf headers are included
-// here, in failure_proto.h and stacks_proto.h (the agent's side of the wire) and, outside the
-// agent, by the gRPC service, the etcd client and the commands that speak to the service.
+// here and in stacks_proto.h (the agent's side of the wire; its failure reports go through the
+// service's own conversions, rendezvous/service/proto_messages.h) and, outside the agent, by
+// the gRPC service, the etcd client and the commands that speak to the service.
 //
 // SessionClient: an agent's end of the crun.v1 Session stream, on gRPC's callback API (no
 // thread of its own). Messages from the service arrive through `on_message` on a gRPC thread,

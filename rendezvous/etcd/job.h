@@ -89,9 +89,8 @@ std::string EncodeJoin(const JoinRecord& j);
 StatusOr<JoinRecord> DecodeJoin(const std::string& id, const std::string& text);
 StatusOr<NodeRecord> DecodeNode(const std::string& id, const std::string& json);
 
-// How one node's workers ended: success, or failure with the report (crun.v1.FailureReport in
-// protobuf's JSON mapping, agent/rendezvous/failure_proto.h; opaque here), what it says in one
-// line and the exit code it implies.
+// How one node's workers ended: success, or failure with the report (rendezvous/report/report.h's
+// JSON; opaque here), what it says in one line and the exit code it implies.
 struct Report {
   bool success = false;
   std::string what;

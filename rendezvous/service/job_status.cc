@@ -4,26 +4,6 @@
 
 namespace crun::rdzv {
 
-int ExitCodeOf(const msg::FailureReport& report) {
-  if (report.failures.empty()) return 1;
-  const auto& f = report.failures.front();
-  if (f.signal) return 128 + *f.signal;
-  return f.exit_code.value_or(0) != 0 ? *f.exit_code : 1;
-}
-
-std::string Describe(const msg::FailureReport& report) {
-  if (report.failures.empty()) return "a worker on " + report.host + " failed";
-  const auto& f = report.failures.front();
-  std::string how = f.signal ? "signal " + std::to_string(*f.signal)
-                             : "exit code " + std::to_string(f.exit_code.value_or(0));
-  if (!f.oom.empty()) how += " (" + f.oom + ")";
-  if (!f.hang.empty()) how = "a hang: " + f.hang;
-  std::string out = "rank " + std::to_string(f.rank) + " (local rank " +
-                    std::to_string(f.local_rank) + ") on " + report.host + " failed with " + how;
-  if (!f.message.empty()) out += ": " + f.message;
-  return out;
-}
-
 msg::JobStatus DescribeJob(const std::string& run_id, const State& s, int world_size,
                            const std::string& last_failure, TimePoint now) {
   auto age_ms = [&](TimePoint t) { return std::chrono::duration_cast<Millis>(now - t).count(); };

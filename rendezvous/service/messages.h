@@ -10,6 +10,7 @@
 #include <variant>
 #include <vector>
 
+#include "rendezvous/report/report.h"
 #include "rendezvous/service/rules.h"
 
 namespace crun::rdzv::msg {
@@ -39,27 +40,9 @@ struct Heartbeat {
 };
 
 // One worker's end. At most one of exit_code and signal is set (neither: unknown).
-struct WorkerFailure {
-  std::string time;  // ISO 8601, UTC
-  int rank = 0;
-  int local_rank = 0;
-  int pid = 0;
-  std::optional<int> exit_code;
-  std::optional<int> signal;
-  std::string message;
-  std::string traceback;
-  std::vector<std::string> stderr_tail;
-  std::string error_file;
-  std::int64_t time_unix_ms = 0;
-  std::string hang;  // not empty: it hung, and this says how
-  std::string oom;   // not empty: the OOM killer ended it
-};
-
-struct FailureReport {
-  std::string host;
-  std::vector<WorkerFailure> failures;  // first in time first
-  std::string node_id;
-};
+// A node's failure report: the one model (rendezvous/report/report.h).
+using WorkerFailure = report::WorkerFailure;
+using FailureReport = report::FailureReport;
 
 struct WorkersSucceeded {};
 

@@ -195,4 +195,10 @@ v1::StatusResponse ToProto(const msg::StatusResponse& s) {
   return out;
 }
 
+v1::FailureReport ToProto(const msg::FailureReport& r) {
+  v1::FailureReport out;
+  ReportToProto(r, &out);
+  return out;
+}
+
 }  // namespace crun::rdzv

@@ -1,0 +1,55 @@
+// A node's failure report: which of its workers failed, how and why, first in time first. The
+// one model every part of crun uses: the agent builds it from its workers' ends
+// (agent/failure_report.h), the rendezvous core decides on it (rendezvous/service), the etcd
+// rendezvous keeps it as the JSON below, and only the gRPC adapter and the agent's session
+// convert it to crun.v1.FailureReport on the wire. Plain C++ and nlohmann_json.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+
+namespace crun::report {
+
+struct WorkerFailure {
+  std::string time;  // ISO 8601, UTC (may be empty: time_unix_ms says it)
+  int rank = 0;
+  int local_rank = 0;
+  int pid = 0;
+  std::optional<int> exit_code;  // one of the two, or neither when unknown
+  std::optional<int> signal;
+  std::string message;    // the error file's ("ValueError: ..."), if it wrote one
+  std::string traceback;  // the same file's Python call stack
+  std::vector<std::string> stderr_tail;
+  std::string error_file;
+  std::int64_t time_unix_ms = 0;
+  std::string hang;  // not empty: it hung, and this says how
+  std::string oom;   // not empty: the OOM killer ended it
+};
+
+struct FailureReport {
+  std::string host;
+  std::vector<WorkerFailure> failures;  // first in time first: the root cause
+  std::string node_id;
+};
+
+// "rank 3 (local rank 1) on node-b failed with exit code 2: ValueError: ..."
+std::string Describe(const FailureReport& report);
+// The shell code of the report's first failure (exit code, or 128 + signal); 1 if none.
+int ExitCodeOf(const FailureReport& report);
+
+// The report as a JSON object: field names as in proto/crun/v1/rendezvous.proto, in its order,
+// fields at their default left out (but an exit code of 0, which is not "no exit"),
+// time_unix_ms as a string. That is the shape protobuf's JSON mapping gives the message, which
+// earlier crun versions wrote into etcd: their documents read back unchanged. Bytes that are
+// not UTF-8 (a worker's stderr) are written as U+FFFD.
+std::string ToJson(const FailureReport& report);
+// Back from ToJson's text (time_unix_ms as a string or a number); kInvalidArgument naming what
+// is wrong for anything else.
+StatusOr<FailureReport> FromJson(std::string_view text);
+
+}  // namespace crun::report
