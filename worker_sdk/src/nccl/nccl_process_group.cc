@@ -348,56 +348,59 @@ std::string NcclVersion() {
          std::to_string(v % 100);
 }
 
-StatusOr<std::unique_ptr<ProcessGroup>> MakeNcclGroup(Context& context, const NcclOptions& o) {
-  const WorkerEnv& env = context.env();
-  auto state = std::make_unique<GroupState>("nccl", o.name, env.rank, env.world_size);
-  const std::string where = state->Where("");
-  auto fail = [&](StatusCode code, const std::string& detail) {
-    return Status(code, where + detail);
-  };
+namespace {
 
+// The steps of MakeNcclGroup. Each error begins with `where` (the group, rank and size).
+
+// The GPU this rank uses: the one asked for, else local rank modulo the visible ones.
+StatusOr<int> PickDevice(const std::string& where, const WorkerEnv& env, int asked) {
   int devices = 0;
   const cudaError_t e = cudaGetDeviceCount(&devices);
   if (e != cudaSuccess || devices == 0) {
     const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    return fail(StatusCode::kUnavailable,
-                std::string("no CUDA device visible (CUDA_VISIBLE_DEVICES=") +
-                    (visible != nullptr ? visible : "unset") +
-                    "): " + (e != cudaSuccess ? CudaText(e) : std::string("0 devices")));
+    return Status(StatusCode::kUnavailable,
+                  where + "no CUDA device visible (CUDA_VISIBLE_DEVICES=" +
+                      (visible != nullptr ? visible : "unset") +
+                      "): " + (e != cudaSuccess ? CudaText(e) : std::string("0 devices")));
   }
-  const int device = o.device >= 0 ? o.device : env.local_rank % devices;
+  const int device = asked >= 0 ? asked : env.local_rank % devices;
   if (device >= devices) {
-    return fail(StatusCode::kInvalidArgument, "device " + std::to_string(device) +
-                                                  " does not exist (" + std::to_string(devices) +
-                                                  " visible)");
+    return Status(StatusCode::kInvalidArgument, where + "device " + std::to_string(device) +
+                                                    " does not exist (" + std::to_string(devices) +
+                                                    " visible)");
   }
-  DeviceGuard guard(device);
-  if (guard.status() != cudaSuccess) {
-    return fail(StatusCode::kInternal,
-                "cudaSetDevice(" + std::to_string(device) + "): " + CudaText(guard.status()));
-  }
+  return device;
+}
 
-  // The unique id: made by rank 0, read by the others from the job's store.
-  const std::string key = context.round_prefix() + "nccl/" + o.name + "/unique_id";
+// The unique id: made by rank 0, read by the others from the job's store under `key`.
+StatusOr<ncclUniqueId> ShareUniqueId(const std::string& where, Context& context,
+                                     const std::string& key, Millis timeout) {
   ncclUniqueId id{};
-  if (env.rank == 0) {
+  if (context.env().rank == 0) {
     const ncclResult_t r = ncclGetUniqueId(&id);
-    if (r != ncclSuccess)
-      return fail(StatusCode::kUnavailable, "ncclGetUniqueId: " + NcclText(r, nullptr));
+    if (r != ncclSuccess) {
+      return Status(StatusCode::kUnavailable, where + "ncclGetUniqueId: " + NcclText(r, nullptr));
+    }
     CRUN_RETURN_IF_ERROR(
         context.store().Set(key, std::string_view(id.internal, sizeof(id.internal))));
-  } else {
-    CRUN_RETURN_IF_ERROR(context.store().Wait({key}, o.timeout));
-    auto bytes = context.store().Get(key);
-    if (!bytes.ok()) return bytes.status();
-    if (bytes->size() != sizeof(id.internal)) {
-      return fail(StatusCode::kProtocol, "the unique id under " + key + " has " +
+    return id;
+  }
+  CRUN_RETURN_IF_ERROR(context.store().Wait({key}, timeout));
+  auto bytes = context.store().Get(key);
+  if (!bytes.ok()) return bytes.status();
+  if (bytes->size() != sizeof(id.internal)) {
+    return Status(StatusCode::kProtocol, where + "the unique id under " + key + " has " +
                                              std::to_string(bytes->size()) + " bytes, not " +
                                              std::to_string(sizeof(id.internal)));
-    }
-    std::copy(bytes->begin(), bytes->end(), id.internal);
   }
+  std::copy(bytes->begin(), bytes->end(), id.internal);
+  return id;
+}
 
+// A non-blocking communicator, polled until it is ready or `o.timeout` has passed (then
+// aborted).
+StatusOr<ncclComm_t> InitComm(const std::string& where, const WorkerEnv& env, const NcclOptions& o,
+                              const ncclUniqueId& id, int device) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t comm = nullptr;
@@ -407,30 +410,52 @@ StatusOr<std::unique_ptr<ProcessGroup>> MakeNcclGroup(Context& context, const Nc
     std::this_thread::sleep_for(kPollInterval);
     ncclCommGetAsyncError(comm, &r);
   }
-  if (r != ncclSuccess) {
-    const std::string text = r == ncclInProgress
-                                 ? "not ready after " + std::to_string(o.timeout.count()) +
-                                       " ms: do all " + std::to_string(env.world_size) +
-                                       " ranks create group '" + o.name + "'?"
-                                 : NcclText(r, comm);
-    if (comm != nullptr) ncclCommAbort(comm);
-    return fail(r == ncclInProgress ? StatusCode::kTimeout : StatusCode::kUnavailable,
-                "creating the communicator on GPU " + std::to_string(device) + ": " + text);
-  }
+  if (r == ncclSuccess) return comm;
+  const std::string text = r == ncclInProgress
+                               ? "not ready after " + std::to_string(o.timeout.count()) +
+                                     " ms: do all " + std::to_string(env.world_size) +
+                                     " ranks create group '" + o.name + "'?"
+                               : NcclText(r, comm);
+  if (comm != nullptr) ncclCommAbort(comm);
+  return Status(r == ncclInProgress ? StatusCode::kTimeout : StatusCode::kUnavailable,
+                where + "creating the communicator on GPU " + std::to_string(device) + ": " + text);
+}
 
+// The group's stream and its one-int scratch (the barrier's operand), around `comm`; on an
+// error `comm` is aborted and nothing is left allocated.
+StatusOr<std::shared_ptr<Comm>> WrapComm(const std::string& where,
+                                         std::shared_ptr<GroupState> state, ncclComm_t comm,
+                                         int device, Millis timeout) {
   cudaStream_t stream = nullptr;
   int* scratch = nullptr;
-  cudaError_t ce = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  if (ce == cudaSuccess) ce = cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(int));
-  if (ce != cudaSuccess) {
+  cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaMalloc(reinterpret_cast<void**>(&scratch), sizeof(int));
+  if (e != cudaSuccess) {
     if (stream != nullptr) cudaStreamDestroy(stream);
     ncclCommAbort(comm);
-    return fail(StatusCode::kInternal,
-                "stream or scratch on GPU " + std::to_string(device) + ": " + CudaText(ce));
+    return Status(StatusCode::kInternal, where + "stream or scratch on GPU " +
+                                             std::to_string(device) + ": " + CudaText(e));
   }
-  auto shared_state = std::shared_ptr<GroupState>(std::move(state));
-  auto c = std::make_shared<Comm>(shared_state, comm, stream, scratch, device, o.timeout);
-  auto group = std::make_unique<NcclGroup>(shared_state, env.rank, env.world_size, c);
+  return std::make_shared<Comm>(std::move(state), comm, stream, scratch, device, timeout);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ProcessGroup>> MakeNcclGroup(Context& context, const NcclOptions& o) {
+  const WorkerEnv& env = context.env();
+  auto state = std::make_shared<GroupState>("nccl", o.name, env.rank, env.world_size);
+  const std::string where = state->Where("");
+  CRUN_ASSIGN_OR_RETURN(const int device, PickDevice(where, env, o.device));
+  DeviceGuard guard(device);
+  if (guard.status() != cudaSuccess) {
+    return Status(StatusCode::kInternal, where + "cudaSetDevice(" + std::to_string(device) +
+                                             "): " + CudaText(guard.status()));
+  }
+  const std::string key = context.round_prefix() + "nccl/" + o.name + "/unique_id";
+  CRUN_ASSIGN_OR_RETURN(const ncclUniqueId id, ShareUniqueId(where, context, key, o.timeout));
+  CRUN_ASSIGN_OR_RETURN(ncclComm_t comm, InitComm(where, env, o, id, device));
+  CRUN_ASSIGN_OR_RETURN(auto c, WrapComm(where, state, comm, device, o.timeout));
+  auto group = std::make_unique<NcclGroup>(state, env.rank, env.world_size, std::move(c));
   group->set_timeout(o.timeout);
   return std::unique_ptr<ProcessGroup>(std::move(group));
 }
