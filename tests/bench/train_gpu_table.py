@@ -38,10 +38,13 @@ def main():
         rows.append(f"| {mode} | {'yes' if ours['channels_last'] else 'no'} | "
                     f"{ours['batch_size']} | {ips:.0f} | {anchor:.0f} | {ips / anchor:.2f}x | "
                     f"{ours['test_accuracy'][-1] * 100:.2f} % | {ours['skipped_steps']} |")
+    # nvidia-smi's "NAME, DRIVER, MEMORY" as "NAME (driver DRIVER, MEMORY)".
+    parts = [p.strip() for p in a.device.split(",")]
+    device = f"{parts[0]} (driver {parts[1]}, {parts[2]})" if len(parts) == 3 else a.device
     lines = [
         "## train on a GPU: ResNet-18, synthetic CIFAR-10, against PyTorch",
         "",
-        f"Device: {a.device}; train built against the libtorch inside PyTorch {torch_version}, "
+        f"Device: {device}; train built against the libtorch inside PyTorch {torch_version}, "
         f"NCCL from its wheel, {threads} intra-op threads. Command: `scripts/gpu-check.sh train "
         "OUT`, then `tests/bench/train_gpu_table.py`: one worker under crun (so the SDK's NCCL "
         "group is in the loop), `--model resnet18 --synthetic 50000 --epochs 2 --batch-size "
