@@ -9,47 +9,47 @@
 namespace crun::agent {
 
 void AttemptFailures::Clear() {
-  records_.clear();
+  report_.failures.clear();
   hang_.reset();
 }
 
-FailureRecord AttemptFailures::New(int rank, int lr, ExitStatus exit) const {
-  FailureRecord f;
-  f.host = host_;
+report::WorkerFailure AttemptFailures::New(int rank, int lr, ExitStatus exit) {
+  report::WorkerFailure f;
   f.rank = rank;
   f.local_rank = lr;
-  f.exit = exit;
-  f.when = std::chrono::system_clock::now();
+  SetExit(f, exit);
+  f.time_unix_ms = NowUnixMs();
   return f;
 }
 
 void AttemptFailures::LaunchFailed(int rank, int lr, int code, const std::string& why) {
-  FailureRecord f = New(rank, lr, ExitStatus{false, code});
+  report::WorkerFailure f = New(rank, lr, ExitStatus{false, code});
   f.stderr_tail = {why};
-  records_.push_back(std::move(f));
+  report_.failures.push_back(std::move(f));
 }
 
-const FailureRecord& AttemptFailures::Exited(Worker& w, int rank, ExitStatus exit,
-                                             std::string oom) {
-  FailureRecord f = New(rank, w.local_rank, exit);
+const report::WorkerFailure& AttemptFailures::Exited(Worker& w, int rank, ExitStatus exit,
+                                                     std::string oom) {
+  report::WorkerFailure f = New(rank, w.local_rank, exit);
   f.pid = w.pid;
   f.oom = std::move(oom);
   f.error_file = w.error_file;
-  f.error = ReadErrorFile(w.error_file);
+  ReadErrorFile(w.error_file, f);
   if (w.err_pump) w.err_pump->DrainAvailable();
   f.stderr_tail = StderrTail(w);
-  records_.push_back(std::move(f));
-  return records_.back();
+  report_.failures.push_back(std::move(f));
+  return report_.failures.back();
 }
 
 void AttemptFailures::NoteHang(HangReport report, std::chrono::system_clock::time_point when) {
   hang_ = std::move(report);
-  hang_when_ = when;
+  hang_when_ms_ =
+      std::chrono::duration_cast<std::chrono::milliseconds>(when.time_since_epoch()).count();
 }
 
 void AttemptFailures::Hung(const Worker& w, int rank) {
-  FailureRecord f = New(rank, w.local_rank, ExitStatus{true, SIGTERM});
-  f.when = hang_when_;
+  report::WorkerFailure f = New(rank, w.local_rank, ExitStatus{true, SIGTERM});
+  f.time_unix_ms = hang_when_ms_;
   f.pid = w.pid;
   f.error_file = w.error_file;
   if (hang_) {
@@ -58,15 +58,15 @@ void AttemptFailures::Hung(const Worker& w, int rank) {
     }
   }
   if (f.hang.empty()) f.hang = "hung";
-  records_.push_back(std::move(f));
+  report_.failures.push_back(std::move(f));
   SortByTime();
 }
 
 void AttemptFailures::HangEnded(const Worker& w, ExitStatus exit) {
-  for (auto& f : records_) {
+  for (auto& f : report_.failures) {
     if (f.local_rank == w.local_rank && !f.hang.empty()) {
-      f.exit = exit;
-      f.error = ReadErrorFile(w.error_file);
+      SetExit(f, exit);
+      ReadErrorFile(w.error_file, f);
       return;
     }
   }
@@ -74,19 +74,19 @@ void AttemptFailures::HangEnded(const Worker& w, ExitStatus exit) {
 
 void AttemptFailures::Complete(const std::function<std::vector<std::string>(int lr)>& tail) {
   SortByTime();
-  for (auto& f : records_) {
+  for (auto& f : report_.failures) {
     if (f.pid != 0) f.stderr_tail = tail(f.local_rank);
   }
 }
 
-const HangReport* AttemptFailures::HangBehind(const std::vector<FailureRecord>& report) const {
-  if (!hang_ || report.empty() || report.front().hang.empty()) return nullptr;
+const HangReport* AttemptFailures::HangBehind(const report::FailureReport& report) const {
+  if (!hang_ || report.failures.empty() || report.failures.front().hang.empty()) return nullptr;
   return &*hang_;
 }
 
 void AttemptFailures::SortByTime() {
-  std::stable_sort(records_.begin(), records_.end(),
-                   [](const auto& a, const auto& b) { return a.when < b.when; });
+  std::stable_sort(report_.failures.begin(), report_.failures.end(),
+                   [](const auto& a, const auto& b) { return a.time_unix_ms < b.time_unix_ms; });
 }
 
 }  // namespace crun::agent

@@ -1,9 +1,10 @@
-// The running attempt's failures, in full (FailureRecord), and its hang: what the rendezvous
-// and the failure report get. Each record is filled when its worker ends, so that it can
-// travel to other nodes and be printed there the same way.
+// The running attempt's failures, in full (a report::FailureReport of this node), and its hang:
+// what the rendezvous and the failure report get. Each record is filled when its worker ends,
+// so that it can travel to other nodes and be printed there the same way.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -17,19 +18,19 @@ namespace crun::agent {
 
 class AttemptFailures {
  public:
-  // `host`: this node's name, in every record.
-  explicit AttemptFailures(std::string host) : host_(std::move(host)) {}
+  // `host`: this node's name, the report's.
+  explicit AttemptFailures(std::string host) { report_.host = std::move(host); }
 
   // A new attempt: nothing recorded, no hang.
   void Clear();
   // The records were reported and the node rejoins: none is this node's any more. The hang
   // stays, for a report of it that comes back from the rendezvous.
-  void ClearRecords() { records_.clear(); }
+  void ClearRecords() { report_.failures.clear(); }
   // Rank `rank` (local rank `lr`) could not be started: it failed with the shell's `code`.
   void LaunchFailed(int rank, int lr, int code, const std::string& why);
   // Worker `w` (rank `rank`) failed: how, its error file and its last lines so far. `oom`: the
   // OOM killer's words, or "".
-  const FailureRecord& Exited(Worker& w, int rank, ExitStatus exit, std::string oom);
+  const report::WorkerFailure& Exited(Worker& w, int rank, ExitStatus exit, std::string oom);
   // A hang was declared at `when`: the report that judged it.
   void NoteHang(HangReport report, std::chrono::system_clock::time_point when);
   // Worker `w` (rank `rank`) is one the hang judged hung: its record, in time order.
@@ -40,18 +41,18 @@ class AttemptFailures {
   // complete (`tail` of a local rank).
   void Complete(const std::function<std::vector<std::string>(int lr)>& tail);
 
-  const std::vector<FailureRecord>& records() const { return records_; }
+  // This node's report (no node id: the rendezvous adds its own).
+  const report::FailureReport& report() const { return report_; }
   // The attempt's hang, when `report`'s root cause is one.
-  const HangReport* HangBehind(const std::vector<FailureRecord>& report) const;
+  const HangReport* HangBehind(const report::FailureReport& report) const;
 
  private:
-  FailureRecord New(int rank, int lr, ExitStatus exit) const;
+  static report::WorkerFailure New(int rank, int lr, ExitStatus exit);
   void SortByTime();
 
-  std::string host_;
-  std::vector<FailureRecord> records_;
+  report::FailureReport report_;
   std::optional<HangReport> hang_;
-  std::chrono::system_clock::time_point hang_when_;
+  std::int64_t hang_when_ms_ = 0;  // time_unix_ms of the hang
 };
 
 }  // namespace crun::agent

@@ -2,6 +2,7 @@
 
 #include "agent/hangs/hang_watch.h"
 
+#include <chrono>
 #include <ctime>
 #include <fstream>
 #include <set>
@@ -10,10 +11,9 @@
 namespace crun::agent {
 namespace {
 
-std::string IsoTime(std::chrono::system_clock::time_point t) {
-  const std::time_t secs = std::chrono::system_clock::to_time_t(t);
-  const auto ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() % 1000;
+std::string IsoTime(std::int64_t unix_ms) {
+  const std::time_t secs = static_cast<std::time_t>(unix_ms / 1000);
+  const auto ms = unix_ms % 1000;
   std::tm tm{};
   ::gmtime_r(&secs, &tm);
   char buf[64];
@@ -30,20 +30,21 @@ std::string Indent(const std::string& text, const std::string& pad) {
   return out;
 }
 
-void AppendBlock(std::string& out, const FailureRecord& f, const ReportContext& c) {
-  out += "  time      : " + IsoTime(f.when) + "\n";
-  out += "  host      : " + (f.host.empty() ? c.host : f.host) + "\n";
+void AppendBlock(std::string& out, const report::WorkerFailure& f, const std::string& host,
+                 const ReportContext& c) {
+  out += "  time      : " + IsoTime(f.time_unix_ms) + "\n";
+  out += "  host      : " + host + "\n";
   out += "  rank      : " + std::to_string(f.rank) + " (local rank " +
          std::to_string(f.local_rank) + ", role " + c.role + ")\n";
   out += "  pid       : " + std::to_string(f.pid) + "\n";
   if (!f.hang.empty()) out += "  hang      : " + f.hang + "\n";
-  out += "  exit      : " + f.exit.Describe() + (f.hang.empty() ? "" : " (stopped by crun)") +
+  out += "  exit      : " + ExitOf(f).Describe() + (f.hang.empty() ? "" : " (stopped by crun)") +
          (f.oom.empty() ? "" : ": " + f.oom) + "\n";
-  const auto& error = f.error;
+  const bool error = WroteErrorFile(f);
   out += "  error file: " + (error ? f.error_file : std::string("<none written>")) + "\n";
   if (error) {
-    out += "  error     : " + error->message + "\n";
-    if (!error->traceback.empty()) out += "  traceback :\n" + Indent(error->traceback, "    ");
+    out += "  error     : " + f.message + "\n";
+    if (!f.traceback.empty()) out += "  traceback :\n" + Indent(f.traceback, "    ");
   } else if (!f.stderr_tail.empty()) {
     out += "  last stderr lines:\n";
     for (const auto& line : f.stderr_tail) out += "    " + line + "\n";
@@ -52,32 +53,53 @@ void AppendBlock(std::string& out, const FailureRecord& f, const ReportContext& 
 
 }  // namespace
 
-std::optional<ErrorFileContent> ReadErrorFile(const std::string& path) {
-  if (path.empty()) return std::nullopt;
+ExitStatus ExitOf(const report::WorkerFailure& f) {
+  return f.signal ? ExitStatus{true, *f.signal} : ExitStatus{false, f.exit_code.value_or(0)};
+}
+
+void SetExit(report::WorkerFailure& f, ExitStatus exit) {
+  f.exit_code.reset();
+  f.signal.reset();
+  (exit.signaled ? f.signal : f.exit_code) = exit.value;
+}
+
+bool WroteErrorFile(const report::WorkerFailure& f) {
+  return !f.error_json.empty() || !f.message.empty() || !f.traceback.empty();
+}
+
+std::int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+bool ReadErrorFile(const std::string& path, report::WorkerFailure& f) {
+  if (path.empty()) return false;
   std::ifstream in(path);
-  if (!in) return std::nullopt;
+  if (!in) return false;
   nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("message")) return std::nullopt;
-  ErrorFileContent c;
-  c.raw = j;
+  if (j.is_discarded() || !j.is_object() || !j.contains("message")) return false;
+  f.message.clear();
+  f.traceback.clear();
   const auto& m = j["message"];
   if (m.is_object()) {  // {"message": {"message": "...", "extraInfo": {"py_callstack": ...}}}
-    if (m.contains("message") && m["message"].is_string()) c.message = m["message"];
+    if (m.contains("message") && m["message"].is_string()) f.message = m["message"];
     if (m.contains("extraInfo") && m["extraInfo"].is_object() &&
         m["extraInfo"].contains("py_callstack") && m["extraInfo"]["py_callstack"].is_string()) {
-      c.traceback = m["extraInfo"]["py_callstack"];
+      f.traceback = m["extraInfo"]["py_callstack"];
     }
   } else if (m.is_string()) {  // the newer flat format
-    c.message = m;
+    f.message = m;
   }
-  return c;
+  f.error_json = j.dump();
+  return true;
 }
 
 namespace {
 
 // The module a Python worker failed to import ("No module named 'torch'"), if that is how the
 // record reads.
-std::optional<std::string> MissingModule(const FailureRecord& f) {
+std::optional<std::string> MissingModule(const report::WorkerFailure& f) {
   static const std::string kMarker = "No module named '";
   auto find = [](const std::string& text) -> std::optional<std::string> {
     const auto at = text.find(kMarker);
@@ -87,9 +109,7 @@ std::optional<std::string> MissingModule(const FailureRecord& f) {
     if (end == std::string::npos) return std::nullopt;
     return text.substr(start, end - start);
   };
-  if (f.error) {
-    if (auto m = find(f.error->message)) return m;
-  }
+  if (auto m = find(f.message)) return m;
   for (auto it = f.stderr_tail.rbegin(); it != f.stderr_tail.rend(); ++it) {
     if (auto m = find(*it)) return m;
   }
@@ -98,13 +118,15 @@ std::optional<std::string> MissingModule(const FailureRecord& f) {
 
 }  // namespace
 
-std::string FormatReport(const ReportContext& c, const std::vector<FailureRecord>& failures) {
+std::string FormatReport(const ReportContext& c, const report::FailureReport& report) {
+  const auto& failures = report.failures;
+  const std::string& host = report.host.empty() ? c.host : report.host;
   const std::string rule(72, '=');
   std::string out = rule + "\n";
   out += "crun: " + c.entrypoint + " FAILED (run " + c.run_id + ", attempt " +
          std::to_string(c.attempt) + ", " + std::to_string(c.max_restarts) + " restarts allowed)\n";
   out += std::string(72, '-') + "\nRoot cause (first failure):\n";
-  if (!failures.empty()) AppendBlock(out, failures.front(), c);
+  if (!failures.empty()) AppendBlock(out, failures.front(), host, c);
   if (const auto module = failures.empty() || c.interpreter.empty()
                               ? std::nullopt
                               : MissingModule(failures.front())) {
@@ -120,15 +142,15 @@ std::string FormatReport(const ReportContext& c, const std::vector<FailureRecord
   out += "\n";
   for (std::size_t i = 1; i < failures.size(); ++i) {
     const auto& f = failures[i];
-    out += "  rank " + std::to_string(f.rank) + " on " + (f.host.empty() ? c.host : f.host) +
-           " (local rank " + std::to_string(f.local_rank) + ", pid " + std::to_string(f.pid) +
-           "): " + (f.hang.empty() ? "" : "hung, " + f.hang + "; ") + f.exit.Describe() +
-           (f.oom.empty() ? "" : ": " + f.oom) + " at " + IsoTime(f.when) + "\n";
+    out += "  rank " + std::to_string(f.rank) + " on " + host + " (local rank " +
+           std::to_string(f.local_rank) + ", pid " + std::to_string(f.pid) +
+           "): " + (f.hang.empty() ? "" : "hung, " + f.hang + "; ") + ExitOf(f).Describe() +
+           (f.oom.empty() ? "" : ": " + f.oom) + " at " + IsoTime(f.time_unix_ms) + "\n";
   }
   return out + rule + "\n";
 }
 
-nlohmann::json ReportJson(const ReportContext& c, const std::vector<FailureRecord>& failures) {
+nlohmann::json ReportJson(const ReportContext& c, const report::FailureReport& report) {
   nlohmann::json j;
   j["run_id"] = c.run_id;
   j["host"] = c.host;
@@ -137,22 +159,21 @@ nlohmann::json ReportJson(const ReportContext& c, const std::vector<FailureRecor
   j["attempt"] = c.attempt;
   j["max_restarts"] = c.max_restarts;
   j["failures"] = nlohmann::json::array();
-  for (const auto& f : failures) {
+  for (const auto& f : report.failures) {
     nlohmann::json e;
-    e["time"] = IsoTime(f.when);
-    e["host"] = f.host.empty() ? c.host : f.host;
+    e["time"] = IsoTime(f.time_unix_ms);
+    e["host"] = report.host.empty() ? c.host : report.host;
     e["rank"] = f.rank;
     e["local_rank"] = f.local_rank;
     e["pid"] = f.pid;
-    e["exit_code"] = f.exit.signaled ? nlohmann::json(nullptr) : nlohmann::json(f.exit.value);
-    e["signal"] =
-        f.exit.signaled ? nlohmann::json(SignalName(f.exit.value)) : nlohmann::json(nullptr);
+    e["exit_code"] = f.signal ? nlohmann::json(nullptr) : nlohmann::json(f.exit_code.value_or(0));
+    e["signal"] = f.signal ? nlohmann::json(SignalName(*f.signal)) : nlohmann::json(nullptr);
     e["error_file"] = f.error_file;
     if (!f.hang.empty()) e["hang"] = f.hang;
     if (!f.oom.empty()) e["oom"] = f.oom;
-    if (const auto& err = f.error) {
-      e["message"] = err->message;
-      e["traceback"] = err->traceback;
+    if (WroteErrorFile(f)) {
+      e["message"] = f.message;
+      e["traceback"] = f.traceback;
     } else {
       e["stderr_tail"] = f.stderr_tail;
     }
@@ -160,61 +181,6 @@ nlohmann::json ReportJson(const ReportContext& c, const std::vector<FailureRecor
   }
   if (c.hang != nullptr) j["hang"] = HangJson(*c.hang);
   return j;
-}
-
-report::FailureReport ToReport(const std::string& node_id,
-                               const std::vector<FailureRecord>& failures) {
-  report::FailureReport r;
-  r.node_id = node_id;
-  if (!failures.empty()) r.host = failures.front().host;
-  for (const auto& f : failures) {
-    report::WorkerFailure w;
-    w.time_unix_ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(f.when.time_since_epoch()).count();
-    w.rank = f.rank;
-    w.local_rank = f.local_rank;
-    w.pid = f.pid;
-    if (f.exit.signaled) {
-      w.signal = f.exit.value;
-    } else {
-      w.exit_code = f.exit.value;
-    }
-    if (f.error) {
-      w.message = f.error->message;
-      w.traceback = f.error->traceback;
-    }
-    w.stderr_tail = f.stderr_tail;
-    w.error_file = f.error_file;
-    w.hang = f.hang;
-    w.oom = f.oom;
-    r.failures.push_back(std::move(w));
-  }
-  return r;
-}
-
-std::vector<FailureRecord> FromReport(const report::FailureReport& r) {
-  std::vector<FailureRecord> out;
-  for (const auto& w : r.failures) {
-    FailureRecord f;
-    f.host = r.host;
-    f.rank = w.rank;
-    f.local_rank = w.local_rank;
-    f.pid = w.pid;
-    f.exit = w.signal ? ExitStatus{true, *w.signal} : ExitStatus{false, w.exit_code.value_or(0)};
-    f.when = std::chrono::system_clock::time_point(std::chrono::milliseconds(w.time_unix_ms));
-    f.error_file = w.error_file;
-    f.hang = w.hang;
-    f.oom = w.oom;
-    if (!w.message.empty() || !w.traceback.empty()) {
-      ErrorFileContent e;
-      e.message = w.message;
-      e.traceback = w.traceback;
-      f.error = std::move(e);
-    }
-    f.stderr_tail = w.stderr_tail;
-    out.push_back(std::move(f));
-  }
-  return out;
 }
 
 }  // namespace crun::agent

@@ -3,12 +3,8 @@
 // of its stderr. Other failures follow. Pure formatting; reading the error file is the only I/O.
 #pragma once
 
-#include <sys/types.h>
-
-#include <chrono>
-#include <optional>
+#include <cstdint>
 #include <string>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -18,35 +14,20 @@
 
 namespace crun::agent {
 
-struct ErrorFileContent {
-  std::string message;    // "ValueError: intentional failure on rank 0"
-  std::string traceback;  // the worker's Python call stack
-  nlohmann::json raw;
-};
+// The report model is rendezvous/report/report.h: a node's FailureReport, one WorkerFailure per
+// failed worker. These read it as the agent does.
 
-// One failed worker. Everything the report shows is in here (read when the worker exited),
-// so a record can travel to other nodes and be printed there the same way.
-struct FailureRecord {
-  std::string host;
-  int rank = 0;
-  int local_rank = 0;
-  pid_t pid = 0;
-  ExitStatus exit;
-  std::chrono::system_clock::time_point when;
-  std::string error_file;                 // path given to the worker
-  std::optional<ErrorFileContent> error;  // what it wrote there, if anything
-  std::vector<std::string> stderr_tail;   // last lines of its stderr
-  // Not empty: the worker hung and crun stopped it ("no progress for 30.0 s", "torchelastic
-  // timer 'x.py#12' expired 0.1 s ago"); `exit` is then how it ended once stopped.
-  std::string hang;
-  // Not empty: the kernel's OOM killer ended it ("killed by the OOM killer (RSS 1.2 GiB, from
-  // the kernel log)").
-  std::string oom;
-};
+// How the worker ended, as a record says it (no exit code and no signal reads as exit code 0).
+ExitStatus ExitOf(const report::WorkerFailure& f);
+void SetExit(report::WorkerFailure& f, ExitStatus exit);
+// Whether the worker wrote an error file (its message, traceback or JSON are in the record).
+bool WroteErrorFile(const report::WorkerFailure& f);
+// Now, as a record's time_unix_ms.
+std::int64_t NowUnixMs();
 
 struct ReportContext {
   std::string run_id;
-  std::string host;  // for records that name none
+  std::string host;  // for a report that names none
   std::string role;
   std::string entrypoint;  // the script or program
   int attempt = 0;
@@ -57,17 +38,13 @@ struct ReportContext {
   const HangReport* hang = nullptr;  // the attempt's hang, when it had one
 };
 
-// The records as the report other nodes read (rendezvous/report/report.h), and back: every
-// field a record shows travels (the error file's raw JSON does not).
-report::FailureReport ToReport(const std::string& node_id,
-                               const std::vector<FailureRecord>& failures);
-std::vector<FailureRecord> FromReport(const report::FailureReport& report);
+// Reads a torchelastic error file (either format) into `f`'s message, traceback and
+// error_json; false (and `f` unchanged) when it is absent, unreadable or not one.
+bool ReadErrorFile(const std::string& path, report::WorkerFailure& f);
 
-// Reads a torchelastic error file (either format); nullopt when absent or unreadable.
-std::optional<ErrorFileContent> ReadErrorFile(const std::string& path);
-
-// `failures` sorted by time: the first is the root cause.
-std::string FormatReport(const ReportContext& context, const std::vector<FailureRecord>& failures);
-nlohmann::json ReportJson(const ReportContext& context, const std::vector<FailureRecord>& failures);
+// `report.failures` sorted by time: the first is the root cause. A report that names no host
+// is the context's.
+std::string FormatReport(const ReportContext& context, const report::FailureReport& report);
+nlohmann::json ReportJson(const ReportContext& context, const report::FailureReport& report);
 
 }  // namespace crun::agent

@@ -356,14 +356,14 @@ struct LocalAgent::Impl final : RendezvousEvents {
       failures.HangEnded(w, a.exit);
     } else if (a.record == lc::WorkerExited::Record::kFailure) {
       const bool oom_witness = a.exit.signaled && a.exit.value == SIGKILL;
-      const FailureRecord& f = failures.Exited(w, group.base_rank + w.local_rank, a.exit,
-                                               oom_witness ? workers.OomKillOf(w.pid) : "");
+      const report::WorkerFailure& f = failures.Exited(w, group.base_rank + w.local_rank, a.exit,
+                                                       oom_witness ? workers.OomKillOf(w.pid) : "");
       oom_kill = !f.oom.empty();
       if (a.stops_group) {
         if (!interrupted_at) interrupted_at = Now();
         spdlog::warn(
             "rank {} (local rank {}, pid {}) on {} failed with {}{}; stopping the other workers",
-            f.rank, f.local_rank, f.pid, options.host_name, f.exit.Describe(),
+            f.rank, f.local_rank, f.pid, options.host_name, a.exit.Describe(),
             oom_kill ? ": " + f.oom : "");
       }
     }
@@ -374,7 +374,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     failures.Hung(workers.at(a.local_rank), group.base_rank + a.local_rank);
   }
 
-  void Carry(const lc::ReportFailure&) { rdzv->ReportFailure(failures.records()); }
+  void Carry(const lc::ReportFailure&) { rdzv->ReportFailure(failures.report()); }
 
   void Carry(const lc::SignalWorkers& a) {
     if (a.why == lc::SignalWorkers::Why::kStop) hang_watch.Stop();
@@ -440,7 +440,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
       }
       spdlog::warn("the workers stopped after {}: {}", SignalName(state.stopped_by_signal), how);
     } else if (a.how == How::kEdgeStuck) {
-      if (!failures.records().empty()) Report(failures.records());
+      if (!failures.report().failures.empty()) Report(failures.report());
     } else if (a.how == How::kOutcome) {
       Conclude();
     }
@@ -504,10 +504,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   void Conclude() {
     if (outcome.success) return;
-    const auto& records = failures.records();
-    if (!records.empty() && outcome.root_node_id == rdzv->node_id()) {
-      Report(records);  // this node's full report, the same root cause first
-    } else if (!outcome.root_report.empty()) {
+    const auto& own = failures.report();
+    if (!own.failures.empty() && outcome.root_node_id == rdzv->node_id()) {
+      Report(own);  // this node's full report, the same root cause first
+    } else if (!outcome.root_report.failures.empty()) {
       Report(outcome.root_report);
       std::fprintf(stderr, "crun: the job failed on node '%s': %s\n", outcome.root_node_id.c_str(),
                    outcome.reason.c_str());
@@ -516,7 +516,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     }
   }
 
-  void Report(const std::vector<FailureRecord>& report) {
+  void Report(const report::FailureReport& report) {
     ReportContext c;
     c.run_id = group.run_id;
     c.host = options.host_name;

@@ -26,7 +26,7 @@ struct JobOutcome {
   int exit_code = 0;         // what this crun exits with: the same on every node
   std::string reason;        // "all workers succeeded", "only 1 of at least 2 nodes joined ..."
   std::string root_node_id;  // the node whose failure ended the job, if one did
-  std::vector<FailureRecord> root_report;  // its failures, the root cause first
+  report::FailureReport root_report;  // its failures, the root cause first
 };
 
 class RendezvousEvents {
@@ -52,8 +52,8 @@ class Rendezvous {
   // exchanges them; each round's GroupAssignment::members carries every node's.
   virtual void Join(const std::vector<std::uint16_t>& ports) = 0;
   // The first failure of this node's round, the root cause first; sent at once so every
-  // node can stop.
-  virtual void ReportFailure(const std::vector<FailureRecord>& failures) = 0;
+  // node can stop. The rendezvous names this node in it (node_id).
+  virtual void ReportFailure(const report::FailureReport& failures) = 0;
   // Every worker of this node exited 0.
   virtual void ReportSuccess() = 0;
   // This node leaves the job (a signal stopped it); no events follow.

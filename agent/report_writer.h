@@ -12,7 +12,7 @@
 namespace crun::agent {
 
 // `report` sorted by time, not empty: the first is the root cause.
-void PublishReport(const ReportContext& context, const std::vector<FailureRecord>& report,
+void PublishReport(const ReportContext& context, const report::FailureReport& report,
                    const std::string& log_dir, const std::string& parent_error_file);
 
 }  // namespace crun::agent

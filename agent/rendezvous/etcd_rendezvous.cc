@@ -57,8 +57,9 @@ class EtcdRendezvous final : public Rendezvous {
     });
   }
 
-  void ReportFailure(const std::vector<FailureRecord>& failures) override {
-    auto report = ToReport(o_.node_id, failures);
+  void ReportFailure(const crun::report::FailureReport& failures) override {
+    auto report = failures;
+    report.node_id = o_.node_id;
     asio::post(eio_, [this, report = std::move(report)] {
       if (ended_ || !round_) return;
       etcd::Report r;
@@ -562,7 +563,7 @@ class EtcdRendezvous final : public Rendezvous {
     out.root_node_id = o.root_node_id;
     if (!o.root_report_json.empty()) {
       if (auto report = crun::report::FromJson(o.root_report_json); report.ok()) {
-        out.root_report = FromReport(*report);
+        out.root_report = std::move(*report);
       } else {
         spdlog::warn("the job's root cause in etcd cannot be read: {}", report.status().message());
       }

@@ -87,20 +87,22 @@ class LocalRendezvous final : public Rendezvous {
     Post([this, g] { events_->OnAssignment(g); });
   }
 
-  void ReportFailure(const std::vector<FailureRecord>& failures) override {
-    const FailureRecord& root = failures.front();
+  void ReportFailure(const report::FailureReport& failures) override {
+    const report::WorkerFailure& root = failures.failures.front();
+    const ExitStatus exit = ExitOf(root);
     const std::string what = "rank " + std::to_string(root.rank) + " failed with " +
-                             (root.hang.empty() ? root.exit.Describe() : "a hang: " + root.hang) +
+                             (root.hang.empty() ? exit.Describe() : "a hang: " + root.hang) +
                              (root.oom.empty() ? "" : " (" + root.oom + ")");
     if (restarts_ < options_.max_restarts) {
       ++restarts_;
       return Post([this, what] { events_->OnStopAndRejoin(what, true); });
     }
     JobOutcome o;
-    o.exit_code = root.exit.ShellCode();
+    o.exit_code = exit.ShellCode();
     o.reason = what;
     o.root_node_id = node_id();
     o.root_report = failures;
+    o.root_report.node_id = node_id();
     Conclude(o);
   }
 

@@ -103,10 +103,11 @@ class ServiceRendezvous final : public Rendezvous {
     join_sent_ = true;
   }
 
-  void ReportFailure(const std::vector<FailureRecord>& failures) override {
+  void ReportFailure(const report::FailureReport& failures) override {
     if (Ended() || !client_) return;
     v1::AgentMessage m;
-    *m.mutable_workers_failed() = rdzv::ToProto(ToReport(o_.node_id, failures));
+    *m.mutable_workers_failed() = rdzv::ToProto(failures);
+    m.mutable_workers_failed()->set_node_id(o_.node_id);
     client_->Send(std::move(m));
   }
 
@@ -321,7 +322,7 @@ class ServiceRendezvous final : public Rendezvous {
         o.reason = f.reason();
         if (f.has_root_cause()) {
           o.root_node_id = f.root_cause().node_id();
-          o.root_report = FromReport(rdzv::FromProto(f.root_cause()));
+          o.root_report = rdzv::FromProto(f.root_cause());
         }
         state_ = State::kEnded;
         StopTimers();

@@ -1,8 +1,9 @@
 // A node's failure report: which of its workers failed, how and why, first in time first. The
-// one model every part of crun uses: the agent builds it from its workers' ends
-// (agent/failure_report.h), the rendezvous core decides on it (rendezvous/service), the etcd
-// rendezvous keeps it as the JSON below, and only the gRPC adapter and the agent's session
-// convert it to crun.v1.FailureReport on the wire. Plain C++ and nlohmann_json.
+// one model every part of crun uses: the agent fills it as its workers end
+// (agent/attempt_failures.h) and prints it (agent/failure_report.h), the rendezvous core
+// decides on it (rendezvous/service), the etcd rendezvous keeps it as the JSON below, and only
+// the gRPC adapter and the agent's session convert it to crun.v1.FailureReport on the wire.
+// Plain C++ and nlohmann_json.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +30,9 @@ struct WorkerFailure {
   std::int64_t time_unix_ms = 0;
   std::string hang;  // not empty: it hung, and this says how
   std::string oom;   // not empty: the OOM killer ended it
+  // The error file's JSON as the worker wrote it (TORCHELASTIC_ERROR_FILE passes it on). Only
+  // the node that read the file has it: ToJson and the wire leave it out.
+  std::string error_json;
 };
 
 struct FailureReport {

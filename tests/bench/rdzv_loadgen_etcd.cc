@@ -228,11 +228,12 @@ int RunEtcdLoad(const EtcdLoad& load) {
   const auto failed_at = Clock::now();
   phase("told", told, [&] {
     assigned.Reset(load.agents);
-    agent::FailureRecord f;
-    f.host = "sim-host-0";
-    f.exit.value = 1;
-    f.when = std::chrono::system_clock::now();
-    agents[0]->rdzv->ReportFailure({f});
+    crun::report::FailureReport r;
+    r.host = "sim-host-0";
+    auto& f = r.failures.emplace_back();
+    f.exit_code = 1;
+    f.time_unix_ms = agent::NowUnixMs();
+    agents[0]->rdzv->ReportFailure(r);
   });
   if (const int n = assigned.Wait(limit); n < load.agents) {
     std::fprintf(stderr, "rdzv_loadgen: only %d of %d agents re-assigned\n", n, load.agents);

@@ -33,7 +33,7 @@ class ScriptedRendezvous final : public Rendezvous {
   struct Record {
     int joins = 0;
     int successes = 0;
-    std::vector<std::vector<FailureRecord>> failures;
+    std::vector<crun::report::FailureReport> failures;
     std::vector<std::string> left;
   };
 
@@ -54,7 +54,7 @@ class ScriptedRendezvous final : public Rendezvous {
     g.round = record_->joins++;
     asio::post(io_, [this, g] { events_->OnAssignment(g); });
   }
-  void ReportFailure(const std::vector<FailureRecord>& failures) override {
+  void ReportFailure(const crun::report::FailureReport& failures) override {
     record_->failures.push_back(failures);
     if (restarts_ < max_restarts_) {
       ++restarts_;
@@ -62,7 +62,7 @@ class ScriptedRendezvous final : public Rendezvous {
       return;
     }
     JobOutcome o;
-    o.exit_code = failures.front().exit.ShellCode();
+    o.exit_code = ExitOf(failures.failures.front()).ShellCode();
     o.reason = "a worker failed";
     o.root_node_id = node_id();
     o.root_report = failures;
@@ -152,11 +152,11 @@ TEST_CASE("agent: the first failure is reported with its stderr and written out"
                             "exec sleep 60");
   CHECK(out.code == 3);
   REQUIRE(out.record.failures.size() == 1);
-  const FailureRecord& root = out.record.failures[0].front();
+  CHECK(out.record.failures[0].host == "unit-host");
+  const crun::report::WorkerFailure& root = out.record.failures[0].failures.front();
   CHECK(root.rank == 1);
   CHECK(root.local_rank == 1);
-  CHECK(root.host == "unit-host");
-  CHECK(root.exit.ShellCode() == 3);
+  CHECK(ExitOf(root).ShellCode() == 3);
   REQUIRE_FALSE(root.stderr_tail.empty());
   CHECK(root.stderr_tail.back() == "boom on rank 1");
   const std::string report = Read(dir.path + "/failure.json");
@@ -193,7 +193,7 @@ TEST_CASE("agent: a program that cannot be started fails with the shell's code",
   LocalAgent agent(io, o, std::make_unique<ScriptedRendezvous>(io, 1, 0, &record));
   CHECK(agent.Run() == 127);
   REQUIRE(record.failures.size() == 1);
-  CHECK(record.failures[0].front().exit.ShellCode() == 127);
+  CHECK(ExitOf(record.failures[0].failures.front()).ShellCode() == 127);
 }
 
 TEST_CASE("agent: a worker that ignores SIGTERM is killed after the grace", "[agent]") {
@@ -211,7 +211,7 @@ TEST_CASE("agent: a worker that ignores SIGTERM is killed after the grace", "[ag
                             0, std::chrono::milliseconds(300));
   CHECK(out.code == 5);
   REQUIRE(out.record.failures.size() == 1);
-  CHECK(out.record.failures[0].front().rank == 0);
+  CHECK(out.record.failures[0].failures.front().rank == 0);
   const auto report = nlohmann::json::parse(Read(dir.path + "/failure.json"));
   REQUIRE(report["failures"].size() == 2);
   CHECK(report["failures"][0]["rank"] == 0);

@@ -68,6 +68,10 @@ std::string Fields(const FailureReport& r) {
 TEST_CASE("a failure report is written as protobuf's JSON printer wrote it", "[report]") {
   CHECK(ToJson(SampleReport()) == kProtobufJson);
   CHECK(ToJson(FailureReport()) == "{}");
+  // The error file's own JSON stays on the node that read it.
+  auto local = SampleReport();
+  local.failures[0].error_json = R"({"message": "only here"})";
+  CHECK(ToJson(local) == kProtobufJson);
 }
 
 TEST_CASE("a failure report reads back, from either writer", "[report]") {
