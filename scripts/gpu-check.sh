@@ -4,8 +4,8 @@
 # relocatable tarball built here (docs/install.md) and launches everything there.
 #
 #   scripts/gpu-check.sh prepare   here: the crun tarball (scripts/package.sh from ./build) and
-#                                  the header-only Catch2 the SDK's tests need and nlohmann_json
-#                                  (train's metrics), into .gpu/
+#                                  the header-only Catch2 the SDK's tests need, CLI11 (train's
+#                                  command line) and nlohmann_json (train's metrics), into .gpu/
 #   scripts/gpu-check.sh run OUT   there: crun from the tarball; stock PyTorch NCCL DDP under
 #                                  `crun --nproc-per-node gpu`, then the same with a GPU worker
 #                                  SIGKILLed and restarted, cold and --warm; the SDK-only
@@ -34,6 +34,10 @@ case "${1:-}" in
     mkdir -p .gpu/nlohmann/include .gpu/nlohmann/share/cmake
     cp -r /usr/include/nlohmann .gpu/nlohmann/include/
     cp -r /usr/share/cmake/nlohmann_json .gpu/nlohmann/share/cmake/
+    # train parses its command line with CLI11 (header-only), built in both modes.
+    mkdir -p .gpu/cli11/include .gpu/cli11/share/cmake
+    cp -r /usr/include/CLI .gpu/cli11/include/
+    cp -r /usr/share/cmake/CLI11 .gpu/cli11/share/cmake/
     bash scripts/package.sh --out .gpu/dist >/dev/null
     cp .gpu/dist/crun-*-linux-x86_64.tar.gz .gpu/ && rm -rf .gpu/dist
     # The GPU machine gets the tree without its history: the benchmarks' "Measured at" line
@@ -73,7 +77,7 @@ case "${1:-}" in
     echo "gpu-check: NCCL from $nccl_root ($(grep -E -m3 '^#define NCCL_(MAJOR|MINOR|PATCH) ' "$nccl_root/include/nccl.h" |
       awk '{print $3}' | paste -sd.))"
     export LD_LIBRARY_PATH="$nccl_root/lib:${LD_LIBRARY_PATH:-}"
-    prefix="$PWD/.gpu/catch2"
+    prefix="$PWD/.gpu/catch2;$PWD/.gpu/cli11"
     with_torch=OFF
     if [[ $mode == train ]]; then
       # libtorch from the PyTorch package.

@@ -1,27 +1,16 @@
 #include "train/options.h"
 
+#include <algorithm>
 #include <functional>
-#include <map>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "base/numbers.h"
 
 namespace crun::train {
-namespace {
-
-bool ToInt(const std::string& s, long long lo, long long hi, long long* out) {
-  const auto v = ParseInteger(s, lo, hi);
-  if (v) *out = *v;
-  return v.has_value();
-}
-
-bool ToDouble(const std::string& s, double lo, double hi, double* out) {
-  const auto v = ParseNumber(s, lo, hi);
-  if (v) *out = *v;
-  return v.has_value();
-}
-
-}  // namespace
-
 const char* Name(Device d) {
   switch (d) {
     case Device::kCpu:
@@ -84,125 +73,126 @@ checkpoints, evaluation, output
 )";
 }
 
+namespace {
+
+// Takes one option's value; false when it is not one the option accepts.
+using Setter = std::function<bool(const std::string&)>;
+
+Setter Integer(auto* field, long long lo, long long hi) {
+  return [=](const std::string& v) {
+    const auto x = ParseInteger(v, lo, hi);
+    if (x) *field = static_cast<std::remove_pointer_t<decltype(field)>>(*x);
+    return x.has_value();
+  };
+}
+
+Setter Real(double* field, double lo, double hi) {
+  return [=](const std::string& v) {
+    const auto x = ParseNumber(v, lo, hi);
+    if (x) *field = *x;
+    return x.has_value();
+  };
+}
+
+Setter Text(std::string* field) {
+  return [=](const std::string& v) {
+    *field = v;
+    return true;
+  };
+}
+
+// One of `choices`, by name.
+template <typename T>
+Setter OneOf(T* field, std::vector<std::pair<std::string, T>> choices) {
+  return [=](const std::string& v) {
+    for (const auto& [name, value] : choices) {
+      if (v != name) continue;
+      *field = value;
+      return true;
+    }
+    return false;
+  };
+}
+
+// An option that takes a value. `accepts` says what, in the error when the value is missing or
+// refused ("--epochs 'ten' is not valid: expected an integer from 1"). The last one given
+// counts. CLI11 calls `set` once parsing is done; a refusal ends the parse.
+void AddValued(CLI::App& app, const std::string& name, const std::string& accepts, Setter set) {
+  app.add_option_function<std::string>(name,
+                                       [name, accepts, set](const std::string& v) {
+                                         if (v.empty())
+                                           throw CLI::ValidationError(name +
+                                                                      " needs a value: " + accepts);
+                                         if (!set(v)) {
+                                           throw CLI::ValidationError(name + " '" + v +
+                                                                      "' is not valid: expected " +
+                                                                      accepts);
+                                         }
+                                       })
+      ->expected(0, 1)  // a missing value reaches `set` as "", for the message above
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+}
+
+}  // namespace
+
 StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   Options o;
-  using Setter = std::function<bool(const std::string&)>;
-  auto int_opt = [](auto* field, long long lo, long long hi) -> Setter {
-    return [=](const std::string& v) {
-      long long x = 0;
-      if (!ToInt(v, lo, hi, &x)) return false;
-      *field = static_cast<std::remove_pointer_t<decltype(field)>>(x);
-      return true;
-    };
-  };
-  auto real_opt = [](double* field, double lo, double hi) -> Setter {
-    return [=](const std::string& v) { return ToDouble(v, lo, hi, field); };
-  };
-  auto str_opt = [](std::string* field) -> Setter {
-    return [=](const std::string& v) {
-      if (v.empty()) return false;
-      *field = v;
-      return true;
-    };
-  };
-  // What each option accepts, said in the error when a value is refused.
-  const std::map<std::string, std::pair<Setter, std::string>> with_value = {
-      {"--data-dir", {str_opt(&o.data_dir), "a directory"}},
-      {"--synthetic",
-       {int_opt(&o.synthetic, 10, 10'000'000), "an image count from 10 to 10000000"}},
-      {"--epochs", {int_opt(&o.epochs, 1, 100000), "an integer from 1"}},
-      {"--batch-size", {int_opt(&o.batch_size, 1, 65536), "an integer from 1 to 65536"}},
-      {"--lr", {real_opt(&o.lr, 1e-9, 100), "a number above 0"}},
-      {"--momentum", {real_opt(&o.momentum, 0, 0.9999), "a number in [0, 1)"}},
-      {"--weight-decay", {real_opt(&o.weight_decay, 0, 1), "a number in [0, 1]"}},
-      {"--label-smoothing", {real_opt(&o.label_smoothing, 0, 0.9999), "a number in [0, 1)"}},
-      {"--warmup-epochs", {real_opt(&o.warmup_epochs, 0, 100000), "a number from 0"}},
-      {"--schedule",
-       {[&](const std::string& v) {
-          if (v == "cosine")
-            o.schedule = Schedule::kCosine;
-          else if (v == "onecycle")
-            o.schedule = Schedule::kOneCycle;
-          else
-            return false;
-          return true;
-        },
-        "cosine or onecycle"}},
-      {"--model",
-       {[&](const std::string& v) {
-          if (v != "resnet-small" && v != "resnet18") return false;
-          o.model = v;
-          return true;
-        },
-        "resnet-small or resnet18"}},
-      {"--amp",
-       {[&](const std::string& v) {
-          if (v == "off")
-            o.amp = Amp::kOff;
-          else if (v == "bf16")
-            o.amp = Amp::kBf16;
-          else if (v == "fp16")
-            o.amp = Amp::kFp16;
-          else
-            return false;
-          return true;
-        },
-        "off, bf16 or fp16"}},
-      {"--device",
-       {[&](const std::string& v) {
-          if (v == "cpu")
-            o.device = Device::kCpu;
-          else if (v == "cuda")
-            o.device = Device::kCuda;
-          else if (v == "auto")
-            o.device = Device::kAuto;
-          else
-            return false;
-          return true;
-        },
-        "cpu, cuda or auto"}},
-      {"--checkpoint-dir", {str_opt(&o.checkpoint_dir), "a directory"}},
-      {"--checkpoint-every", {int_opt(&o.checkpoint_every, 1, 100000), "an integer from 1"}},
-      {"--eval-every", {int_opt(&o.eval_every, 1, 100000), "an integer from 1"}},
-      {"--seed", {int_opt(&o.seed, 0, (1LL << 62)), "a non-negative integer"}},
-      {"--threads", {int_opt(&o.threads, 1, 1024), "an integer from 1 to 1024"}},
-      {"--loader-threads", {int_opt(&o.loader_threads, 1, 64), "an integer from 1 to 64"}},
-      {"--metrics-json", {str_opt(&o.metrics_json), "a file name"}},
-      {"--log-every", {int_opt(&o.log_every, 1, 1'000'000), "an integer from 1"}},
-      {"--max-steps", {int_opt(&o.max_steps, 1, 1LL << 40), "an integer from 1"}},
-  };
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string name = args[i];
-    std::optional<std::string> value;
-    if (const auto eq = name.find('='); name.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
-    if (name == "-h" || name == "--help") {
-      o.help = true;
-      continue;
-    }
-    if (name == "--channels-last") {
-      if (value) {
-        return InvalidArgument("--channels-last takes no value (got '" + *value + "')");
-      }
-      o.channels_last = true;
-      continue;
-    }
-    const auto it = with_value.find(name);
-    if (it == with_value.end()) {
-      return InvalidArgument("unknown option '" + args[i] + "' (train --help lists them)");
-    }
-    if (!value) {
-      if (i + 1 >= args.size()) {
-        return InvalidArgument(name + " needs a value: " + it->second.second);
-      }
-      value = args[++i];
-    }
-    if (!it->second.first(*value)) {
-      return InvalidArgument(name + " '" + *value + "' is not valid: expected " +
-                             it->second.second);
-    }
+  CLI::App app{"train", "train"};
+  app.set_help_flag();  // Usage() is the help; main prints it
+  app.add_flag("-h,--help", o.help);
+  app.allow_extras();  // named below, as train names them
+  app.add_option_function<std::string>("--channels-last",
+                                       [&](const std::string& v) {
+                                         if (!v.empty()) {
+                                           throw CLI::ValidationError(
+                                               "--channels-last takes no value (got '" + v + "')");
+                                         }
+                                         o.channels_last = true;
+                                       })
+      ->expected(0, 1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  AddValued(app, "--data-dir", "a directory", Text(&o.data_dir));
+  AddValued(app, "--synthetic", "an image count from 10 to 10000000",
+            Integer(&o.synthetic, 10, 10'000'000));
+  AddValued(app, "--epochs", "an integer from 1", Integer(&o.epochs, 1, 100000));
+  AddValued(app, "--batch-size", "an integer from 1 to 65536", Integer(&o.batch_size, 1, 65536));
+  AddValued(app, "--lr", "a number above 0", Real(&o.lr, 1e-9, 100));
+  AddValued(app, "--momentum", "a number in [0, 1)", Real(&o.momentum, 0, 0.9999));
+  AddValued(app, "--weight-decay", "a number in [0, 1]", Real(&o.weight_decay, 0, 1));
+  AddValued(app, "--label-smoothing", "a number in [0, 1)", Real(&o.label_smoothing, 0, 0.9999));
+  AddValued(app, "--warmup-epochs", "a number from 0", Real(&o.warmup_epochs, 0, 100000));
+  AddValued(app, "--schedule", "cosine or onecycle",
+            OneOf(&o.schedule, {{"cosine", Schedule::kCosine}, {"onecycle", Schedule::kOneCycle}}));
+  AddValued(app, "--model", "resnet-small or resnet18",
+            OneOf(&o.model, {{"resnet-small", "resnet-small"}, {"resnet18", "resnet18"}}));
+  AddValued(app, "--amp", "off, bf16 or fp16",
+            OneOf(&o.amp, {{"off", Amp::kOff}, {"bf16", Amp::kBf16}, {"fp16", Amp::kFp16}}));
+  AddValued(app, "--device", "cpu, cuda or auto",
+            OneOf(&o.device,
+                  {{"cpu", Device::kCpu}, {"cuda", Device::kCuda}, {"auto", Device::kAuto}}));
+  AddValued(app, "--checkpoint-dir", "a directory", Text(&o.checkpoint_dir));
+  AddValued(app, "--checkpoint-every", "an integer from 1",
+            Integer(&o.checkpoint_every, 1, 100000));
+  AddValued(app, "--eval-every", "an integer from 1", Integer(&o.eval_every, 1, 100000));
+  AddValued(app, "--seed", "a non-negative integer", Integer(&o.seed, 0, 1LL << 62));
+  AddValued(app, "--threads", "an integer from 1 to 1024", Integer(&o.threads, 1, 1024));
+  AddValued(app, "--loader-threads", "an integer from 1 to 64", Integer(&o.loader_threads, 1, 64));
+  AddValued(app, "--metrics-json", "a file name", Text(&o.metrics_json));
+  AddValued(app, "--log-every", "an integer from 1", Integer(&o.log_every, 1, 1'000'000));
+  AddValued(app, "--max-steps", "an integer from 1", Integer(&o.max_steps, 1, 1LL << 40));
+
+  // train takes no arguments but options, so "--" ends nothing: CLI11 would skip it.
+  if (std::find(args.begin(), args.end(), "--") != args.end()) {
+    return InvalidArgument("unknown option '--' (train --help lists them)");
+  }
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11's order
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    return InvalidArgument(e.what());
+  }
+  if (const auto extra = app.remaining(); !extra.empty()) {
+    return InvalidArgument("unknown option '" + extra.front() + "' (train --help lists them)");
   }
   if (o.data_dir.empty() && o.synthetic == 0 && !o.help) {
     return InvalidArgument("no data: give --data-dir DIR (CIFAR-10 binary files) or --synthetic N");

@@ -78,7 +78,8 @@ class GpuCheckRehearsal(unittest.TestCase):
         self.assertEqual(len(glob.glob(os.path.join(gpu, "crun-*-linux-x86_64.tar.gz"))), 1)
         for part in ["catch2/include/catch2", "catch2/lib/libCatch2WithMain.a",
                      "nlohmann/include/nlohmann/json.hpp",
-                     "nlohmann/share/cmake/nlohmann_json"]:
+                     "nlohmann/share/cmake/nlohmann_json",
+                     "cli11/include/CLI/CLI.hpp", "cli11/share/cmake/CLI11"]:
             self.assertTrue(os.path.exists(os.path.join(gpu, part)), part)
 
     def test_run_goes_as_far_as_the_gpu(self):
@@ -108,6 +109,9 @@ class GpuCheckRehearsal(unittest.TestCase):
         self.assertTrue(os.access(os.path.join(self.repo, "build-gpu", "train", "train"),
                                   os.X_OK), "train was not built")
         self.assertIn("--device cuda: no CUDA device visible to this libtorch", log)
+        # train's CLI11 is the one carried in .gpu/, not this machine's.
+        with open(os.path.join(self.repo, "build-gpu", "CMakeCache.txt")) as f:
+            self.assertRegex(f.read(), r"CLI11_DIR:PATH=\S+/\.gpu/cli11/share/cmake/CLI11")
 
 
 if __name__ == "__main__":

@@ -86,6 +86,27 @@ TEST_CASE("train options: values are parsed and bad ones are named", "[train]") 
   CHECK(err == "--channels-last takes no value (got 'yes')");
 }
 
+TEST_CASE("train options: repeats, missing values, help and stray words", "[train]") {
+  std::string err;
+  auto o = Parse({"--synthetic", "100", "--epochs", "2", "--epochs=3", "-h"}, &err);
+  REQUIRE(o);
+  CHECK(o->epochs == 3);  // the last one counts
+  CHECK(o->help);
+  REQUIRE(Parse({"--help"}, &err));  // help needs no data
+  CHECK_FALSE(Parse({"--data-dir", "--synthetic", "5"}, &err));
+  CHECK(err == "--data-dir needs a value: a directory");
+  CHECK_FALSE(Parse({"--synthetic", "100", "--epochs="}, &err));
+  CHECK(err == "--epochs needs a value: an integer from 1");
+  CHECK_FALSE(Parse({"--synthetic", "100", "--seed", "-1"}, &err));
+  CHECK(err == "--seed '-1' is not valid: expected a non-negative integer");
+  CHECK_FALSE(Parse({"--synthetic", "100", "stray"}, &err));
+  CHECK(err == "unknown option 'stray' (train --help lists them)");
+  CHECK_FALSE(Parse({"--synthetic", "100", "--", "--epochs", "3"}, &err));
+  CHECK(err == "unknown option '--' (train --help lists them)");
+  CHECK_FALSE(Parse({"--synthetic", "100", "--channels-last", "yes"}, &err));
+  CHECK(err == "--channels-last takes no value (got 'yes')");
+}
+
 TEST_CASE("cifar reader: records, truncated and wrong-sized files, bad labels, missing files",
           "[train]") {
   const fs::path dir = TempDir("reader");
