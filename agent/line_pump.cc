@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/pipe_pause.h"
+#include "base/status.h"
 
 namespace crun::agent {
 namespace {
@@ -156,8 +157,10 @@ void LinePump::Flush() {
     if (const int err = WriteLines(targets_.file_fd, to_file_); err != 0) {
       // Disk full, quota, I/O error: say so once; the console (if shown) still has it all.
       file_failed_ = true;
-      spdlog::warn("cannot write {} to {}: {}; from here on it goes {}", targets_.stream_name,
-                   targets_.file_path, std::strerror(err),
+      spdlog::warn("{}; from here on it goes {}",
+                   PosixError("cannot write " + targets_.stream_name + " to " + targets_.file_path,
+                              err)
+                       .message(),
                    targets_.console_fd >= 0 ? "to the console only" : "nowhere");
     }
     to_file_.clear();

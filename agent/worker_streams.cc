@@ -11,6 +11,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "base/status.h"
+
 namespace crun::agent {
 namespace {
 
@@ -49,7 +51,7 @@ void WorkerStreams::BeginAttempt(const std::string& attempt_dir) {
     if (filters.empty()) return -1;
     const std::string path = attempt_dir + "/" + name;
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) spdlog::warn("cannot write {}: {}", path, std::strerror(errno));
+    if (fd < 0) spdlog::warn("{}", PosixError("cannot write " + path, errno).message());
     return fd;
   };
   filtered_out_ = open(options_.stdout_filters, "filtered_stdout.log");
@@ -84,7 +86,7 @@ std::unique_ptr<LinePump> WorkerStreams::Route(const StreamOwner& owner, int bit
   int file = -1;
   if (tee || redirect) {
     file = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (file < 0) spdlog::warn("cannot write {}: {}", path, std::strerror(errno));
+    if (file < 0) spdlog::warn("{}", PosixError("cannot write " + path, errno).message());
   }
   if (redirect && file >= 0 && filters.empty() && !options_.pump_all) {
     *child_fd = file;
@@ -101,8 +103,9 @@ std::unique_ptr<LinePump> WorkerStreams::Route(const StreamOwner& owner, int bit
   }
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) {
-    spdlog::warn("local rank {}: no pipe for its output ({}): it writes to crun's console", lr,
-                 std::strerror(errno));
+    spdlog::warn("{}: it writes to crun's console",
+                 PosixError("local rank " + std::to_string(lr) + ": no pipe for its output", errno)
+                     .message());
     if (file >= 0) ::close(file);
     return nullptr;
   }
