@@ -27,28 +27,13 @@ FAST = "heartbeat_timeout=1.5,heartbeat_interval=0.25,last_call_timeout=0.1"
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from bench_support import measured_at  # noqa: E402
-from crun_testing import alive, kill_all, probe_events, proc_state, wait_for  # noqa: E402
+from crun_testing import (alive, commands_mentioning, kill_all, probe_events,  # noqa: E402
+                          proc_state, wait_for)
 
 MEASURED_AT = measured_at()  # before the run: the tree may change while it runs
 from fabric import Fabric  # noqa: E402
 
 RESULTS = []  # ((where in this file, order), scenario, what the user sees, measured)
-
-
-def job_processes(marker):
-    """Pids of processes whose command line mentions `marker` (the scenario's directory)."""
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmd and alive(int(pid)):
-            found.append((int(pid), cmd))
-    return found
 
 
 def ms(seconds):
@@ -64,7 +49,7 @@ class Faults(unittest.TestCase):
         kill_all(self.procs)
 
     def assertNothingLeft(self):
-        wait_for(lambda: not job_processes(self.dir), "every process of the job to be gone",
+        wait_for(lambda: not commands_mentioning(self.dir), "every process of the job to be gone",
                  limit=30)
 
     def node(self, fab, host, *crun_args, nnodes="2", conf=FAST, probe=("--until", "go"),

@@ -5,7 +5,6 @@ of any one machine: an etcd member, the host serving the round's store, a partit
 Needs root, as CI runs it."""
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -23,8 +22,8 @@ LIMIT_S = 120
 FAST = "heartbeat_timeout=2,last_call_timeout=0.2"
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import (alive, kill_all, make_certificates, probe_events,  # noqa: E402
-                          wait_for)
+from crun_testing import (alive, commands_mentioning, kill_all, make_certificates,  # noqa: E402
+                          probe_events, wait_for)
 from etcd_cluster import EtcdCluster, missing_programs  # noqa: E402
 from fabric import Fabric  # noqa: E402
 
@@ -45,18 +44,7 @@ class EtcdRendezvous(unittest.TestCase):
         wait_for(lambda: not self.leftovers(), "the test's processes to be gone", limit=30)
 
     def leftovers(self):
-        found = []
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit() or not alive(int(pid)):
-                continue
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if self.dir in cmdline:
-                found.append(f"{pid}: {cmdline[:200]}")
-        return found
+        return [f"{pid}: {cmdline[:200]}" for pid, cmdline in commands_mentioning(self.dir)]
 
     def crun(self, fab, host, nnodes, cmd, endpoints, conf=FAST, extra=(), run_id="job",
              nproc=2):

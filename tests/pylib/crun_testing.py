@@ -56,11 +56,18 @@ def alive(pid):
     return proc_state(pid) not in (None, "Z")
 
 
-def processes_mentioning(text):
-    """Live processes (zombies aside) whose command line mentions `text`, e.g. a run's
-    directory: what a test asserts is empty once a job ended."""
+def commands_mentioning(text):
+    """(pid, command line, words joined by spaces) of the live processes (zombies and this one
+    aside) whose command line mentions `text`, e.g. a run's directory."""
     needle = text.encode()
-    return [pid for pid, cmdline in proc_files("cmdline") if needle in cmdline and alive(pid)]
+    return [(pid, cmdline.replace(b"\0", b" ").decode(errors="replace"))
+            for pid, cmdline in proc_files("cmdline")
+            if needle in cmdline and pid != os.getpid() and alive(pid)]
+
+
+def processes_mentioning(text):
+    """The pids of commands_mentioning(text): what a test asserts is empty once a job ended."""
+    return [pid for pid, _ in commands_mentioning(text)]
 
 
 def kill_all(procs):
