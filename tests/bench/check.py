@@ -7,7 +7,8 @@ A ratio is "how many times better than the anchor" (anchor time / crun time, cru
 throughput / the anchor's): it is what the tables promise, and a slower or faster machine
 moves both sides of it. Every check runs in rounds that alternate crun and its anchor; the
 noise band is what this run measured: the spread of the per-round ratios (max - min, over
-their median), at least 10 %. A ratio that fell below the recorded one by more than its band
+their median), at least 10 %, or at least how far the ratio moved between whole runs
+(BAND_FLOORS, for those whose anchor is Python's or PyTorch's). A ratio that fell below the recorded one by more than its band
 is reported as a regression and makes the exit status 1; one that rose is reported too (the
 tables are then out of date in crun's favour). Not part of ctest: timing is not a test. Its
 smoke test (tests/bench/CMakeLists.txt) checks that it runs and parses the tables.
@@ -36,14 +37,27 @@ import recovery_bench  # noqa: E402
 import store_bench  # noqa: E402
 
 MIN_BAND = 0.10
+LAUNCH_TORCH = "launch, 2 workers: torchrun 2.x / crun"
+LAUNCH_LIMIT = "launch, 2 workers: limit / crun"
+RESTART_TORCH = "restart, 2 workers: torchrun 2.x / crun"
+RESTART_LIMIT = "restart, 2 workers: limit / crun"
+STORE_SET = "store set, 64 clients: crun / libuv"
 STORM = "storm, 20,000 connections: libuv / crun"
+RDZV = "rendezvous, 2 agents: torchrun c10d / crun"
 RECOVERY = "recovery, crash → imported, 1 node: torchrun 2.x / crun --warm"
-# Floors of a check's band where its anchor moves in steps: libuv's storm time is set by how
-# many of its clients need a second or third SYN retry (1, 2, then 4 s later), so it lands near
-# 3-4 s in one run and 7 s in another (4.17 s at f53d4fa, 7.18 s at 2c7f83f) and the ratio
-# moves twofold with it. A crun that overflowed its accept queues again would pay those
-# retries itself (2-4 s instead of 0.45 s) and fall far beyond 60 %.
-BAND_FLOORS = {STORM: 0.60}
+# Floors of a check's band: how far its ratio moved between whole runs of this script on one
+# machine and one build, which the spread of one run's rounds does not show. Runs at a79fa0d,
+# ff8881d and 7b73122 (2026-11-26; the last two build the same crun):
+#   torchrun 2.x / crun, launch   417-557        rendezvous, torchrun c10d / crun  231-360
+#   torchrun 2.x / crun, restart   58-204        recovery, torchrun 2.x / --warm 16.5-26.2
+#   store set, crun / libuv      0.96-1.44       storm, libuv / crun              4.5-16.0
+# Python's and PyTorch's side (importing torch, libuv's SYN retries: 1, 2 then 4 s apart) is
+# what moves. The limit's ratios held within 0.22-0.28, so crun's own launch and restart are
+# judged against the limit, measured in the same rounds (the limit is spawn_limit starting
+# the same 2 workers: the floor of a restart's start of new workers too); the anchors' ratios
+# catch only a large regression. The torchrun restart ratio moves too far to judge at all.
+BAND_FLOORS = {LAUNCH_TORCH: 0.30, RDZV: 0.45, RECOVERY: 0.45, STORE_SET: 0.45, STORM: 0.65}
+NOT_JUDGED = {RESTART_TORCH}
 
 
 # ---- what docs/benchmarks.md records --------------------------------------------------------
@@ -89,18 +103,18 @@ def recorded(docs):
     two = row(launch, "launch → exit, 2 workers")
     storm = section(store, "## Connection storm", "## How to reproduce")
     wire = section(store, "### 2.x wire dialect", "### 1.13 wire dialect")
+    restart = row(launch, "restart, 2 workers")
+    # Cells: case, crun, limit, crun / limit, torchrun 2.x, torchrun 1.13, torchrun / crun.
     return {
-        "launch, 2 workers: torchrun 2.x / crun": (number(two[-1]), commit_of(launch)),
-        "launch, 2 workers: limit / crun": (1 / number(two[3]), commit_of(launch)),
-        "restart, 2 workers: torchrun 2.x / crun":
-            (number(row(launch, "restart, 2 workers")[-1]), commit_of(launch)),
-        "store set, 64 clients: crun / libuv":
-            (number(row_with(wire, ["set", "64"])[-1]), commit_of(store)),
+        LAUNCH_TORCH: (number(two[-1]), commit_of(launch)),
+        LAUNCH_LIMIT: (1 / number(two[3]), commit_of(launch)),
+        RESTART_TORCH: (number(restart[-1]), commit_of(launch)),
+        RESTART_LIMIT: (number(two[2]) / number(restart[1]), commit_of(launch)),
+        STORE_SET: (number(row_with(wire, ["set", "64"])[-1]), commit_of(store)),
         STORM:
             (number(row(storm, "PyTorch 2.x libuv")[4]) /
              number(row(storm, "crun (2.x dialect)")[4]), commit_of(store)),
-        "rendezvous, 2 agents: torchrun c10d / crun":
-            (number(row(rdzv, "2 agents × 1 worker")[-1]), commit_of(rdzv)),
+        RDZV: (number(row(rdzv, "2 agents × 1 worker")[-1]), commit_of(rdzv)),
         # Cells: case, torch, figure, crun cold, crun --warm, torchrun 2.x.
         RECOVERY: (number(crash[5]) / number(crash[4]), commit_of(recovery)),
     }
@@ -139,20 +153,19 @@ def launch_checks(args):
     crun = [*cmds["crun"], "--nproc_per_node", "2", "--no_python", "true"]
     torch = [*cmds["torchrun 2.x"], "--nproc_per_node", "2", "--no_python", "true"]
     limit = [args.limit, "2", "true"]
-    ratios = {"launch, 2 workers: torchrun 2.x / crun": [],
-              "launch, 2 workers: limit / crun": [],
-              "restart, 2 workers: torchrun 2.x / crun": []}
+    ratios = {LAUNCH_TORCH: [], LAUNCH_LIMIT: [], RESTART_TORCH: [], RESTART_LIMIT: []}
     for _ in range(rounds_of(args, 3)):
         c = statistics.median(launch_bench.timed(crun, env) for _ in range(5))
         lim = statistics.median(launch_bench.timed(limit, env) for _ in range(5))
-        ratios["launch, 2 workers: limit / crun"].append(lim / c)
-        ratios["launch, 2 workers: torchrun 2.x / crun"].append(
+        ratios[LAUNCH_LIMIT].append(lim / c)
+        ratios[LAUNCH_TORCH].append(
             anchor(lambda: launch_bench.timed(torch, env), "torchrun 2.x launch") / c)
         cr = statistics.median(launch_bench.restart_latency(cmds["crun"], 2, args.probe)
                                for _ in range(3))
         tr = anchor(lambda: launch_bench.restart_latency(cmds["torchrun 2.x"], 2, args.probe),
                     "torchrun 2.x restart")
-        ratios["restart, 2 workers: torchrun 2.x / crun"].append(tr / cr)
+        ratios[RESTART_TORCH].append(tr / cr)
+        ratios[RESTART_LIMIT].append(lim * 1000 / cr)  # s against ms
     return ratios
 
 
@@ -160,7 +173,7 @@ def store_checks(args):
     """set at 64 clients, crun against libuv, short rounds taking turns; then the storm."""
     args.warmup_ms, args.duration_ms = (100, 300) if args.smoke else (200, 700)
     servers = {k: store_bench.start_server(k, args) for k in ("crun-2x", "torch2-libuv")}
-    ratios = {"store set, 64 clients: crun / libuv": [],
+    ratios = {STORE_SET: [],
               STORM: []}
     try:
         for _ in range(rounds_of(args, 3)):
@@ -169,7 +182,7 @@ def store_checks(args):
             for k, v in r.items():
                 if "error" in v:
                     raise RuntimeError(f"store {k}: {v['error']}")
-            ratios["store set, 64 clients: crun / libuv"].append(
+            ratios[STORE_SET].append(
                 r["crun-2x"]["ops_per_s"] / r["torch2-libuv"]["ops_per_s"])
     finally:
         for s in servers.values():
@@ -193,12 +206,12 @@ def store_checks(args):
 
 
 def rdzv_checks(args):
-    ratios = {"rendezvous, 2 agents: torchrun c10d / crun": []}
+    ratios = {RDZV: []}
     for _ in range(rounds_of(args, 3)):
         c = statistics.median(rdzv_bench.launch_to_running(args, "crun", 2) for _ in range(3))
         t = anchor(lambda: rdzv_bench.launch_to_running(args, "torchrun", 2),
                    "torchrun c10d rendezvous")
-        ratios["rendezvous, 2 agents: torchrun c10d / crun"].append(t / c)
+        ratios[RDZV].append(t / c)
     return ratios
 
 
@@ -229,7 +242,9 @@ def judge(measured, recorded_ratios):
         floor = BAND_FLOORS.get(name, MIN_BAND)
         band = max(floor, (max(values) - min(values)) / now if now else 1.0)
         was, commit = recorded_ratios[name]
-        if now < was * (1 - band):
+        if name in NOT_JUDGED:
+            verdict = "shown, not judged"
+        elif now < was * (1 - band):
             verdict = "REGRESSION"
             regressed = True
         elif now > was * (1 + band):

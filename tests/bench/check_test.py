@@ -33,10 +33,23 @@ class Judge(unittest.TestCase):
     def test_the_storm_has_a_wider_floor_for_its_stepping_anchor(self):
         was = {check.STORM: (16.0, "x")}
         rows, regressed = check.judge({check.STORM: [7.7, 7.8]}, was)  # libuv 3.5 s, not 7 s
-        self.assertEqual(rows[0][4], 0.6)
+        self.assertEqual(rows[0][4], 0.65)
         self.assertEqual(rows[0][5], "ok")
         self.assertFalse(regressed)
         rows, regressed = check.judge({check.STORM: [3.0, 3.1]}, was)  # crun itself retrying
+        self.assertEqual(rows[0][5], "REGRESSION")
+        self.assertTrue(regressed)
+
+    def test_the_torchrun_restart_ratio_is_shown_but_not_judged(self):
+        was = {check.RESTART_TORCH: (167.0, "x"), check.RESTART_LIMIT: (0.43, "x")}
+        rows, regressed = check.judge({check.RESTART_TORCH: [58, 60, 61],  # fell by 64 %
+                                       check.RESTART_LIMIT: [0.42, 0.44, 0.43]}, was)
+        verdicts = {r[0]: r[5] for r in rows}
+        self.assertEqual(verdicts, {check.RESTART_TORCH: "shown, not judged",
+                                    check.RESTART_LIMIT: "ok"})
+        self.assertFalse(regressed)
+        # crun's restart twice as slow against the same limit is judged.
+        rows, regressed = check.judge({check.RESTART_LIMIT: [0.21, 0.22, 0.215]}, was)
         self.assertEqual(rows[0][5], "REGRESSION")
         self.assertTrue(regressed)
 
@@ -44,10 +57,17 @@ class Judge(unittest.TestCase):
 class Recorded(unittest.TestCase):
     def test_every_check_has_a_recorded_ratio_and_commit(self):
         was = check.recorded(DOCS)
-        self.assertEqual(len(was), 7)
+        self.assertEqual(len(was), 8)
         for name, (ratio, commit) in was.items():
             self.assertGreater(ratio, 0, name)
             self.assertRegex(commit, r"^[0-9a-f]{7,}$", name)
+
+    def test_the_restart_is_judged_against_the_limit_of_the_same_table(self):
+        launch = check.section(open(DOCS).read(), "<!-- launch-bench:begin -->",
+                               "<!-- launch-bench:end -->")
+        limit = check.number(check.row(launch, "launch → exit, 2 workers")[2])
+        restart = check.number(check.row(launch, "restart, 2 workers")[1])
+        self.assertAlmostEqual(check.recorded(DOCS)[check.RESTART_LIMIT][0], limit / restart)
 
     def test_number_reads_the_tables_cells(self):
         self.assertEqual(check.number("1,652.1 ms"), 1652.1)
