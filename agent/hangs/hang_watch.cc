@@ -80,7 +80,8 @@ void HangWatch::Expire(int local_rank, std::string cause) {
 
 void HangWatch::Arm() {
   armed_ = true;
-  timer_.expires_after(tick_);
+  due_ = Clock::now() + tick_;
+  timer_.expires_at(due_);
   timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec) return;
     armed_ = false;
@@ -92,6 +93,12 @@ void HangWatch::Arm() {
 void HangWatch::Tick() {
   if (declared_) return;
   const auto now = Clock::now();
+  // A tick that comes late found crun's own loop stalled (a starved machine, crun stopped):
+  // what the workers wrote meanwhile is still unread in their pipes, so that time is not their
+  // silence.
+  if (const auto late = now - due_; late > tick_) {
+    for (auto& w : watched_) w.last_progress = std::min(now, w.last_progress + late);
+  }
   bool hung = false;
   for (auto& w : watched_) {
     w.state = ProcessState(w.pid).value_or('?');

@@ -75,6 +75,7 @@ class HangWatch {
   std::vector<Watched> watched_;
   bool armed_ = false;
   bool declared_ = false;
+  std::chrono::steady_clock::time_point due_;  // when the armed tick should come
 };
 
 }  // namespace crun::agent

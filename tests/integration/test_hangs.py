@@ -170,13 +170,15 @@ class Hangs(unittest.TestCase):
         script = os.path.join(self.dir, "busy.py")
         with open(script, "w") as f:
             f.write("import time\n"
-                    "for i in range(40):\n"
+                    "for i in range(80):\n"
                     "    print('step', i, flush=True)\n"
                     "    time.sleep(0.05)\n")
-        r = self.crun("--hang-timeout", "1", script, python=TORCH1)
+        # Steps every 50 ms for twice the timeout; the timeout leaves its start and a starved
+        # machine (ctest -j2) room.
+        r = self.crun("--hang-timeout", "2", script, python=TORCH1)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertNotIn("hung", r.stderr)
-        self.assertEqual(r.stdout.count("step 39"), 2)
+        self.assertEqual(r.stdout.count("step 79"), 2)
 
     def test_crun_stacks_on_a_running_job(self):
         p = subprocess.Popen([CRUN, "--nproc-per-node", "2", "--log-dir", self.logs, WORKER,

@@ -14,9 +14,11 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
 #include "agent/hangs/file_timer.h"
@@ -255,6 +257,38 @@ TEST_CASE("HangWatch declares a silent worker hung, not one that makes progress"
   CHECK(declared[0].silent >= milliseconds(300));
   CHECK(declared[0].state == 'S');
   CHECK(declared[0].cause.rfind("no progress for ", 0) == 0);
+}
+
+TEST_CASE("HangWatch: time its own loop was stalled is not the workers' silence") {
+  asio::io_context io;
+  Child child({"sleep", "60"});
+  auto counter = std::make_shared<std::uint64_t>(0);
+  std::vector<WorkerProgress> declared;
+  HangWatch watch(io, milliseconds(300), [&](std::vector<WorkerProgress> p) { declared = p; });
+  watch.Watch(0, child.pid, counter);
+  // crun's loop is starved for three timeouts; the output that piled up meanwhile is read
+  // 50 ms after (behind the late tick), then the worker goes on every 20 ms, 10 times.
+  int beats = 0;
+  asio::steady_timer beat(io);
+  std::function<void()> next = [&] {
+    beat.async_wait([&](const boost::system::error_code& ec) {
+      if (ec || beats == 10) return;
+      ++beats;
+      ++*counter;
+      beat.expires_after(milliseconds(20));
+      next();
+    });
+  };
+  asio::post(io, [&] {
+    std::this_thread::sleep_for(milliseconds(900));  // the stimulus: crun not running
+    beat.expires_after(milliseconds(50));
+    next();
+  });
+  RunUntil(io, [&] { return !declared.empty(); });
+  CHECK(beats == 10);  // not declared at the tick that came late, only once progress stopped
+  REQUIRE(declared.size() == 1);
+  CHECK(declared[0].hung);
+  CHECK(declared[0].silent >= milliseconds(300));
 }
 
 TEST_CASE("HangWatch counts a stopped worker as making no progress, and says it was stopped") {
