@@ -1,28 +1,13 @@
 #include "agent/contracts.h"
 
 #include <algorithm>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "base/endpoint.h"
-#include "base/spelling.h"
 
 namespace crun::agent {
 namespace {
-
-struct Named {
-  const char* name;
-  Contract contract;
-};
-// In the order ToString writes them; "tf" is TensorFlow's usual short name.
-constexpr Named kNames[] = {{"torch", Contract::kTorch},
-                            {"tensorflow", Contract::kTensorflow},
-                            {"jax", Contract::kJax},
-                            {"horovod", Contract::kHorovod},
-                            {"deepspeed", Contract::kDeepspeed},
-                            {"mpi", Contract::kMpi},
-                            {"tf", Contract::kTensorflow}};
 
 std::string Num(int v) { return std::to_string(v); }
 
@@ -38,11 +23,8 @@ Status CheckMembers(const ContractSet& contracts, const GroupAssignment& g) {
   int workers = 0;
   for (int i = 0; i < n; ++i) {
     const RoundMember& m = g.members[static_cast<std::size_t>(i)];
-    const int want = contracts.PortsToReserve(m.nproc);
-    if (static_cast<int>(m.ports.size()) != want) {
-      return InvalidArgument("node " + Num(i) + " (" + m.host + ") reserved " +
-                             Num(static_cast<int>(m.ports.size())) + " ports where --contract " +
-                             contracts.ToString() + " needs " + Num(want) +
+    if (Status fits = PortLayout(contracts, m.nproc).Check(m.ports.size()); !fits.ok()) {
+      return InvalidArgument("node " + Num(i) + " (" + m.host + ") has " + fits.message() +
                              ": is it running crun with another --contract?");
     }
     workers += m.nproc;
@@ -55,11 +37,12 @@ Status CheckMembers(const ContractSet& contracts, const GroupAssignment& g) {
 }
 
 // TF_CONFIG: every worker's host:port in global rank order, and this worker's index.
-std::string TfConfig(const GroupAssignment& g, int rank) {
+std::string TfConfig(const ContractSet& contracts, const GroupAssignment& g, int rank) {
   nlohmann::json workers = nlohmann::json::array();
   for (const RoundMember& m : g.members) {
+    const PortLayout layout(contracts, m.nproc);
     for (int lr = 0; lr < m.nproc; ++lr) {
-      workers.push_back(FormatEndpoint(m.address, m.ports[static_cast<std::size_t>(lr)]));
+      workers.push_back(FormatEndpoint(m.address, m.ports[*layout.Worker(lr)]));
     }
   }
   return nlohmann::json{{"cluster", {{"worker", workers}}},
@@ -76,56 +59,6 @@ std::string HorovodHostName(const GroupAssignment& g, std::size_t i) {
   return same > 1 ? host + "-node" + std::to_string(i) : host;
 }
 
-std::string ContractSet::ToString() const {
-  std::string out;
-  for (const auto& [name, c] : kNames) {
-    if (std::string_view(name) == "tf" || !Has(c)) continue;
-    out += (out.empty() ? "" : ",") + std::string(name);
-  }
-  return out;
-}
-
-int ContractSet::PortsToReserve(int nproc) const {
-  return HorovodPort(nproc) + (Has(Contract::kHorovod) ? 1 : 0);
-}
-
-const std::vector<std::string>& ContractNames() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> v;
-    for (const auto& n : kNames) v.emplace_back(n.name);
-    return v;
-  }();
-  return names;
-}
-
-StatusOr<ContractSet> ParseContracts(const std::string& list) {
-  ContractSet set;
-  std::stringstream in(list);
-  std::string word;
-  bool any = false;
-  while (std::getline(in, word, ',')) {
-    any = true;
-    const auto* found = std::find_if(std::begin(kNames), std::end(kNames),
-                                     [&](const Named& n) { return word == n.name; });
-    if (found != std::end(kNames)) {
-      set.Add(found->contract);
-      continue;
-    }
-    std::string message = "unknown contract '" + word + "'";
-    if (const std::string best = ClosestName(word, ContractNames()); !best.empty()) {
-      message += " (did you mean " + best + "?)";
-    }
-    return InvalidArgument(message +
-                           "; known: torch, tensorflow (tf), jax, horovod, deepspeed, mpi");
-  }
-  if (!any || list.back() == ',') {
-    return InvalidArgument("--contract '" + list +
-                           "' names no contract: give a comma-separated list such as "
-                           "'tensorflow' or 'jax,mpi'");
-  }
-  return set;
-}
-
 Status AddContractEnvironment(const ContractSet& contracts, const GroupAssignment& g,
                               int local_rank, Environment& env) {
   const int rank = g.base_rank + local_rank;
@@ -133,10 +66,10 @@ Status AddContractEnvironment(const ContractSet& contracts, const GroupAssignmen
   if (contracts.NeedsPorts()) {
     if (Status s = CheckMembers(contracts, g); !s.ok()) return s;
   }
-  if (contracts.Has(Contract::kTensorflow)) set("TF_CONFIG", TfConfig(g, rank));
+  if (contracts.Has(Contract::kTensorflow)) set("TF_CONFIG", TfConfig(contracts, g, rank));
   if (contracts.Has(Contract::kJax)) {
     const RoundMember& first = g.members.front();
-    const auto port = first.ports[static_cast<std::size_t>(contracts.JaxPort(first.nproc))];
+    const auto port = first.ports[*PortLayout(contracts, first.nproc).Jax()];
     set("JAX_COORDINATOR_ADDRESS", FormatEndpoint(first.address, port));
     // JAX takes SIGTERM as a preemption notice and keeps running, so every stop of a group
     // would wait the whole --shutdown-timeout for SIGKILL. A user who wants the notice sets it.
@@ -165,7 +98,7 @@ Status AddContractEnvironment(const ContractSet& contracts, const GroupAssignmen
     const RoundMember& first = g.members.front();
     set("HOROVOD_GLOO_RENDEZVOUS_ADDR", first.address);
     set("HOROVOD_GLOO_RENDEZVOUS_PORT",
-        std::to_string(first.ports[static_cast<std::size_t>(contracts.HorovodPort(first.nproc))]));
+        std::to_string(first.ports[*PortLayout(contracts, first.nproc).Horovod()]));
   }
   if (contracts.Has(Contract::kDeepspeed)) {
     set("LOCAL_SIZE", Num(g.local_world_size));

@@ -196,7 +196,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   void JoinRendezvous() {
     joined_at = Now();
     reserved = PortReservation();
-    if (const int n = options.contracts.PortsToReserve(options.nproc); n > 0) {
+    if (const int n = PortLayout(options.contracts, options.nproc).count(); n > 0) {
       auto r = PortReservation::Reserve(n);
       if (r.ok()) {
         reserved = std::move(r).value();
@@ -284,7 +284,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     }
     metrics::HttpServerOptions o;
     o.name = "Horovod's rendezvous";
-    o.bound_fd = reserved.Take(static_cast<std::size_t>(c.HorovodPort(options.nproc))).release();
+    o.bound_fd = reserved.Take(*PortLayout(c, options.nproc).Horovod()).release();
     if (o.bound_fd < 0) return;  // none reserved: the workers' start says so
     o.max_connections = static_cast<std::size_t>(group.world_size) * 2 + 16;
     o.io_timeout = std::chrono::seconds(30);

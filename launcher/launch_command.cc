@@ -135,7 +135,8 @@ int RunWithService(const LaunchPlan& p, boost::asio::io_context& io,
   if (p.node_rank_given) so.requested_rank = p.node_rank;
   const crun::rdzv::Settings& settings = p.settings;
   so.settings = {settings.min_nodes,    settings.max_nodes,         settings.max_restarts,
-                 settings.join_timeout, settings.last_call_timeout, settings.heartbeat_timeout};
+                 settings.join_timeout, settings.last_call_timeout, settings.heartbeat_timeout,
+                 settings.contracts};
   so.heartbeat_interval = p.heartbeat_interval;
   so.keepalive_timeout =
       conf.read_timeout ? Millis(*conf.read_timeout) : settings.heartbeat_timeout;
@@ -257,6 +258,7 @@ int Execute(LaunchPlan& p) {
   rdzv.store_port = p.master_port > 0 ? static_cast<std::uint16_t>(p.master_port) : 0;
   rdzv.store_linger = agent_options.shutdown_timeout;
   rdzv.advertise_addr = o.local_addr;
+  rdzv.contracts = agent_options.contracts;
   rdzv.exchange_timeout =
       p.conf.join_timeout ? Millis(*p.conf.join_timeout) : p.settings.join_timeout;
   boost::asio::io_context io(1);

@@ -413,9 +413,11 @@ Status PlanWarm(const LaunchOptions& o, agent::AgentOptions& a) {
 
 // --contract: the other frameworks' variables (agent/contracts.h, docs/frameworks.md). Every
 // rendezvous gives what they need: the service and etcd in the round, a static one through
-// its shared store (agent/rendezvous/member_exchange.h).
-Status PlanContracts(const LaunchOptions& o, agent::AgentOptions& a) {
-  CRUN_ASSIGN_OR_RETURN(a.contracts, agent::ParseContracts(o.contract));
+// its shared store (agent/rendezvous/member_exchange.h). The service and etcd are told the set,
+// so that they refuse a node that runs another one, or whose ports do not fit it.
+Status PlanContracts(LaunchPlan& p, const LaunchOptions& o) {
+  CRUN_ASSIGN_OR_RETURN(p.agent.contracts, agent::ParseContracts(o.contract));
+  p.settings.contracts = p.agent.contracts;
   return Status::Ok();
 }
 
@@ -429,7 +431,7 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   CRUN_ASSIGN_OR_RETURN(a.command, WorkerCommand(wo, facts.getenv));
   a.interpreter = InterpreterNote(a.command, wo, facts.getenv);
   CRUN_RETURN_IF_ERROR(PlanWarm(o, a));
-  CRUN_RETURN_IF_ERROR(PlanContracts(o, a));
+  CRUN_RETURN_IF_ERROR(PlanContracts(p, o));
   // Under Slurm, its warning signals (--signal=USR1@60, scancel -s USR2) reach crun; by
   // default they are passed on to the workers as notices rather than ending crun.
   if ((p.slurm || p.slurm_task) && !given.count("--signals-to-handle") &&

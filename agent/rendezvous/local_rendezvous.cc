@@ -196,6 +196,7 @@ class LocalRendezvous final : public Rendezvous {
     e.participants = Participants();
     e.who = options_.fixed_group ? "Slurm task" : "node";
     e.timeout = options_.exchange_timeout;
+    e.contracts = options_.contracts;
     e.stop = &stop_exchange_;
     const TcpStoreClientOptions c = StoreClient(options_.exchange_timeout);
     spdlog::info("round {}: waiting for the ports of the other {} {}s on the store at {}", g.round,

@@ -14,6 +14,7 @@
 
 #include "agent/rendezvous.h"
 #include "agent/worker_env.h"
+#include "rendezvous/contracts/contract_set.h"
 
 namespace crun::agent {
 
@@ -44,6 +45,7 @@ struct LocalRendezvousOptions {
   // and how long to wait for the other crun processes' ports (rdzv_conf join_timeout).
   std::string advertise_addr;
   std::chrono::milliseconds exchange_timeout{600000};
+  ContractSet contracts;  // which ports each crun publishes (every crun runs the same set)
   // With a static store shared by several crun processes (nnodes > 1, or a fixed_group of
   // several tasks), each says on the store when its workers are done, and the store's host
   // keeps serving after its own workers ended until all have said so, for at most this long:

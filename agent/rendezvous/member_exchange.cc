@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <tuple>
 
@@ -39,7 +40,8 @@ std::string EncodeParticipant(const Participant& p) {
       .dump();
 }
 
-StatusOr<Participant> DecodeParticipant(std::string_view text, int index) {
+StatusOr<Participant> DecodeParticipant(std::string_view text, int index,
+                                        const ContractSet& contracts) {
   const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   const auto bad = [&](const std::string& why) {
     return ProtocolError("participant " + Num(index) + " published " + why + ": '" +
@@ -77,24 +79,26 @@ StatusOr<Participant> DecodeParticipant(std::string_view text, int index) {
     }
     p.ports.push_back(port.get<std::uint16_t>());
   }
-  if (static_cast<int>(p.ports.size()) < p.nproc) {
-    return bad(Num(static_cast<int>(p.ports.size())) + " ports for " + Num(p.nproc) + " workers");
+  if (Status fits = PortLayout(contracts, p.nproc).Check(p.ports.size()); !fits.ok()) {
+    return bad(fits.message() + " (is it running crun with another --contract?)");
   }
   return p;
 }
 
-StatusOr<std::vector<RoundMember>> MembersOf(std::vector<Participant> all) {
+StatusOr<std::vector<RoundMember>> MembersOf(std::vector<Participant> all,
+                                             const ContractSet& contracts) {
   std::sort(all.begin(), all.end(), [](const Participant& a, const Participant& b) {
     return std::tie(a.node, a.local_rank) < std::tie(b.node, b.local_rank);
   });
   std::vector<RoundMember> members;
-  std::vector<std::uint16_t> beyond;  // the current node's ports beyond its workers'
+  std::vector<std::uint16_t> beyond;  // the current node's own (jax, horovod)
   const auto close_node = [&] {
     if (members.empty()) return;
     auto& ports = members.back().ports;
     ports.insert(ports.end(), beyond.begin(), beyond.end());
   };
   for (const Participant& p : all) {
+    const auto workers = static_cast<std::ptrdiff_t>(PortLayout(contracts, p.nproc).worker_ports());
     const bool new_node = members.empty() || p.node != static_cast<int>(members.size()) - 1;
     if (new_node) {
       if (p.node != static_cast<int>(members.size())) {
@@ -107,7 +111,7 @@ StatusOr<std::vector<RoundMember>> MembersOf(std::vector<Participant> all) {
       }
       close_node();
       members.push_back(RoundMember{p.host, p.address, 0, {}});
-      beyond.assign(p.ports.begin() + p.nproc, p.ports.end());
+      beyond.assign(p.ports.begin() + workers, p.ports.end());
     }
     RoundMember& m = members.back();
     if (p.local_rank != m.nproc) {
@@ -115,7 +119,7 @@ StatusOr<std::vector<RoundMember>> MembersOf(std::vector<Participant> all) {
                              Num(p.local_rank) + " of node " + Num(p.node) + " where local rank " +
                              Num(m.nproc) + " was next");
     }
-    m.ports.insert(m.ports.end(), p.ports.begin(), p.ports.begin() + p.nproc);
+    m.ports.insert(m.ports.end(), p.ports.begin(), p.ports.begin() + workers);
     m.nproc += p.nproc;
   }
   close_node();
@@ -161,11 +165,11 @@ StatusOr<std::vector<RoundMember>> ExchangeMembers(Store& store, const Participa
   if (!values.ok()) return in_round(values.status());
   std::vector<Participant> all;
   for (int i = 0; i < options.participants; ++i) {
-    auto p = DecodeParticipant((*values)[static_cast<std::size_t>(i)], i);
+    auto p = DecodeParticipant((*values)[static_cast<std::size_t>(i)], i, options.contracts);
     if (!p.ok()) return in_round(p.status());
     all.push_back(std::move(p).value());
   }
-  auto members = MembersOf(std::move(all));
+  auto members = MembersOf(std::move(all), options.contracts);
   if (!members.ok()) return in_round(members.status());
   return members;
 }

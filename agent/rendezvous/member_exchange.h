@@ -18,6 +18,7 @@
 
 #include "agent/worker_env.h"
 #include "base/status.h"
+#include "rendezvous/contracts/contract_set.h"
 #include "rendezvous/store/store.h"
 
 namespace crun::agent {
@@ -30,25 +31,30 @@ struct Participant {
   int nproc = 1;       // its workers
   std::string host;
   std::string address;  // where the other nodes' workers reach its workers
-  // Its workers' ports in local-rank order, then the ones beyond (contracts.h).
+  // Its ports as PortLayout(contracts, nproc) lays them out: its workers' own in local-rank
+  // order (tensorflow), then the node's (jax, horovod).
   std::vector<std::uint16_t> ports;
 };
 
 std::string ExchangeKey(int round, int index);
 std::string BegunKey(int round);  // set by every crun that begins `round`: its index
 std::string EncodeParticipant(const Participant& p);
-// `index` is the key's; the error names it.
-StatusOr<Participant> DecodeParticipant(std::string_view text, int index);
+// `index` is the key's; the error names it, and ports that do not fit `contracts`.
+StatusOr<Participant> DecodeParticipant(std::string_view text, int index,
+                                        const ContractSet& contracts);
 
-// The round's members in node order: a node's workers' ports in local-rank order, followed by
-// the ports beyond the workers' of its first local rank. An error names the node or
-// participant that does not fit (a gap, a repeated local rank, too few ports).
-StatusOr<std::vector<RoundMember>> MembersOf(std::vector<Participant> all);
+// The round's members in node order, each node's ports laid out for its workers as
+// PortLayout says: every participant's workers' own ports in local-rank order, followed by the
+// node's ports of its first local rank's participant. An error names the node or participant
+// that does not fit (a gap, a repeated local rank).
+StatusOr<std::vector<RoundMember>> MembersOf(std::vector<Participant> all,
+                                             const ContractSet& contracts);
 
 struct ExchangeOptions {
   int round = 0;
   int participants = 1;
   std::string who = "node";  // what an index is, in errors: "node" or "Slurm task"
+  ContractSet contracts;     // what the ports are for (every participant runs the same set)
   Millis timeout{600000};
   // Set by another thread to give up (the agent is stopping); checked between short waits.
   const std::atomic<bool>* stop = nullptr;

@@ -99,6 +99,7 @@ class ServiceRendezvous final : public Rendezvous {
     s->set_join_timeout_ms(o_.settings.join_timeout.count());
     s->set_last_call_timeout_ms(o_.settings.last_call_timeout.count());
     s->set_heartbeat_timeout_ms(o_.settings.heartbeat_timeout.count());
+    s->set_contracts(o_.settings.contracts.bits());
     client_->Send(std::move(m));
     join_sent_ = true;
   }

@@ -19,6 +19,7 @@
 
 #include "agent/rendezvous.h"
 #include "base/security.h"
+#include "rendezvous/contracts/contract_set.h"
 
 namespace crun::agent {
 
@@ -30,6 +31,7 @@ struct JobSettings {
   std::chrono::milliseconds join_timeout{0};  // also how long an unreachable endpoint is retried
   std::chrono::milliseconds last_call_timeout{0};  // 0: the service's default
   std::chrono::milliseconds heartbeat_timeout{0};  // 0: the service's default
+  ContractSet contracts;  // --contract: the service refuses ports that do not fit it
 };
 
 struct ServiceRendezvousOptions {

@@ -75,7 +75,8 @@ json SettingsJson(const rdzv::Settings& s) {
           {"last_call_timeout_ms", s.last_call_timeout.count()},
           {"heartbeat_timeout_ms", s.heartbeat_timeout.count()},
           {"storm_rounds", s.storm_rounds},
-          {"storm_window_ms", s.storm_window.count()}};
+          {"storm_window_ms", s.storm_window.count()},
+          {"contracts", s.contracts.ToString()}};
 }
 
 rdzv::Settings SettingsFrom(const json& j) {
@@ -88,6 +89,11 @@ rdzv::Settings SettingsFrom(const json& j) {
   s.heartbeat_timeout = Millis(j.at("heartbeat_timeout_ms").get<std::int64_t>());
   s.storm_rounds = j.value("storm_rounds", s.storm_rounds);
   s.storm_window = Millis(j.value("storm_window_ms", s.storm_window.count()));
+  if (j.contains("contracts")) {  // written since a crun that knows --contract on etcd
+    auto contracts = ParseContracts(j["contracts"].get<std::string>());
+    if (!contracts.ok()) throw std::invalid_argument(contracts.status().message());
+    s.contracts = *contracts;
+  }
   return s;
 }
 

@@ -122,6 +122,7 @@ Settings FromProto(const v1::Settings& s) {
   if (s.last_call_timeout_ms() != 0) out.last_call_timeout = Millis(s.last_call_timeout_ms());
   if (s.heartbeat_timeout_ms() != 0) out.heartbeat_timeout = Millis(s.heartbeat_timeout_ms());
   out.max_restarts = s.max_restarts();
+  out.contracts = ContractSet::FromBits(s.contracts());
   return out;
 }
 

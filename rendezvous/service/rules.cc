@@ -130,6 +130,10 @@ Status Settings::Validate() const {
   if (max_restarts < 0) {
     return InvalidArgument("max restarts (" + std::to_string(max_restarts) + ") must be >= 0");
   }
+  if (!contracts.Known()) {
+    return InvalidArgument("--contract " + contracts.ToString() +
+                           " names contracts this crun does not know (is the agent newer?)");
+  }
   return Status::Ok();
 }
 
@@ -144,6 +148,9 @@ Status Settings::CheckCompatible(const Settings& o) const {
   }
   if (o.max_restarts != max_restarts) {
     return differ("--max-restarts", std::to_string(max_restarts), std::to_string(o.max_restarts));
+  }
+  if (o.contracts != contracts) {
+    return differ("--contract", contracts.ToString(), o.contracts.ToString());
   }
   return Status::Ok();
 }
@@ -197,11 +204,10 @@ Transition OnJoin(State s, const NodeDescription& node, const Settings& its_sett
                       std::to_string(kMaxNprocPerNode),
                   Kind::kInvalid);
   }
-  // At most one per worker and one per node (agent/contracts.h).
-  if (node.ports.size() > static_cast<std::size_t>(node.nproc) + 1) {
-    return refuse(std::to_string(node.ports.size()) + " reserved ports for " +
-                      std::to_string(node.nproc) + " workers: at most one each and one more",
-                  Kind::kInvalid);
+  // Exactly what its contracts' port layout says (rendezvous/contracts/contract_set.h).
+  if (auto fits = PortLayout(its_settings.contracts, node.nproc).Check(node.ports.size());
+      !fits.ok()) {
+    return refuse(fits.message(), Kind::kInvalid);
   }
   if (s.phase == Phase::kRunning) {
     if (static_cast<int>(s.members.size()) >= s.settings.max_nodes) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "rendezvous/contracts/contract_set.h"
 
 namespace crun::rdzv {
 
@@ -47,6 +48,9 @@ struct Settings {
   // More than this many rounds within storm_window fails the job (nodes flapping).
   int storm_rounds = 10;
   Millis storm_window{60'000};
+  // --contract: every node must run the same set, and reserve the ports its layout says
+  // (rendezvous/contracts/contract_set.h); a node whose ports do not fit is refused.
+  ContractSet contracts;
 
   // Errors name the values: "max nodes (2) must be >= min nodes (4)".
   Status Validate() const;

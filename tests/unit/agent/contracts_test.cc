@@ -1,6 +1,9 @@
 // The other frameworks' contracts (agent/contracts.h) as tables: names in, variables out.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <optional>
+
 #include <nlohmann/json.hpp>
 
 #include "agent/contracts.h"
@@ -29,7 +32,7 @@ GroupAssignment TwoNodes(const ContractSet& c, int group_rank) {
   g.base_rank = group_rank == 0 ? 0 : 2;
   auto ports = [&c](int nproc, std::uint16_t first) {
     std::vector<std::uint16_t> p;
-    for (int i = 0; i < c.PortsToReserve(nproc); ++i) p.push_back(first + i);
+    for (int i = 0; i < crun::PortLayout(c, nproc).count(); ++i) p.push_back(first + i);
     return p;
   };
   g.members = {RoundMember{"alpha", "10.0.0.1", 2, ports(2, 4000)},
@@ -89,18 +92,69 @@ TEST_CASE("contracts: an unknown name is refused with the closest one", "[contra
 }
 
 TEST_CASE("contracts: ports to reserve per node", "[contracts]") {
-  CHECK(Parse("torch").PortsToReserve(4) == 0);
-  CHECK(Parse("tensorflow").PortsToReserve(4) == 4);
-  CHECK(Parse("jax").PortsToReserve(4) == 1);
-  CHECK(Parse("tf,jax").PortsToReserve(4) == 5);
-  CHECK(Parse("horovod").PortsToReserve(4) == 1);
-  CHECK(Parse("tf,jax,horovod").PortsToReserve(4) == 6);
-  CHECK(Parse("tf,jax,horovod").JaxPort(4) == 4);
-  CHECK(Parse("tf,jax,horovod").HorovodPort(4) == 5);
-  CHECK(Parse("jax,horovod").HorovodPort(4) == 1);
-  CHECK(Parse("deepspeed,mpi").PortsToReserve(4) == 0);
+  using crun::PortLayout;
+  CHECK(PortLayout(Parse("torch"), 4).count() == 0);
+  CHECK(PortLayout(Parse("tensorflow"), 4).count() == 4);
+  CHECK(PortLayout(Parse("jax"), 4).count() == 1);
+  CHECK(PortLayout(Parse("tf,jax"), 4).count() == 5);
+  CHECK(PortLayout(Parse("horovod"), 4).count() == 1);
+  CHECK(PortLayout(Parse("tf,jax,horovod"), 4).count() == 6);
+  CHECK(PortLayout(Parse("tf,jax,horovod"), 4).Jax() == 4u);
+  CHECK(PortLayout(Parse("tf,jax,horovod"), 4).Horovod() == 5u);
+  CHECK(PortLayout(Parse("jax,horovod"), 4).Horovod() == 1u);
+  CHECK_FALSE(PortLayout(Parse("jax,horovod"), 4).Worker(0));
+  CHECK(PortLayout(Parse("deepspeed,mpi"), 4).count() == 0);
   CHECK_FALSE(Parse("deepspeed,mpi").NeedsPorts());
   CHECK(Parse("horovod").NeedsPorts());
+}
+
+// Every contract set with every worker count: the layout's indexes are each one port of the
+// node's, none twice, and a node's port list is accepted exactly when it has count() ports.
+TEST_CASE("contracts: the port layout of every set and worker count", "[contracts]") {
+  const std::vector<std::string> names = {"tensorflow", "jax", "horovod", "deepspeed", "mpi"};
+  for (unsigned mask = 0; mask < (1u << names.size()); ++mask) {
+    std::string list = "torch";
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      if ((mask & (1u << i)) != 0) list += "," + names[i];
+    }
+    const ContractSet c = Parse(list.c_str());
+    for (int nproc = 1; nproc <= 8; ++nproc) {
+      INFO(list << " with " << nproc << " workers");
+      const crun::PortLayout layout(c, nproc);
+      std::vector<int> used(static_cast<std::size_t>(layout.count()), 0);
+      const auto use = [&](std::optional<std::size_t> i) {
+        if (!i) return;
+        REQUIRE(*i < used.size());
+        ++used[*i];
+      };
+      for (int lr = 0; lr < nproc; ++lr) {
+        CHECK(layout.Worker(lr).has_value() == c.Has(Contract::kTensorflow));
+        use(layout.Worker(lr));
+      }
+      CHECK(layout.Jax().has_value() == c.Has(Contract::kJax));
+      CHECK(layout.Horovod().has_value() == c.Has(Contract::kHorovod));
+      use(layout.Jax());
+      use(layout.Horovod());
+      CHECK(std::all_of(used.begin(), used.end(), [](int n) { return n == 1; }));
+      CHECK((layout.count() > 0) == c.NeedsPorts());
+      const auto n = static_cast<std::size_t>(layout.count());
+      CHECK(layout.Check(n).ok());
+      CHECK_FALSE(layout.Check(n + 1).ok());
+      if (n > 0) CHECK_FALSE(layout.Check(n - 1).ok());
+    }
+  }
+}
+
+TEST_CASE("contracts: the wire form keeps the set, and bits it does not know", "[contracts]") {
+  for (const char* list : {"torch", "tf,jax", "jax,horovod,mpi", "deepspeed"}) {
+    const ContractSet c = Parse(list);
+    CHECK(ContractSet::FromBits(c.bits()) == c);
+    CHECK(ContractSet::FromBits(c.bits()).Known());
+  }
+  CHECK(ContractSet::FromBits(0) == Parse("torch"));  // an agent that predates the field
+  const ContractSet newer = ContractSet::FromBits(1u << 20);
+  CHECK_FALSE(newer.Known());
+  CHECK_THAT(newer.ToString(), Catch::Contains("unknown contracts"));
 }
 
 TEST_CASE("contracts: TF_CONFIG lists every worker in global rank order", "[contracts]") {
@@ -214,7 +268,7 @@ TEST_CASE("contracts: a round without what a contract needs is refused naming it
   s = crun::agent::AddContractEnvironment(c, g, 0, env);
   REQUIRE_FALSE(s.ok());
   CHECK(s.message() ==
-        "node 1 (beta) reserved 2 ports where --contract torch,tensorflow needs 3: is it "
-        "running crun with another --contract?");
+        "node 1 (beta) has 2 reserved ports for 3 workers where --contract torch,tensorflow "
+        "needs 3: is it running crun with another --contract?");
   CHECK(env.empty());
 }

@@ -10,6 +10,7 @@
 #include "agent/rendezvous/member_exchange.h"
 #include "rendezvous/store/memory_store.h"
 
+using crun::ContractSet;
 using crun::Millis;
 using crun::StatusCode;
 using crun::agent::EncodeParticipant;
@@ -20,6 +21,12 @@ using crun::agent::Participant;
 using crun::agent::RoundMember;
 
 namespace {
+
+ContractSet Contracts(const char* list) { return crun::ParseContracts(list).value(); }
+// Each worker's own port (TF_CONFIG) and the node's JAX coordinator.
+const ContractSet kTfJax = Contracts("tensorflow,jax");
+const ContractSet kAllThree = Contracts("tensorflow,jax,horovod");
+const ContractSet kTf = Contracts("tensorflow");
 
 Participant Make(int index, int node, int local_rank, int nproc, std::vector<std::uint16_t> ports) {
   Participant p;
@@ -38,7 +45,8 @@ Participant Make(int index, int node, int local_rank, int nproc, std::vector<std
 TEST_CASE("static nodes: one member each, in node order, whatever order they came in") {
   // Two nodes of 2 workers, each with one port beyond its workers' (JAX's coordinator).
   auto members =
-      MembersOf({Make(1, 1, 0, 2, {2000, 2001, 2002}), Make(0, 0, 0, 2, {1000, 1001, 1002})});
+      MembersOf({Make(1, 1, 0, 2, {2000, 2001, 2002}), Make(0, 0, 0, 2, {1000, 1001, 1002})},
+                kTfJax);
   REQUIRE(members.ok());
   REQUIRE(members->size() == 2);
   CHECK((*members)[0].host == "host0");
@@ -58,7 +66,7 @@ TEST_CASE("Slurm tasks: a node's tasks make one member, the extras of its local 
   std::mt19937 random(7);
   for (int order = 0; order < 24; ++order) {
     std::shuffle(tasks.begin(), tasks.end(), random);
-    auto members = MembersOf(tasks);
+    auto members = MembersOf(tasks, kAllThree);
     REQUIRE(members.ok());
     REQUIRE(members->size() == 2);
     CHECK((*members)[0].nproc == 2);
@@ -88,7 +96,7 @@ TEST_CASE("participants that do not make whole nodes are refused, naming them") 
   };
   for (const Case& c : cases) {
     INFO(c.what);
-    auto members = MembersOf(c.all);
+    auto members = MembersOf(c.all, kTf);
     REQUIRE_FALSE(members.ok());
     CHECK_THAT(members.status().message(), Catch::Contains(c.says));
   }
@@ -96,7 +104,7 @@ TEST_CASE("participants that do not make whole nodes are refused, naming them") 
 
 TEST_CASE("what a participant publishes is read back, and garbage is named") {
   const Participant p = Make(3, 1, 1, 2, {4000, 4001, 4002});
-  auto back = crun::agent::DecodeParticipant(EncodeParticipant(p), 3);
+  auto back = crun::agent::DecodeParticipant(EncodeParticipant(p), 3, kTfJax);
   REQUIRE(back.ok());
   CHECK(back->index == 3);
   CHECK(back->node == 1);
@@ -114,14 +122,41 @@ TEST_CASE("what a participant publishes is read back, and garbage is named") {
       {R"({"node":0,"local_rank":0,"nproc":1,"host":"h","address":"a","ports":[70000]})",
        "a port that is not one (70000)"},
       {R"({"node":0,"local_rank":0,"nproc":2,"host":"h","address":"a","ports":[1]})",
-       "1 ports for 2 workers"},
+       "1 reserved ports for 2 workers where --contract torch,tensorflow,jax needs 3"},
+      {R"({"node":0,"local_rank":0,"nproc":1,"host":"h","address":"a","ports":[1,2,3]})",
+       "3 reserved ports for 1 worker where --contract torch,tensorflow,jax needs 2"},
   };
   for (const auto& [text, says] : bad) {
     INFO(text);
-    auto got = crun::agent::DecodeParticipant(text, 5);
+    auto got = crun::agent::DecodeParticipant(text, 5, kTfJax);
     REQUIRE_FALSE(got.ok());
     CHECK_THAT(got.status().message(), Catch::Contains("participant 5 published"));
     CHECK_THAT(got.status().message(), Catch::Contains(says));
+  }
+}
+
+TEST_CASE("node ports without worker ports: jax and horovod on nodes of several workers") {
+  // Static nodes of 2 and 3 workers: JAX's coordinator and Horovod's rendezvous are the node's,
+  // so each node publishes two ports whatever its workers (issue 46: `participant 0 published 1
+  // ports for 2 workers`).
+  const ContractSet jax_horovod = Contracts("jax,horovod");
+  auto nodes =
+      MembersOf({Make(0, 0, 0, 2, {1000, 1001}), Make(1, 1, 0, 3, {2000, 2001})}, jax_horovod);
+  REQUIRE(nodes.ok());
+  CHECK((*nodes)[0].ports == std::vector<std::uint16_t>{1000, 1001});
+  CHECK((*nodes)[1].nproc == 3);
+  CHECK((*nodes)[1].ports == std::vector<std::uint16_t>{2000, 2001});
+  // Slurm tasks of one node: only its local rank 0's node ports are kept.
+  const ContractSet horovod = Contracts("horovod");
+  auto tasks = MembersOf({Make(1, 0, 1, 1, {110}), Make(0, 0, 0, 1, {100})}, horovod);
+  REQUIRE(tasks.ok());
+  REQUIRE(tasks->size() == 1);
+  CHECK((*tasks)[0].nproc == 2);
+  CHECK((*tasks)[0].ports == std::vector<std::uint16_t>{100});
+  // What each node publishes is read back against the same layout.
+  for (const int nproc : {1, 2, 3}) {
+    const Participant p = Make(0, 0, 0, nproc, {4000, 4001});
+    CHECK(crun::agent::DecodeParticipant(EncodeParticipant(p), 0, jax_horovod).ok());
   }
 }
 
@@ -139,6 +174,7 @@ TEST_CASE("every participant gets the same members, in whatever order they publi
     for (int i : order) {
       threads.emplace_back([&, i] {
         ExchangeOptions e;
+        e.contracts = kTf;  // one port a worker
         e.round = trial;
         e.participants = n;
         e.timeout = Millis(20000);
@@ -163,6 +199,7 @@ TEST_CASE("every participant gets the same members, in whatever order they publi
 TEST_CASE("an exchange whose peers never publish times out naming them; a stop ends it") {
   crun::MemoryStore store;
   ExchangeOptions e;
+  e.contracts = kTf;  // one port a worker
   e.round = 4;
   e.participants = 3;
   e.who = "node";
@@ -185,6 +222,7 @@ TEST_CASE("a round's keys are its own: an earlier round's words are not read") {
   crun::MemoryStore store;
   REQUIRE(store.Set(ExchangeKey(0, 1), EncodeParticipant(Make(1, 1, 0, 1, {5}))).ok());
   ExchangeOptions e;
+  e.contracts = kTf;  // one port a worker
   e.round = 1;
   e.participants = 2;
   e.timeout = Millis(200);
@@ -200,6 +238,7 @@ TEST_CASE("a crun watching its round hears who began the next; a stop ends the w
   std::thread watcher([&] { heard = crun::agent::WatchForRound(store, 3, stop); });
   // Participant 1 begins round 3 (its exchange says so first); its peers have not published.
   ExchangeOptions e;
+  e.contracts = kTf;  // one port a worker
   e.round = 3;
   e.participants = 2;
   e.timeout = Millis(100);

@@ -48,7 +48,8 @@ struct Etcd {
     }
   }
   void AddNode(const std::string& id, const std::string& host, int nproc, int min_nodes,
-               int max_nodes, int max_restarts = 0, std::int64_t lease = 100) {
+               int max_nodes, int max_restarts = 0, std::int64_t lease = 100,
+               const char* contracts = "torch") {
     NodeRecord r;
     r.node.node_id = id;
     r.node.host = host;
@@ -57,6 +58,7 @@ struct Etcd {
     r.settings.min_nodes = min_nodes;
     r.settings.max_nodes = max_nodes;
     r.settings.max_restarts = max_restarts;
+    r.settings.contracts = crun::ParseContracts(contracts).value();
     Put(keys.node(id), crun::etcd::EncodeNode(r), lease);
   }
   void JoinNode(const std::string& id) { Put(keys.join(id), std::to_string(Gathering())); }
@@ -138,22 +140,24 @@ TEST_CASE("etcd job: the first node's settings make the job; a round forms when 
 }
 
 TEST_CASE("etcd job: joins carry the ports a node reserved; members carry them to every agent") {
+  // --contract jax,horovod: two ports a node (JAX's and Horovod's), whatever its workers.
   Etcd e;
-  e.AddNode("n-a", "host-a", 2, 2, 2);
+  e.AddNode("n-a", "host-a", 2, 2, 2, 0, 100, "jax,horovod");
   NodeRecord b;
   b.node = {"n-b", "host-b", 1, std::nullopt, "10.0.0.9", {}};
   b.settings.min_nodes = b.settings.max_nodes = 2;
+  b.settings.contracts = crun::ParseContracts("jax,horovod").value();
   e.Put(e.keys.node("n-b"), crun::etcd::EncodeNode(b), 100);
   e.Put(e.keys.decider(), "n-a", 100);
   // An agent without ports writes the gathering alone, as agents before --contract did.
   CHECK(crun::etcd::EncodeJoin({0, {}}) == "0");
-  e.Put(e.keys.join("n-a"), crun::etcd::EncodeJoin({0, {}}));
+  e.Put(e.keys.join("n-a"), crun::etcd::EncodeJoin({0, {40000, 40001}}));
   e.Put(e.keys.join("n-b"), crun::etcd::EncodeJoin({0, {41000, 41001}}));
   e.Step(Ms(0));
   const auto members = e.Public()["members"];
   REQUIRE(members.size() == 2);
   CHECK(members[0]["id"] == "n-a");
-  CHECK_FALSE(members[0].contains("ports"));
+  CHECK(members[0]["ports"] == nlohmann::json::array({40000, 40001}));
   CHECK(members[1]["address"] == "10.0.0.9");
   CHECK(members[1]["ports"] == nlohmann::json::array({41000, 41001}));
   // Decoded back, as every agent reads a/job.
@@ -172,6 +176,17 @@ TEST_CASE("etcd job: joins carry the ports a node reserved; members carry them t
     REQUIRE_FALSE(d.ok());
     CHECK(d.status().message().find("join of 'n-b'") != std::string::npos);
   }
+}
+
+TEST_CASE("etcd job: a join whose ports do not fit its contracts is refused, naming them") {
+  Etcd e;
+  e.AddNode("n-a", "host-a", 2, 1, 1, 0, 100, "tensorflow,jax,horovod");
+  e.Put(e.keys.decider(), "n-a", 100);
+  e.Put(e.keys.join("n-a"), crun::etcd::EncodeJoin({0, {1, 2, 3}}));  // needs 4
+  e.Step(Ms(0));
+  REQUIRE(e.kv.count(e.keys.refusal("n-a")) == 1);
+  CHECK(e.kv.at(e.keys.refusal("n-a")).value ==
+        "3 reserved ports for 2 workers where --contract torch,tensorflow,jax,horovod needs 4");
 }
 
 TEST_CASE("etcd job: a worker failure spends a restart and every node rejoins") {

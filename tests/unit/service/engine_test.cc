@@ -41,6 +41,7 @@ struct JoinSpec {
   std::string run = "job7";
   std::string node_id = "";  // empty: the host
   std::uint32_t version = 1;
+  std::string contracts = "torch";  // --contract
 };
 
 struct Harness {
@@ -95,6 +96,7 @@ struct Harness {
     j.settings.last_call_timeout = 1'000ms;
     j.settings.heartbeat_timeout = 3'000ms;
     j.settings.max_restarts = spec.max_restarts;
+    j.settings.contracts = crun::ParseContracts(spec.contracts).value();
     return j;
   }
   void Heartbeat(SessionId s, TimePoint t) { engine.OnMessage(s, msg::Heartbeat{1}, t); }
@@ -160,10 +162,11 @@ TEST_CASE("engine: two nodes form a round with contiguous ranks and one store", 
 TEST_CASE("engine: every member gets each node's address and reserved ports in rank order",
           "[engine]") {
   Harness h;
-  auto b = Harness::JoinMessage("node-b", {.nproc = 3});
+  // --contract tensorflow: one port a worker.
+  auto b = Harness::JoinMessage("node-b", {.nproc = 3, .contracts = "tensorflow"});
   b.node.ports = {5000, 5001, 5002};
   h.engine.OnMessage(1, b, T0, "10.0.0.2");  // no declared address: where it came from
-  auto a = Harness::JoinMessage("node-a", {});
+  auto a = Harness::JoinMessage("node-a", {.contracts = "tensorflow"});
   a.node.addresses = {"192.168.1.1"};  // --local-addr wins over the session's peer
   a.node.ports = {4000, 4001};
   h.engine.OnMessage(2, a, T0 + 5ms, "10.0.0.3");
@@ -186,12 +189,13 @@ TEST_CASE("engine: every member gets each node's address and reserved ports in r
   plain.Join(2, "node-a", T0 + 5ms);
   CHECK(plain.Assignment(1).members.empty());
   CHECK(plain.Assignment(2).members.empty());
-  // More ports than workers and one: refused, naming the counts.
+  // Ports that do not fit the node's contracts: refused, naming the counts and the set.
   Harness h2;
-  auto c = Harness::JoinMessage("node-c", {.min = 1, .max = 1, .nproc = 1});
+  auto c = Harness::JoinMessage("node-c", {.min = 1, .max = 1, .nproc = 1, .contracts = "tf"});
   c.node.ports = {1, 2, 3};
   h2.engine.OnMessage(1, c, T0, "10.0.0.4");
-  CHECK(h2.Refused(1).reason.find("3 reserved ports for 1 workers") != std::string::npos);
+  CHECK(h2.Refused(1).reason.find("3 reserved ports for 1 worker where --contract "
+                                  "torch,tensorflow needs 1") != std::string::npos);
 }
 
 TEST_CASE("engine: MASTER_ADDR is the advertised address when one is set", "[engine]") {

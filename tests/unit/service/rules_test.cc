@@ -73,6 +73,8 @@ TEST_CASE("settings are validated with the values named", "[rules]") {
   huge_heartbeat.heartbeat_timeout = crun::rdzv::Millis(INT64_MAX);
   Settings huge_last_call = Nodes(1, 1);
   huge_last_call.last_call_timeout = crun::rdzv::Millis(31LL * 24 * 3600 * 1000);
+  Settings newer_contract = Nodes(1, 1);  // an agent newer than this service
+  newer_contract.contracts = crun::ContractSet::FromBits(1u << 9);
   for (const auto& row : std::vector<Row>{
            {Nodes(1, 100'001), "max nodes (100001) must be <= 100000"},
            {huge_heartbeat, "heartbeat_timeout (9223372036854775807 ms) must be at most 30 days"},
@@ -81,6 +83,9 @@ TEST_CASE("settings are validated with the values named", "[rules]") {
            {bad_min, "min nodes (0) must be >= 1"},
            {bad_join, "join_timeout (0 ms) must be positive"},
            {bad_restarts, "max restarts (-1) must be >= 0"},
+           {newer_contract,
+            "--contract torch,unknown contracts (bits 512) names contracts this crun does not "
+            "know (is the agent newer?)"},
        }) {
     CHECK(row.s.Validate().message() == row.message);
   }
@@ -198,6 +203,59 @@ TEST_CASE("joins that cannot be accepted are refused with the reason", "[rules]"
     REQUIRE(refused != nullptr);
     CHECK(refused->reason == row.reason);
     CHECK(t.state.joined.size() == 1);
+  }
+}
+
+// Every contract set with 1 to 3 workers a node: a node that reserved what the set's port layout
+// says joins; one port more or fewer is refused naming the counts and the set; a node that runs
+// another set is refused naming both (issue 46: three contracts used to be refused as "at most
+// one each and one more").
+TEST_CASE("a node's ports are judged by its contracts' port layout", "[rules]") {
+  const char* sets[] = {"torch",
+                        "tensorflow",
+                        "jax",
+                        "horovod",
+                        "deepspeed",
+                        "mpi",
+                        "tf,jax",
+                        "jax,horovod",
+                        "tensorflow,horovod",
+                        "tf,jax,horovod",
+                        "tf,jax,horovod,deepspeed,mpi"};
+  for (const char* list : sets) {
+    const crun::ContractSet contracts = crun::ParseContracts(list).value();
+    Settings s = Nodes(2, 2);
+    s.contracts = contracts;
+    for (int nproc = 1; nproc <= 3; ++nproc) {
+      INFO(list << " with " << nproc << " workers");
+      const int want = crun::PortLayout(contracts, nproc).count();
+      const auto node = [&](const char* host, int ports) {
+        NodeDescription n = Node(host, nproc);
+        for (int i = 0; i < ports; ++i) n.ports.push_back(static_cast<std::uint16_t>(1000 + i));
+        return n;
+      };
+      State st = OnJoin(Start(s), node("a", want), s, T0).state;
+      auto formed = OnJoin(st, node("b", want), s, T0);
+      REQUIRE(Only<FormRound>(formed.actions) != nullptr);
+      for (const int ports : {want + 1, want - 1}) {
+        if (ports < 0) continue;
+        const auto t = OnJoin(st, node("b", ports), s, T0);
+        const auto* refused = Only<RefuseJoin>(t.actions);
+        REQUIRE(refused != nullptr);
+        CHECK(refused->reason == std::to_string(ports) + " reserved ports for " +
+                                     std::to_string(nproc) + (nproc == 1 ? " worker" : " workers") +
+                                     " where --contract " + contracts.ToString() + " needs " +
+                                     std::to_string(want));
+      }
+      Settings other = s;
+      other.contracts = crun::ParseContracts("mpi").value();
+      if (other.contracts == contracts) continue;
+      const auto t = OnJoin(st, node("b", 0), other, T0);
+      const auto* refused = Only<RefuseJoin>(t.actions);
+      REQUIRE(refused != nullptr);
+      CHECK(refused->reason == "--contract differs: this job uses " + contracts.ToString() +
+                                   ", the joining agent torch,mpi");
+    }
   }
 }
 

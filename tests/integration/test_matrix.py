@@ -1,0 +1,268 @@
+"""The configuration matrix (docs/reliability.md, "The configuration matrix"): real crun
+processes over a generated table of dimensions, not hand-picked cases.
+
+  full      backend x contract set x workers a node, every combination, with a shell worker
+            (cold starts, crun's cgroups where the machine has them)
+  pairwise  backend x contract set x workers a node x start (cold, warm) x cgroups (on, off),
+            with a Python worker: a set of cases in which every pair of values of any two
+            dimensions meets at least once (a greedy covering array, the same every run)
+
+Each case checks that every crun exits 0, every rank's environment (ranks unique and complete,
+TF_CONFIG of the world's size with the rank's own index, one JAX coordinator, Horovod's ranks
+and sizes, DeepSpeed's and the MPI-style ones, and no variable of a contract not asked for),
+how each worker started (warm or cold, by tests/pylib/warm_witness) and that nothing is left
+running.
+
+  test_matrix.py [-k PATTERN] [--list]   --list prints the cases and the pairs they cover"""
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from crun_testing import free_port, kill_all, processes_mentioning, whole_lines  # noqa: E402
+from etcd_cluster import EtcdCluster, Loopback, missing_programs  # noqa: E402
+
+CRUN = os.environ.get("CRUN_BIN", "crun")
+PYTHON = os.environ.get("PYTHON_EXEC", sys.executable)
+WORKERS = os.path.join(HERE, "..", "workers")
+SHELL_WORKER = os.path.join(WORKERS, "env_dump.sh")
+PYTHON_WORKER = os.path.join(WORKERS, "env_dump.py")
+WITNESS = os.path.join(HERE, "..", "pylib", "warm_witness")
+CASE_LIMIT_S = 60  # one case's crun processes, start to end
+
+# The dimensions. A contract set is one value: each contract alone, the pairs and the triple of
+# the three that reserve ports, and every contract at once.
+BACKENDS = ("local", "static", "service", "etcd")
+CONTRACT_SETS = ("tensorflow", "jax", "horovod", "deepspeed", "mpi", "tensorflow,jax",
+                 "jax,horovod", "tensorflow,horovod", "tensorflow,jax,horovod",
+                 "torch,tensorflow,jax,horovod,deepspeed,mpi")
+NPROCS = (1, 2, 3)
+STARTS = ("cold", "warm")
+CGROUPS = ("cgroup", "no-cgroup")
+PAIRWISE_DIMS = (BACKENDS, CONTRACT_SETS, NPROCS, STARTS, CGROUPS)
+
+# The variables each contract adds (agent/contracts.cc, docs/frameworks.md): a case checks
+# that those of a contract not asked for are absent.
+CONTRACT_VARIABLES = {
+    "tensorflow": ("TF_CONFIG",),
+    "jax": ("JAX_COORDINATOR_ADDRESS",),
+    "horovod": ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_GLOO_RENDEZVOUS_PORT"),
+    "deepspeed": ("LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE"),
+    "mpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+}
+
+
+def pairwise(dims):
+    """Cases (tuples, one value a dimension) in which every pair of values of any two dimensions
+    appears at least once: greedy, each step the combination that covers the most pairs not yet
+    covered (ties: the first in product order), so the list is the same every run."""
+    def pairs_of(case):
+        return {(i, case[i], j, case[j]) for i, j in itertools.combinations(range(len(dims)), 2)}
+
+    uncovered = set()
+    for i, j in itertools.combinations(range(len(dims)), 2):
+        uncovered |= {(i, a, j, b) for a in dims[i] for b in dims[j]}
+    candidates = list(itertools.product(*dims))
+    cases = []
+    while uncovered:
+        best = max(candidates, key=lambda c: len(pairs_of(c) & uncovered))
+        cases.append(best)
+        uncovered -= pairs_of(best)
+    return cases
+
+
+def full_cases():
+    return [(b, c, n, "cold", "cgroup") for b, c, n in
+            itertools.product(BACKENDS, CONTRACT_SETS, NPROCS)]
+
+
+def case_name(kind, case):
+    backend, contracts, nproc, start, cgroup = case
+    words = [kind, backend, contracts.replace("torch,", "").replace(",", "_"), f"w{nproc}"]
+    if kind == "pairwise":
+        words += [start, cgroup.replace("-", "_")]
+    return "test_" + "_".join(words)
+
+
+def read_envs(out):
+    """Every worker's environment, by rank, from the env_<rank>.env (shell) or .json (Python)
+    files the workers wrote."""
+    envs = {}
+    for name in os.listdir(out):
+        path = os.path.join(out, name)
+        if name.endswith(".env"):
+            with open(path, "rb") as f:
+                items = [x.decode() for x in f.read().split(b"\0") if x]
+            env = dict(x.split("=", 1) for x in items if "=" in x)
+        elif name.endswith(".json"):
+            with open(path) as f:
+                env = json.load(f)
+        else:
+            continue
+        envs[int(env["RANK"])] = env
+    return envs
+
+
+class Matrix(unittest.TestCase):
+    etcd = None
+    etcd_dir = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="crun-matrix-")
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.etcd is not None:
+            cls.etcd.close()
+        shutil.rmtree(cls.root, ignore_errors=True)
+
+    @classmethod
+    def etcd_endpoint(cls):
+        """One real etcd on loopback for every etcd case (each case is its own job id)."""
+        if cls.etcd is None:
+            missing = missing_programs()
+            if missing:
+                raise AssertionError(f"{missing} missing: scripts/install-deps.sh installs etcd")
+            ports = {"e": (free_port(), free_port())}
+            cls.etcd = EtcdCluster(Loopback(), ["e"], os.path.join(cls.root, "etcd"),
+                                   ports=ports)
+            cls.etcd.__enter__()
+        return cls.etcd.endpoints()
+
+    def commands(self, backend, contracts, nproc, worker, out):
+        """The crun command lines of one case: one node, or two on this host."""
+        common = ["--contract", contracts, "--nproc-per-node", str(nproc),
+                  "--max-restarts", "0", *(() if worker.endswith(".py") else ("--no-python",))]
+        job = uuid.uuid4().hex[:12]
+        if backend == "local":
+            return [[CRUN, "--standalone", *common, worker, out]]
+        if backend == "static":
+            port = str(free_port())
+            return [[CRUN, "--nnodes", "2", "--node-rank", rank, "--master-addr", "127.0.0.1",
+                     "--master-port", port, *common, worker, out] for rank in ("1", "0")]
+        if backend == "service":
+            endpoint = f"127.0.0.1:{free_port()}"
+            return [[CRUN, "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                     endpoint, "--rdzv-id", job, *common, worker, out] for _ in range(2)]
+        endpoint = self.etcd_endpoint()
+        return [[CRUN, "--nnodes", "2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", endpoint,
+                 "--rdzv-id", job, *common, worker, out] for _ in range(2)]
+
+    def run_case(self, case, python):
+        backend, contracts, nproc, start, cgroup = case
+        out = tempfile.mkdtemp(dir=self.root)
+        ledger = os.path.join(out, "ledger")
+        env = dict(os.environ, PYTHON_EXEC=PYTHON, CRUN_TEST_WARM_LEDGER=ledger,
+                   PYTHONPATH=WITNESS)
+        env.pop("PET_WARM", None)
+        if cgroup == "no-cgroup":
+            env["CRUN_CGROUP"] = "0"
+        worker = PYTHON_WORKER if python else SHELL_WORKER
+        cmds = self.commands(backend, contracts, nproc, worker, out)
+        if start == "warm":
+            cmds = [c[:1] + ["--warm"] + c[1:] for c in cmds]
+        procs = [subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, env=env) for c in cmds]
+        texts = []
+        try:
+            for p in procs:
+                texts.append(p.communicate(timeout=CASE_LIMIT_S)[0])
+        finally:
+            kill_all(procs)
+        for p, text in zip(procs, texts):
+            self.assertEqual(p.returncode, 0, f"{' '.join(p.args)}:\n{text[-3000:]}")
+        self.assertEqual(processes_mentioning(out), [], "processes left running")
+        nodes = len(cmds)
+        self.check_environments(read_envs(out), contracts, nodes, nproc)
+        if python:
+            lines = whole_lines(ledger) if os.path.exists(ledger) else []
+            kinds = sorted(line.split()[0] for line in lines)
+            self.assertEqual(kinds, [start] * (nodes * nproc), lines)
+
+    def check_environments(self, envs, contracts, nodes, nproc):
+        world = nodes * nproc
+        asked = set(contracts.split(","))
+        self.assertEqual(sorted(envs), list(range(world)), "ranks missing or repeated")
+        for rank, e in envs.items():
+            with self.subTest(rank=rank):
+                self.assertEqual(int(e["WORLD_SIZE"]), world)
+                self.assertEqual(int(e["LOCAL_WORLD_SIZE"]), nproc)
+                node, local = int(e["GROUP_RANK"]), int(e["LOCAL_RANK"])
+                self.assertEqual(rank, node * nproc + local)
+                for name, variables in CONTRACT_VARIABLES.items():
+                    if name not in asked:
+                        self.assertEqual([v for v in variables if v in e], [],
+                                         f"{name} variables without --contract {name}")
+                if "tensorflow" in asked:
+                    tf = json.loads(e["TF_CONFIG"])
+                    workers = tf["cluster"]["worker"]
+                    self.assertEqual(len(workers), world)
+                    self.assertEqual(len(set(workers)), world, "two workers share an endpoint")
+                    self.assertEqual(tf["task"], {"type": "worker", "index": rank})
+                if "horovod" in asked:
+                    expect = {"HOROVOD_RANK": rank, "HOROVOD_SIZE": world,
+                              "HOROVOD_LOCAL_RANK": local, "HOROVOD_LOCAL_SIZE": nproc,
+                              "HOROVOD_CROSS_RANK": node, "HOROVOD_CROSS_SIZE": nodes}
+                    self.assertEqual({k: int(e[k]) for k in expect}, expect)
+                if "deepspeed" in asked:
+                    expect = {"LOCAL_SIZE": nproc, "CROSS_RANK": node, "CROSS_SIZE": nodes}
+                    self.assertEqual({k: int(e[k]) for k in expect}, expect)
+                if "mpi" in asked:
+                    expect = {"OMPI_COMM_WORLD_RANK": rank, "OMPI_COMM_WORLD_SIZE": world,
+                              "OMPI_COMM_WORLD_LOCAL_RANK": local,
+                              "OMPI_COMM_WORLD_LOCAL_SIZE": nproc,
+                              "OMPI_COMM_WORLD_NODE_RANK": node}
+                    self.assertEqual({k: int(e[k]) for k in expect}, expect)
+        # Job-wide values: the same for every rank.
+        for variable, contract in (("TF_CONFIG", "tensorflow"), ("JAX_COORDINATOR_ADDRESS", "jax"),
+                                   ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "horovod"),
+                                   ("HOROVOD_GLOO_RENDEZVOUS_PORT", "horovod")):
+            if contract in asked:
+                values = {json.dumps(json.loads(e[variable])["cluster"])
+                          if variable == "TF_CONFIG" else e[variable] for e in envs.values()}
+                self.assertEqual(len(values), 1, f"{variable} differs between ranks: {values}")
+        if "horovod" in asked:
+            hosts = {int(e["GROUP_RANK"]): e["HOROVOD_HOSTNAME"] for e in envs.values()}
+            self.assertEqual(len(set(hosts.values())), nodes, f"nodes share a host name: {hosts}")
+
+
+def add_cases():
+    for kind, cases, python in (("full", full_cases(), False),
+                                ("pairwise", pairwise(PAIRWISE_DIMS), True)):
+        for case in cases:
+            def test(self, case=case, python=python):
+                self.run_case(case, python)
+            setattr(Matrix, case_name(kind, case), test)
+
+
+add_cases()
+
+
+def describe():
+    """The cases and, for the pairwise set, the pairs of dimensions it covers."""
+    names = ("backend", "contracts", "workers", "start", "cgroups")
+    cases = pairwise(PAIRWISE_DIMS)
+    print(f"full: {len(full_cases())} cases ({len(BACKENDS)} backends x {len(CONTRACT_SETS)} "
+          f"contract sets x {len(NPROCS)} worker counts), shell worker, cold")
+    print(f"pairwise: {len(cases)} cases, Python worker, covering every pair of values of:")
+    for i, j in itertools.combinations(range(len(names)), 2):
+        met = {(c[i], c[j]) for c in cases}
+        print(f"  {names[i]} x {names[j]}: {len(met)} of "
+              f"{len(PAIRWISE_DIMS[i]) * len(PAIRWISE_DIMS[j])} pairs")
+    for c in cases:
+        print("   ", case_name("pairwise", c))
+
+
+if __name__ == "__main__":
+    if "--list" in sys.argv:
+        describe()
+        sys.exit(0)
+    unittest.main()
