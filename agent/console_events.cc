@@ -1,4 +1,5 @@
 #include "agent/console_events.h"
+#include "base/fd_writer.h"
 
 #include <unistd.h>
 
@@ -20,10 +21,9 @@ void ConsoleEvents::Emit(const std::string& name, const char* source, nlohmann::
                    {"source", source},
                    {"timestamp", now.count()},
                    {"metadata", std::move(metadata)}};
-  // One write, so that the line is never split by another writer's.
-  const std::string line = e.dump() + "\n";
-  ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
-  (void)ignored;
+  // One line, never split by another writer's, through crun's stderr writer (a stalled reader
+  // holds back none of the agent).
+  FdWriter::Stderr().Write(e.dump() + "\n");
 }
 
 void ConsoleEvents::WorkerStatus(const Worker& w, const char* state,

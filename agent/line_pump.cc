@@ -5,61 +5,37 @@
 
 #include <cerrno>
 #include <chrono>
-#include <climits>
 #include <cstring>
 #include <string_view>
 
+#include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
 
 #include "agent/pipe_pause.h"
 #include "base/status.h"
 
 namespace crun::agent {
-namespace {
-
-// 0, or the errno of the write that failed.
-int WriteAll(int fd, std::string_view data) {
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n > 0) {
-      done += static_cast<std::size_t>(n);
-    } else if (n < 0 && errno != EINTR) {
-      return errno;  // the console or file is gone: the worker must not be blocked by it
-    }
-  }
-  return 0;
-}
-
-// Whole lines, several per write() but at most PIPE_BUF bytes (a longer line alone), so that
-// nothing written to the same pipe by another process lands inside a line. 0, or the errno.
-int WriteLines(int fd, std::string_view lines) {
-  while (!lines.empty()) {
-    std::size_t n = lines.size();
-    if (n > PIPE_BUF) {
-      const auto nl = lines.rfind('\n', PIPE_BUF - 1);
-      n = nl == std::string_view::npos ? lines.find('\n') + 1 : nl + 1;
-      if (n == 0) n = lines.size();  // no newline at all (cannot happen: Emit ends lines)
-    }
-    if (const int err = WriteAll(fd, lines.substr(0, n)); err != 0) return err;
-    lines.remove_prefix(n);
-  }
-  return 0;
-}
-
-}  // namespace
-
 LinePump::LinePump(boost::asio::io_context& io, int read_fd, PumpTargets targets,
                    std::function<void()> on_eof)
     : fd_(read_fd),
       pipe_(io, read_fd),
       pause_(io),
       targets_(std::move(targets)),
-      on_eof_(std::move(on_eof)) {
+      on_eof_(std::move(on_eof)),
+      wait_(std::make_shared<ConsoleWait>()) {
+  wait_->io = &io;
+  wait_->pump = this;
   Read();
 }
 
 LinePump::~LinePump() {
+  if (!pending_.empty()) Emit(pending_);
+  Flush(/*force=*/true);  // lines held for a stalled console are never dropped
+  {
+    std::lock_guard lock(wait_->mu);
+    wait_->io = nullptr;
+    wait_->pump = nullptr;
+  }
   pause_.cancel();
   if (!pipe_.is_open() && fd_ >= 0) ::close(fd_);  // released for a pause
 }
@@ -70,7 +46,7 @@ void LinePump::Pause() {
       [this] {  // cannot watch it again: end as at EOF, with what came
         if (!pending_.empty()) Emit(pending_);
         pending_.clear();
-        Flush();
+        Flush(/*force=*/true);
         ::close(fd_);
         fd_ = -1;
         if (on_eof_) std::exchange(on_eof_, nullptr)();
@@ -84,7 +60,7 @@ void LinePump::Read() {
                           if (ec) {  // EOF: the worker and everything it started are gone
                             if (!pending_.empty()) Emit(pending_);
                             pending_.clear();
-                            Flush();
+                            Flush(/*force=*/true);
                             boost::system::error_code ignored;
                             pipe_.close(ignored);
                             fd_ = -1;
@@ -92,8 +68,25 @@ void LinePump::Read() {
                             return;
                           }
                           Consume(n);
+                          if (console_held_) return WaitForConsole();
                           Pause();
                         });
+}
+
+void LinePump::WaitForConsole() {
+  // The writer calls back on its thread, possibly (at once) on this one; the pump and even its
+  // loop may be gone by then.
+  targets_.console_writer->WhenRoom([wait = wait_] {
+    std::lock_guard lock(wait->mu);
+    if (wait->io == nullptr) return;
+    boost::asio::post(*wait->io, [wait] {
+      LinePump* pump = wait->pump;  // cleared on this thread, the loop's
+      if (pump == nullptr) return;
+      pump->Flush();
+      if (pump->console_held_) return pump->WaitForConsole();
+      pump->Read();
+    });
+  });
 }
 
 void LinePump::Consume(std::size_t n) {
@@ -131,7 +124,7 @@ void LinePump::Emit(std::string_view line) {
     to_file_.append(line);
     to_file_ += '\n';
   }
-  if (targets_.console_fd >= 0) {
+  if (targets_.console_fd >= 0 || targets_.console_writer != nullptr) {
     to_console_ += targets_.prefix;
     to_console_.append(line);
     to_console_ += '\n';
@@ -152,7 +145,7 @@ void LinePump::Emit(std::string_view line) {
   }
 }
 
-void LinePump::Flush() {
+void LinePump::Flush(bool force) {
   if (!to_file_.empty()) {
     if (const int err = WriteLines(targets_.file_fd, to_file_); err != 0) {
       // Disk full, quota, I/O error: say so once; the console (if shown) still has it all.
@@ -161,13 +154,21 @@ void LinePump::Flush() {
                    PosixError("cannot write " + targets_.stream_name + " to " + targets_.file_path,
                               err)
                        .message(),
-                   targets_.console_fd >= 0 ? "to the console only" : "nowhere");
+                   targets_.console_fd >= 0 || targets_.console_writer != nullptr
+                       ? "to the console only"
+                       : "nowhere");
     }
     to_file_.clear();
   }
   if (!to_console_.empty()) {
-    WriteLines(targets_.console_fd, to_console_);
-    to_console_.clear();
+    if (FdWriter* w = targets_.console_writer; w != nullptr) {
+      console_held_ = !force && !w->TryWrite(to_console_);
+      if (force) w->Write(to_console_);
+      if (!console_held_) to_console_.clear();
+    } else {
+      WriteLines(targets_.console_fd, to_console_);
+      to_console_.clear();
+    }
   }
   if (!to_filtered_.empty()) {
     WriteLines(targets_.filtered_fd, to_filtered_);

@@ -4,6 +4,13 @@
 // line alone), so lines of different workers never interleave mid-line. Runs on the agent's
 // event loop; a line with no newline at EOF is flushed as one.
 //
+// The console goes through an FdWriter (base/fd_writer.h) when one is given: the event loop
+// never waits for whoever reads crun's output. When the writer's queue is full (that reader
+// stalled), the pump holds its lines and stops reading its pipe until the writer has room
+// again, so that the worker that writes blocks on its full pipe, as under torchrun, and the
+// agent does not. Held lines are never dropped: at EOF, or when the pump is destroyed, they are
+// queued whatever waits.
+//
 // A worker that prints fast would wake crun for every line it writes (the pipe wakes its
 // reader on each write: 5 us of system time a line here, which the worker pays too). After
 // each read the pump therefore leaves the pipe alone for a millisecond, unwatched, so that a
@@ -14,6 +21,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -21,14 +29,16 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "base/fd_writer.h"
 #include "metrics/registry.h"
 
 namespace crun::agent {
 
 struct PumpTargets {
-  int console_fd = -1;      // -1: not shown on the console
-  std::string prefix;       // put before each console line
-  int file_fd = -1;         // -1: no file; the pump does not own it
+  int console_fd = -1;                 // -1: not shown on the console
+  FdWriter* console_writer = nullptr;  // set: console lines go through it (console_fd unused)
+  std::string prefix;                  // put before each console line
+  int file_fd = -1;                    // -1: no file; the pump does not own it
   std::string file_path;    // for the warning when the file cannot be written (disk full)
   std::string stream_name;  // "rank 3 stdout", for that warning
   std::size_t tail_lines = 20;
@@ -64,14 +74,26 @@ class LinePump {
   // per read (not one per line: a worker printing 200,000 lines a second would otherwise cost
   // crun a system call each).
   void Emit(std::string_view line);
-  void Flush();
+  // `force`: console lines are queued whatever waits (EOF, destruction).
+  void Flush(bool force = false);
+  // The console writer was full: read again once it has room.
+  void WaitForConsole();
 
   int fd_;                                      // the pipe's read end; -1 once closed
   boost::asio::posix::stream_descriptor pipe_;  // holds fd_ while watched
   boost::asio::steady_timer pause_;
   PumpTargets targets_;
   std::function<void()> on_eof_;
-  bool file_failed_ = false;  // a write failed: warned once, the file gets no more lines
+  bool file_failed_ = false;   // a write failed: warned once, the file gets no more lines
+  bool console_held_ = false;  // to_console_ waits for room in the console writer
+  // What the console writer's thread calls back through: the loop to post to, and this pump,
+  // both cleared (under mu) when the pump is destroyed.
+  struct ConsoleWait {
+    std::mutex mu;
+    boost::asio::io_context* io = nullptr;
+    LinePump* pump = nullptr;
+  };
+  std::shared_ptr<ConsoleWait> wait_;
   std::string pending_;
   std::deque<std::string> tail_;
   std::string to_file_, to_console_, to_filtered_;

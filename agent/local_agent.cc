@@ -27,6 +27,7 @@
 #include "agent/report_writer.h"
 #include "agent/run_presence.h"
 #include "agent/worker_group.h"
+#include "base/fd_writer.h"
 #include "base/host_addresses.h"
 #include "proto/protocol_version.h"
 
@@ -156,7 +157,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
         metrics::HttpServer::Start(io, *options.metrics, [this] { return registry.Render(); });
     if (!started.ok()) return started.status();
     metrics_server = std::move(started).value();
-    std::fprintf(stderr, "crun: metrics on %s\n", metrics_server->url().c_str());
+    FdWriter::Stderr().Write("crun: metrics on " + metrics_server->url() + "\n");
     return Status::Ok();
   }
 
@@ -509,10 +510,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
       Report(own);  // this node's full report, the same root cause first
     } else if (!outcome.root_report.failures.empty()) {
       Report(outcome.root_report);
-      std::fprintf(stderr, "crun: the job failed on node '%s': %s\n", outcome.root_node_id.c_str(),
-                   outcome.reason.c_str());
+      FdWriter::Stderr().Write("crun: the job failed on node '" + outcome.root_node_id +
+                               "': " + outcome.reason + "\n");
     } else {
-      std::fprintf(stderr, "crun: the job failed: %s\n", outcome.reason.c_str());
+      FdWriter::Stderr().Write("crun: the job failed: " + outcome.reason + "\n");
     }
   }
 

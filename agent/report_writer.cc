@@ -1,19 +1,21 @@
 #include "agent/report_writer.h"
 
-#include <cstdio>
-
+#include "base/fd_writer.h"
 #include "base/files.h"
 
 namespace crun::agent {
 
 void PublishReport(const ReportContext& context, const report::FailureReport& report,
                    const std::string& log_dir, const std::string& parent_error_file) {
-  std::fputs(FormatReport(context, report).c_str(), stderr);
+  // Through crun's stderr writer, never dropped: it waits for a stalled reader without
+  // holding up the agent (base/fd_writer.h).
+  FdWriter& err = FdWriter::Stderr();
+  err.Write(FormatReport(context, report));
   const std::string json_path = log_dir + "/failure.json";
   if (WriteWholeFile(json_path, ReportJson(context, report).dump(2) + "\n")) {
-    std::fprintf(stderr, "crun: failure report written to %s\n", json_path.c_str());
+    err.Write("crun: failure report written to " + json_path + "\n");
   } else {
-    std::fprintf(stderr, "crun: cannot write the failure report to %s\n", json_path.c_str());
+    err.Write("crun: cannot write the failure report to " + json_path + "\n");
   }
   if (parent_error_file.empty() || report.failures.empty()) return;
   // As torchrun does: the root cause's error file, with its exit code as errorCode.
@@ -25,8 +27,8 @@ void PublishReport(const ReportContext& context, const report::FailureReport& re
   }
   j["message"]["errorCode"] = ExitOf(root).ShellCode();
   if (!WriteWholeFile(parent_error_file, j.dump() + "\n")) {
-    std::fprintf(stderr, "crun: cannot write the root cause to TORCHELASTIC_ERROR_FILE %s\n",
-                 parent_error_file.c_str());
+    err.Write("crun: cannot write the root cause to TORCHELASTIC_ERROR_FILE " + parent_error_file +
+              "\n");
   }
 }
 

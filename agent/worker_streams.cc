@@ -11,6 +11,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "base/fd_writer.h"
 #include "base/status.h"
 
 namespace crun::agent {
@@ -113,6 +114,9 @@ std::unique_ptr<LinePump> WorkerStreams::Route(const StreamOwner& owner, int bit
   child_fds->push_back(p[1]);
   PumpTargets targets;
   targets.console_fd = shown && !redirect ? (bit == 1 ? STDOUT_FILENO : STDERR_FILENO) : -1;
+  // Through crun's writer for its stdout or stderr: a stalled reader holds back this worker,
+  // never the agent's event loop (base/fd_writer.h).
+  if (targets.console_fd >= 0) targets.console_writer = FdWriter::ForStandard(targets.console_fd);
   if (tee) targets.prefix = PrefixOf(owner);
   targets.file_fd = file;
   targets.progress = std::move(progress);

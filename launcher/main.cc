@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "launcher/launch_command.h"
+#include "launcher/logging.h"
 #include "launcher/rendezvous_command.h"
 #include "launcher/stacks_command.h"
 #include "launcher/store_command.h"
@@ -38,7 +39,11 @@ int main(int argc, char** argv) {
       app.exit(e);
       return 2;  // bad input: the message above names the flag and value
     }
+    crun::launcher::FlushOutput();
     return exit_code;
   }
-  return crun::launcher::RunLaunch(argc, argv);
+  const int code = crun::launcher::RunLaunch(argc, argv);
+  // What crun queued for a slow reader (base/fd_writer.h) is written before it exits.
+  crun::launcher::FlushOutput();
+  return code;
 }

@@ -15,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/hangs/stack_summary.h"
+#include "base/fd_writer.h"
 #include "base/files.h"
 
 namespace crun::agent {
@@ -199,9 +200,9 @@ void HangResponder::Finish(const HangAttempt& a, HangReport h,
   // Deadline -> report: how late it was declared, then the stacks.
   h.report_ms = h.declared_late_ms + h.stacks_ms;
   const std::string rule(72, '=');
-  std::fprintf(stderr, "%s\ncrun: %s hung (run %s, attempt %d)\n%s%s\n", rule.c_str(),
-               options_.entrypoint.c_str(), a.run_id.c_str(), a.restart_count,
-               FormatHang(h).c_str(), rule.c_str());
+  FdWriter::Stderr().Write(rule + "\ncrun: " + options_.entrypoint + " hung (run " + a.run_id +
+                           ", attempt " + std::to_string(a.restart_count) + ")\n" + FormatHang(h) +
+                           rule + "\n");
   const std::string json = options_.log_dir + "/attempt_" + std::to_string(a.round) + "/hang.json";
   if (!WriteWholeFile(json, HangJson(h).dump(2) + "\n")) spdlog::warn("cannot write {}", json);
   concluded_(a.attempt, std::move(h), when, declared);
@@ -246,8 +247,8 @@ void HangResponder::ShowForOtherNode(int round, const std::string& reason,
   const std::string dir = WriteStacks(round, stacks);
   std::string lines;
   for (const auto& line : GroupSummary(stacks)) lines += "  " + line + "\n";
-  std::fprintf(stderr, "crun: where this node's ranks were (%s):\n%s%s", reason.c_str(),
-               lines.c_str(), dir.empty() ? "" : ("  full stacks: " + dir + "\n").c_str());
+  FdWriter::Stderr().Write("crun: where this node's ranks were (" + reason + "):\n" + lines +
+                           (dir.empty() ? "" : "  full stacks: " + dir + "\n"));
 }
 
 // Each rank's stacks in attempt_<round>/stacks/rank_<r>.txt; the directory, or "".
