@@ -268,12 +268,12 @@ class EtcdRendezvous final : public Rendezvous {
       } else if (Clock::now() - last_contact_ > o_.outage_timeout) {
         return End(1, "lost etcd at " + client_->endpoints() + ": no member answered for " +
                           std::to_string(o_.outage_timeout.count()) +
-                          " ms (outage_timeout; last: " + ttl.status().message() + ")");
+                          " ms (reconnect_timeout; last: " + ttl.status().message() + ")");
       } else if (!outage_logged_) {
         outage_logged_ = true;
         spdlog::warn(
             "etcd rendezvous: {}; the workers run on while this node keeps trying (for up to "
-            "{} ms, outage_timeout)",
+            "{} ms, reconnect_timeout)",
             ttl.status().message(), o_.outage_timeout.count());
       }
       if (ttl.ok() && outage_logged_) {

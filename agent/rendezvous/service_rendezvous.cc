@@ -255,10 +255,17 @@ class ServiceRendezvous final : public Rendezvous {
     // Retrying after a closed socket, fail fast again: three in a row tell a TLS mismatch.
     call.wait_for_ready =
         !listening || Reconnecting() || (state_ == State::kRetrying && closed_in_a_row_ == 0);
+    opened_ = false;
+    const std::uint64_t session = ++sessions_;
     client_ = std::make_unique<SessionClient>(
         *stub_,
         [this](v1::ServiceMessage m) { asio::post(io_, [this, m = std::move(m)] { Handle(m); }); },
-        [this](const Status& s) { asio::post(io_, [this, s] { OnSessionEnded(s); }); }, call);
+        [this](const Status& s) { asio::post(io_, [this, s] { OnSessionEnded(s); }); }, call,
+        [this, session] {
+          asio::post(io_, [this, session] {
+            if (session == sessions_ && !Ended()) OnOpened();
+          });
+        });
     ArmHeartbeat();
     if (join_pending_) {
       join_pending_ = false;
@@ -374,6 +381,9 @@ class ServiceRendezvous final : public Rendezvous {
     if (durable_ && (Heard() || Reconnecting())) {
       return Reconnect(s.ok() ? std::string("it ended the session") : s.message());
     }
+    if (!Heard() && opened_) {
+      return LostWhileGathering(s.ok() ? std::string("it ended the session") : s.message());
+    }
     if (!Heard() && listening_ && !s.ok() && !IsMismatch(s.message())) {
       // Not a word from the service yet, and nothing says it is the wrong kind of service: it
       // is busy, stopped or restarting, or gone while the job gathers. Try again, as long as
@@ -420,6 +430,7 @@ class ServiceRendezvous final : public Rendezvous {
   void RetrySession(const std::string& why) {
     if (join_deadline_passed_) {
       last_error_ = why;
+      if (gathering_lost_) return End(1, lost_ + ", and join_timeout has passed");
       return EndUnreachable();
     }
     if (state_ != State::kRetrying) {
@@ -459,6 +470,36 @@ class ServiceRendezvous final : public Rendezvous {
     ArmReconnectDeadline();
     Probe();
     events_->OnStopAndRejoin(lost_ + "; rejoining when it is back", false);
+  }
+
+  // The service opened this session (before it said anything: the round is gathering).
+  void OnOpened() {
+    opened_ = true;
+    if (!gathering_lost_) return;
+    gathering_lost_ = false;  // back: a later loss has reconnect_timeout again
+    reconnect_timer_.cancel();
+    spdlog::info("the rendezvous service at {} is back: joining again", target_);
+  }
+
+  // A session that was open ended while the round gathered: the same event as a service lost
+  // in any other phase (docs/rendezvous.md), so reconnect_timeout bounds how long this node
+  // tries to open one again, the join sent again on it; join_timeout is for a service never
+  // reached.
+  void LostWhileGathering(const std::string& why) {
+    if (!gathering_lost_) {
+      gathering_lost_ = true;
+      lost_ = "lost the rendezvous service at " + target_ + " (" + why +
+              ") while the round was gathering";
+      spdlog::warn("{}: joining again when it is back (for up to {} ms, reconnect_timeout)", lost_,
+                   o_.reconnect_timeout.count());
+      reconnect_timer_.expires_after(o_.reconnect_timeout);
+      reconnect_timer_.async_wait([this](const boost::system::error_code& ec) {
+        if (ec || Ended() || !gathering_lost_) return;
+        End(1, lost_ + " and it was not back within " +
+                   std::to_string(o_.reconnect_timeout.count()) + " ms (reconnect_timeout)");
+      });
+    }
+    RetrySession(why);
   }
 
   void ArmReconnectDeadline() {
@@ -515,6 +556,9 @@ class ServiceRendezvous final : public Rendezvous {
   std::vector<std::uint16_t> ports_;  // this node's, sent with every join
   bool durable_ = false;  // the service said it outlives jobs (RoundAssignment.durable_service)
   bool listening_ = false;
+  bool opened_ = false;          // the service opened the current session (OnOpened)
+  bool gathering_lost_ = false;  // lost an open session while gathering: reconnect_timer_ runs
+  std::uint64_t sessions_ = 0;   // sessions opened: a stale session's OnOpened is ignored
   bool join_deadline_passed_ = false;
   int closed_in_a_row_ = 0;  // sessions that ended with "Socket closed" (IsMismatch)
   std::string last_error_;   // of the last session that failed, for the final message

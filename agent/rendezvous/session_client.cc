@@ -5,8 +5,10 @@
 namespace crun::agent {
 
 SessionClient::SessionClient(v1::Rendezvous::Stub& stub, MessageCallback on_message,
-                             DoneCallback on_done, const CallOptions& call)
-    : on_message_(std::move(on_message)), on_done_(std::move(on_done)) {
+                             DoneCallback on_done, const CallOptions& call, OpenCallback on_open)
+    : on_message_(std::move(on_message)),
+      on_done_(std::move(on_done)),
+      on_open_(std::move(on_open)) {
   context_.set_wait_for_ready(call.wait_for_ready);
   if (!call.token.empty()) context_.AddMetadata(crun::kTokenHeader, call.token);
   stub.async()->Session(&context_, this);
@@ -31,6 +33,10 @@ void SessionClient::ReleaseHold() {
   if (hold_released_) return;
   hold_released_ = true;
   RemoveHold();
+}
+
+void SessionClient::OnReadInitialMetadataDone(bool ok) {
+  if (ok && on_open_) on_open_();
 }
 
 void SessionClient::OnReadDone(bool ok) {

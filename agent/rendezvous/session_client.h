@@ -5,7 +5,9 @@
 //
 // SessionClient: an agent's end of the crun.v1 Session stream, on gRPC's callback API (no
 // thread of its own). Messages from the service arrive through `on_message` on a gRPC thread,
-// in order; `on_done` runs once when the stream ends, with why. Send never blocks.
+// in order; `on_open` (when given) once the service has opened its end of the stream (its
+// initial metadata came: the session was open, whatever it says later); `on_done` runs once
+// when the stream ends, with why. Send never blocks.
 //
 // The session waits for the service to become reachable (wait_for_ready unless told not to; gRPC
 // reconnects with its own backoff, never under 100 ms, growing to 1 s), so agents may start before
@@ -50,9 +52,10 @@ class SessionClient final : public grpc::ClientBidiReactor<v1::AgentMessage, v1:
  public:
   using MessageCallback = std::function<void(v1::ServiceMessage)>;
   using DoneCallback = std::function<void(const Status&)>;
+  using OpenCallback = std::function<void()>;
 
   SessionClient(v1::Rendezvous::Stub& stub, MessageCallback on_message, DoneCallback on_done,
-                const CallOptions& call = {});
+                const CallOptions& call = {}, OpenCallback on_open = nullptr);
   // Closes (see Close) and waits for the stream to end.
   ~SessionClient() override;
 
@@ -63,6 +66,7 @@ class SessionClient final : public grpc::ClientBidiReactor<v1::AgentMessage, v1:
   // Ends the stream now, dropping what is queued.
   void Cancel() { context_.TryCancel(); }
 
+  void OnReadInitialMetadataDone(bool ok) override;
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
   void OnWritesDoneDone(bool ok) override;
@@ -77,6 +81,7 @@ class SessionClient final : public grpc::ClientBidiReactor<v1::AgentMessage, v1:
   WriteQueue<v1::AgentMessage> writes_;
   MessageCallback on_message_;
   DoneCallback on_done_;
+  OpenCallback on_open_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;

@@ -193,6 +193,9 @@ class SessionReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1
       std::lock_guard lock(core_->mu);
       core_->streams[id_] = this;
     }
+    // At once, before any message: the agent then knows its session was open, so that losing
+    // it is a lost service in every phase, gathering too (reconnect_timeout bounds the wait).
+    StartSendInitialMetadata();
     StartRead(&in_);
   }
 
