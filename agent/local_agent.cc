@@ -29,6 +29,7 @@
 #include "agent/worker_group.h"
 #include "base/fd_writer.h"
 #include "base/host_addresses.h"
+#include "base/security.h"
 #include "proto/protocol_version.h"
 
 namespace crun::agent {
@@ -290,17 +291,12 @@ struct LocalAgent::Impl final : RendezvousEvents {
     o.max_connections = static_cast<std::size_t>(group.world_size) * 2 + 16;
     o.io_timeout = std::chrono::seconds(30);
     o.body_limit = 1 << 20;
+    std::vector<std::vector<std::string>> members;
     for (const auto& m : group.members) {
-      if (!IsIpLiteral(m.address)) {
-        o.allowed_peers.clear();  // a member of unknown address: no list rather than a wrong one
-        break;
-      }
-      o.allowed_peers.push_back(m.address);
+      members.push_back(IsIpLiteral(m.address) ? std::vector<std::string>{m.address}
+                                               : std::vector<std::string>{});
     }
-    if (!o.allowed_peers.empty()) {
-      o.allowed_peers.push_back("127.0.0.1");
-      o.allowed_peers.push_back("::1");
-    }
+    o.allowed_peers = RoundAllowList(members, /*with_loopback=*/true);
     horovod_kv = std::make_unique<HorovodKv>(HorovodKv::ScopeSizes(group), HorovodKv::Limits{});
     auto served =
         metrics::HttpServer::Serve(io, o, [kv = horovod_kv.get()](const metrics::HttpRequest& r) {

@@ -149,4 +149,18 @@ std::string PeerIp(std::string_view peer) {
   return p;
 }
 
+std::vector<std::string> RoundAllowList(const std::vector<std::vector<std::string>>& members,
+                                        bool with_loopback) {
+  std::vector<std::string> allowed;
+  for (const auto& addresses : members) {
+    if (addresses.empty()) return {};
+    allowed.insert(allowed.end(), addresses.begin(), addresses.end());
+  }
+  if (with_loopback && !allowed.empty()) {
+    allowed.push_back("127.0.0.1");
+    allowed.push_back("::1");
+  }
+  return allowed;
+}
+
 }  // namespace crun

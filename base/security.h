@@ -18,6 +18,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/status.h"
 
@@ -54,5 +55,13 @@ bool TokenMatches(std::string_view expected, std::string_view given);
 // The IP address in a gRPC peer string: "ipv4:10.0.0.2:51234" -> "10.0.0.2",
 // "ipv6:[::1]:5" -> "::1", "ipv6:%5B::1%5D:5" likewise; anything else is returned unchanged.
 std::string PeerIp(std::string_view grpc_peer);
+
+// Who may connect to a server of one round (its store, Horovod's rendezvous), the one builder
+// every such server uses: the addresses of each member, as `members` lists them, plus loopback
+// (`with_loopback`: the server's host runs members' workers, which may come over it). An empty
+// list, which admits everyone, when any member's addresses are unknown (an empty entry): no
+// list rather than a wrong one.
+std::vector<std::string> RoundAllowList(const std::vector<std::vector<std::string>>& members,
+                                        bool with_loopback);
 
 }  // namespace crun

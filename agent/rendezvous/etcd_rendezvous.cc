@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "base/endpoint.h"
+#include "base/security.h"
 #include "rendezvous/etcd/client.h"
 #include "rendezvous/etcd/job.h"
 #include "rendezvous/report/report.h"
@@ -394,14 +395,16 @@ class EtcdRendezvous final : public Rendezvous {
     g.max_restarts = o_.settings.max_restarts;
     g.round = s.round;
     g.virtual_local_rank = o_.virtual_local_rank;
+    // Ranks from the round's members, as the decider's rules assigned them.
+    std::vector<rdzv::NodeDescription> nodes;
+    for (const auto& m : s.members) nodes.push_back(m.node);
     int rank = -1;
     int base = 0;
-    for (std::size_t i = 0; i < s.members.size(); ++i) {
-      if (s.members[i].node.node_id == o_.node_id) {
-        rank = static_cast<int>(i);
-        break;
-      }
-      base += s.members[i].node.nproc;
+    for (const auto& a : rdzv::AssignRanks(nodes)) {
+      if (a.node_id != o_.node_id) continue;
+      rank = a.group_rank;
+      base = a.base_rank;
+      break;
     }
     const bool spare = std::any_of(s.spares.begin(), s.spares.end(),
                                    [&](const auto& n) { return n.node_id == o_.node_id; });
@@ -457,21 +460,14 @@ class EtcdRendezvous final : public Rendezvous {
       for (auto& kv : nodes->kvs) read[kv.key] = std::move(kv);
     }
     const etcd::Mirror& records = watch_all_ ? mirror_ : read;
+    std::vector<std::vector<std::string>> members;
     for (const auto& m : doc.state.members) {
       auto kv = records.find(keys_.node(m.node.node_id));
       if (kv == records.end()) continue;
       auto record = etcd::DecodeNode(m.node.node_id, kv->second.value);
-      if (!record.ok() || record->addresses.empty()) {
-        so.allowed_peers.clear();  // a member of unknown address: no list rather than a wrong one
-        break;
-      }
-      so.allowed_peers.insert(so.allowed_peers.end(), record->addresses.begin(),
-                              record->addresses.end());
+      members.push_back(record.ok() ? record->addresses : std::vector<std::string>{});
     }
-    if (!so.allowed_peers.empty()) {
-      so.allowed_peers.push_back("127.0.0.1");
-      so.allowed_peers.push_back("::1");
-    }
+    so.allowed_peers = RoundAllowList(members, /*with_loopback=*/true);
     auto server = BackgroundStoreServer::Start(so);
     if (!server.ok()) {
       End(1, "cannot serve round " + std::to_string(doc.state.round) +

@@ -10,6 +10,7 @@
 #include "agent/rendezvous/member_exchange.h"
 #include "base/endpoint.h"
 #include "base/host_addresses.h"
+#include "rendezvous/service/rules.h"
 #include "rendezvous/store/tcp_store_client.h"
 #include "rendezvous/store_server/store_server.h"
 
@@ -93,8 +94,7 @@ class LocalRendezvous final : public Rendezvous {
     const std::string what = "rank " + std::to_string(root.rank) + " failed with " +
                              (root.hang.empty() ? exit.Describe() : "a hang: " + root.hang) +
                              (root.oom.empty() ? "" : " (" + root.oom + ")");
-    if (restarts_ < options_.max_restarts) {
-      ++restarts_;
+    if (rdzv::SpendRestart(restarts_, options_.max_restarts)) {
       return Post([this, what] { events_->OnStopAndRejoin(what, true); });
     }
     JobOutcome o;
@@ -230,8 +230,7 @@ class LocalRendezvous final : public Rendezvous {
     const std::string what = std::string(options_.fixed_group ? "Slurm task " : "node ") +
                              std::to_string(who) + " began round " + std::to_string(round + 1) +
                              " after a failure there";
-    if (restarts_ < options_.max_restarts) {
-      ++restarts_;
+    if (rdzv::SpendRestart(restarts_, options_.max_restarts)) {
       return events_->OnStopAndRejoin(what, true);
     }
     JobOutcome o;

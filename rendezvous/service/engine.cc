@@ -4,6 +4,8 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "base/security.h"
+
 namespace crun::rdzv {
 
 struct Engine::Job {
@@ -389,15 +391,14 @@ void Engine::Apply(Job& job, Transition t, TimePoint now) {
   for (auto& action : t.actions) {
     if (auto* round = std::get_if<FormRound>(&action)) {
       job.store.reset();
-      std::vector<std::string> allowed;
+      std::vector<std::vector<std::string>> addresses;
       for (const auto& a : round->assignments) {
         auto known = job.addresses.find(a.node_id);
-        if (known == job.addresses.end() || known->second.empty()) {
-          allowed.clear();  // a member of unknown address: no list rather than a wrong one
-          break;
-        }
-        allowed.insert(allowed.end(), known->second.begin(), known->second.end());
+        addresses.push_back(known == job.addresses.end() ? std::vector<std::string>{}
+                                                         : known->second);
       }
+      // The service's host is no member as such: the members' own addresses only.
+      const std::vector<std::string> allowed = RoundAllowList(addresses, /*with_loopback=*/false);
       const int world = round->assignments.empty() ? 0 : round->assignments.front().world_size;
       auto store = hooks_.start_store(job.run_id, round->round, world, allowed);
       if (!store.ok()) {

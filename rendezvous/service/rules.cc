@@ -33,6 +33,24 @@ std::optional<TimePoint> NextHeartbeatDeadline(const State& s, TimePoint now) {
   return next;
 }
 
+}  // namespace
+
+std::vector<Assignment> AssignRanks(const std::vector<NodeDescription>& nodes) {
+  int world = 0;
+  for (const auto& n : nodes) world += n.nproc;
+  std::vector<Assignment> out;
+  out.reserve(nodes.size());
+  int base = 0;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    out.push_back(
+        {nodes[i].node_id, static_cast<int>(i), static_cast<int>(nodes.size()), base, world});
+    base += nodes[i].nproc;
+  }
+  return out;
+}
+
+namespace {
+
 // Forms a round from the joined nodes: the first max_nodes in rank order take part, the rest
 // are spares.
 // A round after a restart paid from the budget is no storm round: max_restarts bounds those.
@@ -57,22 +75,20 @@ Transition Form(State s, TimePoint now) {
   FormRound round;
   round.round = ++s.round;
   round.restart_count = s.restarts_used;
-  const int members = std::min<int>(static_cast<int>(ordered.size()), s.settings.max_nodes);
-  int world = 0;
-  for (int i = 0; i < members; ++i) world += ordered[static_cast<std::size_t>(i)].nproc;
-  int base = 0;
+  const auto members =
+      std::min<std::size_t>(ordered.size(), static_cast<std::size_t>(s.settings.max_nodes));
+  const std::vector<NodeDescription> chosen(ordered.begin(),
+                                            ordered.begin() + static_cast<std::ptrdiff_t>(members));
+  round.assignments = AssignRanks(chosen);
   s.members.clear();
   s.member_index.clear();
   s.members_succeeded = 0;
   s.spares.clear();
-  for (int i = 0; i < members; ++i) {
-    const auto& n = ordered[static_cast<std::size_t>(i)];
-    round.assignments.push_back({n.node_id, i, members, base, world});
+  for (const auto& n : chosen) {
     s.member_index[n.node_id] = s.members.size();
     s.members.push_back({n, now, false});
-    base += n.nproc;
   }
-  for (std::size_t i = static_cast<std::size_t>(members); i < ordered.size(); ++i) {
+  for (std::size_t i = members; i < ordered.size(); ++i) {
     round.spares.push_back(ordered[i].node_id);
     s.spares.push_back(ordered[i]);
   }
@@ -285,14 +301,13 @@ Transition OnWorkerFailed(State s, const std::string& node_id, const std::string
                           TimePoint now) {
   const bool member = s.member_index.count(node_id) != 0;
   if (s.phase != Phase::kRunning || !member) return {std::move(s), {}, std::nullopt};  // handled
-  if (s.restarts_used >= s.settings.max_restarts) {
+  if (!SpendRestart(s.restarts_used, s.settings.max_restarts)) {
     s.phase = Phase::kFailed;
     std::string reason = what + (s.settings.max_restarts > 0
                                      ? " (after " + std::to_string(s.restarts_used) + " restarts)"
                                      : std::string());
     return {std::move(s), {FailJob{std::move(reason)}}, std::nullopt};
   }
-  ++s.restarts_used;
   return Regather(std::move(s), what, true, now);
 }
 

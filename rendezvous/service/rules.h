@@ -58,6 +58,16 @@ struct Settings {
   Status CheckCompatible(const Settings& other) const;
 };
 
+// The job's restart budget (--max-restarts), one rule for every rendezvous (the service's
+// rules, etcd's decider through them, and one node or the static backend): a failure restarts
+// the job while fewer than `max` restarts were used, spending one (true); otherwise the job
+// ends (false, nothing spent).
+inline bool SpendRestart(int& used, int max) {
+  if (used >= max) return false;
+  ++used;
+  return true;
+}
+
 struct NodeDescription {
   std::string node_id;  // unique per agent: a second agent with the same id is refused
   std::string host;
@@ -77,6 +87,12 @@ struct Assignment {
   int base_rank = 0;   // RANK of the node's local rank 0
   int world_size = 0;  // workers in the round
 };
+
+// Ranks from members, the one assignment function of every rendezvous that forms rounds (the
+// service's rules, and etcd's agents reading the round the decider formed): `nodes` in
+// group-rank order; node i is group rank i, and its workers are the ranks from the number of
+// workers of the nodes before it.
+std::vector<Assignment> AssignRanks(const std::vector<NodeDescription>& nodes);
 
 // Actions the engine carries out.
 struct FormRound {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "base/security.h"
 
@@ -23,6 +24,28 @@ TEST_CASE("security: token comparison, peer addresses", "[security]") {
   CHECK(PeerIp("ipv6:%5B::1%5D:5") == "::1");
   CHECK(PeerIp("ipv6:[::ffff:10.1.2.3]:77") == "10.1.2.3");
   CHECK(PeerIp("unix:/tmp/x") == "unix:/tmp/x");
+}
+
+// The one allow-list builder of a round's servers (the service's round store, etcd's and the
+// static backend's, Horovod's rendezvous), as a table.
+TEST_CASE("security: a round's allow-list", "[security]") {
+  using crun::RoundAllowList;
+  using List = std::vector<std::string>;
+  struct Row {
+    std::vector<List> members;
+    bool loopback;
+    List want;
+  };
+  for (const Row& row : std::vector<Row>{
+           {{{"10.0.0.1"}, {"10.0.0.2", "fd00::2"}}, false, {"10.0.0.1", "10.0.0.2", "fd00::2"}},
+           {{{"10.0.0.1"}, {"10.0.0.2"}}, true, {"10.0.0.1", "10.0.0.2", "127.0.0.1", "::1"}},
+           // A member of unknown address: no list (everyone), never a list that leaves it out.
+           {{{"10.0.0.1"}, {}}, true, {}},
+           {{{}, {"10.0.0.2"}}, false, {}},
+           {{}, true, {}},
+       }) {
+    CHECK(RoundAllowList(row.members, row.loopback) == row.want);
+  }
 }
 
 TEST_CASE("security: loading the token and TLS files names what is wrong", "[security]") {

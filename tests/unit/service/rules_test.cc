@@ -2,6 +2,7 @@
 // threads, clocks or sleeps.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "rendezvous/service/rules.h"
@@ -255,6 +256,31 @@ TEST_CASE("a node's ports are judged by its contracts' port layout", "[rules]") 
       REQUIRE(refused != nullptr);
       CHECK(refused->reason == "--contract differs: this job uses " + contracts.ToString() +
                                    ", the joining agent torch,mpi");
+    }
+  }
+}
+
+TEST_CASE("ranks follow from members in one function", "[rules]") {
+  // Uneven nodes: node i's first rank is the workers of the nodes before it.
+  const auto a = crun::rdzv::AssignRanks({Node("a", 2), Node("b", 3), Node("c", 1)});
+  REQUIRE(a.size() == 3);
+  const int want[][2] = {{0, 0}, {1, 2}, {2, 5}};  // group rank, base rank
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i].group_rank == want[i][0]);
+    CHECK(a[i].base_rank == want[i][1]);
+    CHECK(a[i].group_world_size == 3);
+    CHECK(a[i].world_size == 6);
+  }
+  CHECK(a[1].node_id == "b#1");
+  CHECK(crun::rdzv::AssignRanks({}).empty());
+}
+
+TEST_CASE("the restart budget: spent while some remain, never past max", "[rules]") {
+  for (int max = 0; max <= 3; ++max) {
+    int used = 0;
+    for (int failure = 0; failure < 5; ++failure) {
+      CHECK(crun::rdzv::SpendRestart(used, max) == (failure < max));
+      CHECK(used == std::min(failure + 1, max));
     }
   }
 }
