@@ -43,8 +43,7 @@ int WriteLines(int fd, std::string_view lines) {
   return 0;
 }
 
-FdWriter::FdWriter(int fd, std::size_t limit)
-    : fd_(fd), limit_(limit), thread_([this] { Loop(); }) {}
+FdWriter::FdWriter(int fd, std::size_t limit) : fd_(fd), limit_(limit) {}
 
 FdWriter::~FdWriter() {
   Flush();
@@ -53,7 +52,7 @@ FdWriter::~FdWriter() {
     stop_ = true;
   }
   wake_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 FdWriter& FdWriter::Stdout() {
@@ -82,6 +81,7 @@ bool FdWriter::TryWrite(std::string_view lines) {
       return true;
     }
     queue_.append(lines);
+    StartLocked();
   }
   wake_.notify_one();
   return true;
@@ -96,8 +96,15 @@ void FdWriter::Write(std::string_view lines) {
       return;
     }
     queue_.append(lines);
+    StartLocked();
   }
   wake_.notify_one();
+}
+
+void FdWriter::StartLocked() {
+  // On the first line: a crun that writes nothing (most launches, at the default log level)
+  // starts no thread.
+  if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
 }
 
 void FdWriter::WhenRoom(std::function<void()> ready) {

@@ -12,7 +12,8 @@
 // gone: EPIPE, EBADF), everything queued and later is discarded, as a blocking write that fails
 // would have lost it.
 //
-// Thread-safe. The thread starts with the writer; Flush blocks until what was queued is out.
+// Thread-safe. The thread starts with the first line queued; Flush blocks until what was queued
+// is out.
 #pragma once
 
 #include <condition_variable>
@@ -64,6 +65,7 @@ class FdWriter {
 
  private:
   void Loop();
+  void StartLocked();  // the thread, if it does not run yet (mu_ held)
 
   const int fd_;
   const std::size_t limit_;
