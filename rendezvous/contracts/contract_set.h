@@ -69,8 +69,8 @@ class PortLayout {
   std::optional<std::size_t> Worker(int local_rank) const;
   std::optional<std::size_t> Jax() const { return jax_; }
   std::optional<std::size_t> Horovod() const { return horovod_; }
-  // Whether `reserved` ports fit: "3 reserved ports for 2 workers where --contract
-  // torch,tensorflow,jax needs 3"... An error names the numbers and the contract set.
+  // Whether `reserved` ports fit. An error names the numbers and the contract set: "4
+  // reserved ports for 2 workers where --contract torch,tensorflow,jax needs 3".
   Status Check(std::size_t reserved) const;
 
  private:
