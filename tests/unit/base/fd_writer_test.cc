@@ -14,6 +14,8 @@
 #include <string>
 #include <thread>
 
+#include "tests/unit/test_util.h"
+
 namespace {
 
 using crun::FdWriter;
@@ -23,17 +25,6 @@ std::string ReadAll(int fd) {
   char buf[65536];
   for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
   return out;
-}
-
-// Waits for `done`, for at most 30 s.
-template <typename F>
-bool Within30s(F done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::yield();
-  }
-  return true;
 }
 
 }  // namespace
@@ -62,7 +53,7 @@ TEST_CASE("a stalled reader fills the writer's queue, never its callers") {
     CHECK_FALSE(room.load());
     std::string got;
     std::thread reader([&] { got = ReadAll(p[0]); });
-    REQUIRE(Within30s([&] { return room.load(); }));
+    REQUIRE(crun::testing::Eventually([&] { return room.load(); }));
     w.Flush();
     CHECK(w.queued() == 0);
     ::close(p[1]);  // (the writer does not own it)

@@ -13,25 +13,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <functional>
 #include <regex>
 #include <string>
 #include <thread>
 
 #include "base/fd_writer.h"
-
-namespace {
-
-bool Within30s(const std::function<bool()>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (!done()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::yield();
-  }
-  return true;
-}
-
-}  // namespace
+#include "tests/unit/test_util.h"
 
 TEST_CASE("crun's log never blocks on a stalled stderr, and says what it dropped") {
   int p[2];
@@ -50,14 +37,14 @@ TEST_CASE("crun's log never blocks on a stalled stderr, and says what it dropped
     logged = true;
   });
   // Nobody reads: the logging thread must finish all the same.
-  const bool finished = Within30s([&] { return logged.load(); });
+  const bool finished = crun::testing::Eventually([&] { return logged.load(); });
   std::string got;
   std::thread reader([&] {
     char buf[65536];
     for (ssize_t n; (n = ::read(p[0], buf, sizeof buf)) > 0;) got.append(buf, std::size_t(n));
   });
   logger.join();
-  REQUIRE(Within30s([] { return crun::FdWriter::Stderr().queued() == 0; }));
+  REQUIRE(crun::testing::Eventually([] { return crun::FdWriter::Stderr().queued() == 0; }));
   spdlog::info("after the reader came back");
   crun::launcher::FlushOutput();
   ::dup2(saved, STDERR_FILENO);
