@@ -134,9 +134,7 @@ int RunWithService(const LaunchPlan& p, boost::asio::io_context& io,
   so.nproc = p.nproc;
   if (p.node_rank_given) so.requested_rank = p.node_rank;
   const crun::rdzv::Settings& settings = p.settings;
-  so.settings = {settings.min_nodes,    settings.max_nodes,         settings.max_restarts,
-                 settings.join_timeout, settings.last_call_timeout, settings.heartbeat_timeout,
-                 settings.contracts};
+  so.settings = settings;
   so.heartbeat_interval = p.heartbeat_interval;
   so.keepalive_timeout =
       conf.read_timeout ? Millis(*conf.read_timeout) : settings.heartbeat_timeout;

@@ -92,14 +92,7 @@ class ServiceRendezvous final : public Rendezvous {
     n->set_incarnation(incarnation_);
     for (const auto port : ports_) n->add_ports(port);
     if (o_.requested_rank) n->set_requested_rank(*o_.requested_rank);
-    auto* s = j->mutable_settings();
-    s->set_min_nodes(o_.settings.min_nodes);
-    s->set_max_nodes(o_.settings.max_nodes);
-    s->set_max_restarts(o_.settings.max_restarts);
-    s->set_join_timeout_ms(o_.settings.join_timeout.count());
-    s->set_last_call_timeout_ms(o_.settings.last_call_timeout.count());
-    s->set_heartbeat_timeout_ms(o_.settings.heartbeat_timeout.count());
-    s->set_contracts(o_.settings.contracts.bits());
+    *j->mutable_settings() = rdzv::ToProto(o_.settings);
     client_->Send(std::move(m));
     join_sent_ = true;
   }

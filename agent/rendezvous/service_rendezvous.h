@@ -19,20 +19,9 @@
 
 #include "agent/rendezvous.h"
 #include "base/security.h"
-#include "rendezvous/contracts/contract_set.h"
+#include "rendezvous/service/rules.h"
 
 namespace crun::agent {
-
-// The job's settings every agent of a run id must agree on (the service checks).
-struct JobSettings {
-  int min_nodes = 1;
-  int max_nodes = 1;
-  int max_restarts = 0;
-  std::chrono::milliseconds join_timeout{0};  // also how long an unreachable endpoint is retried
-  std::chrono::milliseconds last_call_timeout{0};  // 0: the service's default
-  std::chrono::milliseconds heartbeat_timeout{0};  // 0: the service's default
-  ContractSet contracts;  // --contract: the service refuses ports that do not fit it
-};
 
 struct ServiceRendezvousOptions {
   std::string endpoint_host;  // as the user gave it (also the workers' default MASTER_ADDR)
@@ -44,7 +33,9 @@ struct ServiceRendezvousOptions {
   std::vector<std::string> addresses;
   int nproc = 1;
   std::optional<int> requested_rank;
-  JobSettings settings;
+  // The job's settings every agent of a run id must agree on (the service checks); join_timeout
+  // is also how long an endpoint never reached is retried.
+  rdzv::Settings settings;
   std::chrono::milliseconds heartbeat_interval{1'000};
   // How long a silent service (no answer to keepalive pings) is tolerated.
   std::chrono::milliseconds keepalive_timeout{3'000};

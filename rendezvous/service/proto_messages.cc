@@ -126,6 +126,18 @@ Settings FromProto(const v1::Settings& s) {
   return out;
 }
 
+v1::Settings ToProto(const Settings& s) {
+  v1::Settings out;
+  out.set_min_nodes(s.min_nodes);
+  out.set_max_nodes(s.max_nodes);
+  out.set_max_restarts(s.max_restarts);
+  out.set_join_timeout_ms(s.join_timeout.count());
+  out.set_last_call_timeout_ms(s.last_call_timeout.count());
+  out.set_heartbeat_timeout_ms(s.heartbeat_timeout.count());
+  out.set_contracts(s.contracts.bits());
+  return out;
+}
+
 std::optional<msg::AgentMessage> FromProto(const v1::AgentMessage& m) {
   switch (m.kind_case()) {
     case v1::AgentMessage::kJoin:

@@ -16,6 +16,7 @@ std::optional<msg::AgentMessage> FromProto(const v1::AgentMessage& m);
 msg::FailureReport FromProto(const v1::FailureReport& r);
 // Settings from their wire form: a time of 0 is the default.
 Settings FromProto(const v1::Settings& s);
+v1::Settings ToProto(const Settings& s);
 
 v1::ServiceMessage ToProto(const msg::ServiceMessage& m);
 v1::StatusResponse ToProto(const msg::StatusResponse& s);

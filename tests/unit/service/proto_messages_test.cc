@@ -244,3 +244,27 @@ TEST_CASE("a status response reaches `crun status` whole", "[proto]") {
   CHECK(j.nodes(1).state() == "spare");
   CHECK(j.nodes(1).group_rank() == -1);
 }
+
+TEST_CASE("a job's settings go to the wire and back whole, --contract included", "[proto]") {
+  crun::rdzv::Settings s;
+  s.min_nodes = 2;
+  s.max_nodes = 4;
+  s.max_restarts = 3;
+  s.join_timeout = crun::rdzv::Millis(7'000);
+  s.last_call_timeout = crun::rdzv::Millis(250);
+  s.heartbeat_timeout = crun::rdzv::Millis(1'500);
+  s.contracts = crun::ParseContracts("tensorflow,jax,horovod").value();
+  const crun::rdzv::Settings back = FromProto(OverTheWire(ToProto(s)));
+  CHECK(back.CheckCompatible(s).ok());
+  CHECK(back.min_nodes == 2);
+  CHECK(back.max_nodes == 4);
+  CHECK(back.max_restarts == 3);
+  CHECK(back.join_timeout == s.join_timeout);
+  CHECK(back.last_call_timeout == s.last_call_timeout);
+  CHECK(back.heartbeat_timeout == s.heartbeat_timeout);
+  CHECK(back.contracts == s.contracts);
+  // An agent that predates the field sends none: torch alone.
+  v1::Settings old = ToProto(s);
+  old.clear_contracts();
+  CHECK(FromProto(old).contracts == crun::ContractSet());
+}
