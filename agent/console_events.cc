@@ -1,9 +1,8 @@
 #include "agent/console_events.h"
-#include "base/fd_writer.h"
-
-#include <unistd.h>
 
 #include <chrono>
+
+#include "base/fd_writer.h"
 
 namespace crun::agent {
 

@@ -29,7 +29,6 @@ LinePump::LinePump(boost::asio::io_context& io, int read_fd, PumpTargets targets
 }
 
 LinePump::~LinePump() {
-  if (!pending_.empty()) Emit(pending_);
   Flush(/*force=*/true);  // lines held for a stalled console are never dropped
   {
     std::lock_guard lock(wait_->mu);
