@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 import uuid
 
@@ -169,14 +170,26 @@ class Matrix(unittest.TestCase):
         cmds = self.commands(backend, contracts, nproc, worker, out)
         if start == "warm":
             cmds = [c[:1] + ["--warm"] + c[1:] for c in cmds]
-        procs = [subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, env=env) for c in cmds]
-        texts = []
+        logs = [open(os.path.join(out, f"crun_{i}.log"), "w+") for i in range(len(cmds))]
+        procs = [subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=log,
+                                  stderr=subprocess.STDOUT, text=True, env=env)
+                 for c, log in zip(cmds, logs)]
+        deadline = time.monotonic() + CASE_LIMIT_S
         try:
             for p in procs:
-                texts.append(p.communicate(timeout=CASE_LIMIT_S)[0])
+                try:
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    kill_all(procs)
+                    self.fail(f"{' '.join(p.args)} still ran after {CASE_LIMIT_S} s; "
+                              "every crun's output:\n" + "\n".join(
+                                  f"--- {' '.join(q.args[:8])}:\n{self.tail(log)}"
+                                  for q, log in zip(procs, logs)))
         finally:
             kill_all(procs)
+        texts = [self.tail(log) for log in logs]
+        for log in logs:
+            log.close()
         for p, text in zip(procs, texts):
             self.assertEqual(p.returncode, 0, f"{' '.join(p.args)}:\n{text[-3000:]}")
         self.assertEqual(processes_mentioning(out), [], "processes left running")
@@ -186,6 +199,12 @@ class Matrix(unittest.TestCase):
             lines = whole_lines(ledger) if os.path.exists(ledger) else []
             kinds = sorted(line.split()[0] for line in lines)
             self.assertEqual(kinds, [start] * (nodes * nproc), lines)
+
+    @staticmethod
+    def tail(log):
+        log.flush()
+        log.seek(0)
+        return log.read()[-3000:]
 
     def check_environments(self, envs, contracts, nodes, nproc):
         world = nodes * nproc

@@ -2,6 +2,7 @@
 and speak the 2.x wire protocol over a raw socket."""
 import json
 import os
+import random
 import select
 import signal
 import socket
@@ -78,9 +79,33 @@ def kill_all(procs):
         p.communicate()
 
 
+def _ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port():
-    """A TCP port free on loopback right now."""
-    with socket.socket() as s:
+    """A TCP port free on loopback right now, from below the kernel's ephemeral range.
+
+    A port the kernel hands out (bind to port 0) is one it may give, a moment later, to any
+    outgoing connection as its local port; with other suites running (ctest -j2, stores taking
+    thousands of connections), a crun that then binds it would find it "in use" and wait for a
+    service that is not there. Ports below the ephemeral range are only taken by explicit binds."""
+    low, _ = _ephemeral_range()
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(1000):
+        port = rng.randrange(10000, max(low, 10001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # a crowded machine: any port, as before
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
