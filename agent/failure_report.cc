@@ -3,25 +3,12 @@
 #include "agent/hangs/hang_watch.h"
 
 #include <chrono>
-#include <ctime>
 #include <fstream>
 #include <set>
 #include <sstream>
 
 namespace crun::agent {
 namespace {
-
-std::string IsoTime(std::int64_t unix_ms) {
-  const std::time_t secs = static_cast<std::time_t>(unix_ms / 1000);
-  const auto ms = unix_ms % 1000;
-  std::tm tm{};
-  ::gmtime_r(&secs, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  char out[80];
-  std::snprintf(out, sizeof out, "%s.%03lldZ", buf, static_cast<long long>(ms));
-  return out;
-}
 
 std::string Indent(const std::string& text, const std::string& pad) {
   std::stringstream in(text);
@@ -32,7 +19,7 @@ std::string Indent(const std::string& text, const std::string& pad) {
 
 void AppendBlock(std::string& out, const report::WorkerFailure& f, const std::string& host,
                  const ReportContext& c) {
-  out += "  time      : " + IsoTime(f.time_unix_ms) + "\n";
+  out += "  time      : " + report::IsoTime(f) + "\n";
   out += "  host      : " + host + "\n";
   out += "  rank      : " + std::to_string(f.rank) + " (local rank " +
          std::to_string(f.local_rank) + ", role " + c.role + ")\n";
@@ -61,10 +48,6 @@ void SetExit(report::WorkerFailure& f, ExitStatus exit) {
   f.exit_code.reset();
   f.signal.reset();
   (exit.signaled ? f.signal : f.exit_code) = exit.value;
-}
-
-bool WroteErrorFile(const report::WorkerFailure& f) {
-  return !f.error_json.empty() || !f.message.empty() || !f.traceback.empty();
 }
 
 std::int64_t NowUnixMs() {
@@ -145,7 +128,7 @@ std::string FormatReport(const ReportContext& c, const report::FailureReport& re
     out += "  rank " + std::to_string(f.rank) + " on " + host + " (local rank " +
            std::to_string(f.local_rank) + ", pid " + std::to_string(f.pid) +
            "): " + (f.hang.empty() ? "" : "hung, " + f.hang + "; ") + ExitOf(f).Describe() +
-           (f.oom.empty() ? "" : ": " + f.oom) + " at " + IsoTime(f.time_unix_ms) + "\n";
+           (f.oom.empty() ? "" : ": " + f.oom) + " at " + report::IsoTime(f) + "\n";
   }
   return out + rule + "\n";
 }
@@ -158,27 +141,7 @@ nlohmann::json ReportJson(const ReportContext& c, const report::FailureReport& r
   j["entrypoint"] = c.entrypoint;
   j["attempt"] = c.attempt;
   j["max_restarts"] = c.max_restarts;
-  j["failures"] = nlohmann::json::array();
-  for (const auto& f : report.failures) {
-    nlohmann::json e;
-    e["time"] = IsoTime(f.time_unix_ms);
-    e["host"] = report.host.empty() ? c.host : report.host;
-    e["rank"] = f.rank;
-    e["local_rank"] = f.local_rank;
-    e["pid"] = f.pid;
-    e["exit_code"] = f.signal ? nlohmann::json(nullptr) : nlohmann::json(f.exit_code.value_or(0));
-    e["signal"] = f.signal ? nlohmann::json(SignalName(*f.signal)) : nlohmann::json(nullptr);
-    e["error_file"] = f.error_file;
-    if (!f.hang.empty()) e["hang"] = f.hang;
-    if (!f.oom.empty()) e["oom"] = f.oom;
-    if (WroteErrorFile(f)) {
-      e["message"] = f.message;
-      e["traceback"] = f.traceback;
-    } else {
-      e["stderr_tail"] = f.stderr_tail;
-    }
-    j["failures"].push_back(e);
-  }
+  j["failures"] = report::FileJson(report, c.host);
   if (c.hang != nullptr) j["hang"] = HangJson(*c.hang);
   return j;
 }

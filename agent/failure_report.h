@@ -20,8 +20,7 @@ namespace crun::agent {
 // How the worker ended, as a record says it (no exit code and no signal reads as exit code 0).
 ExitStatus ExitOf(const report::WorkerFailure& f);
 void SetExit(report::WorkerFailure& f, ExitStatus exit);
-// Whether the worker wrote an error file (its message, traceback or JSON are in the record).
-bool WroteErrorFile(const report::WorkerFailure& f);
+using report::WroteErrorFile;
 // Now, as a record's time_unix_ms.
 std::int64_t NowUnixMs();
 
@@ -44,7 +43,9 @@ bool ReadErrorFile(const std::string& path, report::WorkerFailure& f);
 
 // `report.failures` sorted by time: the first is the root cause. A report that names no host
 // is the context's.
+// The printed report: the root cause's block, the hang, then a line for each other failure.
 std::string FormatReport(const ReportContext& context, const report::FailureReport& report);
+// failure.json: the context, the failures as report::FileJson writes them, and the hang.
 nlohmann::json ReportJson(const ReportContext& context, const report::FailureReport& report);
 
 }  // namespace crun::agent

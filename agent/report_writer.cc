@@ -12,7 +12,9 @@ void PublishReport(const ReportContext& context, const report::FailureReport& re
   FdWriter& err = FdWriter::Stderr();
   err.Write(FormatReport(context, report));
   const std::string json_path = log_dir + "/failure.json";
-  if (WriteWholeFile(json_path, ReportJson(context, report).dump(2) + "\n")) {
+  // A worker's bytes that are not UTF-8 (its stderr, its error file) are written as U+FFFD.
+  constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
+  if (WriteWholeFile(json_path, ReportJson(context, report).dump(2, ' ', false, kReplace) + "\n")) {
     err.Write("crun: failure report written to " + json_path + "\n");
   } else {
     err.Write("crun: cannot write the failure report to " + json_path + "\n");
@@ -26,7 +28,7 @@ void PublishReport(const ReportContext& context, const report::FailureReport& re
     j["message"]["message"] = WroteErrorFile(root) ? root.message : FormatReport(context, report);
   }
   j["message"]["errorCode"] = ExitOf(root).ShellCode();
-  if (!WriteWholeFile(parent_error_file, j.dump() + "\n")) {
+  if (!WriteWholeFile(parent_error_file, j.dump(-1, ' ', false, kReplace) + "\n")) {
     err.Write("crun: cannot write the root cause to TORCHELASTIC_ERROR_FILE " + parent_error_file +
               "\n");
   }

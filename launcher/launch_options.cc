@@ -1,5 +1,7 @@
 #include "launcher/launch_options.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cstring>
 #include <optional>
@@ -7,8 +9,8 @@
 #include <string_view>
 #include <utility>
 
-#include "agent/supervise/process.h"
 #include "base/numbers.h"
+#include "base/signals.h"
 #include "base/spelling.h"
 #include "launcher/security_flags.h"
 
@@ -397,7 +399,7 @@ StatusOr<std::vector<int>> ParseSignals(const std::string& list) {
   std::vector<int> out;
   for (const auto& name : Split(list, ',')) {
     if (name.empty()) continue;
-    const int s = agent::ParseSignal(name);
+    const int s = ParseSignal(name);
     if (s < 0 || s == SIGKILL || s == SIGSTOP) {
       return InvalidArgument("--signals-to-handle: '" + name + "' is not a signal crun can handle");
     }

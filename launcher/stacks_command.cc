@@ -96,7 +96,7 @@ int RunRemote(const StacksOptions& o) {
     j["stacks"] = nlohmann::json::array();
     for (const auto& st : stacks.ranks) j["stacks"].push_back(agent::StacksJson(st));
     j["missing"] = stacks.missing;
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return stacks.missing.empty() ? 0 : 1;
   }
   std::printf("crun stacks: run %s (round %d) through %s: %zu ranks on %d nodes\n",
@@ -186,7 +186,7 @@ int Run(const StacksOptions& o) {
     return 1;
   }
   if (o.json) {
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return 0;
   }
   std::vector<agent::RankStacks> stacks;

@@ -204,7 +204,9 @@ void HangResponder::Finish(const HangAttempt& a, HangReport h,
                            ", attempt " + std::to_string(a.restart_count) + ")\n" + FormatHang(h) +
                            rule + "\n");
   const std::string json = options_.log_dir + "/attempt_" + std::to_string(a.round) + "/hang.json";
-  if (!WriteWholeFile(json, HangJson(h).dump(2) + "\n")) spdlog::warn("cannot write {}", json);
+  // Stacks are the tools' text: bytes that are not UTF-8 are written as U+FFFD.
+  const auto text = HangJson(h).dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (!WriteWholeFile(json, text + "\n")) spdlog::warn("cannot write {}", json);
   concluded_(a.attempt, std::move(h), when, declared);
 }
 

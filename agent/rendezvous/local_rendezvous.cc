@@ -89,16 +89,12 @@ class LocalRendezvous final : public Rendezvous {
   }
 
   void ReportFailure(const report::FailureReport& failures) override {
-    const report::WorkerFailure& root = failures.failures.front();
-    const ExitStatus exit = ExitOf(root);
-    const std::string what = "rank " + std::to_string(root.rank) + " failed with " +
-                             (root.hang.empty() ? exit.Describe() : "a hang: " + root.hang) +
-                             (root.oom.empty() ? "" : " (" + root.oom + ")");
+    const std::string what = report::Describe(failures);
     if (rdzv::SpendRestart(restarts_, options_.max_restarts)) {
       return Post([this, what] { events_->OnStopAndRejoin(what, true); });
     }
     JobOutcome o;
-    o.exit_code = exit.ShellCode();
+    o.exit_code = report::ExitCodeOf(failures);
     o.reason = what;
     o.root_node_id = node_id();
     o.root_report = failures;

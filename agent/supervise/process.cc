@@ -23,23 +23,12 @@
 
 #include <boost/asio/posix/stream_descriptor.hpp>
 
-#include "base/numbers.h"
+#include "base/signals.h"
 
 namespace crun::agent {
 namespace {
 
 namespace asio = boost::asio;
-
-constexpr std::array<std::pair<int, const char*>, 31> kSignals = {{
-    {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},       {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
-    {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"},     {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
-    {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"},     {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
-    {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"},     {SIGTERM, "SIGTERM"}, {SIGSTKFLT, "SIGSTKFLT"},
-    {SIGCHLD, "SIGCHLD"}, {SIGCONT, "SIGCONT"},     {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"},
-    {SIGTTIN, "SIGTTIN"}, {SIGTTOU, "SIGTTOU"},     {SIGURG, "SIGURG"},   {SIGXCPU, "SIGXCPU"},
-    {SIGXFSZ, "SIGXFSZ"}, {SIGVTALRM, "SIGVTALRM"}, {SIGPROF, "SIGPROF"}, {SIGWINCH, "SIGWINCH"},
-    {SIGIO, "SIGIO"},     {SIGPWR, "SIGPWR"},       {SIGSYS, "SIGSYS"},
-}};
 
 // clone3's arguments (linux/sched.h; spelled out here, as that header clashes with glibc's).
 struct CloneArgs {
@@ -151,30 +140,7 @@ class PidfdWatcher final : public ExitWatcher {
 
 }  // namespace
 
-std::string SignalName(int signo) {
-  for (const auto& [n, name] : kSignals) {
-    if (n == signo) return name;
-  }
-  return "signal " + std::to_string(signo);
-}
-
-int ParseSignal(const std::string& text) {
-  if (!text.empty() &&
-      std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c) != 0; })) {
-    const auto n = ParseInteger(text, 1, NSIG - 1);  // digits, but maybe 30 of them
-    return n ? static_cast<int>(*n) : -1;
-  }
-  const std::string full = text.rfind("SIG", 0) == 0 ? text : "SIG" + text;
-  for (const auto& [n, name] : kSignals) {
-    if (full == name) return n;
-  }
-  return -1;
-}
-
-std::string ExitStatus::Describe() const {
-  if (signaled) return "signal " + std::to_string(value) + " (" + SignalName(value) + ")";
-  return "exit code " + std::to_string(value);
-}
+std::string ExitStatus::Describe() const { return DescribeExit(signaled, value); }
 
 namespace {
 

@@ -25,6 +25,7 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "base/signals.h"  // SignalName, ParseSignal, DescribeExit
 #include "base/status.h"
 
 namespace crun::agent {
@@ -55,14 +56,9 @@ struct ExitStatus {
   bool success() const { return !signaled && value == 0; }
   // The shell's convention: the exit code, or 128 + signal.
   int ShellCode() const { return signaled ? 128 + value : value; }
-  // "exit code 3", "signal 9 (SIGKILL)"
+  // "exit code 3", "signal 9 (SIGKILL)" (DescribeExit)
   std::string Describe() const;
 };
-
-// "SIGKILL" for 9, "signal 77" for unknown numbers.
-std::string SignalName(int signo);
-// Parses "SIGTERM", "TERM" or "15"; -1 when unknown.
-int ParseSignal(const std::string& name);
 
 // A started child whose exec has not been confirmed yet.
 struct PendingProcess {

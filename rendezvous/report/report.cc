@@ -1,9 +1,11 @@
 #include "rendezvous/report/report.h"
 
 #include <charconv>
+#include <cstdio>
+#include <ctime>
 #include <stdexcept>
 
-#include <nlohmann/json.hpp>
+#include "base/signals.h"
 
 namespace crun::report {
 namespace {
@@ -11,12 +13,47 @@ namespace {
 using nlohmann::json;
 using Ordered = nlohmann::ordered_json;  // in the .proto's field order
 
-void PutText(Ordered& o, const char* name, const std::string& value) {
-  if (!value.empty()) o[name] = value;
-}
+// Where a report's JSON goes: the store (ToJson: protobuf's JSON mapping, a field at its
+// default left out) or failure.json (FileJson: every key there, for users' tools).
+enum class Layout { kStored, kFile };
 
-void PutNumber(Ordered& o, const char* name, int value) {
-  if (value != 0) o[name] = value;
+// One failure as JSON: each field of WorkerFailure once, in the .proto's order, with how each
+// layout writes it. `host` is the file's (the store keeps it once, on the report).
+template <class Json>
+Json EncodeFailure(const WorkerFailure& w, Layout layout, const std::string& host) {
+  const bool file = layout == Layout::kFile;
+  Json f = Json::object();
+  const auto put = [&](const char* name, const auto& value, bool at_default) {
+    if (file || !at_default) f[name] = value;
+  };
+  if (file) {
+    f["time"] = IsoTime(w);
+    f["host"] = host;
+  } else {
+    put("time", w.time, w.time.empty());
+  }
+  put("rank", w.rank, w.rank == 0);
+  put("local_rank", w.local_rank, w.local_rank == 0);
+  put("pid", w.pid, w.pid == 0);
+  if (file) {  // one of the two null; "neither" reads as exit code 0, as ExitCodeOf does
+    f["exit_code"] = w.signal ? Json(nullptr) : Json(w.exit_code.value_or(0));
+    f["signal"] = w.signal ? Json(SignalName(*w.signal)) : Json(nullptr);
+  } else {  // exit code 0 is written: it is not "no exit"
+    if (w.exit_code) f["exit_code"] = *w.exit_code;
+    if (w.signal) f["signal"] = *w.signal;
+  }
+  // The file gives the error file's words, or else the stderr lines: the one that says why.
+  const bool error_file = WroteErrorFile(w);
+  if (!file || error_file) {
+    put("message", w.message, w.message.empty());
+    put("traceback", w.traceback, w.traceback.empty());
+  }
+  if (!file || !error_file) put("stderr_tail", w.stderr_tail, w.stderr_tail.empty());
+  put("error_file", w.error_file, w.error_file.empty());
+  if (!file && w.time_unix_ms != 0) f["time_unix_ms"] = std::to_string(w.time_unix_ms);
+  if (!w.hang.empty()) f["hang"] = w.hang;
+  if (!w.oom.empty()) f["oom"] = w.oom;
+  return f;
 }
 
 // A field that must have the type asked for; absent is the default. Throws json's type error.
@@ -70,44 +107,57 @@ int ExitCodeOf(const FailureReport& report) {
   return f.exit_code.value_or(0) != 0 ? *f.exit_code : 1;
 }
 
-std::string Describe(const FailureReport& report) {
-  if (report.failures.empty()) return "a worker on " + report.host + " failed";
-  const auto& f = report.failures.front();
-  std::string how = f.signal ? "signal " + std::to_string(*f.signal)
-                             : "exit code " + std::to_string(f.exit_code.value_or(0));
+std::string DescribeEnd(const WorkerFailure& f) {
+  if (!f.hang.empty()) return "a hang: " + f.hang;
+  std::string how = DescribeExit(f.signal.has_value(), f.signal.value_or(f.exit_code.value_or(0)));
   if (!f.oom.empty()) how += " (" + f.oom + ")";
-  if (!f.hang.empty()) how = "a hang: " + f.hang;
+  return how;
+}
+
+std::string Describe(const FailureReport& report) {
+  const std::string on = report.host.empty() ? "" : " on " + report.host;
+  if (report.failures.empty()) return "a worker" + on + " failed";
+  const auto& f = report.failures.front();
   std::string out = "rank " + std::to_string(f.rank) + " (local rank " +
-                    std::to_string(f.local_rank) + ") on " + report.host + " failed with " + how;
+                    std::to_string(f.local_rank) + ")" + on + " failed with " + DescribeEnd(f);
   if (!f.message.empty()) out += ": " + f.message;
+  return out;
+}
+
+bool WroteErrorFile(const WorkerFailure& f) {
+  return !f.error_json.empty() || !f.message.empty() || !f.traceback.empty();
+}
+
+std::string IsoTime(const WorkerFailure& f) {
+  const std::time_t secs = static_cast<std::time_t>(f.time_unix_ms / 1000);
+  const auto ms = f.time_unix_ms % 1000;
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[80];
+  std::snprintf(out, sizeof out, "%s.%03lldZ", buf, static_cast<long long>(ms));
   return out;
 }
 
 std::string ToJson(const FailureReport& report) {
   Ordered out = Ordered::object();
-  PutText(out, "host", report.host);
+  if (!report.host.empty()) out["host"] = report.host;
   if (!report.failures.empty()) {
     Ordered& failures = out["failures"] = Ordered::array();
     for (const auto& w : report.failures) {
-      Ordered f = Ordered::object();
-      PutText(f, "time", w.time);
-      PutNumber(f, "rank", w.rank);
-      PutNumber(f, "local_rank", w.local_rank);
-      PutNumber(f, "pid", w.pid);
-      if (w.exit_code) f["exit_code"] = *w.exit_code;
-      if (w.signal) f["signal"] = *w.signal;
-      PutText(f, "message", w.message);
-      PutText(f, "traceback", w.traceback);
-      if (!w.stderr_tail.empty()) f["stderr_tail"] = w.stderr_tail;
-      PutText(f, "error_file", w.error_file);
-      if (w.time_unix_ms != 0) f["time_unix_ms"] = std::to_string(w.time_unix_ms);
-      PutText(f, "hang", w.hang);
-      PutText(f, "oom", w.oom);
-      failures.push_back(std::move(f));
+      failures.push_back(EncodeFailure<Ordered>(w, Layout::kStored, report.host));
     }
   }
-  PutText(out, "node_id", report.node_id);
+  if (!report.node_id.empty()) out["node_id"] = report.node_id;
   return out.dump(-1, ' ', false, Ordered::error_handler_t::replace);
+}
+
+json FileJson(const FailureReport& report, const std::string& default_host) {
+  const std::string& host = report.host.empty() ? default_host : report.host;
+  json out = json::array();
+  for (const auto& w : report.failures) out.push_back(EncodeFailure<json>(w, Layout::kFile, host));
+  return out;
 }
 
 StatusOr<FailureReport> FromJson(std::string_view text) {

@@ -3,6 +3,12 @@
 // (agent/attempt_failures.h) and prints it (agent/failure_report.h), the rendezvous core
 // decides on it (rendezvous/service), the etcd rendezvous keeps it as the JSON below, and only
 // the gRPC adapter and the agent's session convert it to crun.v1.FailureReport on the wire.
+//
+// Each encoding of the model is defined here once, or in one place for its format: the words
+// (Describe, DescribeEnd), the shell code (ExitCodeOf), the stored JSON (ToJson, FromJson),
+// failure.json's entries (FileJson), the protobuf message (rendezvous/service/proto_messages.h)
+// and the printed block (agent/failure_report.h, which says exits with DescribeEnd's words).
+// tests/unit/report_cases.h is the table every one of them is tested against.
 // Plain C++ and nlohmann_json.
 #pragma once
 
@@ -11,6 +17,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "base/status.h"
 
@@ -33,16 +41,30 @@ struct WorkerFailure {
   // The error file's JSON as the worker wrote it (TORCHELASTIC_ERROR_FILE passes it on). Only
   // the node that read the file has it: ToJson and the wire leave it out.
   std::string error_json;
+
+  bool operator==(const WorkerFailure&) const = default;
 };
 
 struct FailureReport {
   std::string host;
   std::vector<WorkerFailure> failures;  // first in time first: the root cause
   std::string node_id;
+
+  bool operator==(const FailureReport&) const = default;
 };
 
-// "rank 3 (local rank 1) on node-b failed with exit code 2: ValueError: ..."
+// How a worker ended, in words: "exit code 2", "signal 9 (SIGKILL)" (base/signals.h), with the
+// OOM killer's part when it had one ("signal 9 (SIGKILL) (killed by the OOM killer)"), or
+// "a hang: no progress for 30.0 s" when crun stopped it for one.
+std::string DescribeEnd(const WorkerFailure& f);
+// The root cause in one line, as every backend's restart reason and exit message says it:
+// "rank 3 (local rank 1) on node-b failed with exit code 2: ValueError: ...". A report that
+// names no host leaves out " on <host>".
 std::string Describe(const FailureReport& report);
+// Whether the worker wrote an error file (its message, traceback or JSON are in the record).
+bool WroteErrorFile(const WorkerFailure& f);
+// The failure's time_unix_ms in ISO 8601, UTC, to the millisecond: "2026-11-26T12:00:00.250Z".
+std::string IsoTime(const WorkerFailure& f);
 // The shell code of the report's first failure (exit code, or 128 + signal); 1 if none.
 int ExitCodeOf(const FailureReport& report);
 
@@ -55,5 +77,11 @@ std::string ToJson(const FailureReport& report);
 // Back from ToJson's text (time_unix_ms as a string or a number); kInvalidArgument naming what
 // is wrong for anything else.
 StatusOr<FailureReport> FromJson(std::string_view text);
+// failure.json's "failures": the layout users' tools read (docs/cli.md), one object a failure
+// with every key present: time (IsoTime), host (the report's, else `default_host`), rank,
+// local_rank, pid, exit_code and signal (one of them null; the signal by name), error_file,
+// hang and oom when it had them, then message and traceback when it wrote an error file, else
+// stderr_tail. Derived from the same field list as ToJson.
+nlohmann::json FileJson(const FailureReport& report, const std::string& default_host);
 
 }  // namespace crun::report

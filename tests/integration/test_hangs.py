@@ -62,8 +62,9 @@ class Hangs(unittest.TestCase):
         self.assertRegex(r.stderr, rf"ranks? {others}: in `all_reduce`")
         for t in [tool] if isinstance(tool, str) else tool:
             self.assertIn(f"by {t}", r.stderr)
-        self.assertIn(f"restarting the worker group (restart 1 of at most 1): rank {hung} "
-                      "failed with a hang: no progress for", r.stderr)
+        self.assertRegex(r.stderr, r"restarting the worker group \(restart 1 of at most 1\): "
+                         rf"rank {hung} \(local rank \d+\) on \S+ failed with a hang: "
+                         "no progress for")
         for rank in range(world):
             self.assertIn(f"rank {rank} attempt 1 done", r.stdout)
         h = self.hang_json()
@@ -100,7 +101,8 @@ class Hangs(unittest.TestCase):
         # The scope is expires()'s caller as PyTorch computes it (1.13: contextlib's frame).
         self.assertRegex(r.stderr, r"torchelastic timer '[^']+#\d+' of pid \d+ expired")
         self.assertIn("rank 1: in `stuck_in_load_batch`", r.stderr)
-        self.assertIn("rank 1 failed with a hang: torchelastic timer", r.stderr)
+        self.assertRegex(r.stderr,
+                         r"rank 1 \(local rank 1\) on \S+ failed with a hang: torchelastic timer")
         self.assertIn("rank 1 attempt 1 done", r.stdout)
         self.assertEqual(glob.glob(f"{self.logs}/*/*/timer.pipe"), [])  # removed at the end
 
@@ -146,8 +148,8 @@ class Hangs(unittest.TestCase):
         self.assertIn("ranks 0-1: in `crun::worker::", r.stderr)
         self.assertRegex(r.stderr, r"by (eu-stack|gdb)")
         self.assertEqual(r.stderr.count("is hung"), 3)  # the first attempt only
-        self.assertIn("restarting the worker group (restart 1 of at most 1): rank 2 failed "
-                      "with a hang", r.stderr)
+        self.assertRegex(r.stderr, r"restarting the worker group \(restart 1 of at most 1\): "
+                         r"rank 2 \(local rank 2\) on \S+ failed with a hang")
         for rank in range(3):
             self.assertIn(f"rank {rank} attempt 1 done", r.stdout)
 

@@ -15,6 +15,7 @@
 #include "agent/failure_report.h"
 #include "agent/report_writer.h"
 #include "base/files.h"
+#include "tests/unit/report_cases.h"
 #include "tests/unit/temp_dir.h"
 
 namespace {
@@ -162,6 +163,47 @@ TEST_CASE("failure report: TORCHELASTIC_ERROR_FILE gets the worker's file and it
     CHECK(j["message"]["errorCode"] == 128 + SIGTERM);
   }
   CHECK(nlohmann::json::parse(Read(dir.path + "/failure.json"))["failures"].size() == 2);
+}
+
+TEST_CASE("failure report: a worker's bytes that are not UTF-8 are published, replaced",
+          "[report]") {
+  crun::testing::TempDir dir;
+  auto r = TwoFailures();
+  r.failures[0].stderr_tail = {"bad \xff byte"};
+  const std::string parent = dir.path + "/parent_error.json";
+  PublishReport(Context(), r, dir.path, parent);
+  const auto file = nlohmann::json::parse(Read(dir.path + "/failure.json"));
+  CHECK(file["failures"][0]["stderr_tail"][0] == "bad \xef\xbf\xbd byte");
+  const auto j = nlohmann::json::parse(Read(parent));
+  CHECK_THAT(j["message"]["message"].get<std::string>(), Catch::Contains("bad \xef\xbf\xbd byte"));
+}
+
+TEST_CASE("failure report: printed and in failure.json as the table says, for every row",
+          "[report]") {
+  for (const auto& c : crun::testing::ReportCases()) {
+    INFO(c.name);
+    const std::string text = FormatReport(Context(), c.report);
+    const auto j = ReportJson(Context(), c.report);
+    CHECK(j["failures"] == nlohmann::json::parse(c.file));
+    if (c.report.failures.empty()) {
+      CHECK_THAT(text, Catch::Contains("Other failures: none"));
+      continue;
+    }
+    const auto& root = c.report.failures.front();
+    CHECK_THAT(text, Catch::Contains("  time      : " + report::IsoTime(root) + "\n"));
+    CHECK_THAT(text, Catch::Contains("  host      : " +
+                                     (c.report.host.empty() ? "this-host" : c.report.host) + "\n"));
+    CHECK_THAT(text,
+               Catch::Contains("  rank      : " + std::to_string(root.rank) + " (local rank " +
+                               std::to_string(root.local_rank) + ", role default)\n"));
+    CHECK_THAT(text, Catch::Contains("  exit      : " + ExitOf(root).Describe()));
+    if (!root.hang.empty()) CHECK_THAT(text, Catch::Contains("  hang      : " + root.hang + "\n"));
+    if (!root.oom.empty()) CHECK_THAT(text, Catch::Contains(root.oom));
+    if (!root.message.empty()) {
+      CHECK_THAT(text, Catch::Contains("  error     : " + root.message + "\n"));
+    }
+    for (const auto& line : root.stderr_tail) CHECK_THAT(text, Catch::Contains("    " + line));
+  }
 }
 
 }  // namespace

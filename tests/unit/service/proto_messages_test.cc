@@ -5,7 +5,17 @@
 
 #include <variant>
 
+#include <fstream>
+#include <memory>
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/descriptor.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <google/protobuf/util/type_resolver_util.h>
+
+#include "rendezvous/report/report.h"
 #include "rendezvous/service/proto_messages.h"
+#include "tests/unit/report_cases.h"
 
 namespace {
 
@@ -23,6 +33,38 @@ M OverTheWire(const M& m) {
   REQUIRE(out.ParseFromString(bytes));
   return out;
 }
+
+// Protobuf's own JSON printer for crun.v1 messages, on the schema's descriptors (the build
+// writes them: tests/CMakeLists.txt), with field names as the .proto spells them.
+class JsonPrinter {
+ public:
+  JsonPrinter() {
+    std::ifstream in(CRUN_V1_DESCRIPTORS, std::ios::binary);
+    google::protobuf::FileDescriptorSet files;
+    REQUIRE(files.ParseFromIstream(&in));
+    for (const auto& file : files.file()) REQUIRE(pool_.BuildFile(file) != nullptr);
+    resolver_.reset(google::protobuf::util::NewTypeResolverForDescriptorPool(kUrlPrefix, &pool_));
+  }
+
+  template <class M>
+  std::string Print(const M& message) const {
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    std::string out;
+    const auto status =
+        google::protobuf::util::BinaryToJsonString(resolver_.get(),
+                                                   std::string(kUrlPrefix) + "/" +
+                                                       message.GetTypeName(),
+                                                   message.SerializeAsString(), &out, options);
+    REQUIRE(status.ok());
+    return out;
+  }
+
+ private:
+  static constexpr const char* kUrlPrefix = "type.googleapis.com";
+  google::protobuf::DescriptorPool pool_;
+  std::unique_ptr<google::protobuf::util::TypeResolver> resolver_;
+};
 
 }  // namespace
 
@@ -267,4 +309,19 @@ TEST_CASE("a job's settings go to the wire and back whole, --contract included",
   v1::Settings old = ToProto(s);
   old.clear_contracts();
   CHECK(FromProto(old).contracts == crun::ContractSet());
+}
+
+TEST_CASE("each report of the table crosses the wire whole, and protobuf prints it as ToJson",
+          "[proto]") {
+  const JsonPrinter printer;
+  for (const auto& c : crun::testing::ReportCases()) {
+    INFO(c.name);
+    const auto wire = OverTheWire(ToProto(c.report));
+    CHECK(FromProto(wire) == c.report);
+    // The stored JSON (rendezvous/report/report.h's ToJson) is protobuf's own mapping of the
+    // message: what protobuf's printer writes for it, byte for byte.
+    const std::string printed = printer.Print(wire);
+    CHECK(printed == c.stored);
+    CHECK(printed == crun::report::ToJson(c.report));
+  }
 }
