@@ -174,9 +174,18 @@ def simulated(args, agents):
     finally:
         daemon.terminate()
         daemon.communicate(timeout=30)
+    return loadgen_json(r, f"rdzv_loadgen x{agents}")
+
+
+def loadgen_json(r, what):
+    """rdzv_loadgen's figures from its stdout, or an error that shows what it wrote instead."""
     if r.returncode != 0:
-        raise RuntimeError(f"rdzv_loadgen x{agents}: {r.stderr[-600:]}")
-    return json.loads(r.stdout)
+        raise RuntimeError(f"{what}: {r.stderr[-600:]}")
+    try:
+        return json.loads(r.stdout)
+    except ValueError as e:
+        raise RuntimeError(f"{what} wrote no JSON ({e}): {r.stdout[:600]!r}; "
+                           f"stderr: {r.stderr[-600:]}") from None
 
 
 def etcd_simulated(args, agents):
@@ -192,9 +201,7 @@ def etcd_simulated(args, agents):
                                capture_output=True, text=True, timeout=LIMIT_S)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"rdzv_loadgen --etcd x{agents}: {r.stderr[-600:]}")
-    return json.loads(r.stdout)
+    return loadgen_json(r, f"rdzv_loadgen --etcd x{agents}")
 
 
 def median_run(fn, agents, what):

@@ -34,6 +34,8 @@
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include "agent/rendezvous/session_client.h"
 #include "tests/bench/loadgen_util.h"
@@ -109,6 +111,9 @@ int main(int argc, char** argv) {
                  "the service's process (repeat: the sum over etcd's members)");
   app.add_option("--run-id", o.run_id);
   CLI11_PARSE(app, argc, argv);
+  // The agents' log goes to stderr: spdlog's default logger writes to stdout, where this
+  // program's JSON goes (one etcd warning there broke the bench's reading).
+  spdlog::set_default_logger(spdlog::stderr_logger_mt("rdzv_loadgen"));
   if (!o.etcd.empty()) {
     crun::bench::EtcdLoad e;
     e.endpoints = o.etcd;
