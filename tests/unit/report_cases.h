@@ -55,16 +55,17 @@ inline std::vector<ReportCase> ReportCases() {
     c.report.failures = {root, other};
     c.describe = "rank 3 (local rank 1) on node-b failed with exit code 2: ValueError: bad batch";
     c.exit_code = 2;
-    c.stored =
-        R"({"host":"node-b","failures":[{"rank":3,"local_rank":1,"pid":4242,"exit_code":2,)"
-        R"("message":"ValueError: bad batch","traceback":"Traceback (most recent call last):\n  x",)"
-        R"("error_file":"/tmp/e/attempt_0/3/error.json","time_unix_ms":"1795694400250"},)"
-        R"({"rank":2,"pid":4241,"signal":15,"time_unix_ms":"1795694401250"}],)"
-        R"("node_id":"node-b#4242"})";
+    c.stored = R"({"host":"node-b","failures":[{"rank":3,"local_rank":1,"pid":4242,"exit_code":2,)"
+               R"("message":"ValueError: bad batch",)"
+               R"("traceback":"Traceback (most recent call last):\n  x",)"
+               R"("error_file":"/tmp/e/attempt_0/3/error.json","time_unix_ms":"1795694400250"},)"
+               R"({"rank":2,"pid":4241,"signal":15,"time_unix_ms":"1795694401250"}],)"
+               R"("node_id":"node-b#4242"})";
     c.file =
         R"([{"error_file":"/tmp/e/attempt_0/3/error.json","exit_code":2,"host":"node-b",)"
         R"("local_rank":1,"message":"ValueError: bad batch","pid":4242,"rank":3,"signal":null,)"
-        R"("time":"2026-11-26T12:00:00.250Z","traceback":"Traceback (most recent call last):\n  x"},)"
+        R"("time":"2026-11-26T12:00:00.250Z",)"
+        R"("traceback":"Traceback (most recent call last):\n  x"},)"
         R"({"error_file":"","exit_code":null,"host":"node-b","local_rank":0,"pid":4241,"rank":2,)"
         R"("signal":"SIGTERM","stderr_tail":[],"time":"2026-11-26T12:00:01.250Z"}])";
     rows.push_back(c);
@@ -78,9 +79,8 @@ inline std::vector<ReportCase> ReportCases() {
     c.report.failures = {f};
     c.describe = "rank 1 (local rank 1) on node-a failed with signal 9 (SIGKILL)";
     c.exit_code = 137;
-    c.stored =
-        R"({"host":"node-a","failures":[{"rank":1,"local_rank":1,"pid":77,"signal":9,)"
-        R"("stderr_tail":["step 10","café \"quoted\""],"time_unix_ms":"1795694400250"}]})";
+    c.stored = R"({"host":"node-a","failures":[{"rank":1,"local_rank":1,"pid":77,"signal":9,)"
+               R"("stderr_tail":["step 10","café \"quoted\""],"time_unix_ms":"1795694400250"}]})";
     c.file =
         R"([{"error_file":"","exit_code":null,"host":"node-a","local_rank":1,"pid":77,"rank":1,)"
         R"("signal":"SIGKILL","stderr_tail":["step 10","café \"quoted\""],)"
@@ -98,13 +98,11 @@ inline std::vector<ReportCase> ReportCases() {
         "rank 0 (local rank 0) on node-a failed with signal 9 (SIGKILL) (killed by the OOM "
         "killer (cgroup's memory.events))";
     c.exit_code = 137;
-    c.stored =
-        R"({"host":"node-a","failures":[{"pid":5,"signal":9,"time_unix_ms":"1795694400250",)"
-        R"x("oom":"killed by the OOM killer (cgroup's memory.events)"}]})x";
-    c.file =
-        R"([{"error_file":"","exit_code":null,"host":"node-a","local_rank":0,)"
-        R"x("oom":"killed by the OOM killer (cgroup's memory.events)","pid":5,"rank":0,)x"
-        R"("signal":"SIGKILL","stderr_tail":[],"time":"2026-11-26T12:00:00.250Z"}])";
+    c.stored = R"({"host":"node-a","failures":[{"pid":5,"signal":9,"time_unix_ms":"1795694400250",)"
+               R"x("oom":"killed by the OOM killer (cgroup's memory.events)"}]})x";
+    c.file = R"([{"error_file":"","exit_code":null,"host":"node-a","local_rank":0,)"
+             R"x("oom":"killed by the OOM killer (cgroup's memory.events)","pid":5,"rank":0,)x"
+             R"("signal":"SIGKILL","stderr_tail":[],"time":"2026-11-26T12:00:00.250Z"}])";
     rows.push_back(c);
   }
   {
@@ -116,9 +114,8 @@ inline std::vector<ReportCase> ReportCases() {
     c.report.failures = {f};
     c.describe = "rank 5 (local rank 1) on node-c failed with a hang: no progress for 30.0 s";
     c.exit_code = 143;
-    c.stored =
-        R"({"host":"node-c","failures":[{"rank":5,"local_rank":1,"pid":9,"signal":15,)"
-        R"("time_unix_ms":"1795694400250","hang":"no progress for 30.0 s"}]})";
+    c.stored = R"({"host":"node-c","failures":[{"rank":5,"local_rank":1,"pid":9,"signal":15,)"
+               R"("time_unix_ms":"1795694400250","hang":"no progress for 30.0 s"}]})";
     c.file =
         R"([{"error_file":"","exit_code":null,"hang":"no progress for 30.0 s","host":"node-c",)"
         R"("local_rank":1,"pid":9,"rank":5,"signal":"SIGTERM","stderr_tail":[],)"
@@ -135,12 +132,10 @@ inline std::vector<ReportCase> ReportCases() {
     c.report.failures = {f};
     c.describe = "rank 4 (local rank 0) on node-a failed with exit code 0";
     c.exit_code = 1;
-    c.stored =
-        R"({"host":"node-a","failures":[{"time":"2026-11-26T12:00:00Z","rank":4,"pid":11,)"
-        R"("exit_code":0,"time_unix_ms":"1795694400250"}]})";
-    c.file =
-        R"([{"error_file":"","exit_code":0,"host":"node-a","local_rank":0,"pid":11,"rank":4,)"
-        R"("signal":null,"stderr_tail":[],"time":"2026-11-26T12:00:00.250Z"}])";
+    c.stored = R"({"host":"node-a","failures":[{"time":"2026-11-26T12:00:00Z","rank":4,"pid":11,)"
+               R"("exit_code":0,"time_unix_ms":"1795694400250"}]})";
+    c.file = R"([{"error_file":"","exit_code":0,"host":"node-a","local_rank":0,"pid":11,"rank":4,)"
+             R"("signal":null,"stderr_tail":[],"time":"2026-11-26T12:00:00.250Z"}])";
     rows.push_back(c);
   }
   {

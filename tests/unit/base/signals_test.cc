@@ -28,8 +28,8 @@ TEST_CASE("a signal is named as the shell names it, and read back", "[signals]")
   CHECK(crun::SignalName(0) == "signal 0");
   CHECK(crun::SignalName(SIGRTMIN + 1) == "signal " + std::to_string(SIGRTMIN + 1));
   CHECK(crun::SignalName(-3) == "signal -3");
-  for (const char* bad : {"", "SIG", "SIGNOPE", "term", "0", "65", "999999999999999999999", "-9",
-                          " 9", "SIGTERM "}) {
+  for (const char* bad :
+       {"", "SIG", "SIGNOPE", "term", "0", "65", "999999999999999999999", "-9", " 9", "SIGTERM "}) {
     INFO(bad);
     CHECK(crun::ParseSignal(bad) == -1);
   }
