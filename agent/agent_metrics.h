@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "agent/supervise/process.h"
+#include "agent/supervise/exit_status.h"
 #include "metrics/registry.h"
 
 namespace crun::agent {

@@ -1,6 +1,6 @@
 // Starting an attempt's workers, in two phases: each worker is prepared (its log directory, its
 // command line, its environment, its output streams and hang channels) and forked, waiting;
-// then all exec at once and each start is confirmed (supervise/process.h). A worker that could
+// then all exec at once and each start is confirmed (supervise/spawn.h). A worker that could
 // not be started is answered with the shell's code (127 not found, 126 cannot run, 1 no log
 // directory); when one fails in the first phase, the ranks after it are not tried.
 #pragma once
@@ -19,8 +19,9 @@
 #include "agent/hangs/worker_pipe.h"
 #include "agent/line_pump.h"
 #include "agent/local_agent.h"
+#include "agent/supervise/exit_watcher.h"
 #include "agent/supervise/lifecycle.h"
-#include "agent/supervise/process.h"
+#include "agent/supervise/spawn.h"
 #include "agent/warm/warm_template.h"
 #include "agent/worker_env.h"
 #include "agent/worker_streams.h"

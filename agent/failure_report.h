@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/hangs/hang_report.h"
-#include "agent/supervise/process.h"
+#include "agent/supervise/exit_status.h"
 #include "rendezvous/report/report.h"
 
 namespace crun::agent {

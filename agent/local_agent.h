@@ -26,7 +26,7 @@
 #include "agent/agent_metrics.h"
 #include "agent/contracts.h"
 #include "agent/rendezvous.h"
-#include "agent/supervise/process.h"
+#include "agent/supervise/exit_watcher.h"
 #include "metrics/http_server.h"
 
 namespace crun::agent {

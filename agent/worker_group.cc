@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "agent/supervise/children.h"
 #include "base/proc.h"
 
 namespace crun::agent {

@@ -19,6 +19,7 @@
 
 #include "agent/attempt_start.h"
 #include "agent/supervise/attempt_edge.h"
+#include "agent/supervise/group_guard.h"
 #include "agent/supervise/lifecycle.h"
 #include "agent/supervise/oom.h"
 #include "agent/supervise/worker_cgroup.h"

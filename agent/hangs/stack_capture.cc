@@ -18,7 +18,8 @@
 #include "agent/hangs/python_hook.h"
 #include "agent/hangs/stack_parsers.h"
 #include "agent/hangs/stack_pipe.h"
-#include "agent/supervise/process.h"
+#include "agent/supervise/exit_watcher.h"
+#include "agent/supervise/spawn.h"
 #include "base/proc.h"
 #include "base/text.h"
 

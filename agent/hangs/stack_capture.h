@@ -7,7 +7,7 @@
 //   interpreter); else the hook crun installs in every Python worker (a sitecustomize writing
 //   faulthandler's dump to a pipe crun reads: StackPipe), on one of two real-time signals.
 // * Native (and Python where neither works): eu-stack (elfutils), else gdb.
-// The tools run as crun's children; workers name crun as their tracer (process.h), so this
+// The tools run as crun's children; workers name crun as their tracer (supervise/spawn.h), so this
 // works where Yama allows tracing only by ancestors.
 #pragma once
 

@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <fstream>
 
-#include "agent/supervise/process.h"
+#include "agent/supervise/children.h"
 #include "base/proc.h"
 
 namespace crun::agent {

@@ -20,7 +20,7 @@
 #include <variant>
 #include <vector>
 
-#include "agent/supervise/process.h"
+#include "agent/supervise/exit_status.h"
 
 namespace crun::agent::lifecycle {
 

@@ -26,7 +26,9 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 
-#include "agent/supervise/process.h"
+#include "agent/supervise/exit_watcher.h"
+#include "agent/supervise/group_guard.h"
+#include "agent/supervise/spawn.h"
 #include "agent/supervise/worker_cgroup.h"
 #include "base/status.h"
 

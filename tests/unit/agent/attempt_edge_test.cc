@@ -21,7 +21,9 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "agent/supervise/attempt_edge.h"
-#include "agent/supervise/process.h"
+#include "agent/supervise/children.h"
+#include "agent/supervise/exit_watcher.h"
+#include "agent/supervise/spawn.h"
 #include "agent/supervise/worker_cgroup.h"
 #include "tests/unit/skip.h"
 #include "tests/unit/temp_dir.h"

@@ -29,7 +29,7 @@
 #include "agent/hangs/stack_pipe.h"
 #include "agent/hangs/stack_summary.h"
 #include "agent/supervise/oom.h"
-#include "agent/supervise/process.h"
+#include "agent/supervise/spawn.h"
 #include "base/proc.h"
 #include "tests/unit/temp_dir.h"
 

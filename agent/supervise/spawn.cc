@@ -1,8 +1,7 @@
-#include "agent/supervise/process.h"
+#include "agent/supervise/spawn.h"
 
-#include "agent/supervise/worker_cgroup.h"
+#include "agent/supervise/children.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -11,24 +10,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <array>
 #include <atomic>
-#include <cctype>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <mutex>
-#include <set>
-
-#include <boost/asio/posix/stream_descriptor.hpp>
-
-#include "base/signals.h"
 
 namespace crun::agent {
 namespace {
-
-namespace asio = boost::asio;
 
 // clone3's arguments (linux/sched.h; spelled out here, as that header clashes with glibc's).
 struct CloneArgs {
@@ -37,30 +25,6 @@ struct CloneArgs {
 };
 constexpr std::uint64_t kCloneIntoCgroup = 0x200000000ULL;
 std::atomic<bool> clone_into_cgroup_works{true};
-
-// The children started here and not reaped yet (OwnedChildren). A mutex, though the agent is
-// single-threaded: the stack tools and the guard are started from the same process.
-std::mutex owned_mutex;
-std::set<pid_t> owned;
-
-void Own(pid_t pid) {
-  std::lock_guard<std::mutex> lock(owned_mutex);
-  owned.insert(pid);
-}
-void Disown(pid_t pid) {
-  std::lock_guard<std::mutex> lock(owned_mutex);
-  owned.erase(pid);
-}
-
-// waitpid for an owned child, which is then no longer owned.
-pid_t ReapOwned(pid_t pid, int* status, int flags) {
-  pid_t r;
-  do {
-    r = ::waitpid(pid, status, flags);
-  } while (r < 0 && errno == EINTR);
-  if (r == pid) Disown(pid);
-  return r;
-}
 
 // fork(), but created inside the cgroup `cgroup_fd` when that is given and the kernel can
 // (Linux 5.7+): `*in_cgroup` says whether it was. Returns as fork() does. The child of a raw
@@ -91,58 +55,6 @@ void ResetSignalsInChild() {
     if (s != SIGKILL && s != SIGSTOP) signal(s, SIG_DFL);
   }
 }
-
-class PidfdWatcher final : public ExitWatcher {
- public:
-  PidfdWatcher(asio::io_context& io, pid_t pid, int pidfd, Callback cb)
-      : pid_(pid), fd_(io, pidfd), callback_(std::move(cb)) {
-    Wait();
-  }
-  ~PidfdWatcher() override {
-    boost::system::error_code ec;
-    fd_.close(ec);
-  }
-
- private:
-  void Wait() {
-    fd_.async_wait(asio::posix::stream_descriptor::wait_read,
-                   [this](const boost::system::error_code& ec) {
-                     if (ec) return;  // cancelled: the watcher is being destroyed
-                     Reap();
-                   });
-  }
-
-  // Readiness is a hint, never proof: the reactor can report a descriptor ready that is not
-  // (an event of a closed pidfd whose slot the reactor gave to this one, at a restart). A
-  // blocking wait there stopped crun's event loop for good, its store and signals with it.
-  // So the child is reaped only if it has ended, and otherwise watched again.
-  void Reap() {
-    int status = 0;
-    const pid_t r = ReapOwned(pid_, &status, WNOHANG);
-    if (r == 0) return Wait();
-    ExitStatus exit;
-    if (r == pid_ && WIFSIGNALED(status)) {
-      exit.signaled = true;
-      exit.value = WTERMSIG(status);
-    } else if (r == pid_) {
-      exit.value = WEXITSTATUS(status);
-    } else {
-      exit.value = 255;  // reaped elsewhere; should not happen for our own children
-    }
-    auto cb = std::move(callback_);
-    cb(exit);  // may destroy this watcher: nothing touches members after this line
-  }
-
-  pid_t pid_;
-  asio::posix::stream_descriptor fd_;
-  Callback callback_;
-};
-
-}  // namespace
-
-std::string ExitStatus::Describe() const { return DescribeExit(signaled, value); }
-
-namespace {
 
 // Forks the child of `spec` (into its cgroup when `into_cgroup` and the kernel can), which
 // writes one byte to the report pipe as soon as it runs, then execs.
@@ -216,7 +128,7 @@ StatusOr<PendingProcess> Fork(const ProcessSpec& spec, bool into_cgroup) {
     ::execvpe(argv[0], argv.data(), envp.data());
     fail(0);
   }
-  Own(pid);
+  ChildRegistry::ThisProcess().Own(pid);
   ::setpgid(pid, pid);  // also here, so the group exists whichever side runs first
   ::close(report[1]);
   return PendingProcess{pid, report[0], spec, in_cgroup};
@@ -271,7 +183,7 @@ StatusOr<pid_t> FinishStart(PendingProcess& pending) {
   pending.report_fd = -1;
   if (n == 1) return pending.pid;  // it ran, and exec closed the pipe
   int status = 0;
-  ReapOwned(pending.pid, &status, 0);
+  ChildRegistry::ThisProcess().Reap(pending.pid, &status, 0);
   const std::string& program = pending.spec.argv[0];
   if (n == 0) {
     // Killed before it ran: created into a cgroup the kernel kills every new child of.
@@ -303,13 +215,13 @@ StatusOr<pid_t> FinishStart(PendingProcess& pending) {
   return PosixError("cannot start '" + program + "'", what[1]);
 }
 
-void AdoptChild(pid_t pid) { Own(pid); }
+void AdoptChild(pid_t pid) { ChildRegistry::ThisProcess().Own(pid); }
 
 void KillAndReap(pid_t pid) {
   ::kill(-pid, SIGKILL);
   ::kill(pid, SIGKILL);
   int status = 0;
-  ReapOwned(pid, &status, 0);
+  ChildRegistry::ThisProcess().Reap(pid, &status, 0);
 }
 
 StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec) {
@@ -317,112 +229,5 @@ StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec) {
   if (!pending.ok()) return pending.status();
   return FinishStart(*pending);
 }
-
-std::vector<pid_t> ChildrenOfSelf() {
-  std::vector<pid_t> out;
-  DIR* tasks = ::opendir("/proc/self/task");
-  if (tasks == nullptr) return out;
-  while (const dirent* t = ::readdir(tasks)) {
-    if (t->d_name[0] == '.') continue;
-    std::ifstream in(std::string("/proc/self/task/") + t->d_name + "/children");
-    pid_t pid;
-    while (in >> pid) out.push_back(pid);
-  }
-  ::closedir(tasks);
-  return out;
-}
-
-Status BecomeSubreaper() {
-  if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) return PosixError("PR_SET_CHILD_SUBREAPER", errno);
-  return Status::Ok();
-}
-
-bool IsOwnedChild(pid_t pid) {
-  std::lock_guard<std::mutex> lock(owned_mutex);
-  return owned.count(pid) > 0;
-}
-
-std::vector<pid_t> OrphanChildren() {
-  std::vector<pid_t> orphans;
-  for (pid_t c : ChildrenOfSelf()) {
-    if (!IsOwnedChild(c)) orphans.push_back(c);
-  }
-  return orphans;
-}
-
-int ReapOrphans() {
-  int reaped = 0;
-  for (pid_t c : OrphanChildren()) {
-    int status = 0;
-    if (::waitpid(c, &status, WNOHANG) == c) ++reaped;
-  }
-  return reaped;
-}
-
-StatusOr<std::unique_ptr<ExitWatcher>> ExitWatcher::Watch(asio::io_context& io, pid_t pid,
-                                                          Callback on_exit) {
-  // glibc declares pidfd_open without C linkage for C++; the system call is the same.
-  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-  if (fd < 0) return PosixError("pidfd_open for pid " + std::to_string(pid), errno);
-  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-  return std::unique_ptr<ExitWatcher>(new PidfdWatcher(io, pid, fd, std::move(on_exit)));
-}
-
-StatusOr<std::unique_ptr<GroupGuard>> GroupGuard::Start(const std::string& cgroup_dir) {
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) return PosixError("pipe for the group guard", errno);
-  const pid_t pid = ::fork();
-  if (pid < 0) return PosixError("fork for the group guard", errno);
-  if (pid == 0) {
-    // The guard: its own session (a kill of crun's process group spares it), deaf to the
-    // terminal's signals, holding nothing of crun's but the pipe.
-    ::setsid();
-    ::signal(SIGINT, SIG_IGN);
-    ::signal(SIGTERM, SIG_IGN);
-    ::signal(SIGHUP, SIG_IGN);
-    ::signal(SIGQUIT, SIG_IGN);
-    if (p[0] != 3) {
-      ::dup2(p[0], 3);
-    } else {
-      ::fcntl(3, F_SETFD, 0);
-    }
-    ::close_range(4, ~0U, 0);
-    ::close(STDIN_FILENO);
-    std::set<pid_t> groups;
-    std::int32_t message;
-    for (;;) {
-      const ssize_t n = ::read(3, &message, sizeof message);
-      if (n == sizeof message) {
-        if (message > 0) groups.insert(message);
-        if (message < 0) groups.erase(-message);
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      break;  // EOF: crun is gone (or done)
-    }
-    for (pid_t g : groups) ::kill(-g, SIGKILL);
-    if (!cgroup_dir.empty()) KillAndRemoveCgroup(cgroup_dir);
-    ::_exit(0);
-  }
-  Own(pid);
-  ::close(p[0]);
-  return std::unique_ptr<GroupGuard>(new GroupGuard(pid, p[1]));
-}
-
-GroupGuard::~GroupGuard() {
-  ::close(fd_);  // the guard kills whatever is still registered, then exits
-  int status;
-  ReapOwned(pid_, &status, 0);
-}
-
-void GroupGuard::Send(std::int32_t message) {
-  ssize_t n;
-  do {
-    n = ::write(fd_, &message, sizeof message);
-  } while (n < 0 && errno == EINTR);
-}
-
-void GroupGuard::Add(pid_t pgid) { Send(static_cast<std::int32_t>(pgid)); }
-void GroupGuard::Forget(pid_t pgid) { Send(-static_cast<std::int32_t>(pgid)); }
 
 }  // namespace crun::agent
