@@ -17,7 +17,6 @@
 
 #include "agent/attempt_failures.h"
 #include "agent/attempt_start.h"
-#include "agent/console_events.h"
 #include "agent/failure_report.h"
 #include "agent/hangs/file_timer.h"
 #include "agent/hangs/hang_responder.h"
@@ -26,6 +25,7 @@
 #include "agent/port_reservation.h"
 #include "agent/report_writer.h"
 #include "agent/run_presence.h"
+#include "agent/torchelastic_events.h"
 #include "agent/worker_group.h"
 #include "base/fd_writer.h"
 #include "base/host_addresses.h"
@@ -103,7 +103,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
             }),
         workers(io_, options),
         failures(options.host_name),
-        events(options.console_events, options.host_name),
+        events(options.torchelastic_events, options.host_name),
         presence(io_, options.log_dir, options.interpreter),
         state(lc::Initial(LifecycleSettings(options))) {
     if (options.forward_signals.empty()) {
@@ -635,7 +635,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   std::unique_ptr<FileTimerServer> file_timer;
   WorkerGroup workers;
   AttemptFailures failures;
-  ConsoleEvents events;
+  TorchelasticEvents events;
   RunPresence presence;
   GroupAssignment offered;     // the rendezvous's last assignment
   GroupAssignment group;       // the running attempt's

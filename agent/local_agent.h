@@ -60,7 +60,7 @@ struct AgentOptions {
   // attempt_<n>/filtered_stdout.log (filtered_stderr.log): torchrun's duplicate filters.
   std::vector<std::string> stdout_filters, stderr_filters;
   // --event-log-handler console: lifecycle events as JSON lines on stderr (docs/cli.md).
-  bool console_events = false;
+  bool torchelastic_events = false;
   // --numa-binding: per local rank (index 0 is first_local_rank); empty: no binding.
   struct Binding {
     std::vector<int> cpus, mems;

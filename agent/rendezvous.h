@@ -2,7 +2,7 @@
 // events: an assignment for a round, "stop your workers and join again", or the job's final
 // outcome. The agent reports how its workers ended. Implementations: the in-process one for a
 // single node, torchrun's static backend and one crun per Slurm task
-// (agent/rendezvous/local_rendezvous.h), the gRPC client of the rendezvous service
+// (agent/rendezvous/static_rendezvous.h), the gRPC client of the rendezvous service
 // (agent/rendezvous/service_rendezvous.h), and the one kept in etcd
 // (agent/rendezvous/etcd_rendezvous.h).
 //

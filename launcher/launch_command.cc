@@ -13,8 +13,8 @@
 
 #include "agent/local_agent.h"
 #include "agent/rendezvous/etcd_rendezvous.h"
-#include "agent/rendezvous/local_rendezvous.h"
 #include "agent/rendezvous/service_rendezvous.h"
+#include "agent/rendezvous/static_rendezvous.h"
 #include "base/host_addresses.h"
 #include "launcher/horovodrun_spelling.h"
 #include "launcher/launch_options.h"
@@ -245,7 +245,7 @@ int Execute(LaunchPlan& p) {
   agent::AgentOptions agent_options = std::move(p.agent);
   agent_options.host_name = host;
   agent_options.log_dir = *log_dir;
-  agent::LocalRendezvousOptions rdzv;
+  agent::StaticRendezvousOptions rdzv;
   rdzv.run_id = p.run_id;
   rdzv.role = o.role;
   rdzv.nproc = p.nproc;
@@ -294,7 +294,7 @@ int Execute(LaunchPlan& p) {
     }
     int code = 0;
     {
-      agent::LocalAgent agent(io, std::move(agent_options), agent::MakeLocalRendezvous(io, rdzv));
+      agent::LocalAgent agent(io, std::move(agent_options), agent::MakeStaticRendezvous(io, rdzv));
       code = agent.Run();
     }
     dirs->RemoveEmptyDirs();

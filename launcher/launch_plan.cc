@@ -456,7 +456,7 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   a.entrypoint = o.command[0];
   a.stdout_filters = ParseFilters(o.duplicate_stdout_filters);
   a.stderr_filters = ParseFilters(o.duplicate_stderr_filters);
-  a.console_events = o.event_log_handler == "console";
+  a.torchelastic_events = o.event_log_handler == "console";
   const auto prefix = facts.Env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
   if (!o.log_line_prefix_template.empty()) {
     a.prefix_template = o.log_line_prefix_template;

@@ -1,6 +1,7 @@
 // Rendezvous rules: pure functions of (state, event, now) that return the next state and the
-// actions to take. No I/O, threads or clocks: the engine (issue 4, next step) feeds events and
-// applies actions; tests drive the rules as tables with invented times. docs/rendezvous.md.
+// actions to take. No I/O, threads or clocks: the engine (engine.h) and etcd's decider feed
+// events and apply actions; tests drive the rules as tables with invented times.
+// docs/rendezvous.md.
 //
 // Rounds: nodes join; a round forms at once when max_nodes have joined, or when the last-call
 // window closes with at least min_nodes; nodes beyond max_nodes are spares; too few nodes by

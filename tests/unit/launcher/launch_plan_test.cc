@@ -176,7 +176,7 @@ TEST_CASE("plan: the agent's options come from the flags and torchrun's variable
   CHECK(a.forward_signals == std::vector<int>{SIGTERM, SIGUSR1});
   CHECK(a.shutdown_timeout == std::chrono::milliseconds(2500));
   CHECK(a.tees == std::vector<int>(8, 3));
-  CHECK(a.console_events);
+  CHECK(a.torchelastic_events);
   CHECK(a.parent_error_file == "/tmp/e.json");
   CHECK(a.prefix_template == "${rank}>");
   // One node without --master-port: a fresh run id, as torchrun 2.x's standalone switch.

@@ -1,7 +1,8 @@
-// The rendezvous without crun's service, beside the one with it (service_rendezvous.h): one
-// node (torchrun's standalone), torchrun's static backend, and one crun per Slurm task. The
-// assignment is computed in-process; on one node each round's store is a fresh crun store on
-// the agent's own event loop (so a restarted worker never reads a key of an earlier attempt).
+// The static rendezvous: the one without crun's service or etcd (service_rendezvous.h,
+// etcd_rendezvous.h), for a fixed set of nodes: one node (torchrun's standalone), torchrun's
+// static backend, and one crun per Slurm task. The assignment is computed in-process; on one node
+// each round's store is a fresh crun store on the agent's own event loop (so a restarted worker
+// never reads a key of an earlier attempt).
 #pragma once
 
 #include <chrono>
@@ -18,7 +19,7 @@
 
 namespace crun::agent {
 
-struct LocalRendezvousOptions {
+struct StaticRendezvousOptions {
   std::string run_id;
   std::string role = "default";
   int nproc = 1;
@@ -54,7 +55,7 @@ struct LocalRendezvousOptions {
 };
 
 // Runs on `io`'s thread (NextRound starts the store there).
-std::unique_ptr<Rendezvous> MakeLocalRendezvous(boost::asio::io_context& io,
-                                                const LocalRendezvousOptions& options);
+std::unique_ptr<Rendezvous> MakeStaticRendezvous(boost::asio::io_context& io,
+                                                 const StaticRendezvousOptions& options);
 
 }  // namespace crun::agent

@@ -1,4 +1,4 @@
-#include "agent/rendezvous/local_rendezvous.h"
+#include "agent/rendezvous/static_rendezvous.h"
 
 #include <algorithm>
 #include <atomic>
@@ -17,11 +17,11 @@
 namespace crun::agent {
 namespace {
 
-class LocalRendezvous final : public Rendezvous {
+class StaticRendezvous final : public Rendezvous {
  public:
-  LocalRendezvous(boost::asio::io_context& io, LocalRendezvousOptions options)
+  StaticRendezvous(boost::asio::io_context& io, StaticRendezvousOptions options)
       : io_(io), options_(std::move(options)) {}
-  ~LocalRendezvous() override {
+  ~StaticRendezvous() override {
     stop_exchange_ = true;
     if (exchange_thread_.joinable()) exchange_thread_.join();
     StopStore();
@@ -127,7 +127,7 @@ class LocalRendezvous final : public Rendezvous {
   void Post(F f) {
     boost::asio::post(io_, std::move(f));
   }
-  // Where the hosted store listens (LocalRendezvousOptions::bind_host).
+  // Where the hosted store listens (StaticRendezvousOptions::bind_host).
   const std::string& BindHost() const {
     return options_.bind_host.empty() ? options_.store_host : options_.bind_host;
   }
@@ -237,7 +237,7 @@ class LocalRendezvous final : public Rendezvous {
 
   // This crun's workers are done for good. Alone, that is the end; sharing a static store, it
   // first says so on the store, off the event loop (which serves the store when this crun
-  // hosts it), and the host waits there for the others (LocalRendezvousOptions::store_linger).
+  // hosts it), and the host waits there for the others (StaticRendezvousOptions::store_linger).
   void Conclude(const JobOutcome& o) {
     concluded_ = true;
     stop_exchange_ = true;
@@ -283,7 +283,7 @@ class LocalRendezvous final : public Rendezvous {
   }
 
   boost::asio::io_context& io_;
-  LocalRendezvousOptions options_;
+  StaticRendezvousOptions options_;
   RendezvousEvents* events_ = nullptr;
   std::unique_ptr<StoreServer> store_;
   int restarts_ = 0;
@@ -295,9 +295,9 @@ class LocalRendezvous final : public Rendezvous {
 
 }  // namespace
 
-std::unique_ptr<Rendezvous> MakeLocalRendezvous(boost::asio::io_context& io,
-                                                const LocalRendezvousOptions& options) {
-  return std::make_unique<LocalRendezvous>(io, options);
+std::unique_ptr<Rendezvous> MakeStaticRendezvous(boost::asio::io_context& io,
+                                                 const StaticRendezvousOptions& options) {
+  return std::make_unique<StaticRendezvous>(io, options);
 }
 
 }  // namespace crun::agent

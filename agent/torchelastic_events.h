@@ -12,10 +12,10 @@
 
 namespace crun::agent {
 
-class ConsoleEvents {
+class TorchelasticEvents {
  public:
   // Disabled, every call does nothing.
-  ConsoleEvents(bool enabled, std::string host) : enabled_(enabled), host_(std::move(host)) {}
+  TorchelasticEvents(bool enabled, std::string host) : enabled_(enabled), host_(std::move(host)) {}
 
   // Event `name` from `source` ("AGENT", "WORKER") of the attempt of `group`.
   void Emit(const std::string& name, const char* source, nlohmann::json metadata,

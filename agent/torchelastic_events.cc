@@ -1,4 +1,4 @@
-#include "agent/console_events.h"
+#include "agent/torchelastic_events.h"
 
 #include <chrono>
 
@@ -6,8 +6,8 @@
 
 namespace crun::agent {
 
-void ConsoleEvents::Emit(const std::string& name, const char* source, nlohmann::json metadata,
-                         const GroupAssignment& group) const {
+void TorchelasticEvents::Emit(const std::string& name, const char* source, nlohmann::json metadata,
+                              const GroupAssignment& group) const {
   if (!enabled_) return;
   metadata["run_id"] = group.run_id;
   metadata["role"] = group.role;
@@ -25,8 +25,8 @@ void ConsoleEvents::Emit(const std::string& name, const char* source, nlohmann::
   FdWriter::Stderr().Write(e.dump() + "\n");
 }
 
-void ConsoleEvents::WorkerStatus(const Worker& w, const char* state,
-                                 const GroupAssignment& group) const {
+void TorchelasticEvents::WorkerStatus(const Worker& w, const char* state,
+                                      const GroupAssignment& group) const {
   nlohmann::json m{{"state", state},
                    {"global_rank", group.base_rank + w.local_rank},
                    {"local_rank", w.local_rank},
