@@ -7,8 +7,8 @@
 namespace crun::agent {
 namespace {
 
-metrics::HttpResponse Answer(unsigned status, std::string body) {
-  metrics::HttpResponse r;
+http::HttpResponse Answer(unsigned status, std::string body) {
+  http::HttpResponse r;
   r.status = status;
   r.body = std::move(body);
   return r;
@@ -35,7 +35,7 @@ void HorovodKv::Erase(Scope& scope, Scope::iterator it) {
   scope.erase(it);
 }
 
-metrics::HttpResponse HorovodKv::Handle(const metrics::HttpRequest& req) {
+http::HttpResponse HorovodKv::Handle(const http::HttpRequest& req) {
   // "/<scope>/<key>": exactly two non-empty parts.
   const std::string& path = req.target;
   const auto second = path.find('/', 1);
@@ -53,7 +53,7 @@ metrics::HttpResponse HorovodKv::Handle(const metrics::HttpRequest& req) {
     const auto s = scopes_.find(scope);
     const auto v = s == scopes_.end() ? Scope::iterator() : s->second.find(key);
     if (s == scopes_.end() || v == s->second.end()) return Answer(404, "");
-    metrics::HttpResponse r = Answer(200, v->second);
+    http::HttpResponse r = Answer(200, v->second);
     r.content_type = "application/octet-stream";
     return r;
   }
@@ -93,8 +93,8 @@ metrics::HttpResponse HorovodKv::Handle(const metrics::HttpRequest& req) {
     }
     return Answer(200, "");
   }
-  metrics::HttpResponse r = Answer(405, "Horovod rendezvous: method " + req.method.substr(0, 20) +
-                                            " not allowed: GET, PUT or DELETE\n");
+  http::HttpResponse r = Answer(405, "Horovod rendezvous: method " + req.method.substr(0, 20) +
+                                         " not allowed: GET, PUT or DELETE\n");
   r.headers = {{"Allow", "GET, PUT, DELETE"}};
   return r;
 }

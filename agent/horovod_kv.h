@@ -22,7 +22,7 @@
 #include <string>
 
 #include "agent/worker_env.h"
-#include "metrics/http_server.h"
+#include "http/http_server.h"
 
 namespace crun::agent {
 
@@ -40,7 +40,7 @@ class HorovodKv {
   // that have a local rank L.
   static std::map<std::string, int> ScopeSizes(const GroupAssignment& group);
 
-  metrics::HttpResponse Handle(const metrics::HttpRequest& request);
+  http::HttpResponse Handle(const http::HttpRequest& request);
 
   std::size_t keys() const { return keys_; }
 

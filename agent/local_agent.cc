@@ -30,6 +30,7 @@
 #include "base/fd_writer.h"
 #include "base/host_addresses.h"
 #include "base/security.h"
+#include "metrics/endpoint.h"
 #include "proto/protocol_version.h"
 
 namespace crun::agent {
@@ -155,7 +156,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     if (!options.metrics) return Status::Ok();
     registry.OnScrape([this] { RefreshMetrics(); });
     auto started =
-        metrics::HttpServer::Start(io, *options.metrics, [this] { return registry.Render(); });
+        metrics::ServeMetrics(io, *options.metrics, [this] { return registry.Render(); });
     if (!started.ok()) return started.status();
     metrics_server = std::move(started).value();
     FdWriter::Stderr().Write("crun: metrics on " + metrics_server->url() + "\n");
@@ -284,7 +285,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
         group.members.empty()) {
       return;
     }
-    metrics::HttpServerOptions o;
+    http::HttpServerOptions o;
     o.name = "Horovod's rendezvous";
     o.bound_fd = reserved.Take(*PortLayout(c, options.nproc).Horovod()).release();
     if (o.bound_fd < 0) return;  // none reserved: the workers' start says so
@@ -299,7 +300,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     o.allowed_peers = RoundAllowList(members, /*with_loopback=*/true);
     horovod_kv = std::make_unique<HorovodKv>(HorovodKv::ScopeSizes(group), HorovodKv::Limits{});
     auto served =
-        metrics::HttpServer::Serve(io, o, [kv = horovod_kv.get()](const metrics::HttpRequest& r) {
+        http::HttpServer::Serve(io, o, [kv = horovod_kv.get()](const http::HttpRequest& r) {
           return kv->Handle(r);
         });
     if (!served.ok()) {  // the workers' hvd.init() then fails, naming the address
@@ -620,10 +621,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
   std::unique_ptr<Rendezvous> rdzv;
   PortReservation reserved;  // this round's ports (--contract), until its workers start
   std::unique_ptr<HorovodKv> horovod_kv;  // --contract horovod on group rank 0: this round's
-  std::unique_ptr<metrics::HttpServer> horovod;
+  std::unique_ptr<http::HttpServer> horovod;
   metrics::Registry registry;
   std::unique_ptr<AgentMetrics> meters;  // null without options.metrics
-  std::unique_ptr<metrics::HttpServer> metrics_server;
+  std::unique_ptr<http::HttpServer> metrics_server;
   std::chrono::steady_clock::time_point joined_at;  // of the rendezvous under way
   // The first failure or stop seen since the workers last started (recovery_seconds).
   std::optional<std::chrono::steady_clock::time_point> interrupted_at;

@@ -27,7 +27,7 @@
 #include "agent/contracts.h"
 #include "agent/rendezvous.h"
 #include "agent/supervise/exit_watcher.h"
-#include "metrics/http_server.h"
+#include "http/http_server.h"
 
 namespace crun::agent {
 
@@ -96,7 +96,7 @@ struct AgentOptions {
   // agent's event loop from Run() until the job ends; none when unset. The labels' node is
   // the rendezvous's node id. With metrics, every worker stream goes through crun (its bytes
   // are counted), as with hang_timeout.
-  std::optional<metrics::HttpServerOptions> metrics;
+  std::optional<http::HttpServerOptions> metrics;
   AgentMetricLabels metric_labels;
 };
 

@@ -496,12 +496,12 @@ Status PlanMetrics(LaunchPlan& p, const LaunchOptions& o, const std::set<std::st
     return InvalidArgument("--metrics-host '" + o.metrics.host +
                            "' is not an IP address (the endpoint binds one address)");
   }
-  metrics::HttpServerOptions m;
+  http::HttpServerOptions m;
   m.host = o.metrics.host;
   m.port = *o.metrics.port;
   const Security& s = p.security;
   if (s.tls() && !s.cert_pem.empty()) {
-    m.tls = metrics::TlsOptions{s.cert_pem, s.key_pem, s.ca_pem};
+    m.tls = http::TlsOptions{s.cert_pem, s.key_pem, s.ca_pem};
   } else if (s.tls() && !LoopbackOnly(m.host)) {
     return InvalidArgument("--metrics-host " + m.host +
                            ": this job's rendezvous uses TLS, and this node has no certificate "

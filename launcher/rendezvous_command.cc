@@ -51,7 +51,7 @@ int RunRendezvous(RendezvousCommandOptions o) {
   o.service.security = std::move(security).value();
   o.service.durable = true;  // it outlives jobs: its agents wait for it across a restart
   if (o.metrics.port) {
-    metrics::HttpServerOptions mo;
+    http::HttpServerOptions mo;
     mo.host = o.metrics.host;
     mo.port = *o.metrics.port;
     o.service.metrics = mo;

@@ -12,9 +12,10 @@
 #include <spdlog/spdlog.h>
 
 #include "base/proc.h"
+#include "http/http_server.h"
 #include "launcher/launch_options.h"
 #include "launcher/logging.h"
-#include "metrics/http_server.h"
+#include "metrics/endpoint.h"
 #include "rendezvous/store_server/store_metrics.h"
 #include "rendezvous/store_server/store_server.h"
 
@@ -45,14 +46,14 @@ int RunStore(const StoreCommandOptions& options) {
     return 1;
   }
   metrics::Registry registry;
-  std::unique_ptr<metrics::HttpServer> metrics_server;
+  std::unique_ptr<http::HttpServer> metrics_server;
   if (options.metrics.port) {
     // Rendered on this loop, where the store's statistics may be read.
     AddStoreMetrics(registry, [&] { return (*server)->stats(); });
-    metrics::HttpServerOptions mo;
+    http::HttpServerOptions mo;
     mo.host = options.metrics.host;
     mo.port = *options.metrics.port;
-    auto started = metrics::HttpServer::Start(io, mo, [&] { return registry.Render(); });
+    auto started = metrics::ServeMetrics(io, mo, [&] { return registry.Render(); });
     if (!started.ok()) {
       spdlog::error("{}", started.status().message());
       return 1;

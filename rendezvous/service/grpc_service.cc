@@ -20,6 +20,7 @@
 #include "base/socket.h"
 #include "base/write_queue.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
+#include "metrics/endpoint.h"
 #include "metrics/registry.h"
 #include "rendezvous/service/engine.h"
 #include "rendezvous/service/engine_metrics.h"
@@ -154,7 +155,7 @@ struct Core {
   // engine's.
   metrics::Registry registry;
   std::unique_ptr<EngineMetrics> engine_metrics;
-  std::unique_ptr<metrics::HttpServer> metrics_server;
+  std::unique_ptr<http::HttpServer> metrics_server;
 };
 
 grpc::Status Core::Authorize(const grpc::CallbackServerContext* context, const char* call) {
@@ -478,13 +479,12 @@ class GrpcRendezvousService final : public RendezvousService {
   // The /metrics endpoint, with the service's TLS when it has one.
   Status ServeMetrics() {
     const auto& o = core_->options;
-    metrics::HttpServerOptions mo = *o.metrics;
+    http::HttpServerOptions mo = *o.metrics;
     if (o.security.tls()) {
-      mo.tls = metrics::TlsOptions{o.security.cert_pem, o.security.key_pem, o.security.ca_pem};
+      mo.tls = http::TlsOptions{o.security.cert_pem, o.security.key_pem, o.security.ca_pem};
     }
     Core* core = core_.get();
-    auto started =
-        metrics::HttpServer::Start(core_->io, mo, [core] { return core->registry.Render(); });
+    auto started = metrics::ServeMetrics(core_->io, mo, [core] { return core->registry.Render(); });
     if (!started.ok()) return started.status();
     core_->metrics_server = std::move(started).value();
     metrics_url_ = core_->metrics_server->url();

@@ -15,7 +15,7 @@
 
 #include "base/security.h"
 #include "base/status.h"
-#include "metrics/http_server.h"
+#include "http/http_server.h"
 
 namespace crun::rdzv {
 
@@ -37,7 +37,7 @@ struct ServiceOptions {
   std::size_t store_connections_per_peer = 4096;
   // Prometheus metrics at /metrics (docs/observability.md), served on the engine's thread;
   // TLS with the service's certificate when the service has one.
-  std::optional<metrics::HttpServerOptions> metrics;
+  std::optional<http::HttpServerOptions> metrics;
 };
 
 struct ServiceStats {

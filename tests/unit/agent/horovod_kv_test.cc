@@ -6,7 +6,7 @@
 using crun::agent::GroupAssignment;
 using crun::agent::HorovodKv;
 using crun::agent::RoundMember;
-using crun::metrics::HttpRequest;
+using crun::http::HttpRequest;
 
 namespace {
 
@@ -20,7 +20,7 @@ struct Kv {
     return last.status;
   }
   HorovodKv kv;
-  crun::metrics::HttpResponse last;
+  crun::http::HttpResponse last;
 };
 
 }  // namespace

@@ -37,7 +37,7 @@ std::unique_ptr<RendezvousService> StartService(const std::string& token = "",
   o.port = 0;
   o.log_decisions = false;
   o.security.token = token;
-  if (metrics) o.metrics = crun::metrics::HttpServerOptions{};  // loopback, a free port
+  if (metrics) o.metrics = crun::http::HttpServerOptions{};  // loopback, a free port
   auto s = RendezvousService::Start(o);
   REQUIRE(s.ok());
   return std::move(s).value();

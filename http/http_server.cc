@@ -1,4 +1,4 @@
-#include "metrics/http_server.h"
+#include "http/http_server.h"
 
 #include <sys/socket.h>
 
@@ -15,14 +15,13 @@
 
 #include "base/endpoint.h"
 #include "base/socket.h"
-#include "metrics/exposition.h"
 
-namespace crun::metrics {
+namespace crun::http {
 namespace {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
-namespace http = beast::http;
+namespace bhttp = beast::http;
 namespace ssl = asio::ssl;
 using tcp = asio::ip::tcp;
 
@@ -70,8 +69,8 @@ class ConnectionOf final : public Connection,
   Stream stream_;
   std::chrono::milliseconds timeout_;
   beast::flat_buffer buffer_;
-  std::unique_ptr<http::request_parser<http::string_body>> parser_;
-  http::response<http::string_body> response_;
+  std::unique_ptr<bhttp::request_parser<bhttp::string_body>> parser_;
+  bhttp::response<bhttp::string_body> response_;
 };
 
 class Server final : public HttpServer {
@@ -225,62 +224,62 @@ void ConnectionOf<Stream>::Run() {
 
 template <typename Stream>
 void ConnectionOf<Stream>::Read() {
-  parser_ = std::make_unique<http::request_parser<http::string_body>>();
+  parser_ = std::make_unique<bhttp::request_parser<bhttp::string_body>>();
   parser_->header_limit(kHeaderLimit);
   parser_->body_limit(server_->body_limit());
   Arm();
-  http::async_read(stream_, buffer_, *parser_,
-                   [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
-                     if (*self->stopped_) return;
-                     if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
-                         ec == asio::error::connection_reset || ec == asio::error::eof ||
-                         ec == ssl::error::stream_truncated) {
-                       return self->Done();
-                     }
-                     if (ec) {
-                       // Malformed or too large: say so once, then close.
-                       const bool large = ec == http::error::body_limit;
-                       self->response_ = {large ? http::status::payload_too_large
-                                                : http::status::bad_request,
-                                          11};
-                       self->response_.set(http::field::content_type, "text/plain");
-                       self->response_.body() =
-                           large ? "request body over " +
-                                       std::to_string(self->server_->body_limit()) + " bytes\n"
-                                 : "bad request: " + ec.message() + "\n";
-                       self->response_.keep_alive(false);
-                       self->response_.prepare_payload();
-                       self->Arm();
-                       return http::async_write(self->stream_, self->response_,
-                                                [self](beast::error_code, std::size_t) {
-                                                  self->Done();
-                                                });
-                     }
-                     self->Answer();
-                   });
+  bhttp::async_read(stream_, buffer_, *parser_,
+                    [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
+                      if (*self->stopped_) return;
+                      if (ec == bhttp::error::end_of_stream || ec == beast::error::timeout ||
+                          ec == asio::error::connection_reset || ec == asio::error::eof ||
+                          ec == ssl::error::stream_truncated) {
+                        return self->Done();
+                      }
+                      if (ec) {
+                        // Malformed or too large: say so once, then close.
+                        const bool large = ec == bhttp::error::body_limit;
+                        self->response_ = {large ? bhttp::status::payload_too_large
+                                                 : bhttp::status::bad_request,
+                                           11};
+                        self->response_.set(bhttp::field::content_type, "text/plain");
+                        self->response_.body() =
+                            large ? "request body over " +
+                                        std::to_string(self->server_->body_limit()) + " bytes\n"
+                                  : "bad request: " + ec.message() + "\n";
+                        self->response_.keep_alive(false);
+                        self->response_.prepare_payload();
+                        self->Arm();
+                        return bhttp::async_write(self->stream_, self->response_,
+                                                  [self](beast::error_code, std::size_t) {
+                                                    self->Done();
+                                                  });
+                      }
+                      self->Answer();
+                    });
 }
 
 template <typename Stream>
 void ConnectionOf<Stream>::Answer() {
   const auto& req = parser_->get();
-  const bool head = req.method() == http::verb::head;
+  const bool head = req.method() == bhttp::verb::head;
   HttpResponse r =
       server_->Handle({std::string(req.method_string()), std::string(req.target()), req.body()});
-  response_ = {static_cast<http::status>(r.status), req.version()};
-  response_.set(http::field::server, "crun");
-  if (!r.content_type.empty()) response_.set(http::field::content_type, r.content_type);
+  response_ = {static_cast<bhttp::status>(r.status), req.version()};
+  response_.set(bhttp::field::server, "crun");
+  if (!r.content_type.empty()) response_.set(bhttp::field::content_type, r.content_type);
   for (const auto& [name, value] : r.headers) response_.set(name, value);
   response_.body() = std::move(r.body);  // a page can be large (1,000 jobs: 667 KB)
   response_.keep_alive(req.keep_alive());
   response_.prepare_payload();
   if (head) response_.body().clear();  // the length stays the GET's
   Arm();
-  http::async_write(stream_, response_,
-                    [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
-                      if (*self->stopped_) return;
-                      if (ec || !self->response_.keep_alive()) return self->Done();
-                      self->Read();
-                    });
+  bhttp::async_write(stream_, response_,
+                     [self = this->shared_from_this()](beast::error_code ec, std::size_t) {
+                       if (*self->stopped_) return;
+                       if (ec || !self->response_.keep_alive()) return self->Done();
+                       self->Read();
+                     });
 }
 
 template <typename Stream>
@@ -310,28 +309,4 @@ StatusOr<std::unique_ptr<HttpServer>> HttpServer::Serve(
   return std::unique_ptr<HttpServer>(std::move(server));
 }
 
-StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(asio::io_context& io,
-                                                        const HttpServerOptions& options,
-                                                        std::function<std::string()> page) {
-  return Serve(io, options, [page = std::move(page)](const HttpRequest& req) {
-    std::string target = req.target;
-    if (auto q = target.find('?'); q != std::string::npos) target.resize(q);
-    HttpResponse r;
-    if (target != "/metrics" && target != "/") {
-      r.status = 404;
-      r.body = "not found: crun serves /metrics\n";
-    } else if (req.method != "GET" && req.method != "HEAD") {
-      r.status = 405;
-      r.headers = {{"Allow", "GET, HEAD"}};
-      r.body = "method not allowed: GET or HEAD\n";
-    } else if (target == "/") {
-      r.body = "crun: metrics at /metrics\n";
-    } else {
-      r.content_type = kContentType;
-      r.body = page();
-    }
-    return r;
-  });
-}
-
-}  // namespace crun::metrics
+}  // namespace crun::http

@@ -13,19 +13,20 @@
 #include <catch2/catch.hpp>
 
 #include "base/socket.h"
+#include "http/http_server.h"
+#include "metrics/endpoint.h"
 #include "metrics/exposition.h"
-#include "metrics/http_server.h"
 
 namespace {
 
 using namespace std::chrono_literals;
-using crun::metrics::HttpServer;
-using crun::metrics::HttpServerOptions;
+using crun::http::HttpServer;
+using crun::http::HttpServerOptions;
 
 // A server on its own thread, serving a fixed page and counting scrapes.
 struct Served {
   explicit Served(HttpServerOptions o = {}) {
-    auto s = HttpServer::Start(io, o, [this] {
+    auto s = crun::metrics::ServeMetrics(io, o, [this] {
       ++scrapes;
       return std::string("crun_up 1\n");
     });
@@ -137,15 +138,15 @@ TEST_CASE("metrics endpoint: an idle client is closed at the deadline; the full 
 TEST_CASE("metrics endpoint: a port in use and a bad host are refused, naming them") {
   boost::asio::io_context io;
   HttpServerOptions o;
-  auto first = HttpServer::Start(io, o, [] { return std::string(); });
+  auto first = crun::metrics::ServeMetrics(io, o, [] { return std::string(); });
   REQUIRE(first.ok());
   o.port = (*first)->port();
-  auto second = HttpServer::Start(io, o, [] { return std::string(); });
+  auto second = crun::metrics::ServeMetrics(io, o, [] { return std::string(); });
   REQUIRE(!second.ok());
   CHECK(second.status().message().find("127.0.0.1:" + std::to_string(o.port)) != std::string::npos);
   o.port = 0;
   o.host = "not-an-address";
-  auto bad = HttpServer::Start(io, o, [] { return std::string(); });
+  auto bad = crun::metrics::ServeMetrics(io, o, [] { return std::string(); });
   REQUIRE(!bad.ok());
   CHECK(bad.status().message() == "--metrics-host 'not-an-address' is not an IP address");
 }

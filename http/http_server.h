@@ -1,12 +1,10 @@
-// crun's HTTP/1.1 server on Boost.Beast (HTTPS with TlsOptions): the /metrics endpoint
-// (--metrics-port, --metrics-host), which serves the page a Registry renders in Prometheus's
-// text format (GET or HEAD /metrics; anything else 404 or 405), and, through Serve, any
-// handler (Horovod's rendezvous, agent/horovod_kv.h). A malformed request is answered 400, a
-// body over body_limit 413, and the connection closed. Each read and write has a deadline, and
-// at most `max_connections` are open at once (the others are closed on accept), as are
-// connections from addresses not in `allowed_peers` when it is set, so that a slow or hostile
-// client costs a descriptor for a bounded time and nothing more. Runs on the io_context it is
-// given; Start and Stop on its thread.
+// crun's HTTP/1.1 server on Boost.Beast (HTTPS with TlsOptions), serving one handler: the
+// /metrics endpoint (metrics/endpoint.h) and Horovod's rendezvous (agent/horovod_kv.h). A malformed
+// request is answered 400, a body over body_limit 413, and the connection closed. Each read and
+// write has a deadline, and at most `max_connections` are open at once (the others are closed on
+// accept), as are connections from addresses not in `allowed_peers` when it is set, so that a slow
+// or hostile client costs a descriptor for a bounded time and nothing more. Runs on the io_context
+// it is given; Start and Stop on its thread.
 #pragma once
 
 #include <chrono>
@@ -22,7 +20,7 @@
 
 #include "base/status.h"
 
-namespace crun::metrics {
+namespace crun::http {
 
 // HTTPS: the server's certificate (chain) and key in PEM; with a CA, clients must present a
 // certificate it signed (mutual TLS), as the rendezvous service asks of its agents.
@@ -64,10 +62,6 @@ struct HttpResponse {
 
 class HttpServer {
  public:
-  // /metrics: `page` is called on the io_context's thread for each scrape.
-  static StatusOr<std::unique_ptr<HttpServer>> Start(boost::asio::io_context& io,
-                                                     const HttpServerOptions& options,
-                                                     std::function<std::string()> page);
   // Every request to `handle`, called on the io_context's thread. A HEAD request's answer is
   // the handler's without its body.
   static StatusOr<std::unique_ptr<HttpServer>> Serve(
@@ -83,4 +77,4 @@ class HttpServer {
   virtual void Stop() = 0;
 };
 
-}  // namespace crun::metrics
+}  // namespace crun::http
