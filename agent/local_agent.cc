@@ -15,15 +15,15 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
-#include "agent/attempt_failures.h"
 #include "agent/attempt_start.h"
-#include "agent/failure_report.h"
+#include "agent/failures/attempt_failures.h"
+#include "agent/failures/report_format.h"
+#include "agent/failures/report_publish.h"
 #include "agent/hangs/file_timer.h"
 #include "agent/hangs/hang_responder.h"
 #include "agent/hangs/stack_summary.h"
 #include "agent/horovod_kv.h"
 #include "agent/port_reservation.h"
-#include "agent/report_writer.h"
 #include "agent/run_presence.h"
 #include "agent/torchelastic_events.h"
 #include "agent/worker_group.h"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/failure_report.h"
+#include "agent/failures/report_format.h"
 #include "agent/hangs/stack_model.h"
 #include "agent/worker_env.h"
 

@@ -1,5 +1,5 @@
 // How a process ended: an exit code or a signal. What an ExitWatcher reports, what the lifecycle
-// decides on and what a failure report records (agent/failure_report.h: ExitOf).
+// decides on and what a failure report records (agent/failures/report_format.h: ExitOf).
 #pragma once
 
 #include <string>

@@ -1,15 +1,16 @@
 // A node's failure report: which of its workers failed, how and why, first in time first. The
 // one model every part of crun uses: the agent fills it as its workers end
-// (agent/attempt_failures.h) and prints it (agent/failure_report.h), the rendezvous core
-// decides on it (rendezvous/service), the etcd rendezvous keeps it as the JSON below, and only
-// the gRPC adapter and the agent's session convert it to crun.v1.FailureReport on the wire.
+// (agent/failures/attempt_failures.h) and prints it (agent/failures/report_format.h), the
+// rendezvous core decides on it (rendezvous/service), the etcd rendezvous keeps it as the JSON
+// below, and only the gRPC adapter and the agent's session convert it to crun.v1.FailureReport on
+// the wire.
 //
 // Each encoding of the model is defined here once, or in one place for its format: the words
 // (Describe, DescribeEnd), the shell code (ExitCodeOf), the stored JSON (ToJson, FromJson),
 // failure.json's entries (FileJson), the protobuf message (rendezvous/service/proto_messages.h)
-// and the printed block (agent/failure_report.h, which says exits with DescribeEnd's words).
-// tests/unit/report_cases.h is the table every one of them is tested against.
-// Plain C++ and nlohmann_json.
+// and the printed block (agent/failures/report_format.h, which says exits with DescribeEnd's
+// words). tests/unit/report_cases.h is the table every one of them is tested against. Plain C++ and
+// nlohmann_json.
 #pragma once
 
 #include <cstdint>

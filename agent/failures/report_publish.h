@@ -1,13 +1,13 @@
 // Publishing a failure report where people and schedulers look: the text on stderr, the JSON
 // in <log_dir>/failure.json (said where it went, or that it could not be written), and, when a
 // scheduler gave crun a TORCHELASTIC_ERROR_FILE, the root cause's error there, as torchrun
-// writes it. Formatting is failure_report.h's.
+// writes it. Formatting is report_format.h's.
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "agent/failure_report.h"
+#include "agent/failures/report_format.h"
 
 namespace crun::agent {
 

@@ -1,4 +1,4 @@
-#include "agent/failure_report.h"
+#include "agent/failures/report_format.h"
 
 #include "agent/hangs/hang_watch.h"
 

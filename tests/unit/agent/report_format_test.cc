@@ -12,8 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/failure_report.h"
-#include "agent/report_writer.h"
+#include "agent/failures/report_format.h"
+#include "agent/failures/report_publish.h"
 #include "base/files.h"
 #include "tests/unit/report_cases.h"
 #include "tests/unit/temp_dir.h"

@@ -1,4 +1,4 @@
-#include "agent/attempt_failures.h"
+#include "agent/failures/attempt_failures.h"
 
 #include <signal.h>
 

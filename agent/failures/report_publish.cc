@@ -1,4 +1,4 @@
-#include "agent/report_writer.h"
+#include "agent/failures/report_publish.h"
 
 #include "base/fd_writer.h"
 #include "base/files.h"

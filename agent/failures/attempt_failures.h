@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "agent/attempt_start.h"
-#include "agent/failure_report.h"
+#include "agent/failures/report_format.h"
 #include "agent/hangs/hang_report.h"
 
 namespace crun::agent {
