@@ -17,14 +17,14 @@
 #include "agent/hangs/hang_watch.h"
 #include "agent/hangs/stack_pipe.h"
 #include "agent/hangs/worker_pipe.h"
-#include "agent/line_pump.h"
 #include "agent/local_agent.h"
+#include "agent/output/line_pump.h"
+#include "agent/output/worker_streams.h"
 #include "agent/supervise/exit_watcher.h"
 #include "agent/supervise/lifecycle.h"
 #include "agent/supervise/spawn.h"
 #include "agent/warm/warm_template.h"
 #include "agent/worker_env.h"
-#include "agent/worker_streams.h"
 
 namespace crun::agent {
 

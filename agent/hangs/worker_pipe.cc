@@ -5,7 +5,7 @@
 
 #include <cerrno>
 
-#include "agent/pipe_pause.h"
+#include "agent/output/pipe_pause.h"
 
 namespace crun::agent {
 

@@ -2,7 +2,7 @@
 // split), a line longer than PIPE_BUF goes alone, a last line without a newline is kept, the
 // tail holds the last lines, and the file and the prefixed console both get everything; a
 // stalled console holds back the worker, never the event loop.
-#include "agent/line_pump.h"
+#include "agent/output/line_pump.h"
 
 #include <fcntl.h>
 #include <limits.h>

@@ -1,4 +1,4 @@
-#include "agent/line_pump.h"
+#include "agent/output/line_pump.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
 
-#include "agent/pipe_pause.h"
+#include "agent/output/pipe_pause.h"
 #include "base/status.h"
 
 namespace crun::agent {

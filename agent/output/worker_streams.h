@@ -12,7 +12,7 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "agent/line_pump.h"
+#include "agent/output/line_pump.h"
 
 namespace crun::agent {
 

@@ -1,4 +1,4 @@
-#include "agent/worker_streams.h"
+#include "agent/output/worker_streams.h"
 
 #include <fcntl.h>
 #include <unistd.h>
