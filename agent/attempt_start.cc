@@ -9,7 +9,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "agent/contracts.h"
+#include "agent/frameworks/contracts.h"
 #include "agent/hangs/python_hook.h"
 
 namespace crun::agent {

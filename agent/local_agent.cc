@@ -19,11 +19,11 @@
 #include "agent/failures/attempt_failures.h"
 #include "agent/failures/report_format.h"
 #include "agent/failures/report_publish.h"
+#include "agent/frameworks/horovod_kv.h"
+#include "agent/frameworks/port_reservation.h"
 #include "agent/hangs/file_timer.h"
 #include "agent/hangs/hang_responder.h"
 #include "agent/hangs/stack_summary.h"
-#include "agent/horovod_kv.h"
-#include "agent/port_reservation.h"
 #include "agent/run_presence.h"
 #include "agent/torchelastic_events.h"
 #include "agent/worker_group.h"
@@ -275,8 +275,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
   }
 
   // --contract horovod: group rank 0 (with one crun per Slurm task, its local rank 0's) serves
-  // the round's HTTP rendezvous (agent/horovod_kv.h), fresh for every round, on the port it
-  // reserved; only the round's nodes may connect where their addresses are known.
+  // the round's HTTP rendezvous (agent/frameworks/horovod_kv.h), fresh for every round, on the port
+  // it reserved; only the round's nodes may connect where their addresses are known.
   void ServeHorovod() {
     horovod.reset();
     horovod_kv.reset();

@@ -24,7 +24,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "agent/agent_metrics.h"
-#include "agent/contracts.h"
+#include "agent/frameworks/contracts.h"
 #include "agent/rendezvous.h"
 #include "agent/supervise/exit_watcher.h"
 #include "http/http_server.h"
@@ -72,8 +72,8 @@ struct AgentOptions {
   // --warm (docs/warm.md): Python workers are forked from a template process that has
   // imported these modules ("name?": may be missing); empty: every worker starts cold.
   std::vector<std::string> warm_modules;
-  // --contract (agent/contracts.h): the other frameworks' variables each worker gets, and the
-  // ports this node reserves at each join for them.
+  // --contract (agent/frameworks/contracts.h): the other frameworks' variables each worker gets,
+  // and the ports this node reserves at each join for them.
   ContractSet contracts;
   // crun's own TORCHELASTIC_ERROR_FILE (set by a scheduler): gets the root cause's error.
   std::string parent_error_file;

@@ -48,7 +48,7 @@ class Rendezvous {
   virtual ~Rendezvous() = default;
   virtual void Start(RendezvousEvents* events) = 0;
   // Ready for the next round (no workers running). `ports`: what this node reserved for the
-  // round's workers (agent/contracts.h), published with the join where the rendezvous
+  // round's workers (agent/frameworks/contracts.h), published with the join where the rendezvous
   // exchanges them; each round's GroupAssignment::members carries every node's.
   virtual void Join(const std::vector<std::uint16_t>& ports) = 0;
   // The first failure of this node's round, the root cause first; sent at once so every

@@ -14,7 +14,7 @@ using Environment = std::map<std::string, std::string>;
 // This process's environment as a map.
 Environment CurrentEnvironment();
 
-// One node of a round, as the other frameworks' contracts need it (agent/contracts.h).
+// One node of a round, as the other frameworks' contracts need it (agent/frameworks/contracts.h).
 struct RoundMember {
   std::string host;     // its host name (Horovod's local scope)
   std::string address;  // where other nodes' workers reach its workers

@@ -1,10 +1,10 @@
 // crun's HTTP/1.1 server on Boost.Beast (HTTPS with TlsOptions), serving one handler: the
-// /metrics endpoint (metrics/endpoint.h) and Horovod's rendezvous (agent/horovod_kv.h). A malformed
-// request is answered 400, a body over body_limit 413, and the connection closed. Each read and
-// write has a deadline, and at most `max_connections` are open at once (the others are closed on
-// accept), as are connections from addresses not in `allowed_peers` when it is set, so that a slow
-// or hostile client costs a descriptor for a bounded time and nothing more. Runs on the io_context
-// it is given; Start and Stop on its thread.
+// /metrics endpoint (metrics/endpoint.h) and Horovod's rendezvous (agent/frameworks/horovod_kv.h).
+// A malformed request is answered 400, a body over body_limit 413, and the connection closed. Each
+// read and write has a deadline, and at most `max_connections` are open at once (the others are
+// closed on accept), as are connections from addresses not in `allowed_peers` when it is set, so
+// that a slow or hostile client costs a descriptor for a bounded time and nothing more. Runs on the
+// io_context it is given; Serve and Stop on its thread.
 #pragma once
 
 #include <chrono>

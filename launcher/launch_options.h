@@ -35,9 +35,10 @@ struct LaunchOptions {
   bool module = false;
   bool no_python = false;
   bool run_path = false;
-  bool warm = false;               // --warm: Python workers forked from a template (docs/warm.md)
-  std::string warm_modules;        // --warm-modules: imported by the template besides torch's
-  std::string contract = "torch";  // --contract: other frameworks' variables (agent/contracts.h)
+  bool warm = false;         // --warm: Python workers forked from a template (docs/warm.md)
+  std::string warm_modules;  // --warm-modules: imported by the template besides torch's
+  std::string contract =
+      "torch";  // --contract: other frameworks' variables (agent/frameworks/contracts.h)
   bool virtual_local_rank = false;
   std::string local_addr;
   std::string rdzv_id = "none";

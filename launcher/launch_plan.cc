@@ -14,7 +14,7 @@
 #include <random>
 #include <thread>
 
-#include "agent/contracts.h"
+#include "agent/frameworks/contracts.h"
 #include "agent/warm/warm_template.h"
 #include "base/endpoint.h"
 #include "base/host_addresses.h"
@@ -411,8 +411,8 @@ Status PlanWarm(const LaunchOptions& o, agent::AgentOptions& a) {
   return Status::Ok();
 }
 
-// --contract: the other frameworks' variables (agent/contracts.h, docs/frameworks.md). Every
-// rendezvous gives what they need: the service and etcd in the round, a static one through
+// --contract: the other frameworks' variables (agent/frameworks/contracts.h, docs/frameworks.md).
+// Every rendezvous gives what they need: the service and etcd in the round, a static one through
 // its shared store (agent/rendezvous/member_exchange.h). The service and etcd are told the set,
 // so that they refuse a node that runs another one, or whose ports do not fit it.
 Status PlanContracts(LaunchPlan& p, const LaunchOptions& o) {

@@ -1,6 +1,6 @@
-// What --contract needs of the other nodes (agent/contracts.h: their addresses and reserved
-// ports), exchanged over the one store a static rendezvous shares: torchrun's static backend
-// (node 0 hosts the store for the whole job) and one crun per Slurm task (task 0 hosts it).
+// What --contract needs of the other nodes (agent/frameworks/contracts.h: their addresses and
+// reserved ports), exchanged over the one store a static rendezvous shares: torchrun's static
+// backend (node 0 hosts the store for the whole job) and one crun per Slurm task (task 0 hosts it).
 //
 // Every crun of the job publishes itself under a key of its round, then waits for everyone's
 // before its workers start; the round's members follow from them. Rounds are counted by each

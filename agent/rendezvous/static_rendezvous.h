@@ -41,8 +41,8 @@ struct StaticRendezvousOptions {
   // node_rank x nproc. Its master_port is filled in from the store.
   std::optional<GroupAssignment> fixed_group;
   int first_local_rank = 0;  // a Slurm task's SLURM_LOCALID (its one worker's local rank)
-  // --contract with ports (agent/contracts.h) on a shared static store: where this crun's
-  // workers are reached (--local-addr; empty: the address this host reaches the store from),
+  // --contract with ports (agent/frameworks/contracts.h) on a shared static store: where this
+  // crun's workers are reached (--local-addr; empty: the address this host reaches the store from),
   // and how long to wait for the other crun processes' ports (rdzv_conf join_timeout).
   std::string advertise_addr;
   std::chrono::milliseconds exchange_timeout{600000};

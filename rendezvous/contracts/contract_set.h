@@ -1,9 +1,9 @@
 // The launch contracts a job's workers get (--contract, docs/frameworks.md) and the ports a
 // node reserves for them. One definition, called by everyone who must agree on it: the agent
-// (which reserves the ports and writes the variables, agent/contracts.h), crun's service and
-// etcd (which refuse a node whose ports do not fit its contracts, through the rendezvous
-// rules) and the static exchange (which merges the ports of one node's crun processes).
-// Pure values; no I/O.
+// (which reserves the ports and writes the variables, agent/frameworks/contracts.h), crun's service
+// and etcd (which refuse a node whose ports do not fit its contracts, through the rendezvous rules)
+// and the static exchange (which merges the ports of one node's crun processes). Pure values; no
+// I/O.
 #pragma once
 
 #include <cstddef>

@@ -49,7 +49,7 @@ STARTS = ("cold", "warm")
 CGROUPS = ("cgroup", "no-cgroup")
 PAIRWISE_DIMS = (BACKENDS, CONTRACT_SETS, NPROCS, STARTS, CGROUPS)
 
-# The variables each contract adds (agent/contracts.cc, docs/frameworks.md): a case checks
+# The variables each contract adds (agent/frameworks/contracts.cc, docs/frameworks.md): a case checks
 # that those of a contract not asked for are absent.
 CONTRACT_VARIABLES = {
     "tensorflow": ("TF_CONFIG",),

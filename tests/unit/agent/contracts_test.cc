@@ -1,4 +1,5 @@
-// The other frameworks' contracts (agent/contracts.h) as tables: names in, variables out.
+// The other frameworks' contracts (agent/frameworks/contracts.h) as tables: names in, variables
+// out.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -6,7 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/contracts.h"
+#include "agent/frameworks/contracts.h"
 
 using crun::agent::Contract;
 using crun::agent::ContractSet;

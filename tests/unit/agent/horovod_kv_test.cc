@@ -1,7 +1,7 @@
-// Horovod's HTTP rendezvous (agent/horovod_kv.h) as tables: requests in, answers out.
+// Horovod's HTTP rendezvous (agent/frameworks/horovod_kv.h) as tables: requests in, answers out.
 #include <catch2/catch.hpp>
 
-#include "agent/horovod_kv.h"
+#include "agent/frameworks/horovod_kv.h"
 
 using crun::agent::GroupAssignment;
 using crun::agent::HorovodKv;

@@ -1,4 +1,4 @@
-#include "agent/contracts.h"
+#include "agent/frameworks/contracts.h"
 
 #include <algorithm>
 

@@ -1,8 +1,8 @@
-#include "agent/horovod_kv.h"
+#include "agent/frameworks/horovod_kv.h"
 
 #include <utility>
 
-#include "agent/contracts.h"
+#include "agent/frameworks/contracts.h"
 
 namespace crun::agent {
 namespace {

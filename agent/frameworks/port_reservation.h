@@ -1,5 +1,5 @@
-// Ports held for a round's workers (--contract tensorflow, jax: agent/contracts.h) from the
-// join that publishes them until the workers start: each is a TCP socket bound to a port the
+// Ports held for a round's workers (--contract tensorflow, jax: agent/frameworks/contracts.h) from
+// the join that publishes them until the workers start: each is a TCP socket bound to a port the
 // kernel picks on every address ([::] dual-stack, else 0.0.0.0), so no other process's bind
 // and no outgoing connection takes it meanwhile. Released just before the workers start, so
 // that they can bind it. A port taken in the moment between is a worker's bind error: the

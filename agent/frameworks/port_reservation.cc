@@ -1,4 +1,4 @@
-#include "agent/port_reservation.h"
+#include "agent/frameworks/port_reservation.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
