@@ -23,8 +23,8 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "agent/agent_metrics.h"
 #include "agent/frameworks/contracts.h"
+#include "agent/observe/agent_metrics.h"
 #include "agent/rendezvous.h"
 #include "agent/supervise/exit_watcher.h"
 #include "http/http_server.h"

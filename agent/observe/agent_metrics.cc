@@ -1,4 +1,4 @@
-#include "agent/agent_metrics.h"
+#include "agent/observe/agent_metrics.h"
 
 namespace crun::agent {
 namespace {

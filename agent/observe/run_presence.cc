@@ -1,4 +1,4 @@
-#include "agent/run_presence.h"
+#include "agent/observe/run_presence.h"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "agent/torchelastic_events.h"
+#include "agent/observe/torchelastic_events.h"
 
 #include <chrono>
 
