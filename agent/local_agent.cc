@@ -15,7 +15,6 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
-#include "agent/attempt_start.h"
 #include "agent/failures/attempt_failures.h"
 #include "agent/failures/report_format.h"
 #include "agent/failures/report_publish.h"
@@ -26,7 +25,8 @@
 #include "agent/hangs/stack_summary.h"
 #include "agent/observe/run_presence.h"
 #include "agent/observe/torchelastic_events.h"
-#include "agent/worker_group.h"
+#include "agent/workers/attempt_start.h"
+#include "agent/workers/worker_group.h"
 #include "base/fd_writer.h"
 #include "base/host_addresses.h"
 #include "base/security.h"

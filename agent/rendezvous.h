@@ -17,7 +17,7 @@
 
 #include "agent/failures/report_format.h"
 #include "agent/hangs/stack_model.h"
-#include "agent/worker_env.h"
+#include "agent/workers/worker_env.h"
 
 namespace crun::agent {
 

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "agent/worker_group.h"
+#include "agent/workers/worker_group.h"
 
 namespace crun::agent {
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "agent/attempt_start.h"
 #include "agent/failures/report_format.h"
 #include "agent/hangs/hang_report.h"
+#include "agent/workers/attempt_start.h"
 
 namespace crun::agent {
 

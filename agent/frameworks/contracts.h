@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <string>
 
-#include "agent/worker_env.h"
+#include "agent/workers/worker_env.h"
 #include "base/status.h"
 #include "rendezvous/contracts/contract_set.h"
 

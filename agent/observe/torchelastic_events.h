@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/attempt_start.h"
-#include "agent/worker_env.h"
+#include "agent/workers/attempt_start.h"
+#include "agent/workers/worker_env.h"
 
 namespace crun::agent {
 

@@ -14,7 +14,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "agent/rendezvous.h"
-#include "agent/worker_env.h"
+#include "agent/workers/worker_env.h"
 #include "rendezvous/contracts/contract_set.h"
 
 namespace crun::agent {

@@ -5,7 +5,7 @@
 #include <map>
 #include <string>
 
-#include "agent/worker_env.h"
+#include "agent/workers/worker_env.h"
 #include "crun/worker/context.h"
 #include "rendezvous/store/memory_store.h"
 

@@ -1,6 +1,6 @@
 // The worker environment contract: the variable names crun sets for every worker (the same
 // names torchrun uses, so stock PyTorch programs work unchanged). The agent writes them in
-// one place (agent/worker_env.cc); the worker SDK reads them in one place. Header-only, no
+// one place (agent/workers/worker_env.cc); the worker SDK reads them in one place. Header-only, no
 // dependencies: GPU machines build the SDK with nothing else. docs/environment.md.
 #pragma once
 

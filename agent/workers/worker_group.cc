@@ -1,4 +1,4 @@
-#include "agent/worker_group.h"
+#include "agent/workers/worker_group.h"
 
 #include <signal.h>
 

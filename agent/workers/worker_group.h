@@ -17,13 +17,13 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "agent/attempt_start.h"
 #include "agent/supervise/attempt_edge.h"
 #include "agent/supervise/group_guard.h"
 #include "agent/supervise/lifecycle.h"
 #include "agent/supervise/oom.h"
 #include "agent/supervise/worker_cgroup.h"
 #include "agent/warm/warm_template.h"
+#include "agent/workers/attempt_start.h"
 #include "base/status.h"
 
 namespace crun::agent {

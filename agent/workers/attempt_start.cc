@@ -1,4 +1,4 @@
-#include "agent/attempt_start.h"
+#include "agent/workers/attempt_start.h"
 
 #include <signal.h>
 #include <sys/wait.h>

@@ -24,7 +24,7 @@
 #include "agent/supervise/lifecycle.h"
 #include "agent/supervise/spawn.h"
 #include "agent/warm/warm_template.h"
-#include "agent/worker_env.h"
+#include "agent/workers/worker_env.h"
 
 namespace crun::agent {
 

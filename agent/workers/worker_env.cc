@@ -1,4 +1,4 @@
-#include "agent/worker_env.h"
+#include "agent/workers/worker_env.h"
 
 #include <crun/worker/env_names.h>
 
