@@ -14,7 +14,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "agent/control_socket.h"
+#include "agent/hangs/control_socket.h"
 #include "agent/hangs/stack_summary.h"
 #include "agent/rendezvous/session_client.h"
 #include "agent/rendezvous/stacks_proto.h"

@@ -12,7 +12,7 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "agent/control_socket.h"
+#include "agent/hangs/control_socket.h"
 
 namespace crun::agent {
 

@@ -1,4 +1,4 @@
-#include "agent/control_socket.h"
+#include "agent/hangs/control_socket.h"
 
 #include <poll.h>
 #include <sys/socket.h>
