@@ -25,7 +25,7 @@
 
 #include "agent/frameworks/contracts.h"
 #include "agent/observe/agent_metrics.h"
-#include "agent/rendezvous.h"
+#include "agent/rendezvous/rendezvous.h"
 #include "agent/supervise/exit_watcher.h"
 #include "http/http_server.h"
 

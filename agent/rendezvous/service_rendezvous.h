@@ -17,7 +17,7 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "agent/rendezvous.h"
+#include "agent/rendezvous/rendezvous.h"
 #include "base/security.h"
 #include "rendezvous/service/rules.h"
 

@@ -13,7 +13,7 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "agent/rendezvous.h"
+#include "agent/rendezvous/rendezvous.h"
 #include "agent/workers/worker_env.h"
 #include "rendezvous/contracts/contract_set.h"
 
