@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/local_agent.h"
+#include "agent/agent_options.h"
 #include "base/endpoint.h"
 #include "base/security.h"
 #include "base/status.h"

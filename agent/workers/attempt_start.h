@@ -14,10 +14,10 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "agent/agent_options.h"
 #include "agent/hangs/hang_watch.h"
 #include "agent/hangs/stack_pipe.h"
 #include "agent/hangs/worker_pipe.h"
-#include "agent/local_agent.h"
 #include "agent/output/line_pump.h"
 #include "agent/output/worker_streams.h"
 #include "agent/supervise/exit_watcher.h"

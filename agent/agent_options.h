@@ -1,0 +1,86 @@
+// AgentOptions: what one node's agent (LocalAgent) is told to do: the workers' command and
+// count, restarts and grace, logs and streams, the contracts, hangs and metrics. The launcher
+// fills it from the command line (launcher/launch_plan.h); the agent's parts read it.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent/frameworks/contracts.h"
+#include "agent/observe/agent_metrics.h"
+#include "http/http_server.h"
+
+namespace crun::agent {
+
+struct AgentOptions {
+  // The worker command line; "${local_rank}" in it is replaced per worker.
+  std::vector<std::string> command;
+  int nproc = 1;
+  // Local ranks first_local_rank .. first_local_rank + nproc - 1 run here: 0 for a crun that
+  // starts the whole node; SLURM_LOCALID for one crun per Slurm task (docs/slurm.md).
+  int first_local_rank = 0;
+  int max_restarts = 0;
+  std::chrono::milliseconds shutdown_timeout{30'000};
+  // How long an attempt's leftovers may take to die after SIGKILL before the job ends rather
+  // than start another attempt beside them (AttemptEdge).
+  std::chrono::milliseconds edge_timeout{30'000};
+  std::vector<int> forward_signals;  // empty: SIGTERM, SIGINT, SIGHUP, SIGQUIT
+  std::string host_name;             // for reports
+  std::string entrypoint;            // the script or program, for reports
+
+  // Logs (docs/cli.md): <log_dir>/attempt_<n>/<local_rank>/{stdout,stderr}.log and
+  // error.json, <log_dir>/failure.json. log_dir is this run's and this node's alone.
+  // Bitmasks per local rank: 1 stdout, 2 stderr (absent ranks: 0).
+  std::string log_dir;             // must exist
+  std::vector<int> redirects;      // to the file only
+  std::vector<int> tees;           // to the file and the console, prefixed
+  std::vector<int> console_ranks;  // empty: every local rank reaches the console
+  // ${role_name}, ${rank}, ${local_rank}, ${hostname} are replaced.
+  std::string prefix_template = "[${role_name}${rank}]:";
+  // Lines containing one of these are also written, prefixed, to
+  // attempt_<n>/filtered_stdout.log (filtered_stderr.log): torchrun's duplicate filters.
+  std::vector<std::string> stdout_filters, stderr_filters;
+  // --event-log-handler console: lifecycle events as JSON lines on stderr (docs/cli.md).
+  bool torchelastic_events = false;
+  // --numa-binding: per local rank (index 0 is first_local_rank); empty: no binding.
+  struct Binding {
+    std::vector<int> cpus, mems;
+  };
+  std::vector<Binding> bindings;
+  // How Python workers' interpreter was chosen ("/usr/bin/python3 (python3 on PATH ...)"),
+  // for the report's hint when a module is missing; empty for native programs.
+  std::string interpreter;
+  // --warm (docs/warm.md): Python workers are forked from a template process that has
+  // imported these modules ("name?": may be missing); empty: every worker starts cold.
+  std::vector<std::string> warm_modules;
+  // --contract (agent/frameworks/contracts.h): the other frameworks' variables each worker gets,
+  // and the ports this node reserves at each join for them.
+  ContractSet contracts;
+  // crun's own TORCHELASTIC_ERROR_FILE (set by a scheduler): gets the root cause's error.
+  std::string parent_error_file;
+
+  // Hangs (docs/hangs.md). A worker with no progress for hang_timeout is hung (0: not
+  // watched): its output, its heartbeats (CRUN_HEARTBEAT_FD) and its file-timer requests are
+  // progress. A hang is a failure of that rank: every rank's stacks are read, then the group is
+  // stopped and restarted as for any failure.
+  std::chrono::milliseconds hang_timeout{0};
+  // torchelastic's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): the server crun runs, on the
+  // pipe timer_file (empty: <log_dir>/timer.pipe), given to workers as TORCHELASTIC_TIMER_FILE.
+  bool file_timer = false;
+  std::string timer_file;
+  // How long each stack tool may take per rank.
+  std::chrono::milliseconds stack_deadline{10'000};
+  // crun's PATH, where the stack tools are looked for (and beside command[0] for py-spy).
+  std::string tool_path;
+
+  // Prometheus metrics at /metrics (agent_metrics.h, docs/observability.md), served on the
+  // agent's event loop from Run() until the job ends; none when unset. The labels' node is
+  // the rendezvous's node id. With metrics, every worker stream goes through crun (its bytes
+  // are counted), as with hang_timeout.
+  std::optional<http::HttpServerOptions> metrics;
+  AgentMetricLabels metric_labels;
+};
+
+}  // namespace crun::agent
