@@ -21,7 +21,7 @@
 #include <set>
 #include <string>
 
-#include "agent/workers/worker_env.h"
+#include "agent/rendezvous/assignment.h"
 #include "http/http_server.h"
 
 namespace crun::agent {

@@ -7,8 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/rendezvous/assignment.h"
 #include "agent/workers/attempt_start.h"
-#include "agent/workers/worker_env.h"
 
 namespace crun::agent {
 

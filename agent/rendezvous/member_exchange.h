@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-#include "agent/workers/worker_env.h"
+#include "agent/rendezvous/assignment.h"
 #include "base/status.h"
 #include "rendezvous/contracts/contract_set.h"
 #include "rendezvous/store/store.h"

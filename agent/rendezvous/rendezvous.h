@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "agent/failures/report_format.h"
 #include "agent/hangs/stack_model.h"
-#include "agent/workers/worker_env.h"
+#include "agent/rendezvous/assignment.h"
+#include "rendezvous/report/report.h"
 
 namespace crun::agent {
 

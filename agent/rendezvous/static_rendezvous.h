@@ -13,8 +13,8 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "agent/rendezvous/assignment.h"
 #include "agent/rendezvous/rendezvous.h"
-#include "agent/workers/worker_env.h"
 #include "rendezvous/contracts/contract_set.h"
 
 namespace crun::agent {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "agent/failures/report_format.h"
 #include "agent/rendezvous/etcd_rendezvous.h"
 #include "rendezvous/etcd/client.h"
 #include "rendezvous/etcd/job.h"

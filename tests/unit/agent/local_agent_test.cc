@@ -18,6 +18,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 
+#include "agent/failures/report_format.h"
 #include "agent/local_agent.h"
 #include "tests/unit/temp_dir.h"
 
