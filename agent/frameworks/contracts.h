@@ -7,7 +7,8 @@
 #include <cstddef>
 #include <string>
 
-#include "agent/workers/worker_env.h"
+#include "agent/rendezvous/assignment.h"
+#include "base/environment.h"
 #include "base/status.h"
 #include "rendezvous/contracts/contract_set.h"
 

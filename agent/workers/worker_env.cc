@@ -2,20 +2,7 @@
 
 #include <crun/worker/env_names.h>
 
-extern char** environ;
-
 namespace crun::agent {
-
-Environment CurrentEnvironment() {
-  Environment env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    std::string entry(*e);
-    const auto eq = entry.find('=');
-    if (eq == std::string::npos) continue;
-    env[entry.substr(0, eq)] = entry.substr(eq + 1);
-  }
-  return env;
-}
 
 Environment BuildWorkerEnvironment(const GroupAssignment& g, int local_rank,
                                    const std::string& error_file,
@@ -80,13 +67,6 @@ void AddHangChannels(const HangChannels& c, Environment& env) {
         c.python_dir + (it == env.end() || it->second.empty() ? "" : ":" + it->second);
   }
   if (!c.timer_file.empty()) env[env::kTimerFile] = c.timer_file;
-}
-
-std::vector<std::string> ToEnvp(const Environment& env) {
-  std::vector<std::string> out;
-  out.reserve(env.size());
-  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
-  return out;
 }
 
 }  // namespace crun::agent

@@ -7,13 +7,9 @@
 #include <vector>
 
 #include "agent/rendezvous/assignment.h"
+#include "base/environment.h"
 
 namespace crun::agent {
-
-using Environment = std::map<std::string, std::string>;
-
-// This process's environment as a map.
-Environment CurrentEnvironment();
 
 // `base` updated with the contract for `local_rank`; `error_file` may be empty (then
 // TORCHELASTIC_ERROR_FILE is set empty, as torchrun does without a log directory).
@@ -32,8 +28,5 @@ struct HangChannels {
   std::string timer_file;  // TORCHELASTIC_TIMER_FILE
 };
 void AddHangChannels(const HangChannels& channels, Environment& env);
-
-// "KEY=VALUE" strings for execve.
-std::vector<std::string> ToEnvp(const Environment& env);
 
 }  // namespace crun::agent

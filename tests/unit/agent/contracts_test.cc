@@ -9,9 +9,9 @@
 
 #include "agent/frameworks/contracts.h"
 
+using crun::Environment;
 using crun::agent::Contract;
 using crun::agent::ContractSet;
-using crun::agent::Environment;
 using crun::agent::GroupAssignment;
 using crun::agent::RoundMember;
 
