@@ -16,19 +16,23 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
 
 #include "agent/agent_options.h"
+#include "agent/features/job_feature.h"
 #include "agent/rendezvous/rendezvous.h"
-#include "agent/supervise/exit_watcher.h"
 
 namespace crun::agent {
 
 class LocalAgent {
  public:
+  // `features`: the job's per-node features (features/job_feature.h), each made if the
+  // options ask for it; their hooks are called in this order.
   LocalAgent(boost::asio::io_context& io, AgentOptions options,
-             std::unique_ptr<Rendezvous> rendezvous);
+             std::unique_ptr<Rendezvous> rendezvous,
+             const std::vector<FeatureFactory>& features = DefaultFeatures());
   ~LocalAgent();
   // Blocks until the job ends; returns crun's exit code.
   int Run();

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include <spdlog/spdlog.h>
+
 #include "agent/workers/worker_group.h"
 
 namespace crun::agent {
@@ -87,6 +89,12 @@ const HangReport* AttemptFailures::HangBehind(const report::FailureReport& repor
 void AttemptFailures::SortByTime() {
   std::stable_sort(report_.failures.begin(), report_.failures.end(),
                    [](const auto& a, const auto& b) { return a.time_unix_ms < b.time_unix_ms; });
+}
+
+void WarnStopping(const report::WorkerFailure& f, const ExitStatus& exit, const std::string& host) {
+  spdlog::warn("rank {} (local rank {}, pid {}) on {} failed with {}{}; stopping the other workers",
+               f.rank, f.local_rank, f.pid, host, exit.Describe(),
+               f.oom.empty() ? "" : ": " + f.oom);
 }
 
 }  // namespace crun::agent

@@ -55,4 +55,7 @@ class AttemptFailures {
   std::int64_t hang_when_ms_ = 0;  // time_unix_ms of the hang
 };
 
+// Logs that the failure `f` (the worker ended with `exit`, on `host`) stops the other workers.
+void WarnStopping(const report::WorkerFailure& f, const ExitStatus& exit, const std::string& host);
+
 }  // namespace crun::agent

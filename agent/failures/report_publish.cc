@@ -34,4 +34,24 @@ void PublishReport(const ReportContext& context, const report::FailureReport& re
   }
 }
 
+void PublishFailures(const JobEnd& end, const report::FailureReport& report) {
+  ReportContext c = end.context;
+  c.hang = end.failures.HangBehind(report);
+  PublishReport(c, report, end.log_dir, end.parent_error_file);
+}
+
+void PublishOutcome(const JobEnd& end, const JobOutcome& outcome) {
+  if (outcome.success) return;
+  const auto& own = end.failures.report();
+  if (!own.failures.empty() && outcome.root_node_id == end.node_id) {
+    PublishFailures(end, own);
+  } else if (!outcome.root_report.failures.empty()) {
+    PublishFailures(end, outcome.root_report);
+    FdWriter::Stderr().Write("crun: the job failed on node '" + outcome.root_node_id +
+                             "': " + outcome.reason + "\n");
+  } else {
+    FdWriter::Stderr().Write("crun: the job failed: " + outcome.reason + "\n");
+  }
+}
+
 }  // namespace crun::agent

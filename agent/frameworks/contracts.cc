@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "base/endpoint.h"
 
@@ -113,6 +114,16 @@ Status AddContractEnvironment(const ContractSet& contracts, const GroupAssignmen
     set("OMPI_COMM_WORLD_NODE_RANK", Num(g.group_rank));
   }
   return Status::Ok();
+}
+
+PortReservation ReserveContractPorts(const ContractSet& contracts, int nproc) {
+  const int n = PortLayout(contracts, nproc).count();
+  if (n == 0) return PortReservation();
+  auto r = PortReservation::Reserve(n);
+  if (r.ok()) return std::move(r).value();
+  spdlog::error("cannot reserve {} ports for --contract {}: {}", n, contracts.ToString(),
+                r.status().message());
+  return PortReservation();
 }
 
 }  // namespace crun::agent

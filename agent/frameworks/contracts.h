@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <string>
 
+#include "agent/frameworks/port_reservation.h"
 #include "agent/rendezvous/assignment.h"
 #include "base/environment.h"
 #include "base/status.h"
@@ -32,5 +33,9 @@ std::string HorovodHostName(const GroupAssignment& group, std::size_t i);
 // --contract) is refused with an error that says which node.
 Status AddContractEnvironment(const ContractSet& contracts, const GroupAssignment& group,
                               int local_rank, Environment& env);
+
+// The ports `contracts` need for `nproc` workers, reserved for the join; none when it needs
+// none, or when they cannot be had (logged: the workers' start then fails naming them).
+PortReservation ReserveContractPorts(const ContractSet& contracts, int nproc);
 
 }  // namespace crun::agent

@@ -147,14 +147,14 @@ void WorkerGroup::EndAttempt() {
   }
 }
 
-void WorkerGroup::StartOomWatch() {
-  if (!oom_) oom_ = std::make_unique<OomWatch>(cgroup_dir());
-}
-
-std::string WorkerGroup::OomKillOf(pid_t pid) {
-  if (!oom_) return "";
-  const auto kill = oom_->Check(pid);
-  return kill ? kill->Describe() : "";
+std::string WorkerGroup::DescribeExits(int base_rank) const {
+  std::string how;
+  for (const auto& w : workers_) {
+    if (w.pid <= 0) continue;
+    how += (how.empty() ? "" : ", ") + std::string("rank ") +
+           std::to_string(base_rank + w.local_rank) + " " + w.exit.Describe();
+  }
+  return how;
 }
 
 void WorkerGroup::StartWarm(WarmOptions options) {

@@ -20,7 +20,6 @@
 #include "agent/supervise/attempt_edge.h"
 #include "agent/supervise/group_guard.h"
 #include "agent/supervise/lifecycle.h"
-#include "agent/supervise/oom.h"
 #include "agent/supervise/worker_cgroup.h"
 #include "agent/warm/warm_template.h"
 #include "agent/workers/attempt_start.h"
@@ -53,10 +52,6 @@ class WorkerGroup {
   void BeginEdge(int attempt_label, std::function<void(bool complete)> done);
   // The attempt is over: its process groups are no longer the guard's.
   void EndAttempt();
-  // Once workers have run: the OOM killer's witnesses (read at start, off the start's path).
-  void StartOomWatch();
-  // Why worker `pid`, which died of SIGKILL, was killed by the OOM killer; "" if it was not.
-  std::string OomKillOf(pid_t pid);
   // --warm: starts the template (agent/warm) that later workers are forked from.
   void StartWarm(WarmOptions options);
   // Runs `done` when an attempt may start: at once, or once a template that is still
@@ -74,6 +69,9 @@ class WorkerGroup {
   // How many of the attempt's workers run, and how many have exited.
   int running() const;
   int exited() const;
+  // "rank R <how it exited>, ..." for every worker that started (`base_rank`: RANK of local
+  // rank 0).
+  std::string DescribeExits(int base_rank) const;
   // crun's cgroup for the workers; "" when it has none.
   std::string cgroup_dir() const;
 
@@ -88,7 +86,6 @@ class WorkerGroup {
   std::unique_ptr<AttemptEdge> edge_;              // the last attempt's end
   std::unique_ptr<GroupGuard> guard_;
   std::unique_ptr<WarmTemplate> warm_;  // before guard_ goes: it forgets its group there
-  std::unique_ptr<OomWatch> oom_;
   std::vector<Worker> workers_;
 };
 

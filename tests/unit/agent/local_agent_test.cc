@@ -20,6 +20,7 @@
 
 #include "agent/failures/report_format.h"
 #include "agent/local_agent.h"
+#include "agent/observe/agent_metrics.h"
 #include "tests/unit/temp_dir.h"
 
 namespace {
@@ -109,7 +110,8 @@ struct Outcome {
   ScriptedRendezvous::Record record;
 };
 Outcome RunAgent(const TempDir& dir, int nproc, const std::string& script, int max_restarts = 0,
-                 std::chrono::milliseconds grace = std::chrono::seconds(5)) {
+                 std::chrono::milliseconds grace = std::chrono::seconds(5),
+                 const std::vector<FeatureFactory>& features = DefaultFeatures()) {
   AgentOptions o;
   o.command = {"/bin/sh", "-c", script, "worker", "${local_rank}"};
   o.nproc = nproc;
@@ -122,7 +124,8 @@ Outcome RunAgent(const TempDir& dir, int nproc, const std::string& script, int m
   Outcome out;
   asio::io_context io(1);
   LocalAgent agent(io, o,
-                   std::make_unique<ScriptedRendezvous>(io, nproc, max_restarts, &out.record));
+                   std::make_unique<ScriptedRendezvous>(io, nproc, max_restarts, &out.record),
+                   features);
   out.code = agent.Run();
   return out;
 }
@@ -233,4 +236,103 @@ TEST_CASE("agent: each worker exit has one metrics cause", "[agent][metrics]") {
   CHECK(std::string(ExitCauseOf(code, false, false, true)) == "stopped");  // its SIGTERM handler
   CHECK(std::string(ExitCauseOf(killed, true, false, true)) == "hang");    // crun killed it hung
   CHECK(std::string(ExitCauseOf(ok, true, false, true)) == "hang");
+}
+
+namespace {
+
+// A test-only feature: writes each hook it hears to `log`, as one word and its arguments.
+class HookRecorder final : public JobFeature {
+ public:
+  HookRecorder(AgentView& agent, std::vector<std::string>* log, bool fail_prepare)
+      : agent_(agent), log_(log), fail_prepare_(fail_prepare) {}
+
+  crun::Status Prepare() override {
+    log_->push_back("prepare");
+    if (fail_prepare_) return crun::Unavailable("the recorder's port 1 is taken");
+    return crun::Status::Ok();
+  }
+  void ConfigureStreams(StreamOptions&) override { log_->push_back("streams"); }
+  void OnRound(std::chrono::steady_clock::duration waited) override {
+    log_->push_back("round " + std::to_string(agent_.group.round) +
+                    (waited.count() >= 0 ? "" : " (negative wait)"));
+  }
+  void BeforeStart(AttemptStartContext& c) override {
+    log_->push_back("before_start restart=" + std::to_string(c.group.restart_count));
+  }
+  void OnLaunched(const std::vector<WorkerStart>& starts) override {
+    int started = 0;
+    for (const auto& s : starts) started += s.launch.started ? 1 : 0;
+    log_->push_back("launched " + std::to_string(started));
+  }
+  void OnAttemptStarted() override {
+    log_->push_back(std::string("attempt_started ") +
+                    (agent_.lifecycle.phase == lifecycle::Phase::kRunning ? "running" : "?"));
+  }
+  void OnWorkerExited(const WorkerEnd& e) override {
+    if (e.exit.success()) return log_->push_back("exited ok");
+    log_->push_back("exited rank=" + std::to_string(e.worker.local_rank) +
+                    " failure=" + std::to_string(e.failure != nullptr) + " stops=" +
+                    std::to_string(e.stops_group) + " stopping=" + std::to_string(e.stopping));
+  }
+  void OnRestarting(const std::string& reason, bool spends) override {
+    log_->push_back("restarting " + reason + (spends ? " (spends)" : ""));
+  }
+  void OnAttemptEnded() override { log_->push_back("attempt_ended"); }
+  void OnFinish(int code) override { log_->push_back("finish " + std::to_string(code)); }
+
+ private:
+  AgentView& agent_;
+  std::vector<std::string>* log_;
+  bool fail_prepare_;
+};
+
+}  // namespace
+
+TEST_CASE("agent: a feature registered in one line hears rounds, attempts and exits in order",
+          "[agent]") {
+  TempDir dir;
+  std::vector<std::string> log;
+  auto features = DefaultFeatures();
+  features.push_back([&](AgentView& a) { return std::make_unique<HookRecorder>(a, &log, false); });
+  // Attempt 0: local rank 0 fails; local rank 1 ignores the stop signal, so it is killed at the
+  // grace's end, after the rendezvous's restart has arrived. Attempt 1: both succeed.
+  const auto out = RunAgent(dir, 2,
+                            "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then "
+                            "[ \"$1\" = 0 ] && exit 7; trap '' TERM; exec sleep 60; fi; exit 0",
+                            /*max_restarts=*/1, std::chrono::milliseconds(300), features);
+  CHECK(out.code == 0);
+  const std::vector<std::string> expected{
+      "streams",
+      "prepare",
+      "round 0",
+      "before_start restart=0",
+      "launched 2",
+      "attempt_started running",
+      "exited rank=0 failure=1 stops=1 stopping=0",
+      "restarting a worker failed (spends)",
+      "exited rank=1 failure=1 stops=0 stopping=1",
+      "attempt_ended",
+      "round 1",
+      "before_start restart=1",
+      "launched 2",
+      "attempt_started running",
+      "exited ok",
+      "exited ok",
+      "attempt_ended",
+      "finish 0",
+  };
+  CHECK(log == expected);
+}
+
+TEST_CASE("agent: a feature that cannot start ends the job before any join or worker", "[agent]") {
+  TempDir dir;
+  std::vector<std::string> log;
+  const std::string marker = dir.path + "/ran";
+  const auto out =
+      RunAgent(dir, 2, "touch " + marker, 0, std::chrono::seconds(5),
+               {[&](AgentView& a) { return std::make_unique<HookRecorder>(a, &log, true); }});
+  CHECK(out.code == 1);
+  CHECK(log == std::vector<std::string>{"streams", "prepare"});
+  CHECK(out.record.joins == 0);
+  CHECK_FALSE(std::filesystem::exists(marker));
 }

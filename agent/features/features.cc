@@ -1,0 +1,42 @@
+// The agent's features, in the order their hooks are called. Adding one: its file in this
+// folder (a JobFeature and its factory) and its line here.
+#include "agent/features/job_feature.h"
+
+namespace crun::agent {
+
+std::unique_ptr<JobFeature> MakeWarmStart(AgentView&);        // warm_start.cc
+std::unique_ptr<JobFeature> MakeFileTimer(AgentView&);        // file_timer_server.cc
+std::unique_ptr<JobFeature> MakeMetricsEndpoint(AgentView&);  // metrics_endpoint.cc
+std::unique_ptr<JobFeature> MakeEventLog(AgentView&);         // event_log.cc
+std::unique_ptr<JobFeature> MakeHorovodServer(AgentView&);    // horovod_server.cc
+std::unique_ptr<JobFeature> MakeOomWitness(AgentView&);       // oom_witness.cc
+std::unique_ptr<JobFeature> MakeControlSocket(AgentView&);    // control_socket.cc
+
+std::vector<FeatureFactory> DefaultFeatures() {
+  return {
+      MakeWarmStart,     MakeFileTimer,  MakeMetricsEndpoint, MakeEventLog,
+      MakeHorovodServer, MakeOomWitness, MakeControlSocket,
+  };
+}
+
+JobFeatures::JobFeatures(const std::vector<FeatureFactory>& factories, AgentView& agent) {
+  for (const FeatureFactory& make : factories) {
+    if (auto f = make(agent)) list_.push_back(std::move(f));
+  }
+}
+
+Status JobFeatures::Prepare() {
+  for (auto& f : list_) {
+    if (auto s = f->Prepare(); !s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+std::string JobFeatures::KillerOf(const Worker& w, const ExitStatus& exit) {
+  for (auto& f : list_) {
+    if (auto killer = f->KillerOf(w, exit); !killer.empty()) return killer;
+  }
+  return "";
+}
+
+}  // namespace crun::agent
