@@ -9,10 +9,16 @@
 #include <vector>
 
 #include "agent/frameworks/contracts.h"
-#include "agent/observe/agent_metrics.h"
 #include "http/http_server.h"
 
 namespace crun::agent {
+
+// What every series of the agent's metrics is labelled with (observe/agent_metrics.h).
+struct AgentMetricLabels {
+  std::string run_id;
+  std::string node;
+  std::string role;
+};
 
 struct AgentOptions {
   // The worker command line; "${local_rank}" in it is replaced per worker.

@@ -28,17 +28,28 @@ declare -A allowed=(
   [train]="base crun/worker crun/base train"
 )
 
+# agent/'s inner folders, lowest first: each may include the agent's layers above and the
+# folders (and agent_options.h) before it, never one after it. local_agent.{h,cc} may use all.
+agent_inner=(agent/supervise agent/output agent/warm agent/hangs agent/rendezvous
+             agent/frameworks agent/agent_options.h agent/workers agent/failures agent/observe
+             agent/features)
+below="base metrics http proto crun/v1 rendezvous"
+for inner in "${agent_inner[@]}"; do
+  below="$below $inner"
+  allowed[$inner]="$below"
+done
+
 bad=0
 while IFS= read -r file; do
   folder=""
   for f in "${!allowed[@]}"; do
-    if [[ "$file" == "$f/"* && ${#f} -gt ${#folder} ]]; then folder=$f; fi
+    if [[ ("$file" == "$f/"* || "$file" == "$f") && ${#f} -gt ${#folder} ]]; then folder=$f; fi
   done
   [[ -n "$folder" ]] || continue
   while IFS=: read -r line include; do
     ok=0
     for prefix in ${allowed[$folder]}; do
-      [[ "$include" == "$prefix/"* ]] && ok=1
+      [[ "$include" == "$prefix/"* || "$include" == "$prefix" ]] && ok=1
     done
     # A folder's own headers, named relative to it (worker_sdk/include/crun/worker/...).
     [[ -f "$(dirname "$file")/$include" ]] && ok=1

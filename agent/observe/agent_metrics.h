@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "agent/agent_options.h"
 #include "agent/supervise/exit_status.h"
 #include "metrics/registry.h"
 
@@ -25,12 +26,6 @@ inline constexpr char kExitLaunch[] = "launch";    // could not be started
 // The cause of one worker exit: `hung` (crun found it hung and stopped it), `oom` (the kernel's
 // OOM killer took it), `stopping` (crun was stopping the group when it exited).
 const char* ExitCauseOf(const ExitStatus& status, bool hung, bool oom, bool stopping);
-
-struct AgentMetricLabels {
-  std::string run_id;
-  std::string node;
-  std::string role;
-};
 
 class AgentMetrics {
  public:
