@@ -37,22 +37,21 @@ struct LocalAgent::Impl final : RendezvousEvents {
         options(std::move(o)),
         rdzv(std::move(r)),
         state(lc::Initial({options.first_local_rank, options.nproc, options.shutdown_timeout})),
-        hangs(io_, options, workers, *rdzv, state, group,
-              [this](int attempt, std::vector<int> hung, HangReport h,
-                     std::chrono::system_clock::time_point when,
-                     std::chrono::steady_clock::time_point declared) {
-                failures.NoteHang(std::move(h), when);
-                Feed(lc::OnHang(state, attempt, hung, declared, Now()));
-              }),
-        view{io_,   options,  group,    state,         workers,
-             *rdzv, presence, reserved, hangs.watch(), hangs.stacks()},
+        view{io_, options, group, state, workers, *rdzv, presence, reserved, hangs},
         features(factories, view),
         streams(io_, StreamOptionsOf(options, features)),
         signals(io_),
         wake(io_),
         workers(io_, options),
         failures(options.host_name),
-        presence(io_, options.log_dir, options.interpreter) {
+        presence(io_, options.log_dir, options.interpreter),
+        hangs(io_, options, workers, *rdzv, state, group,
+              [this](int attempt, std::vector<int> hung, HangReport h,
+                     std::chrono::system_clock::time_point when,
+                     std::chrono::steady_clock::time_point declared) {
+                failures.NoteHang(std::move(h), when);
+                Feed(lc::OnHang(state, attempt, hung, declared, Now()));
+              }) {
     if (options.forward_signals.empty()) {
       options.forward_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
     }
@@ -303,8 +302,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   GroupAssignment offered;                          // the rendezvous's last assignment
   GroupAssignment group;                            // the running attempt's
   lc::State state;
-  AttemptHangs hangs;
-  AgentView view;
+  AgentView view;  // names parts made after the features: see JobFeatures
   JobFeatures features;
   WorkerStreams streams;
   asio::signal_set signals;
@@ -312,6 +310,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   WorkerGroup workers;
   AttemptFailures failures;
   RunPresence presence;
+  AttemptHangs hangs;
   std::string restart_reason;  // the rendezvous's last stop-and-rejoin
   JobOutcome outcome;
   std::deque<lc::Action> queue;  // actions not yet carried out (Feed)

@@ -34,7 +34,7 @@ class ControlSocket final : public JobFeature {
                        ? "the workers are being stopped"
                        : "no workers are running (waiting for the rendezvous)");
     }
-    agent_.stacks.ReadStacks([this, reply](const std::vector<RankStacks>& stacks) {
+    agent_.hangs.stacks().ReadStacks([this, reply](const std::vector<RankStacks>& stacks) {
       const GroupAssignment& g = agent_.group;
       nlohmann::json j{{"host", agent_.options.host_name},
                        {"run_id", g.run_id},

@@ -44,7 +44,7 @@ class FileTimer final : public JobFeature {
       return;
     }
     if (agent_.lifecycle.phase == lifecycle::Phase::kRunning) {
-      agent_.hang_watch.Expire(w->local_rank, std::move(cause));
+      agent_.hangs.watch().Expire(w->local_rank, std::move(cause));
     }
   }
 

@@ -20,11 +20,10 @@
 
 #include "agent/agent_options.h"
 #include "agent/frameworks/port_reservation.h"
-#include "agent/hangs/hang_responder.h"
-#include "agent/hangs/hang_watch.h"
 #include "agent/observe/run_presence.h"
 #include "agent/rendezvous/rendezvous.h"
 #include "agent/supervise/lifecycle.h"
+#include "agent/workers/attempt_hangs.h"
 #include "agent/workers/worker_group.h"
 #include "base/status.h"
 
@@ -44,8 +43,7 @@ struct AgentView {
   // The ports this node reserved at its join (--contract), held until the workers start.
   PortReservation& reserved_ports;
   // The running attempt's hang watch, and the one place stacks are read.
-  HangWatch& hang_watch;
-  HangResponder& stacks;
+  AttemptHangs& hangs;
 };
 
 // One worker's exit, as the agent recorded it.

@@ -92,9 +92,11 @@ struct HangResponder::Gather {
   bool ready() const { return local && remote && traces_done; }
 };
 
-HangResponder::HangResponder(asio::io_context& io, HangResponderOptions options, Targets targets,
-                             AskRemote ask_remote, IsCurrent is_current, Concluded concluded)
+HangResponder::HangResponder(asio::io_context& io, ChildRegistry& children,
+                             HangResponderOptions options, Targets targets, AskRemote ask_remote,
+                             IsCurrent is_current, Concluded concluded)
     : io_(io),
+      children_(children),
       options_(std::move(options)),
       targets_(std::move(targets)),
       ask_remote_(std::move(ask_remote)),
@@ -109,7 +111,7 @@ const StackTools& HangResponder::Tools() {
 void HangResponder::ReadStacks(std::function<void(const std::vector<RankStacks>&)> done) {
   stack_waiters_.push_back(std::move(done));
   if (stack_waiters_.size() > 1) return;  // joins the capture under way
-  CaptureStacks(io_, targets_(), Tools(), options_.stack_deadline,
+  CaptureStacks(io_, children_, targets_(), Tools(), options_.stack_deadline,
                 [this](std::vector<RankStacks> stacks) {
                   for (auto& w : std::exchange(stack_waiters_, {})) w(stacks);
                 });

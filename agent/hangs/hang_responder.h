@@ -56,8 +56,9 @@ class HangResponder {
       std::function<void(int attempt, HangReport report, std::chrono::system_clock::time_point when,
                          std::chrono::steady_clock::time_point declared)>;
 
-  HangResponder(boost::asio::io_context& io, HangResponderOptions options, Targets targets,
-                AskRemote ask_remote, IsCurrent is_current, Concluded concluded);
+  // The stack tools run as children owned in `children`, which must outlive the responder.
+  HangResponder(boost::asio::io_context& io, ChildRegistry& children, HangResponderOptions options,
+                Targets targets, AskRemote ask_remote, IsCurrent is_current, Concluded concluded);
 
   // A hang was declared in `attempt`; nothing happens while one is being gathered.
   void OnHang(const HangAttempt& attempt, const std::vector<WorkerProgress>& progress);
@@ -77,6 +78,7 @@ class HangResponder {
   const StackTools& Tools();
 
   boost::asio::io_context& io_;
+  ChildRegistry& children_;
   HangResponderOptions options_;
   Targets targets_;
   AskRemote ask_remote_;

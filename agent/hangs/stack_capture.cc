@@ -62,15 +62,15 @@ namespace {
 class ToolRun : public std::enable_shared_from_this<ToolRun> {
  public:
   using Done = std::function<void(bool ok, std::string output)>;
-  static void Start(asio::io_context& io, std::vector<std::string> argv, milliseconds deadline,
-                    Done done) {
-    auto run = std::shared_ptr<ToolRun>(new ToolRun(io, std::move(done)));
+  static void Start(asio::io_context& io, ChildRegistry& children, std::vector<std::string> argv,
+                    milliseconds deadline, Done done) {
+    auto run = std::shared_ptr<ToolRun>(new ToolRun(io, children, std::move(done)));
     run->Begin(std::move(argv), deadline);
   }
 
  private:
-  ToolRun(asio::io_context& io, Done done)
-      : io_(io), pipe_(io), deadline_(io), done_(std::move(done)) {}
+  ToolRun(asio::io_context& io, ChildRegistry& children, Done done)
+      : io_(io), children_(children), pipe_(io), deadline_(io), done_(std::move(done)) {}
 
   void Begin(std::vector<std::string> argv, milliseconds deadline) {
     int p[2];
@@ -81,7 +81,7 @@ class ToolRun : public std::enable_shared_from_this<ToolRun> {
     spec.stdout_fd = p[1];
     spec.stderr_fd = p[1];
     const std::string name = spec.argv[0];
-    auto pid = SpawnProcess(spec);
+    auto pid = SpawnProcess(spec, children_);
     ::close(p[1]);
     if (!pid.ok()) {
       ::close(p[0]);
@@ -90,7 +90,7 @@ class ToolRun : public std::enable_shared_from_this<ToolRun> {
     pid_ = *pid;
     pipe_.assign(p[0]);
     auto self = shared_from_this();
-    auto watcher = ExitWatcher::Watch(io_, pid_, [self](ExitStatus s) {
+    auto watcher = ExitWatcher::Watch(io_, pid_, children_, [self](ExitStatus s) {
       self->exit_ = s;
       self->exited_ = true;
       self->MaybeDone();
@@ -138,6 +138,7 @@ class ToolRun : public std::enable_shared_from_this<ToolRun> {
   }
 
   asio::io_context& io_;
+  ChildRegistry& children_;
   asio::posix::stream_descriptor pipe_;
   asio::steady_timer deadline_;
   Done done_;
@@ -177,6 +178,7 @@ struct Method {
 };
 
 struct Capture {
+  ChildRegistry* children;  // where the tools run as children
   std::vector<RankStacks> results;
   std::size_t pending = 0;
   std::function<void(std::vector<RankStacks>)> done;
@@ -226,17 +228,18 @@ void TryNext(asio::io_context& io, std::shared_ptr<Capture> c, std::size_t i, St
              at_once ? "faulthandler (signal handler)" : "");
     });
   } else {
-    ToolRun::Start(io, m.argv, deadline,
+    ToolRun::Start(io, *c->children, m.argv, deadline,
                    [finish](bool ok, std::string text) { finish(ok, std::move(text), ""); });
   }
 }
 
 }  // namespace
 
-void CaptureStacks(asio::io_context& io, const std::vector<StackTarget>& targets,
-                   const StackTools& tools, milliseconds deadline,
-                   std::function<void(std::vector<RankStacks>)> done) {
+void CaptureStacks(asio::io_context& io, ChildRegistry& children,
+                   const std::vector<StackTarget>& targets, const StackTools& tools,
+                   milliseconds deadline, std::function<void(std::vector<RankStacks>)> done) {
   auto c = std::make_shared<Capture>();
+  c->children = &children;
   c->done = std::move(done);
   c->pending = targets.size();
   for (const auto& t : targets) {

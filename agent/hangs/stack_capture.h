@@ -21,6 +21,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "agent/hangs/stack_model.h"
+#include "agent/supervise/children.h"
 
 namespace crun::agent {
 
@@ -40,10 +41,12 @@ struct StackTarget {
   StackPipe* hook = nullptr;  // the worker's pipe, when it has one
 };
 
-// Reads the stacks of every target at once (each tool run has `deadline`), then calls
-// `done` on the event loop with one RankStacks per target, in the targets' order.
-void CaptureStacks(boost::asio::io_context& io, const std::vector<StackTarget>& targets,
-                   const StackTools& tools, std::chrono::milliseconds deadline,
+// Reads the stacks of every target at once (each tool run has `deadline`, and runs as a child
+// owned in `children`, which must outlive it), then calls `done` on the event loop with one
+// RankStacks per target, in the targets' order.
+void CaptureStacks(boost::asio::io_context& io, ChildRegistry& children,
+                   const std::vector<StackTarget>& targets, const StackTools& tools,
+                   std::chrono::milliseconds deadline,
                    std::function<void(std::vector<RankStacks>)> done);
 
 }  // namespace crun::agent

@@ -38,9 +38,10 @@ std::string Name(pid_t pid, bool with_state) {
 }  // namespace
 
 AttemptEdge::AttemptEdge(asio::io_context& io, int attempt, std::vector<pid_t> groups,
-                         std::unique_ptr<AttemptCgroup> cgroup, std::chrono::milliseconds timeout,
-                         Done done)
+                         std::unique_ptr<AttemptCgroup> cgroup, ChildRegistry& children,
+                         std::chrono::milliseconds timeout, Done done)
     : io_(io),
+      children_(children),
       groups_(std::move(groups)),
       cgroup_(std::move(cgroup)),
       started_(std::chrono::steady_clock::now()),
@@ -81,15 +82,15 @@ void AttemptEdge::Check() {
     cgroup_->KillAll();
   }
   const pid_t own_group = ::getpgrp();
-  for (pid_t c : OrphanChildren()) {
+  for (pid_t c : children_.Orphans()) {
     Classify(c);
     const pid_t group = ::getpgid(c);
-    if (group > 0 && group != own_group && !IsOwnedChild(group)) ::kill(-group, SIGKILL);
+    if (group > 0 && group != own_group && !children_.Owns(group)) ::kill(-group, SIGKILL);
     ::kill(c, SIGKILL);
     int status = 0;
     ::waitpid(c, &status, WNOHANG);
   }
-  if ((!cgroup_ || !cgroup_->Populated()) && OrphanChildren().empty()) return Finish(true);
+  if ((!cgroup_ || !cgroup_->Populated()) && children_.Orphans().empty()) return Finish(true);
   if (std::chrono::steady_clock::now() >= deadline_) return Finish(false);
   backstop_.expires_after(kBackstop);
   backstop_.async_wait([this](const boost::system::error_code& ec) {
@@ -105,7 +106,7 @@ void AttemptEdge::Finish(bool complete) {
     if (auto s = cgroup_->Remove(); !s.ok()) report_.remaining.push_back(s.message());
   }
   if (!complete) {
-    std::vector<pid_t> left = OrphanChildren();
+    std::vector<pid_t> left = children_.Orphans();
     if (cgroup_) {
       for (pid_t p : cgroup_->Procs()) {
         if (std::find(left.begin(), left.end(), p) == left.end()) left.push_back(p);

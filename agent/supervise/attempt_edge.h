@@ -28,6 +28,7 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "agent/supervise/children.h"
 #include "agent/supervise/worker_cgroup.h"
 #include "base/status.h"
 
@@ -53,9 +54,11 @@ class AttemptEdge {
  public:
   using Done = std::function<void(const EdgeReport&)>;
   // `groups`: the process groups of the attempt's workers (their pids). `cgroup`: the attempt's
-  // cgroup, or null where crun has none.
+  // cgroup, or null where crun has none. `children`: this process's registry (which must
+  // outlive the edge): a child it does not own is an orphan, the edge's to end and reap.
   AttemptEdge(boost::asio::io_context& io, int attempt, std::vector<pid_t> groups,
-              std::unique_ptr<AttemptCgroup> cgroup, std::chrono::milliseconds timeout, Done done);
+              std::unique_ptr<AttemptCgroup> cgroup, ChildRegistry& children,
+              std::chrono::milliseconds timeout, Done done);
   ~AttemptEdge();
   AttemptEdge(const AttemptEdge&) = delete;
   AttemptEdge& operator=(const AttemptEdge&) = delete;
@@ -73,6 +76,7 @@ class AttemptEdge {
   void Finish(bool complete);
 
   boost::asio::io_context& io_;
+  ChildRegistry& children_;
   std::vector<pid_t> groups_;
   std::unique_ptr<AttemptCgroup> cgroup_;
   std::chrono::steady_clock::time_point started_, deadline_;

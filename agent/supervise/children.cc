@@ -10,11 +10,6 @@
 
 namespace crun::agent {
 
-ChildRegistry& ChildRegistry::ThisProcess() {
-  static ChildRegistry registry;
-  return registry;
-}
-
 void ChildRegistry::Own(pid_t pid) {
   std::lock_guard<std::mutex> lock(mutex_);
   owned_.insert(pid);
@@ -67,10 +62,6 @@ std::vector<pid_t> ChildrenOfSelf() {
   ::closedir(tasks);
   return out;
 }
-
-bool IsOwnedChild(pid_t pid) { return ChildRegistry::ThisProcess().Owns(pid); }
-std::vector<pid_t> OrphanChildren() { return ChildRegistry::ThisProcess().Orphans(); }
-int ReapOrphans() { return ChildRegistry::ThisProcess().ReapOrphans(); }
 
 Status BecomeSubreaper() {
   if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) return PosixError("PR_SET_CHILD_SUBREAPER", errno);

@@ -14,13 +14,19 @@
 
 namespace crun::agent {
 
-// The owned children of this process. One per process, as the kernel's list of children is
-// (ThisProcess); a mutex, though the agent is single-threaded: the stack tools and the guard
-// are started from the same process.
+// The owned children of this process. The kernel keeps one list of children per process, so a
+// process that starts children has one registry, made by whoever starts them (the agent's
+// worker group) and passed to every part that forks or reaps: with two, each would take the
+// other's children for orphans. A mutex, though the agent is single-threaded: the stack tools
+// and the guard are started from the same process.
 class ChildRegistry {
  public:
-  static ChildRegistry& ThisProcess();
+  ChildRegistry() = default;
+  ChildRegistry(const ChildRegistry&) = delete;
+  ChildRegistry& operator=(const ChildRegistry&) = delete;
 
+  // `pid` is a child this process started itself (or adopted: a warm worker reparented to it),
+  // reaped from here on by its owner (FinishStart, an ExitWatcher), never as an orphan.
   void Own(pid_t pid);
   // waitpid for an owned child (EINTR retried), which is then no longer owned.
   pid_t Reap(pid_t pid, int* status, int flags);
@@ -38,11 +44,6 @@ class ChildRegistry {
 
 // The children of this process (every thread's, zombies too), from /proc/self/task/*/children.
 std::vector<pid_t> ChildrenOfSelf();
-
-// The registry's questions, of this process's (ChildRegistry::ThisProcess()).
-bool IsOwnedChild(pid_t pid);
-std::vector<pid_t> OrphanChildren();
-int ReapOrphans();
 
 // Makes this process the reaper of its orphaned descendants (PR_SET_CHILD_SUBREAPER): a
 // worker's grandchild that daemonises (setsid + double fork) becomes crun's child instead of

@@ -19,8 +19,8 @@ namespace asio = boost::asio;
 
 class PidfdWatcher final : public ExitWatcher {
  public:
-  PidfdWatcher(asio::io_context& io, pid_t pid, int pidfd, Callback cb)
-      : pid_(pid), fd_(io, pidfd), callback_(std::move(cb)) {
+  PidfdWatcher(asio::io_context& io, pid_t pid, ChildRegistry& children, int pidfd, Callback cb)
+      : pid_(pid), children_(children), fd_(io, pidfd), callback_(std::move(cb)) {
     Wait();
   }
   ~PidfdWatcher() override {
@@ -43,7 +43,7 @@ class PidfdWatcher final : public ExitWatcher {
   // So the child is reaped only if it has ended, and otherwise watched again.
   void Reap() {
     int status = 0;
-    const pid_t r = ChildRegistry::ThisProcess().Reap(pid_, &status, WNOHANG);
+    const pid_t r = children_.Reap(pid_, &status, WNOHANG);
     if (r == 0) return Wait();
     ExitStatus exit;
     if (r == pid_ && WIFSIGNALED(status)) {
@@ -59,6 +59,7 @@ class PidfdWatcher final : public ExitWatcher {
   }
 
   pid_t pid_;
+  ChildRegistry& children_;
   asio::posix::stream_descriptor fd_;
   Callback callback_;
 };
@@ -68,12 +69,13 @@ class PidfdWatcher final : public ExitWatcher {
 std::string ExitStatus::Describe() const { return DescribeExit(signaled, value); }
 
 StatusOr<std::unique_ptr<ExitWatcher>> ExitWatcher::Watch(asio::io_context& io, pid_t pid,
+                                                          ChildRegistry& children,
                                                           Callback on_exit) {
   // glibc declares pidfd_open without C linkage for C++; the system call is the same.
   const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   if (fd < 0) return PosixError("pidfd_open for pid " + std::to_string(pid), errno);
   ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-  return std::unique_ptr<ExitWatcher>(new PidfdWatcher(io, pid, fd, std::move(on_exit)));
+  return std::unique_ptr<ExitWatcher>(new PidfdWatcher(io, pid, children, fd, std::move(on_exit)));
 }
 
 }  // namespace crun::agent

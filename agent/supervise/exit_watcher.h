@@ -9,6 +9,7 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "agent/supervise/children.h"
 #include "agent/supervise/exit_status.h"
 #include "base/status.h"
 
@@ -17,9 +18,10 @@ namespace crun::agent {
 class ExitWatcher {
  public:
   using Callback = std::function<void(ExitStatus)>;
-  // Watches `pid` (a child of this process). The callback runs once, on `io`'s thread.
+  // Watches `pid`, a child owned in `children` (which must outlive the watcher), and reaps it
+  // there. The callback runs once, on `io`'s thread.
   static StatusOr<std::unique_ptr<ExitWatcher>> Watch(boost::asio::io_context& io, pid_t pid,
-                                                      Callback on_exit);
+                                                      ChildRegistry& children, Callback on_exit);
   virtual ~ExitWatcher() = default;
 };
 

@@ -12,7 +12,8 @@
 
 namespace crun::agent {
 
-StatusOr<std::unique_ptr<GroupGuard>> GroupGuard::Start(const std::string& cgroup_dir) {
+StatusOr<std::unique_ptr<GroupGuard>> GroupGuard::Start(ChildRegistry& children,
+                                                        const std::string& cgroup_dir) {
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) return PosixError("pipe for the group guard", errno);
   const pid_t pid = ::fork();
@@ -48,15 +49,15 @@ StatusOr<std::unique_ptr<GroupGuard>> GroupGuard::Start(const std::string& cgrou
     if (!cgroup_dir.empty()) KillAndRemoveCgroup(cgroup_dir);
     ::_exit(0);
   }
-  ChildRegistry::ThisProcess().Own(pid);
+  children.Own(pid);
   ::close(p[0]);
-  return std::unique_ptr<GroupGuard>(new GroupGuard(pid, p[1]));
+  return std::unique_ptr<GroupGuard>(new GroupGuard(children, pid, p[1]));
 }
 
 GroupGuard::~GroupGuard() {
   ::close(fd_);  // the guard kills whatever is still registered, then exits
   int status;
-  ChildRegistry::ThisProcess().Reap(pid_, &status, 0);
+  children_.Reap(pid_, &status, 0);
 }
 
 void GroupGuard::Send(std::int32_t message) {

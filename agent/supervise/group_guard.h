@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "agent/supervise/children.h"
 #include "base/status.h"
 
 namespace crun::agent {
@@ -16,8 +17,10 @@ namespace crun::agent {
 class GroupGuard {
  public:
   // Starts the guard process. With `cgroup_dir`, the guard also ends every process in that
-  // cgroup and removes it when crun goes (KillAndRemoveCgroup).
-  static StatusOr<std::unique_ptr<GroupGuard>> Start(const std::string& cgroup_dir = "");
+  // cgroup and removes it when crun goes (KillAndRemoveCgroup). The guard is owned in
+  // `children` (which must outlive it) until it is reaped, when the GroupGuard goes.
+  static StatusOr<std::unique_ptr<GroupGuard>> Start(ChildRegistry& children,
+                                                     const std::string& cgroup_dir = "");
   ~GroupGuard();
   // The guard kills this group if crun dies before Forget().
   void Add(pid_t pgid);
@@ -26,8 +29,10 @@ class GroupGuard {
   pid_t pid() const { return pid_; }
 
  private:
-  GroupGuard(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
+  GroupGuard(ChildRegistry& children, pid_t pid, int fd)
+      : children_(children), pid_(pid), fd_(fd) {}
   void Send(std::int32_t message);
+  ChildRegistry& children_;
   pid_t pid_;
   int fd_;
 };

@@ -58,7 +58,7 @@ void ResetSignalsInChild() {
 
 // Forks the child of `spec` (into its cgroup when `into_cgroup` and the kernel can), which
 // writes one byte to the report pipe as soon as it runs, then execs.
-StatusOr<PendingProcess> Fork(const ProcessSpec& spec, bool into_cgroup) {
+StatusOr<PendingProcess> Fork(const ProcessSpec& spec, bool into_cgroup, ChildRegistry& children) {
   if (spec.argv.empty()) return InvalidArgument("no program to start");
   // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
   std::vector<char*> argv, envp;
@@ -128,10 +128,10 @@ StatusOr<PendingProcess> Fork(const ProcessSpec& spec, bool into_cgroup) {
     ::execvpe(argv[0], argv.data(), envp.data());
     fail(0);
   }
-  ChildRegistry::ThisProcess().Own(pid);
+  children.Own(pid);
   ::setpgid(pid, pid);  // also here, so the group exists whichever side runs first
   ::close(report[1]);
-  return PendingProcess{pid, report[0], spec, in_cgroup};
+  return PendingProcess{pid, report[0], spec, in_cgroup, false, &children};
 }
 
 // Reads up to `size` bytes of the report, to its EOF.
@@ -154,8 +154,8 @@ std::string List(const std::vector<int>& v) {
 
 }  // namespace
 
-StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec) {
-  return Fork(spec, clone_into_cgroup_works.load());
+StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec, ChildRegistry& children) {
+  return Fork(spec, clone_into_cgroup_works.load(), children);
 }
 
 // A warm worker waits for one byte on its pipe: this one makes it run.
@@ -169,7 +169,7 @@ static StatusOr<pid_t> FinishWarmStart(PendingProcess& pending) {
   ::close(pending.report_fd);
   pending.report_fd = -1;
   if (n == 1) return pending.pid;
-  KillAndReap(pending.pid);
+  KillAndReap(pending.pid, *pending.children);
   return PosixError("the warm worker process for '" + pending.spec.argv[0] + "' (pid " +
                         std::to_string(pending.pid) + ") ended before it ran",
                     err);
@@ -183,13 +183,13 @@ StatusOr<pid_t> FinishStart(PendingProcess& pending) {
   pending.report_fd = -1;
   if (n == 1) return pending.pid;  // it ran, and exec closed the pipe
   int status = 0;
-  ChildRegistry::ThisProcess().Reap(pending.pid, &status, 0);
+  pending.children->Reap(pending.pid, &status, 0);
   const std::string& program = pending.spec.argv[0];
   if (n == 0) {
     // Killed before it ran: created into a cgroup the kernel kills every new child of.
     if (pending.in_cgroup && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
       clone_into_cgroup_works = false;
-      auto again = Fork(pending.spec, false);
+      auto again = Fork(pending.spec, false, *pending.children);
       if (!again.ok()) return again.status();
       return FinishStart(*again);
     }
@@ -215,17 +215,15 @@ StatusOr<pid_t> FinishStart(PendingProcess& pending) {
   return PosixError("cannot start '" + program + "'", what[1]);
 }
 
-void AdoptChild(pid_t pid) { ChildRegistry::ThisProcess().Own(pid); }
-
-void KillAndReap(pid_t pid) {
+void KillAndReap(pid_t pid, ChildRegistry& children) {
   ::kill(-pid, SIGKILL);
   ::kill(pid, SIGKILL);
   int status = 0;
-  ChildRegistry::ThisProcess().Reap(pid, &status, 0);
+  children.Reap(pid, &status, 0);
 }
 
-StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec) {
-  auto pending = StartProcess(spec);
+StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec, ChildRegistry& children) {
+  auto pending = StartProcess(spec, children);
   if (!pending.ok()) return pending.status();
   return FinishStart(*pending);
 }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/supervise/children.h"
 #include "agent/supervise/exit_status.h"
 #include "base/status.h"
 
@@ -48,6 +49,7 @@ struct PendingProcess {
   // Forked from a warm template (agent/warm): `report_fd` is the write end of the pipe it
   // waits on, and FinishStart tells it to run.
   bool warm = false;
+  ChildRegistry* children = nullptr;  // where it is owned
 };
 
 // Two phases, so that many children exec at the same time: StartProcess forks and returns at
@@ -57,15 +59,12 @@ struct PendingProcess {
 // used again by this process: Linux 6.x kills every child cloned into a cgroup whose
 // cgroup.kill was written once, when the cloning process's own cgroup was not killed the same
 // number of times (docs/reliability.md, "The attempt's edge").
-StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec);
+// The child is owned in `children` (children.h) from its fork.
+StatusOr<PendingProcess> StartProcess(const ProcessSpec& spec, ChildRegistry& children);
 StatusOr<pid_t> FinishStart(PendingProcess& pending);
 // Both in one.
-StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec);
-// Takes `pid`, a child this process did not fork itself (a warm worker, reparented to it), as
-// owned: from here on it is reaped by its owner (FinishStart, an ExitWatcher), never as an
-// orphan.
-void AdoptChild(pid_t pid);
-// Ends `pid`, an owned child, with SIGKILL to its process group and reaps it.
-void KillAndReap(pid_t pid);
+StatusOr<pid_t> SpawnProcess(const ProcessSpec& spec, ChildRegistry& children);
+// Ends `pid`, a child owned in `children`, with SIGKILL to its process group and reaps it.
+void KillAndReap(pid_t pid, ChildRegistry& children);
 
 }  // namespace crun::agent

@@ -114,15 +114,20 @@ std::vector<std::string> DefaultWarmModules() {
 }
 
 WarmTemplate::WarmTemplate(asio::io_context& io, WarmOptions options, const WorkerCgroup* cgroup,
-                           GroupGuard* guard)
-    : io_(io), options_(std::move(options)), cgroup_(cgroup), guard_(guard), ready_deadline_(io) {}
+                           GroupGuard* guard, ChildRegistry& children)
+    : io_(io),
+      options_(std::move(options)),
+      cgroup_(cgroup),
+      guard_(guard),
+      children_(children),
+      ready_deadline_(io) {}
 
 WarmTemplate::~WarmTemplate() {
   socket_.reset();  // the template reads EOF and ends; SIGKILL makes sure
   watcher_.reset();
   if (pid_ > 0) {
     guard_->Forget(pid_);
-    KillAndReap(pid_);
+    KillAndReap(pid_, children_);
   }
   if (!source_.empty()) ::unlink(source_.c_str());  // crun's own file; its log stays
 }
@@ -173,7 +178,7 @@ void WarmTemplate::Launch() {
     spec.cgroup_fd = own_cgroup_->fd();
     spec.cgroup_dir = own_cgroup_->dir();
   }
-  auto pid = SpawnProcess(spec);
+  auto pid = SpawnProcess(spec, children_);
   ::close(sv[1]);
   if (log >= 0) ::close(log);
   if (!pid.ok()) {
@@ -183,7 +188,7 @@ void WarmTemplate::Launch() {
   pid_ = *pid;
   guard_->Add(pid_);
   socket_ = std::make_unique<asio::posix::stream_descriptor>(io_, sv[0]);
-  auto watcher = ExitWatcher::Watch(io_, pid_, [this](ExitStatus s) { OnExit(s); });
+  auto watcher = ExitWatcher::Watch(io_, pid_, children_, [this](ExitStatus s) { OnExit(s); });
   if (!watcher.ok()) return Broken(watcher.status().message(), true);
   watcher_ = std::move(watcher).value();
   spdlog::info("warm template (pid {}) importing {}", pid_, fmt::join(options_.modules, ", "));
@@ -229,7 +234,7 @@ void WarmTemplate::Broken(const std::string& why, bool off) {
   watcher_.reset();
   if (pid_ > 0) {
     guard_->Forget(pid_);
-    KillAndReap(pid_);
+    KillAndReap(pid_, children_);
     pid_ = -1;
   }
   if (was_starting && ++failed_starts_ >= kWarmMaxFailedStarts && !off) {
@@ -296,10 +301,11 @@ StatusOr<PendingProcess> WarmTemplate::Fork(const ProcessSpec& spec, const std::
   p.report_fd = go[1];
   p.spec = spec;
   p.warm = true;
+  p.children = &children_;
   if (!spec.cgroup_dir.empty()) {
     if (auto moved = MoveIntoCgroup(spec.cgroup_dir, p.pid); !moved.ok()) {
       ::close(go[1]);
-      KillAndReap(p.pid);
+      KillAndReap(p.pid, children_);
       return moved;
     }
   }
@@ -349,7 +355,7 @@ StatusOr<pid_t> WarmTemplate::Ask(const ProcessSpec& spec, const std::string& ho
   }
   if (reply->contains("pid") && (*reply)["pid"].is_number_integer()) {
     const pid_t pid = (*reply)["pid"].get<pid_t>();
-    AdoptChild(pid);  // before anything could reap it as an orphan
+    children_.Own(pid);  // before anything could reap it as an orphan
     return pid;
   }
   const std::string error = reply->value("error", std::string("no pid in its answer"));

@@ -57,10 +57,11 @@ class WarmTemplate {
  public:
   enum class State { kStarting, kReady, kOff };
 
-  // `cgroup`: crun's worker cgroup, or null; `guard` ends the template if crun dies. Both
-  // outlive the template.
+  // `cgroup`: crun's worker cgroup, or null; `guard` ends the template if crun dies;
+  // `children`: where the template and the workers forked from it are owned. All outlive the
+  // template.
   WarmTemplate(boost::asio::io_context& io, WarmOptions options, const WorkerCgroup* cgroup,
-               GroupGuard* guard);
+               GroupGuard* guard, ChildRegistry& children);
   ~WarmTemplate();  // ends the template and reaps it
   WarmTemplate(const WarmTemplate&) = delete;
   WarmTemplate& operator=(const WarmTemplate&) = delete;
@@ -91,6 +92,7 @@ class WarmTemplate {
   WarmOptions options_;
   const WorkerCgroup* cgroup_;
   GroupGuard* guard_;
+  ChildRegistry& children_;
   std::unique_ptr<AttemptCgroup> own_cgroup_;
   std::string source_;  // the template's file
   State state_ = State::kStarting;

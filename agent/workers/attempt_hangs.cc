@@ -36,7 +36,7 @@ AttemptHangs::AttemptHangs(boost::asio::io_context& io, const AgentOptions& opti
       concluded_(std::move(concluded)),
       watch_(io, options.hang_timeout, [this](std::vector<WorkerProgress> p) { OnHang(p); }),
       responder_(
-          io, ResponderOptionsOf(options), [this] { return Targets(); },
+          io, workers.children(), ResponderOptionsOf(options), [this] { return Targets(); },
           [this](const std::string& why, std::chrono::milliseconds timeout,
                  std::function<void(RemoteStacks)> done) {
             rendezvous_.AskStacks(why, timeout, std::move(done));

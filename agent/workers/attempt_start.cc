@@ -94,7 +94,7 @@ StatusOr<PendingProcess> Start(const AttemptStartContext& c, const ProcessSpec& 
     if (warm.ok()) return warm;
     spdlog::warn("local rank {}: {}; it starts cold", lr, warm.status().message());
   }
-  return StartProcess(spec);
+  return StartProcess(spec, *c.children);
 }
 
 // Phase one for one rank: its directory, its spec, and its fork (the child waits to exec).
@@ -132,13 +132,13 @@ WorkerStart Confirm(boost::asio::io_context& io, const AttemptStartContext& c, W
     return Failed(w.local_rank, LaunchFailureCode(pid.status()), pid.status().message(),
                   StreamsOf(w));
   }
-  auto watcher = ExitWatcher::Watch(io, *pid, [on = c.on_exit, lr = w.local_rank](ExitStatus s) {
-    on(lr, s);
-  });
+  auto watcher =
+      ExitWatcher::Watch(io, *pid, *c.children,
+                         [on = c.on_exit, lr = w.local_rank](ExitStatus s) { on(lr, s); });
   if (!watcher.ok()) {
     // Unwatched, its end would never be seen: take it down and reap it now (SIGKILL cannot be
     // ignored, so the wait is short), and count it as not started.
-    KillAndReap(*pid);
+    KillAndReap(*pid, *c.children);
     return Failed(w.local_rank, 1, watcher.status().message(), StreamsOf(w));
   }
   w.pid = *pid;

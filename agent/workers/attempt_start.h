@@ -54,6 +54,8 @@ struct AttemptStartContext {
   std::string timer_file;  // the file timer's pipe; empty: none
   // Where workers are forked from when it is ready (agent/warm); null: cold starts only.
   WarmTemplate* warm = nullptr;
+  // Where the workers are owned (the worker group's registry); set by WorkerGroup::Start.
+  ChildRegistry* children = nullptr;
   // Called on the event loop: a worker exited; one of its streams was read to its end.
   std::function<void(int local_rank, ExitStatus)> on_exit;
   std::function<void(int local_rank)> on_stream_closed;

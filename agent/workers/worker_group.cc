@@ -35,7 +35,7 @@ Status WorkerGroup::Prepare() {
         "attempt, but would survive a SIGKILL of crun",
         cgroup.status().message());
   }
-  auto g = GroupGuard::Start(cgroup_dir());
+  auto g = GroupGuard::Start(registry_, cgroup_dir());
   if (!g.ok()) return g.status();
   guard_ = std::move(g).value();
   if (auto sub = BecomeSubreaper(); !sub.ok()) {
@@ -43,7 +43,7 @@ Status WorkerGroup::Prepare() {
   }
   // Orphans that come to crun are reaped as they end; an attempt's edge looks again.
   auto child_signals = ChildSignals::Open(io_, [this] {
-    ReapOrphans();
+    registry_.ReapOrphans();
     if (edge_) edge_->Notify();
   });
   if (!child_signals.ok()) return child_signals.status();
@@ -67,6 +67,7 @@ std::vector<WorkerStart> WorkerGroup::Start(int attempt, AttemptStartContext con
     }
   }
   context.warm = warm_.get();
+  context.children = &registry_;
   auto starts = StartWorkers(io_, options_, context, streams, workers_);
   for (const auto& s : starts) {
     if (s.launch.started) guard_->Add(at(s.launch.local_rank).pid);
@@ -107,12 +108,13 @@ void WorkerGroup::BeginEdge(int attempt_label, std::function<void(bool complete)
   for (const auto& w : workers_) {
     if (w.pid > 0) groups.push_back(w.pid);
   }
-  edge_ = std::make_unique<AttemptEdge>(io_, attempt_label, std::move(groups),
-                                        std::move(attempt_cgroup_), options_.edge_timeout,
-                                        [this, done = std::move(done)](const EdgeReport& r) {
-                                          OnEdge(r);
-                                          done(r.complete);
-                                        });
+  edge_ =
+      std::make_unique<AttemptEdge>(io_, attempt_label, std::move(groups),
+                                    std::move(attempt_cgroup_), registry_, options_.edge_timeout,
+                                    [this, done = std::move(done)](const EdgeReport& r) {
+                                      OnEdge(r);
+                                      done(r.complete);
+                                    });
   edge_->Start();
 }
 
@@ -158,7 +160,8 @@ std::string WorkerGroup::DescribeExits(int base_rank) const {
 }
 
 void WorkerGroup::StartWarm(WarmOptions options) {
-  warm_ = std::make_unique<WarmTemplate>(io_, std::move(options), cgroup_.get(), guard_.get());
+  warm_ = std::make_unique<WarmTemplate>(io_, std::move(options), cgroup_.get(), guard_.get(),
+                                         registry_);
   warm_->Start();
 }
 

@@ -72,6 +72,9 @@ class WorkerGroup {
   // "rank R <how it exited>, ..." for every worker that started (`base_rank`: RANK of local
   // rank 0).
   std::string DescribeExits(int base_rank) const;
+  // The children this process owns (supervise/children.h): the workers, the guard, the
+  // template and the stack tools. The one registry of this process.
+  ChildRegistry& children() { return registry_; }
   // crun's cgroup for the workers; "" when it has none.
   std::string cgroup_dir() const;
 
@@ -80,7 +83,8 @@ class WorkerGroup {
 
   boost::asio::io_context& io_;
   const AgentOptions& options_;
-  std::unique_ptr<WorkerCgroup> cgroup_;           // null where the machine gives crun none
+  ChildRegistry registry_;                // first made, last gone: every child below is owned in it
+  std::unique_ptr<WorkerCgroup> cgroup_;  // null where the machine gives crun none
   std::unique_ptr<AttemptCgroup> attempt_cgroup_;  // the running attempt's, until its edge
   std::unique_ptr<ChildSignals> children_;         // SIGCHLD
   std::unique_ptr<AttemptEdge> edge_;              // the last attempt's end

@@ -45,6 +45,12 @@ pid_t ReadPid(const std::string& path) {
   return pid;
 }
 
+// This process's children, as the worker group would own them.
+ChildRegistry& Children() {
+  static ChildRegistry children;
+  return children;
+}
+
 struct Run {
   EdgeReport report;
   bool done = false;
@@ -60,7 +66,7 @@ Run EndAttempt(std::unique_ptr<AttemptCgroup> cgroup) {
   REQUIRE(BecomeSubreaper().ok());
   std::unique_ptr<AttemptEdge> edge;
   auto signals = ChildSignals::Open(io, [&] {
-    ReapOrphans();
+    Children().ReapOrphans();
     if (edge) edge->Notify();
   });
   REQUIRE(signals.ok());
@@ -84,15 +90,15 @@ Run EndAttempt(std::unique_ptr<AttemptCgroup> cgroup) {
     spec.cgroup_fd = cgroup->fd();
     spec.cgroup_dir = cgroup->dir();
   }
-  auto pid = SpawnProcess(spec);
+  auto pid = SpawnProcess(spec, Children());
   REQUIRE(pid.ok());
   Run run;
-  auto watcher = ExitWatcher::Watch(io, *pid, [&](ExitStatus s) {
+  auto watcher = ExitWatcher::Watch(io, *pid, Children(), [&](ExitStatus s) {
     CHECK(s.success());
     run.child = ReadPid(d + "/child");
     run.daemon = ReadPid(d + "/daemon");
     edge = std::make_unique<AttemptEdge>(io, 3, std::vector<pid_t>{*pid}, std::move(cgroup),
-                                         10'000ms, [&](const EdgeReport& r) {
+                                         Children(), 10'000ms, [&](const EdgeReport& r) {
                                            run.report = r;
                                            run.done = true;
                                            io.stop();
@@ -118,7 +124,7 @@ void CheckEnded(const Run& run) {
   CHECK(run.report.left[0] == "pid " + std::to_string(run.daemon) + " (sleep)");
   CHECK(Gone(run.child));
   CHECK(Gone(run.daemon));
-  CHECK(OrphanChildren().empty());
+  CHECK(Children().Orphans().empty());
 }
 
 std::unique_ptr<WorkerCgroup> WorkerCgroupOrSkip() {
@@ -153,7 +159,7 @@ TEST_CASE("edge: a child started into a cgroup that was killed once still starts
   spec.cgroup_fd = (*attempt)->fd();
   spec.cgroup_dir = (*attempt)->dir();
   for (int i = 0; i < 3; ++i) {  // the first may be reborn outside clone3; the rest start so
-    auto pid = SpawnProcess(spec);
+    auto pid = SpawnProcess(spec, Children());
     REQUIRE(pid.ok());
     int status = 0;
     REQUIRE(::waitpid(*pid, &status, 0) == *pid);

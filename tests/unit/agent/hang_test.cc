@@ -39,11 +39,17 @@ namespace asio = boost::asio;
 using namespace crun::agent;
 using std::chrono::milliseconds;
 
+// This process's children, as the worker group would own them.
+ChildRegistry& Children() {
+  static ChildRegistry children;
+  return children;
+}
+
 // A child that runs until killed; killed and reaped at the end of the test.
 struct Child {
   pid_t pid = -1;
   explicit Child(const ProcessSpec& spec) {
-    auto p = SpawnProcess(spec);
+    auto p = SpawnProcess(spec, Children());
     REQUIRE(p.ok());
     pid = *p;
   }
@@ -57,7 +63,7 @@ struct Child {
   ~Child() {
     ::kill(pid, SIGKILL);
     int status;
-    ::waitpid(pid, &status, 0);
+    Children().Reap(pid, &status, 0);
   }
 };
 
@@ -410,7 +416,7 @@ TEST_CASE("stacks of a real native process, by eu-stack or gdb") {
   RunUntil(io, [&] { return crun::ProcessState(child.pid) == 'S'; });
   std::vector<RankStacks> got;
   bool done = false;
-  CaptureStacks(io, {{"h", 3, 1, child.pid, nullptr}}, tools, milliseconds(20'000),
+  CaptureStacks(io, Children(), {{"h", 3, 1, child.pid, nullptr}}, tools, milliseconds(20'000),
                 [&](std::vector<RankStacks> s) {
                   got = std::move(s);
                   done = true;
@@ -468,8 +474,8 @@ TEST_CASE("stacks of a real Python process through crun's hook, with no tool ins
   auto capture = [&] {
     std::vector<RankStacks> got;
     bool done = false;
-    CaptureStacks(io, {{"h", 0, 0, child.pid, pipe->get()}}, StackTools{}, milliseconds(20'000),
-                  [&](std::vector<RankStacks> s) {
+    CaptureStacks(io, Children(), {{"h", 0, 0, child.pid, pipe->get()}}, StackTools{},
+                  milliseconds(20'000), [&](std::vector<RankStacks> s) {
                     got = std::move(s);
                     done = true;
                   });
