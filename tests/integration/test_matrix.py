@@ -140,7 +140,8 @@ class Matrix(unittest.TestCase):
 
     def commands(self, backend, contracts, nproc, worker, out):
         """The crun command lines of one case: one node, or two on this host."""
-        common = ["--contract", contracts, "--nproc-per-node", str(nproc),
+        # crun's info lines: a case that fails or hangs shows how far each node got.
+        common = ["--log-level", "info", "--contract", contracts, "--nproc-per-node", str(nproc),
                   "--max-restarts", "0", *(() if worker.endswith(".py") else ("--no-python",))]
         job = uuid.uuid4().hex[:12]
         if backend == "local":
