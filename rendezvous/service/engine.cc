@@ -390,80 +390,8 @@ void Engine::Apply(Job& job, Transition t, TimePoint now) {
   if (Ended(job.state.phase)) job.wake.reset();
   for (auto& action : t.actions) {
     if (auto* round = std::get_if<FormRound>(&action)) {
-      job.store.reset();
-      std::vector<std::vector<std::string>> addresses;
-      for (const auto& a : round->assignments) {
-        auto known = job.addresses.find(a.node_id);
-        addresses.push_back(known == job.addresses.end() ? std::vector<std::string>{}
-                                                         : known->second);
-      }
-      // The service's host is no member as such: the members' own addresses only.
-      const std::vector<std::string> allowed = RoundAllowList(addresses, /*with_loopback=*/false);
-      const int world = round->assignments.empty() ? 0 : round->assignments.front().world_size;
-      auto store = hooks_.start_store(job.run_id, round->round, world, allowed);
-      if (!store.ok()) {
-        job.state.phase = Phase::kFailed;
-        job.wake.reset();
-        Finish(job, false,
-               "cannot start the worker store of round " + std::to_string(round->round) + ": " +
-                   store.status().message());
-        return;
-      }
-      job.store = std::move(store).value();
-      Log(job.run_id + ": round " + std::to_string(round->round) +
-          " formed: " + std::to_string(round->assignments.size()) + " nodes, " +
-          std::to_string(round->assignments.empty() ? 0 : round->assignments.front().world_size) +
-          " workers, restart " + std::to_string(round->restart_count) + ", store port " +
-          std::to_string(job.store->port()) +
-          (round->spares.empty() ? "" : ", " + std::to_string(round->spares.size()) + " spares"));
-      job.world_size = round->assignments.empty() ? 0 : round->assignments.front().world_size;
-      if (options_.metrics != nullptr) {
-        options_.metrics
-            ->RoundFormed(job.series,
-                          std::chrono::duration<double>(now - job.gathering_since).count());
-      }
-      // Every node's address and ports go to every member only where some node reserved
-      // ports (--contract): the list is O(nodes) per member, which a job of 10,000 torch
-      // nodes must not pay.
-      std::vector<msg::RoundMember> members;
-      if (std::any_of(job.state.members.begin(), job.state.members.end(),
-                      [](const Member& m) { return !m.node.ports.empty(); })) {
-        std::unordered_map<std::string_view, const NodeDescription*> by_id;
-        for (const auto& m : job.state.members) by_id.emplace(m.node.node_id, &m.node);
-        for (const auto& a : round->assignments) {
-          const auto it = by_id.find(a.node_id);
-          if (it == by_id.end()) continue;  // cannot happen: the round's members
-          const NodeDescription& n = *it->second;
-          members.push_back({n.host, n.address, n.nproc, n.ports});
-        }
-      }
-      for (const auto& a : round->assignments) {
-        auto session = job.sessions.find(a.node_id);
-        if (session == job.sessions.end()) continue;  // cannot happen: members are bound
-        msg::Assignment m;
-        m.members = members;
-        m.round = round->round;
-        m.group_rank = a.group_rank;
-        m.group_world_size = a.group_world_size;
-        m.base_rank = a.base_rank;
-        m.world_size = a.world_size;
-        m.master_addr =
-            options_.advertise_addr.empty() ? job.dialed[a.node_id] : options_.advertise_addr;
-        m.master_port = job.store->port();
-        m.restart_count = round->restart_count;
-        m.durable_service = options_.durable;
-        hooks_.send(session->second, m);
-      }
-      for (const auto& spare : round->spares) {
-        auto session = job.sessions.find(spare);
-        if (session == job.sessions.end()) continue;
-        msg::Assignment m;
-        m.round = round->round;
-        m.restart_count = round->restart_count;
-        m.spare = true;
-        m.durable_service = options_.durable;
-        hooks_.send(session->second, m);
-      }
+      if (!StartRound(job, *round, now)) return;
+      SendAssignments(job, *round);
     } else if (auto* stop = std::get_if<StopAndRejoin>(&action)) {
       Log(job.run_id + ": stop and re-join: " + stop->reason);
       job.gathering_since = now;
@@ -478,6 +406,84 @@ void Engine::Apply(Job& job, Transition t, TimePoint now) {
       Finish(job, true, "all workers succeeded");
     }
     // RefuseJoin is answered by OnJoin, which knows the session.
+  }
+}
+
+bool Engine::StartRound(Job& job, const FormRound& round, TimePoint now) {
+  job.store.reset();
+  std::vector<std::vector<std::string>> addresses;
+  for (const auto& a : round.assignments) {
+    auto known = job.addresses.find(a.node_id);
+    addresses.push_back(known == job.addresses.end() ? std::vector<std::string>{} : known->second);
+  }
+  // The service's host is no member as such: the members' own addresses only.
+  const std::vector<std::string> allowed = RoundAllowList(addresses, /*with_loopback=*/false);
+  const int world = round.assignments.empty() ? 0 : round.assignments.front().world_size;
+  auto store = hooks_.start_store(job.run_id, round.round, world, allowed);
+  if (!store.ok()) {
+    job.state.phase = Phase::kFailed;
+    job.wake.reset();
+    Finish(job, false,
+           "cannot start the worker store of round " + std::to_string(round.round) + ": " +
+               store.status().message());
+    return false;
+  }
+  job.store = std::move(store).value();
+  Log(job.run_id + ": round " + std::to_string(round.round) +
+      " formed: " + std::to_string(round.assignments.size()) + " nodes, " + std::to_string(world) +
+      " workers, restart " + std::to_string(round.restart_count) + ", store port " +
+      std::to_string(job.store->port()) +
+      (round.spares.empty() ? "" : ", " + std::to_string(round.spares.size()) + " spares"));
+  job.world_size = world;
+  if (options_.metrics != nullptr) {
+    options_.metrics->RoundFormed(job.series,
+                                  std::chrono::duration<double>(now - job.gathering_since).count());
+  }
+  return true;
+}
+
+void Engine::SendAssignments(Job& job, const FormRound& round) {
+  // Every node's address and ports go to every member only where some node reserved ports
+  // (--contract): the list is O(nodes) per member, which a job of 10,000 torch nodes must not
+  // pay.
+  std::vector<msg::RoundMember> members;
+  if (std::any_of(job.state.members.begin(), job.state.members.end(),
+                  [](const Member& m) { return !m.node.ports.empty(); })) {
+    std::unordered_map<std::string_view, const NodeDescription*> by_id;
+    for (const auto& m : job.state.members) by_id.emplace(m.node.node_id, &m.node);
+    for (const auto& a : round.assignments) {
+      const auto it = by_id.find(a.node_id);
+      if (it == by_id.end()) continue;  // cannot happen: the round's members
+      const NodeDescription& n = *it->second;
+      members.push_back({n.host, n.address, n.nproc, n.ports});
+    }
+  }
+  for (const auto& a : round.assignments) {
+    auto session = job.sessions.find(a.node_id);
+    if (session == job.sessions.end()) continue;  // cannot happen: members are bound
+    msg::Assignment m;
+    m.members = members;
+    m.round = round.round;
+    m.group_rank = a.group_rank;
+    m.group_world_size = a.group_world_size;
+    m.base_rank = a.base_rank;
+    m.world_size = a.world_size;
+    m.master_addr =
+        options_.advertise_addr.empty() ? job.dialed[a.node_id] : options_.advertise_addr;
+    m.master_port = job.store->port();
+    m.restart_count = round.restart_count;
+    m.durable_service = options_.durable;
+    hooks_.send(session->second, m);
+  }
+  for (const auto& spare : round.spares) {
+    auto session = job.sessions.find(spare);
+    if (session == job.sessions.end()) continue;
+    msg::Assignment m;
+    m.round = round.round;
+    m.restart_count = round.restart_count;
+    m.spare = true;
+    m.durable_service = options_.durable;
+    hooks_.send(session->second, m);
   }
 }
 

@@ -114,6 +114,11 @@ class Engine {
   void OnJoin(SessionId session, const msg::Join& join, TimePoint now, const std::string& peer_ip);
   void OnWorkersFailed(SessionId session, const msg::FailureReport& report, TimePoint now);
   void Apply(Job& job, Transition t, TimePoint now);
+  // A round formed: its store, started (false: it could not be, and the job failed), logged
+  // and counted.
+  bool StartRound(Job& job, const FormRound& round, TimePoint now);
+  // Each member's assignment, and each spare's notice.
+  void SendAssignments(Job& job, const FormRound& round);
   void Finish(Job& job, bool success, const std::string& reason);
   void SendToJob(const Job& job, const msg::ServiceMessage& m);
   // `code`: refused_total's reason (engine_metrics.h).
