@@ -219,16 +219,57 @@ int RunWithEtcd(const LaunchPlan& p, boost::asio::io_context& io,
   return agent.Run();
 }
 
-int Execute(LaunchPlan& p) {
+// The one-node and static rendezvous: torchrun's static backend (node 0 hosts the store), one
+// node alone, or one crun per Slurm task (task 0 hosts the store for the whole step).
+int RunWithStatic(const LaunchPlan& p, boost::asio::io_context& io,
+                  agent::AgentOptions agent_options) {
   const LaunchOptions& o = p.o;
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  auto dirs = MakeRunLogDirs(o.log_dir, p.run_id, host);
-  if (!dirs.ok()) return UsageError(dirs.status().message());
-  const std::string* log_dir = &dirs->node;
-  SetUpLogging("launch", o.log_level);
-  for (const auto& note : p.notes) std::fprintf(stderr, "crun: %s\n", note.c_str());
-  spdlog::info("logs of this node: {}", *log_dir);
+  agent::StaticRendezvousOptions rdzv;
+  rdzv.run_id = p.run_id;
+  rdzv.role = o.role;
+  rdzv.nproc = p.nproc;
+  rdzv.host = agent_options.host_name;
+  rdzv.max_restarts = p.max_restarts;
+  rdzv.store_host = o.local_addr.empty() ? o.master_addr : o.local_addr;
+  rdzv.virtual_local_rank = o.virtual_local_rank;
+  rdzv.store_port = p.master_port > 0 ? static_cast<std::uint16_t>(p.master_port) : 0;
+  rdzv.store_linger = agent_options.shutdown_timeout;
+  rdzv.advertise_addr = o.local_addr;
+  rdzv.contracts = agent_options.contracts;
+  rdzv.exchange_timeout =
+      p.conf.join_timeout ? Millis(*p.conf.join_timeout) : p.settings.join_timeout;
+  if (p.slurm_task) {
+    const SlurmTaskSettings& t = *p.slurm_task;
+    rdzv.static_store = true;
+    rdzv.host_store = t.rank == 0;
+    rdzv.store_host = t.master_addr;
+    rdzv.bind_host = BindAddressFor(t.master_addr);
+    rdzv.store_port = static_cast<std::uint16_t>(t.master_port);
+    agent::GroupAssignment g;
+    g.group_rank = t.group_rank;
+    g.group_world_size = t.group_world_size;
+    g.local_world_size = t.local_world_size;
+    g.world_size = t.world_size;
+    g.base_rank = t.rank - t.local_rank;  // so that RANK = base + LOCAL_RANK = SLURM_PROCID
+    rdzv.fixed_group = g;
+    rdzv.first_local_rank = t.local_rank;
+  }
+  if (p.mode == Mode::kStatic) {
+    rdzv.node_rank = p.node_rank;
+    rdzv.nnodes = p.nodes.max;
+    rdzv.static_store = true;
+    rdzv.host_store = p.node_rank == 0;
+    rdzv.store_host = o.master_addr;
+    rdzv.bind_host = BindAddressFor(o.master_addr);
+    rdzv.store_port = static_cast<std::uint16_t>(p.master_port);
+  }
+  agent::LocalAgent agent(io, std::move(agent_options), agent::MakeStaticRendezvous(io, rdzv));
+  return agent.Run();
+}
+
+// What crun's own process sets before any worker: the token out of the environment,
+// OMP_NUM_THREADS, SIGPIPE ignored, the forwarded signals named.
+void PrepareThisProcess(const LaunchPlan& p) {
   // The workers have no use for the token: keep it out of their environment.
   ::unsetenv("CRUN_TOKEN");
   if (p.nproc > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
@@ -240,67 +281,31 @@ int Execute(LaunchPlan& p) {
   }
   ::signal(SIGPIPE, SIG_IGN);
   // As torchrun 2.x does: workers see which signals their launcher forwards.
-  ::setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", o.signals.c_str(), 1);
+  ::setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", p.o.signals.c_str(), 1);
+}
 
+int Execute(LaunchPlan& p) {
+  const LaunchOptions& o = p.o;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  auto dirs = MakeRunLogDirs(o.log_dir, p.run_id, host);
+  if (!dirs.ok()) return UsageError(dirs.status().message());
+  SetUpLogging("launch", o.log_level);
+  for (const auto& note : p.notes) std::fprintf(stderr, "crun: %s\n", note.c_str());
+  spdlog::info("logs of this node: {}", dirs->node);
+  PrepareThisProcess(p);
   agent::AgentOptions agent_options = std::move(p.agent);
   agent_options.host_name = host;
-  agent_options.log_dir = *log_dir;
-  agent::StaticRendezvousOptions rdzv;
-  rdzv.run_id = p.run_id;
-  rdzv.role = o.role;
-  rdzv.nproc = p.nproc;
-  rdzv.host = host;
-  rdzv.max_restarts = p.max_restarts;
-  rdzv.store_host = o.local_addr.empty() ? o.master_addr : o.local_addr;
-  rdzv.virtual_local_rank = o.virtual_local_rank;
-  rdzv.store_port = p.master_port > 0 ? static_cast<std::uint16_t>(p.master_port) : 0;
-  rdzv.store_linger = agent_options.shutdown_timeout;
-  rdzv.advertise_addr = o.local_addr;
-  rdzv.contracts = agent_options.contracts;
-  rdzv.exchange_timeout =
-      p.conf.join_timeout ? Millis(*p.conf.join_timeout) : p.settings.join_timeout;
+  agent_options.log_dir = dirs->node;
   boost::asio::io_context io(1);
+  int code = 0;
   if (p.mode == Mode::kEtcd) {
-    const int code = RunWithEtcd(p, io, std::move(agent_options));
-    dirs->RemoveEmptyDirs();
-    return code;
+    code = RunWithEtcd(p, io, std::move(agent_options));
+  } else if (p.mode == Mode::kService) {
+    code = RunWithService(p, io, std::move(agent_options));
+  } else {
+    code = RunWithStatic(p, io, std::move(agent_options));
   }
-  if (p.mode != Mode::kService) {
-    if (p.slurm_task) {
-      // Task 0's crun hosts the store on the step's first node for the whole step.
-      const SlurmTaskSettings& t = *p.slurm_task;
-      rdzv.static_store = true;
-      rdzv.host_store = t.rank == 0;
-      rdzv.store_host = t.master_addr;
-      rdzv.bind_host = BindAddressFor(t.master_addr);
-      rdzv.store_port = static_cast<std::uint16_t>(t.master_port);
-      agent::GroupAssignment g;
-      g.group_rank = t.group_rank;
-      g.group_world_size = t.group_world_size;
-      g.local_world_size = t.local_world_size;
-      g.world_size = t.world_size;
-      g.base_rank = t.rank - t.local_rank;  // so that RANK = base + LOCAL_RANK = SLURM_PROCID
-      rdzv.fixed_group = g;
-      rdzv.first_local_rank = t.local_rank;
-    }
-    if (p.mode == Mode::kStatic) {
-      rdzv.node_rank = p.node_rank;
-      rdzv.nnodes = p.nodes.max;
-      rdzv.static_store = true;
-      rdzv.host_store = p.node_rank == 0;
-      rdzv.store_host = o.master_addr;
-      rdzv.bind_host = BindAddressFor(o.master_addr);
-      rdzv.store_port = static_cast<std::uint16_t>(p.master_port);
-    }
-    int code = 0;
-    {
-      agent::LocalAgent agent(io, std::move(agent_options), agent::MakeStaticRendezvous(io, rdzv));
-      code = agent.Run();
-    }
-    dirs->RemoveEmptyDirs();
-    return code;
-  }
-  const int code = RunWithService(p, io, std::move(agent_options));
   dirs->RemoveEmptyDirs();
   return code;
 }
