@@ -3,8 +3,11 @@
 // for bad input (with a message naming the value; nothing is started).
 #pragma once
 
+#include "launcher/backends/backend.h"
+
 namespace crun::launcher {
 
-int RunLaunch(int argc, char** argv);
+// `backends`: the --rdzv-backend table (tests add a test-only entry to crun's own).
+int RunLaunch(int argc, char** argv, const Backends& backends = DefaultBackends());
 
 }  // namespace crun::launcher

@@ -80,10 +80,7 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->capture_default_str()
       ->group("Job");
   app.add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend,
-                 "crun (alias c10d): the rendezvous service at --rdzv-endpoint; etcd-v3 (alias "
-                 "etcd): etcd's v3 API at --rdzv-endpoint h1:2379,h2:2379,...; static: fixed "
-                 "--node-rank with the store at --master-addr:--master-port (default: crun when "
-                 "an endpoint is given, else static)")
+                 "The rendezvous backend (crun's are listed by crun --help)")
       ->envname(pet("RDZV_BACKEND"))
       ->group("Rendezvous");
   app.add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint,
@@ -95,7 +92,7 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
                  "key=value,...: join_timeout, last_call_timeout, close_timeout, "
                  "keep_alive_interval, keep_alive_max_attempt, heartbeat_timeout, read_timeout, "
                  "reconnect_timeout, connect_timeout (seconds), is_host, node_id, store_type "
-                 "(tcp); with etcd-v3: etcd_prefix, etcd_user, etcd_password_file")
+                 "(tcp)")
       ->envname(pet("RDZV_CONF"))
       ->group("Rendezvous");
   app.add_option("--role", o.role, "Role name of the workers (ROLE_NAME)")
@@ -452,7 +449,12 @@ std::optional<bool> TorchrunBool(std::string v) {
 }
 
 // One key=value of --rdzv-conf into `c`; a key crun does not know goes to c.ignored.
-Status SetRdzvKey(RdzvConf& c, const std::string& key, const std::string& value) {
+Status SetRdzvKey(RdzvConf& c, const std::string& key, const std::string& value,
+                  const std::set<std::string>& backend_keys) {
+  if (backend_keys.count(key) != 0) {
+    c.backend_keys[key] = value;
+    return Status::Ok();
+  }
   for (const auto& [name, field] : kSecondsKeys) {
     if (key != name) continue;
     const auto s = ParseNumber(value, 0, kMaxSeconds);
@@ -477,15 +479,6 @@ Status SetRdzvKey(RdzvConf& c, const std::string& key, const std::string& value)
     }
   } else if (key == "node_id") {
     c.node_id = value;
-  } else if (key == "etcd_prefix") {
-    if (value.front() != '/') {
-      return InvalidArgument("--rdzv-conf: etcd_prefix='" + value + "' must start with '/'");
-    }
-    c.etcd_prefix = value;
-  } else if (key == "etcd_user") {
-    c.etcd_user = value;
-  } else if (key == "etcd_password_file") {
-    c.etcd_password_file = value;
   } else if (key == "store_type") {
     if (value != "tcp") {
       return InvalidArgument("--rdzv-conf: store_type='" + value +
@@ -500,7 +493,8 @@ Status SetRdzvKey(RdzvConf& c, const std::string& key, const std::string& value)
 
 }  // namespace
 
-StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
+StatusOr<RdzvConf> ParseRdzvConf(const std::string& text,
+                                 const std::set<std::string>& backend_keys) {
   RdzvConf c;
   if (text.empty()) return c;
   for (const auto& item : Split(text + ",", ',')) {  // the "," keeps a trailing empty item
@@ -517,7 +511,7 @@ StatusOr<RdzvConf> ParseRdzvConf(const std::string& text) {
     const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
     if (key.empty()) return InvalidArgument("--rdzv-conf: '" + item + "' has no key");
     if (value.empty()) return InvalidArgument("--rdzv-conf: " + key + " has no value");
-    CRUN_RETURN_IF_ERROR(SetRdzvKey(c, key, value));
+    CRUN_RETURN_IF_ERROR(SetRdzvKey(c, key, value, backend_keys));
   }
   return c;
 }

@@ -6,7 +6,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -120,22 +122,20 @@ StatusOr<std::vector<int>> ParseSignals(const std::string& list);
 std::vector<std::string> ParseFilters(const std::string& list);
 
 // --rdzv-conf: torchrun's keys (times in seconds) plus crun's. Unknown keys are not errors
-// (torchrun ignores them): they come back in `ignored` for a warning.
+// (torchrun ignores them): they come back in `ignored` for a warning. A backend's own keys
+// (launcher/backends/backend.h) are kept as text for its plan.
 struct RdzvConf {
   std::optional<double> join_timeout, last_call_timeout, close_timeout, heartbeat_interval,
       heartbeat_timeout, read_timeout, reconnect_timeout;
+  std::optional<double> connect_timeout;  // how long the rendezvous may take to answer at first
   std::optional<int> keep_alive_max_attempt;
   std::optional<bool> is_host;
   std::string node_id;
-  // --rdzv-backend etcd-v3: the key prefix, etcd's user and the file holding its password,
-  // and how long etcd may take to answer at the start (connect_timeout).
-  std::string etcd_prefix;
-  std::string etcd_user;
-  std::string etcd_password_file;
-  std::optional<double> connect_timeout;
+  std::map<std::string, std::string> backend_keys;  // of `backend_keys`, as given
   std::vector<std::string> ignored;
 };
-StatusOr<RdzvConf> ParseRdzvConf(const std::string& text);
+StatusOr<RdzvConf> ParseRdzvConf(const std::string& text,
+                                 const std::set<std::string>& backend_keys = {});
 
 // Seconds (as the flags give them) as a duration.
 std::chrono::milliseconds Millis(double seconds);

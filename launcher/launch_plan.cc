@@ -4,6 +4,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cctype>
 #include <cerrno>
@@ -11,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <thread>
 
 #include "agent/frameworks/contracts.h"
@@ -49,13 +49,6 @@ std::set<int> AllowedCpus() {
     if (CPU_ISSET(c, &set)) out.insert(c);
   }
   return out;
-}
-
-std::string RandomRunId() {
-  std::random_device rd;
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
-  return buf;
 }
 
 // The checks of values that need nothing else: a flag given empty (an unset shell variable,
@@ -159,194 +152,46 @@ Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   return Status::Ok();
 }
 
-// The mode from --standalone, --rdzv-backend, --rdzv-endpoint and --nnodes, and what each
-// mode needs of the others.
-Status PlanMode(LaunchPlan& p, const LaunchOptions& o, const std::set<std::string>& given,
-                const MachineFacts& facts) {
+// --nnodes, and whether this node's rank is imposed (--node-rank, PET_NODE_RANK or Slurm).
+Status PlanNodes(LaunchPlan& p, const LaunchOptions& o, const std::set<std::string>& given,
+                 const MachineFacts& facts) {
   CRUN_ASSIGN_OR_RETURN(p.nodes, ParseNnodes(o.nnodes));
   p.node_rank_given =
       given.count("--node-rank") || facts.Env("PET_NODE_RANK").has_value() || p.slurm.has_value();
-  const std::string& backend = o.rdzv_backend;
-  if (backend == "etcd-v2") {
-    return InvalidArgument(
-        "--rdzv-backend etcd-v2: etcd's v2 API is gone from etcd 3.6 and crun does not speak "
-        "it; --rdzv-backend etcd-v3 uses the same etcd through its v3 API");
-  }
-  const bool etcd = backend == "etcd" || backend == "etcd-v3";
-  if (!backend.empty() && !etcd && backend != "static" && backend != "c10d" && backend != "crun") {
-    return InvalidArgument("--rdzv-backend '" + backend +
-                           "': expected crun, c10d, etcd-v3 (or etcd) or static");
-  }
-  if (o.standalone) {
-    // As torchrun: one node with its own rendezvous that nobody else can reach. A range such
-    // as 1:2 is accepted (torchrun's tutorials use it); nobody else can join, so it runs now.
-    if (p.nodes.min != 1) {
-      return InvalidArgument("--standalone runs one node; --nnodes '" + o.nnodes +
-                             "' needs at least " + std::to_string(p.nodes.min));
-    }
-    if (p.nodes.max != 1) {
-      p.notes.push_back("--standalone: running one node (--nnodes " + o.nnodes +
-                        ": no other node can join a standalone job)");
-      p.nodes.max = 1;
-    }
-  } else if (etcd) {
-    p.mode = Mode::kEtcd;
-  } else if (backend == "c10d" || backend == "crun" ||
-             (backend.empty() && !o.rdzv_endpoint.empty())) {
-    p.mode = Mode::kService;
-  } else if (p.nodes.max > 1) {
-    p.mode = Mode::kStatic;
-  }
-  if (p.mode == Mode::kService && o.rdzv_endpoint.empty()) {
-    return InvalidArgument("--rdzv-backend " + backend + " needs --rdzv-endpoint host[:port]");
-  }
-  if (p.mode == Mode::kEtcd && o.rdzv_endpoint.empty()) {
-    return InvalidArgument("--rdzv-backend " + backend +
-                           " needs --rdzv-endpoint with etcd's members: h1:2379,h2:2379,...");
-  }
-  if (p.mode == Mode::kStatic) {
-    if (p.nodes.min != p.nodes.max) {
-      return InvalidArgument("--nnodes '" + o.nnodes +
-                             "': the static backend needs a fixed "
-                             "number of nodes (use --rdzv-endpoint for an elastic range)");
-    }
-    if (p.node_rank >= p.nodes.max) {
-      return InvalidArgument("--node-rank " + std::to_string(p.node_rank) +
-                             " is not below --nnodes " + std::to_string(p.nodes.max));
-    }
-    if (p.master_port <= 0) {
-      return InvalidArgument("the static backend needs --master-port (the store node 0 hosts)");
-    }
-  } else if (p.mode == Mode::kLocal && p.node_rank != 0) {
-    return InvalidArgument("--node-rank " + std::to_string(p.node_rank) + " on a one-node job");
-  }
   return Status::Ok();
 }
 
-// The service's settings from --nnodes, --max-restarts and --rdzv-conf, and whether to host it.
-Status PlanServiceSettings(LaunchPlan& p, const LaunchOptions& o) {
-  const RdzvConf& conf = p.conf;
-  rdzv::Settings& settings = p.settings;
-  settings.min_nodes = p.nodes.min;
-  settings.max_nodes = p.nodes.max;
-  settings.max_restarts = p.max_restarts;
-  if (conf.join_timeout) settings.join_timeout = Millis(*conf.join_timeout);
-  if (conf.last_call_timeout) settings.last_call_timeout = Millis(*conf.last_call_timeout);
-  settings.heartbeat_timeout = HeartbeatTimeout(conf, settings.heartbeat_timeout);
-  CRUN_RETURN_IF_ERROR(settings.Validate());
-  p.heartbeat_interval = conf.heartbeat_interval ? Millis(*conf.heartbeat_interval)
-                                                 : std::min(std::chrono::milliseconds(1000),
-                                                            settings.heartbeat_timeout / 3);
-  if (p.heartbeat_interval >= settings.heartbeat_timeout) {
-    return InvalidArgument("--rdzv-conf: heartbeat_interval (" +
-                           std::to_string(p.heartbeat_interval.count()) +
-                           " ms) must be shorter than heartbeat_timeout (" +
-                           std::to_string(settings.heartbeat_timeout.count()) + " ms)");
-  }
-  if (p.mode == Mode::kEtcd) return Status::Ok();  // no node hosts the rendezvous
-  p.try_host = conf.is_host.value_or(NamesThisHost(p.endpoint.host));
-  if (p.try_host && p.security.tls() && p.security.cert_pem.empty()) {
-    if (conf.is_host.value_or(false)) {
-      return InvalidArgument("is_host=1 with TLS: hosting the rendezvous service (" +
-                             o.rdzv_endpoint +
-                             ") needs its certificate and key (--tls-cert, "
-                             "--tls-key)");
-    }
-    // A TLS client on the service's own host (a `crun rendezvous` daemon there): it joins.
-    p.try_host = false;
-  }
-  return Status::Ok();
+// --rdzv-backend as given; else crun's service when an endpoint is given, else static.
+// --standalone is always static: as torchrun, one node with a rendezvous nobody else can reach.
+StatusOr<const Backend*> PlanBackend(const LaunchOptions& o, const Backends& backends) {
+  std::string name = o.rdzv_backend;
+  if (name.empty()) name = o.rdzv_endpoint.empty() ? "static" : "crun";
+  CRUN_ASSIGN_OR_RETURN(const Backend* chosen, ChooseBackend(backends, name, "--rdzv-backend"));
+  if (!o.standalone) return chosen;
+  return ChooseBackend(backends, "static", "--standalone");
 }
 
-// --rdzv-backend etcd-v3: etcd's members, TLS to them, etcd's user and password, and the
-// rendezvous settings (kept in etcd; every agent of the run must give the same).
-Status PlanEtcd(LaunchPlan& p, const LaunchOptions& o, const std::set<std::string>& given) {
-  std::string list = o.rdzv_endpoint;
-  std::size_t start = 0;
-  while (start <= list.size()) {
-    const std::size_t comma = std::min(list.find(',', start), list.size());
-    const std::string item = list.substr(start, comma - start);
-    start = comma + 1;
-    auto endpoint = ParseEndpoint(item, 2379);
-    if (!endpoint.ok()) {
-      return InvalidArgument("--rdzv-endpoint '" + list + "': " + endpoint.status().message());
-    }
-    if (Status s = CheckResolvable(endpoint->host); !s.ok()) {
-      return InvalidArgument("--rdzv-endpoint: " + s.message());
-    }
-    p.etcd_endpoints.push_back(*endpoint);
-  }
-  if (given.count("--token-file")) {
-    return InvalidArgument(
-        "--token-file secures crun's rendezvous service; etcd checks its own users: "
-        "--rdzv-conf etcd_user=NAME,etcd_password_file=PATH (and --tls-ca, --tls-cert, "
-        "--tls-key for TLS)");
-  }
-  if (p.conf.is_host) {
-    p.notes.push_back("--rdzv-conf is_host: ignored with etcd-v3 (no node hosts the rendezvous)");
-  }
-  if (p.slurm && p.conf.node_id.empty()) p.conf.node_id = p.slurm->node_name;
-  CRUN_ASSIGN_OR_RETURN(p.security, LoadSecurity(o.security, "client"));
-  p.security.token.clear();  // CRUN_TOKEN is the service's, not etcd's
-  if (!p.conf.etcd_password_file.empty() && p.conf.etcd_user.empty()) {
-    return InvalidArgument("--rdzv-conf etcd_password_file needs etcd_user");
-  }
-  if (!p.conf.etcd_user.empty()) {
-    if (p.conf.etcd_password_file.empty()) {
-      return InvalidArgument("--rdzv-conf etcd_user=" + p.conf.etcd_user +
-                             " needs etcd_password_file=PATH (a password is never taken "
-                             "from the command line)");
-    }
-    std::ifstream in(p.conf.etcd_password_file);
-    if (!in) {
-      return PosixError("--rdzv-conf etcd_password_file=" + p.conf.etcd_password_file, errno,
-                        StatusCode::kInvalidArgument);
-    }
-    std::getline(in, p.etcd_password);
-    if (p.etcd_password.empty()) {
-      return InvalidArgument("--rdzv-conf etcd_password_file=" + p.conf.etcd_password_file +
-                             ": the first line (the password) is empty");
-    }
-  }
-  return PlanServiceSettings(p, o);
-}
-
-// --rdzv-conf for every mode; the endpoint, the security files and the settings for crun's
-// service; the security flags refused without it.
-Status PlanRendezvous(LaunchPlan& p, const LaunchOptions& o, const std::set<std::string>& given) {
-  CRUN_ASSIGN_OR_RETURN(p.conf, ParseRdzvConf(o.rdzv_conf));
+// --rdzv-conf: the backend's own keys kept for its plan, another backend's refused, unknown
+// ones noted.
+Status PlanConf(LaunchPlan& p, const LaunchOptions& o, const Backends& backends,
+                const Backend& chosen) {
+  CRUN_ASSIGN_OR_RETURN(p.conf, ParseRdzvConf(o.rdzv_conf, BackendConfKeys(backends)));
   for (const auto& key : p.conf.ignored) {
     p.notes.push_back("--rdzv-conf: ignoring unknown key '" + key +
                       "' (as torchrun does; crun's keys are in docs/cli.md)");
   }
-  if (p.mode == Mode::kEtcd) return PlanEtcd(p, o, given);
-  if (!p.conf.etcd_prefix.empty() || !p.conf.etcd_user.empty() ||
-      !p.conf.etcd_password_file.empty()) {
-    return InvalidArgument(
-        "--rdzv-conf etcd_prefix, etcd_user and etcd_password_file are for --rdzv-backend "
-        "etcd-v3");
-  }
-  if (p.mode != Mode::kService) {
-    for (const char* flag : {"--token-file", "--tls-cert", "--tls-key", "--tls-ca"}) {
-      if (given.count(flag)) {
-        return InvalidArgument(std::string(flag) +
-                               " secures crun's rendezvous service: it "
-                               "needs --rdzv-endpoint (or --slurm)");
+  for (const auto& entry : p.conf.backend_keys) {
+    const std::string& key = entry.first;
+    const auto& own = chosen.conf_keys;
+    if (std::find(own.begin(), own.end(), key) != own.end()) continue;
+    for (const Backend& b : backends) {
+      if (std::find(b.conf_keys.begin(), b.conf_keys.end(), key) != b.conf_keys.end()) {
+        return InvalidArgument("--rdzv-conf " + key + " is for --rdzv-backend " + b.name +
+                               ", not " + chosen.name);
       }
     }
-    return Status::Ok();
   }
-  auto endpoint = ParseEndpoint(o.rdzv_endpoint, 29400);
-  if (!endpoint.ok()) return InvalidArgument("--rdzv-endpoint: " + endpoint.status().message());
-  p.endpoint = *endpoint;
-  if (Status s = CheckResolvable(p.endpoint.host); !s.ok()) {
-    return InvalidArgument("--rdzv-endpoint: " + s.message());
-  }
-  // The step's first node hosts the rendezvous, whatever its name resolves to.
-  if (p.slurm && !p.conf.is_host) p.conf.is_host = p.slurm->is_host;
-  if (p.slurm && p.conf.node_id.empty()) p.conf.node_id = p.slurm->node_name;
-  CRUN_ASSIGN_OR_RETURN(p.security, LoadSecurity(o.security, "client"));
-  return PlanServiceSettings(p, o);
+  return Status::Ok();
 }
 
 // --numa-binding: each local rank's CPUs and memory nodes, the latter limited to those this
@@ -467,20 +312,6 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   return PlanNuma(p, o, facts);
 }
 
-// The run id workers see. --standalone, and one node with no --master-port (torchrun 2.x then
-// switches to standalone itself), get a fresh one; the static backend keeps the given id,
-// "none" by default, the same on every node, as torchrun does.
-std::string RunId(const LaunchPlan& p, const LaunchOptions& o) {
-  if (p.mode == Mode::kService || p.mode == Mode::kEtcd) {
-    return o.rdzv_id == "none" ? std::string("default") : o.rdzv_id;
-  }
-  if (o.standalone ||
-      (p.mode == Mode::kLocal && !p.slurm_task && o.rdzv_id == "none" && p.master_port <= 0)) {
-    return RandomRunId();
-  }
-  return o.rdzv_id;
-}
-
 // --metrics-port and --metrics-host: this node's /metrics endpoint (docs/observability.md).
 // When the job's rendezvous uses TLS, the endpoint serves HTTPS with this node's certificate
 // (--tls-cert, and client certificates of --tls-ca required); a node without one keeps its
@@ -542,15 +373,17 @@ std::set<std::string> GivenFlags(const CLI::App& app) {
 }
 
 StatusOr<LaunchPlan> PlanLaunch(LaunchOptions o, const std::set<std::string>& given,
-                                const MachineFacts& facts) {
+                                const MachineFacts& facts, const Backends& backends) {
   LaunchPlan p;
   CRUN_RETURN_IF_ERROR(CheckPlainValues(o, given));
   CRUN_RETURN_IF_ERROR(PlanNumbers(p, o));
   CRUN_RETURN_IF_ERROR(PlanSlurm(p, o, given, facts));
-  CRUN_RETURN_IF_ERROR(PlanMode(p, o, given, facts));
-  CRUN_RETURN_IF_ERROR(PlanRendezvous(p, o, given));
+  CRUN_RETURN_IF_ERROR(PlanNodes(p, o, given, facts));
+  CRUN_ASSIGN_OR_RETURN(const Backend* backend, PlanBackend(o, backends));
+  p.backend = backend->name;
+  CRUN_RETURN_IF_ERROR(PlanConf(p, o, backends, *backend));
   CRUN_RETURN_IF_ERROR(PlanAgent(p, o, given, facts));
-  p.run_id = RunId(p, o);
+  CRUN_ASSIGN_OR_RETURN(p.rendezvous, backend->plan(p, PlanInputs{o, given, facts}));
   CRUN_RETURN_IF_ERROR(PlanMetrics(p, o, given));
   p.o = std::move(o);
   return p;

@@ -1,5 +1,6 @@
-// What a `crun` command line means, decided before anything happens: the rendezvous mode, the
-// Slurm step's part, the service's settings and every option of the agent. PlanLaunch reads
+// What a `crun` command line means, decided before anything happens: the rendezvous backend
+// and what it decided (launcher/backends/), the Slurm step's part, the rendezvous settings and
+// every option of the agent. PlanLaunch reads
 // the machine only through MachineFacts (the environment, the Slurm step in it, CPUs, GPUs,
 // NUMA), the files the options name (the script, the job token and TLS files) and the
 // resolver (does the endpoint exist, does it name this host); it creates nothing, starts
@@ -7,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -16,6 +18,7 @@
 #include "base/endpoint.h"
 #include "base/security.h"
 #include "base/status.h"
+#include "launcher/backends/backend.h"
 #include "launcher/launch_options.h"
 #include "launcher/slurm.h"
 #include "rendezvous/service/rules.h"
@@ -34,12 +37,10 @@ struct MachineFacts {
   std::optional<std::string> Env(const char* name) const;
 };
 
-// Which rendezvous: one node in-process, torchrun's static backend, crun's service, or etcd.
-enum class Mode { kLocal, kStatic, kService, kEtcd };
-
 struct LaunchPlan {
-  LaunchOptions o;  // as given, with what Slurm fills in (nnodes, endpoint, run id)
-  Mode mode = Mode::kLocal;
+  LaunchOptions o;      // as given, with what Slurm fills in (nnodes, endpoint, run id)
+  std::string backend;  // the chosen entry's name: "static", "crun", ...
+  std::shared_ptr<BackendRun> rendezvous;  // what that entry decided; Open()ed when acted on
   NodeRange nodes;
   int nproc = 1;
   int max_restarts = 0;
@@ -48,14 +49,11 @@ struct LaunchPlan {
   int master_port = -1;                         // -1: a fresh free port per attempt
   std::optional<SlurmNodeSettings> slurm;       // one crun per node of a Slurm step
   std::optional<SlurmTaskSettings> slurm_task;  // one crun per Slurm task
-  Endpoint endpoint;                            // the service's (kService)
-  std::vector<Endpoint> etcd_endpoints;         // etcd's members (kEtcd)
-  std::string etcd_password;                    // from --rdzv-conf etcd_password_file
   RdzvConf conf;
-  rdzv::Settings settings;  // the service's defaults, overridden by --rdzv-conf
+  // A dynamic rendezvous's (PlanDynamicSettings): the defaults, overridden by --rdzv-conf.
+  rdzv::Settings settings;
   std::chrono::milliseconds heartbeat_interval{1000};
-  bool try_host = false;  // whether this node hosts the service (or joins the one on its port)
-  Security security;
+  Security security;  // the rendezvous's job token and TLS, as its backend loaded them
   std::string run_id;
   agent::AgentOptions agent;       // without host_name and log_dir, known when acted on
   std::vector<std::string> notes;  // said on stderr once the plan is acted on
@@ -65,8 +63,9 @@ struct LaunchPlan {
 std::set<std::string> GivenFlags(const CLI::App& app);
 
 // The plan, or the first error, naming the flag and value: "--node-rank 2 is not below
-// --nnodes 2".
+// --nnodes 2". The backend is one of `backends`.
 StatusOr<LaunchPlan> PlanLaunch(LaunchOptions o, const std::set<std::string>& given,
-                                const MachineFacts& facts);
+                                const MachineFacts& facts,
+                                const Backends& backends = DefaultBackends());
 
 }  // namespace crun::launcher

@@ -8,24 +8,20 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
-#include <fstream>
-#include <map>
 #include <memory>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "agent/rendezvous/service_rendezvous.h"
-#include "agent/rendezvous/session_client.h"
 #include "base/proc.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
+#include "launcher/backends/backend.h"
 #include "launcher/launch_options.h"
 #include "launcher/logging.h"
 #include "launcher/security_flags.h"
-#include "rendezvous/etcd/client.h"
 #include "rendezvous/etcd/job.h"
 #include "rendezvous/service/grpc_service.h"
 #include "rendezvous/service/proto_messages.h"
@@ -97,15 +93,8 @@ int RunRendezvous(RendezvousCommandOptions o) {
 }
 
 struct StatusCommandOptions {
-  crun::SecurityFlags security;
-  std::string backend = "crun";
-  std::string endpoint;
-  std::string run_id;
-  std::string etcd_prefix = etcd::kDefaultRoot;
-  std::string etcd_user;
-  std::string etcd_password_file;
+  StatusQuery query;
   bool json = false;
-  double timeout = 5;
   bool watch = false;
   double interval = 2;
   long count = 0;  // --watch: refreshes before it ends; 0: until Ctrl-C
@@ -116,137 +105,15 @@ std::string Age(std::int64_t ms) {
   return std::to_string(ms / 1000) + "." + std::to_string(ms % 1000 / 100) + " s";
 }
 
-// The jobs from crun's rendezvous service; exit code and message on failure.
-// *refused: the service answered no (a wrong token): asking again will not help.
-int StatusFromService(const StatusCommandOptions& o, v1::StatusResponse* resp, std::string* where,
-                      bool* refused) {
-  auto parsed = crun::ParseEndpoint(o.endpoint, 29400);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "crun status: --rdzv-endpoint: %s\n", parsed.status().message().c_str());
-    return 2;
-  }
-  const crun::Endpoint& e = *parsed;
-  auto security = crun::LoadSecurity(o.security, "client");
-  if (!security.ok()) {
-    std::fprintf(stderr, "crun status: %s\n", security.status().message().c_str());
-    return 2;
-  }
-  const std::string target = crun::FormatEndpoint(e.host, e.port);
-  *where = target;
-  agent::ChannelOptions co;
-  co.security = *security;
-  auto channel = agent::MakeChannel(target, co);
-  auto stub = v1::Rendezvous::NewStub(channel);
-  grpc::ClientContext ctx;
-  if (!security->token.empty()) ctx.AddMetadata(crun::kTokenHeader, security->token);
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(static_cast<long>(o.timeout * 1000)));
-  v1::StatusRequest req;
-  req.set_run_id(o.run_id);
-  auto s = stub->Status(&ctx, req, resp);
-  if (!s.ok()) {
-    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
-      *refused = true;
-      std::fprintf(stderr, "crun status: the rendezvous service at %s refused the request: %s\n",
-                   target.c_str(), s.error_message().c_str());
-      return 1;
-    }
-    std::fprintf(stderr, "crun status: no answer from the rendezvous service at %s: %s\n",
-                 target.c_str(), s.error_message().c_str());
-    return 1;
-  }
-  return 0;
-}
-
-// The jobs kept in etcd under --etcd-prefix (one run id, or every one there).
-int StatusFromEtcd(const StatusCommandOptions& o, v1::StatusResponse* resp, std::string* where) {
-  etcd::ClientOptions co;
-  std::string list = o.endpoint;
-  for (std::size_t start = 0; start <= list.size();) {
-    const std::size_t comma = std::min(list.find(',', start), list.size());
-    auto e = crun::ParseEndpoint(list.substr(start, comma - start), 2379);
-    if (!e.ok()) {
-      std::fprintf(stderr, "crun status: --rdzv-endpoint '%s': %s\n", list.c_str(),
-                   e.status().message().c_str());
-      return 2;
-    }
-    co.endpoints.push_back(e->ToString());
-    start = comma + 1;
-  }
-  auto security = crun::LoadSecurity(o.security, "client");
-  if (!security.ok()) {
-    std::fprintf(stderr, "crun status: %s\n", security.status().message().c_str());
-    return 2;
-  }
-  co.security = *security;
-  if (!o.etcd_user.empty()) {
-    std::ifstream in(o.etcd_password_file);
-    if (o.etcd_password_file.empty() || !in || !std::getline(in, co.password)) {
-      std::fprintf(stderr,
-                   "crun status: --etcd-user needs --etcd-password-file with the password on its "
-                   "first line ('%s' cannot be read)\n",
-                   o.etcd_password_file.c_str());
-      return 2;
-    }
-    co.user = o.etcd_user;
-  }
-  *where = "etcd at " + o.endpoint + " under " + o.etcd_prefix;
-  const auto deadline =
-      etcd::Clock::now() + std::chrono::milliseconds(static_cast<long>(o.timeout * 1000));
-  auto client = etcd::Client::Connect(co, deadline);
-  if (!client.ok()) {
-    std::fprintf(stderr, "crun status: %s\n", client.status().message().c_str());
-    return 1;
-  }
-  std::string root = o.etcd_prefix;
-  while (!root.empty() && root.back() == '/') root.pop_back();
-  const std::string scope = o.run_id.empty() ? root + "/" : etcd::Keys(root, o.run_id).prefix;
-  auto all = (*client)->GetPrefix(scope, deadline);
-  if (!all.ok()) {
-    std::fprintf(stderr, "crun status: %s\n", all.status().message().c_str());
-    return 1;
-  }
-  std::map<std::string, etcd::Mirror> runs;  // run id -> its keys
-  for (auto& kv : all->kvs) {
-    const std::string rest = kv.key.substr(root.size() + 1);
-    const auto slash = rest.find('/');
-    if (slash == std::string::npos) continue;
-    runs[rest.substr(0, slash)][kv.key] = std::move(kv);
-  }
-  const auto now = rdzv::TimePoint::clock::now();
-  for (const auto& [run_id, mirror] : runs) {
-    etcd::Keys keys(root, run_id);
-    if (mirror.count(keys.state()) == 0) continue;
-    auto job = etcd::StatusOf(keys, run_id, mirror, now, etcd::WallClock::now());
-    if (!job.ok()) {
-      std::fprintf(stderr, "crun status: run '%s': %s\n", run_id.c_str(),
-                   job.status().message().c_str());
-      return 1;
-    }
-    // Liveness is each node's lease: a member listed is alive now.
-    for (auto& n : job->nodes) n.last_heartbeat_ms_ago = 0;
-    rdzv::msg::StatusResponse one;
-    one.jobs.push_back(std::move(job).value());
-    const v1::StatusResponse proto = rdzv::ToProto(one);
-    for (const auto& j : proto.jobs()) *resp->add_jobs() = j;
-  }
-  return 0;
-}
-
-// The jobs, from the service or etcd; exit code and message on failure.
+// The jobs, from the backend's entry; exit code and message on failure.
 // *final: an answer that asking again will not change (a refusal).
-int FetchStatus(const StatusCommandOptions& o, v1::StatusResponse* resp, std::string* target,
-                bool* final) {
-  const bool etcd = o.backend == "etcd-v3" || o.backend == "etcd";
-  if (const int code =
-          etcd ? StatusFromEtcd(o, resp, target) : StatusFromService(o, resp, target, final);
-      code != 0) {
-    return code;
-  }
+int FetchStatus(const StatusCommandOptions& o, const StatusFetch& fetch, v1::StatusResponse* resp,
+                std::string* target, bool* final) {
+  if (const int code = fetch(o.query, resp, target, final); code != 0) return code;
   // Watched, a job not there yet may come: the table says "no jobs" until it does.
-  if (!o.run_id.empty() && resp->jobs_size() == 0 && !o.watch) {
+  if (!o.query.run_id.empty() && resp->jobs_size() == 0 && !o.watch) {
     std::fprintf(stderr, "crun status: %s knows no job with run id '%s'\n", target->c_str(),
-                 o.run_id.c_str());
+                 o.query.run_id.c_str());
     return 1;
   }
   return 0;
@@ -332,7 +199,7 @@ bool WaitForStop(std::chrono::milliseconds d) {
 // JSON line per refresh. A service that stops answering is shown as such and asked again;
 // refusals and bad flags end it. Ctrl-C or SIGTERM ends it with 0; --count refreshes with
 // the last one's status.
-int WatchStatus(const StatusCommandOptions& o) {
+int WatchStatus(const StatusCommandOptions& o, const StatusFetch& fetch) {
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGINT);
@@ -346,7 +213,7 @@ int WatchStatus(const StatusCommandOptions& o) {
     std::string target;
     // The fetch's own error lines go to stderr; a watched screen keeps only the last.
     bool final = false;
-    const int code = FetchStatus(o, &resp, &target, &final);
+    const int code = FetchStatus(o, fetch, &resp, &target, &final);
     if (code == 2 || final) return code;  // a bad flag or a refusal does not get better
     const auto now = std::chrono::system_clock::now();
     const std::time_t t = std::chrono::system_clock::to_time_t(now);
@@ -357,14 +224,14 @@ int WatchStatus(const StatusCommandOptions& o) {
       if (code == 0) {
         line["jobs"] = JobsJson(resp);
       } else {
-        line["error"] = "no answer from " + (target.empty() ? o.endpoint : target);
+        line["error"] = "no answer from " + (target.empty() ? o.query.endpoint : target);
       }
       std::printf("%s\n", line.dump().c_str());
     } else {
       std::string screen = tty ? "\x1b[H\x1b[2J" : "";  // home, clear: redrawn in place
       char every[64];
       std::snprintf(every, sizeof every, "Every %g s: ", o.interval);
-      screen += every + std::string("crun status ") + (target.empty() ? o.endpoint : target) +
+      screen += every + std::string("crun status ") + (target.empty() ? o.query.endpoint : target) +
                 "    " + when + "\n\n";
       const bool last_refresh = o.count != 0 && n + 1 >= o.count;
       screen += code == 0      ? JobsTable(resp, target)
@@ -383,16 +250,19 @@ int WatchStatus(const StatusCommandOptions& o) {
 
 int RunStatus(const StatusCommandOptions& o) {
   SetUpLogging("status", "warn");  // gRPC's own lines go to debug, not onto the terminal
-  if (o.backend != "etcd-v3" && o.backend != "etcd" && o.backend != "crun" && o.backend != "c10d") {
-    std::fprintf(stderr, "crun status: --rdzv-backend '%s': expected crun, c10d or etcd-v3\n",
-                 o.backend.c_str());
+  const Backends backends = DefaultBackends();
+  auto backend = ChooseBackend(backends, o.query.backend, "--rdzv-backend",
+                               [](const Backend& b) { return b.status != nullptr; });
+  if (!backend.ok()) {
+    std::fprintf(stderr, "crun status: %s\n", backend.status().message().c_str());
     return 2;
   }
-  if (o.watch) return WatchStatus(o);
+  const StatusFetch& fetch = (*backend)->status;
+  if (o.watch) return WatchStatus(o, fetch);
   v1::StatusResponse resp;
   std::string target;
   bool final = false;
-  if (const int code = FetchStatus(o, &resp, &target, &final); code != 0) return code;
+  if (const int code = FetchStatus(o, fetch, &resp, &target, &final); code != 0) return code;
   if (o.json) {
     std::printf("%s\n", JobsJson(resp).dump(2).c_str());
     return 0;
@@ -434,19 +304,21 @@ void AddRendezvousCommand(CLI::App& app, int* exit_code) {
 
 void AddStatusCommand(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<StatusCommandOptions>();
+  StatusQuery& q = o->query;
+  q.etcd_prefix = etcd::kDefaultRoot;
   CLI::App* cmd = app.add_subcommand("status", "Show the jobs a rendezvous service coordinates");
-  cmd->add_option("--rdzv-backend,--rdzv_backend", o->backend,
+  cmd->add_option("--rdzv-backend,--rdzv_backend", q.backend,
                   "crun (alias c10d): a rendezvous service; etcd-v3 (alias etcd): jobs kept in "
                   "etcd")
       ->capture_default_str();
-  cmd->add_option("--rdzv-endpoint,--rdzv_endpoint", o->endpoint,
+  cmd->add_option("--rdzv-endpoint,--rdzv_endpoint", q.endpoint,
                   "host[:port] (port 29400); with etcd-v3, etcd's members h1:2379,h2:2379,...")
       ->required();
-  cmd->add_option("--rdzv-id,--rdzv_id", o->run_id, "Only this job");
-  cmd->add_option("--etcd-prefix", o->etcd_prefix, "etcd-v3: the prefix of crun's keys")
+  cmd->add_option("--rdzv-id,--rdzv_id", q.run_id, "Only this job");
+  cmd->add_option("--etcd-prefix", q.etcd_prefix, "etcd-v3: the prefix of crun's keys")
       ->capture_default_str();
-  cmd->add_option("--etcd-user", o->etcd_user, "etcd-v3: etcd's user");
-  cmd->add_option("--etcd-password-file", o->etcd_password_file,
+  cmd->add_option("--etcd-user", q.etcd_user, "etcd-v3: etcd's user");
+  cmd->add_option("--etcd-password-file", q.etcd_password_file,
                   "etcd-v3: file whose first line is the user's password");
   cmd->add_flag("--json", o->json,
                 "Machine-readable output (with --watch: one JSON line per refresh)");
@@ -458,10 +330,10 @@ void AddStatusCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--count", o->count, "--watch: stop after this many refreshes (0: never)")
       ->check(WholeNumber(0, 1'000'000'000))
       ->capture_default_str();
-  cmd->add_option("--timeout", o->timeout, "Seconds to wait for the answer")
+  cmd->add_option("--timeout", q.timeout, "Seconds to wait for the answer")
       ->check(PositiveSeconds())
       ->capture_default_str();
-  AddSecurityFlags(cmd, &o->security);
+  AddSecurityFlags(cmd, &q.security);
   cmd->callback([o, exit_code] { *exit_code = RunStatus(*o); });
 }
 

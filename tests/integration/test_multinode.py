@@ -231,7 +231,7 @@ class MultiNode(unittest.TestCase):
             (["--rdzv-conf", "join_timeout=soon"], "join_timeout='soon' is not a number"),
             (["--rdzv-endpoint", "127.0.0.1:99999"], "port '99999' is not in 1..65535"),
             (["--rdzv-backend", "etcd-v2"], "crun does not speak it; --rdzv-backend etcd-v3"),
-            (["--rdzv-backend", "zk"], "--rdzv-backend 'zk': expected crun, c10d, etcd-v3"),
+            (["--rdzv-backend", "zk"], "--rdzv-backend 'zk': expected crun (or c10d), etcd-v3 (or etcd) or static"),
             (["--nnodes", "3:2"], "--nnodes '3:2': expected N or MIN:MAX"),
         ]:
             base = [] if "--rdzv-endpoint" in args else ["--rdzv-endpoint", f"127.0.0.1:{self.port}"]

@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "launcher/backends/etcd.h"
+#include "launcher/backends/service.h"
+#include "launcher/backends/static.h"
 #include "launcher/launch_plan.h"
 
 namespace {
@@ -73,36 +76,41 @@ Vars StepVars() {
 
 }  // namespace
 
-TEST_CASE("plan: the mode follows torchrun's rules", "[plan]") {
+TEST_CASE("plan: the backend follows torchrun's rules", "[plan]") {
   struct Row {
     Strings args;
-    Mode mode;
+    std::string backend;
+    bool static_nodes;  // torchrun's static backend over several nodes
     int min_nodes, max_nodes;
   };
   for (const Row& row : {
-           Row{{}, Mode::kLocal, 1, 1},
-           Row{{"--standalone"}, Mode::kLocal, 1, 1},
-           Row{{"--standalone", "--nnodes", "1:2"}, Mode::kLocal, 1, 1},
-           Row{{"--nnodes", "2", "--master-port", "29500"}, Mode::kStatic, 2, 2},
-           Row{{"--rdzv-endpoint", "127.0.0.1:29400"}, Mode::kService, 1, 1},
+           Row{{}, "static", false, 1, 1},
+           Row{{"--standalone"}, "static", false, 1, 1},
+           Row{{"--standalone", "--nnodes", "1:2"}, "static", false, 1, 1},
+           Row{{"--nnodes", "2", "--master-port", "29500"}, "static", true, 2, 2},
+           Row{{"--rdzv-endpoint", "127.0.0.1:29400"}, "crun", false, 1, 1},
            Row{{"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "127.0.0.1,[::1]:2380", "--nnodes",
                 "2:4"},
-               Mode::kEtcd,
+               "etcd-v3",
+               false,
                2,
                4},
            Row{{"--nnodes", "1:4", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost"},
-               Mode::kService,
+               "crun",
+               false,
                1,
                4},
            Row{{"--nnodes", "2", "--rdzv-backend", "static", "--master-port", "1"},
-               Mode::kStatic,
+               "static",
+               true,
                2,
                2},
        }) {
     INFO(Catch::Detail::stringify(row.args));
     const auto p = Plan(row.args);
     REQUIRE(p.ok());
-    CHECK(p->mode == row.mode);
+    CHECK(p->backend == row.backend);
+    CHECK(PlansStaticNodes(*p) == row.static_nodes);
     CHECK(p->nodes.min == row.min_nodes);
     CHECK(p->nodes.max == row.max_nodes);
   }
@@ -132,9 +140,13 @@ TEST_CASE("plan: refusals name the flag and the value", "[plan]") {
                 "/etc/hostname"},
                "--token-file secures crun's rendezvous service; etcd checks its own users"},
            Row{{"--rdzv-endpoint", "localhost:29400", "--rdzv-conf", "etcd_prefix=/x"},
-               "are for --rdzv-backend etcd-v3"},
+               "--rdzv-conf etcd_prefix is for --rdzv-backend etcd-v3, not crun"},
+           Row{{"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "localhost", "--rdzv-conf",
+                "etcd_prefix=x"},
+               "etcd_prefix='x' must start with '/'"},
            Row{{"--rdzv-backend", "zk"},
-               "--rdzv-backend 'zk': expected crun, c10d, etcd-v3 (or etcd) or static"},
+               "--rdzv-backend 'zk': expected crun (or c10d), etcd-v3 (or etcd) or static"},
+           Row{{"--rdzv-backend", "statik"}, "or static (did you mean static?)"},
            Row{{"--rdzv-backend", "c10d"}, "--rdzv-backend c10d needs --rdzv-endpoint"},
            Row{{"--standalone", "--nnodes", "2"}, "--standalone runs one node; --nnodes '2'"},
            Row{{"--nnodes", "1:2", "--master-port", "1"}, "the static backend needs a fixed"},
@@ -190,32 +202,35 @@ TEST_CASE("plan: the service's settings and whether this node hosts it", "[plan]
       Plan({"--nnodes", "2:3", "--max-restarts", "2", "--rdzv-endpoint", "127.0.0.1:4000",
             "--rdzv-conf", "join_timeout=7,last_call_timeout=0.5,heartbeat_timeout=9,x=1"});
   REQUIRE(p.ok());
-  CHECK(p->endpoint.host == "127.0.0.1");
-  CHECK(p->endpoint.port == 4000);
+  const ServicePlan* service = ServicePlanOf(*p);
+  REQUIRE(service != nullptr);
+  CHECK(service->endpoint.host == "127.0.0.1");
+  CHECK(service->endpoint.port == 4000);
   CHECK(p->settings.min_nodes == 2);
   CHECK(p->settings.max_nodes == 3);
   CHECK(p->settings.max_restarts == 2);
   CHECK(p->settings.join_timeout == std::chrono::seconds(7));
   CHECK(p->settings.last_call_timeout == std::chrono::milliseconds(500));
   CHECK(p->heartbeat_interval == std::chrono::seconds(1));
-  CHECK(p->try_host);  // 127.0.0.1 is this host
+  CHECK(service->try_host);  // 127.0.0.1 is this host
   REQUIRE(p->notes.size() == 1);
   CHECK_THAT(p->notes[0], Catch::Contains("ignoring unknown key 'x'"));
   // TEST-NET-3 is nobody's interface: this node joins.
-  CHECK_FALSE(Plan({"--rdzv-endpoint", "203.0.113.7"})->try_host);
-  CHECK(Plan({"--rdzv-endpoint", "203.0.113.7", "--rdzv-conf", "is_host=1"})->try_host);
+  CHECK_FALSE(ServicePlanOf(*Plan({"--rdzv-endpoint", "203.0.113.7"}))->try_host);
+  CHECK(ServicePlanOf(*Plan({"--rdzv-endpoint", "203.0.113.7", "--rdzv-conf", "is_host=1"}))
+            ->try_host);
 }
 
 TEST_CASE("plan: a Slurm step fills in the nodes, or the ranks of one task", "[plan][slurm]") {
   const auto node = Plan({}, StepVars());  // inside a step, nothing names the nodes: --slurm
   REQUIRE(node.ok());
   REQUIRE(node->slurm.has_value());
-  CHECK(node->mode == Mode::kService);
+  CHECK(node->backend == "crun");
   CHECK(node->nodes.max == 3);
   CHECK(node->node_rank == 1);
   CHECK(node->node_rank_given);
   CHECK(node->run_id == "slurm-4242.3");
-  CHECK_FALSE(node->try_host);  // 127.0.0.2 is not the step's first node
+  CHECK_FALSE(ServicePlanOf(*node)->try_host);  // 127.0.0.2 is not the step's first node
   CHECK(node->o.rdzv_endpoint.rfind("127.0.0.1:", 0) == 0);
   CHECK(node->conf.node_id == "127.0.0.2");
   // Slurm's warning signals reach the workers unless the user chose the signals.
@@ -224,7 +239,8 @@ TEST_CASE("plan: a Slurm step fills in the nodes, or the ranks of one task", "[p
   const auto task = Plan({"--slurm-direct"}, StepVars());
   REQUIRE(task.ok());
   REQUIRE(task->slurm_task.has_value());
-  CHECK(task->mode == Mode::kLocal);
+  CHECK(task->backend == "static");
+  CHECK_FALSE(PlansStaticNodes(*task));
   CHECK(task->slurm_task->rank == 3);
   CHECK(task->agent.first_local_rank == 1);
   CHECK(task->run_id == "slurm-4242.3");
