@@ -17,7 +17,7 @@
 #include "rendezvous/etcd/client.h"
 #include "rendezvous/etcd/job.h"
 #include "rendezvous/report/report.h"
-#include "rendezvous/store_server/store_server.h"
+#include "rendezvous/store_server/round_store.h"
 
 namespace crun::agent {
 namespace {
@@ -93,7 +93,7 @@ class EtcdRendezvous final : public Rendezvous {
           auto s = client_->Revoke(lease_, Clock::now() + Millis(2'000));
           if (!s.ok()) spdlog::warn("etcd rendezvous: leaving ({}): {}", reason, s.message());
         }
-        store_.reset();
+        store_.Stop();
       }
       done->set_value();
     });
@@ -293,7 +293,7 @@ class EtcdRendezvous final : public Rendezvous {
         "heartbeat_timeout {} ms): the other nodes went on without it; stopping the workers "
         "and joining again",
         o_.settings.heartbeat_timeout.count());
-    store_.reset();
+    store_.Stop();
     const bool had_round = round_.has_value();
     round_.reset();
     joined_gathering_.reset();
@@ -373,7 +373,7 @@ class EtcdRendezvous final : public Rendezvous {
     if (doc.outcome && node_revision_ < job->second.mod_revision) return Finish(doc);
     if (round_ && doc.gathering != round_->gathering) {
       round_.reset();
-      store_.reset();
+      store_.Stop();
       Post([reason = doc.stop_reason, spends = doc.stop_spends_restart](RendezvousEvents* e) {
         e->OnStopAndRejoin(reason, spends);
       });
@@ -443,11 +443,9 @@ class EtcdRendezvous final : public Rendezvous {
   // Group rank 0 serves the round's store and says where; false when that failed (the job
   // ends here).
   bool HostStore(const etcd::JobDoc& doc) {
-    if (store_ && store_round_ == doc.state.round) return true;
-    store_.reset();
-    StoreServerOptions so;
-    so.host = "::";
-    so.expected_connections = static_cast<std::size_t>(std::max(doc.world_size, 1));
+    if (store_.serving() && store_.round() == doc.state.round) return true;
+    RoundStoreSpec spec;
+    spec.world_size = doc.world_size;
     // The members' addresses: in the mirror of the decider, read once per round by another.
     etcd::Mirror read;
     if (!watch_all_) {
@@ -460,31 +458,27 @@ class EtcdRendezvous final : public Rendezvous {
       for (auto& kv : nodes->kvs) read[kv.key] = std::move(kv);
     }
     const etcd::Mirror& records = watch_all_ ? mirror_ : read;
-    std::vector<std::vector<std::string>> members;
     for (const auto& m : doc.state.members) {
       auto kv = records.find(keys_.node(m.node.node_id));
       if (kv == records.end()) continue;
       auto record = etcd::DecodeNode(m.node.node_id, kv->second.value);
-      members.push_back(record.ok() ? record->addresses : std::vector<std::string>{});
+      spec.members.push_back(record.ok() ? record->addresses : std::vector<std::string>{});
     }
-    so.allowed_peers = RoundAllowList(members, /*with_loopback=*/true);
-    auto server = BackgroundStoreServer::Start(so);
-    if (!server.ok()) {
+    auto port = store_.Serve(doc.state.round, spec);
+    if (!port.ok()) {
       End(1, "cannot serve round " + std::to_string(doc.state.round) +
-                 "'s store: " + server.status().message());
+                 "'s store: " + port.status().message());
       return false;
     }
-    store_ = std::move(server).value();
-    store_round_ = doc.state.round;
     const std::string addr = o_.advertise_addr.empty() ? o_.host : o_.advertise_addr;
-    auto put = client_->Put(keys_.store(doc.state.round), FormatEndpoint(addr, store_->port()),
-                            lease_, Deadline());
+    auto put =
+        client_->Put(keys_.store(doc.state.round), FormatEndpoint(addr, *port), lease_, Deadline());
     if (!put.ok()) {
       End(1, "cannot publish round " + std::to_string(doc.state.round) +
                  "'s store: " + put.status().message());
       return false;
     }
-    mirror_[keys_.store(doc.state.round)].value = FormatEndpoint(addr, store_->port());
+    mirror_[keys_.store(doc.state.round)].value = FormatEndpoint(addr, *port);
     return true;
   }
 
@@ -628,8 +622,7 @@ class EtcdRendezvous final : public Rendezvous {
   std::optional<int> joined_gathering_;
   std::optional<Round> round_;        // the round whose assignment the agent has
   std::vector<std::uint16_t> ports_;  // this node's for the next round, sent with its join
-  std::unique_ptr<BackgroundStoreServer> store_;
-  int store_round_ = -1;
+  RoundStoreHost store_;              // on a thread of its own: this loop blocks on etcd
   bool ended_ = false;
   bool left_ = false;
   bool outage_logged_ = false;

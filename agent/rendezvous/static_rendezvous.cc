@@ -12,7 +12,7 @@
 #include "base/host_addresses.h"
 #include "rendezvous/service/rules.h"
 #include "rendezvous/store/tcp_store_client.h"
-#include "rendezvous/store_server/store_server.h"
+#include "rendezvous/store_server/round_store.h"
 
 namespace crun::agent {
 namespace {
@@ -20,11 +20,11 @@ namespace {
 class StaticRendezvous final : public Rendezvous {
  public:
   StaticRendezvous(boost::asio::io_context& io, StaticRendezvousOptions options)
-      : io_(io), options_(std::move(options)) {}
+      : io_(io), options_(std::move(options)), store_(&io) {}
   ~StaticRendezvous() override {
     stop_exchange_ = true;
     if (exchange_thread_.joinable()) exchange_thread_.join();
-    StopStore();
+    store_.Stop();
     if (done_thread_.joinable()) done_thread_.join();
   }
 
@@ -33,24 +33,24 @@ class StaticRendezvous final : public Rendezvous {
   // Every round is a restart: its store is new, so a restarted worker never reads a key of
   // an earlier attempt.
   void Join(const std::vector<std::uint16_t>& ports) override {
-    if (!options_.static_store) StopStore();
-    if (options_.host_store && !store_) {
-      StoreServerOptions store;
-      store.host = BindHost();
-      store.port = options_.store_port;
+    ++joins_;
+    if (options_.host_store) {
+      RoundStoreSpec spec;
+      spec.bind_host = BindHost();
+      spec.port = options_.store_port;
       // Every worker of the job connects: this node's, and with the static backend every
-      // node's (or every Slurm task's).
-      store.expected_connections = static_cast<std::size_t>(
-          options_.fixed_group ? std::max(options_.fixed_group->world_size, 1)
-                               : options_.nproc * std::max(options_.nnodes, 1));
-      auto server = StoreServer::Start(io_, store);
-      if (!server.ok()) {
+      // node's (or every Slurm task's), whose addresses are not known here.
+      spec.world_size = options_.fixed_group ? options_.fixed_group->world_size
+                                             : options_.nproc * std::max(options_.nnodes, 1);
+      auto port = store_.Serve(options_.static_store ? 0 : joins_, spec);
+      if (!port.ok()) {
         JobOutcome o;
         o.exit_code = 1;
-        o.reason = "cannot start the worker store: " + server.status().message();
+        o.reason = "cannot start the worker store: " + port.status().message();
         return Post([this, o] { events_->OnFinished(o); });
       }
-      store_ = std::move(server).value();
+    } else {
+      store_.Stop();
     }
     GroupAssignment g;
     g.run_id = options_.run_id;
@@ -63,7 +63,7 @@ class StaticRendezvous final : public Rendezvous {
     g.base_rank = options_.node_rank * options_.nproc;
     g.base_role_rank = g.base_rank;
     g.master_addr = options_.store_host;
-    g.master_port = store_ ? store_->port() : options_.store_port;
+    g.master_port = store_.serving() ? store_.port() : options_.store_port;
     g.restart_count = restarts_;
     g.round = restarts_;
     g.max_restarts = options_.max_restarts;
@@ -111,7 +111,7 @@ class StaticRendezvous final : public Rendezvous {
 
   void Leave(const std::string&) override {
     stop_exchange_ = true;
-    StopStore();
+    store_.Stop();
   }
   std::string node_id() const override { return "local"; }
   // One node: nobody else to ask, and nobody asks.
@@ -131,10 +131,6 @@ class StaticRendezvous final : public Rendezvous {
   const std::string& BindHost() const {
     return options_.bind_host.empty() ? options_.store_host : options_.bind_host;
   }
-  void StopStore() {
-    if (store_) store_->Stop();
-    store_.reset();
-  }
   // The crun processes that share the static store: nodes, or Slurm tasks.
   int Participants() const {
     return options_.fixed_group ? options_.fixed_group->world_size : options_.nnodes;
@@ -142,11 +138,11 @@ class StaticRendezvous final : public Rendezvous {
   // A client of the shared store: this crun's own through loopback when it hosts it.
   TcpStoreClientOptions StoreClient(std::chrono::milliseconds timeout) const {
     TcpStoreClientOptions c;
-    const bool hosting = store_ != nullptr;
+    const bool hosting = store_.serving();
     const std::string bound = BindHost();
     c.host = !hosting ? options_.store_host
                       : (bound == "::" || bound == "0.0.0.0" ? std::string("127.0.0.1") : bound);
-    c.port = hosting ? store_->port() : options_.store_port;
+    c.port = hosting ? store_.port() : options_.store_port;
     c.connect_timeout = timeout;
     c.timeout = timeout;
     return c;
@@ -245,7 +241,7 @@ class StaticRendezvous final : public Rendezvous {
     if (!options_.static_store || participants <= 1 || done_thread_.joinable()) {
       return Post([this, o] { events_->OnFinished(o); });
     }
-    const bool hosting = store_ != nullptr;
+    const bool hosting = store_.serving();
     const TcpStoreClientOptions c = StoreClient(std::chrono::seconds(5));
     done_thread_ = std::thread([this, o, c, hosting, participants] {
       SayDone(c, hosting, participants);
@@ -285,7 +281,8 @@ class StaticRendezvous final : public Rendezvous {
   boost::asio::io_context& io_;
   StaticRendezvousOptions options_;
   RendezvousEvents* events_ = nullptr;
-  std::unique_ptr<StoreServer> store_;
+  RoundStoreHost store_;  // when this crun hosts the store
+  int joins_ = 0;
   int restarts_ = 0;
   std::thread done_thread_;      // Conclude()'s word with the store
   std::thread exchange_thread_;  // the round's Exchange(), then its watch for the next round

@@ -4,8 +4,6 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "base/security.h"
-
 namespace crun::rdzv {
 
 struct Engine::Job {
@@ -416,10 +414,8 @@ bool Engine::StartRound(Job& job, const FormRound& round, TimePoint now) {
     auto known = job.addresses.find(a.node_id);
     addresses.push_back(known == job.addresses.end() ? std::vector<std::string>{} : known->second);
   }
-  // The service's host is no member as such: the members' own addresses only.
-  const std::vector<std::string> allowed = RoundAllowList(addresses, /*with_loopback=*/false);
   const int world = round.assignments.empty() ? 0 : round.assignments.front().world_size;
-  auto store = hooks_.start_store(job.run_id, round.round, world, allowed);
+  auto store = hooks_.start_store(job.run_id, round.round, world, addresses);
   if (!store.ok()) {
     job.state.phase = Phase::kFailed;
     job.wake.reset();

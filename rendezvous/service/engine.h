@@ -48,11 +48,11 @@ class RoundStore {
 struct EngineHooks {
   // Queues one message on a session; never blocks. A closed session ignores it.
   std::function<void(SessionId, const msg::ServiceMessage&)> send;
-  // A fresh worker store for (run id, round, its world size), open to the listed IP addresses
-  // only: those the round's agents connected from and those they declared (empty when none is
-  // known).
+  // A fresh worker store for (run id, round, its world size), for the round's members: each
+  // one's IP addresses, those its agent connected from and those it declared (an empty entry
+  // when none is known); rendezvous/store_server/round_store.h says whom that admits.
   std::function<StatusOr<std::unique_ptr<RoundStore>>(const std::string&, int, int,
-                                                      const std::vector<std::string>&)>
+                                                      const std::vector<std::vector<std::string>>&)>
       start_store;
   // What happened, one line per decision ("job7: round 2 formed: 3 nodes, 24 workers"). Optional.
   std::function<void(const std::string&)> log;

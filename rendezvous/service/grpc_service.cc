@@ -25,6 +25,7 @@
 #include "rendezvous/service/engine.h"
 #include "rendezvous/service/engine_metrics.h"
 #include "rendezvous/service/proto_messages.h"
+#include "rendezvous/store_server/round_store.h"
 #include "rendezvous/store_server/store_server.h"
 
 namespace crun::rdzv {
@@ -401,15 +402,16 @@ class GrpcRendezvousService final : public RendezvousService {
     EngineHooks hooks;
     Core* core = core_.get();
     hooks.send = [core](SessionId id, const msg::ServiceMessage& m) { core->SendTo(id, m); };
-    hooks.start_store =
-        [core](const std::string&, int, int world_size,
-               const std::vector<std::string>& allowed) -> StatusOr<std::unique_ptr<RoundStore>> {
-      StoreServerOptions so;
-      so.host = core->options.host;
-      so.expected_connections = static_cast<std::size_t>(std::max(world_size, 1));
-      if (core->options.store_allow_list) so.allowed_peers = allowed;
-      so.max_connections_per_peer = core->options.store_connections_per_peer;
-      auto server = StoreServer::Start(core->io, so);
+    hooks.start_store = [core](const std::string&, int, int world_size,
+                               const std::vector<std::vector<std::string>>& members)
+        -> StatusOr<std::unique_ptr<RoundStore>> {
+      RoundStoreSpec spec;
+      spec.bind_host = core->options.host;
+      spec.world_size = world_size;
+      if (core->options.store_allow_list) spec.members = members;
+      spec.host_runs_workers = false;  // the service's host is no member as such
+      spec.max_connections_per_peer = core->options.store_connections_per_peer;
+      auto server = StoreServer::Start(core->io, RoundStoreOptions(spec));
       if (!server.ok()) return server.status();
       return std::unique_ptr<RoundStore>(std::make_unique<StoreHandle>(std::move(server).value()));
     };

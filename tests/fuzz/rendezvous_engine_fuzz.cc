@@ -192,7 +192,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     ++sends;
     CheckSent(m);
   };
-  hooks.start_store = [&in](const std::string&, int, int, const std::vector<std::string>&)
+  hooks.start_store = [&in](const std::string&, int, int,
+                            const std::vector<std::vector<std::string>>&)
       -> crun::StatusOr<std::unique_ptr<crun::rdzv::RoundStore>> {
     if (in.remaining_bytes() > 0 && in.ConsumeIntegralInRange(0, 15) == 0) {
       return crun::Unavailable("no free port");  // the store can fail to start, too

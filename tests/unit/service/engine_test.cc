@@ -9,6 +9,7 @@
 
 #include "metrics/registry.h"
 #include "rendezvous/service/engine.h"
+#include "rendezvous/store_server/round_store.h"
 #include "tests/unit/metrics_page.h"
 
 namespace {
@@ -56,11 +57,16 @@ struct Harness {
   explicit Harness(crun::rdzv::EngineOptions options = {})
       : engine(crun::rdzv::EngineHooks{
                    [this](SessionId s, const msg::ServiceMessage& m) { inbox[s].push_back(m); },
-                   [this](const std::string&, int, int, const std::vector<std::string>& allowed)
+                   [this](const std::string&, int, int,
+                          const std::vector<std::vector<std::string>>& members)
                        -> crun::StatusOr<std::unique_ptr<crun::rdzv::RoundStore>> {
                      if (store_fails) return crun::Unavailable("port exhausted");
                      ++stores_started;
-                     store_allowed.push_back(allowed);
+                     // Whom the service's store admits, as grpc_service.cc sets it up.
+                     crun::RoundStoreSpec spec;
+                     spec.members = members;
+                     spec.host_runs_workers = false;
+                     store_allowed.push_back(crun::RoundStoreOptions(spec).allowed_peers);
                      return std::unique_ptr<crun::rdzv::RoundStore>(
                          std::make_unique<FakeStore>(static_cast<std::uint16_t>(40000 +
                                                                                 stores_started),
