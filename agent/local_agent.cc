@@ -180,7 +180,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
       end.stops_group = a.stops_group;
     }
     features.Each([&](JobFeature& f) { f.OnWorkerExited(end); });
-    if (end.stops_group) WarnStopping(*end.failure, a.exit, options.host_name);
+    if (end.stops_group) WarnStopping(*end.failure, a.exit, options.host_name, options.nproc);
   }
 
   void Carry(const lc::RecordHang& a) {
@@ -275,10 +275,14 @@ struct LocalAgent::Impl final : RendezvousEvents {
 
   // What the job's end publishes, for this node's attempt.
   JobEnd End() const {
-    const ReportContext c{group.run_id,        options.host_name,
-                          group.role,          options.entrypoint,
-                          group.restart_count, options.max_restarts,
-                          options.interpreter, nullptr};
+    const ReportContext c{.run_id = group.run_id,
+                          .host = options.host_name,
+                          .role = group.role,
+                          .entrypoint = options.entrypoint,
+                          .attempt = group.restart_count,
+                          .max_restarts = options.max_restarts,
+                          .interpreter = options.interpreter,
+                          .hang = nullptr};
     return {c, failures, rdzv->node_id(), options.log_dir, options.parent_error_file};
   }
 

@@ -91,10 +91,14 @@ void AttemptFailures::SortByTime() {
                    [](const auto& a, const auto& b) { return a.time_unix_ms < b.time_unix_ms; });
 }
 
-void WarnStopping(const report::WorkerFailure& f, const ExitStatus& exit, const std::string& host) {
-  spdlog::warn("rank {} (local rank {}, pid {}) on {} failed with {}{}; stopping the other workers",
-               f.rank, f.local_rank, f.pid, host, exit.Describe(),
-               f.oom.empty() ? "" : ": " + f.oom);
+void WarnStopping(const report::WorkerFailure& f, const ExitStatus& exit, const std::string& host,
+                  int group_size) {
+  const int others = group_size - 1;
+  spdlog::warn("rank {} (local rank {}, pid {}) on {} failed with {}{}; {}", f.rank, f.local_rank,
+               f.pid, host, exit.Describe(), f.oom.empty() ? "" : ": " + f.oom,
+               others <= 0   ? std::string("it was this node's only worker")
+               : others == 1 ? std::string("stopping the other worker")
+                             : "stopping the other " + std::to_string(others) + " workers");
 }
 
 }  // namespace crun::agent

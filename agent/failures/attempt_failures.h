@@ -55,7 +55,9 @@ class AttemptFailures {
   std::int64_t hang_when_ms_ = 0;  // time_unix_ms of the hang
 };
 
-// Logs that the failure `f` (the worker ended with `exit`, on `host`) stops the other workers.
-void WarnStopping(const report::WorkerFailure& f, const ExitStatus& exit, const std::string& host);
+// Logs that the failure `f` (the worker ended with `exit`, on `host`) stops the rest of its
+// group of `group_size` workers on this node.
+void WarnStopping(const report::WorkerFailure& f, const ExitStatus& exit, const std::string& host,
+                  int group_size);
 
 }  // namespace crun::agent

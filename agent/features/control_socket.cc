@@ -11,6 +11,8 @@
 namespace crun::agent {
 namespace {
 
+constexpr auto kReplace = nlohmann::json::error_handler_t::replace;
+
 class ControlSocket final : public JobFeature {
  public:
   explicit ControlSocket(AgentView& agent) : agent_(agent) {}
@@ -26,7 +28,10 @@ class ControlSocket final : public JobFeature {
 
  private:
   void Answer(const std::string& request, std::function<void(std::string)> reply) {
-    auto error = [&](const std::string& why) { reply(nlohmann::json{{"error", why}}.dump()); };
+    // A request or a stack may hold bytes that are not UTF-8 (a path, a worker's frame):
+    // replaced, never a throw.
+    auto text = [](const nlohmann::json& j) { return j.dump(-1, ' ', false, kReplace); };
+    auto error = [&](const std::string& why) { reply(text(nlohmann::json{{"error", why}})); };
     if (request != "stacks") return error("unknown request '" + request + "'");
     const auto phase = agent_.lifecycle.phase;
     if (phase != lifecycle::Phase::kRunning) {
@@ -34,7 +39,7 @@ class ControlSocket final : public JobFeature {
                        ? "the workers are being stopped"
                        : "no workers are running (waiting for the rendezvous)");
     }
-    agent_.hangs.stacks().ReadStacks([this, reply](const std::vector<RankStacks>& stacks) {
+    agent_.hangs.stacks().ReadStacks([this, reply, text](const std::vector<RankStacks>& stacks) {
       const GroupAssignment& g = agent_.group;
       nlohmann::json j{{"host", agent_.options.host_name},
                        {"run_id", g.run_id},
@@ -43,7 +48,7 @@ class ControlSocket final : public JobFeature {
                        {"world_size", g.world_size}};
       j["stacks"] = nlohmann::json::array();
       for (const auto& st : stacks) j["stacks"].push_back(StacksJson(st));
-      reply(j.dump());
+      reply(text(j));
     });
   }
 

@@ -9,7 +9,7 @@ namespace {
 
 class EventLog final : public JobFeature {
  public:
-  explicit EventLog(AgentView& agent) : agent_(agent), events_(true, agent.options.host_name) {}
+  explicit EventLog(AgentView& agent) : agent_(agent), events_(agent.options.host_name) {}
 
   void OnRound(std::chrono::steady_clock::duration) override {
     const GroupAssignment& g = agent_.group;

@@ -8,7 +8,6 @@ namespace crun::agent {
 
 void TorchelasticEvents::Emit(const std::string& name, const char* source, nlohmann::json metadata,
                               const GroupAssignment& group) const {
-  if (!enabled_) return;
   metadata["run_id"] = group.run_id;
   metadata["role"] = group.role;
   metadata["hostname"] = host_;
@@ -22,7 +21,8 @@ void TorchelasticEvents::Emit(const std::string& name, const char* source, nlohm
                    {"metadata", std::move(metadata)}};
   // One line, never split by another writer's, through crun's stderr writer (a stalled reader
   // holds back none of the agent).
-  FdWriter::Stderr().Write(e.dump() + "\n");
+  // A worker's host or role name need not be UTF-8: replaced, never a throw.
+  FdWriter::Stderr().Write(e.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 void TorchelasticEvents::WorkerStatus(const Worker& w, const char* state,

@@ -14,8 +14,7 @@ namespace crun::agent {
 
 class TorchelasticEvents {
  public:
-  // Disabled, every call does nothing.
-  TorchelasticEvents(bool enabled, std::string host) : enabled_(enabled), host_(std::move(host)) {}
+  explicit TorchelasticEvents(std::string host) : host_(std::move(host)) {}
 
   // Event `name` from `source` ("AGENT", "WORKER") of the attempt of `group`.
   void Emit(const std::string& name, const char* source, nlohmann::json metadata,
@@ -24,7 +23,6 @@ class TorchelasticEvents {
   void WorkerStatus(const Worker& w, const char* state, const GroupAssignment& group) const;
 
  private:
-  bool enabled_;
   std::string host_;
 };
 

@@ -266,6 +266,13 @@ class FirstHour(unittest.TestCase):
         self.assertEqual(names.count("torchelastic.worker.status.SUCCEEDED"), 3)  # 2 workers, agent
         self.assertEqual(events[-1]["source"], "AGENT")
         self.assertEqual(events[-1]["metadata"]["run_id"], "f1")
+        # A role that is not UTF-8 (a variable's raw bytes) is replaced in the events, never a
+        # crash of crun.
+        r = self.crun("--role", "r\udcff", "--event-log-handler", "console", "--no-python",
+                      "/bin/true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        events = [json.loads(l) for l in r.stderr.splitlines() if l.startswith('{"')]
+        self.assertEqual(events[0]["metadata"]["role"], "r\ufffd")
         # The torchrun variable takes the same macros.
         r = self.crun("--nproc-per-node", "1", "--tee", "1", "--no-python", "/bin/echo", "hi",
                       env={"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${hostname}-${local_rank}] "})
