@@ -353,18 +353,17 @@ StatusOr<double> ParseFlagSeconds(const std::string& flag, const std::string& v)
                          std::to_string(static_cast<long>(kMaxSeconds)) + " (30 days)");
 }
 
-StatusOr<std::vector<int>> ParseStdSpec(const std::string& flag, const std::string& spec,
-                                        int nproc) {
+StatusOr<StdSpec> ParseStdSpec(const std::string& flag, const std::string& spec) {
   auto bad = [&] {
     return InvalidArgument(flag + " '" + spec +
                            "': expected 0-3 or local_rank:value,... (1 "
                            "stdout, 2 stderr, 3 both)");
   };
-  std::vector<int> out(static_cast<std::size_t>(nproc), 0);
+  StdSpec out;
   if (spec.find(':') == std::string::npos) {
     const auto v = ParseInteger(spec, 0, 3);
     if (!v) return bad();
-    std::fill(out.begin(), out.end(), static_cast<int>(*v));
+    out.all = static_cast<int>(*v);
     return out;
   }
   for (const auto& item : Split(spec, ',')) {
@@ -373,23 +372,38 @@ StatusOr<std::vector<int>> ParseStdSpec(const std::string& flag, const std::stri
     const auto lr = ParseInteger(item.substr(0, colon), 0, 1 << 20);
     const auto v = ParseInteger(item.substr(colon + 1), 0, 3);
     if (!lr || !v) return bad();
-    if (*lr < nproc) out[static_cast<std::size_t>(*lr)] = static_cast<int>(*v);
+    out.ranks.emplace_back(static_cast<int>(*lr), static_cast<int>(*v));
   }
   return out;
 }
 
-StatusOr<std::vector<int>> ParseRankList(const std::string& list, int nproc) {
+std::vector<int> StdSpec::For(int nproc) const {
+  std::vector<int> out(static_cast<std::size_t>(nproc), ranks.empty() ? all : 0);
+  for (const auto& [lr, v] : ranks) {
+    if (lr < nproc) out[static_cast<std::size_t>(lr)] = v;
+  }
+  return out;
+}
+
+StatusOr<std::vector<int>> ParseRankList(const std::string& list) {
   std::vector<int> out;
   for (const auto& item : Split(list, ',')) {
     if (item.empty()) continue;
-    const auto lr = ParseInteger(item, 0, nproc - 1);
-    if (!lr) {
-      return InvalidArgument("--local-ranks-filter: '" + item + "' is not a local rank in 0.." +
-                             std::to_string(nproc - 1));
-    }
+    const auto lr = ParseInteger(item, 0, 1 << 20);
+    if (!lr) return InvalidArgument("--local-ranks-filter: '" + item + "' is not a local rank");
     out.push_back(static_cast<int>(*lr));
   }
   return out;
+}
+
+Status CheckLocalRanks(const std::vector<int>& ranks, int nproc) {
+  for (int lr : ranks) {
+    if (lr >= nproc) {
+      return InvalidArgument("--local-ranks-filter: '" + std::to_string(lr) +
+                             "' is not a local rank in 0.." + std::to_string(nproc - 1));
+    }
+  }
+  return Status::Ok();
 }
 
 StatusOr<std::vector<int>> ParseSignals(const std::string& list) {

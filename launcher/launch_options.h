@@ -112,10 +112,17 @@ StatusOr<double> ParseFlagSeconds(const std::string& flag, const std::string& v)
 
 // torchrun's Std spec: "3" for every local rank, or "0:1,1:2" per local rank (others 0).
 // Values are bitmasks: 1 stdout, 2 stderr, 3 both.
-StatusOr<std::vector<int>> ParseStdSpec(const std::string& flag, const std::string& spec,
-                                        int nproc);
-// "0,2": local ranks in 0..nproc-1.
-StatusOr<std::vector<int>> ParseRankList(const std::string& list, int nproc);
+struct StdSpec {
+  int all = 0;                             // for every local rank, unless `ranks` is given
+  std::vector<std::pair<int, int>> ranks;  // (local rank, value)
+  // One value per local rank 0..nproc-1; ranks not on this node are left out.
+  std::vector<int> For(int nproc) const;
+};
+StatusOr<StdSpec> ParseStdSpec(const std::string& flag, const std::string& spec);
+// "0,2": local ranks (--local-ranks-filter), each a whole number >= 0.
+StatusOr<std::vector<int>> ParseRankList(const std::string& list);
+// Each of `ranks` in 0..nproc-1, or an error naming the first that is not.
+Status CheckLocalRanks(const std::vector<int>& ranks, int nproc);
 // "SIGTERM,SIGINT": signals crun may handle (not SIGKILL or SIGSTOP).
 StatusOr<std::vector<int>> ParseSignals(const std::string& list);
 // torchrun's duplicate filters: comma-separated substrings, ",," a literal comma.

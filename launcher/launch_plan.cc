@@ -1,6 +1,7 @@
 #include "launcher/launch_plan.h"
 
 #include <sched.h>
+#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -11,7 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <thread>
 
 #include "agent/frameworks/contracts.h"
@@ -51,57 +51,14 @@ std::set<int> AllowedCpus() {
   return out;
 }
 
-// The checks of values that need nothing else: a flag given empty (an unset shell variable,
-// not "default"), the run id, torchrun's options whose other values name Python plugins.
-Status CheckPlainValues(const LaunchOptions& o, const std::set<std::string>& given) {
-  const std::pair<const char*, const std::string*> named[] =
-      {{"--rdzv-endpoint", &o.rdzv_endpoint},
-       {"--log-dir", &o.log_dir},
-       {"--rdzv-id", &o.rdzv_id},
-       {"--master-addr", &o.master_addr},
-       {"--local-addr", &o.local_addr},
-       {"--role", &o.role},
-       {"--nproc-per-node", &o.nproc_per_node},
-       {"--nnodes", &o.nnodes}};
-  for (const auto& [flag, value] : named) {
-    if (given.count(flag) != 0 && value->empty()) {
-      return InvalidArgument(std::string(flag) + " is empty (an unset variable?)");
-    }
-  }
-  CRUN_RETURN_IF_ERROR(CheckRunId(o.rdzv_id));
-  CRUN_RETURN_IF_ERROR(ParseFlagSeconds("--monitor-interval", o.monitor_interval).status());
-  if (o.start_method != "spawn" && o.start_method != "fork" && o.start_method != "forkserver") {
-    return InvalidArgument("--start-method '" + o.start_method +
-                           "': expected spawn, fork or forkserver");
-  }
-  if (o.event_log_handler != "null" && o.event_log_handler != "console") {
-    return InvalidArgument("--event-log-handler '" + o.event_log_handler +
-                           "': expected console or null (torchrun's other handlers are Python "
-                           "plugins crun cannot load)");
-  }
-  if (!o.logs_specs.empty() && o.logs_specs != "DefaultLogsSpecs" && o.logs_specs != "default") {
-    return InvalidArgument("--logs-specs '" + o.logs_specs +
-                           "': torchrun loads log layouts from Python entry points, which crun "
-                           "cannot run; only the default (DefaultLogsSpecs) is accepted — "
-                           "crun's layout is in docs/cli.md, Logs");
-  }
-  return Status::Ok();
-}
-
-Status PlanNumbers(LaunchPlan& p, const LaunchOptions& o) {
-  CRUN_ASSIGN_OR_RETURN(p.max_restarts,
-                        ParseFlagInt("--max-restarts", o.max_restarts, 0, 1'000'000));
-  CRUN_ASSIGN_OR_RETURN(p.node_rank, ParseFlagInt("--node-rank", o.node_rank, 0, 100'000));
-  if (!o.master_port.empty()) {
-    CRUN_ASSIGN_OR_RETURN(p.master_port, ParseFlagInt("--master-port", o.master_port, 0, 65535));
-  }
-  return Status::Ok();
-}
-
 // Under srun: one crun per Slurm task (--slurm-direct), or one per node, asked for with
 // --slurm or the default inside a job step when nothing names the job's nodes otherwise.
 Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& given,
                  const MachineFacts& facts) {
+  p.nodes = p.values.nnodes;
+  p.max_restarts = p.values.max_restarts;
+  p.node_rank = p.values.node_rank;
+  p.master_port = p.values.master_port;
   const bool names_nodes = given.count("--nnodes") || !o.rdzv_endpoint.empty() || o.standalone ||
                            given.count("--node-rank") || !o.rdzv_backend.empty();
   auto port = [&](const SlurmStep& step) {
@@ -141,6 +98,7 @@ Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
     if (!step.ok()) return InvalidArgument("--slurm: " + step.status().message());
     p.slurm = NodeSettings(*step, port(*step));
     o.nnodes = std::to_string(p.slurm->nnodes);
+    p.nodes = NodeRange{p.slurm->nnodes, p.slurm->nnodes};
     p.node_rank = p.slurm->node_rank;
     o.rdzv_backend = "crun";
     o.rdzv_endpoint = FormatEndpoint(p.slurm->host, static_cast<std::uint16_t>(p.slurm->port));
@@ -149,15 +107,6 @@ Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
     return InvalidArgument("--slurm-port " + std::to_string(o.slurm_port) +
                            " without a Slurm step");
   }
-  return Status::Ok();
-}
-
-// --nnodes, and whether this node's rank is imposed (--node-rank, PET_NODE_RANK or Slurm).
-Status PlanNodes(LaunchPlan& p, const LaunchOptions& o, const std::set<std::string>& given,
-                 const MachineFacts& facts) {
-  CRUN_ASSIGN_OR_RETURN(p.nodes, ParseNnodes(o.nnodes));
-  p.node_rank_given =
-      given.count("--node-rank") || facts.Env("PET_NODE_RANK").has_value() || p.slurm.has_value();
   return Status::Ok();
 }
 
@@ -173,9 +122,8 @@ StatusOr<const Backend*> PlanBackend(const LaunchOptions& o, const Backends& bac
 
 // --rdzv-conf: the backend's own keys kept for its plan, another backend's refused, unknown
 // ones noted.
-Status PlanConf(LaunchPlan& p, const LaunchOptions& o, const Backends& backends,
-                const Backend& chosen) {
-  CRUN_ASSIGN_OR_RETURN(p.conf, ParseRdzvConf(o.rdzv_conf, BackendConfKeys(backends)));
+Status PlanConf(LaunchPlan& p, const Backends& backends, const Backend& chosen) {
+  p.conf = p.values.rdzv_conf;
   for (const auto& key : p.conf.ignored) {
     p.notes.push_back("--rdzv-conf: ignoring unknown key '" + key +
                       "' (as torchrun does; crun's keys are in docs/cli.md)");
@@ -196,13 +144,13 @@ Status PlanConf(LaunchPlan& p, const LaunchOptions& o, const Backends& backends,
 
 // --numa-binding: each local rank's CPUs and memory nodes, the latter limited to those this
 // process may allocate from (a note says which were dropped).
-Status PlanNuma(LaunchPlan& p, const LaunchOptions& o, const MachineFacts& facts) {
-  if (o.numa_binding.empty()) return Status::Ok();
-  CRUN_ASSIGN_OR_RETURN(const NumaMode mode, ParseNumaMode(o.numa_binding));
+Status PlanNuma(LaunchPlan& p, const MachineFacts& facts) {
+  if (!p.values.numa) return Status::Ok();
   agent::AgentOptions& a = p.agent;
   CRUN_ASSIGN_OR_RETURN(auto plan,
-                        PlanNumaBinding(mode, facts.system_root, a.first_local_rank, p.nproc,
-                                        facts.Env("CUDA_VISIBLE_DEVICES"), facts.allowed_cpus));
+                        PlanNumaBinding(*p.values.numa, facts.system_root, a.first_local_rank,
+                                        p.nproc, facts.Env("CUDA_VISIBLE_DEVICES"),
+                                        facts.allowed_cpus));
   for (auto& b : plan) {
     std::vector<int> usable;
     for (int n : b.mems) {
@@ -220,96 +168,63 @@ Status PlanNuma(LaunchPlan& p, const LaunchOptions& o, const MachineFacts& facts
   return Status::Ok();
 }
 
-// --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s.
-StatusOr<std::chrono::milliseconds> ShutdownTimeout(const LaunchOptions& o,
-                                                    const MachineFacts& facts) {
-  double seconds = 30;
-  if (!o.shutdown_timeout.empty()) {
-    CRUN_ASSIGN_OR_RETURN(seconds, ParseFlagSeconds("--shutdown-timeout", o.shutdown_timeout));
-  } else if (auto env = facts.Env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) {
-    CRUN_ASSIGN_OR_RETURN(seconds, ParseFlagSeconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", *env));
-  }
-  return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
-}
-
 // --warm: the template's modules, for Python workers only.
-Status PlanWarm(const LaunchOptions& o, agent::AgentOptions& a) {
-  if (!o.warm) {
-    if (!o.warm_modules.empty()) return InvalidArgument("--warm-modules needs --warm");
-    return Status::Ok();
-  }
+void PlanWarm(const LaunchOptions& o, const LaunchValues& v, agent::AgentOptions& a) {
+  if (!o.warm) return;
   if (a.interpreter.empty()) {
     std::fprintf(stderr, "crun: --warm applies to Python workers; '%s' starts cold\n",
                  a.command[0].c_str());
-    return Status::Ok();
+    return;
   }
   a.warm_modules = agent::DefaultWarmModules();
-  for (const auto& m : ParseFilters(o.warm_modules)) {
-    if (m.empty() ||
-        m.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                            "0123456789_.") != std::string::npos ||
-        m.front() == '.' || m.back() == '.' || std::isdigit(static_cast<unsigned char>(m[0]))) {
-      return InvalidArgument("--warm-modules: '" + m + "' is not a Python module name");
-    }
-    a.warm_modules.push_back(m);
-  }
-  return Status::Ok();
-}
-
-// --contract: the other frameworks' variables (agent/frameworks/contracts.h, docs/frameworks.md).
-// Every rendezvous gives what they need: the service and etcd in the round, a static one through
-// its shared store (agent/rendezvous/member_exchange.h). The service and etcd are told the set,
-// so that they refuse a node that runs another one, or whose ports do not fit it.
-Status PlanContracts(LaunchPlan& p, const LaunchOptions& o) {
-  CRUN_ASSIGN_OR_RETURN(p.agent.contracts, agent::ParseContracts(o.contract));
-  p.settings.contracts = p.agent.contracts;
-  return Status::Ok();
+  a.warm_modules.insert(a.warm_modules.end(), v.warm_modules.begin(), v.warm_modules.end());
 }
 
 // The agent's options: the workers, their command, signals, logs and bindings.
 Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& given,
                  const MachineFacts& facts) {
+  const LaunchValues& v = p.values;
   CRUN_ASSIGN_OR_RETURN(p.nproc, ResolveNproc(o.nproc_per_node, facts.system_root,
                                               facts.Env("CUDA_VISIBLE_DEVICES"), facts.cpus));
   const WorkerCommandOptions wo{o.command, o.module, o.no_python, o.run_path};
   agent::AgentOptions& a = p.agent;
   CRUN_ASSIGN_OR_RETURN(a.command, WorkerCommand(wo, facts.getenv));
   a.interpreter = InterpreterNote(a.command, wo, facts.getenv);
-  CRUN_RETURN_IF_ERROR(PlanWarm(o, a));
-  CRUN_RETURN_IF_ERROR(PlanContracts(p, o));
+  PlanWarm(o, v, a);
+  // --contract: the other frameworks' variables (agent/frameworks/contracts.h). The service and
+  // etcd are told the set, so that they refuse a node that runs another one, or whose ports do
+  // not fit it; a static rendezvous exchanges them on its shared store.
+  a.contracts = v.contracts;
+  p.settings.contracts = v.contracts;
+  a.forward_signals = v.signals;
   // Under Slurm, its warning signals (--signal=USR1@60, scancel -s USR2) reach crun; by
   // default they are passed on to the workers as notices rather than ending crun.
   if ((p.slurm || p.slurm_task) && !given.count("--signals-to-handle") &&
       !facts.Env("PET_SIGNALS_TO_HANDLE")) {
     o.signals += ",SIGUSR1,SIGUSR2";
+    a.forward_signals.insert(a.forward_signals.end(), {SIGUSR1, SIGUSR2});
   }
-  CRUN_ASSIGN_OR_RETURN(a.forward_signals, ParseSignals(o.signals));
-  CRUN_ASSIGN_OR_RETURN(a.shutdown_timeout, ShutdownTimeout(o, facts));
-  CRUN_ASSIGN_OR_RETURN(const double hang, ParseFlagSeconds("--hang-timeout", o.hang_timeout));
-  a.hang_timeout = std::chrono::milliseconds(static_cast<long>(hang * 1000));
+  a.shutdown_timeout = v.shutdown_timeout;
+  a.hang_timeout = v.hang_timeout;
   a.file_timer = facts.Env("TORCHELASTIC_ENABLE_FILE_TIMER").value_or("") == "1";
   a.timer_file = facts.Env("TORCHELASTIC_TIMER_FILE").value_or("");
   a.tool_path = facts.Env("PATH").value_or("/usr/bin:/bin");
   // Per-local-rank flags index by local rank: a Slurm task's is SLURM_LOCALID.
   const int local_ranks = p.slurm_task ? p.slurm_task->local_rank + 1 : p.nproc;
-  CRUN_ASSIGN_OR_RETURN(a.redirects, ParseStdSpec("--redirects", o.redirects, local_ranks));
-  CRUN_ASSIGN_OR_RETURN(a.tees, ParseStdSpec("--tee", o.tee, local_ranks));
-  CRUN_ASSIGN_OR_RETURN(a.console_ranks, ParseRankList(o.local_ranks_filter, local_ranks));
+  a.redirects = v.redirects.For(local_ranks);
+  a.tees = v.tee.For(local_ranks);
+  CRUN_RETURN_IF_ERROR(CheckLocalRanks(v.console_ranks, local_ranks));
+  a.console_ranks = v.console_ranks;
   a.nproc = p.nproc;
   a.first_local_rank = p.slurm_task ? p.slurm_task->local_rank : 0;
   a.max_restarts = p.max_restarts;
   a.entrypoint = o.command[0];
-  a.stdout_filters = ParseFilters(o.duplicate_stdout_filters);
-  a.stderr_filters = ParseFilters(o.duplicate_stderr_filters);
-  a.torchelastic_events = o.event_log_handler == "console";
-  const auto prefix = facts.Env("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
-  if (!o.log_line_prefix_template.empty()) {
-    a.prefix_template = o.log_line_prefix_template;
-  } else if (prefix && !prefix->empty()) {
-    a.prefix_template = *prefix;
-  }
+  a.stdout_filters = v.stdout_filters;
+  a.stderr_filters = v.stderr_filters;
+  a.torchelastic_events = v.torchelastic_events;
+  if (v.prefix_template) a.prefix_template = *v.prefix_template;
   if (auto e = facts.Env("TORCHELASTIC_ERROR_FILE")) a.parent_error_file = *e;
-  return PlanNuma(p, o, facts);
+  return PlanNuma(p, facts);
 }
 
 // --metrics-port and --metrics-host: this node's /metrics endpoint (docs/observability.md).
@@ -375,13 +290,15 @@ std::set<std::string> GivenFlags(const CLI::App& app) {
 StatusOr<LaunchPlan> PlanLaunch(LaunchOptions o, const std::set<std::string>& given,
                                 const MachineFacts& facts, const Backends& backends) {
   LaunchPlan p;
-  CRUN_RETURN_IF_ERROR(CheckPlainValues(o, given));
-  CRUN_RETURN_IF_ERROR(PlanNumbers(p, o));
+  CRUN_ASSIGN_OR_RETURN(p.values,
+                        ParseLaunchValues(o, given, facts.getenv, BackendConfKeys(backends)));
   CRUN_RETURN_IF_ERROR(PlanSlurm(p, o, given, facts));
-  CRUN_RETURN_IF_ERROR(PlanNodes(p, o, given, facts));
+  // Whether this node's rank is imposed: --node-rank, PET_NODE_RANK or Slurm.
+  p.node_rank_given =
+      given.count("--node-rank") || facts.Env("PET_NODE_RANK").has_value() || p.slurm.has_value();
   CRUN_ASSIGN_OR_RETURN(const Backend* backend, PlanBackend(o, backends));
   p.backend = backend->name;
-  CRUN_RETURN_IF_ERROR(PlanConf(p, o, backends, *backend));
+  CRUN_RETURN_IF_ERROR(PlanConf(p, backends, *backend));
   CRUN_RETURN_IF_ERROR(PlanAgent(p, o, given, facts));
   CRUN_ASSIGN_OR_RETURN(p.rendezvous, backend->plan(p, PlanInputs{o, given, facts}));
   CRUN_RETURN_IF_ERROR(PlanMetrics(p, o, given));

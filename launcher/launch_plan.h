@@ -20,6 +20,7 @@
 #include "base/status.h"
 #include "launcher/backends/backend.h"
 #include "launcher/launch_options.h"
+#include "launcher/launch_values.h"
 #include "launcher/slurm.h"
 #include "rendezvous/service/rules.h"
 
@@ -39,6 +40,7 @@ struct MachineFacts {
 
 struct LaunchPlan {
   LaunchOptions o;      // as given, with what Slurm fills in (nnodes, endpoint, run id)
+  LaunchValues values;  // o's values, parsed once (ParseLaunchValues); the plan decides from them
   std::string backend;  // the chosen entry's name: "static", "crun", ...
   std::shared_ptr<BackendRun> rendezvous;  // what that entry decided; Open()ed when acted on
   NodeRange nodes;

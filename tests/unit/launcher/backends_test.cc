@@ -16,6 +16,7 @@
 #include "launcher/backends/etcd.h"
 #include "launcher/launch_command.h"
 #include "launcher/launch_plan.h"
+#include "tests/unit/launcher/command_line.h"
 #include "tests/unit/temp_dir.h"
 
 namespace {
@@ -106,18 +107,12 @@ int Launch(std::vector<std::string> args, const Backends& backends) {
 }
 
 crun::StatusOr<LaunchPlan> Plan(const std::vector<std::string>& args, const Backends& backends) {
-  CLI::App app;
-  app.prefix_command();
-  LaunchOptions o;
-  AddLaunchOptions(app, o);
-  std::vector<std::string> argv = args;
-  argv.insert(argv.end(), {"--no-python", "/bin/true"});
-  std::vector<std::string> reversed(argv.rbegin(), argv.rend());
-  app.parse(reversed);
-  o.command = app.remaining();
+  std::vector<std::string> words = args;
+  words.insert(words.end(), {"--no-python", "/bin/true"});
+  const auto c = testing::ParseCommandLine(words);
   MachineFacts facts;
   facts.system_root = "/nonexistent-root";
-  return PlanLaunch(o, GivenFlags(app), facts, backends);
+  return PlanLaunch(c.o, c.given, facts, backends);
 }
 
 }  // namespace

@@ -47,21 +47,26 @@ TEST_CASE("whole numbers and seconds are read strictly with short messages", "[o
 }
 
 TEST_CASE("redirects and tee parse the whole value", "[options]") {
-  CHECK(*ParseStdSpec("--tee", "3", 2) == Ints{3, 3});
-  CHECK(*ParseStdSpec("--tee", "0:1,1:2", 3) == Ints{1, 2, 0});
-  CHECK(*ParseStdSpec("--tee", "5:3", 2) == Ints{0, 0});  // ranks not on this node
+  CHECK(ParseStdSpec("--tee", "3")->For(2) == Ints{3, 3});
+  CHECK(ParseStdSpec("--tee", "0:1,1:2")->For(3) == Ints{1, 2, 0});
+  CHECK(ParseStdSpec("--tee", "5:3")->For(2) == Ints{0, 0});  // ranks not on this node
+  CHECK(ParseStdSpec("--tee", "0")->For(0).empty());
   for (const char* bad : {"1x:3", "0:3x", "4", "0:4", "a", "", "0:", ":1", "-1:1", "1,2"}) {
     INFO(bad);
-    CHECK_FALSE(ParseStdSpec("--tee", bad, 2).ok());
+    CHECK_FALSE(ParseStdSpec("--tee", bad).ok());
   }
-  CHECK(ParseStdSpec("--tee", "1x:3", 2).status().message().find("--tee '1x:3'") == 0);
+  CHECK(ParseStdSpec("--tee", "1x:3").status().message().find("--tee '1x:3'") == 0);
 }
 
 TEST_CASE("local-ranks-filter names local ranks of this node", "[options]") {
-  CHECK(*ParseRankList("0,1", 2) == Ints{0, 1});
-  CHECK(ParseRankList("", 2)->empty());
-  CHECK_FALSE(ParseRankList("2", 2).ok());
-  CHECK_FALSE(ParseRankList("0x", 2).ok());
+  CHECK(*ParseRankList("0,1") == Ints{0, 1});
+  CHECK(ParseRankList("")->empty());
+  CHECK_FALSE(ParseRankList("0x").ok());
+  CHECK_FALSE(ParseRankList("-1").ok());
+  // Whether a rank is on this node is the plan's to say, knowing nproc.
+  CHECK(CheckLocalRanks({0, 1}, 2).ok());
+  CHECK(CheckLocalRanks({2}, 2).message() ==
+        "--local-ranks-filter: '2' is not a local rank in 0..1");
 }
 
 TEST_CASE("signals-to-handle takes names and numbers crun can catch", "[options]") {

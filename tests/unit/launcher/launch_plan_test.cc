@@ -13,6 +13,7 @@
 #include "launcher/backends/service.h"
 #include "launcher/backends/static.h"
 #include "launcher/launch_plan.h"
+#include "tests/unit/launcher/command_line.h"
 
 namespace {
 
@@ -32,30 +33,18 @@ MachineFacts Facts(Vars vars = {}) {
 
 // Parses `args` (options only; "--no-python /bin/true" is appended) as crun's command line.
 crun::StatusOr<LaunchPlan> Plan(const Strings& args, const Vars& vars = {}) {
-  CLI::App app;
-  app.prefix_command();
-  LaunchOptions o;
-  AddLaunchOptions(app, o);
-  Strings argv = args;
-  argv.insert(argv.end(), {"--no-python", "/bin/true", "x"});
-  std::vector<std::string> reversed(argv.rbegin(), argv.rend());
-  app.parse(reversed);
-  o.command = app.remaining();
-  return PlanLaunch(o, GivenFlags(app), Facts(vars));
+  Strings words = args;
+  words.insert(words.end(), {"--no-python", "/bin/true", "x"});
+  const auto c = testing::ParseCommandLine(words);
+  return PlanLaunch(c.o, c.given, Facts(vars));
 }
 
 // The same for a Python worker: any readable file that is not a native program is a script.
 crun::StatusOr<LaunchPlan> PlanPython(const Strings& args) {
-  CLI::App app;
-  app.prefix_command();
-  LaunchOptions o;
-  AddLaunchOptions(app, o);
-  Strings argv = args;
-  argv.push_back("/etc/passwd");
-  std::vector<std::string> reversed(argv.rbegin(), argv.rend());
-  app.parse(reversed);
-  o.command = app.remaining();
-  return PlanLaunch(o, GivenFlags(app), Facts({{"PYTHON_EXEC", "/usr/bin/python3"}}));
+  Strings words = args;
+  words.push_back("/etc/passwd");
+  const auto c = testing::ParseCommandLine(words);
+  return PlanLaunch(c.o, c.given, Facts({{"PYTHON_EXEC", "/usr/bin/python3"}}));
 }
 
 std::string Refusal(const Strings& args, const Vars& vars = {}) {

@@ -1,0 +1,116 @@
+// ParseLaunchValues: every text option parsed once into what it means, PET_* variables merged
+// by the command line and torchrun's stand-in variables read where no flag is given; each
+// refusal names the flag (or variable) and the value. Nothing here asks the machine.
+#include <catch2/catch.hpp>
+
+#include <stdlib.h>
+
+#include <csignal>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "launcher/launch_values.h"
+#include "tests/unit/launcher/command_line.h"
+
+namespace {
+
+using namespace crun::launcher;
+using Strings = std::vector<std::string>;
+using Vars = std::map<std::string, std::string>;
+
+crun::StatusOr<LaunchValues> Values(const Strings& args, const Vars& vars = {}) {
+  Strings words = args;
+  words.insert(words.end(), {"--no-python", "/bin/true"});
+  const auto c = testing::ParseCommandLine(words);
+  return ParseLaunchValues(c.o, c.given, FromTable(vars), {"etcd_user"});
+}
+
+std::string Refusal(const Strings& args, const Vars& vars = {}) {
+  const auto v = Values(args, vars);
+  return v.ok() ? "(accepted)" : v.status().message();
+}
+
+}  // namespace
+
+TEST_CASE("values: the defaults, parsed", "[values]") {
+  const auto v = Values({});
+  REQUIRE(v.ok());
+  CHECK(v->nnodes.min == 1);
+  CHECK(v->nnodes.max == 1);
+  CHECK(v->max_restarts == 0);
+  CHECK(v->master_port == -1);
+  CHECK(v->shutdown_timeout == std::chrono::seconds(30));
+  CHECK(v->hang_timeout == std::chrono::milliseconds(0));
+  CHECK(v->signals == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
+  CHECK(v->redirects.For(2) == std::vector<int>{0, 0});
+  CHECK_FALSE(v->torchelastic_events);
+  CHECK_FALSE(v->prefix_template.has_value());
+  CHECK_FALSE(v->numa.has_value());
+  CHECK(v->contracts.ToString() == "torch");  // torch always, nothing more
+}
+
+TEST_CASE("values: flags, PET_* and torchrun's variables, each once", "[values]") {
+  ::setenv("PET_MAX_RESTARTS", "4", 1);
+  ::setenv("PET_HANG_TIMEOUT", "2.5", 1);
+  const auto v = Values({"--nnodes", "2:4", "--master-port", "29500", "--tee", "0:3",
+                         "--local-ranks-filter", "0,3", "--event-log-handler", "console",
+                         "--rdzv-conf", "join_timeout=9,etcd_user=me", "--contract", "tf,jax",
+                         "--warm", "--warm-modules", "numpy", "--numa-binding", "node"},
+                        {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"},
+                         {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${rank}| "}});
+  ::unsetenv("PET_MAX_RESTARTS");
+  ::unsetenv("PET_HANG_TIMEOUT");
+  REQUIRE(v.ok());
+  CHECK(v->nnodes.max == 4);
+  CHECK(v->max_restarts == 4);
+  CHECK(v->hang_timeout == std::chrono::milliseconds(2500));
+  CHECK(v->master_port == 29500);
+  CHECK(v->shutdown_timeout == std::chrono::seconds(7));
+  CHECK(v->tee.For(2) == std::vector<int>{3, 0});
+  CHECK(v->console_ranks == std::vector<int>{0, 3});  // 3: the plan checks it against nproc
+  CHECK(v->torchelastic_events);
+  CHECK(v->prefix_template == "${rank}| ");
+  CHECK(v->rdzv_conf.join_timeout == 9);
+  CHECK(v->rdzv_conf.backend_keys.at("etcd_user") == "me");  // a backend's key, as text
+  CHECK(v->contracts.Has(crun::Contract::kTensorflow));
+  CHECK(v->contracts.Has(crun::Contract::kJax));
+  CHECK(v->warm_modules == Strings{"numpy"});
+  CHECK(v->numa == NumaMode::kNode);
+  // A flag wins over torchrun's variable; an empty variable is no value.
+  const auto flag = Values({"--shutdown-timeout", "1", "--log-line-prefix-template", "> "},
+                           {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"},
+                            {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "x"}});
+  REQUIRE(flag.ok());
+  CHECK(flag->shutdown_timeout == std::chrono::seconds(1));
+  CHECK(flag->prefix_template == "> ");
+  CHECK_FALSE(Values({}, {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", ""}})->prefix_template);
+}
+
+TEST_CASE("values: refusals name the flag or variable and the value", "[values]") {
+  struct Row {
+    Strings args;
+    Vars vars;
+    std::string message;
+  };
+  for (const Row& row : {
+           Row{{"--nnodes", "0"}, {}, "--nnodes '0'"},
+           Row{{"--master-port", "70000"}, {}, "--master-port '70000'"},
+           Row{{"--hang-timeout", "soon"}, {}, "--hang-timeout 'soon'"},
+           Row{{},
+               {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "-1"}},
+               "TORCH_ELASTIC_SHUTDOWN_TIMEOUT '-1'"},
+           Row{{"--warm-modules", "numpy"}, {}, "--warm-modules needs --warm"},
+           Row{{"--warm", "--warm-modules", "1x"}, {}, "--warm-modules: '1x' is not a Python"},
+           Row{{"--redirects", "9"}, {}, "--redirects '9'"},
+           Row{{"--local-ranks-filter", "x"}, {}, "--local-ranks-filter: 'x' is not a local rank"},
+           Row{{"--signals-to-handle", "SIGNOPE"}, {}, "'SIGNOPE' is not a signal"},
+           Row{{"--rdzv-conf", "join_timeout"}, {}, "--rdzv-conf: 'join_timeout' is not key=value"},
+           Row{{"--contract", "ray"}, {}, "ray"},
+           Row{{"--numa-binding", "far"}, {}, "far"},
+           Row{{"--monitor-interval", "x"}, {}, "--monitor-interval 'x'"},
+       }) {
+    INFO(Catch::Detail::stringify(row.args));
+    CHECK_THAT(Refusal(row.args, row.vars), Catch::Contains(row.message));
+  }
+}
