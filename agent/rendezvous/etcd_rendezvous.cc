@@ -12,12 +12,16 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "agent/rendezvous/etcd/assignment.h"
+#include "agent/rendezvous/etcd/decider.h"
+#include "agent/rendezvous/etcd/election.h"
+#include "agent/rendezvous/etcd/node_lease.h"
+#include "agent/rendezvous/etcd/round_store.h"
 #include "base/endpoint.h"
 #include "base/security.h"
 #include "rendezvous/etcd/client.h"
 #include "rendezvous/etcd/job.h"
 #include "rendezvous/report/report.h"
-#include "rendezvous/store_server/round_store.h"
 
 namespace crun::agent {
 namespace {
@@ -32,6 +36,12 @@ class EtcdRendezvous final : public Rendezvous {
       : io_(io),
         o_(std::move(o)),
         keys_(o_.root, o_.run_id),
+        self_{o_.run_id,
+              o_.role,
+              o_.node_id,
+              o_.nproc,
+              o_.settings.max_restarts,
+              o_.virtual_local_rank},
         agent_work_(asio::make_work_guard(io)),
         work_(asio::make_work_guard(eio_)),
         decide_timer_(eio_),
@@ -89,11 +99,11 @@ class EtcdRendezvous final : public Rendezvous {
         left_ = true;
         ended_ = true;
         StopAll();
-        if (client_ && lease_ != 0) {
-          auto s = client_->Revoke(lease_, Clock::now() + Millis(2'000));
+        if (membership_) {
+          auto s = membership_->Revoke(Clock::now() + Millis(2'000));
           if (!s.ok()) spdlog::warn("etcd rendezvous: leaving ({}): {}", reason, s.message());
         }
-        store_.Stop();
+        StopStore();
       }
       done->set_value();
     });
@@ -156,16 +166,8 @@ class EtcdRendezvous final : public Rendezvous {
     Changed();
   }
 
-  // A lease and this node's key bound to it. A key of the same node id still held by an
-  // earlier agent (a crun restarted on this node before its lease ran out) is waited for, up
-  // to its lease's TTL.
+  // This node's lease and key (etcd/node_lease.h); false when that failed (the job ends here).
   bool Register() {
-    auto lease = client_->Grant(ttl_, Deadline());
-    if (!lease.ok()) {
-      End(1, lease.status().message());
-      return false;
-    }
-    lease_ = *lease;
     etcd::NodeRecord record;
     record.node.node_id = o_.node_id;
     record.node.host = o_.host;
@@ -175,32 +177,17 @@ class EtcdRendezvous final : public Rendezvous {
     record.node.address = o_.advertise_addr.empty() ? o_.host : o_.advertise_addr;
     record.addresses = o_.addresses;
     record.settings = o_.settings;
-    const auto until = Clock::now() + o_.settings.heartbeat_timeout + Millis(2'000);
-    while (true) {
-      auto txn =
-          client_->Txn({{keys_.node(o_.node_id), etcd::Compare::Target::kCreateRevision, 0, ""}},
-                       {{etcd::Op::Kind::kPut, keys_.node(o_.node_id), etcd::EncodeNode(record),
-                         lease_},
-                        {etcd::Op::Kind::kDelete, keys_.refusal(o_.node_id), "", 0}},
-                       {{etcd::Op::Kind::kGet, keys_.node(o_.node_id), "", 0}}, Deadline());
-      if (!txn.ok()) {
-        End(1, txn.status().message());
-        return false;
-      }
-      if (txn->succeeded) {
-        node_revision_ = txn->revision;
-        return true;
-      }
-      if (Clock::now() >= until) {
-        End(1, "another agent holds node id '" + o_.node_id + "' in run '" + o_.run_id + "' (" +
-                   keys_.node(o_.node_id) +
-                   "), and its lease did not run out: give each node its own --rdzv-conf "
-                   "node_id");
-        return false;
-      }
-      // Its lease runs out within the TTL: look again shortly (bounded by `until`).
-      std::this_thread::sleep_for(Millis(200));
+    membership_ = std::make_unique<EtcdNodeLease>(client_, keys_, o_.run_id, record, ttl_);
+    const Status s =
+        membership_->Register([this] { return Deadline(); },
+                              Clock::now() + o_.settings.heartbeat_timeout + Millis(2'000));
+    if (!s.ok()) {
+      End(1, s.message());
+      return false;
     }
+    lease_ = membership_->id();
+    node_revision_ = membership_->node_revision();
+    return true;
   }
 
   void StartWatch() {
@@ -258,28 +245,28 @@ class EtcdRendezvous final : public Rendezvous {
   }
 
   void ArmKeepAlive() {
-    keepalive_timer_.expires_after(std::max(Millis(300), Millis(ttl_) / 3));
+    keepalive_timer_.expires_after(membership_->interval());
     keepalive_timer_.async_wait([this](const boost::system::error_code& ec) {
       if (ec || ended_) return;
-      auto ttl = client_->KeepAliveOnce(lease_, Clock::now() + Millis(ttl_) / 3);
-      if (ttl.ok()) {
+      Status why;
+      const auto beat = membership_->KeepAlive(Clock::now() + membership_->interval(), &why);
+      if (beat == EtcdNodeLease::Beat::kLost) return LeaseLost();
+      if (beat == EtcdNodeLease::Beat::kAlive) {
         last_contact_ = Clock::now();
-      } else if (ttl.status().code() == StatusCode::kNotFound) {
-        return LeaseLost();
+        if (outage_logged_) {
+          outage_logged_ = false;
+          spdlog::info("etcd rendezvous: etcd at {} answers again", client_->endpoints());
+        }
       } else if (Clock::now() - last_contact_ > o_.outage_timeout) {
         return End(1, "lost etcd at " + client_->endpoints() + ": no member answered for " +
                           std::to_string(o_.outage_timeout.count()) +
-                          " ms (reconnect_timeout; last: " + ttl.status().message() + ")");
+                          " ms (reconnect_timeout; last: " + why.message() + ")");
       } else if (!outage_logged_) {
         outage_logged_ = true;
         spdlog::warn(
             "etcd rendezvous: {}; the workers run on while this node keeps trying (for up to "
             "{} ms, reconnect_timeout)",
-            ttl.status().message(), o_.outage_timeout.count());
-      }
-      if (ttl.ok() && outage_logged_) {
-        outage_logged_ = false;
-        spdlog::info("etcd rendezvous: etcd at {} answers again", client_->endpoints());
+            why.message(), o_.outage_timeout.count());
       }
       ArmKeepAlive();
     });
@@ -293,7 +280,7 @@ class EtcdRendezvous final : public Rendezvous {
         "heartbeat_timeout {} ms): the other nodes went on without it; stopping the workers "
         "and joining again",
         o_.settings.heartbeat_timeout.count());
-    store_.Stop();
+    StopStore();
     const bool had_round = round_.has_value();
     round_.reset();
     joined_gathering_.reset();
@@ -373,7 +360,7 @@ class EtcdRendezvous final : public Rendezvous {
     if (doc.outcome && node_revision_ < job->second.mod_revision) return Finish(doc);
     if (round_ && doc.gathering != round_->gathering) {
       round_.reset();
-      store_.Stop();
+      StopStore();
       Post([reason = doc.stop_reason, spends = doc.stop_spends_restart](RendezvousEvents* e) {
         e->OnStopAndRejoin(reason, spends);
       });
@@ -386,66 +373,39 @@ class EtcdRendezvous final : public Rendezvous {
   }
 
   void MaybeAssign(const etcd::JobDoc& doc) {
-    const auto& s = doc.state;
-    GroupAssignment g;
-    g.run_id = o_.run_id;
-    g.role = o_.role;
-    g.local_world_size = o_.nproc;
-    g.restart_count = s.restarts_used;
-    g.max_restarts = o_.settings.max_restarts;
-    g.round = s.round;
-    g.virtual_local_rank = o_.virtual_local_rank;
-    // Ranks from the round's members, as the decider's rules assigned them.
-    std::vector<rdzv::NodeDescription> nodes;
-    for (const auto& m : s.members) nodes.push_back(m.node);
-    int rank = -1;
-    int base = 0;
-    for (const auto& a : rdzv::AssignRanks(nodes)) {
-      if (a.node_id != o_.node_id) continue;
-      rank = a.group_rank;
-      base = a.base_rank;
-      break;
-    }
-    const bool spare = std::any_of(s.spares.begin(), s.spares.end(),
-                                   [&](const auto& n) { return n.node_id == o_.node_id; });
-    if (rank < 0 && !spare) return;  // not in this round: the decider will see our join
-    g.group_world_size = static_cast<int>(s.members.size());
-    for (const auto& m : s.members) {
-      g.members.push_back({m.node.host, m.node.address, m.node.nproc, m.node.ports});
-    }
-    g.world_size = doc.world_size;
-    g.role_world_size = doc.world_size;
-    if (spare) {
-      g.spare = true;
-    } else {
-      g.group_rank = rank;
-      g.base_rank = base;
-      g.base_role_rank = base;
-      if (rank == 0 && !HostStore(doc)) return;
-      auto store = mirror_.find(keys_.store(s.round));
+    auto assigned = EtcdAssignment(doc, self_);
+    if (!assigned) return;  // not in this round: the decider will see our join
+    GroupAssignment& g = *assigned;
+    const int round = doc.state.round;
+    if (!g.spare) {
+      if (HostsRoundStore(g) && !HostStore(doc)) return;
+      auto store = mirror_.find(keys_.store(round));
       if (store == mirror_.end()) return;  // its host has not written it yet
       auto endpoint = ParseEndpoint(store->second.value, 0);
       if (!endpoint.ok()) {
-        return End(1, keys_.store(s.round) + " holds '" + store->second.value +
+        return End(1, keys_.store(round) + " holds '" + store->second.value +
                           "', not host:port: " + endpoint.status().message());
       }
       g.master_addr = endpoint->host;
       g.master_port = endpoint->port;
     }
-    round_ = Round{doc.gathering, s.round};
+    round_ = Round{doc.gathering, round};
     want_join_ = false;  // until the agent is ready for the next round
-    spdlog::info("etcd rendezvous: round {} ({}), restart count {}", s.round,
-                 spare ? std::string("spare") : "group rank " + std::to_string(rank),
-                 s.restarts_used);
+    spdlog::info("etcd rendezvous: round {} ({}), restart count {}", round,
+                 g.spare ? std::string("spare") : "group rank " + std::to_string(g.group_rank),
+                 g.restart_count);
     Post([g](RendezvousEvents* e) { e->OnAssignment(g); });
   }
 
   // Group rank 0 serves the round's store and says where; false when that failed (the job
   // ends here).
   bool HostStore(const etcd::JobDoc& doc) {
-    if (store_.serving() && store_.round() == doc.state.round) return true;
-    RoundStoreSpec spec;
-    spec.world_size = doc.world_size;
+    if (!round_store_) {
+      round_store_ =
+          std::make_unique<EtcdRoundStore>(client_, keys_,
+                                           o_.advertise_addr.empty() ? o_.host : o_.advertise_addr);
+    }
+    if (round_store_->serving(doc.state.round)) return true;
     // The members' addresses: in the mirror of the decider, read once per round by another.
     etcd::Mirror read;
     if (!watch_all_) {
@@ -457,28 +417,12 @@ class EtcdRendezvous final : public Rendezvous {
       }
       for (auto& kv : nodes->kvs) read[kv.key] = std::move(kv);
     }
-    const etcd::Mirror& records = watch_all_ ? mirror_ : read;
-    for (const auto& m : doc.state.members) {
-      auto kv = records.find(keys_.node(m.node.node_id));
-      if (kv == records.end()) continue;
-      auto record = etcd::DecodeNode(m.node.node_id, kv->second.value);
-      spec.members.push_back(record.ok() ? record->addresses : std::vector<std::string>{});
-    }
-    auto port = store_.Serve(doc.state.round, spec);
-    if (!port.ok()) {
-      End(1, "cannot serve round " + std::to_string(doc.state.round) +
-                 "'s store: " + port.status().message());
+    auto endpoint = round_store_->Serve(doc, watch_all_ ? mirror_ : read, lease_, Deadline());
+    if (!endpoint.ok()) {
+      End(1, endpoint.status().message());
       return false;
     }
-    const std::string addr = o_.advertise_addr.empty() ? o_.host : o_.advertise_addr;
-    auto put =
-        client_->Put(keys_.store(doc.state.round), FormatEndpoint(addr, *port), lease_, Deadline());
-    if (!put.ok()) {
-      End(1, "cannot publish round " + std::to_string(doc.state.round) +
-                 "'s store: " + put.status().message());
-      return false;
-    }
-    mirror_[keys_.store(doc.state.round)].value = FormatEndpoint(addr, *port);
+    mirror_[keys_.store(doc.state.round)].value = *endpoint;
     return true;
   }
 
@@ -495,12 +439,10 @@ class EtcdRendezvous final : public Rendezvous {
     }
     if (!who.empty() || elect_tried_at_ == revision_) return;
     elect_tried_at_ = revision_;  // once per state of the mirror: the watch brings the winner
-    auto txn =
-        client_->Txn({{keys_.decider(), etcd::Compare::Target::kCreateRevision, 0, ""}},
-                     {{etcd::Op::Kind::kPut, keys_.decider(), o_.node_id, lease_}}, {}, Deadline());
-    if (txn.status().code() == StatusCode::kNotFound) return LeaseLost();
-    if (!txn.ok()) {
-      spdlog::warn("etcd rendezvous: cannot stand as the decider: {}", txn.status().message());
+    const Status stood = StandAsDecider(*client_, keys_, o_.node_id, lease_, Deadline());
+    if (stood.code() == StatusCode::kNotFound) return LeaseLost();
+    if (!stood.ok()) {
+      spdlog::warn("etcd rendezvous: cannot stand as the decider: {}", stood.message());
       elect_tried_at_ = -1;
       decide_timer_.expires_after(Millis(500));
       decide_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -513,29 +455,12 @@ class EtcdRendezvous final : public Rendezvous {
     if (etcd::Decider(keys_, mirror_) != o_.node_id) return;
     // The last transaction's revision not seen yet: the watch brings it, and a pass follows.
     if (revision_ < seen_needed_) return;
-    const auto now = rdzv::TimePoint::clock::now();
-    auto d = etcd::Decide(keys_, mirror_, now, etcd::WallClock::now());
+    auto d = DecideAndWrite(*client_, keys_, mirror_, rdzv::TimePoint::clock::now(), Deadline());
     if (!d.error.ok()) return End(1, d.error.message());
-    if (d.write) {
-      std::vector<etcd::Op> ops;
-      ops.push_back({etcd::Op::Kind::kPut, keys_.state(), d.job_json, 0});
-      ops.insert(ops.end(), d.ops.begin(), d.ops.end());
-      const auto target = d.job_mod_revision == 0 ? etcd::Compare::Target::kCreateRevision
-                                                  : etcd::Compare::Target::kModRevision;
-      auto txn =
-          client_->Txn({{keys_.state(), target, d.job_mod_revision, ""}}, ops, {}, Deadline());
-      if (!txn.ok()) {
-        // etcd did not take it (an outage): decide again shortly, whatever the watch brings.
-        spdlog::warn("etcd rendezvous: deciding: {}", txn.status().message());
-        d.wake_at = now + Millis(500);
-      } else if (txn->succeeded) {
-        // Its writes are under the prefix, so the watch reaches exactly this revision. (A lost
-        // race needs no such wait: the newer document it lost to is on its way.)
-        seen_needed_ = txn->revision;
-        for (const auto& line : d.log) spdlog::info("etcd rendezvous: {}: {}", o_.run_id, line);
-      }
-      // Lost the race: the watch brings the newer document, and this runs again.
-    }
+    if (!d.unanswered.ok()) spdlog::warn("etcd rendezvous: deciding: {}", d.unanswered.message());
+    if (d.written_revision != 0) seen_needed_ = d.written_revision;
+    for (const auto& line : d.log) spdlog::info("etcd rendezvous: {}: {}", o_.run_id, line);
+    // Lost the race: the watch brings the newer document, and this runs again.
     if (d.wake_at) {
       decide_timer_.expires_at(*d.wake_at + Millis(1));
       decide_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -574,6 +499,10 @@ class EtcdRendezvous final : public Rendezvous {
     Post([out](RendezvousEvents* e) { e->OnFinished(out); });
   }
 
+  void StopStore() {
+    if (round_store_) round_store_->Stop();
+  }
+
   void StopAll() {
     watch_.reset();
     decide_timer_.cancel();
@@ -601,6 +530,7 @@ class EtcdRendezvous final : public Rendezvous {
   asio::io_context& io_;
   EtcdRendezvousOptions o_;
   etcd::Keys keys_;
+  EtcdSelf self_;
   asio::executor_work_guard<asio::io_context::executor_type> agent_work_;
   RendezvousEvents* events_ = nullptr;
   // Everything below is the etcd thread's.
@@ -612,7 +542,8 @@ class EtcdRendezvous final : public Rendezvous {
   std::unique_ptr<etcd::Client::Watch> watch_;
   etcd::Mirror mirror_;
   std::int64_t revision_ = 0;
-  std::int64_t lease_ = 0;
+  std::unique_ptr<EtcdNodeLease> membership_;  // this node's lease and key
+  std::int64_t lease_ = 0;                     // its id: what the node's writes are bound to
   std::chrono::seconds ttl_{3};
   std::int64_t node_revision_ = 0;  // when this node's key was created
   bool watch_all_ = false;          // this node decides: it reads the whole prefix
@@ -622,7 +553,7 @@ class EtcdRendezvous final : public Rendezvous {
   std::optional<int> joined_gathering_;
   std::optional<Round> round_;        // the round whose assignment the agent has
   std::vector<std::uint16_t> ports_;  // this node's for the next round, sent with its join
-  RoundStoreHost store_;              // on a thread of its own: this loop blocks on etcd
+  std::unique_ptr<EtcdRoundStore> round_store_;  // when this node serves a round's store
   bool ended_ = false;
   bool left_ = false;
   bool outage_logged_ = false;

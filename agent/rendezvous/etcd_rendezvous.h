@@ -11,6 +11,11 @@
 // * The round's c10d store is served by the crun of the round's group rank 0, which writes its
 //   address to stores/<round>; the others start their workers once it is there. If that node
 //   dies, its lease ends, the survivors re-form and another node serves the next round's store.
+// * Its roles, each in agent/rendezvous/etcd/ and tested alone (tests/unit/agent/
+//   etcd_roles_test.cc): this node's lease and key (node_lease.h), the election (election.h),
+//   the decider's write (decider.h), a node's assignment from the job document (assignment.h)
+//   and the round's store (round_store.h). etcd_rendezvous.cc wires them on its etcd thread
+//   with the watch of the run's keys and the agent's events.
 // * etcd unreachable at the start: the job ends here within connect_timeout, naming the
 //   endpoints, with nothing started. Unreachable while workers run (its quorum lost): they run
 //   on and the agent keeps trying for outage_timeout, then ends the job here.

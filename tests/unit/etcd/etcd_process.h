@@ -5,6 +5,7 @@
 
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -58,6 +59,8 @@ class EtcdProcess {
     pid_ = ::fork();
     if (pid_ == 0) {
       ::setpgid(0, 0);
+      // A test killed at its deadline (no destructors run) takes its etcd with it.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
