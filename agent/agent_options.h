@@ -64,6 +64,11 @@ struct AgentOptions {
   // --contract (agent/frameworks/contracts.h): the other frameworks' variables each worker gets,
   // and the ports this node reserves at each join for them.
   ContractSet contracts;
+  // The node's snapshot store (docs/checkpoints.md): workers save their training state into
+  // memory crun holds across attempts (CRUN_SNAPSHOT_SOCKET); its buffers are unnamed files on
+  // the tmpfs snapshot_memory.
+  bool snapshots = true;
+  std::string snapshot_memory = "/dev/shm";
   // crun's own TORCHELASTIC_ERROR_FILE (set by a scheduler): gets the root cause's error.
   std::string parent_error_file;
 

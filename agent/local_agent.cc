@@ -133,6 +133,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
     c.group = group;
     c.base = CurrentEnvironment();
     c.python_dir = presence.python_dir();
+    c.python_sdk_dir = presence.python_sdk_dir();
     c.on_exit = [this, n](int lr, ExitStatus s) { Feed(lc::OnWorkerExit(state, n, lr, s, Now())); };
     c.on_stream_closed = [this, n](int lr) { Feed(lc::OnStreamClosed(state, n, lr, Now())); };
     features.Each([&](JobFeature& f) { f.BeforeStart(c); });

@@ -160,6 +160,20 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->envname(pet("WARM_MODULES"))
       ->type_name("LIST")
       ->group("Worker program");
+  app.add_option("--snapshots", o.snapshots,
+                 "on or off: the node's snapshot store, memory crun holds for the whole job "
+                 "where workers save their training state and load it after a restart "
+                 "(docs/checkpoints.md)")
+      ->envname(pet("SNAPSHOTS"))
+      ->capture_default_str()
+      ->group("Snapshots");
+  app.add_option("--snapshot-memory", o.snapshot_memory,
+                 "The tmpfs directory whose memory holds the snapshots (unnamed files, gone "
+                 "with the job)")
+      ->envname(pet("SNAPSHOT_MEMORY"))
+      ->type_name("DIR")
+      ->capture_default_str()
+      ->group("Snapshots");
   app.add_option("--contract", o.contract,
                  "Also give workers the launch contract of these frameworks, comma-separated, "
                  "on top of torchrun's: tensorflow (tf: TF_CONFIG), jax "

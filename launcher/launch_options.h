@@ -37,6 +37,8 @@ struct LaunchOptions {
   bool module = false;
   bool no_python = false;
   bool run_path = false;
+  std::string snapshots = "on";              // --snapshots: the node's snapshot store
+  std::string snapshot_memory = "/dev/shm";  // --snapshot-memory: the tmpfs it uses
   bool warm = false;         // --warm: Python workers forked from a template (docs/warm.md)
   std::string warm_modules;  // --warm-modules: imported by the template besides torch's
   std::string contract =

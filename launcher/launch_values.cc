@@ -120,6 +120,10 @@ StatusOr<LaunchValues> ParseLaunchValues(const LaunchOptions& o, const std::set<
   CRUN_ASSIGN_OR_RETURN(v.contracts, agent::ParseContracts(o.contract));
   if (!o.warm && !o.warm_modules.empty()) return InvalidArgument("--warm-modules needs --warm");
   CRUN_ASSIGN_OR_RETURN(v.warm_modules, ParseWarmModules(o.warm_modules));
+  if (o.snapshots != "on" && o.snapshots != "off") {
+    return InvalidArgument("--snapshots '" + o.snapshots + "' is not valid: expected on or off");
+  }
+  v.snapshots = o.snapshots == "on";
   CRUN_ASSIGN_OR_RETURN(v.signals, ParseSignals(o.signals));
   CRUN_RETURN_IF_ERROR(ParseDurations(v, o, getenv));
   CRUN_RETURN_IF_ERROR(ParseOutput(v, o, getenv));

@@ -28,6 +28,7 @@ struct LaunchValues {
   RdzvConf rdzv_conf;
   ContractSet contracts;
   std::vector<std::string> warm_modules;  // --warm-modules: module names, checked
+  bool snapshots = true;                  // --snapshots on
   std::vector<int> signals;               // --signals-to-handle, as given
   std::chrono::milliseconds shutdown_timeout{30'000};
   std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not watched

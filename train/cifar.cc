@@ -220,7 +220,7 @@ Batch MakeBatch(const Dataset& data, const std::size_t* indices, std::size_t n, 
 
 Prefetcher::Prefetcher(const Dataset& data, std::vector<std::size_t> indices,
                        std::size_t batch_size, bool drop_last, bool augment, std::uint64_t seed,
-                       std::size_t depth, int threads, bool low_priority)
+                       std::size_t depth, int threads, bool low_priority, std::size_t first)
     : data_(data),
       indices_(std::move(indices)),
       batch_size_(batch_size),
@@ -229,6 +229,7 @@ Prefetcher::Prefetcher(const Dataset& data, std::vector<std::size_t> indices,
       augment_(augment),
       seed_(seed),
       depth_(std::max<std::size_t>(depth, 1)) {
+  claimed_ = taken_ = std::min(first, batches_);
   for (int t = 0; t < std::max(threads, 1); ++t) {
     threads_.emplace_back([this, low_priority] { Run(low_priority); });
   }

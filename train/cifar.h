@@ -70,9 +70,10 @@ Batch MakeBatch(const Dataset& data, const std::size_t* indices, std::size_t n, 
 // its threads stalls them all.
 class Prefetcher {
  public:
+  // `first`: the batch to begin at (a resumed epoch skips those it trained).
   Prefetcher(const Dataset& data, std::vector<std::size_t> indices, std::size_t batch_size,
              bool drop_last, bool augment, std::uint64_t seed, std::size_t depth = 4,
-             int threads = 1, bool low_priority = false);
+             int threads = 1, bool low_priority = false, std::size_t first = 0);
   ~Prefetcher();
   Prefetcher(const Prefetcher&) = delete;
   Prefetcher& operator=(const Prefetcher&) = delete;

@@ -65,6 +65,9 @@ checkpoints, evaluation, output
   --checkpoint-dir DIR    save every --checkpoint-every epochs (rank 0, atomic) and resume
                           from the newest on start, also at a different world size
   --checkpoint-every N    default 1
+  --snapshot-every N      save a snapshot into crun's node memory every N steps and resume
+                          from it after a restart (docs/checkpoints.md); default 1 on CPU,
+                          50 on a GPU; 0: none
   --eval-every N          test accuracy every N epochs (and after the last), default 1
   --metrics-json FILE     write the final metrics (rank 0)
   --log-every N           steps between progress lines when stdout is not a terminal (20)
@@ -173,6 +176,7 @@ StatusOr<Options> ParseOptions(const std::vector<std::string>& args) {
   AddValued(app, "--checkpoint-dir", "a directory", Text(&o.checkpoint_dir));
   AddValued(app, "--checkpoint-every", "an integer from 1",
             Integer(&o.checkpoint_every, 1, 100000));
+  AddValued(app, "--snapshot-every", "an integer from 0", Integer(&o.snapshot_every, 0, 100000000));
   AddValued(app, "--eval-every", "an integer from 1", Integer(&o.eval_every, 1, 100000));
   AddValued(app, "--seed", "a non-negative integer", Integer(&o.seed, 0, 1LL << 62));
   AddValued(app, "--threads", "an integer from 1 to 1024", Integer(&o.threads, 1, 1024));

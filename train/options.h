@@ -31,6 +31,7 @@ struct Options {
   Device device = Device::kAuto;
   std::string checkpoint_dir;  // "": no checkpoints
   int checkpoint_every = 1;    // epochs
+  int snapshot_every = -1;     // steps, into crun's node memory; -1: 1 on CPU, 50 on a GPU; 0: none
   int eval_every = 1;          // epochs
   std::uint64_t seed = 0;
   int threads = 0;             // 0: cores / LOCAL_WORLD_SIZE

@@ -28,6 +28,7 @@
 #include "crun/worker/context.h"
 #include "crun/worker/heartbeat.h"
 #include "crun/worker/sampler.h"
+#include "crun/worker/snapshot.h"
 #include "crun/worker/torch.h"
 #include "train/cifar.h"
 #include "train/model.h"
@@ -330,9 +331,79 @@ class Training {
                                                          .weight_decay(o_.weight_decay));
   }
 
-  // The newest checkpoint, if any; then rank 0's weights everywhere. Every rank must resume
+  // Where training stands, saved with each snapshot so that a resumed run goes on exactly
+  // where the saved one was: the batch (the sampler and the augmentation follow from the
+  // epoch and the batch number), the epoch's running loss, fp16's loss scale.
+  struct Position {
+    std::int64_t epoch = 0, step = 0;  // `step` batches of `epoch` done
+    double loss_sum = 0;
+    std::int64_t loss_n = 0, images_trained = 0;
+    double loss_scale = 1;
+    std::int64_t good_steps = 0, skipped_steps = 0;
+  };
+  static constexpr char kPositionItem[] = "train.position";
+
+  // The newest snapshot every rank holds in crun's node memory (docs/checkpoints.md): each
+  // rank gets its own state back (batch-norm statistics differ between ranks until an epoch
+  // ends). False when there is none, or no store.
+  bool ResumeFromSnapshot() {
+    snapshot_every_ = o_.snapshot_every < 0 ? (cuda_ ? 50 : 1) : o_.snapshot_every;
+    if (snapshot_every_ == 0 || !job_.context) return false;
+    auto store = worker::SnapshotStore::Connect(job_.context->env());
+    if (!store.ok()) {
+      if (store.status().code() != StatusCode::kNotFound) Die(job_, 1, store.status().ToString());
+      progress_.Line("train: no snapshots: " + store.status().message());
+      return false;
+    }
+    snapshots_ = std::move(*store);
+    auto got = snapshots_->Load(*job_.context);
+    if (!got.ok()) Die(job_, 1, "loading the snapshot: " + got.status().ToString());
+    if (!got->has_value()) return false;
+    const worker::LoadedSnapshot& snap = **got;
+    Check(job_, worker::RestoreSnapshot(snap, *model_, optimizer_.get()), "restoring the snapshot");
+    const snapshot::Item* item = snap.Find(kPositionItem);
+    if (item == nullptr || item->bytes != sizeof(Position)) {
+      Die(job_, 1,
+          "the snapshot at step " + std::to_string(snap.step) + " has no " + kPositionItem);
+    }
+    Position at;
+    std::memcpy(&at, snap.DataOf(kPositionItem), sizeof at);
+    start_epoch_ = static_cast<int>(at.epoch);
+    start_step_ = static_cast<std::size_t>(at.step);
+    resumed_ = at;
+    images_trained_ = at.images_trained;
+    loss_scale_ = at.loss_scale;
+    good_steps_ = static_cast<int>(at.good_steps);
+    skipped_steps_ = at.skipped_steps;
+    snapshot_step_ = snap.step;
+    return true;
+  }
+
+  void SaveSnapshot(std::uint64_t global_step, const Position& at) {
+    auto items = worker::SnapshotItemsOf(*model_, optimizer_.get());
+    if (!items.ok()) Die(job_, 1, items.status().ToString());
+    worker::SnapshotItem position;
+    position.name = kPositionItem;
+    position.dtype = "bytes";
+    position.shape = {static_cast<std::int64_t>(sizeof(Position))};
+    position.bytes = sizeof(Position);
+    position.fill = [at](unsigned char* dst) { std::memcpy(dst, &at, sizeof at); };
+    items->push_back(std::move(position));
+    Check(job_, snapshots_->Save(global_step, *items),
+          "saving the snapshot of step " + std::to_string(global_step));
+  }
+
+  // The state to begin with: the newest snapshot in crun's node memory, else the newest
+  // checkpoint on disk, if any; then rank 0's weights everywhere. Every rank must resume
   // from the same epoch (a checkpoint directory not shared by all nodes would break this).
   void Resume() {
+    if (ResumeFromSnapshot()) {
+      // Every rank has its own state back, at the step they agreed on.
+      if (job_.world > 1) {
+        averager_ = std::make_unique<worker::GradientAverager>(*job_.group, *model_);
+      }
+      return;
+    }
     if (!o_.checkpoint_dir.empty()) {
       ckpt_.emplace(o_.checkpoint_dir, 2);
       auto loaded = worker::LoadNewestCheckpoint(*ckpt_, *model_, optimizer_.get(), dev_);
@@ -368,7 +439,10 @@ class Training {
       << (job_.group ? job_.group->backend() : "none") << ", amp " << Name(o_.amp)
       << (o_.channels_last ? ", channels-last" : "") << "; " << train_.size() << " training / "
       << test_.size() << " test images";
-    if (start_epoch_ > 0) {
+    if (resumed_) {
+      s << "; resuming at epoch " << start_epoch_ + 1 << " after batch " << start_step_ << " (step "
+        << snapshot_step_ << ") from crun's node memory (restart " << job_.restart << ")";
+    } else if (start_epoch_ > 0) {
       s << "; resuming after epoch " << start_epoch_ << " (restart " << job_.restart << ")";
     }
     progress_.Line(s.str());
@@ -414,20 +488,33 @@ class Training {
                          : steps;
     const std::uint64_t seed = o_.seed * 1000003ULL + static_cast<std::uint64_t>(epoch) * 7919ULL +
                                static_cast<std::uint64_t>(job_.rank);
+    // A resumed epoch begins after the batches its snapshot had trained.
+    const std::size_t first = epoch == start_epoch_ && resumed_ ? start_step_ : 0;
     Prefetcher data(train_, sampler.indices(), batch_size, true, true, seed,
                     static_cast<std::size_t>(2 * loader_threads_ + 2), loader_threads_,
-                    /*low_priority=*/!cuda_);
+                    /*low_priority=*/!cuda_, first);
     const auto epoch_start = Clock::now();
     torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(dev_));
     std::size_t loss_n = 0;
+    if (first > 0) {
+      loss_sum.fill_(resumed_->loss_sum);
+      loss_n = static_cast<std::size_t>(resumed_->loss_n);
+    }
     Batch batch;
-    for (std::size_t step = 1; step <= steps_run && data.Next(&batch); ++step) {
+    for (std::size_t step = first + 1; step <= steps_run && data.Next(&batch); ++step) {
       const double lr =
           LearningRate(o_, epoch + static_cast<double>(step - 1) / static_cast<double>(steps));
       loss_sum += TrainStep(batch, lr);
       crun::worker::Heartbeat();  // a step done: progress for crun's --hang-timeout
       ++loss_n;
       images_trained_ += static_cast<std::int64_t>(batch.size());
+      const std::uint64_t global_step = static_cast<std::uint64_t>(epoch) * steps_run + step;
+      if (snapshots_ && global_step % static_cast<std::uint64_t>(snapshot_every_) == 0) {
+        SaveSnapshot(global_step,
+                     Position{epoch, static_cast<std::int64_t>(step), loss_sum.item<double>(),
+                              static_cast<std::int64_t>(loss_n), images_trained_, loss_scale_,
+                              good_steps_, skipped_steps_});
+      }
       if (progress_.WillPrint(step, steps_run)) {
         const double elapsed = std::chrono::duration<double>(Clock::now() - epoch_start).count();
         const double ips =
@@ -587,7 +674,12 @@ class Training {
   std::unique_ptr<torch::optim::SGD> optimizer_;
   std::unique_ptr<worker::GradientAverager> averager_;
   std::optional<worker::CheckpointDir> ckpt_;
+  std::unique_ptr<worker::SnapshotStore> snapshots_;  // none: no snapshots
+  int snapshot_every_ = 0;
+  std::uint64_t snapshot_step_ = 0;  // the step resumed from
+  std::optional<Position> resumed_;  // where the snapshot resumed from left off
   int start_epoch_ = 0;
+  std::size_t start_step_ = 0;
   double loss_scale_;  // fp16: dynamic loss scaling; 1 otherwise
   int good_steps_ = 0;
   std::int64_t skipped_steps_ = 0;

@@ -11,11 +11,12 @@ std::unique_ptr<JobFeature> MakeEventLog(AgentView&);         // event_log.cc
 std::unique_ptr<JobFeature> MakeHorovodServer(AgentView&);    // horovod_server.cc
 std::unique_ptr<JobFeature> MakeOomWitness(AgentView&);       // oom_witness.cc
 std::unique_ptr<JobFeature> MakeControlSocket(AgentView&);    // control_socket.cc
+std::unique_ptr<JobFeature> MakeSnapshotStore(AgentView&);    // snapshot_store.cc
 
 std::vector<FeatureFactory> DefaultFeatures() {
   return {
       MakeWarmStart,     MakeFileTimer,  MakeMetricsEndpoint, MakeEventLog,
-      MakeHorovodServer, MakeOomWitness, MakeControlSocket,
+      MakeHorovodServer, MakeOomWitness, MakeControlSocket,   MakeSnapshotStore,
   };
 }
 

@@ -21,6 +21,7 @@ class WarmStart final : public JobFeature {
     Environment env = CurrentEnvironment();
     HangChannels hook;
     hook.python_dir = agent_.presence.python_dir();
+    hook.python_sdk_dir = agent_.presence.python_sdk_dir();
     AddHangChannels(hook, env);
     const std::string dir = o.log_dir + "/warm";
     std::error_code ec;

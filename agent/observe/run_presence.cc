@@ -11,6 +11,8 @@
 
 namespace crun::agent {
 
+const char* PythonWorkerModuleSource();  // generated from worker_sdk/python/crun_worker.py
+
 void RunPresence::WritePythonHook() {
   if (hook_tried_ || interpreter_.empty()) return;
   hook_tried_ = true;
@@ -21,6 +23,13 @@ void RunPresence::WritePythonHook() {
     python_dir_ = dir;
   } else {
     spdlog::warn("cannot write {}/sitecustomize.py: Python workers' stacks need py-spy", dir);
+  }
+  const std::string sdk = log_dir_ + "/python-sdk";
+  if (std::filesystem::create_directories(sdk, ec);
+      !ec && WriteWholeFile(sdk + "/crun_worker.py", PythonWorkerModuleSource())) {
+    python_sdk_dir_ = sdk;
+  } else {
+    spdlog::warn("cannot write {}/crun_worker.py: Python workers cannot import crun_worker", sdk);
   }
 }
 
@@ -44,6 +53,7 @@ void RunPresence::Close() {
   std::error_code ec;
   std::filesystem::remove(log_dir_ + "/crun.pid", ec);
   if (!python_dir_.empty()) std::filesystem::remove_all(python_dir_, ec);
+  if (!python_sdk_dir_.empty()) std::filesystem::remove_all(python_sdk_dir_, ec);
 }
 
 }  // namespace crun::agent

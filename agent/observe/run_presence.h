@@ -24,10 +24,14 @@ class RunPresence {
       : io_(io), log_dir_(std::move(log_dir)), interpreter_(std::move(interpreter)) {}
 
   // Before the first worker starts, so that a run that never starts one leaves its log
-  // directory empty; once. A failure is logged: Python stacks then need py-spy.
+  // directory empty; once. A failure is logged: Python stacks then need py-spy. Also writes
+  // the crun_worker module (worker_sdk/python/crun_worker.py) into a directory of its own,
+  // which stays on the path when the hook takes its own off.
   void WritePythonHook();
   // The directory that holds the hook, for the workers' PYTHONPATH; "" when not written.
   const std::string& python_dir() const { return python_dir_; }
+  // The directory that holds crun_worker.py, after the hook's on PYTHONPATH; "" when not written.
+  const std::string& python_sdk_dir() const { return python_sdk_dir_; }
   // Once workers run, off the path to starting them: the control socket, answered by
   // `handler`, and crun.pid; once. A failure is logged: `crun stacks` then cannot reach crun.
   void Announce(ControlServer::Handler handler);
@@ -39,6 +43,7 @@ class RunPresence {
   std::string log_dir_;
   std::string interpreter_;
   std::string python_dir_;
+  std::string python_sdk_dir_;
   bool hook_tried_ = false;
   bool announced_ = false;
   std::unique_ptr<ControlServer> control_;

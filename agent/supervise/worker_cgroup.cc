@@ -47,6 +47,17 @@ std::string OwnCgroup2Path() {
   return {};
 }
 
+}  // namespace
+
+std::string OwnCgroupDir() {
+  const std::string mount = Cgroup2Mount();
+  if (mount.empty()) return {};
+  const std::string own = OwnCgroup2Path();
+  return own == "/" ? mount : mount + own;
+}
+
+namespace {
+
 std::vector<pid_t> Procs(const std::string& dir) {
   std::vector<pid_t> out;
   std::ifstream in(dir + "/cgroup.procs");

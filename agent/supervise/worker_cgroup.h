@@ -62,6 +62,9 @@ class AttemptCgroup {
   bool removed_ = false;
 };
 
+// This process's own cgroup2 directory (under the mount point); "" without cgroup2.
+std::string OwnCgroupDir();
+
 // Ends every process in the cgroup at `dir` and its attempts' cgroups, and removes them: what
 // WorkerCgroup's destructor does, for the guard process (async-signal-safe work is not needed
 // there: the guard is a fresh process of its own).

@@ -58,6 +58,7 @@ void AddChannels(boost::asio::io_context& io, const AgentOptions& o, const Attem
     spec.inherit_fds.push_back(h.stacks_fd);
   }
   h.python_dir = c.python_dir;
+  h.python_sdk_dir = c.python_sdk_dir;
   h.timer_file = c.timer_file;
   AddHangChannels(h, env);
 }

@@ -50,8 +50,9 @@ struct AttemptStartContext {
   Environment base;    // crun's environment, the workers' starting point
   int cgroup_fd = -1;  // the attempt's cgroup (AttemptCgroup), -1: none
   std::string cgroup_dir;
-  std::string python_dir;  // the hook's sitecustomize.py; empty: none
-  std::string timer_file;  // the file timer's pipe; empty: none
+  std::string python_dir;      // the hook's sitecustomize.py; empty: none
+  std::string python_sdk_dir;  // crun_worker.py; empty: none
+  std::string timer_file;      // the file timer's pipe; empty: none
   // Where workers are forked from when it is ready (agent/warm); null: cold starts only.
   WarmTemplate* warm = nullptr;
   // Where the workers are owned (the worker group's registry); set by WorkerGroup::Start.

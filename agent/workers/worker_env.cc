@@ -60,11 +60,12 @@ void AddHangChannels(const HangChannels& c, Environment& env) {
     env[env::kCrunStacksSafeSignal] = std::to_string(c.stacks_safe_signal);
     env[env::kCrunStacksSignal] = std::to_string(c.stacks_signal);
   }
-  if (!c.python_dir.empty()) {
+  std::string first = c.python_dir;
+  if (!c.python_sdk_dir.empty()) first += (first.empty() ? "" : ":") + c.python_sdk_dir;
+  if (!first.empty()) {
     const auto it = env.find("PYTHONPATH");
     // Never a trailing ':' (an empty entry would put the working directory on the path).
-    env["PYTHONPATH"] =
-        c.python_dir + (it == env.end() || it->second.empty() ? "" : ":" + it->second);
+    env["PYTHONPATH"] = first + (it == env.end() || it->second.empty() ? "" : ":" + it->second);
   }
   if (!c.timer_file.empty()) env[env::kTimerFile] = c.timer_file;
 }

@@ -24,8 +24,9 @@ struct HangChannels {
   int stacks_fd = -1;     // CRUN_STACKS_FD, with CRUN_STACKS_SAFE_SIGNAL and CRUN_STACKS_SIGNAL
   int stacks_safe_signal = 0;
   int stacks_signal = 0;
-  std::string python_dir;  // put first on PYTHONPATH (the hook's sitecustomize.py)
-  std::string timer_file;  // TORCHELASTIC_TIMER_FILE
+  std::string python_dir;      // put first on PYTHONPATH (the hook's sitecustomize.py)
+  std::string python_sdk_dir;  // next on PYTHONPATH (crun_worker.py)
+  std::string timer_file;      // TORCHELASTIC_TIMER_FILE
 };
 void AddHangChannels(const HangChannels& channels, Environment& env);
 

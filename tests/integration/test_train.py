@@ -1,10 +1,13 @@
 """train, the reference workload, as users run it: two CPU workers under crun on synthetic
 CIFAR-10. Accuracy rises far above chance with identical parameters on both ranks; a worker
-SIGKILLed mid-run is restarted by crun and training resumes from the newest checkpoint, not
-from epoch 0; and the same when the next attempt has a different world size."""
+SIGKILLed mid-run is restarted by crun and training resumes from the snapshot in crun's node
+memory, ending with exactly the parameters of an uninterrupted run; without snapshots it
+resumes from the newest checkpoint, not from epoch 0; and the same when the next attempt has
+a different world size."""
 import json
 import os
 import pty
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -42,11 +45,12 @@ class Train(unittest.TestCase):
         self.ckpt = os.path.join(self.dir, "ckpt")
         self.metrics = os.path.join(self.dir, "metrics.json")
 
-    def cmd(self, nproc, images, epochs, restarts=0):
+    def cmd(self, nproc, images, epochs, restarts=0, snapshot_every=0, crun_args=()):
         return [CRUN, "--standalone", "--nproc-per-node", str(nproc), "--max-restarts",
-                str(restarts), TRAIN, "--synthetic", str(images), "--data-dir", self.data,
-                "--epochs", str(epochs), "--batch-size", "64", "--log-every", "5",
-                "--checkpoint-dir", self.ckpt, "--metrics-json", self.metrics]
+                str(restarts), *crun_args, TRAIN, "--synthetic", str(images), "--data-dir",
+                self.data, "--epochs", str(epochs), "--batch-size", "64", "--log-every", "5",
+                "--checkpoint-dir", self.ckpt, "--metrics-json", self.metrics,
+                "--snapshot-every", str(snapshot_every)]
 
     def run_killing(self, cmd, kill_when):
         """Runs `cmd`; when a line of its output contains `kill_when`, SIGKILLs rank 1."""
@@ -92,6 +96,23 @@ class Train(unittest.TestCase):
         self.assertEqual(len(m["test_accuracy"]), 2)           # epochs 2 and 3 only
         self.assertTrue(m["parameters_identical"])
         self.assertGreater(m["test_accuracy"][-1], 0.3)
+
+    def test_killed_worker_resumes_from_node_memory_with_identical_parameters(self):
+        # Uninterrupted: the parameters after three epochs, a snapshot saved at every step.
+        r = subprocess.run(self.cmd(2, 2000, 3, snapshot_every=1), capture_output=True,
+                           text=True, timeout=900)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        uninterrupted = self.metrics_json()["parameter_hashes"]
+        shutil.rmtree(self.ckpt)  # the next run starts afresh
+        # Rank 1 SIGKILLed in the middle of epoch 2 (maybe in the middle of a save): both ranks
+        # resume at the newest step both hold, with their state, data position and RNG.
+        rc, out = self.run_killing(self.cmd(2, 2000, 3, restarts=1, snapshot_every=1),
+                                   "epoch 2/3 step 5/")
+        self.assertEqual(rc, 0, out[-4000:])
+        self.assertIn("from crun's node memory (restart 1)", out)
+        m = self.metrics_json()
+        self.assertEqual(m["restart_count"], 1)
+        self.assertEqual(m["parameter_hashes"], uninterrupted)
 
     def test_resume_at_a_different_world_size(self):
         # Attempt 1: two workers, no restarts allowed; rank 1 dies in epoch 2.

@@ -27,7 +27,7 @@ from crun_testing import alive, processes_mentioning, wait_for, whole_lines  # n
 # What names one process or one descriptor, and may differ between any two starts.
 PER_PROCESS = {"pid", "ppid", "sid", "started_ns", "cgroup", "fd_count", "warm"}
 PER_PROCESS_ENV = {"CRUN_HEARTBEAT_FD", "CRUN_STACKS_FD", "TORCHELASTIC_RUN_ID", "MASTER_PORT",
-                   "CRUN_ATTEMPT_LOG_DIR", "TORCHELASTIC_ERROR_FILE"}
+                   "CRUN_ATTEMPT_LOG_DIR", "TORCHELASTIC_ERROR_FILE", "CRUN_SNAPSHOT_SOCKET"}
 
 
 def comparable(report):
@@ -39,6 +39,21 @@ def comparable(report):
     hook, _, rest = r["proc_env"].get("PYTHONPATH", "").partition(os.pathsep)
     if hook.endswith("/python"):
         r["proc_env"]["PYTHONPATH"] = os.pathsep.join(["<crun's hook>", *rest.split(os.pathsep)])
+    return without_module_dir(r)
+
+
+def without_module_dir(report):
+    """The report with crun's crun_worker directory (one per run, which stays on the path) in
+    sys.path and PYTHONPATH named alike for every run."""
+    def named(p):
+        return "<crun's module>" if p.endswith("/python-sdk") else p
+    r = dict(report)
+    if "path" in r:
+        r["path"] = [named(p) for p in r["path"]]
+    for key in ("env", "c_env", "proc_env"):
+        if key in r and "PYTHONPATH" in r[key]:
+            r[key] = dict(r[key], PYTHONPATH=os.pathsep.join(
+                named(p) for p in r[key]["PYTHONPATH"].split(os.pathsep)))
     return r
 
 
@@ -133,8 +148,8 @@ class Warm(unittest.TestCase):
                 warm, warm_out = self.crun(python, *mode, worker=worker, cwd=WORKERS)
                 self.assertEqual(cold.returncode, 0, cold.stderr)
                 self.assertEqual(warm.returncode, 0, warm.stderr)
-                c = same_run(self.reports(cold_out)[0], cold_out, warm_out)
-                w = self.reports(warm_out)[0]
+                c = without_module_dir(same_run(self.reports(cold_out)[0], cold_out, warm_out))
+                w = without_module_dir(self.reports(warm_out)[0])
                 self.assertTrue(w["warm"])
                 for key in ("argv", "orig_argv", "path0", "path", "name", "file", "spec", "cwd"):
                     self.assertEqual(w[key], c[key], (mode, key))

@@ -271,4 +271,170 @@ StatusOr<std::optional<std::uint64_t>> LoadNewestCheckpoint(CheckpointDir& dir,
   return std::optional<std::uint64_t>(c.step);
 }
 
+namespace {
+
+const char* SnapshotDtype(torch::ScalarType t) {
+  switch (t) {
+    case torch::kFloat:
+      return "float32";
+    case torch::kDouble:
+      return "float64";
+    case torch::kHalf:
+      return "float16";
+    case torch::kBFloat16:
+      return "bfloat16";
+    case torch::kLong:
+      return "int64";
+    case torch::kInt:
+      return "int32";
+    case torch::kShort:
+      return "int16";
+    case torch::kChar:
+      return "int8";
+    case torch::kByte:
+      return "uint8";
+    case torch::kBool:
+      return "bool";
+    default:
+      return nullptr;
+  }
+}
+
+StatusOr<SnapshotItem> TensorItem(std::string name, const torch::Tensor& t) {
+  const char* dtype = SnapshotDtype(t.scalar_type());
+  if (dtype == nullptr) {
+    return InvalidArgument(name + ": tensors of dtype " + c10::toString(t.scalar_type()) +
+                           " cannot be snapshotted");
+  }
+  SnapshotItem item;
+  item.name = std::move(name);
+  item.dtype = dtype;
+  item.shape.assign(t.sizes().begin(), t.sizes().end());
+  item.bytes = static_cast<std::uint64_t>(t.numel()) * t.element_size();
+  item.fill = [t](unsigned char* dst) {
+    if (t.device().is_cpu() && t.is_contiguous()) {
+      std::memcpy(dst, t.data_ptr(), static_cast<std::size_t>(t.numel()) * t.element_size());
+    } else {
+      torch::from_blob(dst, t.sizes(), t.options().device(torch::kCPU)).copy_(t);
+    }
+  };
+  return item;
+}
+
+// Copies item `name` of `s` into `t`, which it must fit exactly.
+Status RestoreTensor(const LoadedSnapshot& s, const std::string& name, torch::Tensor t) {
+  const snapshot::Item* item = s.Find(name);
+  if (item == nullptr)
+    return NotFound("the snapshot at step " + std::to_string(s.step) + " has no " + name);
+  const char* dtype = SnapshotDtype(t.scalar_type());
+  const auto bytes = static_cast<std::uint64_t>(t.numel()) * t.element_size();
+  if (dtype == nullptr || item->dtype != dtype || item->bytes != bytes) {
+    return InvalidArgument("the snapshot's " + name + " is " + item->dtype + " of " +
+                           std::to_string(item->bytes) + " bytes; the model's is " +
+                           (dtype ? dtype : "?") + " of " + std::to_string(bytes));
+  }
+  torch::NoGradGuard ng;
+  const unsigned char* data = s.DataOf(name);
+  auto from = torch::from_blob(const_cast<unsigned char*>(data), t.sizes(),
+                               t.options().device(torch::kCPU));
+  t.copy_(from);
+  return Status::Ok();
+}
+
+std::string ParamKey(const torch::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+
+std::vector<torch::Tensor> OptimizerParams(torch::optim::Optimizer& o) {
+  std::vector<torch::Tensor> out;
+  for (auto& g : o.param_groups()) {
+    for (auto& p : g.params()) out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::vector<SnapshotItem>> SnapshotItemsOf(torch::nn::Module& module,
+                                                    torch::optim::Optimizer* optimizer) {
+  std::vector<SnapshotItem> items;
+  for (const auto& p : module.named_parameters()) {
+    auto item = TensorItem("param/" + p.key(), p.value().detach());
+    if (!item.ok()) return item.status();
+    items.push_back(std::move(*item));
+  }
+  for (const auto& b : module.named_buffers()) {
+    auto item = TensorItem("buffer/" + b.key(), b.value().detach());
+    if (!item.ok()) return item.status();
+    items.push_back(std::move(*item));
+  }
+  if (optimizer == nullptr) return items;
+  if (dynamic_cast<torch::optim::SGD*>(optimizer) != nullptr) {
+    const auto params = OptimizerParams(*optimizer);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto it = optimizer->state().find(ParamKey(params[i]));
+      if (it == optimizer->state().end()) continue;
+      const auto& st = static_cast<const torch::optim::SGDParamState&>(*it->second);
+      if (!st.momentum_buffer().defined()) continue;
+      auto item = TensorItem("sgd.momentum/" + std::to_string(i), st.momentum_buffer());
+      if (!item.ok()) return item.status();
+      items.push_back(std::move(*item));
+    }
+    return items;
+  }
+  try {
+    torch::serialize::OutputArchive archive;
+    optimizer->save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    auto text = std::make_shared<std::string>(out.str());
+    SnapshotItem item;
+    item.name = "optimizer.archive";
+    item.dtype = "bytes";
+    item.shape = {static_cast<std::int64_t>(text->size())};
+    item.bytes = text->size();
+    item.fill = [text](unsigned char* dst) { std::memcpy(dst, text->data(), text->size()); };
+    items.push_back(std::move(item));
+  } catch (const std::exception& e) {
+    return InternalError(std::string("serialising the optimizer: ") + e.what());
+  }
+  return items;
+}
+
+Status RestoreSnapshot(const LoadedSnapshot& s, torch::nn::Module& module,
+                       torch::optim::Optimizer* optimizer) {
+  for (auto& p : module.named_parameters()) {
+    CRUN_RETURN_IF_ERROR(RestoreTensor(s, "param/" + p.key(), p.value()));
+  }
+  for (auto& b : module.named_buffers()) {
+    CRUN_RETURN_IF_ERROR(RestoreTensor(s, "buffer/" + b.key(), b.value()));
+  }
+  if (optimizer == nullptr) return Status::Ok();
+  if (dynamic_cast<torch::optim::SGD*>(optimizer) != nullptr) {
+    const auto params = OptimizerParams(*optimizer);
+    optimizer->state().clear();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const std::string name = "sgd.momentum/" + std::to_string(i);
+      if (s.Find(name) == nullptr) continue;
+      auto buf = torch::empty_like(params[i]);
+      CRUN_RETURN_IF_ERROR(RestoreTensor(s, name, buf));
+      auto st = std::make_unique<torch::optim::SGDParamState>();
+      st->momentum_buffer(buf);
+      optimizer->state()[ParamKey(params[i])] = std::move(st);
+    }
+    return Status::Ok();
+  }
+  const snapshot::Item* item = s.Find("optimizer.archive");
+  if (item == nullptr) return NotFound("the snapshot has no optimizer.archive");
+  try {
+    const auto* data = reinterpret_cast<const char*>(s.DataOf("optimizer.archive"));
+    torch::serialize::InputArchive archive;
+    archive.load_from(data, static_cast<std::size_t>(item->bytes));
+    optimizer->load(archive);
+  } catch (const std::exception& e) {
+    return InternalError(std::string("loading the optimizer from the snapshot: ") + e.what());
+  }
+  return Status::Ok();
+}
+
 }  // namespace crun::worker

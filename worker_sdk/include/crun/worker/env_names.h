@@ -41,6 +41,10 @@ inline constexpr char kCrunHeartbeatFd[] = "CRUN_HEARTBEAT_FD";
 inline constexpr char kCrunStacksFd[] = "CRUN_STACKS_FD";
 inline constexpr char kCrunStacksSafeSignal[] = "CRUN_STACKS_SAFE_SIGNAL";
 inline constexpr char kCrunStacksSignal[] = "CRUN_STACKS_SIGNAL";
+// The node's snapshot store (docs/checkpoints.md): the abstract Unix socket (its leading NUL
+// written '@') where crun hands out the shared memory that snapshots are saved to; absent with
+// --snapshots off.
+inline constexpr char kCrunSnapshotSocket[] = "CRUN_SNAPSHOT_SOCKET";
 // torchelastic's file timer: the named pipe workers' FileTimerClient writes requests to.
 inline constexpr char kTimerFile[] = "TORCHELASTIC_TIMER_FILE";
 

@@ -27,6 +27,7 @@
 
 #include "crun/worker/checkpoint.h"
 #include "crun/worker/process_group.h"
+#include "crun/worker/snapshot.h"
 
 namespace crun::worker {
 
@@ -66,5 +67,17 @@ Status SaveCheckpoint(int rank, CheckpointDir& dir, std::uint64_t step, torch::n
 StatusOr<std::optional<std::uint64_t>> LoadNewestCheckpoint(
     CheckpointDir& dir, torch::nn::Module& module, torch::optim::Optimizer* optimizer = nullptr,
     std::optional<torch::Device> device = std::nullopt);
+
+// Snapshots in the node's memory (crun/worker/snapshot.h). The items of a training state:
+// `module`'s parameters ("param/NAME") and buffers ("buffer/NAME"), each as its raw bytes, and
+// the optimizer's state: SGD's momentum buffers as raw tensors ("sgd.momentum/I", in the order
+// of the optimizer's parameters), any other optimizer as its serialised archive (one item).
+// The tensors must not change until SnapshotStore::Save returns.
+StatusOr<std::vector<SnapshotItem>> SnapshotItemsOf(torch::nn::Module& module,
+                                                    torch::optim::Optimizer* optimizer = nullptr);
+// Puts a loaded snapshot's items back into `module` and `optimizer`; an error names the item
+// that is missing or does not fit (its dtype or size).
+Status RestoreSnapshot(const LoadedSnapshot& snapshot, torch::nn::Module& module,
+                       torch::optim::Optimizer* optimizer = nullptr);
 
 }  // namespace crun::worker

@@ -1,0 +1,62 @@
+// The node's snapshot store (docs/checkpoints.md): memory that crun holds for the whole job,
+// where workers save their training state and load it back after a restart. Prepared before
+// the first join, so that the first workers find it; every worker gets its socket in
+// CRUN_SNAPSHOT_SOCKET. The memory goes when the job ends.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <crun/worker/env_names.h>
+
+#include "agent/features/job_feature.h"
+#include "agent/snapshots/snapshot_server.h"
+
+namespace crun::agent {
+namespace {
+
+class SnapshotStore final : public JobFeature {
+ public:
+  explicit SnapshotStore(AgentView& agent)
+      : agent_(agent), memory_(SnapshotMemoryOptions{agent.options.snapshot_memory, ""}) {}
+
+  // A --snapshot-memory that cannot hold unnamed files is refused now, before any worker runs.
+  Status Prepare() override {
+    const std::string& dir = agent_.options.snapshot_memory;
+    const int probe = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (probe < 0) {
+      return PosixError("--snapshot-memory " + dir +
+                            ": crun cannot keep snapshots there (a tmpfs directory is needed; "
+                            "--snapshots off turns the store off)",
+                        errno, StatusCode::kInvalidArgument);
+    }
+    ::close(probe);
+    auto server = SnapshotServer::Listen(agent_.io, memory_);
+    if (!server.ok()) return server.status();
+    server_ = std::move(server).value();
+    return Status::Ok();
+  }
+
+  void BeforeStart(AttemptStartContext& c) override {
+    c.base[env::kCrunSnapshotSocket] = SnapshotSocketName(::getpid());
+  }
+
+  void OnFinish(int) override {
+    server_.reset();
+    memory_.Clear();
+  }
+
+ private:
+  AgentView& agent_;
+  NodeSnapshots memory_;
+  std::unique_ptr<SnapshotServer> server_;  // after memory_: goes first
+};
+
+}  // namespace
+
+std::unique_ptr<JobFeature> MakeSnapshotStore(AgentView& agent) {
+  if (!agent.options.snapshots) return nullptr;
+  return std::make_unique<SnapshotStore>(agent);
+}
+
+}  // namespace crun::agent

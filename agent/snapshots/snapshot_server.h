@@ -1,0 +1,82 @@
+// How workers reach the node's snapshot memory (node_snapshots.h): a Unix socket in the
+// abstract namespace, "crun/<pid>/snapshots" (nothing on disk, gone with crun), named to each
+// worker in CRUN_SNAPSHOT_SOCKET. Only crun's user (or root) is answered (SO_PEERCRED).
+//
+// A worker keeps one connection and sends one request per line; crun answers those that need
+// an answer with one line, and hands buffers over as descriptors (SCM_RIGHTS) with it:
+//   reserve L I BYTES   buffer I of local rank L with room for BYTES of payload
+//                       -> "ok CAPACITY" and its descriptor, or "error WHY"
+//   saved L I           buffer I holds a new complete snapshot: crun seals it (no answer)
+//   load L              crun checks both buffers (their checksums)
+//                       -> "ok V0 C0 V1 C1" (verdict and capacity of each: none, incomplete,
+//                          valid or corrupt) and the descriptors of those that exist, in order
+//   open L              the same answer, unchecked ("-" for each verdict): a save's first look
+// Checksums are computed on a thread of the server's own, off the agent's loop.
+#pragma once
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+
+#include "agent/snapshots/node_snapshots.h"
+#include "base/status.h"
+
+namespace crun::agent {
+
+// "@crun/<pid>/snapshots": the abstract name with '@' for its leading NUL, as workers get it.
+std::string SnapshotSocketName(pid_t pid);
+
+// What the server has seen, for the metrics and the log.
+struct SnapshotCounters {
+  std::uint64_t saves = 0, loads = 0, refusals = 0, corrupt = 0;
+};
+
+// Runs jobs in order on a thread of its own.
+class SerialWorker {
+ public:
+  SerialWorker();
+  ~SerialWorker();
+  void Post(std::function<void()> job);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+class SnapshotServer {
+ public:
+  static StatusOr<std::unique_ptr<SnapshotServer>> Listen(boost::asio::io_context& io,
+                                                          NodeSnapshots& memory);
+  ~SnapshotServer();
+  const SnapshotCounters& counters() const { return counters_; }
+  // The agent's loop hears each answered request (metrics); may be empty.
+  void OnChange(std::function<void()> f) { on_change_ = std::move(f); }
+
+ private:
+  class Session;
+  SnapshotServer(boost::asio::io_context& io, NodeSnapshots& memory);
+  void Accept();
+
+  boost::asio::io_context& io_;
+  NodeSnapshots& memory_;
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+  SnapshotCounters counters_;
+  std::function<void()> on_change_;
+  std::shared_ptr<bool> alive_;
+  SerialWorker sealer_;  // last: stopped (joined) first, while the rest still stands
+};
+
+}  // namespace crun::agent

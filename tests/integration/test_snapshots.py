@@ -1,0 +1,214 @@
+"""The node's snapshot store (docs/checkpoints.md) with real processes under crun.
+
+- A stock PyTorch DDP job (each PyTorch here) that saves its state with the crun_worker module
+  at every step, SIGKILLed in the middle and restarted, ends with exactly the parameters of an
+  uninterrupted run.
+- The soak: a native SDK worker SIGKILLs itself in the middle of a save, attempt after attempt;
+  every restart loads the newest step every rank committed, byte for byte.
+- A tmpfs too small for a snapshot: the save is refused naming the size and the limit, and the
+  tmpfs is empty afterwards. crun SIGKILLed: its snapshot memory is freed with its workers.
+- Bad options are refused naming the value; with --snapshots off the module says so."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+CRUN = os.environ["CRUN_BIN"]
+WORKER = os.environ["SNAPSHOT_WORKER"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+DDP = os.path.join(HERE, "..", "workers", "ddp_snapshot.py")
+PYTHONS = [p for p in os.environ.get("TORCH_PYTHONS", "python3").split(",") if p]
+
+
+def children_of(pid):
+    """Every descendant of `pid`, from /proc."""
+    parents = {}
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                parents[int(p)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+    out, frontier = [], [pid]
+    while frontier:
+        nxt = [c for c, par in parents.items() if par in frontier]
+        out += nxt
+        frontier = nxt
+    return out
+
+
+def used_bytes(path):
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+class SmallTmpfs:
+    """A tmpfs of `size` mounted for one test (root only)."""
+
+    def __init__(self, size):
+        self.dir = tempfile.mkdtemp(prefix="crun-snap-tmpfs-")
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", self.dir],
+                           capture_output=True, text=True)
+        self.mounted = r.returncode == 0
+        self.why = r.stderr.strip()
+
+    def close(self):
+        if self.mounted:
+            subprocess.run(["umount", self.dir], check=True)
+        os.rmdir(self.dir)
+
+
+class Snapshots(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="crun-snapshots-")
+
+    def tmpfs(self, size):
+        t = SmallTmpfs(size)
+        self.addCleanup(t.close)
+        if not t.mounted:
+            self.skipTest(f"cannot mount a tmpfs here ({t.why})")
+        return t.dir
+
+    def run_ddp(self, python, out, steps, kill_at=None):
+        """crun with two workers of ddp_snapshot.py; SIGKILLs rank 1 where it holds after
+        saving step `kill_at`. Returns (exit code, output)."""
+        cmd = [CRUN, "--nproc-per-node", "2", "--max-restarts", "1", DDP, out, str(steps),
+               *([str(kill_at)] if kill_at is not None else [])]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=dict(os.environ, PYTHON_EXEC=python))
+        lines, killed = [], False
+        with p.stdout:
+            for line in p.stdout:
+                lines.append(line)
+                if kill_at is not None and not killed and f"rank 1 holds at step {kill_at}" in line:
+                    for pid in children_of(p.pid):
+                        try:
+                            with open(f"/proc/{pid}/environ", "rb") as f:
+                                if b"RANK=1" in f.read().split(b"\0"):
+                                    os.kill(pid, signal.SIGKILL)
+                                    killed = True
+                        except OSError:
+                            continue
+        p.wait(timeout=600)
+        if kill_at is not None:
+            self.assertTrue(killed, "".join(lines[-30:]))
+        return p.returncode, "".join(lines)
+
+    def finals(self, out):
+        got = []
+        for r in range(2):
+            with open(os.path.join(out, f"final-{r}.json")) as f:
+                got.append(json.load(f))
+        return got
+
+    def test_ddp_resumes_with_identical_parameters(self):
+        for python in PYTHONS:
+            with self.subTest(python=python):
+                plain = tempfile.mkdtemp(dir=self.dir)
+                rc, text = self.run_ddp(python, plain, 60)
+                self.assertEqual(rc, 0, text[-3000:])
+                uninterrupted = self.finals(plain)
+                self.assertEqual([f["start"] for f in uninterrupted], [0, 0])
+                killed = tempfile.mkdtemp(dir=self.dir)
+                rc, text = self.run_ddp(python, killed, 60, kill_at=25)
+                self.assertEqual(rc, 0, text[-3000:])
+                resumed = self.finals(killed)
+                # Both ranks saved step 25 (rank 0 then waits for rank 1 in step 26's
+                # allreduce): the job resumes there, losing nothing before it.
+                self.assertEqual([f["start"] for f in resumed], [25, 25], text[-3000:])
+                self.assertEqual([f["hash"] for f in resumed], [f["hash"] for f in uninterrupted])
+
+    def test_soak_kill_in_the_middle_of_a_save(self):
+        kills = int(os.environ.get("SNAPSHOT_SOAK_KILLS", "200"))
+        cmd = [CRUN, "--nproc-per-node", "2", "--max-restarts", str(kills), WORKER, self.dir,
+               str(kills * 5 + 20), str(1 << 20), str(kills)]
+        t0 = time.monotonic()
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=800)
+        errors = [f for f in os.listdir(self.dir) if f.startswith("error-")]
+        self.assertEqual(errors, [], r.stderr[-3000:])
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        results = []
+        for name in os.listdir(self.dir):
+            if name.startswith("result-"):
+                with open(os.path.join(self.dir, name)) as f:
+                    results.append(json.load(f))
+        # The last attempt ran to the end on both ranks, from what the kills left.
+        self.assertEqual(sorted((x["attempt"], x["rank"]) for x in results),
+                         [(kills, 0), (kills, 1)])
+        self.assertGreater(results[0]["start"], kills)
+        print(f"\n  {kills} workers SIGKILLed mid-save, every restart loaded the agreed step "
+              f"({time.monotonic() - t0:.1f} s)")
+
+    def test_a_snapshot_larger_than_the_memory_is_refused(self):
+        shm = self.tmpfs("1m")
+        cmd = [CRUN, "--nproc-per-node", "1", "--snapshot-memory", shm, WORKER, self.dir, "3",
+               str(4 << 20), "0"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("local rank 0's snapshot buffer needs 4.0 MiB", r.stderr)
+        self.assertIn(f"but {shm} has", r.stderr)
+        self.assertIn("free (of 1.0 MiB)", r.stderr)
+        self.assertEqual(used_bytes(shm), 0)
+
+    def test_sigkilled_crun_leaves_no_snapshot_memory(self):
+        shm = self.tmpfs("64m")
+        script = os.path.join(self.dir, "hold.py")
+        with open(script, "w") as f:
+            f.write("import sys, torch, crun_worker\n"
+                    "crun_worker.save(1, {'w': torch.ones(2 << 20)})\n"
+                    "print('saved', flush=True)\n"
+                    "sys.stdin.read()\n")
+        p = subprocess.Popen([CRUN, "--nproc-per-node", "2", "--snapshot-memory", shm, script],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=dict(os.environ, PYTHON_EXEC=PYTHONS[0]))
+        seen = 0
+        with p.stdout:
+            for line in p.stdout:
+                seen += "saved" in line
+                if seen == 2:
+                    break
+            self.assertEqual(seen, 2)
+            self.assertGreaterEqual(used_bytes(shm), 2 * (8 << 20))
+            workers = children_of(p.pid)
+            p.kill()
+            p.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (
+                used_bytes(shm) > 0 or any(os.path.exists(f"/proc/{w}") for w in workers)):
+            time.sleep(0.05)
+        self.assertEqual(used_bytes(shm), 0)
+
+    def test_bad_options_are_named(self):
+        r = subprocess.run([CRUN, "--snapshots", "maybe", "true"], capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--snapshots 'maybe' is not valid: expected on or off", r.stderr)
+        missing = os.path.join(self.dir, "no-such-dir")
+        r = subprocess.run([CRUN, "--snapshot-memory", missing, "--no-python", "true"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(f"--snapshot-memory {missing}", r.stderr)
+        self.assertFalse(os.path.exists(missing))
+
+    def test_off_says_so_in_the_module(self):
+        script = os.path.join(self.dir, "off.py")
+        with open(script, "w") as f:
+            f.write("import crun_worker\n"
+                    "print('available', crun_worker.available())\n"
+                    "try:\n"
+                    "    crun_worker.load()\n"
+                    "except crun_worker.SnapshotError as e:\n"
+                    "    print('refused:', e)\n")
+        r = subprocess.run([CRUN, "--snapshots", "off", script], capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, PYTHON_EXEC=sys.executable))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("available False", r.stdout)
+        self.assertIn("refused: no snapshot store: CRUN_SNAPSHOT_SOCKET is not set", r.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,297 @@
+// The node's snapshot store: the layout's table, the step every rank agrees on, crun's memory
+// (sizing, sealing, checking, the room check), and the SDK saving and loading through a real
+// server in this process.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+
+#include "agent/snapshots/node_snapshots.h"
+#include "agent/snapshots/snapshot_server.h"
+#include "crun/worker/snapshot.h"
+#include "rendezvous/store/memory_store.h"
+#include "tests/unit/temp_dir.h"
+
+namespace crun::agent {
+namespace {
+
+namespace snap = crun::snapshot;
+using worker::SnapshotItem;
+
+TEST_CASE("the table of contents round-trips and refuses an item past the payload") {
+  std::vector<snap::Item> items = {{"param/w", "float32", {3, 4}, 0, 48},
+                                   {"v", "bytes", {5}, 0, 5},
+                                   {"empty", "int64", {0}, 0, 0}};
+  const auto payload = snap::PlaceItems(items);
+  for (const auto& i : items) CHECK(i.offset % snap::kAlign == 0);
+  CHECK(items[0].offset >= snap::TocBytes(items));
+  const std::string toc = snap::EncodeToc(items);
+  CHECK(toc.size() == snap::TocBytes(items));
+  const auto back = snap::DecodeToc(toc, payload);
+  REQUIRE(back);
+  REQUIRE(back->size() == 3);
+  CHECK((*back)[0].name == "param/w");
+  CHECK((*back)[0].shape == std::vector<std::int64_t>{3, 4});
+  CHECK((*back)[1].offset == items[1].offset);
+  CHECK_FALSE(snap::DecodeToc(toc, items[1].offset + 2));  // item 1 would run past the end
+  CHECK_FALSE(snap::DecodeToc(toc.substr(0, toc.size() - 3), payload));
+}
+
+TEST_CASE("the job resumes at the newest step that every rank holds") {
+  using Held = std::vector<std::vector<std::uint64_t>>;
+  CHECK(worker::AgreeStep(Held{{3, 2}, {3, 2}}) == 3u);
+  CHECK(worker::AgreeStep(Held{{3, 2}, {2, 1}}) == 2u);  // rank 1 died mid-save of 3
+  CHECK(worker::AgreeStep(Held{{5, 4}, {4, 3}, {5, 4}}) == 4u);
+  CHECK(worker::AgreeStep(Held{{2}, {3, 2}}) == 2u);
+  CHECK_FALSE(worker::AgreeStep(Held{{3, 2}, {}}));  // a rank with nothing: none
+  CHECK_FALSE(worker::AgreeStep(Held{{7, 6}, {4, 3}}));
+  CHECK_FALSE(worker::AgreeStep(Held{}));
+}
+
+// Writes a complete snapshot of `bytes` payload bytes of value `fill` into `b` as a worker
+// would.
+void WriteComplete(SnapshotBuffer& b, std::uint64_t step, std::uint64_t generation,
+                   std::uint64_t bytes, unsigned char fill) {
+  snap::BufferHeader& h = b.header();
+  snap::StoreState(h, snap::kWriting);
+  std::memset(const_cast<unsigned char*>(b.payload()), fill, bytes);
+  h.step = step;
+  h.payload_bytes = bytes;
+  h.rank = 0;
+  h.world_size = 1;
+  h.layout = snap::kSharded;
+  h.generation = generation;
+  snap::StoreState(h, snap::kComplete);
+}
+
+TEST_CASE("crun's memory: sized on demand, sealed, and a changed byte fails the check") {
+  testing::TempDir tmp("crun_snap");
+  NodeSnapshots memory({"/dev/shm", ""});
+  auto a = memory.Reserve(0, 0, 1000);
+  REQUIRE(a.ok());
+  CHECK((*a)->capacity() >= 1000);
+  CHECK(memory.allocated_bytes() == snap::kHeaderBytes + (*a)->capacity());
+  CHECK(memory.Check(0)[0].verdict == BufferVerdict::kIncomplete);
+  WriteComplete(**a, 7, 1, 1000, 0x5a);
+  memory.Seal(0, 0);
+  auto checks = memory.Check(0);
+  CHECK(checks[0].verdict == BufferVerdict::kValid);
+  CHECK(checks[0].step == 7);
+  CHECK(checks[1].verdict == BufferVerdict::kNone);
+  // The newest complete buffer is never replaced: a save writes the other one.
+  auto refused = memory.Reserve(0, 0, 5000);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().message(), Catch::Contains("holds its newest complete snapshot"));
+  auto b = memory.Reserve(0, 1, 5000);
+  REQUIRE(b.ok());
+  WriteComplete(**b, 8, 2, 5000, 0x11);
+  // Now buffer 0 is the older one, and may grow.
+  auto grown = memory.Reserve(0, 0, 9000);
+  REQUIRE(grown.ok());
+  CHECK((*grown)->capacity() >= 9000);
+  // A byte changed behind crun's back: corrupt, with its step.
+  memory.Seal(0, 1);
+  const_cast<unsigned char*>((*b)->payload())[4321] ^= 1;
+  checks = memory.Check(0);
+  CHECK(checks[1].verdict == BufferVerdict::kCorrupt);
+  CHECK(checks[1].step == 8);
+  // So is a changed step (the checksum covers what the header says of the payload).
+  const_cast<unsigned char*>((*b)->payload())[4321] ^= 1;
+  CHECK(memory.Check(0)[1].verdict == BufferVerdict::kValid);
+  (*b)->header().step = 9;
+  CHECK(memory.Check(0)[1].verdict == BufferVerdict::kCorrupt);
+  memory.Clear();
+  CHECK(memory.allocated_bytes() == 0);
+}
+
+TEST_CASE("the room check names the size and the limit") {
+  testing::TempDir tmp("crun_snap_room");
+  // The file system's free space.
+  auto s = CheckRoom("local rank 0's snapshot buffer", 1ull << 62, tmp.path, tmp.path);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.code() == StatusCode::kResourceExhausted);
+  CHECK_THAT(s.message(), Catch::StartsWith("local rank 0's snapshot buffer needs "));
+  CHECK_THAT(s.message(), Catch::Contains("but " + tmp.path + " has"));
+  // A cgroup's memory.max (as its files say).
+  const std::string cg = tmp.path + "/cg";
+  std::filesystem::create_directories(cg);
+  std::ofstream(cg + "/memory.max") << (64 << 20) << "\n";
+  std::ofstream(cg + "/memory.current") << (60 << 20) << "\n";
+  s = CheckRoom("local rank 1's snapshot buffer", 8 << 20, "/dev/shm", cg);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.message() == "local rank 1's snapshot buffer needs 8.0 MiB, but the cgroup " + cg +
+                           " (crun's, which is charged) holds 60.0 MiB of its memory.max 64.0 "
+                           "MiB: raise the limit or save less");
+  std::ofstream(cg + "/memory.max") << "max\n";
+  CHECK(CheckRoom("x", 8 << 20, "/dev/shm", cg).ok());
+  CHECK_FALSE(CheckRoom("x", 1, tmp.path + "/missing", cg).ok());
+}
+
+// A server on a loop of its own, and the SDK's client for `env` in this process.
+struct Served {
+  boost::asio::io_context io;
+  NodeSnapshots memory{{"/dev/shm", ""}};
+  std::unique_ptr<SnapshotServer> server;
+  std::thread loop;
+  Served() {
+    auto s = SnapshotServer::Listen(io, memory);
+    REQUIRE(s.ok());
+    server = std::move(*s);
+    ::setenv("CRUN_SNAPSHOT_SOCKET", SnapshotSocketName(::getpid()).c_str(), 1);
+    loop = std::thread([this] {
+      auto guard = boost::asio::make_work_guard(io);
+      io.run();
+    });
+  }
+  ~Served() {
+    boost::asio::post(io, [this] {
+      server.reset();
+      io.stop();
+    });
+    loop.join();
+    ::unsetenv("CRUN_SNAPSHOT_SOCKET");
+  }
+};
+
+worker::WorkerEnv Env(int rank, int world, int local_rank) {
+  worker::WorkerEnv e;
+  e.rank = rank;
+  e.world_size = world;
+  e.local_rank = local_rank;
+  e.run_id = "test";
+  return e;
+}
+
+std::vector<SnapshotItem> Items(std::uint64_t step, std::uint64_t n) {
+  SnapshotItem item;
+  item.name = "w";
+  item.dtype = "uint8";
+  item.shape = {static_cast<std::int64_t>(n)};
+  item.bytes = n;
+  item.fill = [step, n](unsigned char* dst) { std::memset(dst, static_cast<int>(step), n); };
+  return {item};
+}
+
+TEST_CASE("the SDK saves, loads the newest, and refuses what is not its own") {
+  Served served;
+  auto store = std::make_shared<MemoryStore>();
+  {
+    worker::Context ctx(Env(0, 1, 0), store);
+    auto client = worker::SnapshotStore::Connect(ctx.env());
+    REQUIRE(client.ok());
+    auto none = (*client)->Load(ctx);
+    REQUIRE(none.ok());
+    CHECK_FALSE(none->has_value());  // nothing saved: none, not an error
+    for (std::uint64_t step = 1; step <= 3; ++step) {
+      REQUIRE((*client)->Save(step, Items(step, 100 + step * 1000)).ok());
+    }
+    auto got = (*client)->Load(ctx);
+    REQUIRE(got.ok());
+    REQUIRE(got->has_value());
+    CHECK((*got)->step == 3);
+    REQUIRE((*got)->Find("w") != nullptr);
+    CHECK((*got)->Find("w")->bytes == 3100);
+    CHECK((*got)->DataOf("w")[3099] == 3);
+  }
+  SECTION("a sharded snapshot of another rank or world size is refused") {
+    worker::Context saver(Env(1, 2, 2), store);
+    auto a = worker::SnapshotStore::Connect(saver.env());
+    REQUIRE(a.ok());
+    REQUIRE((*a)->Save(5, Items(5, 64)).ok());
+    worker::Context loader(Env(0, 1, 2), store);
+    auto b = worker::SnapshotStore::Connect(loader.env());
+    REQUIRE(b.ok());
+    auto got = (*b)->Load(loader);
+    REQUIRE_FALSE(got.ok());
+    CHECK_THAT(got.status().message(),
+               Catch::Contains("at step 5 was saved by rank 1 of 2, not by rank 0 of 1"));
+    // Replicated state loads anywhere.
+    REQUIRE((*a)->Save(6, Items(6, 64), snap::kReplicated).ok());
+    got = (*b)->Load(loader);
+    REQUIRE(got.ok());
+    REQUIRE(got->has_value());
+    CHECK((*got)->step == 6);
+  }
+  SECTION("a snapshot whose bytes changed is refused, naming the rank and step") {
+    worker::Context ctx(Env(4, 1, 3), store);
+    auto c = worker::SnapshotStore::Connect(ctx.env());
+    REQUIRE(c.ok());
+    REQUIRE((*c)->Save(11, Items(11, 4096)).ok());
+    served.memory.Seal(3, 0);  // crun seals after the save; the bytes change afterwards
+    auto slot = served.memory.Slot(3);
+    REQUIRE(slot[0]);
+    const_cast<unsigned char*>(slot[0]->payload())[2000] ^= 0xff;
+    auto got = (*c)->Load(ctx);
+    REQUIRE_FALSE(got.ok());
+    CHECK_THAT(got.status().message(),
+               Catch::Contains("the snapshot of rank 4 at step 11 fails its checksum"));
+  }
+}
+
+TEST_CASE("a load drops a newer step that another rank does not hold") {
+  // Rank 1 saved step 3; rank 0 died before it did. The job resumes at 2, and rank 1's step 3
+  // belongs to an abandoned timeline: left complete, the next save would overwrite step 2 (the
+  // older generation) and a kill in that save would leave the ranks with no common step.
+  Served served;
+  auto store = std::make_shared<MemoryStore>();
+  worker::Context c0(Env(0, 2, 0), store), c1(Env(1, 2, 1), store);
+  auto s0 = worker::SnapshotStore::Connect(c0.env());
+  auto s1 = worker::SnapshotStore::Connect(c1.env());
+  REQUIRE(s0.ok());
+  REQUIRE(s1.ok());
+  for (std::uint64_t step = 1; step <= 2; ++step) REQUIRE((*s0)->Save(step, Items(step, 64)).ok());
+  for (std::uint64_t step = 1; step <= 3; ++step) REQUIRE((*s1)->Save(step, Items(step, 64)).ok());
+  StatusOr<std::optional<worker::LoadedSnapshot>> got1 = Status::Ok();
+  std::thread other([&] { got1 = (*s1)->Load(c1, std::chrono::seconds(30)); });
+  auto got0 = (*s0)->Load(c0, std::chrono::seconds(30));
+  other.join();
+  REQUIRE(got0.ok());
+  REQUIRE(got1.ok());
+  REQUIRE(got0->has_value());
+  REQUIRE(got1->has_value());
+  CHECK((*got0)->step == 2);
+  CHECK((*got1)->step == 2);
+  CHECK((*got1)->DataOf("w")[0] == 2);
+  // Only step 2 is left complete in rank 1's slot, so its next save writes the other buffer.
+  const auto checks = served.memory.Check(1);
+  int valid = 0;
+  for (const auto& c : checks) {
+    if (c.verdict == BufferVerdict::kValid) {
+      ++valid;
+      CHECK(c.step == 2);
+    }
+  }
+  CHECK(valid == 1);
+  REQUIRE((*s1)->Save(3, Items(3, 64)).ok());
+  const auto after = served.memory.Check(1);
+  CHECK(((after[0].step == 2 && after[1].step == 3) || (after[0].step == 3 && after[1].step == 2)));
+}
+
+TEST_CASE("a save bigger than the memory's room is refused before anything is written") {
+  Served served;
+  auto store = std::make_shared<MemoryStore>();
+  worker::Context ctx(Env(0, 1, 0), store);
+  auto client = worker::SnapshotStore::Connect(ctx.env());
+  REQUIRE(client.ok());
+  SnapshotItem huge;
+  huge.name = "huge";
+  huge.dtype = "uint8";
+  huge.bytes = 1ull << 50;
+  huge.fill = [](unsigned char*) { FAIL("a refused save wrote"); };
+  auto s = (*client)->Save(1, {huge});
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.message(), Catch::StartsWith("local rank 0's snapshot buffer needs 1048576.00 GiB, "
+                                            "but /dev/shm has "));
+  CHECK(served.memory.allocated_bytes() == 0);
+}
+
+}  // namespace
+}  // namespace crun::agent

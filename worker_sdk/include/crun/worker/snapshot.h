@@ -1,0 +1,88 @@
+// Snapshots in the node's memory (docs/checkpoints.md): a worker saves its training state with
+// a step number into shared memory that crun owns for the whole job, so that a restarted
+// worker loads it back in milliseconds instead of reading a checkpoint from disk. A save is
+// atomic and double-buffered (a worker killed mid-save leaves the previous snapshot whole);
+// a load is collective over the job and returns the newest step that every rank holds.
+//
+//   auto store = crun::worker::SnapshotStore::Connect(ctx->env());
+//   (*store)->Save(step, items);                 // every N steps
+//   auto got = (*store)->Load(*ctx);             // after a (re)start: the step and the items
+//
+// The layout of the memory is crun/worker/snapshot_layout.h.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "crun/base/status.h"
+#include "crun/worker/context.h"
+#include "crun/worker/snapshot_layout.h"
+
+namespace crun::worker {
+
+// One thing to save: `bytes` of it, which `fill` writes to the destination it is given.
+struct SnapshotItem {
+  std::string name;
+  std::string dtype;  // PyTorch's name ("float32"), or "bytes"
+  std::vector<std::int64_t> shape;
+  std::uint64_t bytes = 0;
+  std::function<void(unsigned char* dst)> fill;
+};
+
+// A snapshot as loaded: its step and items; `data(i)` points into the node's memory and stays
+// valid until this worker's next Save.
+struct LoadedSnapshot {
+  std::uint64_t step = 0;
+  std::vector<snapshot::Item> items;
+  std::vector<const unsigned char*> data;
+  const snapshot::Item* Find(std::string_view name) const;
+  const unsigned char* DataOf(std::string_view name) const;
+};
+
+// Which step a job resumes at: each rank's complete steps in, the newest that every rank
+// holds out (none when there is none). Pure; SnapshotStore::Load runs it on rank 0.
+std::optional<std::uint64_t> AgreeStep(const std::vector<std::vector<std::uint64_t>>& held);
+
+class SnapshotStore {
+ public:
+  // Connects to crun's snapshot store for this worker's local rank; kNotFound when the worker
+  // was not started by crun with one (CRUN_SNAPSHOT_SOCKET unset: --snapshots off).
+  static StatusOr<std::unique_ptr<SnapshotStore>> Connect(const WorkerEnv& env);
+  ~SnapshotStore();
+  SnapshotStore(const SnapshotStore&) = delete;
+  SnapshotStore& operator=(const SnapshotStore&) = delete;
+
+  // Saves `items` as step `step`; returns once the copy into memory is complete. crun sizes
+  // the memory on the first save (and when the state grows) and refuses, naming the size and
+  // the limit, when there is no room.
+  Status Save(std::uint64_t step, const std::vector<SnapshotItem>& items,
+              snapshot::Layout layout = snapshot::kSharded);
+
+  // Collective: every rank of the job calls it. The newest step that every rank holds
+  // complete, agreed through the job's store, with this rank's items; none when any rank has
+  // none. Refused (an error naming the rank and step) for a sharded snapshot saved by another
+  // world size or rank, and for a snapshot whose checksum fails.
+  StatusOr<std::optional<LoadedSnapshot>> Load(Context& context,
+                                               Millis timeout = kDefaultStoreTimeout);
+
+ private:
+  struct Buffer;
+  SnapshotStore(WorkerEnv env, int sock);
+  StatusOr<std::string> Ask(const std::string& request, std::vector<int>* fds);
+  StatusOr<std::array<std::string, 2>> TakeSlot(const std::string& verb);
+  Status MapBuffer(int index, int fd, std::uint64_t capacity);
+
+  WorkerEnv env_;
+  int sock_;
+  bool opened_ = false;
+  int loads_ = 0;
+  std::unique_ptr<Buffer> buffers_[2];
+};
+
+}  // namespace crun::worker
