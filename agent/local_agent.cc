@@ -36,8 +36,11 @@ struct LocalAgent::Impl final : RendezvousEvents {
       : io(io_),
         options(std::move(o)),
         rdzv(std::move(r)),
+        registry(options.metrics ? std::make_unique<metrics::Registry>() : nullptr),
+        meters(registry ? std::make_unique<AgentMetrics>(*registry, MetricLabels()) : nullptr),
         state(lc::Initial({options.first_local_rank, options.nproc, options.shutdown_timeout})),
-        view{io_, options, group, state, workers, *rdzv, presence, reserved, hangs},
+        view{io_,      options,  group, state,          workers,     *rdzv,
+             presence, reserved, hangs, registry.get(), meters.get()},
         features(factories, view),
         streams(io_, StreamOptionsOf(options, features)),
         signals(io_),
@@ -299,9 +302,18 @@ struct LocalAgent::Impl final : RendezvousEvents {
     rdzv->Leave(code == 0 ? "done" : "exit code " + std::to_string(code));
   }
 
+  // The metrics' labels: this node is the rendezvous's node id.
+  AgentMetricLabels MetricLabels() const {
+    AgentMetricLabels labels = options.metric_labels;
+    labels.node = rdzv->node_id();
+    return labels;
+  }
+
   asio::io_context& io;
   AgentOptions options;
   std::unique_ptr<Rendezvous> rdzv;
+  std::unique_ptr<metrics::Registry> registry;  // with --metrics-port
+  std::unique_ptr<AgentMetrics> meters;
   PortReservation reserved;  // this round's ports (--contract), until its workers start
   std::chrono::steady_clock::time_point joined_at;  // of the rendezvous under way
   GroupAssignment offered;                          // the rendezvous's last assignment

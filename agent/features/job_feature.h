@@ -20,6 +20,7 @@
 
 #include "agent/agent_options.h"
 #include "agent/frameworks/port_reservation.h"
+#include "agent/observe/agent_metrics.h"
 #include "agent/observe/run_presence.h"
 #include "agent/rendezvous/rendezvous.h"
 #include "agent/supervise/lifecycle.h"
@@ -44,6 +45,10 @@ struct AgentView {
   PortReservation& reserved_ports;
   // The running attempt's hang watch, and the one place stacks are read.
   AttemptHangs& hangs;
+  // The node's metrics (observe/agent_metrics.h): null without --metrics-port. Served by the
+  // metrics endpoint; every feature may count into them.
+  metrics::Registry* registry = nullptr;
+  AgentMetrics* meters = nullptr;
 };
 
 // One worker's exit, as the agent recorded it.

@@ -16,7 +16,8 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 class MetricsEndpoint final : public JobFeature {
  public:
-  explicit MetricsEndpoint(AgentView& agent) : agent_(agent), meters_(registry_, LabelsOf(agent)) {}
+  explicit MetricsEndpoint(AgentView& agent)
+      : agent_(agent), registry_(*agent.registry), meters_(*agent.meters) {}
 
   // The endpoint; an error names its address.
   Status Prepare() override {
@@ -70,12 +71,6 @@ class MetricsEndpoint final : public JobFeature {
   }
 
  private:
-  static AgentMetricLabels LabelsOf(AgentView& agent) {
-    AgentMetricLabels labels = agent.options.metric_labels;
-    labels.node = agent.rendezvous.node_id();
-    return labels;
-  }
-
   // What the page shows of the workers' states, read at each scrape.
   void Refresh() {
     const bool stopping = agent_.lifecycle.phase == lifecycle::Phase::kStopping;
@@ -86,8 +81,8 @@ class MetricsEndpoint final : public JobFeature {
   }
 
   AgentView& agent_;
-  metrics::Registry registry_;
-  AgentMetrics meters_;
+  metrics::Registry& registry_;  // the agent's
+  AgentMetrics& meters_;
   std::unique_ptr<http::HttpServer> server_;
   // The first failure or stop seen since the workers last started (recovery_seconds).
   std::optional<Clock::time_point> interrupted_at_;
@@ -96,7 +91,7 @@ class MetricsEndpoint final : public JobFeature {
 }  // namespace
 
 std::unique_ptr<JobFeature> MakeMetricsEndpoint(AgentView& agent) {
-  if (!agent.options.metrics) return nullptr;
+  if (!agent.options.metrics || agent.registry == nullptr) return nullptr;
   return std::make_unique<MetricsEndpoint>(agent);
 }
 

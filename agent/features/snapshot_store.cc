@@ -34,6 +34,16 @@ class SnapshotStore final : public JobFeature {
     auto server = SnapshotServer::Listen(agent_.io, memory_);
     if (!server.ok()) return server.status();
     server_ = std::move(server).value();
+    if (AgentMetrics* m = agent_.meters) {
+      server_->OnChange([this, m] {
+        const SnapshotCounters& c = server_->counters();
+        m->snapshot_bytes->Set(static_cast<double>(memory_.allocated_bytes()));
+        m->snapshot_saves->Mirror(static_cast<double>(c.saves));
+        m->snapshot_loads->Mirror(static_cast<double>(c.loads));
+        m->snapshot_refusals->Mirror(static_cast<double>(c.refusals));
+        m->snapshot_corrupt->Mirror(static_cast<double>(c.corrupt));
+      });
+    }
     return Status::Ok();
   }
 

@@ -76,6 +76,18 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const AgentMetricLabels& l)
   last_rendezvous_duration = gauge("crun_agent_last_rendezvous_duration_seconds",
                                    "How long this node's last rendezvous took, from its join to "
                                    "its assignment");
+  snapshot_bytes = gauge("crun_agent_snapshot_bytes",
+                         "Memory this node's crun holds for snapshots of its workers' state "
+                         "(two buffers per local rank, charged to crun's cgroup)");
+  snapshot_saves = counter("crun_agent_snapshot_saves_total",
+                           "Snapshots this node's workers saved into crun's memory");
+  snapshot_loads =
+      counter("crun_agent_snapshot_loads_total", "Loads of a snapshot this node's crun answered");
+  snapshot_refusals = counter("crun_agent_snapshot_refusals_total",
+                              "Snapshot buffers refused for want of room (tmpfs, cgroup, memory)");
+  snapshot_corrupt = counter("crun_agent_snapshot_corrupt_total",
+                             "Snapshots found changed since they were saved (a failed checksum), "
+                             "not loaded");
   for (const char* cause :
        {kExitSuccess, kExitCode, kExitSignal, kExitOom, kExitHang, kExitStopped, kExitLaunch}) {
     exits_.With(Values(l, cause));  // shown from 0

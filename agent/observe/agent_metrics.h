@@ -42,6 +42,12 @@ class AgentMetrics {
   metrics::Counter* stderr_bytes;
   metrics::Gauge* last_rendezvous_time;      // seconds since the epoch
   metrics::Gauge* last_rendezvous_duration;  // join to assignment
+  // The node's snapshot store (docs/checkpoints.md).
+  metrics::Gauge* snapshot_bytes;       // memory crun holds for snapshots
+  metrics::Counter* snapshot_saves;     // snapshots saved
+  metrics::Counter* snapshot_loads;     // loads answered
+  metrics::Counter* snapshot_refusals;  // saves refused: no room
+  metrics::Counter* snapshot_corrupt;   // snapshots that failed their checksum
   void Exit(const char* cause);
 
  private:

@@ -145,6 +145,8 @@ const char* Name(BufferVerdict v) {
       return "incomplete";
     case BufferVerdict::kValid:
       return "valid";
+    case BufferVerdict::kSealed:
+      return "sealed";
     case BufferVerdict::kCorrupt:
       return "corrupt";
   }
@@ -214,7 +216,7 @@ BufferCheck NodeSnapshots::CheckBuffer(const std::shared_ptr<SnapshotBuffer>& b,
       std::atomic_ref<std::uint64_t>(h.checksum_generation).load(std::memory_order_acquire) ==
       generation;
   if (sealed && !verify) {
-    c.verdict = BufferVerdict::kValid;
+    c.verdict = BufferVerdict::kSealed;
     return c;
   }
   const std::uint64_t sum = Checksum(h, b->payload(), n);
@@ -242,7 +244,19 @@ void NodeSnapshots::Seal(int local_rank, int index) {
 
 std::array<BufferCheck, 2> NodeSnapshots::Check(int local_rank) {
   const auto slot = Slot(local_rank);
-  return {CheckBuffer(slot[0], true), CheckBuffer(slot[1], true)};
+  // The newest complete one is what a load takes, unless another rank lacks it.
+  const int older = snap::TargetBuffer(slot[0] ? &slot[0]->header() : nullptr,
+                                       slot[1] ? &slot[1]->header() : nullptr);
+  std::array<BufferCheck, 2> out;
+  out[static_cast<std::size_t>(1 - older)] =
+      CheckBuffer(slot[static_cast<std::size_t>(1 - older)], true);
+  out[static_cast<std::size_t>(older)] = CheckBuffer(slot[static_cast<std::size_t>(older)], false);
+  return out;
+}
+
+BufferCheck NodeSnapshots::Verify(int local_rank, int index) {
+  if (index != 0 && index != 1) return {};
+  return CheckBuffer(Slot(local_rank)[static_cast<std::size_t>(index)], true);
 }
 
 std::uint64_t NodeSnapshots::allocated_bytes() const {

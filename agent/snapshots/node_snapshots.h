@@ -70,8 +70,9 @@ class SnapshotBuffer {
   std::uint64_t capacity_;
 };
 
-// What a check found in one buffer.
-enum class BufferVerdict { kNone, kIncomplete, kValid, kCorrupt };
+// What a check found in one buffer. kSealed: complete and sealed, its checksum not checked
+// again yet (Verify does).
+enum class BufferVerdict { kNone, kIncomplete, kValid, kSealed, kCorrupt };
 const char* Name(BufferVerdict v);
 
 struct BufferCheck {
@@ -95,8 +96,12 @@ class NodeSnapshots {
   std::array<std::shared_ptr<SnapshotBuffer>, 2> Slot(int local_rank) const;
   // Seals buffer `index` when it holds a complete snapshot that no checksum covers yet.
   void Seal(int local_rank, int index);
-  // Seals what is unsealed and checks what is sealed, in both buffers.
+  // What a load needs: the newest complete buffer checked against its checksum, the other
+  // one only sealed (kSealed: a load that picks it verifies it first). What is unsealed is
+  // sealed.
   std::array<BufferCheck, 2> Check(int local_rank);
+  // Buffer `index` checked against its checksum.
+  BufferCheck Verify(int local_rank, int index);
 
   std::uint64_t allocated_bytes() const;
   // Closes every buffer: the memory goes once no worker maps it.

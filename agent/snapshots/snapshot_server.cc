@@ -69,7 +69,7 @@ StatusOr<Request> ParseRequest(const std::string& line) {
   const auto i = ParseInteger(index, 0, 1);
   if (!i) return bad();
   r.index = static_cast<int>(*i);
-  if (r.verb == "saved") return bytes.empty() ? StatusOr<Request>(r) : bad();
+  if (r.verb == "saved" || r.verb == "verify") return bytes.empty() ? StatusOr<Request>(r) : bad();
   if (r.verb != "reserve") return bad();
   const auto b = ParseInteger(bytes, 0, INT64_MAX);
   if (!b) return bad();
@@ -167,21 +167,46 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
     }
     if (r.verb == "saved") {
       ++server_.counters_.saves;
-      NodeSnapshots& memory = server_.memory_;
-      server_.sealer_.Post([&memory, r] { memory.Seal(r.local_rank, r.index); });
+      server_.QueueSeal(r.local_rank, r.index);
       Changed();
       return Read();
     }
+    if (r.verb == "verify") return Verify(r.local_rank, r.index);
     if (r.verb == "open") return Answer(r.local_rank, server_.memory_.Slot(r.local_rank), {});
     Load(r.local_rank);
   }
 
-  // Checked on the sealer's thread, answered back on the loop.
+  // Checked on the rank's sealer thread, answered back on the loop.
+  void Verify(int local_rank, int index) {
+    auto self = shared_from_this();
+    NodeSnapshots& memory = server_.memory_;
+    asio::io_context& io = server_.io_;
+    server_.SealerOf(local_rank).Post([self, &memory, &io, local_rank, index] {
+      const BufferCheck check = memory.Verify(local_rank, index);
+      asio::post(io, [self, check, local_rank] {
+        if (!*self->alive_) return self->Close();
+        self->NoteCorrupt(check, local_rank);
+        self->Reply(std::string("ok ") + Name(check.verdict), {});
+        self->Changed();
+        self->Read();
+      });
+    });
+  }
+
+  void NoteCorrupt(const BufferCheck& check, int local_rank) {
+    if (check.verdict != BufferVerdict::kCorrupt) return;
+    ++server_.counters_.corrupt;
+    spdlog::error(
+        "crun: the snapshot of rank {} (local rank {}) at step {} fails its checksum: it is not "
+        "loaded",
+        check.rank, local_rank, check.step);
+  }
+
   void Load(int local_rank) {
     auto self = shared_from_this();
     NodeSnapshots& memory = server_.memory_;
     asio::io_context& io = server_.io_;
-    server_.sealer_.Post([self, &memory, &io, local_rank] {
+    server_.SealerOf(local_rank).Post([self, &memory, &io, local_rank] {
       const auto slot = memory.Slot(local_rank);  // held while the answer is on its way
       const auto checks = memory.Check(local_rank);
       asio::post(io, [self, slot, checks, local_rank] {
@@ -200,13 +225,7 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
       line += std::string(" ") + (checks ? Name((*checks)[i].verdict) : "-") + " " +
               std::to_string(slot[i] ? slot[i]->capacity() : 0);
       if (slot[i]) fds.push_back(slot[i]->fd());
-      if (checks && (*checks)[i].verdict == BufferVerdict::kCorrupt) {
-        ++server_.counters_.corrupt;
-        spdlog::error(
-            "crun: the snapshot of rank {} (local rank {}) at step {} fails its checksum: it is "
-            "not loaded",
-            (*checks)[i].rank, local_rank, (*checks)[i].step);
-      }
+      if (checks) NoteCorrupt((*checks)[i], local_rank);
     }
     if (checks) ++server_.counters_.loads;
     Reply(line, fds);
@@ -249,6 +268,26 @@ StatusOr<std::unique_ptr<SnapshotServer>> SnapshotServer::Listen(asio::io_contex
 
 SnapshotServer::SnapshotServer(asio::io_context& io, NodeSnapshots& memory)
     : io_(io), memory_(memory), acceptor_(io), alive_(std::make_shared<bool>(true)) {}
+
+SerialWorker& SnapshotServer::SealerOf(int local_rank) {
+  auto& w = sealers_[local_rank];
+  if (!w) w = std::make_unique<SerialWorker>();
+  return *w;
+}
+
+void SnapshotServer::QueueSeal(int local_rank, int index) {
+  {
+    std::lock_guard lock(pending_mu_);
+    if (!pending_seals_.insert({local_rank, index}).second) return;  // one waits already
+  }
+  SealerOf(local_rank).Post([this, local_rank, index] {
+    {
+      std::lock_guard lock(pending_mu_);
+      pending_seals_.erase({local_rank, index});
+    }
+    memory_.Seal(local_rank, index);
+  });
+}
 
 SnapshotServer::~SnapshotServer() {
   *alive_ = false;

@@ -7,11 +7,17 @@
 //   reserve L I BYTES   buffer I of local rank L with room for BYTES of payload
 //                       -> "ok CAPACITY" and its descriptor, or "error WHY"
 //   saved L I           buffer I holds a new complete snapshot: crun seals it (no answer)
-//   load L              crun checks both buffers (their checksums)
+//   load L              crun checks the newest complete buffer against its checksum
 //                       -> "ok V0 C0 V1 C1" (verdict and capacity of each: none, incomplete,
-//                          valid or corrupt) and the descriptors of those that exist, in order
-//   open L              the same answer, unchecked ("-" for each verdict): a save's first look
-// Checksums are computed on a thread of the server's own, off the agent's loop.
+//                          valid, sealed (complete, not checked yet) or corrupt) and the
+//                          descriptors of those that exist, in order
+//   verify L I          buffer I checked against its checksum -> "ok VERDICT" (a load that
+//                       takes the older, sealed buffer asks first)
+//   open L              the same answer as load's, unchecked ("-" for each verdict): a save's
+//                       first look
+// Checksums are computed off the agent's loop, on a thread per local rank (a node's ranks in
+// parallel, one rank's buffers in order); a seal already waiting for a buffer is not queued
+// twice.
 #pragma once
 
 #include <sys/types.h>
@@ -20,8 +26,10 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -76,7 +84,14 @@ class SnapshotServer {
   SnapshotCounters counters_;
   std::function<void()> on_change_;
   std::shared_ptr<bool> alive_;
-  SerialWorker sealer_;  // last: stopped (joined) first, while the rest still stands
+  // The local rank's thread for checksums; queues a seal of buffer `index` unless one waits.
+  SerialWorker& SealerOf(int local_rank);
+  void QueueSeal(int local_rank, int index);
+
+  std::mutex pending_mu_;
+  std::set<std::pair<int, int>> pending_seals_;
+  // Last: stopped (joined) first, while the rest still stands.
+  std::map<int, std::unique_ptr<SerialWorker>> sealers_;
 };
 
 }  // namespace crun::agent

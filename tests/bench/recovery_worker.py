@@ -7,11 +7,20 @@ file of its own, OUT/r<rank>.a<attempt>.<pid>.jsonl, one whole line per write:
   imported  torch, torch.distributed and torch.nn.parallel imported
   group     init_process_group returned
   step      a step done (with "step": its index); the first one includes building DDP
-  loaded    a checkpoint loaded (with --ckpt-mb)
+  loaded    a checkpoint loaded (with --ckpt-mb; "step": the step it holds)
   crash     just before it exits 7 (rank --crash-rank, attempt 0, at step --crash-step)
 
+With --snapshot (and --ckpt-mb), every rank saves its whole state (the model with its bulk,
+the optimizer) into crun's node memory after every step with crun_worker.save, and loads it
+with crun_worker.load at its start (docs/checkpoints.md), instead of the checkpoint file.
+
+Each attempt's process group meets on its own prefix of the job's store
+(TORCHELASTIC_RESTART_COUNT): with torchrun 2.x, a restarted group that met on the bare store
+failed to connect (gloo's connectFullMesh refused or reset) in most runs.
+
 Usage: recovery_worker.py OUT [--steps N] [--crash-step K] [--crash-rank R]
-                              [--ckpt-mb MB --ckpt-every N --ckpt-dir DIR] [--hold SOCKET]
+                              [--ckpt-mb MB (--ckpt-every N --ckpt-dir DIR | --snapshot)]
+                              [--hold SOCKET]
 """
 import time
 
@@ -45,6 +54,7 @@ def main():
     ap.add_argument("--ckpt-mb", type=int, default=0)
     ap.add_argument("--ckpt-every", type=int, default=2)
     ap.add_argument("--ckpt-dir", default="")
+    ap.add_argument("--snapshot", action="store_true")
     ap.add_argument("--hold", default="", help="a Unix socket: after the last step, connect "
                     "and wait for one byte (the benchmark reads memory meanwhile)")
     args = ap.parse_args()
@@ -56,7 +66,12 @@ def main():
     from torch.nn.parallel import DistributedDataParallel
     stamp(args.out, "imported")
 
-    dist.init_process_group("gloo")
+    from datetime import timedelta
+    store = dist.PrefixStore(f"attempt_{ATTEMPT}", dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+        timeout=timedelta(seconds=60)))
+    dist.init_process_group("gloo", store=store, rank=RANK,
+                            world_size=int(os.environ["WORLD_SIZE"]))
     stamp(args.out, "group")
 
     torch.manual_seed(0)
@@ -65,7 +80,15 @@ def main():
     model.register_buffer("bulk", torch.zeros(args.ckpt_mb * (1 << 20) // 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     start = 0
-    path = os.path.join(args.ckpt_dir, "ckpt.pt") if args.ckpt_mb else ""
+    path = os.path.join(args.ckpt_dir, "ckpt.pt") if args.ckpt_mb and not args.snapshot else ""
+    if args.snapshot:
+        import crun_worker
+        got = crun_worker.load()
+        if got is not None:
+            model.load_state_dict(got[1]["model"])
+            opt.load_state_dict(got[1]["opt"])
+            start = got[0] + 1
+            stamp(args.out, "loaded", step=got[0])
     if path and os.path.exists(path):
         state = torch.load(path, map_location="cpu")
         model.load_state_dict(state["model"])
@@ -85,6 +108,8 @@ def main():
         loss.backward()
         opt.step()
         stamp(args.out, "step", step=step)
+        if args.snapshot:
+            crun_worker.save(step, {"model": model.state_dict(), "opt": opt.state_dict()})
         if path and RANK == 0 and step % args.ckpt_every == args.ckpt_every - 1:
             # Written aside and renamed, as a careful user does: a crash never leaves half a file.
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step},

@@ -3,9 +3,12 @@ processes over a generated table of dimensions, not hand-picked cases.
 
   full      backend x contract set x workers a node, every combination, with a shell worker
             (cold starts, crun's cgroups where the machine has them)
-  pairwise  backend x contract set x workers a node x start (cold, warm) x cgroups (on, off),
-            with a Python worker: a set of cases in which every pair of values of any two
-            dimensions meets at least once (a greedy covering array, the same every run)
+  pairwise  backend x contract set x workers a node x start (cold, warm) x cgroups (on, off)
+            x the snapshot store (on, off), with a Python worker: a set of cases in which every
+            pair of values of any two dimensions meets at least once (a greedy covering array,
+            the same every run). With the store on, each rank saves a snapshot and fails, and
+            after the restart every rank loads its own back (docs/checkpoints.md).
+  snapshot  backend x start x the snapshot store, every combination, with the Python worker
 
 Each case checks that every crun exits 0, every rank's environment (ranks unique and complete,
 TF_CONFIG of the world's size with the rank's own index, one JAX coordinator, Horovod's ranks
@@ -47,7 +50,8 @@ CONTRACT_SETS = ("tensorflow", "jax", "horovod", "deepspeed", "mpi", "tensorflow
 NPROCS = (1, 2, 3)
 STARTS = ("cold", "warm")
 CGROUPS = ("cgroup", "no-cgroup")
-PAIRWISE_DIMS = (BACKENDS, CONTRACT_SETS, NPROCS, STARTS, CGROUPS)
+SNAPSHOTS = ("snapshots", "no-snapshots")
+PAIRWISE_DIMS = (BACKENDS, CONTRACT_SETS, NPROCS, STARTS, CGROUPS, SNAPSHOTS)
 
 # The variables each contract adds (agent/frameworks/contracts.cc, docs/frameworks.md): a case checks
 # that those of a contract not asked for are absent.
@@ -80,15 +84,25 @@ def pairwise(dims):
 
 
 def full_cases():
-    return [(b, c, n, "cold", "cgroup") for b, c, n in
+    # The store as crun starts by default (on, unused by the shell worker).
+    return [(b, c, n, "cold", "cgroup", "default") for b, c, n in
             itertools.product(BACKENDS, CONTRACT_SETS, NPROCS)]
 
 
+def snapshot_cases():
+    """The snapshot store on and off with every backend, cold and warm (its dimensions in full,
+    as docs/checkpoints.md promises them together): two workers a node, torchrun's contract."""
+    return [(b, "torch", 2, start, "cgroup", snap) for b, start, snap in
+            itertools.product(BACKENDS, STARTS, SNAPSHOTS)]
+
+
 def case_name(kind, case):
-    backend, contracts, nproc, start, cgroup = case
+    backend, contracts, nproc, start, cgroup, snapshots = case
     words = [kind, backend, contracts.replace("torch,", "").replace(",", "_"), f"w{nproc}"]
     if kind == "pairwise":
-        words += [start, cgroup.replace("-", "_")]
+        words += [start, cgroup.replace("-", "_"), snapshots.replace("-", "_")]
+    if kind == "snapshot":
+        words = [kind, backend, start, snapshots.replace("-", "_")]
     return "test_" + "_".join(words)
 
 
@@ -138,28 +152,32 @@ class Matrix(unittest.TestCase):
             cls.etcd.__enter__()
         return cls.etcd.endpoints()
 
-    def commands(self, backend, contracts, nproc, worker, out):
+    def commands(self, backend, contracts, nproc, worker, out, snapshots="default"):
         """The crun command lines of one case: one node, or two on this host."""
         # crun's info lines: a case that fails or hangs shows how far each node got.
         common = ["--log-level", "info", "--contract", contracts, "--nproc-per-node", str(nproc),
-                  "--max-restarts", "0", *(() if worker.endswith(".py") else ("--no-python",))]
+                  "--max-restarts", "1" if snapshots == "snapshots" else "0",
+                  *(() if worker.endswith(".py") else ("--no-python",)),
+                  *(("--snapshots", "off") if snapshots == "no-snapshots" else ())]
+        out = [out, *{"snapshots": ["--snapshot"], "no-snapshots": ["--no-snapshot"]}.get(
+            snapshots, [])]
         job = uuid.uuid4().hex[:12]
         if backend == "local":
-            return [[CRUN, "--standalone", *common, worker, out]]
+            return [[CRUN, "--standalone", *common, worker, *out]]
         if backend == "static":
             port = str(free_port())
             return [[CRUN, "--nnodes", "2", "--node-rank", rank, "--master-addr", "127.0.0.1",
-                     "--master-port", port, *common, worker, out] for rank in ("1", "0")]
+                     "--master-port", port, *common, worker, *out] for rank in ("1", "0")]
         if backend == "service":
             endpoint = f"127.0.0.1:{free_port()}"
             return [[CRUN, "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                     endpoint, "--rdzv-id", job, *common, worker, out] for _ in range(2)]
+                     endpoint, "--rdzv-id", job, *common, worker, *out] for _ in range(2)]
         endpoint = self.etcd_endpoint()
         return [[CRUN, "--nnodes", "2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", endpoint,
-                 "--rdzv-id", job, *common, worker, out] for _ in range(2)]
+                 "--rdzv-id", job, *common, worker, *out] for _ in range(2)]
 
     def run_case(self, case, python):
-        backend, contracts, nproc, start, cgroup = case
+        backend, contracts, nproc, start, cgroup, snapshots = case
         out = tempfile.mkdtemp(dir=self.root)
         ledger = os.path.join(out, "ledger")
         env = dict(os.environ, PYTHON_EXEC=PYTHON, CRUN_TEST_WARM_LEDGER=ledger,
@@ -168,7 +186,7 @@ class Matrix(unittest.TestCase):
         if cgroup == "no-cgroup":
             env["CRUN_CGROUP"] = "0"
         worker = PYTHON_WORKER if python else SHELL_WORKER
-        cmds = self.commands(backend, contracts, nproc, worker, out)
+        cmds = self.commands(backend, contracts, nproc, worker, out, snapshots)
         if start == "warm":
             cmds = [c[:1] + ["--warm"] + c[1:] for c in cmds]
         logs = [open(os.path.join(out, f"crun_{i}.log"), "w+") for i in range(len(cmds))]
@@ -195,11 +213,19 @@ class Matrix(unittest.TestCase):
             self.assertEqual(p.returncode, 0, f"{' '.join(p.args)}:\n{text[-3000:]}")
         self.assertEqual(processes_mentioning(out), [], "processes left running")
         nodes = len(cmds)
-        self.check_environments(read_envs(out), contracts, nodes, nproc)
+        envs = read_envs(out)
+        self.check_environments(envs, contracts, nodes, nproc)
+        attempts = 2 if snapshots == "snapshots" else 1
+        if snapshots != "default":
+            expect = "7" if snapshots == "snapshots" else "off"
+            self.assertEqual({r: e.get("CRUN_MATRIX_SNAPSHOT") for r, e in envs.items()},
+                             {r: expect for r in envs})
+            self.assertEqual({e["TORCHELASTIC_RESTART_COUNT"] for e in envs.values()},
+                             {str(attempts - 1)})
         if python:
             lines = whole_lines(ledger) if os.path.exists(ledger) else []
             kinds = sorted(line.split()[0] for line in lines)
-            self.assertEqual(kinds, [start] * (nodes * nproc), lines)
+            self.assertEqual(kinds, [start] * (nodes * nproc * attempts), lines)
 
     @staticmethod
     def tail(log):
@@ -256,7 +282,8 @@ class Matrix(unittest.TestCase):
 
 def add_cases():
     for kind, cases, python in (("full", full_cases(), False),
-                                ("pairwise", pairwise(PAIRWISE_DIMS), True)):
+                                ("pairwise", pairwise(PAIRWISE_DIMS), True),
+                                ("snapshot", snapshot_cases(), True)):
         for case in cases:
             def test(self, case=case, python=python):
                 self.run_case(case, python)
@@ -268,7 +295,7 @@ add_cases()
 
 def describe():
     """The cases and, for the pairwise set, the pairs of dimensions it covers."""
-    names = ("backend", "contracts", "workers", "start", "cgroups")
+    names = ("backend", "contracts", "workers", "start", "cgroups", "snapshots")
     cases = pairwise(PAIRWISE_DIMS)
     print(f"full: {len(full_cases())} cases ({len(BACKENDS)} backends x {len(CONTRACT_SETS)} "
           f"contract sets x {len(NPROCS)} worker counts), shell worker, cold")
@@ -279,6 +306,8 @@ def describe():
               f"{len(PAIRWISE_DIMS[i]) * len(PAIRWISE_DIMS[j])} pairs")
     for c in cases:
         print("   ", case_name("pairwise", c))
+    print(f"snapshot: {len(snapshot_cases())} cases (backend x start x snapshot store, in full), "
+          "Python worker, 2 workers a node")
 
 
 if __name__ == "__main__":

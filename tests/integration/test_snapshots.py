@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import unittest
+import urllib.request
 
 CRUN = os.environ["CRUN_BIN"]
 WORKER = os.environ["SNAPSHOT_WORKER"]
@@ -44,6 +45,14 @@ def children_of(pid):
 def used_bytes(path):
     st = os.statvfs(path)
     return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+# A worker that saves 8 MiB twice, says so, and waits to be killed.
+HOLD = ("import threading, torch, crun_worker\n"
+        "crun_worker.save(1, {'w': torch.ones(2 << 20)})\n"
+        "crun_worker.save(2, {'w': torch.ones(2 << 20)})\n"
+        "print('saved', flush=True)\n"
+        "threading.Event().wait()\n")
 
 
 class SmallTmpfs:
@@ -158,10 +167,7 @@ class Snapshots(unittest.TestCase):
         shm = self.tmpfs("64m")
         script = os.path.join(self.dir, "hold.py")
         with open(script, "w") as f:
-            f.write("import sys, torch, crun_worker\n"
-                    "crun_worker.save(1, {'w': torch.ones(2 << 20)})\n"
-                    "print('saved', flush=True)\n"
-                    "sys.stdin.read()\n")
+            f.write(HOLD)
         p = subprocess.Popen([CRUN, "--nproc-per-node", "2", "--snapshot-memory", shm, script],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=dict(os.environ, PYTHON_EXEC=PYTHONS[0]))
@@ -172,7 +178,7 @@ class Snapshots(unittest.TestCase):
                 if seen == 2:
                     break
             self.assertEqual(seen, 2)
-            self.assertGreaterEqual(used_bytes(shm), 2 * (8 << 20))
+            self.assertGreaterEqual(used_bytes(shm), 4 * (8 << 20))
             workers = children_of(p.pid)
             p.kill()
             p.wait(timeout=30)
@@ -181,6 +187,36 @@ class Snapshots(unittest.TestCase):
                 used_bytes(shm) > 0 or any(os.path.exists(f"/proc/{w}") for w in workers)):
             time.sleep(0.05)
         self.assertEqual(used_bytes(shm), 0)
+
+    def test_metrics_count_the_store(self):
+        script = os.path.join(self.dir, "hold.py")
+        with open(script, "w") as f:
+            f.write(HOLD)
+        p = subprocess.Popen([CRUN, "--nproc-per-node", "2", "--metrics-port", "0", script],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=dict(os.environ, PYTHON_EXEC=PYTHONS[0]))
+        url, seen = None, 0
+        with p.stdout:
+            for line in p.stdout:
+                if "metrics on " in line:
+                    url = line.split("metrics on ", 1)[1].strip()
+                seen += "saved" in line
+                if seen == 2:
+                    break
+            self.assertIsNotNone(url)
+            page = urllib.request.urlopen(url, timeout=30).read().decode()
+            p.terminate()
+            p.wait(timeout=60)
+
+        def value(name):
+            for line in page.splitlines():
+                if line.startswith(name + "{") or line.startswith(name + " "):
+                    return float(line.rsplit(" ", 1)[1])
+            self.fail(f"{name} not on the page:\n{page}")
+        self.assertEqual(value("crun_agent_snapshot_saves_total"), 4)
+        self.assertGreaterEqual(value("crun_agent_snapshot_bytes"), 4 * (8 << 20))
+        self.assertEqual(value("crun_agent_snapshot_refusals_total"), 0)
+        self.assertEqual(value("crun_agent_snapshot_corrupt_total"), 0)
 
     def test_bad_options_are_named(self):
         r = subprocess.run([CRUN, "--snapshots", "maybe", "true"], capture_output=True,

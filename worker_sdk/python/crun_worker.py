@@ -351,7 +351,7 @@ def load(timeout=300):
             refusal = (f"the snapshot of rank {s.rank} at step {step} fails its checksum "
                        "(crun's node memory was overwritten): not loaded")
             continue
-        if verdicts[i] != "valid":
+        if verdicts[i] not in ("valid", "sealed"):
             continue
         if layout == _SHARDED and (world != s.world or rank != s.rank):
             refusal = (f"the snapshot in local rank {s.local_rank}'s memory at step {step} was "
@@ -359,7 +359,7 @@ def load(timeout=300):
                        "sharded snapshot loads only into the same rank of the same world size")
             continue
         held.append(step)
-        by_step[step] = b
+        by_step[step] = (i, b)
     step = _agree(s, held, refusal, timeout)
     # The job goes on from the agreed step: a snapshot of any other step belongs to an abandoned
     # timeline (a newer step this rank saved before another rank failed), and must neither be
@@ -369,8 +369,14 @@ def load(timeout=300):
             struct.pack_into("<I", b.map, _STATE_AT, _EMPTY)
     if step is None:
         return None
-    b = by_step[step]
+    i, b = by_step[step]
     h = b.header()
+    if verdicts[i] == "sealed":
+        # The older buffer: crun checks it now that it is the one to load.
+        checked, _ = s.ask(f"verify {s.local_rank} {i}")
+        if checked != "valid":
+            raise SnapshotError(f"the snapshot of rank {s.rank} at step {step} fails its "
+                                f"checksum ({checked}): crun's node memory was overwritten")
     payload = memoryview(b.map)[_HEADER_BYTES:_HEADER_BYTES + h[5]]
     items = _decode_toc(payload[:h[6]])
     tensors, values = [], None

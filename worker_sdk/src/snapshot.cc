@@ -273,7 +273,7 @@ StatusOr<std::optional<LoadedSnapshot>> SnapshotStore::Load(Context& context, Mi
                 " fails its checksum (crun's node memory was overwritten): not loaded";
       continue;
     }
-    if (verdict[i] != "valid") continue;
+    if (verdict[i] != "valid" && verdict[i] != "sealed") continue;
     if (h.layout == snap::kSharded && (h.world_size != env_.world_size || h.rank != env_.rank)) {
       refusal = "the snapshot in local rank " + std::to_string(env_.local_rank) +
                 "'s memory at step " + std::to_string(h.step) + " was saved by rank " +
@@ -336,9 +336,24 @@ StatusOr<std::optional<LoadedSnapshot>> SnapshotStore::Load(Context& context, Mi
   }
   if (!agreed) return std::optional<LoadedSnapshot>();
   for (int i = 0; i < 2; ++i) {
-    if (!buffers_[i] || verdict[i] != "valid" || buffers_[i]->header().step != *agreed) continue;
+    if (!buffers_[i] || (verdict[i] != "valid" && verdict[i] != "sealed") ||
+        buffers_[i]->header().step != *agreed) {
+      continue;
+    }
     const Buffer& b = *buffers_[i];
     const snap::BufferHeader& h = b.header();
+    if (verdict[i] == "sealed") {
+      // The older buffer: crun checks it now that it is the one to load.
+      std::vector<int> none;
+      auto checked =
+          Ask("verify " + std::to_string(env_.local_rank) + " " + std::to_string(i), &none);
+      if (!checked.ok()) return checked.status();
+      if (*checked != "valid") {
+        return InvalidArgument("the snapshot of " + RankWord(env_) + " at step " +
+                               std::to_string(h.step) + " fails its checksum (" + *checked +
+                               "): crun's node memory was overwritten");
+      }
+    }
     auto items =
         snap::DecodeToc(std::string_view(reinterpret_cast<const char*>(b.payload()), h.toc_bytes),
                         h.payload_bytes);

@@ -93,6 +93,14 @@ TEST_CASE("crun's memory: sized on demand, sealed, and a changed byte fails the 
   auto b = memory.Reserve(0, 1, 5000);
   REQUIRE(b.ok());
   WriteComplete(**b, 8, 2, 5000, 0x11);
+  // A load checks the newest (step 8) and leaves the older one sealed until it is wanted.
+  const_cast<unsigned char*>((*a)->payload())[10] ^= 1;
+  checks = memory.Check(0);
+  CHECK(checks[0].verdict == BufferVerdict::kSealed);
+  CHECK(checks[1].verdict == BufferVerdict::kValid);
+  CHECK(memory.Verify(0, 0).verdict == BufferVerdict::kCorrupt);
+  const_cast<unsigned char*>((*a)->payload())[10] ^= 1;
+  CHECK(memory.Verify(0, 0).verdict == BufferVerdict::kValid);
   // Now buffer 0 is the older one, and may grow.
   auto grown = memory.Reserve(0, 0, 9000);
   REQUIRE(grown.ok());
