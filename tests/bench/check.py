@@ -34,6 +34,7 @@ from bench_support import in_private_netns  # noqa: E402
 import launch_bench  # noqa: E402
 import rdzv_bench  # noqa: E402
 import recovery_bench  # noqa: E402
+import snapshot_bench  # noqa: E402
 import store_bench  # noqa: E402
 
 MIN_BAND = 0.10
@@ -45,6 +46,7 @@ STORE_SET = "store set, 64 clients: crun / libuv"
 STORM = "storm, 20,000 connections: libuv / crun"
 RDZV = "rendezvous, 2 agents: torchrun c10d / crun"
 RECOVERY = "recovery, crash → imported, 1 node: torchrun 2.x / crun --warm"
+SNAPSHOT = "save 200 MiB a rank, 2 workers: torch.save /dev/shm / crun_worker.save"
 # Floors of a check's band: how far its ratio moved between whole runs of this script on one
 # machine and one build, which the spread of one run's rounds does not show. Runs at a79fa0d,
 # ff8881d and 7b73122 (2026-11-26; the last two build the same crun):
@@ -56,7 +58,8 @@ RECOVERY = "recovery, crash → imported, 1 node: torchrun 2.x / crun --warm"
 # judged against the limit, measured in the same rounds (the limit is spawn_limit starting
 # the same 2 workers: the floor of a restart's start of new workers too); the anchors' ratios
 # catch only a large regression. The torchrun restart ratio moves too far to judge at all.
-BAND_FLOORS = {LAUNCH_TORCH: 0.30, RDZV: 0.45, RECOVERY: 0.45, STORE_SET: 0.45, STORM: 0.65}
+BAND_FLOORS = {LAUNCH_TORCH: 0.30, RDZV: 0.45, RECOVERY: 0.45, STORE_SET: 0.45, STORM: 0.65,
+               SNAPSHOT: 0.35}
 NOT_JUDGED = {RESTART_TORCH}
 
 
@@ -104,6 +107,10 @@ def recorded(docs):
     storm = section(store, "## Connection storm", "## How to reproduce")
     wire = section(store, "### 2.x wire dialect", "### 1.13 wire dialect")
     restart = row(launch, "restart, 2 workers")
+    snapshots = section(text, "<!-- snapshot-bench:begin -->", "<!-- snapshot-bench:end -->")
+    # The row of PyTorch 2.x (its version is the first cell).
+    snap = next([c.strip() for c in line.strip().strip("|").split("|")]
+                for line in snapshots.splitlines() if line.startswith("| 2."))
     # Cells: case, crun, limit, crun / limit, torchrun 2.x, torchrun 1.13, torchrun / crun.
     return {
         LAUNCH_TORCH: (number(two[-1]), commit_of(launch)),
@@ -117,6 +124,8 @@ def recorded(docs):
         RDZV: (number(row(rdzv, "2 agents × 1 worker")[-1]), commit_of(rdzv)),
         # Cells: case, torch, figure, crun cold, crun --warm, torchrun 2.x.
         RECOVERY: (number(crash[5]) / number(crash[4]), commit_of(recovery)),
+        # Cells: PyTorch, crun_worker.save, torch.save /dev/shm, torch.save disk, load, goal.
+        SNAPSHOT: (number(snap[2]) / number(snap[1]), commit_of(snapshots)),
     }
 
 
@@ -234,6 +243,18 @@ def recovery_checks(args):
     return ratios
 
 
+def snapshot_checks(args):
+    """A save of 200 MiB a rank into crun's memory against torch.save to /dev/shm, two workers
+    saving at once, alternating within each run (snapshot_bench.py)."""
+    args.mib, args.rounds = (8, 1) if args.smoke else (200, 3)
+    ratios = {SNAPSHOT: []}
+    for _ in range(rounds_of(args, 3)):
+        got = snapshot_bench.run_saves(args, args.torch2_python)
+        ratios[SNAPSHOT].append(statistics.median(got["torch.save /dev/shm"])
+                                / statistics.median(got["crun_worker.save"]))
+    return ratios
+
+
 def judge(measured, recorded_ratios):
     """Rows of (check, recorded, commit, now, band, verdict); whether any regressed."""
     rows, regressed = [], False
@@ -276,7 +297,7 @@ def main():
         print(f"  {name}: {ratio:,.2f} (at {commit})", file=sys.stderr)
     measured = {}
     # The storm last: it leaves 40,000 closed connections in TIME_WAIT behind it.
-    for checks in (launch_checks, rdzv_checks, recovery_checks, store_checks):
+    for checks in (launch_checks, rdzv_checks, recovery_checks, snapshot_checks, store_checks):
         measured.update(checks(args))
     rows, regressed = judge(measured, was)
     print(f"| check | recorded (commit) | this run | noise band | verdict |")

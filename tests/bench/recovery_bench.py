@@ -11,7 +11,10 @@ Rows, each for one node x 2 workers (--standalone) and for 2 agents x 2 workers 
     crash -> every worker of the next attempt exec'd, -> imported torch, -> process group
     formed, -> first step done;
   * the same with a checkpoint of --ckpt-mb MiB that rank 0 saves every 2 steps and every
-    rank loads at the restart (the data path users have).
+    rank loads at the restart (the data path users have);
+  * the same with a snapshot of --ckpt-mb MiB per rank that every rank saves after every step
+    into crun's node memory and loads at the restart (crun only: docs/checkpoints.md).
+Each also says how many steps done before the crash the restart trained again.
 With PyTorch 2.x (PyPI) and Debian's 1.13 (one node). A run whose restart failed (a launcher
 that did not exit 0, or a rank that did not reach the last step) is a failure of that
 launcher: it is counted in the table, never dropped.
@@ -77,6 +80,8 @@ def run_once(args, launcher, python, nodes, scenario):
     worker_args = [WORKER, out, "--steps", str(STEPS), "--crash-step", str(CRASH_STEP)]
     if scenario == "ckpt":
         worker_args += ["--ckpt-mb", str(args.ckpt_mb), "--ckpt-dir", ckpt]
+    if scenario == "snapshot":
+        worker_args += ["--ckpt-mb", str(args.ckpt_mb), "--snapshot"]
     env = dict(os.environ, PYTHON_EXEC=python, OMP_NUM_THREADS="1", LOGLEVEL="WARNING")
     port = free_port()
     # Each agent's stderr into a file, not a pipe: a worker that outlived its launcher
@@ -154,6 +159,11 @@ def figures(out, t0, world, errors):
         return max(firsts.values()) if len(firsts) == world else None
 
     result = {"failed": "; ".join(errors)} if errors else {}
+    resumed = [e["step"] for e in events if e["attempt"] == 1 and e["stage"] == "step"]
+    if resumed and len(crash) == 1:
+        # Steps done before the crash that the restart trains again (the crashed step was
+        # never done).
+        result["redone"] = CRASH_STEP - min(resumed)
     first = every_rank(0, "step")
     if first is not None:
         result["first"] = (first - t0) / 1e6
@@ -236,7 +246,10 @@ def memory_once(args, launcher, python):
 
 
 def measure(args, case, launchers):
-    """{launcher: [result per round]} for one case, the launchers alternating."""
+    """{launcher: [result per round]} for one case, the launchers alternating (crun's only for a
+    snapshot: torchrun has none)."""
+    if case["scenario"] == "snapshot":
+        launchers = [(n, l) for n, l in launchers if l != "torchrun"]
     results = {name: [] for name, _ in launchers}
     for r in range(args.rounds):
         order = launchers if r % 2 == 0 else launchers[::-1]
@@ -275,12 +288,14 @@ def memory_table(args):
 
 def cell(runs, key):
     """The median of the runs that reached `key`, and how many runs failed: a failed run's
-    stages before its failure count, what it never reached does not."""
+    stages before its failure count, what it never reached does not. None: not measured."""
+    if runs is None:
+        return "—"
     got = [r[key] for r in runs if key in r]
     failed = sum(1 for r in runs if "failed" in r)
     if not got:
         return f"failed {failed} of {len(runs)}"
-    text = f"{statistics.median(got):,.0f} ms"
+    text = f"{statistics.median(got):,.0f}" + ("" if key == "redone" else " ms")
     return text + (f" ({failed} of {len(runs)} failed)" if failed else "")
 
 
@@ -291,6 +306,8 @@ def cases(args):
                     "python": args.torch2_python, "torch": "2.x"})
         out.append({"label": f"{where}, crash, {args.ckpt_mb} MiB checkpoint", "nodes": nodes,
                     "scenario": "ckpt", "python": args.torch2_python, "torch": "2.x"})
+        out.append({"label": f"{where}, crash, {args.ckpt_mb} MiB snapshot a rank", "nodes": nodes,
+                    "scenario": "snapshot", "python": args.torch2_python, "torch": "2.x"})
     if args.torch1_python:
         out.append({"label": f"{ONE_NODE}, crash", "nodes": 1, "scenario": "crash",
                     "python": args.torch1_python, "torch": "1.13"})
@@ -310,11 +327,12 @@ def table(args, measured):
             ("exec", "crash → every worker exec'd"),
             ("imported", IMPORTED),
             ("group", "crash → process group formed"),
-            ("step", FIRST_STEP))
+            ("step", FIRST_STEP),
+            ("redone", "steps lost (done before the crash, trained again)"))
     for case, results in measured:
         for key, label in rows:
             lines.append(f"| {case['label']} | {case['torch']} | {label} | "
-                         + " | ".join(cell(results[n], key) for n in names) + " |")
+                         + " | ".join(cell(results.get(n), key) for n in names) + " |")
     return lines
 
 
