@@ -7,7 +7,8 @@
 #   crun_VERSION_amd64.deb              the same under /usr (CPack)
 #   crun-VERSION-py3-none-manylinux_2_N_x86_64.whl
 #                                       bin/crun for `pip install`: it lands on the venv's PATH;
-#                                       N is the newest glibc symbol version crun uses
+#                                       N is the newest glibc symbol version crun uses; and the
+#                                       crun_worker module
 # Usage: scripts/package.sh [--build-dir DIR] [--out DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,6 +65,8 @@ tag="py3-none-manylinux_2_${glibc#GLIBC_2.}_x86_64"
 wheel_dir="$stage/wheel/crun-$version"
 mkdir -p "$wheel_dir/crun-$version.data/scripts" "$wheel_dir/crun-$version.dist-info"
 strip -o "$wheel_dir/crun-$version.data/scripts/crun" "$crun"
+# The worker module (docs/checkpoints.md), importable in the environment as crun_worker.
+cp worker_sdk/python/crun_worker.py "$wheel_dir/crun_worker.py"
 cat > "$wheel_dir/crun-$version.dist-info/METADATA" <<META
 Metadata-Version: 2.1
 Name: crun
@@ -72,8 +75,9 @@ Summary: Elastic launcher for distributed training, torchrun-compatible (one sta
 License: see the project
 Platform: Linux x86_64
 
-\`pip install\` puts the \`crun\` executable on this environment's PATH. It needs glibc
-${glibc#GLIBC_} or newer and nothing else; see docs/install.md.
+\`pip install\` puts the \`crun\` executable on this environment's PATH, and the worker
+module \`crun_worker\` (snapshots in crun's node memory, docs/checkpoints.md) in it. It needs
+glibc ${glibc#GLIBC_} or newer and nothing else; see docs/install.md.
 META
 cat > "$wheel_dir/crun-$version.dist-info/WHEEL" <<META
 Wheel-Version: 1.0

@@ -58,8 +58,10 @@ SNAPSHOT = "save 200 MiB a rank, 2 workers: torch.save /dev/shm / crun_worker.sa
 # judged against the limit, measured in the same rounds (the limit is spawn_limit starting
 # the same 2 workers: the floor of a restart's start of new workers too); the anchors' ratios
 # catch only a large regression. The torchrun restart ratio moves too far to judge at all.
+# The save's anchor, torch.save to /dev/shm, took 151-228 ms in whole runs of
+# snapshot_bench.py at 75394e5-1af4586 against crun's 27-38 ms: its ratio moved 4.1-6.1.
 BAND_FLOORS = {LAUNCH_TORCH: 0.30, RDZV: 0.45, RECOVERY: 0.45, STORE_SET: 0.45, STORM: 0.65,
-               SNAPSHOT: 0.35}
+               SNAPSHOT: 0.45}
 NOT_JUDGED = {RESTART_TORCH}
 
 

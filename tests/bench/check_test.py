@@ -57,10 +57,18 @@ class Judge(unittest.TestCase):
 class Recorded(unittest.TestCase):
     def test_every_check_has_a_recorded_ratio_and_commit(self):
         was = check.recorded(DOCS)
-        self.assertEqual(len(was), 8)
+        self.assertEqual(len(was), 9)
         for name, (ratio, commit) in was.items():
             self.assertGreater(ratio, 0, name)
             self.assertRegex(commit, r"^[0-9a-f]{7,}$", name)
+
+    def test_the_save_is_judged_on_the_pytorch_2_row(self):
+        text = check.section(open(DOCS).read(), "<!-- snapshot-bench:begin -->",
+                             "<!-- snapshot-bench:end -->")
+        cells = next([c.strip() for c in line.strip().strip("|").split("|")]
+                     for line in text.splitlines() if line.startswith("| 2."))
+        self.assertAlmostEqual(check.recorded(DOCS)[check.SNAPSHOT][0],
+                               check.number(cells[2]) / check.number(cells[1]))
 
     def test_the_restart_is_judged_against_the_limit_of_the_same_table(self):
         launch = check.section(open(DOCS).read(), "<!-- launch-bench:begin -->",

@@ -108,7 +108,7 @@ def ms(values):
 
 
 def mib(values):
-    return f"{statistics.median(values) / (1 << 20):,.0f} MiB"
+    return f"{max(0, statistics.median(values)) / (1 << 20):,.0f} MiB"
 
 
 def main():

@@ -115,8 +115,13 @@ class Packages(unittest.TestCase):
                    VIRTUAL_ENV=venv)
         self.assertEqual(shutil.which("crun", path=env["PATH"]), crun)
         self.ddp_job("crun", env)
+        # The worker module, importable in the environment itself.
+        where = run([os.path.join(venv, "bin", "python"), "-c",
+                     "import crun_worker; print(crun_worker.__file__)"]).stdout.strip()
+        self.assertTrue(where.startswith(venv), where)
         run([os.path.join(venv, "bin", "pip"), "uninstall", "-y", "crun"])
         self.assertFalse(os.path.exists(crun))
+        self.assertFalse(os.path.exists(where))
 
     def test_the_debian_package_installs_runs_and_removes(self):
         path = self.one("crun_*_amd64.deb")

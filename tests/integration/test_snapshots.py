@@ -149,6 +149,17 @@ class Snapshots(unittest.TestCase):
         self.assertEqual(sorted((x["attempt"], x["rank"]) for x in results),
                          [(kills, 0), (kills, 1)])
         self.assertGreater(results[0]["start"], kills)
+        # Where crun gives each attempt a cgroup of its own, the snapshots outlived every one
+        # of them: each attempt's cgroup was killed and removed at its end.
+        groups = set()
+        for name in os.listdir(self.dir):
+            if name.startswith("cgroup-"):
+                with open(os.path.join(self.dir, name)) as f:
+                    groups |= {line.split("::", 1)[1].strip() for line in f
+                               if line.startswith("0::") and "/attempt-" in line}
+        if groups:
+            self.assertEqual(len(groups), kills + 1, sorted(groups)[:5])
+            self.assertEqual([g for g in groups if os.path.exists("/sys/fs/cgroup" + g)], [])
         print(f"\n  {kills} workers SIGKILLed mid-save, every restart loaded the agreed step "
               f"({time.monotonic() - t0:.1f} s)")
 

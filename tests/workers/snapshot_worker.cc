@@ -9,7 +9,8 @@
 //     KILLS-1, one rank (the attempt's number modulo the world) SIGKILLs itself in the middle of a
 //     save at a step and byte that a seeded generator picks. Around a save and the record of its
 //     commit, SIGTERM waits (crun stops the other ranks with it), so DIR/committed-R is exact.
-//     Writes DIR/result-R-A.json for attempt A.
+//     Writes DIR/cgroup-R-A (its cgroup, from /proc/self/cgroup) at its start and
+//     DIR/result-R-A.json for attempt A at its end.
 #include <signal.h>
 #include <unistd.h>
 
@@ -67,6 +68,11 @@ int main(int argc, char** argv) {
   if (!ctx.ok()) Fail(dir, -1, ctx.status().ToString());
   const auto& env = (*ctx)->env();
   const int rank = env.rank, world = env.world_size, attempt = env.restart_count;
+  {
+    std::ifstream in("/proc/self/cgroup");
+    std::ofstream(dir + "/cgroup-" + std::to_string(rank) + "-" + std::to_string(attempt))
+        << in.rdbuf();
+  }
   auto store = crun::worker::SnapshotStore::Connect(env);
   if (!store.ok()) Fail(dir, rank, store.status().ToString());
 
