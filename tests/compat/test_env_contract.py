@@ -22,7 +22,10 @@ TORCH_1 = torch.__version__.startswith("1.")
 DIFFERENT_VALUES = {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE",
                     "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"}
 # Set by crun only.
-CRUN_ONLY = {"CRUN_ATTEMPT", "CRUN_ATTEMPT_LOG_DIR"}
+CRUN_ONLY = {"CRUN_ATTEMPT", "CRUN_ATTEMPT_LOG_DIR", "CRUN_SNAPSHOT_SOCKET"}
+# Set by crun, or extended: PYTHONPATH begins with the crun_worker module's directory (compared
+# without it).
+SDK_DIR_SUFFIX = "/python-sdk"
 if TORCH_1:
     # torchrun 1.13 sets neither of these; 1.13 reads only the old NCCL name.
     CRUN_ONLY |= {"TORCHELASTIC_SIGNALS_TO_HANDLE", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}
@@ -35,6 +38,21 @@ CONFIGURATIONS = [
     ["--standalone", "--nproc-per-node", "2"],
     ["--nnodes", "1", "--nproc-per-node", "2", "--role", "trainer", "--max-restarts", "1"],
 ]
+
+
+def without_sdk_dir(env, rank):
+    """crun's worker environment with the crun_worker directory taken off PYTHONPATH (where it
+    must be first), and PYTHONPATH dropped when nothing else was in it."""
+    parts = env.get("PYTHONPATH", "").split(os.pathsep)
+    if not parts[0].endswith(SDK_DIR_SUFFIX):
+        raise AssertionError(f"rank {rank}: PYTHONPATH does not begin with crun's module: "
+                             f"{env.get('PYTHONPATH')!r}")
+    env = dict(env)
+    if len(parts) == 1:
+        del env["PYTHONPATH"]
+    else:
+        env["PYTHONPATH"] = os.pathsep.join(parts[1:])
+    return env
 
 
 def underscored(args):
@@ -65,7 +83,7 @@ class EnvContract(unittest.TestCase):
                              tempfile.mkdtemp())
                 ours = run([CRUN, *config], tempfile.mkdtemp())
                 for rank in range(2):
-                    t, c = theirs[rank], ours[rank]
+                    t, c = theirs[rank], without_sdk_dir(ours[rank], rank)
                     missing = set(t) - set(c) - inherited - TORCHRUN_ONLY - IGNORED
                     self.assertEqual(missing, set(), f"rank {rank}: set by torchrun, not by crun")
                     extra = set(c) - set(t) - inherited - CRUN_ONLY - IGNORED
@@ -82,7 +100,7 @@ class EnvContract(unittest.TestCase):
         section = doc[doc.index("## Differences from torchrun"):]
         for key in DIFFERENT_VALUES | CRUN_ONLY | TORCHRUN_ONLY | {
                 "TORCHELASTIC_SIGNALS_TO_HANDLE", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
-                "NCCL_ASYNC_ERROR_HANDLING"}:
+                "NCCL_ASYNC_ERROR_HANDLING", "PYTHONPATH"}:
             self.assertIn(f"`{key}`", section, f"{key} is not explained in {DOC}")
 
 

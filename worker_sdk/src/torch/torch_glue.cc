@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <type_traits>
 
 #include "crun/worker/torch.h"
 
@@ -341,9 +342,21 @@ Status RestoreTensor(const LoadedSnapshot& s, const std::string& name, torch::Te
   return Status::Ok();
 }
 
-std::string ParamKey(const torch::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
+// The key of a parameter's state in an optimizer: libtorch 1.x keys it by the TensorImpl's
+// address as text, 2.x by the address itself.
+using OptimizerStateKey =
+    std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+template <typename Key>
+Key KeyOf(const torch::Tensor& p) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;  // as c10::guts::to_string writes it (1.x)
+    text << static_cast<const void*>(p.unsafeGetTensorImpl());
+    return text.str();
+  } else {
+    return p.unsafeGetTensorImpl();
+  }
 }
+OptimizerStateKey ParamKey(const torch::Tensor& p) { return KeyOf<OptimizerStateKey>(p); }
 
 std::vector<torch::Tensor> OptimizerParams(torch::optim::Optimizer& o) {
   std::vector<torch::Tensor> out;
