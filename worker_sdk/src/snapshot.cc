@@ -257,117 +257,129 @@ Status SnapshotStore::Save(std::uint64_t step, const std::vector<SnapshotItem>& 
   return told.ok() ? Status::Ok() : told.status();
 }
 
-StatusOr<std::optional<LoadedSnapshot>> SnapshotStore::Load(Context& context, Millis timeout) {
-  auto slot = TakeSlot("load");
-  if (!slot.ok()) return slot.status();
-  const std::array<std::string, 2>& verdict = *slot;
-
-  // What this rank holds, or why it refuses.
-  std::vector<std::uint64_t> held;
-  std::string refusal;
+// What this rank holds complete and its own (its steps), or why it refuses. A refusal with
+// nothing left to load fails the job's load; a corrupt newer copy next to a whole older one
+// does not (the older one is loaded, as the agreement allows).
+SnapshotStore::Held SnapshotStore::HeldSteps(const std::array<std::string, 2>& verdict) const {
+  Held out;
   for (int i = 0; i < 2; ++i) {
     if (!buffers_[i]) continue;
     const snap::BufferHeader& h = buffers_[i]->header();
     if (verdict[i] == "corrupt") {
-      refusal = "the snapshot of " + RankWord(env_) + " at step " + std::to_string(h.step) +
-                " fails its checksum (crun's node memory was overwritten): not loaded";
+      out.refusal = "the snapshot of " + RankWord(env_) + " at step " + std::to_string(h.step) +
+                    " fails its checksum (crun's node memory was overwritten): not loaded";
       continue;
     }
     if (verdict[i] != "valid" && verdict[i] != "sealed") continue;
     if (h.layout == snap::kSharded && (h.world_size != env_.world_size || h.rank != env_.rank)) {
-      refusal = "the snapshot in local rank " + std::to_string(env_.local_rank) +
-                "'s memory at step " + std::to_string(h.step) + " was saved by rank " +
-                std::to_string(h.rank) + " of " + std::to_string(h.world_size) + ", not by " +
-                RankWord(env_) + " of " + std::to_string(env_.world_size) +
-                ": a sharded snapshot loads only into the same rank of the same world size";
+      out.refusal = "the snapshot in local rank " + std::to_string(env_.local_rank) +
+                    "'s memory at step " + std::to_string(h.step) + " was saved by rank " +
+                    std::to_string(h.rank) + " of " + std::to_string(h.world_size) + ", not by " +
+                    RankWord(env_) + " of " + std::to_string(env_.world_size) +
+                    ": a sharded snapshot loads only into the same rank of the same world size";
       continue;
     }
-    held.push_back(h.step);
+    out.steps.push_back(h.step);
   }
-  // A refusal with nothing left to load fails the job's load; a corrupt newer copy next to a
-  // whole older one does not (the older one is loaded, as the agreement allows).
-  const bool refuse = held.empty() && !refusal.empty();
+  if (!out.steps.empty()) out.refusal.clear();
+  return out;
+}
+
+// The step the job resumes at, through the job's store: every rank posts what it holds (or
+// its refusal), rank 0 decides, every rank reads the decision. None: no step every rank holds.
+StatusOr<std::optional<std::uint64_t>> SnapshotStore::Agree(Context& context, const Held& held,
+                                                            Millis timeout) {
+  if (env_.world_size <= 1) {
+    if (!held.refusal.empty()) return InvalidArgument(held.refusal);
+    if (held.steps.empty()) return std::optional<std::uint64_t>();
+    return std::optional<std::uint64_t>(*std::max_element(held.steps.begin(), held.steps.end()));
+  }
   const std::string prefix = context.round_prefix() + "snapshot/" + std::to_string(loads_++) + "/";
-  std::optional<std::uint64_t> agreed;
-  if (env_.world_size > 1) {
-    Store& store = context.store();
-    CRUN_RETURN_IF_ERROR(store.Set(prefix + std::to_string(env_.rank),
-                                   refuse ? "refused:" + refusal : "steps:" + JoinSteps(held)));
-    const std::string agreed_key = prefix + "agreed";
-    if (env_.rank == 0) {
-      std::vector<std::string> keys;
-      for (int r = 0; r < env_.world_size; ++r) keys.push_back(prefix + std::to_string(r));
-      CRUN_RETURN_IF_ERROR(store.Wait(keys, timeout));
-      auto values = store.MultiGet(keys);
-      if (!values.ok()) return values.status();
-      std::vector<std::vector<std::uint64_t>> all;
-      std::string verdict_text;
-      for (std::size_t r = 0; r < values->size(); ++r) {
-        const std::string& v = (*values)[r];
-        if (v.rfind("refused:", 0) == 0 && verdict_text.empty()) verdict_text = v;
-        all.push_back(v.rfind("steps:", 0) == 0 ? SplitSteps(std::string_view(v).substr(6))
-                                                : std::vector<std::uint64_t>{});
-      }
-      if (verdict_text.empty()) {
-        const auto step = AgreeStep(all);
-        verdict_text = step ? "step:" + std::to_string(*step) : "none";
-      }
-      CRUN_RETURN_IF_ERROR(store.Set(agreed_key, verdict_text));
+  Store& store = context.store();
+  CRUN_RETURN_IF_ERROR(store.Set(prefix + std::to_string(env_.rank),
+                                 held.refusal.empty() ? "steps:" + JoinSteps(held.steps)
+                                                      : "refused:" + held.refusal));
+  const std::string agreed_key = prefix + "agreed";
+  if (env_.rank == 0) {
+    std::vector<std::string> keys;
+    for (int r = 0; r < env_.world_size; ++r) keys.push_back(prefix + std::to_string(r));
+    CRUN_RETURN_IF_ERROR(store.Wait(keys, timeout));
+    auto values = store.MultiGet(keys);
+    if (!values.ok()) return values.status();
+    std::vector<std::vector<std::uint64_t>> all;
+    std::string decision;
+    for (const std::string& v : *values) {
+      if (v.rfind("refused:", 0) == 0 && decision.empty()) decision = v;
+      all.push_back(v.rfind("steps:", 0) == 0 ? SplitSteps(std::string_view(v).substr(6))
+                                              : std::vector<std::uint64_t>{});
     }
-    CRUN_RETURN_IF_ERROR(store.Wait({agreed_key}, timeout));
-    auto text = store.Get(agreed_key);
-    if (!text.ok()) return text.status();
-    if (text->rfind("refused:", 0) == 0) return InvalidArgument(text->substr(8));
-    if (text->rfind("step:", 0) == 0) {
-      agreed = static_cast<std::uint64_t>(
-          *ParseInteger(std::string_view(*text).substr(5), 0, INT64_MAX));
+    if (decision.empty()) {
+      const auto step = AgreeStep(all);
+      decision = step ? "step:" + std::to_string(*step) : "none";
     }
-  } else {
-    if (refuse) return InvalidArgument(refusal);
-    if (!held.empty()) agreed = *std::max_element(held.begin(), held.end());
+    CRUN_RETURN_IF_ERROR(store.Set(agreed_key, decision));
   }
+  CRUN_RETURN_IF_ERROR(store.Wait({agreed_key}, timeout));
+  auto text = store.Get(agreed_key);
+  if (!text.ok()) return text.status();
+  if (text->rfind("refused:", 0) == 0) return InvalidArgument(text->substr(8));
+  if (text->rfind("step:", 0) != 0) return std::optional<std::uint64_t>();
+  return std::optional<std::uint64_t>(
+      static_cast<std::uint64_t>(*ParseInteger(std::string_view(*text).substr(5), 0, INT64_MAX)));
+}
+
+// Buffer `index`, holding the agreed step, as loaded; the older (sealed) buffer is checked by
+// crun first.
+StatusOr<LoadedSnapshot> SnapshotStore::Loaded(int index, const std::string& verdict) {
+  const Buffer& b = *buffers_[index];
+  const snap::BufferHeader& h = b.header();
+  const std::string which =
+      "the snapshot of " + RankWord(env_) + " at step " + std::to_string(h.step);
+  if (verdict == "sealed") {
+    std::vector<int> none;
+    auto checked =
+        Ask("verify " + std::to_string(env_.local_rank) + " " + std::to_string(index), &none);
+    if (!checked.ok()) return checked.status();
+    if (*checked != "valid") {
+      return InvalidArgument(which + " fails its checksum (" + *checked +
+                             "): crun's node memory was overwritten");
+    }
+  }
+  auto items =
+      snap::DecodeToc(std::string_view(reinterpret_cast<const char*>(b.payload()), h.toc_bytes),
+                      h.payload_bytes);
+  if (!items) return InvalidArgument(which + " has a malformed table of contents");
+  LoadedSnapshot out;
+  out.step = h.step;
+  out.items = std::move(*items);
+  for (const auto& item : out.items) out.data.push_back(b.payload() + item.offset);
+  return out;
+}
+
+StatusOr<std::optional<LoadedSnapshot>> SnapshotStore::Load(Context& context, Millis timeout) {
+  auto slot = TakeSlot("load");
+  if (!slot.ok()) return slot.status();
+  const std::array<std::string, 2>& verdict = *slot;
+  auto agreed = Agree(context, HeldSteps(verdict), timeout);
+  if (!agreed.ok()) return agreed.status();
   // The job goes on from the agreed step: a snapshot of any other step belongs to a timeline
   // that is abandoned (a step newer than the agreed one that this rank saved before another
   // rank failed), and must neither be loaded later nor make a save overwrite the agreed one.
   for (int i = 0; i < 2; ++i) {
-    if (buffers_[i] && (!agreed || buffers_[i]->header().step != *agreed)) {
+    if (buffers_[i] && (!*agreed || buffers_[i]->header().step != **agreed)) {
       snap::StoreState(buffers_[i]->header(), snap::kEmpty);
     }
   }
-  if (!agreed) return std::optional<LoadedSnapshot>();
+  if (!*agreed) return std::optional<LoadedSnapshot>();
   for (int i = 0; i < 2; ++i) {
-    if (!buffers_[i] || (verdict[i] != "valid" && verdict[i] != "sealed") ||
-        buffers_[i]->header().step != *agreed) {
-      continue;
+    if (buffers_[i] && (verdict[i] == "valid" || verdict[i] == "sealed") &&
+        buffers_[i]->header().step == **agreed) {
+      auto loaded = Loaded(i, verdict[i]);
+      if (!loaded.ok()) return loaded.status();
+      return std::optional<LoadedSnapshot>(std::move(*loaded));
     }
-    const Buffer& b = *buffers_[i];
-    const snap::BufferHeader& h = b.header();
-    if (verdict[i] == "sealed") {
-      // The older buffer: crun checks it now that it is the one to load.
-      std::vector<int> none;
-      auto checked =
-          Ask("verify " + std::to_string(env_.local_rank) + " " + std::to_string(i), &none);
-      if (!checked.ok()) return checked.status();
-      if (*checked != "valid") {
-        return InvalidArgument("the snapshot of " + RankWord(env_) + " at step " +
-                               std::to_string(h.step) + " fails its checksum (" + *checked +
-                               "): crun's node memory was overwritten");
-      }
-    }
-    auto items =
-        snap::DecodeToc(std::string_view(reinterpret_cast<const char*>(b.payload()), h.toc_bytes),
-                        h.payload_bytes);
-    if (!items) {
-      return InvalidArgument("the snapshot of " + RankWord(env_) + " at step " +
-                             std::to_string(h.step) + " has a malformed table of contents");
-    }
-    LoadedSnapshot out;
-    out.step = h.step;
-    out.items = std::move(*items);
-    for (const auto& item : out.items) out.data.push_back(b.payload() + item.offset);
-    return std::optional<LoadedSnapshot>(std::move(out));
   }
-  return InternalError("the agreed step " + std::to_string(*agreed) + " is not in " +
+  return InternalError("the agreed step " + std::to_string(**agreed) + " is not in " +
                        RankWord(env_) + "'s memory");
 }
 

@@ -76,6 +76,13 @@ class SnapshotStore {
   SnapshotStore(WorkerEnv env, int sock);
   StatusOr<std::string> Ask(const std::string& request, std::vector<int>* fds);
   StatusOr<std::array<std::string, 2>> TakeSlot(const std::string& verb);
+  struct Held {
+    std::vector<std::uint64_t> steps;
+    std::string refusal;  // set only when nothing is held
+  };
+  Held HeldSteps(const std::array<std::string, 2>& verdict) const;
+  StatusOr<std::optional<std::uint64_t>> Agree(Context& context, const Held& held, Millis timeout);
+  StatusOr<LoadedSnapshot> Loaded(int index, const std::string& verdict);
   Status MapBuffer(int index, int fd, std::uint64_t capacity);
 
   WorkerEnv env_;
