@@ -1,10 +1,14 @@
 #include "base/proc.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -113,6 +117,84 @@ std::size_t ReleaseStartupPages() {
     }
   }
   return released;
+}
+
+std::vector<std::uint64_t> SocketInodesOnPort(std::string_view proc_net_tcp, std::uint16_t port) {
+  std::vector<std::uint64_t> out;
+  std::istringstream in{std::string(proc_net_tcp)};
+  std::string line;
+  std::getline(in, line);  // the column names
+  while (std::getline(in, line)) {
+    // "  0: 0100007F:5113 00000000:0000 0A 00000000:00000000 00:00000000 00000000  0  0 4711 ..."
+    std::istringstream f(line);
+    std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+    if (!(f >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+          timeout >> inode)) {
+      continue;
+    }
+    const auto colon = local.rfind(':');
+    if (colon == std::string::npos) continue;
+    char* end = nullptr;
+    const unsigned long p = std::strtoul(local.c_str() + colon + 1, &end, 16);
+    if (*end != '\0' || p != port) continue;
+    const unsigned long long n = std::strtoull(inode.c_str(), &end, 10);
+    if (*end == '\0' && n != 0) out.push_back(n);
+  }
+  return out;
+}
+
+namespace {
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  if (in) text << in.rdbuf();
+  return text.str();
+}
+
+// Whether one of the open files of `pid` is a socket in `inodes`.
+bool HoldsSocket(const std::string& pid, const std::vector<std::uint64_t>& inodes) {
+  const std::string fds = "/proc/" + pid + "/fd";
+  DIR* dir = ::opendir(fds.c_str());
+  if (dir == nullptr) return false;
+  bool found = false;
+  while (const dirent* e = ::readdir(dir)) {
+    char target[64];
+    const std::string link = fds + "/" + e->d_name;
+    const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+    if (n <= 0) continue;
+    target[n] = '\0';
+    unsigned long long inode = 0;
+    if (std::sscanf(target, "socket:[%llu]", &inode) == 1 &&
+        std::find(inodes.begin(), inodes.end(), inode) != inodes.end()) {
+      found = true;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+}  // namespace
+
+std::string TcpPortHolders(std::uint16_t port) {
+  std::vector<std::uint64_t> inodes = SocketInodesOnPort(ReadAll("/proc/net/tcp"), port);
+  for (auto i : SocketInodesOnPort(ReadAll("/proc/net/tcp6"), port)) inodes.push_back(i);
+  if (inodes.empty()) return {};
+  std::string out;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return {};
+  while (const dirent* e = ::readdir(proc)) {
+    const std::string pid = e->d_name;
+    if (pid.empty() || !std::all_of(pid.begin(), pid.end(), ::isdigit)) continue;
+    if (!HoldsSocket(pid, inodes)) continue;
+    std::string comm = ReadAll("/proc/" + pid + "/comm");
+    while (!comm.empty() && comm.back() == '\n') comm.pop_back();
+    if (!out.empty()) out += ", ";
+    out += "pid " + pid + " (" + comm + ")";
+  }
+  ::closedir(proc);
+  return out;
 }
 
 }  // namespace crun

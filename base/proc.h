@@ -42,4 +42,13 @@ struct Mapping {
 };
 std::vector<Mapping> ReleasableMappings(std::string_view smaps);
 
+// Who holds TCP `port` in this network namespace, for a message: "pid 123 (python3)" for each
+// process this user can see with a socket on that local port, listening or connected, joined
+// by ", "; empty when none is visible (another user's process, or nobody).
+std::string TcpPortHolders(std::uint16_t port);
+
+// The socket inodes of the lines of a /proc/net/tcp or tcp6 text whose local port is `port`.
+// Exposed for tests.
+std::vector<std::uint64_t> SocketInodesOnPort(std::string_view proc_net_tcp, std::uint16_t port);
+
 }  // namespace crun

@@ -8,12 +8,61 @@
 #include "agent/rendezvous/service_rendezvous.h"
 #include "agent/rendezvous/session_client.h"
 #include "base/host_addresses.h"
+#include "base/proc.h"
+#include "base/socket.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "launcher/launch_plan.h"
 #include "rendezvous/service/grpc_service.h"
 
 namespace crun::launcher {
 namespace {
+
+// Asks the service at `target` for the status of `run_id` (empty: every job), within `timeout`.
+grpc::Status AskStatus(const std::string& target, const Security& security,
+                       std::chrono::milliseconds timeout, const std::string& run_id,
+                       v1::StatusResponse* resp) {
+  agent::ChannelOptions co;
+  co.security = security;
+  auto stub = v1::Rendezvous::NewStub(agent::MakeChannel(target, co));
+  grpc::ClientContext ctx;
+  if (!security.token.empty()) ctx.AddMetadata(kTokenHeader, security.token);
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  v1::StatusRequest req;
+  req.set_run_id(run_id);
+  return stub->Status(&ctx, req, resp);
+}
+
+// Who answers on a port this node could not listen on.
+enum class Holder { kCrun, kGone, kOther };
+struct Probe {
+  Holder holder = Holder::kOther;
+  std::string answer;  // what it said, for a message
+};
+
+// Asks whatever holds the endpoint for the service's status, within `timeout`. Any answer of
+// crun's service (the status, an unknown job, a wrong token, stopping) is crun's; nothing
+// listening is "gone" (the holder let go: try to host again); anything else, a server that is
+// not crun's (another gRPC service, a process that accepts and says nothing, garbage).
+Probe ProbeService(const Endpoint& e, const Security& security, std::chrono::milliseconds timeout) {
+  v1::StatusResponse resp;
+  const grpc::Status s = AskStatus(FormatEndpoint(e.host, e.port), security, timeout, "", &resp);
+  using grpc::StatusCode;
+  switch (s.error_code()) {
+    case StatusCode::OK:
+    case StatusCode::NOT_FOUND:
+    case StatusCode::UNAUTHENTICATED:
+    case StatusCode::PERMISSION_DENIED:
+      return {Holder::kCrun, {}};
+    case StatusCode::UNAVAILABLE: {
+      if (s.error_message() == "the service is stopping") return {Holder::kCrun, {}};
+      auto fd = ConnectTcp(e.host, e.port, DeadlineAfter(std::chrono::milliseconds(500)));
+      if (!fd.ok()) return {Holder::kGone, fd.status().message()};
+      return {Holder::kOther, s.error_message()};
+    }
+    default:
+      return {Holder::kOther, s.error_message()};
+  }
+}
 
 class ServiceRun final : public BackendRun {
  public:
@@ -58,7 +107,8 @@ class ServiceRun final : public BackendRun {
     return so;
   }
 
-  // Hosts the service on the endpoint's port, or joins whoever serves it already.
+  // Hosts the service on the endpoint's port, or joins the crun service that serves it
+  // already. Whoever held the port may have let go since (a crun that ended): host it then.
   Status Host(const LaunchPlan& p) {
     const Endpoint& e = plan_.endpoint;
     crun::rdzv::ServiceOptions service;
@@ -68,32 +118,54 @@ class ServiceRun final : public BackendRun {
     service.security = p.security;
     close_timeout_ =
         p.conf.close_timeout ? Millis(*p.conf.close_timeout) : std::chrono::milliseconds(5000);
-    auto started = crun::rdzv::RendezvousService::Start(service);
-    if (started.ok()) {
-      hosted_ = std::move(started).value();
-      spdlog::info("hosting the rendezvous service on port {}", e.port);
-      if (p.security.token.empty() && !crun::LoopbackOnly(e.host)) {
-        spdlog::warn(
-            "the rendezvous service on port {} has no job token: anyone who can "
-            "reach it can join or end this job (set CRUN_TOKEN_FILE or CRUN_TOKEN on "
-            "every node; docs/security.md)",
-            e.port);
+    Probe probe;
+    for (int tries = 0; tries < 3; ++tries) {
+      auto started = crun::rdzv::RendezvousService::Start(service);
+      if (started.ok()) {
+        Hosting(p, std::move(started).value());
+        return Status::Ok();
       }
-      return Status::Ok();
+      if (p.conf.is_host.value_or(false)) {
+        return Status(started.status().code(), "is_host=1 but " + started.status().message());
+      }
+      if (started.status().code() != StatusCode::kUnavailable) {
+        // Not "in use": nobody else serves it either, and joining would only wait for nothing.
+        return Status(started.status().code(), "cannot host the rendezvous service of " +
+                                                   p.o.rdzv_endpoint + ": " +
+                                                   started.status().message());
+      }
+      probe = ProbeService(e, p.security, kProbeTimeout);
+      if (probe.holder == Holder::kCrun) {
+        spdlog::info("port {} is served already (another crun or `crun rendezvous`): joining it",
+                     e.port);
+        return Status::Ok();
+      }
+      if (probe.holder == Holder::kOther) break;
+      spdlog::info("port {} was in use, but nobody serves it now ({}): hosting again", e.port,
+                   probe.answer);
     }
-    if (p.conf.is_host.value_or(false)) {
-      return Status(started.status().code(), "is_host=1 but " + started.status().message());
-    }
-    if (started.status().code() != StatusCode::kUnavailable) {
-      // Not "in use": nobody else serves it either, and joining would only wait for nothing.
-      return Status(started.status().code(), "cannot host the rendezvous service of " +
-                                                 p.o.rdzv_endpoint + ": " +
-                                                 started.status().message());
-    }
-    spdlog::info("port {} is served already (another crun or `crun rendezvous`): joining it",
-                 e.port);
-    return Status::Ok();
+    const std::string holders = TcpPortHolders(e.port);
+    return Unavailable("port " + std::to_string(e.port) + " of --rdzv-endpoint " +
+                       p.o.rdzv_endpoint + " is held by " +
+                       (holders.empty() ? std::string("a process crun cannot see") : holders) +
+                       ", which is not a crun rendezvous service (" + probe.answer +
+                       "): stop it or choose another port");
   }
+
+  void Hosting(const LaunchPlan& p, std::unique_ptr<crun::rdzv::RendezvousService> service) {
+    const Endpoint& e = plan_.endpoint;
+    hosted_ = std::move(service);
+    spdlog::info("hosting the rendezvous service on port {}", e.port);
+    if (p.security.token.empty() && !crun::LoopbackOnly(e.host)) {
+      spdlog::warn(
+          "the rendezvous service on port {} has no job token: anyone who can "
+          "reach it can join or end this job (set CRUN_TOKEN_FILE or CRUN_TOKEN on "
+          "every node; docs/security.md)",
+          e.port);
+    }
+  }
+
+  static constexpr std::chrono::milliseconds kProbeTimeout{3000};
 
   ServicePlan plan_;
   std::unique_ptr<crun::rdzv::RendezvousService> hosted_;
@@ -154,16 +226,9 @@ int FetchServiceStatus(const StatusQuery& q, v1::StatusResponse* resp, std::stri
   }
   const std::string target = crun::FormatEndpoint(e.host, e.port);
   *where = target;
-  agent::ChannelOptions co;
-  co.security = *security;
-  auto stub = v1::Rendezvous::NewStub(agent::MakeChannel(target, co));
-  grpc::ClientContext ctx;
-  if (!security->token.empty()) ctx.AddMetadata(crun::kTokenHeader, security->token);
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(static_cast<long>(q.timeout * 1000)));
-  v1::StatusRequest req;
-  req.set_run_id(q.run_id);
-  auto s = stub->Status(&ctx, req, resp);
+  auto s =
+      AskStatus(target, *security, std::chrono::milliseconds(static_cast<long>(q.timeout * 1000)),
+                q.run_id, resp);
   if (s.ok()) return 0;
   if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
     *final = true;

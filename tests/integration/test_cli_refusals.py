@@ -1,6 +1,7 @@
 """Values crun must refuse, every command: exit 2, a short message naming the value, and
 nothing created or left running. One table per command; real processes."""
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -10,6 +11,8 @@ import unittest
 CRUN = os.environ["CRUN_BIN"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENV_DUMP = os.path.join(HERE, "..", "workers", "env_dump.py")
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from crun_testing import free_port  # noqa: E402
 LIMIT_S = 60
 
 
@@ -77,6 +80,53 @@ class CliRefusals(unittest.TestCase):
         ]:
             with self.subTest(args=args):
                 self.refused(args, message)
+
+
+# Processes that hold a port and are not crun's service: one that listens and never answers,
+# one that answers every connection with an HTTP reply, one that closes every connection.
+HOLDERS = {
+    "silent": "s.listen(); print('ready', flush=True); time.sleep(120)",
+    "http": ("s.listen(); print('ready', flush=True)\n"
+             "while True:\n c, _ = s.accept(); c.sendall(b'HTTP/1.0 200 OK\\r\\n\\r\\nhi'); c.close()"),
+    "closing": ("s.listen(); print('ready', flush=True)\n"
+                "while True:\n c, _ = s.accept(); c.close()"),
+}
+
+
+class HeldEndpoint(unittest.TestCase):
+    """A rendezvous endpoint on this host whose port a process other than crun's service
+    holds: crun must not join it and wait for nothing. It exits 1 within seconds, naming the
+    port and the holder, and starts no worker."""
+
+    def test_held_by_another_process(self):
+        for name, body in HOLDERS.items():
+            with self.subTest(holder=name):
+                port = free_port()
+                code = (f"import socket, time\ns = socket.socket()\n"
+                        f"s.bind(('127.0.0.1', {port}))\n{body}\n")
+                holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                          text=True)
+                try:
+                    self.assertEqual(holder.stdout.readline().strip(), "ready")
+                    out = tempfile.mkdtemp(prefix="crun-held-")
+                    t0 = time.monotonic()
+                    r = subprocess.run(
+                        [CRUN, "--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                         f"127.0.0.1:{port}", "--rdzv-conf", "join_timeout=60", ENV_DUMP, out],
+                        capture_output=True, text=True, timeout=LIMIT_S)
+                    took = time.monotonic() - t0
+                    self.assertEqual(r.returncode, 1, r.stderr)
+                    self.assertIn(f"port {port} of --rdzv-endpoint 127.0.0.1:{port} is held by",
+                                  r.stderr)
+                    self.assertIn(f"pid {holder.pid} (", r.stderr)
+                    self.assertIn("not a crun rendezvous service", r.stderr)
+                    self.assertLess(took, 20, "crun waited on a port nobody of crun's serves")
+                    self.assertEqual(os.listdir(out), [], "a worker ran")
+                    self.assertIsNone(holder.poll(), "crun must leave the holder alone")
+                finally:
+                    holder.kill()
+                    holder.wait()
+                    holder.stdout.close()
 
 
 if __name__ == "__main__":

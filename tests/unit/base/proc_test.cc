@@ -2,11 +2,15 @@
 // whose command names hold spaces and parentheses.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <string>
 #include <thread>
 
 #include "base/proc.h"
@@ -110,4 +114,38 @@ TEST_CASE("start-up pages: given back, and the process runs on", "[proc]") {
   // Code and constants come back from the page cache as they are used again.
   CHECK(crun::StateFromStat("1 (a) R 0") == 'R');
   CHECK(crun::ProcessState(::getpid()) == 'R');
+}
+
+TEST_CASE("port holders: the socket inodes of a port from /proc/net/tcp text", "[proc]") {
+  const char* text =
+      "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  "
+      "timeout inode\n"
+      "   0: 0100007F:5113 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0   "
+      "     0 4711 1 0000000000000000 100 0 0 10 0\n"
+      "   1: 0100007F:D3A2 0100007F:5113 01 00000000:00000000 00:00000000 00000000     0   "
+      "     0 4712 1 0000000000000000 20 4 30 10 -1\n"
+      "   2: 00000000:5113 00000000:0000 07 00000000:00000000 00:00000000 00000000     0   "
+      "     0 0 1\n"
+      "   3: garbage\n";
+  CHECK(crun::SocketInodesOnPort(text, 0x5113) == std::vector<std::uint64_t>{4711});
+  CHECK(crun::SocketInodesOnPort(text, 0xD3A2) == std::vector<std::uint64_t>{4712});
+  CHECK(crun::SocketInodesOnPort(text, 80).empty());
+  CHECK(crun::SocketInodesOnPort("", 80).empty());
+}
+
+TEST_CASE("port holders: this process, named, on the port it listens on", "[proc]") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const auto port = ntohs(addr.sin_port);
+  const std::string holders = crun::TcpPortHolders(port);
+  CHECK(holders.find("pid " + std::to_string(::getpid()) + " (") != std::string::npos);
+  ::close(fd);
+  CHECK(crun::TcpPortHolders(port).empty());
 }
