@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "agent/frameworks/contracts.h"
+#include "agent/snapshots/snapshot_options.h"
 #include "http/http_server.h"
 
 namespace crun::agent {
@@ -69,6 +70,9 @@ struct AgentOptions {
   // the tmpfs snapshot_memory.
   bool snapshots = true;
   std::string snapshot_memory = "/dev/shm";
+  // --checkpoint-dir and its options: the snapshots chosen for disk, written off the
+  // training path, and whether a load may resume from them.
+  SnapshotDiskOptions snapshot_disk;
   // crun's own TORCHELASTIC_ERROR_FILE (set by a scheduler): gets the root cause's error.
   std::string parent_error_file;
 

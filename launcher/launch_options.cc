@@ -174,6 +174,32 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->type_name("DIR")
       ->capture_default_str()
       ->group("Snapshots");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "Also write snapshots to this directory, off the training path (crun writes "
+                 "them in the background; a save does not wait), and resume from it when no "
+                 "node's memory holds a step every rank has")
+      ->envname(pet("CHECKPOINT_DIR"))
+      ->type_name("DIR")
+      ->group("Snapshots");
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "With --checkpoint-dir: write the first snapshot saved at or past each "
+                 "multiple of this many steps")
+      ->envname(pet("CHECKPOINT_EVERY"))
+      ->type_name("STEPS")
+      ->capture_default_str()
+      ->group("Snapshots");
+  app.add_option("--checkpoint-keep", o.checkpoint_keep,
+                 "With --checkpoint-dir: the newest steps kept on disk for each rank")
+      ->envname(pet("CHECKPOINT_KEEP"))
+      ->type_name("K")
+      ->capture_default_str()
+      ->group("Snapshots");
+  app.add_option("--resume-from-disk", o.resume_from_disk,
+                 "on or off: with --checkpoint-dir, a load that finds no step in memory that "
+                 "every rank holds resumes from the newest one on disk")
+      ->envname(pet("RESUME_FROM_DISK"))
+      ->capture_default_str()
+      ->group("Snapshots");
   app.add_option("--contract", o.contract,
                  "Also give workers the launch contract of these frameworks, comma-separated, "
                  "on top of torchrun's: tensorflow (tf: TF_CONFIG), jax "

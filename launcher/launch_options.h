@@ -39,6 +39,10 @@ struct LaunchOptions {
   bool run_path = false;
   std::string snapshots = "on";              // --snapshots: the node's snapshot store
   std::string snapshot_memory = "/dev/shm";  // --snapshot-memory: the tmpfs it uses
+  std::string checkpoint_dir;                // --checkpoint-dir: snapshots also on disk
+  std::string checkpoint_every = "100";      // --checkpoint-every STEPS
+  std::string checkpoint_keep = "2";         // --checkpoint-keep K
+  std::string resume_from_disk = "on";       // --resume-from-disk on|off
   bool warm = false;         // --warm: Python workers forked from a template (docs/warm.md)
   std::string warm_modules;  // --warm-modules: imported by the template besides torch's
   std::string contract =

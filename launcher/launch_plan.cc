@@ -207,6 +207,7 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   a.shutdown_timeout = v.shutdown_timeout;
   a.snapshots = v.snapshots;
   a.snapshot_memory = o.snapshot_memory;
+  a.snapshot_disk = v.snapshot_disk;
   a.hang_timeout = v.hang_timeout;
   a.file_timer = facts.Env("TORCHELASTIC_ENABLE_FILE_TIMER").value_or("") == "1";
   a.timer_file = facts.Env("TORCHELASTIC_TIMER_FILE").value_or("");

@@ -3,6 +3,7 @@
 #include <cctype>
 
 #include "agent/frameworks/contracts.h"
+#include "base/numbers.h"
 
 namespace crun::launcher {
 namespace {
@@ -108,6 +109,33 @@ Status ParseOutput(LaunchValues& v, const LaunchOptions& o, const Getenv& getenv
   return Status::Ok();
 }
 
+StatusOr<agent::SnapshotDiskOptions> ParseSnapshotDisk(const LaunchOptions& o, bool snapshots) {
+  agent::SnapshotDiskOptions d;
+  const auto every = ParseInteger(o.checkpoint_every, 1, INT32_MAX);
+  if (!every) {
+    return InvalidArgument("--checkpoint-every '" + o.checkpoint_every +
+                           "' is not a whole number of steps from 1 to 2147483647");
+  }
+  const auto keep = ParseInteger(o.checkpoint_keep, 1, 1000);
+  if (!keep) {
+    return InvalidArgument("--checkpoint-keep '" + o.checkpoint_keep +
+                           "' is not a whole number from 1 to 1000");
+  }
+  if (o.resume_from_disk != "on" && o.resume_from_disk != "off") {
+    return InvalidArgument("--resume-from-disk '" + o.resume_from_disk +
+                           "' is not valid: expected on or off");
+  }
+  d.every = static_cast<std::uint64_t>(*every);
+  d.keep = static_cast<int>(*keep);
+  d.resume = o.resume_from_disk == "on";
+  d.dir = o.checkpoint_dir;
+  if (!d.dir.empty() && !snapshots) {
+    return InvalidArgument("--checkpoint-dir " + d.dir +
+                           " writes the node's snapshots to disk, and --snapshots is off");
+  }
+  return d;
+}
+
 }  // namespace
 
 StatusOr<LaunchValues> ParseLaunchValues(const LaunchOptions& o, const std::set<std::string>& given,
@@ -124,6 +152,7 @@ StatusOr<LaunchValues> ParseLaunchValues(const LaunchOptions& o, const std::set<
     return InvalidArgument("--snapshots '" + o.snapshots + "' is not valid: expected on or off");
   }
   v.snapshots = o.snapshots == "on";
+  CRUN_ASSIGN_OR_RETURN(v.snapshot_disk, ParseSnapshotDisk(o, v.snapshots));
   CRUN_ASSIGN_OR_RETURN(v.signals, ParseSignals(o.signals));
   CRUN_RETURN_IF_ERROR(ParseDurations(v, o, getenv));
   CRUN_RETURN_IF_ERROR(ParseOutput(v, o, getenv));

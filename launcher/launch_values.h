@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/snapshots/snapshot_options.h"
 #include "base/status.h"
 #include "launcher/getenv.h"
 #include "launcher/launch_options.h"
@@ -27,9 +28,10 @@ struct LaunchValues {
   int master_port = -1;  // -1: not given (a fresh free port per attempt)
   RdzvConf rdzv_conf;
   ContractSet contracts;
-  std::vector<std::string> warm_modules;  // --warm-modules: module names, checked
-  bool snapshots = true;                  // --snapshots on
-  std::vector<int> signals;               // --signals-to-handle, as given
+  std::vector<std::string> warm_modules;     // --warm-modules: module names, checked
+  bool snapshots = true;                     // --snapshots on
+  agent::SnapshotDiskOptions snapshot_disk;  // --checkpoint-dir and its options, checked
+  std::vector<int> signals;                  // --signals-to-handle, as given
   std::chrono::milliseconds shutdown_timeout{30'000};
   std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not watched
   StdSpec redirects, tee;

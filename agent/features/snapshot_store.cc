@@ -31,7 +31,11 @@ class SnapshotStore final : public JobFeature {
                         errno, StatusCode::kInvalidArgument);
     }
     ::close(probe);
-    auto server = SnapshotServer::Listen(agent_.io, memory_);
+    if (!agent_.options.snapshot_disk.dir.empty()) {
+      disk_ = std::make_unique<DiskSnapshots>(agent_.options.snapshot_disk);
+      CRUN_RETURN_IF_ERROR(disk_->Prepare());
+    }
+    auto server = SnapshotServer::Listen(agent_.io, memory_, disk_.get());
     if (!server.ok()) return server.status();
     server_ = std::move(server).value();
     if (AgentMetrics* m = agent_.meters) {
@@ -42,6 +46,14 @@ class SnapshotStore final : public JobFeature {
         m->snapshot_loads->Mirror(static_cast<double>(c.loads));
         m->snapshot_refusals->Mirror(static_cast<double>(c.refusals));
         m->snapshot_corrupt->Mirror(static_cast<double>(c.corrupt));
+        if (disk_) {
+          const DiskCounters d = disk_->counters();
+          m->snapshot_disk_writes->Mirror(static_cast<double>(d.written));
+          m->snapshot_disk_skipped->Mirror(static_cast<double>(d.skipped));
+          m->snapshot_disk_failures->Mirror(static_cast<double>(d.failed));
+          m->snapshot_disk_restores->Mirror(static_cast<double>(d.restored));
+          m->snapshot_disk_step->Set(static_cast<double>(d.last_step));
+        }
       });
     }
     return Status::Ok();
@@ -59,7 +71,8 @@ class SnapshotStore final : public JobFeature {
  private:
   AgentView& agent_;
   NodeSnapshots memory_;
-  std::unique_ptr<SnapshotServer> server_;  // after memory_: goes first
+  std::unique_ptr<DiskSnapshots> disk_;
+  std::unique_ptr<SnapshotServer> server_;  // after memory_ and disk_: goes first
 };
 
 }  // namespace

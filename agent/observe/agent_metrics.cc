@@ -88,6 +88,18 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const AgentMetricLabels& l)
   snapshot_corrupt = counter("crun_agent_snapshot_corrupt_total",
                              "Snapshots found changed since they were saved (a failed checksum), "
                              "not loaded");
+  snapshot_disk_writes = counter("crun_agent_snapshot_disk_writes_total",
+                                 "Snapshot files this node's crun wrote to --checkpoint-dir");
+  snapshot_disk_skipped =
+      counter("crun_agent_snapshot_disk_skipped_total",
+              "Steps chosen for disk and not written: the last one was still being written, or "
+              "the next save began while it was copied");
+  snapshot_disk_failures = counter("crun_agent_snapshot_disk_failures_total",
+                                   "Snapshot writes to --checkpoint-dir that failed");
+  snapshot_disk_restores = counter("crun_agent_snapshot_disk_restores_total",
+                                   "Snapshots this node's crun read back from --checkpoint-dir");
+  snapshot_disk_step = gauge("crun_agent_snapshot_disk_step",
+                             "The newest step this node's crun wrote to --checkpoint-dir");
   for (const char* cause :
        {kExitSuccess, kExitCode, kExitSignal, kExitOom, kExitHang, kExitStopped, kExitLaunch}) {
     exits_.With(Values(l, cause));  // shown from 0

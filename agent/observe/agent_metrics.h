@@ -48,6 +48,12 @@ class AgentMetrics {
   metrics::Counter* snapshot_loads;     // loads answered
   metrics::Counter* snapshot_refusals;  // saves refused: no room
   metrics::Counter* snapshot_corrupt;   // snapshots that failed their checksum
+  // --checkpoint-dir: what the disk writer did.
+  metrics::Counter* snapshot_disk_writes;    // files written
+  metrics::Counter* snapshot_disk_skipped;   // chosen steps not written (writer busy, or torn)
+  metrics::Counter* snapshot_disk_failures;  // writes that failed
+  metrics::Counter* snapshot_disk_restores;  // snapshots read back from disk
+  metrics::Gauge* snapshot_disk_step;        // the newest step written
   void Exit(const char* cause);
 
  private:

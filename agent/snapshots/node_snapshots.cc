@@ -5,8 +5,11 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <optional>
 
@@ -257,6 +260,96 @@ std::array<BufferCheck, 2> NodeSnapshots::Check(int local_rank) {
 BufferCheck NodeSnapshots::Verify(int local_rank, int index) {
   if (index != 0 && index != 1) return {};
   return CheckBuffer(Slot(local_rank)[static_cast<std::size_t>(index)], true);
+}
+
+BufferCheck NodeSnapshots::Stage(int local_rank, int index, std::vector<unsigned char>* staged) {
+  BufferCheck c;
+  if (index != 0 && index != 1) return c;
+  const auto b = Slot(local_rank)[static_cast<std::size_t>(index)];
+  if (!b) return c;
+  c.capacity = b->capacity();
+  snap::BufferHeader& h = b->header();
+  c.verdict = BufferVerdict::kIncomplete;
+  if (snap::LoadState(h) != snap::kComplete) return c;
+  const std::uint64_t generation = h.generation;
+  const std::uint64_t n = h.payload_bytes;
+  if (n > b->capacity()) return c;
+  staged->resize(snap::kHeaderBytes + n);
+  std::memcpy(staged->data(), &h, snap::kHeaderBytes);
+  std::memcpy(staged->data() + snap::kHeaderBytes, b->payload(), n);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  // The copy is whole when no new save began while it was taken.
+  if (snap::LoadState(h) != snap::kComplete || h.generation != generation) return c;
+  auto* copy = reinterpret_cast<snap::BufferHeader*>(staged->data());
+  if (copy->generation != generation || copy->payload_bytes != n) return c;
+  const std::uint64_t sum = Checksum(*copy, staged->data() + snap::kHeaderBytes, n);
+  const bool sealed =
+      std::atomic_ref<std::uint64_t>(h.checksum_generation).load(std::memory_order_acquire) ==
+      generation;
+  c.step = copy->step;
+  c.generation = generation;
+  c.rank = copy->rank;
+  if (sealed && h.checksum != sum) {
+    c.verdict = BufferVerdict::kCorrupt;
+    return c;
+  }
+  if (!sealed) {
+    h.checksum = sum;
+    std::atomic_ref<std::uint64_t>(h.checksum_generation)
+        .store(generation, std::memory_order_release);
+  }
+  copy->state = snap::kComplete;
+  copy->checksum = sum;
+  copy->checksum_generation = generation;
+  c.verdict = BufferVerdict::kValid;
+  return c;
+}
+
+std::optional<std::uint64_t> NodeSnapshots::CompleteStep(int local_rank, int index) const {
+  if (index != 0 && index != 1) return std::nullopt;
+  const auto b = Slot(local_rank)[static_cast<std::size_t>(index)];
+  if (!b || snap::LoadState(b->header()) != snap::kComplete) return std::nullopt;
+  return b->header().step;
+}
+
+StatusOr<int> NodeSnapshots::Fill(int local_rank, const std::vector<unsigned char>& staged) {
+  if (staged.size() < snap::kHeaderBytes) return InvalidArgument("a snapshot without its header");
+  snap::BufferHeader from;
+  std::memcpy(&from, staged.data(), sizeof from);
+  const std::uint64_t n = staged.size() - snap::kHeaderBytes;
+  if (!snap::HasMagic(from) || from.payload_bytes != n) {
+    return InvalidArgument("not a crun snapshot of this version, or cut short");
+  }
+  const auto slot = Slot(local_rank);
+  const snap::BufferHeader* a = slot[0] ? &slot[0]->header() : nullptr;
+  const snap::BufferHeader* b = slot[1] ? &slot[1]->header() : nullptr;
+  const int index = snap::TargetBuffer(a, b);
+  const snap::BufferHeader* other = index == 0 ? b : a;
+  const bool other_done = other != nullptr && snap::LoadState(*other) == snap::kComplete;
+  CRUN_ASSIGN_OR_RETURN(auto buffer, Reserve(local_rank, index, n));
+  snap::BufferHeader& h = buffer->header();
+  snap::StoreState(h, snap::kWriting);
+  std::memcpy(const_cast<unsigned char*>(buffer->payload()), staged.data() + snap::kHeaderBytes, n);
+  const std::uint64_t generation = std::max(h.generation, other_done ? other->generation : 0) + 1;
+  h.step = from.step;
+  h.payload_bytes = n;
+  h.toc_bytes = from.toc_bytes;
+  h.rank = from.rank;
+  h.world_size = from.world_size;
+  h.layout = from.layout;
+  h.saved_unix_ns = from.saved_unix_ns;
+  h.generation = generation;
+  h.checksum = from.checksum;
+  std::atomic_ref<std::uint64_t>(h.checksum_generation)
+      .store(generation, std::memory_order_release);
+  snap::StoreState(h, snap::kComplete);
+  const BufferCheck check = CheckBuffer(buffer, true);
+  if (check.verdict != BufferVerdict::kValid) {
+    snap::StoreState(h, snap::kEmpty);
+    return InvalidArgument("the snapshot of rank " + std::to_string(from.rank) + " at step " +
+                           std::to_string(from.step) + " fails its checksum");
+  }
+  return index;
 }
 
 std::uint64_t NodeSnapshots::allocated_bytes() const {

@@ -22,7 +22,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <crun/worker/snapshot_layout.h>
 
@@ -102,6 +104,19 @@ class NodeSnapshots {
   std::array<BufferCheck, 2> Check(int local_rank);
   // Buffer `index` checked against its checksum.
   BufferCheck Verify(int local_rank, int index);
+
+  // Seals buffer `index` as Seal does, from a copy of it: its header and payload go into
+  // `staged` first and the checksum is taken of the copy, so that the copy is known whole
+  // (kValid) even when the worker starts its next save into the buffer meanwhile (then:
+  // kIncomplete, and nothing is sealed). The staged header carries the checksum.
+  BufferCheck Stage(int local_rank, int index, std::vector<unsigned char>* staged);
+  // The step of buffer `index` when it holds a complete snapshot.
+  std::optional<std::uint64_t> CompleteStep(int local_rank, int index) const;
+
+  // Puts a snapshot read from disk (a staged header and payload) into the buffer of
+  // `local_rank`'s slot that a save would write next, as the slot's newest, and checks it
+  // against its checksum (kCorrupt: refused). Returns the buffer's index.
+  StatusOr<int> Fill(int local_rank, const std::vector<unsigned char>& staged);
 
   std::uint64_t allocated_bytes() const;
   // Closes every buffer: the memory goes once no worker maps it.

@@ -54,24 +54,41 @@ struct Request {
   int local_rank = -1;
   int index = -1;
   std::uint64_t bytes = 0;
+  std::int64_t rank = -1, world_size = 0;  // disk, restore
+  std::uint64_t step = 0;                  // restore
 };
 
+// "verb L [more]": how many numbers each verb takes after the local rank.
 StatusOr<Request> ParseRequest(const std::string& line) {
   std::istringstream in(line);
-  std::string rank, index, bytes;
   Request r;
-  in >> r.verb >> rank >> index >> bytes;
+  std::vector<std::string> words;
+  in >> r.verb;
+  for (std::string w; in >> w;) words.push_back(w);
   const auto bad = [&] { return InvalidArgument("malformed snapshot request '" + line + "'"); };
-  const auto l = ParseInteger(rank, 0, kMaxLocalRank);
+  const std::size_t want = r.verb == "load" || r.verb == "open"                             ? 1
+                           : r.verb == "saved" || r.verb == "verify"                        ? 2
+                           : r.verb == "reserve" || r.verb == "disk" || r.verb == "restore" ? 3
+                                                                                            : 0;
+  if (want == 0 || words.size() != want) return bad();
+  const auto l = ParseInteger(words[0], 0, kMaxLocalRank);
   if (!l) return bad();
   r.local_rank = static_cast<int>(*l);
-  if (r.verb == "load" || r.verb == "open") return index.empty() ? StatusOr<Request>(r) : bad();
-  const auto i = ParseInteger(index, 0, 1);
+  if (r.verb == "disk" || r.verb == "restore") {
+    const auto rank = ParseInteger(words[1], 0, INT32_MAX);
+    const auto third = ParseInteger(words[2], 0, INT64_MAX);
+    if (!rank || !third) return bad();
+    r.rank = *rank;
+    if (r.verb == "disk") r.world_size = *third;
+    r.step = static_cast<std::uint64_t>(*third);
+    return r;
+  }
+  if (want == 1) return r;
+  const auto i = ParseInteger(words[1], 0, 1);
   if (!i) return bad();
   r.index = static_cast<int>(*i);
-  if (r.verb == "saved" || r.verb == "verify") return bytes.empty() ? StatusOr<Request>(r) : bad();
-  if (r.verb != "reserve") return bad();
-  const auto b = ParseInteger(bytes, 0, INT64_MAX);
+  if (want == 2) return r;
+  const auto b = ParseInteger(words[2], 0, INT64_MAX);
   if (!b) return bad();
   r.bytes = static_cast<std::uint64_t>(*b);
   return r;
@@ -172,6 +189,8 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
       return Read();
     }
     if (r.verb == "verify") return Verify(r.local_rank, r.index);
+    if (r.verb == "disk") return DiskSteps(r);
+    if (r.verb == "restore") return Restore(r);
     if (r.verb == "open") return Answer(r.local_rank, server_.memory_.Slot(r.local_rank), {});
     Load(r.local_rank);
   }
@@ -187,6 +206,67 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
         if (!*self->alive_) return self->Close();
         self->NoteCorrupt(check, local_rank);
         self->Reply(std::string("ok ") + Name(check.verdict), {});
+        self->Changed();
+        self->Read();
+      });
+    });
+  }
+
+  // The steps on disk this rank may load ("ok" alone: none, or no --checkpoint-dir).
+  void DiskSteps(const Request& r) {
+    if (server_.disk_ == nullptr) {
+      Reply("ok", {});
+      return Read();
+    }
+    auto self = shared_from_this();
+    DiskSnapshots& disk = *server_.disk_;
+    asio::io_context& io = server_.io_;
+    server_.SealerOf(r.local_rank).Post([self, &disk, &io, r] {
+      std::string line = "ok";
+      char sep = ' ';
+      for (std::uint64_t step : disk.Steps(r.rank, r.world_size)) {
+        line += sep + std::to_string(step);
+        sep = ',';
+      }
+      asio::post(io, [self, line] {
+        if (!*self->alive_) return self->Close();
+        self->Reply(line, {});
+        self->Read();
+      });
+    });
+  }
+
+  // A step from disk into the rank's memory: "ok INDEX CAPACITY" and the buffer.
+  void Restore(const Request& r) {
+    if (server_.disk_ == nullptr) {
+      Reply("error no --checkpoint-dir: nothing to restore from disk", {});
+      return Read();
+    }
+    auto self = shared_from_this();
+    DiskSnapshots& disk = *server_.disk_;
+    NodeSnapshots& memory = server_.memory_;
+    asio::io_context& io = server_.io_;
+    server_.SealerOf(r.local_rank).Post([self, &disk, &memory, &io, r] {
+      auto index = disk.Restore(memory, r.local_rank, r.rank, r.step);
+      std::shared_ptr<SnapshotBuffer> buffer;
+      if (index.ok()) buffer = memory.Slot(r.local_rank)[static_cast<std::size_t>(*index)];
+      asio::post(io, [self, index, buffer, r] {
+        if (!*self->alive_) return self->Close();
+        if (!index.ok() || !buffer) {
+          spdlog::error("crun: cannot resume rank {} from disk at step {}: {}", r.rank, r.step,
+                        index.status().message());
+          self->Reply("error " + index.status().message(), {});
+        } else {
+          if (!self->server_.told_resume_) {
+            self->server_.told_resume_ = true;
+            spdlog::warn(
+                "resuming from disk: step {} from {} (no newer snapshot that every rank "
+                "holds is in memory; --resume-from-disk off turns this off)",
+                r.step, self->server_.disk_->options().dir);
+          }
+          self->Reply("ok " + std::to_string(*index) + " " + std::to_string(buffer->capacity()),
+                      {buffer->fd()});
+        }
         self->Changed();
         self->Read();
       });
@@ -252,8 +332,9 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
 };
 
 StatusOr<std::unique_ptr<SnapshotServer>> SnapshotServer::Listen(asio::io_context& io,
-                                                                 NodeSnapshots& memory) {
-  auto server = std::unique_ptr<SnapshotServer>(new SnapshotServer(io, memory));
+                                                                 NodeSnapshots& memory,
+                                                                 DiskSnapshots* disk) {
+  auto server = std::unique_ptr<SnapshotServer>(new SnapshotServer(io, memory, disk));
   boost::system::error_code ec;
   std::string name = SnapshotSocketName(::getpid());
   name[0] = '\0';
@@ -266,8 +347,13 @@ StatusOr<std::unique_ptr<SnapshotServer>> SnapshotServer::Listen(asio::io_contex
   return server;
 }
 
-SnapshotServer::SnapshotServer(asio::io_context& io, NodeSnapshots& memory)
-    : io_(io), memory_(memory), acceptor_(io), alive_(std::make_shared<bool>(true)) {}
+SnapshotServer::SnapshotServer(asio::io_context& io, NodeSnapshots& memory, DiskSnapshots* disk)
+    : io_(io),
+      memory_(memory),
+      disk_(disk),
+      acceptor_(io),
+      alive_(std::make_shared<bool>(true)),
+      writer_(disk != nullptr ? std::make_unique<SerialWorker>() : nullptr) {}
 
 SerialWorker& SnapshotServer::SealerOf(int local_rank) {
   auto& w = sealers_[local_rank];
@@ -285,8 +371,67 @@ void SnapshotServer::QueueSeal(int local_rank, int index) {
       std::lock_guard lock(pending_mu_);
       pending_seals_.erase({local_rank, index});
     }
+    if (disk_ != nullptr) {
+      const auto step = memory_.CompleteStep(local_rank, index);
+      if (step && disk_->Choose(local_rank, *step)) return Persist(local_rank, index);
+    }
     memory_.Seal(local_rank, index);
   });
+}
+
+// On the rank's sealer thread: seals buffer `index` from a copy that the writer then puts on
+// disk. A chosen step is not dropped because the writer is busy (another rank of the job may
+// write it, and the job resumes only from a step every rank has): up to kQueuedCopies copies
+// of a rank wait for the writer, and beyond that this thread waits too. Only a copy that the
+// worker's next save overtook is not written.
+void SnapshotServer::Persist(int local_rank, int index) {
+  {
+    std::unique_lock lock(pending_mu_);
+    const bool room = writes_cv_.wait_for(lock, kWriterWait, [&] {
+      return outstanding_writes_[local_rank] < kQueuedCopies;
+    });
+    if (!room) {
+      lock.unlock();
+      return SkipDiskStep(local_rank, index, "the disk writer is still busy with older steps");
+    }
+    ++outstanding_writes_[local_rank];
+  }
+  auto staged = std::make_shared<std::vector<unsigned char>>();
+  const BufferCheck check = memory_.Stage(local_rank, index, staged.get());
+  if (check.verdict != BufferVerdict::kValid) {
+    Written(local_rank);
+    return SkipDiskStep(local_rank, -1, "the worker's next save began before crun copied it");
+  }
+  writer_->Post([this, local_rank, staged] {
+    if (Status s = disk_->Write(*staged); !s.ok()) {
+      disk_->Count([](DiskCounters& c) { ++c.failed; });
+      spdlog::error("crun: cannot write local rank {}'s snapshot to disk: {}", local_rank,
+                    s.message());
+    }
+    Written(local_rank);
+  });
+}
+
+void SnapshotServer::Written(int local_rank) {
+  {
+    std::lock_guard lock(pending_mu_);
+    --outstanding_writes_[local_rank];
+  }
+  writes_cv_.notify_all();
+}
+
+// A step chosen for disk that is not written: said once, counted always. `index` >= 0: the
+// buffer still needs its seal.
+void SnapshotServer::SkipDiskStep(int local_rank, int index, const char* why) {
+  disk_->Count([](DiskCounters& c) { ++c.skipped; });
+  if (!told_skip_.exchange(true)) {
+    spdlog::warn(
+        "a snapshot of local rank {} chosen for {} was not written: {} (disk writes are "
+        "falling behind the saves: a larger --checkpoint-every writes less often; "
+        "crun_agent_snapshot_disk_skipped_total counts these)",
+        local_rank, disk_->options().dir, why);
+  }
+  if (index >= 0) memory_.Seal(local_rank, index);
 }
 
 SnapshotServer::~SnapshotServer() {

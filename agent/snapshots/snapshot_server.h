@@ -15,13 +15,20 @@
 //                       takes the older, sealed buffer asks first)
 //   open L              the same answer as load's, unchecked ("-" for each verdict): a save's
 //                       first look
+//   disk L R W          the steps on disk (--checkpoint-dir) that rank R of a world of W may
+//                       load, newest first -> "ok S1,S2,..." ("ok": none)
+//   restore L R S       rank R's step S from disk into local rank L's memory, checked
+//                       -> "ok INDEX CAPACITY" and the buffer's descriptor, or "error WHY"
 // Checksums are computed off the agent's loop, on a thread per local rank (a node's ranks in
 // parallel, one rank's buffers in order); a seal already waiting for a buffer is not queued
-// twice.
+// twice. With a disk (disk_snapshots.h), the seal of a step chosen for it copies the buffer
+// out, and one writer thread for the node puts the copies on disk.
 #pragma once
 
 #include <sys/types.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -36,6 +43,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
 
+#include "agent/snapshots/disk_snapshots.h"
 #include "agent/snapshots/node_snapshots.h"
 #include "base/status.h"
 
@@ -67,7 +75,8 @@ class SerialWorker {
 class SnapshotServer {
  public:
   static StatusOr<std::unique_ptr<SnapshotServer>> Listen(boost::asio::io_context& io,
-                                                          NodeSnapshots& memory);
+                                                          NodeSnapshots& memory,
+                                                          DiskSnapshots* disk = nullptr);
   ~SnapshotServer();
   const SnapshotCounters& counters() const { return counters_; }
   // The agent's loop hears each answered request (metrics); may be empty.
@@ -75,11 +84,13 @@ class SnapshotServer {
 
  private:
   class Session;
-  SnapshotServer(boost::asio::io_context& io, NodeSnapshots& memory);
+  SnapshotServer(boost::asio::io_context& io, NodeSnapshots& memory, DiskSnapshots* disk);
   void Accept();
 
   boost::asio::io_context& io_;
   NodeSnapshots& memory_;
+  DiskSnapshots* disk_;  // null: nothing goes to disk
+  bool told_resume_ = false;
   boost::asio::local::stream_protocol::acceptor acceptor_;
   SnapshotCounters counters_;
   std::function<void()> on_change_;
@@ -87,10 +98,19 @@ class SnapshotServer {
   // The local rank's thread for checksums; queues a seal of buffer `index` unless one waits.
   SerialWorker& SealerOf(int local_rank);
   void QueueSeal(int local_rank, int index);
+  void Persist(int local_rank, int index);
+  void Written(int local_rank);
+  void SkipDiskStep(int local_rank, int index, const char* why);
+  static constexpr int kQueuedCopies = 2;
+  static constexpr std::chrono::seconds kWriterWait{60};
 
   std::mutex pending_mu_;
   std::set<std::pair<int, int>> pending_seals_;
-  // Last: stopped (joined) first, while the rest still stands.
+  std::condition_variable writes_cv_;
+  std::map<int, int> outstanding_writes_;  // per local rank: copies not written yet
+  std::atomic<bool> told_skip_{false};
+  std::unique_ptr<SerialWorker> writer_;
+  // Last: stopped (joined) first, while the rest still stands (the writer after them).
   std::map<int, std::unique_ptr<SerialWorker>> sealers_;
 };
 

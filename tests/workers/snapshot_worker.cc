@@ -10,7 +10,8 @@
 //     save at a step and byte that a seeded generator picks. Around a save and the record of its
 //     commit, SIGTERM waits (crun stops the other ranks with it), so DIR/committed-R is exact.
 //     Writes DIR/cgroup-R-A (its cgroup, from /proc/self/cgroup) at its start and
-//     DIR/result-R-A.json for attempt A at its end.
+//     DIR/result-R-A.json for attempt A at its end; DIR/started-R, the first step it saves, once
+//     it has loaded.
 #include <signal.h>
 #include <unistd.h>
 
@@ -112,6 +113,7 @@ int main(int argc, char** argv) {
     Fail(dir, rank, "nothing loaded, expected step " + std::to_string(expected));
   }
 
+  std::ofstream(dir + "/started-" + std::to_string(rank)) << start << "\n";
   std::mt19937_64 rng(static_cast<std::uint64_t>(attempt) * 1000003ULL + 17);
   const bool killer = attempt < kills && attempt % world == rank;
   const std::uint64_t kill_step = start + rng() % 5;

@@ -335,7 +335,8 @@ def _agree(s, held, refusal, timeout):
 
 def load(timeout=300):
     """Collective: every rank of the job calls it. Returns (step, state) for the newest step
-    that every rank holds complete in its node's memory, or None when there is none. Raises
+    that every rank holds complete, in its node's memory or on disk (crun's --checkpoint-dir,
+    read back into memory by crun), or None when there is none. Raises
     SnapshotError for a sharded snapshot saved by another rank or world size, and for one whose
     checksum fails when no whole one is left."""
     s = _the_store()
@@ -360,6 +361,11 @@ def load(timeout=300):
             continue
         held.append(step)
         by_step[step] = (i, b)
+    # Steps on disk (crun's --checkpoint-dir) count as held: crun reads the agreed one back.
+    on_disk, _ = s.ask(f"disk {s.local_rank} {s.rank} {s.world}")
+    held += [int(v) for v in on_disk.split(",") if v and int(v) not in by_step]
+    if held:
+        refusal = ""
     step = _agree(s, held, refusal, timeout)
     # The job goes on from the agreed step: a snapshot of any other step belongs to an abandoned
     # timeline (a newer step this rank saved before another rank failed), and must neither be
@@ -369,6 +375,18 @@ def load(timeout=300):
             struct.pack_into("<I", b.map, _STATE_AT, _EMPTY)
     if step is None:
         return None
+    if step not in by_step:
+        try:
+            answer, fds = s.ask(f"restore {s.local_rank} {s.rank} {step}")
+        except SnapshotError as e:
+            raise SnapshotError(f"rank {s.rank} cannot resume from disk at step {step}: {e}") \
+                from None
+        index, capacity = (int(w) for w in answer.split())
+        if s.buffers[index] is not None:
+            s.buffers[index].close()
+        s.buffers[index] = _Buffer(fds[0], capacity)
+        by_step[step] = (index, s.buffers[index])
+        verdicts[index] = "valid"
     i, b = by_step[step]
     h = b.header()
     if verdicts[i] == "sealed":

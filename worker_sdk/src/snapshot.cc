@@ -356,11 +356,54 @@ StatusOr<LoadedSnapshot> SnapshotStore::Loaded(int index, const std::string& ver
   return out;
 }
 
+// The steps of this rank on disk (crun's --checkpoint-dir) that it may load, newest first.
+StatusOr<std::vector<std::uint64_t>> SnapshotStore::DiskSteps() {
+  std::vector<int> fds;
+  auto answer = Ask("disk " + std::to_string(env_.local_rank) + " " + std::to_string(env_.rank) +
+                        " " + std::to_string(env_.world_size),
+                    &fds);
+  for (int fd : fds) ::close(fd);
+  if (!answer.ok()) return answer.status();
+  return SplitSteps(*answer);
+}
+
+// Step `step` from disk into this rank's memory, mapped, as crun checked it.
+StatusOr<LoadedSnapshot> SnapshotStore::Restore(std::uint64_t step) {
+  std::vector<int> fds;
+  auto answer = Ask("restore " + std::to_string(env_.local_rank) + " " + std::to_string(env_.rank) +
+                        " " + std::to_string(step),
+                    &fds);
+  if (!answer.ok()) {
+    return InvalidArgument(RankWord(env_) + " cannot resume from disk at step " +
+                           std::to_string(step) + ": " + answer.status().message());
+  }
+  std::istringstream in(*answer);
+  int index = -1;
+  std::uint64_t capacity = 0;
+  in >> index >> capacity;
+  if (!in || (index != 0 && index != 1) || capacity == 0 || fds.size() != 1) {
+    for (int fd : fds) ::close(fd);
+    return ProtocolError("crun's snapshot store answered a restore with '" + *answer + "'");
+  }
+  CRUN_RETURN_IF_ERROR(MapBuffer(index, fds[0], capacity));
+  return Loaded(index, "valid");
+}
+
 StatusOr<std::optional<LoadedSnapshot>> SnapshotStore::Load(Context& context, Millis timeout) {
   auto slot = TakeSlot("load");
   if (!slot.ok()) return slot.status();
   const std::array<std::string, 2>& verdict = *slot;
-  auto agreed = Agree(context, HeldSteps(verdict), timeout);
+  Held held = HeldSteps(verdict);
+  auto disk = DiskSteps();
+  if (!disk.ok()) return disk.status();
+  const std::vector<std::uint64_t> in_memory = held.steps;
+  for (std::uint64_t step : *disk) {
+    if (std::find(held.steps.begin(), held.steps.end(), step) == held.steps.end()) {
+      held.steps.push_back(step);
+    }
+  }
+  if (!held.steps.empty()) held.refusal.clear();
+  auto agreed = Agree(context, held, timeout);
   if (!agreed.ok()) return agreed.status();
   // The job goes on from the agreed step: a snapshot of any other step belongs to a timeline
   // that is abandoned (a step newer than the agreed one that this rank saved before another
@@ -371,16 +414,19 @@ StatusOr<std::optional<LoadedSnapshot>> SnapshotStore::Load(Context& context, Mi
     }
   }
   if (!*agreed) return std::optional<LoadedSnapshot>();
-  for (int i = 0; i < 2; ++i) {
-    if (buffers_[i] && (verdict[i] == "valid" || verdict[i] == "sealed") &&
-        buffers_[i]->header().step == **agreed) {
-      auto loaded = Loaded(i, verdict[i]);
-      if (!loaded.ok()) return loaded.status();
-      return std::optional<LoadedSnapshot>(std::move(*loaded));
+  if (std::find(in_memory.begin(), in_memory.end(), **agreed) != in_memory.end()) {
+    for (int i = 0; i < 2; ++i) {
+      if (buffers_[i] && (verdict[i] == "valid" || verdict[i] == "sealed") &&
+          buffers_[i]->header().step == **agreed) {
+        auto loaded = Loaded(i, verdict[i]);
+        if (!loaded.ok()) return loaded.status();
+        return std::optional<LoadedSnapshot>(std::move(*loaded));
+      }
     }
   }
-  return InternalError("the agreed step " + std::to_string(**agreed) + " is not in " +
-                       RankWord(env_) + "'s memory");
+  auto restored = Restore(**agreed);
+  if (!restored.ok()) return restored.status();
+  return std::optional<LoadedSnapshot>(std::move(*restored));
 }
 
 }  // namespace crun::worker

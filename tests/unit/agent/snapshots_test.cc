@@ -14,6 +14,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 
+#include "agent/snapshots/disk_snapshots.h"
 #include "agent/snapshots/node_snapshots.h"
 #include "agent/snapshots/snapshot_server.h"
 #include "crun/worker/snapshot.h"
@@ -118,6 +119,81 @@ TEST_CASE("crun's memory: sized on demand, sealed, and a changed byte fails the 
   CHECK(memory.Check(0)[1].verdict == BufferVerdict::kCorrupt);
   memory.Clear();
   CHECK(memory.allocated_bytes() == 0);
+}
+
+TEST_CASE("disk: the steps written are those every rank would choose alike") {
+  // The first save of a crun, then the first at or past each multiple of `every`.
+  std::vector<std::uint64_t> chosen;
+  std::optional<std::uint64_t> last;
+  for (std::uint64_t step = 3; step <= 60; step += 7) {
+    if (ChoosesStep(step, 10, last ? &*last : nullptr)) {
+      chosen.push_back(step);
+      last = step;
+    }
+  }
+  CHECK(chosen == std::vector<std::uint64_t>{3, 10, 24, 31, 45, 52});
+  const std::uint64_t at = 40;
+  CHECK_FALSE(ChoosesStep(40, 10, &at));  // the same step again
+  CHECK_FALSE(ChoosesStep(12, 10, &at));  // an older one (a resumed timeline)
+  CHECK(ChoosesStep(41, 1, &at));
+  CHECK(SnapshotFilePath("/ck", 42, 3) == "/ck/step-000000000042/rank-00003.snap");
+}
+
+TEST_CASE("disk: a staged copy is whole or refused, and a file restores into memory") {
+  testing::TempDir tmp("crun_disk");
+  NodeSnapshots memory({"/dev/shm", ""});
+  auto a = memory.Reserve(0, 0, 4096);
+  REQUIRE(a.ok());
+  WriteComplete(**a, 12, 1, 4096, 0x42);
+  (*a)->header().rank = 1;
+  std::vector<unsigned char> staged;
+  // A save that began while the copy was taken: the copy is not whole, nothing is sealed.
+  snap::StoreState((*a)->header(), snap::kWriting);
+  CHECK(memory.Stage(0, 0, &staged).verdict == BufferVerdict::kIncomplete);
+  snap::StoreState((*a)->header(), snap::kComplete);
+  const BufferCheck staged_check = memory.Stage(0, 0, &staged);
+  REQUIRE(staged_check.verdict == BufferVerdict::kValid);
+  CHECK(staged_check.step == 12);
+  CHECK(memory.Check(0)[0].verdict == BufferVerdict::kValid);  // sealed by the copy
+
+  SnapshotDiskOptions o;
+  o.dir = tmp.path + "/ck";
+  o.keep = 2;
+  DiskSnapshots disk(o);
+  REQUIRE(disk.Prepare().ok());
+  REQUIRE(disk.Write(staged).ok());
+  CHECK(disk.Steps(0, 1).empty());  // another rank's file
+  CHECK(disk.Steps(1, 1) == std::vector<std::uint64_t>{12});
+  CHECK(disk.Steps(1, 4).empty());  // sharded, another world size
+  // Two more steps: the oldest goes, with its directory.
+  for (std::uint64_t step : {13, 14}) {
+    auto* h = reinterpret_cast<snap::BufferHeader*>(staged.data());
+    h->step = step;
+    REQUIRE(disk.Write(staged).ok());
+  }
+  CHECK(disk.Steps(1, 1) == std::vector<std::uint64_t>{14, 13});
+  CHECK_FALSE(std::filesystem::exists(o.dir + "/step-000000000012"));
+
+  // Into a fresh node's memory: step 12 was whole; 14 has the step changed behind the checksum.
+  o.keep = 3;
+  DiskSnapshots reread(o);
+  {
+    auto* h = reinterpret_cast<snap::BufferHeader*>(staged.data());
+    h->step = 12;
+    REQUIRE(reread.Write(staged).ok());
+  }
+  NodeSnapshots fresh({"/dev/shm", ""});
+  auto index = reread.Restore(fresh, 0, 1, 12);
+  REQUIRE(index.ok());
+  const auto check = fresh.Check(0)[static_cast<std::size_t>(*index)];
+  CHECK(check.verdict == BufferVerdict::kValid);
+  CHECK(check.step == 12);
+  CHECK(fresh.Slot(0)[static_cast<std::size_t>(*index)]->payload()[100] == 0x42);
+  auto corrupt = reread.Restore(fresh, 0, 1, 14);
+  REQUIRE_FALSE(corrupt.ok());
+  CHECK_THAT(corrupt.status().message(),
+             Catch::Contains("the snapshot of rank 1 at step 14 fails its checksum"));
+  CHECK_FALSE(reread.Restore(fresh, 0, 1, 99).ok());  // no such file
 }
 
 TEST_CASE("the room check names the size and the limit") {

@@ -65,9 +65,10 @@ class SnapshotStore {
               snapshot::Layout layout = snapshot::kSharded);
 
   // Collective: every rank of the job calls it. The newest step that every rank holds
-  // complete, agreed through the job's store, with this rank's items; none when any rank has
-  // none. Refused (an error naming the rank and step) for a sharded snapshot saved by another
-  // world size or rank, and for a snapshot whose checksum fails.
+  // complete, in its node's memory or on disk (crun's --checkpoint-dir, which crun then reads
+  // back into memory), agreed through the job's store, with this rank's items; none when no
+  // step is held by every rank. Refused (an error naming the rank and step) for a sharded snapshot
+  // saved by another world size or rank, and for a snapshot whose checksum fails.
   StatusOr<std::optional<LoadedSnapshot>> Load(Context& context,
                                                Millis timeout = kDefaultStoreTimeout);
 
@@ -83,6 +84,8 @@ class SnapshotStore {
   Held HeldSteps(const std::array<std::string, 2>& verdict) const;
   StatusOr<std::optional<std::uint64_t>> Agree(Context& context, const Held& held, Millis timeout);
   StatusOr<LoadedSnapshot> Loaded(int index, const std::string& verdict);
+  StatusOr<std::vector<std::uint64_t>> DiskSteps();
+  StatusOr<LoadedSnapshot> Restore(std::uint64_t step);
   Status MapBuffer(int index, int fd, std::uint64_t capacity);
 
   WorkerEnv env_;

@@ -1,0 +1,240 @@
+#include "agent/snapshots/disk_snapshots.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include <crun/worker/snapshot_layout.h>
+
+#include "base/numbers.h"
+
+namespace crun::agent {
+namespace {
+
+namespace snap = crun::snapshot;
+namespace fs = std::filesystem;
+
+Status WriteWhole(int fd, const unsigned char* data, std::size_t n, const std::string& path) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) return PosixError("writing " + path, errno);
+    data += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  return Status::Ok();
+}
+
+Status SyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return PosixError("opening " + dir, errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  return rc == 0 ? Status::Ok() : PosixError("flushing " + dir, err);
+}
+
+// The step of a "step-<digits>" directory name.
+std::optional<std::uint64_t> StepOfDir(const std::string& name) {
+  if (name.rfind("step-", 0) != 0) return std::nullopt;
+  const auto v = ParseInteger(std::string_view(name).substr(5), 0, INT64_MAX);
+  if (!v) return std::nullopt;
+  return static_cast<std::uint64_t>(*v);
+}
+
+// Every step directory under `dir` holding a file of `rank`, newest first.
+std::vector<std::uint64_t> StepsWithRank(const std::string& dir, std::int64_t rank) {
+  std::vector<std::uint64_t> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const auto step = StepOfDir(e.path().filename().string());
+    if (step && ::access(SnapshotFilePath(dir, *step, rank).c_str(), R_OK) == 0) {
+      steps.push_back(*step);
+    }
+  }
+  std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+bool ReadHeader(const std::string& path, snap::BufferHeader* h) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const ssize_t n = ::pread(fd, h, sizeof *h, 0);
+  ::close(fd);
+  return n == static_cast<ssize_t>(sizeof *h) && snap::HasMagic(*h);
+}
+
+// Removes what a crun killed in the middle of a write left: "<file>.tmp-<pid>" whose pid is
+// gone.
+void RemoveStaleTemporaries(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& step : fs::directory_iterator(dir, ec)) {
+    if (!StepOfDir(step.path().filename().string())) continue;
+    std::error_code inner;
+    for (const auto& f : fs::directory_iterator(step.path(), inner)) {
+      const std::string name = f.path().filename().string();
+      const auto at = name.rfind(".tmp-");
+      if (at == std::string::npos) continue;
+      const auto pid = ParseInteger(std::string_view(name).substr(at + 5), 1, INT32_MAX);
+      if (pid && ::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH) {
+        ::unlink(f.path().c_str());
+      }
+    }
+    ::rmdir(step.path().c_str());  // only when nothing else is left in it
+  }
+}
+
+}  // namespace
+
+std::string SnapshotFilePath(const std::string& dir, std::uint64_t step, std::int64_t rank) {
+  char name[64];
+  std::snprintf(name, sizeof name, "/step-%012llu/rank-%05lld.snap",
+                static_cast<unsigned long long>(step), static_cast<long long>(rank));
+  return dir + name;
+}
+
+bool ChoosesStep(std::uint64_t step, std::uint64_t every, const std::uint64_t* last) {
+  if (last == nullptr) return true;
+  if (every == 0 || step <= *last) return false;
+  return step / every > *last / every;
+}
+
+DiskSnapshots::DiskSnapshots(SnapshotDiskOptions options) : options_(std::move(options)) {}
+
+Status DiskSnapshots::Prepare() const {
+  const std::string& dir = options_.dir;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return Status(StatusCode::kInvalidArgument,
+                  "--checkpoint-dir " + dir + ": cannot create it: " + ec.message());
+  }
+  RemoveStaleTemporaries(dir);
+  const int probe = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+  if (probe >= 0) {
+    ::close(probe);
+    return Status::Ok();
+  }
+  if (errno == EOPNOTSUPP || errno == EISDIR) {  // no unnamed files there: try a named one
+    const std::string path = dir + "/.crun-probe-" + std::to_string(::getpid());
+    const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::close(fd);
+      ::unlink(path.c_str());
+      return Status::Ok();
+    }
+  }
+  return PosixError("--checkpoint-dir " + dir + ": crun cannot write there", errno,
+                    StatusCode::kInvalidArgument);
+}
+
+bool DiskSnapshots::Choose(int local_rank, std::uint64_t step) {
+  std::lock_guard lock(mu_);
+  const auto it = chosen_.find(local_rank);
+  if (!ChoosesStep(step, options_.every, it == chosen_.end() ? nullptr : &it->second)) {
+    return false;
+  }
+  chosen_[local_rank] = step;
+  return true;
+}
+
+Status DiskSnapshots::Write(const std::vector<unsigned char>& staged) {
+  snap::BufferHeader h;
+  std::memcpy(&h, staged.data(), sizeof h);
+  const std::string path = SnapshotFilePath(options_.dir, h.step, h.rank);
+  const std::string step_dir = fs::path(path).parent_path().string();
+  std::error_code ec;
+  fs::create_directories(step_dir, ec);
+  if (ec) return Unavailable("creating " + step_dir + ": " + ec.message());
+  const std::string tmp = path + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+  if (fd < 0) return PosixError("creating " + tmp, errno);
+  Status s = WriteWhole(fd, staged.data(), staged.size(), tmp);
+  if (s.ok() && ::fsync(fd) != 0) s = PosixError("flushing " + tmp, errno);
+  ::close(fd);
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) s = PosixError("renaming " + tmp, errno);
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  CRUN_RETURN_IF_ERROR(SyncDir(step_dir));
+  // The rank's older steps beyond `keep` go; a step directory goes with its last file.
+  const auto steps = StepsWithRank(options_.dir, h.rank);
+  for (std::size_t i = static_cast<std::size_t>(std::max(options_.keep, 1)); i < steps.size();
+       ++i) {
+    const std::string old = SnapshotFilePath(options_.dir, steps[i], h.rank);
+    ::unlink(old.c_str());
+    ::rmdir(fs::path(old).parent_path().c_str());  // fails, harmlessly, while others are there
+  }
+  std::lock_guard lock(mu_);
+  ++counters_.written;
+  counters_.bytes += staged.size();
+  counters_.last_step = std::max(counters_.last_step, h.step);
+  return Status::Ok();
+}
+
+std::vector<std::uint64_t> DiskSnapshots::Steps(std::int64_t rank, std::int64_t world_size) const {
+  std::vector<std::uint64_t> out;
+  if (!options_.resume || options_.dir.empty()) return out;
+  for (std::uint64_t step : StepsWithRank(options_.dir, rank)) {
+    snap::BufferHeader h;
+    if (!ReadHeader(SnapshotFilePath(options_.dir, step, rank), &h)) continue;
+    if (h.step != step || h.rank != rank) continue;
+    if (h.layout == snap::kSharded && h.world_size != world_size) continue;
+    out.push_back(step);
+  }
+  return out;
+}
+
+StatusOr<int> DiskSnapshots::Restore(NodeSnapshots& memory, int local_rank, std::int64_t rank,
+                                     std::uint64_t step) {
+  const std::string path = SnapshotFilePath(options_.dir, step, rank);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return PosixError("opening " + path, errno, StatusCode::kNotFound);
+  struct stat st {};
+  std::vector<unsigned char> staged;
+  Status s;
+  if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(snap::kHeaderBytes)) {
+    s = InvalidArgument(path + " is not a crun snapshot (too short)");
+  } else {
+    staged.resize(static_cast<std::size_t>(st.st_size));
+    std::size_t got = 0;
+    while (got < staged.size()) {
+      const ssize_t n =
+          ::pread(fd, staged.data() + got, staged.size() - got, static_cast<off_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        s = PosixError("reading " + path, n < 0 ? errno : EIO);
+        break;
+      }
+      got += static_cast<std::size_t>(n);
+    }
+  }
+  ::close(fd);
+  if (!s.ok()) return s;
+  auto index = memory.Fill(local_rank, staged);
+  if (!index.ok()) return Status(index.status().code(), path + ": " + index.status().message());
+  std::lock_guard lock(mu_);
+  ++counters_.restored;
+  return index;
+}
+
+DiskCounters DiskSnapshots::counters() const {
+  std::lock_guard lock(mu_);
+  return counters_;
+}
+
+void DiskSnapshots::Count(void (*f)(DiskCounters&)) {
+  std::lock_guard lock(mu_);
+  f(counters_);
+}
+
+}  // namespace crun::agent
