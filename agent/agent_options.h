@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -73,6 +74,8 @@ struct AgentOptions {
   // --checkpoint-dir and its options: the snapshots chosen for disk, written off the
   // training path, and whether a load may resume from them.
   SnapshotDiskOptions snapshot_disk;
+  // Shared with the rendezvous, which reports it in its heartbeats.
+  std::shared_ptr<SnapshotFacts> snapshot_facts = std::make_shared<SnapshotFacts>();
   // crun's own TORCHELASTIC_ERROR_FILE (set by a scheduler): gets the root cause's error.
   std::string parent_error_file;
 

@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/rendezvous/service_rendezvous.h"
+#include "agent/snapshots/node_snapshots.h"
 #include "base/proc.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "launcher/backends/backend.h"
@@ -135,15 +136,30 @@ nlohmann::json JobsJson(const v1::StatusResponse& resp) {
                         std::vector<std::string>(j.lost_hosts().begin(), j.lost_hosts().end())}};
     job["nodes"] = nlohmann::json::array();
     for (const auto& n : j.nodes()) {
-      job["nodes"].push_back({{"node_id", n.node_id()},
-                              {"host", n.host()},
-                              {"state", n.state()},
-                              {"group_rank", n.group_rank()},
-                              {"nproc", n.nproc()},
-                              {"last_heartbeat_ms_ago", n.last_heartbeat_ms_ago()}});
+      job["nodes"].push_back(
+          {{"node_id", n.node_id()},
+           {"host", n.host()},
+           {"state", n.state()},
+           {"group_rank", n.group_rank()},
+           {"nproc", n.nproc()},
+           {"last_heartbeat_ms_ago", n.last_heartbeat_ms_ago()},
+           {"snapshot_bytes", n.snapshot_bytes()},
+           {"snapshot_step",
+            n.has_snapshot_step() ? nlohmann::json(n.snapshot_step()) : nlohmann::json(nullptr)},
+           {"disk_step",
+            n.has_disk_step() ? nlohmann::json(n.disk_step()) : nlohmann::json(nullptr)}});
     }
     out.push_back(job);
   }
+  return out;
+}
+
+// "400.0 MiB, step 1234, disk 1200": what a node's snapshot store holds; "-": nothing.
+std::string SnapshotsCell(const v1::NodeStatus& n) {
+  if (n.snapshot_bytes() == 0) return "-";
+  std::string out = agent::FormatBytes(n.snapshot_bytes());
+  if (n.has_snapshot_step()) out += ", step " + std::to_string(n.snapshot_step());
+  if (n.has_disk_step()) out += ", disk " + std::to_string(n.disk_step());
   return out;
 }
 
@@ -165,13 +181,14 @@ std::string JobsTable(const v1::StatusResponse& resp, const std::string& target)
       for (const auto& h : j.lost_hosts()) lost += (lost.empty() ? "" : ", ") + h;
       line("  lost: %s\n", lost.c_str());
     }
-    line("  %-24s %-20s %-10s %5s %6s  %s\n", "NODE", "HOST", "STATE", "RANK", "NPROC",
-         "LAST HEARTBEAT");
+    line("  %-24s %-20s %-10s %5s %6s  %-14s  %s\n", "NODE", "HOST", "STATE", "RANK", "NPROC",
+         "LAST HEARTBEAT", "SNAPSHOTS");
     for (const auto& n : j.nodes()) {
-      line("  %-24s %-20s %-10s %5s %6d  %s\n", n.node_id().c_str(), n.host().c_str(),
+      line("  %-24s %-20s %-10s %5s %6d  %-14s  %s\n", n.node_id().c_str(), n.host().c_str(),
            n.state().c_str(), n.group_rank() < 0 ? "-" : std::to_string(n.group_rank()).c_str(),
            n.nproc(),
-           n.state() == "member" ? (Age(n.last_heartbeat_ms_ago()) + " ago").c_str() : "-");
+           n.state() == "member" ? (Age(n.last_heartbeat_ms_ago()) + " ago").c_str() : "-",
+           SnapshotsCell(n).c_str());
     }
   }
   return out;

@@ -38,25 +38,39 @@ class SnapshotStore final : public JobFeature {
     auto server = SnapshotServer::Listen(agent_.io, memory_, disk_.get());
     if (!server.ok()) return server.status();
     server_ = std::move(server).value();
-    if (AgentMetrics* m = agent_.meters) {
-      server_->OnChange([this, m] {
-        const SnapshotCounters& c = server_->counters();
-        m->snapshot_bytes->Set(static_cast<double>(memory_.allocated_bytes()));
-        m->snapshot_saves->Mirror(static_cast<double>(c.saves));
-        m->snapshot_loads->Mirror(static_cast<double>(c.loads));
-        m->snapshot_refusals->Mirror(static_cast<double>(c.refusals));
-        m->snapshot_corrupt->Mirror(static_cast<double>(c.corrupt));
-        if (disk_) {
-          const DiskCounters d = disk_->counters();
-          m->snapshot_disk_writes->Mirror(static_cast<double>(d.written));
-          m->snapshot_disk_skipped->Mirror(static_cast<double>(d.skipped));
-          m->snapshot_disk_failures->Mirror(static_cast<double>(d.failed));
-          m->snapshot_disk_restores->Mirror(static_cast<double>(d.restored));
-          m->snapshot_disk_step->Set(static_cast<double>(d.last_step));
-        }
-      });
-    }
+    server_->OnChange([this] {
+      ReportFacts();
+      Mirror();
+    });
     return Status::Ok();
+  }
+
+  // For the heartbeats (`crun status`).
+  void ReportFacts() {
+    SnapshotFacts& f = *agent_.options.snapshot_facts;
+    f.bytes = memory_.allocated_bytes();
+    const auto step = memory_.NodeStep();
+    f.step = step ? static_cast<std::int64_t>(*step) : -1;
+    const DiskCounters d = disk_ ? disk_->counters() : DiskCounters{};
+    f.disk_step = d.written > 0 ? static_cast<std::int64_t>(d.last_step) : -1;
+  }
+
+  void Mirror() {
+    AgentMetrics* m = agent_.meters;
+    if (m == nullptr) return;
+    const SnapshotCounters& c = server_->counters();
+    m->snapshot_bytes->Set(static_cast<double>(memory_.allocated_bytes()));
+    m->snapshot_saves->Mirror(static_cast<double>(c.saves));
+    m->snapshot_loads->Mirror(static_cast<double>(c.loads));
+    m->snapshot_refusals->Mirror(static_cast<double>(c.refusals));
+    m->snapshot_corrupt->Mirror(static_cast<double>(c.corrupt));
+    if (!disk_) return;
+    const DiskCounters d = disk_->counters();
+    m->snapshot_disk_writes->Mirror(static_cast<double>(d.written));
+    m->snapshot_disk_skipped->Mirror(static_cast<double>(d.skipped));
+    m->snapshot_disk_failures->Mirror(static_cast<double>(d.failed));
+    m->snapshot_disk_restores->Mirror(static_cast<double>(d.restored));
+    m->snapshot_disk_step->Set(static_cast<double>(d.last_step));
   }
 
   void BeforeStart(AttemptStartContext& c) override {
@@ -66,6 +80,7 @@ class SnapshotStore final : public JobFeature {
   void OnFinish(int) override {
     server_.reset();
     memory_.Clear();
+    *agent_.options.snapshot_facts = SnapshotFacts{};
   }
 
  private:

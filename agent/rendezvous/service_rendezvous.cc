@@ -271,7 +271,13 @@ class ServiceRendezvous final : public Rendezvous {
     heartbeat_.async_wait([this](const boost::system::error_code& ec) {
       if (ec || Ended() || !client_) return;
       v1::AgentMessage m;
-      m.mutable_heartbeat()->set_sequence(++sequence_);
+      v1::Heartbeat* beat = m.mutable_heartbeat();
+      beat->set_sequence(++sequence_);
+      if (const auto& f = o_.snapshot_facts; f && f->bytes > 0) {
+        beat->set_snapshot_bytes(f->bytes);
+        if (f->step >= 0) beat->set_snapshot_step(f->step);
+        if (f->disk_step >= 0) beat->set_disk_step(f->disk_step);
+      }
       client_->Send(std::move(m));
       ArmHeartbeat();
     });

@@ -18,6 +18,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "agent/rendezvous/rendezvous.h"
+#include "agent/snapshots/snapshot_options.h"
 #include "base/security.h"
 #include "rendezvous/service/rules.h"
 
@@ -46,6 +47,8 @@ struct ServiceRendezvousOptions {
   bool virtual_local_rank = false;
   // Job token and TLS for the session (base/security.h).
   crun::Security security;
+  // The node's snapshot store, sent with each heartbeat (null: nothing to say).
+  std::shared_ptr<const SnapshotFacts> snapshot_facts;
 };
 
 std::unique_ptr<Rendezvous> MakeServiceRendezvous(boost::asio::io_context& io,

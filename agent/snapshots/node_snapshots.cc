@@ -363,6 +363,22 @@ std::uint64_t NodeSnapshots::allocated_bytes() const {
   return n;
 }
 
+std::optional<std::uint64_t> NodeSnapshots::NodeStep() const {
+  std::lock_guard lock(mu_);
+  std::optional<std::uint64_t> node;
+  for (const auto& [rank, slot] : slots_) {
+    std::optional<std::uint64_t> newest;
+    for (const auto& b : slot) {
+      if (b && snap::LoadState(b->header()) == snap::kComplete) {
+        newest = std::max(newest.value_or(0), b->header().step);
+      }
+    }
+    if (!newest) return std::nullopt;
+    node = node ? std::min(*node, *newest) : *newest;
+  }
+  return node;
+}
+
 void NodeSnapshots::Clear() {
   std::lock_guard lock(mu_);
   slots_.clear();

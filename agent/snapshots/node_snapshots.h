@@ -119,6 +119,8 @@ class NodeSnapshots {
   StatusOr<int> Fill(int local_rank, const std::vector<unsigned char>& staged);
 
   std::uint64_t allocated_bytes() const;
+  // The newest step that every local rank with a slot holds complete; none when one holds none.
+  std::optional<std::uint64_t> NodeStep() const;
   // Closes every buffer: the memory goes once no worker maps it.
   void Clear();
 

@@ -14,4 +14,12 @@ struct SnapshotDiskOptions {
   bool resume = true;         // --resume-from-disk: offer disk steps to a load
 };
 
+// What the node's store holds now, for the rendezvous' heartbeats (`crun status`): written by
+// the snapshot store on the agent's loop, read there by the rendezvous. -1: none.
+struct SnapshotFacts {
+  std::uint64_t bytes = 0;
+  std::int64_t step = -1;       // the newest step every local rank holds in memory
+  std::int64_t disk_step = -1;  // the newest step written to --checkpoint-dir
+};
+
 }  // namespace crun::agent

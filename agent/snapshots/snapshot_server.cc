@@ -409,6 +409,9 @@ void SnapshotServer::Persist(int local_rank, int index) {
                     s.message());
     }
     Written(local_rank);
+    asio::post(io_, [this, alive = alive_] {  // the metrics and the heartbeats hear of it
+      if (*alive && on_change_) on_change_();
+    });
   });
 }
 

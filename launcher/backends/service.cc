@@ -104,6 +104,7 @@ class ServiceRun final : public BackendRun {
     so.virtual_local_rank = o.virtual_local_rank;
     if (conf.reconnect_timeout) so.reconnect_timeout = Millis(*conf.reconnect_timeout);
     so.security = p.security;
+    so.snapshot_facts = a.snapshot_facts;
     return so;
   }
 

@@ -15,6 +15,7 @@ struct Engine::Job {
   std::unordered_map<std::string, std::string> dialed;          // node id -> host it dialed
   // node id -> the addresses its workers may reach the store from (its session's, declared)
   std::unordered_map<std::string, std::vector<std::string>> addresses;
+  std::unordered_map<std::string, msg::NodeSnapshots> snapshots;  // node id -> last heartbeat's
   int world_size = 0;
   std::unique_ptr<RoundStore> store;
   std::optional<msg::FailureReport> root_cause;  // the failure that ended the job or its round
@@ -79,8 +80,9 @@ void Engine::OnMessage(SessionId session, const msg::AgentMessage& m, TimePoint 
   if (b == bound_.end()) return;
   auto& job = *jobs_.at(b->second.run_id);
   const std::string node = b->second.node_id;
-  if (std::holds_alternative<msg::Heartbeat>(m)) {
+  if (const auto* beat = std::get_if<msg::Heartbeat>(&m)) {
     if (job.series.heartbeats != nullptr) job.series.heartbeats->Inc();
+    job.snapshots[node] = beat->snapshots;
     return Apply(job, rdzv::OnHeartbeat(std::move(job.state), node, now), now);
   }
   Apply(job, OnNodeSucceeded(std::move(job.state), node, now), now);
@@ -523,6 +525,10 @@ msg::StatusResponse Engine::Status(const std::string& run_id, TimePoint now) con
   for (const auto& [id, job] : jobs_) {
     if (!run_id.empty() && id != run_id) continue;
     out.jobs.push_back(DescribeJob(id, job->state, job->world_size, job->last_failure, now));
+    for (auto& n : out.jobs.back().nodes) {
+      const auto it = job->snapshots.find(n.node_id);
+      if (it != job->snapshots.end()) n.snapshots = it->second;
+    }
   }
   return out;
 }

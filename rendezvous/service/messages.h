@@ -35,8 +35,16 @@ struct Join {
   std::string service_host;
 };
 
+// What a node's snapshot store holds (docs/checkpoints.md), as its heartbeats say; -1: none.
+struct NodeSnapshots {
+  std::uint64_t bytes = 0;
+  std::int64_t step = -1;
+  std::int64_t disk_step = -1;
+};
+
 struct Heartbeat {
   std::uint64_t sequence = 0;
+  NodeSnapshots snapshots;
 };
 
 // One worker's end. At most one of exit_code and signal is set (neither: unknown).
@@ -130,6 +138,7 @@ struct NodeStatus {
   int group_rank = -1;
   int nproc = 0;
   std::int64_t last_heartbeat_ms_ago = 0;
+  NodeSnapshots snapshots;
 };
 
 struct JobStatus {

@@ -142,8 +142,12 @@ std::optional<msg::AgentMessage> FromProto(const v1::AgentMessage& m) {
   switch (m.kind_case()) {
     case v1::AgentMessage::kJoin:
       return JoinFromProto(m.join());
-    case v1::AgentMessage::kHeartbeat:
-      return msg::Heartbeat{m.heartbeat().sequence()};
+    case v1::AgentMessage::kHeartbeat: {
+      const v1::Heartbeat& h = m.heartbeat();
+      return msg::Heartbeat{h.sequence(),
+                            {h.snapshot_bytes(), h.has_snapshot_step() ? h.snapshot_step() : -1,
+                             h.has_disk_step() ? h.disk_step() : -1}};
+    }
     case v1::AgentMessage::kWorkersFailed:
       return FromProto(m.workers_failed());
     case v1::AgentMessage::kWorkersSucceeded:
@@ -202,6 +206,9 @@ v1::StatusResponse ToProto(const msg::StatusResponse& s) {
       ns->set_state(n.state);
       ns->set_group_rank(n.group_rank);
       ns->set_nproc(n.nproc);
+      ns->set_snapshot_bytes(n.snapshots.bytes);
+      if (n.snapshots.step >= 0) ns->set_snapshot_step(n.snapshots.step);
+      if (n.snapshots.disk_step >= 0) ns->set_disk_step(n.snapshots.disk_step);
       ns->set_last_heartbeat_ms_ago(n.last_heartbeat_ms_ago);
     }
   }

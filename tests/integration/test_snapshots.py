@@ -256,6 +256,45 @@ class Snapshots(unittest.TestCase):
         self.assertEqual(value("crun_agent_snapshot_disk_failures_total"), 0)
         self.assertEqual(value("crun_agent_snapshot_disk_restores_total"), 0)
 
+    def test_status_shows_each_node_store(self):
+        sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+        from crun_testing import free_port
+        script = os.path.join(self.dir, "hold.py")
+        with open(script, "w") as f:
+            f.write(HOLD)
+        endpoint = f"127.0.0.1:{free_port()}"
+        nodes = [subprocess.Popen(
+            [CRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+             "--rdzv-endpoint", endpoint, "--rdzv-id", "snapjob", "--checkpoint-dir",
+             os.path.join(self.dir, f"ck{i}"), "--checkpoint-every", "1", script],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, PYTHON_EXEC=PYTHONS[0])) for i in range(2)]
+        try:
+            deadline, seen = time.monotonic() + 120, []
+            while time.monotonic() < deadline:
+                r = subprocess.run([CRUN, "status", "--rdzv-endpoint", endpoint, "--json"],
+                                   capture_output=True, text=True, timeout=60)
+                if r.returncode == 0:
+                    jobs = json.loads(r.stdout)
+                    seen = jobs[0]["nodes"] if jobs else []
+                    if len(seen) == 2 and all(n["snapshot_step"] == 2 and n["disk_step"] == 2
+                                              for n in seen):
+                        break
+                time.sleep(0.2)
+            self.assertEqual([(n["snapshot_step"], n["disk_step"]) for n in seen],
+                             [(2, 2), (2, 2)], seen)
+            # Two buffers of 8 MiB and their headers on each node.
+            self.assertTrue(all(n["snapshot_bytes"] >= 2 * (8 << 20) for n in seen), seen)
+            table = subprocess.run([CRUN, "status", "--rdzv-endpoint", endpoint],
+                                   capture_output=True, text=True, timeout=60).stdout
+            self.assertIn("SNAPSHOTS", table)
+            self.assertEqual(table.count("MiB, step 2, disk 2"), 2, table)
+        finally:
+            for p in nodes:
+                p.terminate()
+            for p in nodes:
+                p.communicate(timeout=60)
+
     def test_bad_options_are_named(self):
         r = subprocess.run([CRUN, "--snapshots", "maybe", "true"], capture_output=True,
                            text=True, timeout=60)

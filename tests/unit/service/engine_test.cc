@@ -105,7 +105,9 @@ struct Harness {
     j.settings.contracts = crun::ParseContracts(spec.contracts).value();
     return j;
   }
-  void Heartbeat(SessionId s, TimePoint t) { engine.OnMessage(s, msg::Heartbeat{1}, t); }
+  void Heartbeat(SessionId s, TimePoint t, msg::NodeSnapshots snapshots = {}) {
+    engine.OnMessage(s, msg::Heartbeat{1, snapshots}, t);
+  }
   void Fail(SessionId s, const std::string& host, int rank, int code, TimePoint t) {
     msg::FailureReport r;
     r.host = host;
@@ -312,6 +314,26 @@ TEST_CASE("engine: a silent node is lost when its heartbeat is overdue", "[engin
   auto status = h.engine.Status("job7", T0 + 5s);
   REQUIRE(status.jobs.size() == 1);
   CHECK(status.jobs.at(0).lost_hosts.at(0) == "b");
+}
+
+TEST_CASE("engine: status shows what each node's heartbeat says of its snapshots", "[engine]") {
+  Harness h;
+  h.Join(1, "a", T0, {.min = 2});
+  h.Join(2, "b", T0, {.min = 2});
+  REQUIRE(h.LastIs<msg::Assignment>(1));
+  h.Heartbeat(1, T0 + 1s, {400u << 20, 1234, 1200});
+  h.Heartbeat(2, T0 + 1s);
+  h.Heartbeat(1, T0 + 2s, {400u << 20, 1235, 1200});  // the newest one counts
+  const auto status = h.engine.Status("job7", T0 + 2s);
+  REQUIRE(status.jobs.at(0).nodes.size() == 2);
+  const auto& a = status.jobs.at(0).nodes.at(0);
+  const auto& b = status.jobs.at(0).nodes.at(1);
+  CHECK(a.node_id == "a");
+  CHECK(a.snapshots.bytes == 400u << 20);
+  CHECK(a.snapshots.step == 1235);
+  CHECK(a.snapshots.disk_step == 1200);
+  CHECK(b.snapshots.bytes == 0);
+  CHECK(b.snapshots.step == -1);
 }
 
 TEST_CASE("engine: below MIN after a loss, the job fails at the join deadline", "[engine]") {

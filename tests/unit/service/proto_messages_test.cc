@@ -184,6 +184,14 @@ TEST_CASE("the small agent messages, and one of no known kind", "[proto]") {
   v1::AgentMessage m;
   m.mutable_heartbeat()->set_sequence(77);
   CHECK(std::get<msg::Heartbeat>(*FromProto(m)).sequence == 77);
+  CHECK(std::get<msg::Heartbeat>(*FromProto(m)).snapshots.step == -1);  // none said
+  m.mutable_heartbeat()->set_snapshot_bytes(4096);
+  m.mutable_heartbeat()->set_snapshot_step(0);
+  m.mutable_heartbeat()->set_disk_step(9);
+  const auto beat = std::get<msg::Heartbeat>(*FromProto(m));
+  CHECK(beat.snapshots.bytes == 4096);
+  CHECK(beat.snapshots.step == 0);
+  CHECK(beat.snapshots.disk_step == 9);
   m.mutable_workers_succeeded();
   CHECK(std::holds_alternative<msg::WorkersSucceeded>(*FromProto(m)));
   m.mutable_leave()->set_reason("bye");
@@ -256,6 +264,7 @@ TEST_CASE("a status response reaches `crun status` whole", "[proto]") {
   member.group_rank = 0;
   member.nproc = 8;
   member.last_heartbeat_ms_ago = 250;
+  member.snapshots = {1 << 20, 77, -1};
   auto& spare = job.nodes.emplace_back();
   spare.node_id = "d";
   spare.host = "node-d";
@@ -283,7 +292,11 @@ TEST_CASE("a status response reaches `crun status` whole", "[proto]") {
   CHECK(j.nodes(0).group_rank() == 0);
   CHECK(j.nodes(0).nproc() == 8);
   CHECK(j.nodes(0).last_heartbeat_ms_ago() == 250);
+  CHECK(j.nodes(0).snapshot_bytes() == 1 << 20);
+  CHECK(j.nodes(0).snapshot_step() == 77);
+  CHECK_FALSE(j.nodes(0).has_disk_step());  // none written: unset, not 0
   CHECK(j.nodes(1).state() == "spare");
+  CHECK_FALSE(j.nodes(1).has_snapshot_step());
   CHECK(j.nodes(1).group_rank() == -1);
 }
 
