@@ -83,7 +83,8 @@ def main():
     path = os.path.join(args.ckpt_dir, "ckpt.pt") if args.ckpt_mb and not args.snapshot else ""
     if args.snapshot:
         import crun_worker
-        got = crun_worker.load()
+        # Straight into the model's own tensors (no second copy of the bulk).
+        got = crun_worker.load(into={"model": model.state_dict(), "opt": opt.state_dict()})
         if got is not None:
             model.load_state_dict(got[1]["model"])
             opt.load_state_dict(got[1]["opt"])
@@ -95,7 +96,11 @@ def main():
         opt.load_state_dict(state["opt"])
         start = state["step"] + 1
         stamp(args.out, "loaded", step=state["step"])
-    ddp = DistributedDataParallel(model)
+    # Resumed, every rank holds the same state (one file, or the step every rank agreed on):
+    # DDP need not broadcast rank 0's (where this PyTorch can be told so). Both ways in alike.
+    import inspect
+    quiet = start > 0 and "init_sync" in inspect.signature(DistributedDataParallel).parameters
+    ddp = DistributedDataParallel(model, **({"init_sync": False} if quiet else {}))
     gen = torch.Generator().manual_seed(RANK)
     for step in range(start, args.steps):
         if ATTEMPT == 0 and RANK == args.crash_rank and step == args.crash_step:

@@ -10,6 +10,7 @@ restarted after a worker is SIGKILLed. Plus the refusals, and the environment ag
 
 The interpreters come from TF_PYTHON, JAX_PYTHON, DEEPSPEED_PYTHON and HOROVOD_PYTHON
 (scripts/setup-frameworks.sh); a framework whose interpreter is not given is skipped (77)."""
+import glob
 import json
 import os
 import subprocess
@@ -240,6 +241,15 @@ class Jax(Contract):
 class DeepSpeed(Contract):
     python = os.environ.get("DEEPSPEED_PYTHON")
     worker = os.path.join(WORKERS, "deepspeed_worker.py")
+
+    def setUp(self):
+        super().setUp()
+        # DeepSpeed's CPU all-reduce leaves a 66 MiB /dev/shm file per rank and run
+        # (deepspeed_allreduce_buffer_*), under its own launcher as under crun: the test removes
+        # those its runs made, so that the suite leaves the machine's memory as it found it.
+        before = set(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*"))
+        self.addCleanup(lambda: [os.unlink(f) for f in
+                                 set(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*")) - before])
 
     def test_init_distributed_with_local_rank_argument(self):
         code, text, out = self.standalone("deepspeed", "--local_rank=${local_rank}")

@@ -86,13 +86,14 @@ class Snapshots(unittest.TestCase):
             self.skipTest(f"cannot mount a tmpfs here ({t.why})")
         return t.dir
 
-    def run_ddp(self, python, out, steps, kill_at=None, extra=()):
+    def run_ddp(self, python, out, steps, kill_at=None, extra=(), into=False):
         """crun with two workers of ddp_snapshot.py; SIGKILLs rank 1 where it holds after
         saving step `kill_at`. Returns (exit code, output)."""
         cmd = [CRUN, "--nproc-per-node", "2", "--max-restarts", "1", *extra, DDP, out, str(steps),
                *([str(kill_at)] if kill_at is not None else [])]
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env=dict(os.environ, PYTHON_EXEC=python))
+                             env=dict(os.environ, PYTHON_EXEC=python,
+                                      DDP_LOAD_INTO="1" if into else "0"))
         lines, killed = [], False
         with p.stdout:
             for line in p.stdout:
@@ -127,8 +128,10 @@ class Snapshots(unittest.TestCase):
                 uninterrupted = self.finals(plain)
                 self.assertEqual([f["start"] for f in uninterrupted], [0, 0])
                 killed = tempfile.mkdtemp(dir=self.dir)
-                rc, text = self.run_ddp(python, killed, 60, kill_at=25)
+                rc, text = self.run_ddp(python, killed, 60, kill_at=25, into=True)
                 self.assertEqual(rc, 0, text[-3000:])
+                # Filled in place: the model's own tensors came back, not copies of them.
+                self.assertEqual(text.count("resumed at step 25 (in place: True)"), 2, text[-3000:])
                 resumed = self.finals(killed)
                 # Both ranks saved step 25 (rank 0 then waits for rank 1 in step 26's
                 # allreduce): the job resumes there, losing nothing before it.
@@ -145,6 +148,7 @@ class Snapshots(unittest.TestCase):
                 rc, text = self.run_ddp(python, second, 60, extra=extra)
                 self.assertEqual(rc, 0, text[-3000:])
                 self.assertIn("resuming from disk", text)
+                self.assertIn("(in place: False)", text)
                 from_disk = self.finals(second)
                 self.assertGreaterEqual(from_disk[0]["start"], 20, text[-3000:])
                 self.assertEqual([f["hash"] for f in from_disk],

@@ -7,7 +7,7 @@ With HOLD_AT, rank 1 of the first attempt stops after saving that step and waits
 (the test SIGKILLs it), so that the kill lands at the same place however loaded the machine is.
 
 The state: the model's and Adam's state_dicts, PyTorch's RNG (dropout), the data stream's
-generator (its position) and Python's RNG. Each rank writes OUT_DIR/final-RANK.json with a hash
+generator (its position) and Python's RNG. DDP_LOAD_INTO=1 loads with load(into=...). Each rank writes OUT_DIR/final-RANK.json with a hash
 of its parameters and the step it started from."""
 import hashlib
 import json
@@ -35,7 +35,9 @@ optimizer = torch.optim.Adam(ddp.parameters(), lr=1e-2)
 data = torch.Generator().manual_seed(1234 + rank)
 
 start = 0
-got = crun_worker.load()
+# DDP_LOAD_INTO=1: the model's tensors are filled in place (load(into=...)), not copied twice.
+into = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+got = crun_worker.load(into=into if os.environ.get("DDP_LOAD_INTO") == "1" else None)
 if got is not None:
     start, state = got
     model.load_state_dict(state["model"])
@@ -43,7 +45,8 @@ if got is not None:
     torch.set_rng_state(state["rng"])
     data.set_state(state["data"])
     random.setstate(state["python_rng"])
-    print(f"rank {rank} resumed at step {start}", flush=True)
+    in_place = state["model"]["0.weight"].data_ptr() == model[0].weight.data_ptr()
+    print(f"rank {rank} resumed at step {start} (in place: {in_place})", flush=True)
 
 for step in range(start + 1, steps + 1):
     x = torch.randn(16, 32, generator=data)

@@ -333,12 +333,47 @@ def _agree(s, held, refusal, timeout):
     return int(verdict[5:]) if verdict.startswith("step:") else None
 
 
-def load(timeout=300):
+def _paths(state, prefix=(), out=None):
+    """{path: tensor} for every tensor in a nest of dicts, lists and tuples."""
+    import torch
+    out = {} if out is None else out
+    if isinstance(state, torch.Tensor):
+        out[prefix] = state
+    elif isinstance(state, dict):
+        for k, v in state.items():
+            _paths(v, prefix + (k,), out)
+    elif type(state) in (list, tuple):
+        for i, v in enumerate(state):
+            _paths(v, prefix + (i,), out)
+    return out
+
+
+def _ref_paths(skeleton, prefix=(), out=None):
+    """{tensor index: path} for the tensor references of a saved skeleton."""
+    out = {} if out is None else out
+    if isinstance(skeleton, _TensorRef):
+        out[skeleton.index] = prefix
+    elif isinstance(skeleton, dict):
+        for k, v in skeleton.items():
+            _ref_paths(v, prefix + (k,), out)
+    elif type(skeleton) in (list, tuple):
+        for i, v in enumerate(skeleton):
+            _ref_paths(v, prefix + (i,), out)
+    return out
+
+
+def load(timeout=300, into=None):
     """Collective: every rank of the job calls it. Returns (step, state) for the newest step
     that every rank holds complete, in its node's memory or on disk (crun's --checkpoint-dir,
     read back into memory by crun), or None when there is none. Raises
     SnapshotError for a sharded snapshot saved by another rank or world size, and for one whose
-    checksum fails when no whole one is left."""
+    checksum fails when no whole one is left.
+
+    `into`: a state of the same shape as the one saved (say {"model": model.state_dict(),
+    "optimizer": optimizer.state_dict()}). Each saved tensor whose place, shape and dtype match
+    one of its tensors is copied straight into it, and the returned state holds that tensor:
+    no second copy of the model is made, and load_state_dict() of it then copies nothing.
+    Tensors without a match are returned as new tensors."""
     s = _the_store()
     import torch
     verdicts = s.take(*s.ask(f"load {s.local_rank}"))
@@ -397,19 +432,27 @@ def load(timeout=300):
                                 f"checksum ({checked}): crun's node memory was overwritten")
     payload = memoryview(b.map)[_HEADER_BYTES:_HEADER_BYTES + h[5]]
     items = _decode_toc(payload[:h[6]])
-    tensors, values = [], None
-    for name, dtype, shape, offset, nbytes in items:
-        if name == _VALUES:
-            values = bytes(payload[offset:offset + nbytes])
-            continue
-        dt = getattr(torch, dtype)
-        numel = 1
-        for d in shape:
-            numel *= d
-        if numel == 0:
-            tensors.append(torch.empty(shape, dtype=dt))
-            continue
-        t = torch.frombuffer(b.map, dtype=dt, count=numel, offset=_HEADER_BYTES + offset)
-        tensors.append(t.view(shape).clone())
+    values = next(bytes(payload[o:o + n]) for name, _, _, o, n in items if name == _VALUES)
     del payload
-    return step, _unflatten(pickle.loads(values), tensors)
+    skeleton = pickle.loads(values)
+    targets = _paths(into) if into is not None else {}
+    where = _ref_paths(skeleton) if targets else {}
+    tensors = []
+    with torch.no_grad():
+        for name, dtype, shape, offset, nbytes in items:
+            if name == _VALUES:
+                continue
+            dt = getattr(torch, dtype)
+            target = targets.get(where.get(len(tensors)))
+            fits = target is not None and target.dtype == dt and list(target.shape) == shape
+            numel = 1
+            for d in shape:
+                numel *= d
+            if numel == 0:
+                tensors.append(target if fits else torch.empty(shape, dtype=dt))
+                continue
+            t = torch.frombuffer(b.map, dtype=dt, count=numel,
+                                 offset=_HEADER_BYTES + offset).view(shape)
+            tensors.append(target.copy_(t) if fits else t.clone())
+            del t
+    return step, _unflatten(skeleton, tensors)
