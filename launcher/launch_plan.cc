@@ -263,6 +263,18 @@ Status PlanMetrics(LaunchPlan& p, const LaunchOptions& o, const std::set<std::st
   return Status::Ok();
 }
 
+// Who writes --checkpoint-dir (agent::SnapshotDiskOptions::job): the cruns of one job say
+// the same, those of two jobs do not.
+std::string DiskJob(const LaunchPlan& p, const LaunchOptions& o) {
+  if (p.slurm_task) {
+    return p.slurm_task->master_addr + ":" + std::to_string(p.slurm_task->master_port) + " " +
+           p.run_id;
+  }
+  if (p.backend != "static") return o.rdzv_endpoint + " " + p.run_id;
+  if (o.standalone || p.nodes.max <= 1) return "";
+  return o.master_addr + ":" + std::to_string(p.master_port) + " " + p.run_id;
+}
+
 }  // namespace
 
 MachineFacts MachineFacts::OfThisMachine() {
@@ -304,6 +316,7 @@ StatusOr<LaunchPlan> PlanLaunch(LaunchOptions o, const std::set<std::string>& gi
   CRUN_RETURN_IF_ERROR(PlanConf(p, backends, *backend));
   CRUN_RETURN_IF_ERROR(PlanAgent(p, o, given, facts));
   CRUN_ASSIGN_OR_RETURN(p.rendezvous, backend->plan(p, PlanInputs{o, given, facts}));
+  p.agent.snapshot_disk.job = DiskJob(p, o);
   CRUN_RETURN_IF_ERROR(PlanMetrics(p, o, given));
   p.o = std::move(o);
   return p;

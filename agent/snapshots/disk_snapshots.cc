@@ -3,14 +3,17 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include <crun/worker/snapshot_layout.h>
 
@@ -92,6 +95,37 @@ void RemoveStaleTemporaries(const std::string& dir) {
   }
 }
 
+constexpr std::string_view kClaimPrefix = ".crun-claim-";
+constexpr std::string_view kClaimDraft = ".crun-claim-draft-";
+
+std::string ReadSmallFile(int fd) {
+  char buf[512];
+  const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+  return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+}
+
+// Another crun's claim on the directory, when it is alive (holds its lock): "pid P on host H
+// (job J)". Dead claims and drafts are removed.
+std::optional<std::string> LiveClaim(const fs::path& path, const std::string& job) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::optional<std::string> live;
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+    ::unlink(path.c_str());  // its crun is gone
+  } else if (errno == EWOULDBLOCK) {
+    const std::string text = ReadSmallFile(fd);
+    const auto nl = text.find('\n');
+    const std::string who = text.substr(0, nl),
+                      their_job = nl == std::string::npos ? std::string() : text.substr(nl + 1);
+    const bool draft = path.filename().string().rfind(kClaimDraft, 0) == 0;
+    if (!draft && (job.empty() || their_job != job)) {
+      live = who + " (" + (their_job.empty() ? "a job of its own" : "job " + their_job) + ")";
+    }
+  }
+  ::close(fd);
+  return live;
+}
+
 }  // namespace
 
 std::string SnapshotFilePath(const std::string& dir, std::uint64_t step, std::int64_t rank) {
@@ -109,7 +143,68 @@ bool ChoosesStep(std::uint64_t step, std::uint64_t every, const std::uint64_t* l
 
 DiskSnapshots::DiskSnapshots(SnapshotDiskOptions options) : options_(std::move(options)) {}
 
-Status DiskSnapshots::Prepare() const {
+DiskSnapshots::~DiskSnapshots() {
+  if (claim_fd_ < 0) return;
+  ::unlink(claim_.c_str());
+  ::close(claim_fd_);
+}
+
+// The claim: DIR/.crun-claim-<host>-<pid>, holding "pid P on host H" and the job, locked
+// (flock) for as long as this crun lives, so that a crun killed with SIGKILL lets go of it. It
+// is written under a draft name and renamed, so that a claim is never seen half written.
+Status DiskSnapshots::Claim() {
+  const std::string& dir = options_.dir;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  static std::atomic<int> claims{0};  // one process may hold several (the unit tests)
+  const std::string me =
+      std::string(host) + "-" + std::to_string(::getpid()) + "-" + std::to_string(claims++);
+  const std::string draft = dir + "/" + std::string(kClaimDraft) + me;
+  const int fd = ::open(draft.c_str(), O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return PosixError("--checkpoint-dir " + dir + ": crun cannot write there", errno,
+                      StatusCode::kInvalidArgument);
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ::unlink(draft.c_str());
+    return PosixError("--checkpoint-dir " + dir +
+                          ": its file system takes no locks, so crun cannot make sure that no "
+                          "other job writes there",
+                      err, StatusCode::kInvalidArgument);
+  }
+  const std::string text =
+      "pid " + std::to_string(::getpid()) + " on host " + host + "\n" + options_.job;
+  const std::string path = dir + "/" + std::string(kClaimPrefix) + me;
+  Status s =
+      WriteWhole(fd, reinterpret_cast<const unsigned char*>(text.data()), text.size(), draft);
+  if (s.ok() && ::rename(draft.c_str(), path.c_str()) != 0)
+    s = PosixError("renaming " + draft, errno);
+  if (!s.ok()) {
+    ::close(fd);
+    ::unlink(draft.c_str());
+    return s;
+  }
+  claim_ = path;
+  claim_fd_ = fd;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(kClaimPrefix, 0) != 0 || e.path() == path) continue;
+    if (auto other = LiveClaim(e.path(), options_.job)) {
+      ::unlink(claim_.c_str());
+      ::close(std::exchange(claim_fd_, -1));
+      return Status(StatusCode::kInvalidArgument,
+                    "--checkpoint-dir " + dir + " is in use by another job: crun " + *other +
+                        " writes its snapshots there, and two jobs in one directory would "
+                        "overwrite each other's; give this job a directory of its own");
+    }
+  }
+  return Status::Ok();
+}
+
+Status DiskSnapshots::Prepare() {
   const std::string& dir = options_.dir;
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -117,23 +212,9 @@ Status DiskSnapshots::Prepare() const {
     return Status(StatusCode::kInvalidArgument,
                   "--checkpoint-dir " + dir + ": cannot create it: " + ec.message());
   }
+  CRUN_RETURN_IF_ERROR(Claim());
   RemoveStaleTemporaries(dir);
-  const int probe = ::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
-  if (probe >= 0) {
-    ::close(probe);
-    return Status::Ok();
-  }
-  if (errno == EOPNOTSUPP || errno == EISDIR) {  // no unnamed files there: try a named one
-    const std::string path = dir + "/.crun-probe-" + std::to_string(::getpid());
-    const int fd = ::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
-    if (fd >= 0) {
-      ::close(fd);
-      ::unlink(path.c_str());
-      return Status::Ok();
-    }
-  }
-  return PosixError("--checkpoint-dir " + dir + ": crun cannot write there", errno,
-                    StatusCode::kInvalidArgument);
+  return Status::Ok();
 }
 
 bool DiskSnapshots::Choose(int local_rank, std::uint64_t step) {

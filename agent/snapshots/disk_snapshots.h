@@ -41,10 +41,14 @@ bool ChoosesStep(std::uint64_t step, std::uint64_t every, const std::uint64_t* l
 class DiskSnapshots {
  public:
   explicit DiskSnapshots(SnapshotDiskOptions options);
+  ~DiskSnapshots();
+  DiskSnapshots(const DiskSnapshots&) = delete;
+  DiskSnapshots& operator=(const DiskSnapshots&) = delete;
 
-  // Creates the directory (and its parents) and checks that crun can write there; the refusal
-  // names it. Before any worker runs.
-  Status Prepare() const;
+  // Creates the directory (and its parents), checks that crun can write there and claims it
+  // for this job: a directory that a live crun of another job claims is refused, naming its
+  // host, pid and job. Before any worker runs.
+  Status Prepare();
 
   const SnapshotDiskOptions& options() const { return options_; }
 
@@ -68,7 +72,11 @@ class DiskSnapshots {
   void Count(void (*f)(DiskCounters&));
 
  private:
+  Status Claim();
+
   SnapshotDiskOptions options_;
+  std::string claim_;  // DIR/.crun-<host>-<pid>, locked while this crun lives
+  int claim_fd_ = -1;
   mutable std::mutex mu_;
   std::map<int, std::uint64_t> chosen_;  // local rank -> last chosen step
   DiskCounters counters_;

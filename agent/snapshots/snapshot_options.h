@@ -12,6 +12,10 @@ struct SnapshotDiskOptions {
   std::uint64_t every = 100;  // --checkpoint-every: in steps
   int keep = 2;               // --checkpoint-keep: the newest steps kept per rank
   bool resume = true;         // --resume-from-disk: offer disk steps to a load
+  // Which job writes there, so that two jobs never write one directory at once: for a job of
+  // several cruns, its rendezvous endpoint and run id, the same on each of them; empty for a
+  // crun that runs the whole job alone.
+  std::string job;
 };
 
 // What the node's store holds now, for the rendezvous' heartbeats (`crun status`): written by

@@ -67,7 +67,7 @@ StatusOr<Request> ParseRequest(const std::string& line) {
   for (std::string w; in >> w;) words.push_back(w);
   const auto bad = [&] { return InvalidArgument("malformed snapshot request '" + line + "'"); };
   const std::size_t want = r.verb == "load" || r.verb == "open"                             ? 1
-                           : r.verb == "saved" || r.verb == "verify"                        ? 2
+                           : r.verb == "saved" || r.verb == "verify" || r.verb == "settle"  ? 2
                            : r.verb == "reserve" || r.verb == "disk" || r.verb == "restore" ? 3
                                                                                             : 0;
   if (want == 0 || words.size() != want) return bad();
@@ -189,6 +189,7 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
       return Read();
     }
     if (r.verb == "verify") return Verify(r.local_rank, r.index);
+    if (r.verb == "settle") return Settle(r.local_rank);
     if (r.verb == "disk") return DiskSteps(r);
     if (r.verb == "restore") return Restore(r);
     if (r.verb == "open") return Answer(r.local_rank, server_.memory_.Slot(r.local_rank), {});
@@ -207,6 +208,21 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
         self->NoteCorrupt(check, local_rank);
         self->Reply(std::string("ok ") + Name(check.verdict), {});
         self->Changed();
+        self->Read();
+      });
+    });
+  }
+
+  // "ok" once the rank's sealer has done what was queued before: a worker about to overwrite a
+  // buffer that crun has not sealed (or copied for disk) yet waits for it, so that no step
+  // chosen for disk is lost to a fast worker (crun/worker/snapshot_layout.h).
+  void Settle(int local_rank) {
+    auto self = shared_from_this();
+    asio::io_context& io = server_.io_;
+    server_.SealerOf(local_rank).Post([self, &io] {
+      asio::post(io, [self] {
+        if (!*self->alive_) return self->Close();
+        self->Reply("ok", {});
         self->Read();
       });
     });

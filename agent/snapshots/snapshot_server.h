@@ -15,6 +15,10 @@
 //                       takes the older, sealed buffer asks first)
 //   open L              the same answer as load's, unchecked ("-" for each verdict): a save's
 //                       first look
+//   settle L I          -> "ok" once crun is done with buffer I's complete snapshot (sealed,
+//                       and copied for disk when chosen): a save asks before it overwrites a
+//                       buffer that carries no seal yet, so crun never loses a step to a
+//                       worker that saves faster than crun seals or the disk takes copies
 //   disk L R W          the steps on disk (--checkpoint-dir) that rank R of a world of W may
 //                       load, newest first -> "ok S1,S2,..." ("ok": none)
 //   restore L R S       rank R's step S from disk into local rank L's memory, checked
@@ -102,7 +106,7 @@ class SnapshotServer {
   void Written(int local_rank);
   void SkipDiskStep(int local_rank, int index, const char* why);
   static constexpr int kQueuedCopies = 2;
-  static constexpr std::chrono::seconds kWriterWait{60};
+  static constexpr std::chrono::seconds kWriterWait{30};
 
   std::mutex pending_mu_;
   std::set<std::pair<int, int>> pending_seals_;

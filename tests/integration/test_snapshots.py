@@ -338,11 +338,15 @@ class Snapshots(unittest.TestCase):
     def disk_steps(self, ck):
         """{rank: [steps on disk under final names, newest first]}"""
         out = {}
-        for d in os.listdir(ck):
-            for f in os.listdir(os.path.join(ck, d)):
-                if f.endswith(".snap"):
-                    out.setdefault(int(f[5:10]), []).append(int(d[5:]))
+        for d, f in self.disk_files(ck):
+            if f.endswith(".snap"):
+                out.setdefault(int(f[5:10]), []).append(int(d[5:]))
         return {r: sorted(v, reverse=True) for r, v in out.items()}
+
+    def disk_files(self, ck):
+        """[(step directory, file name)] under ck; its claims (crun's own files) aside."""
+        return [(d, f) for d in os.listdir(ck) if d.startswith("step-")
+                for f in os.listdir(os.path.join(ck, d))]
 
     def fresh_work(self, committed=None):
         work = tempfile.mkdtemp(dir=self.dir)
@@ -366,7 +370,7 @@ class Snapshots(unittest.TestCase):
         for steps in held.values():
             self.assertEqual(len(steps), 2, held)
             self.assertTrue(all(s % 10 == 0 or s == 1 for s in steps), held)
-        self.assertEqual([f for d in os.listdir(ck) for f in os.listdir(os.path.join(ck, d))
+        self.assertEqual([f for _, f in self.disk_files(ck)
                           if ".tmp-" in f], [])
         common = max(set(held[0]) & set(held[1]))
         # A fresh crun (nothing in memory) resumes there and says so in one line.
@@ -401,6 +405,38 @@ class Snapshots(unittest.TestCase):
         self.assertIn(f"rank 1 cannot resume from disk at step {step}", r.stderr)
         self.assertIn(f"the snapshot of rank 1 at step {step} fails its checksum", r.stderr)
 
+    def test_disk_directory_of_a_running_job_is_refused(self):
+        ck = os.path.join(self.dir, "ck")
+        work = self.fresh_work()
+        first = subprocess.Popen([CRUN, "--nproc-per-node", "2", "--checkpoint-dir", ck,
+                                  "--checkpoint-every", "1", WORKER, work, "1000000",
+                                  str(1 << 16), "0"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                 start_new_session=True)
+        try:
+            deadline = time.monotonic() + 60
+            while self.newest_step(ck) < 3 and first.poll() is None:
+                self.assertLess(time.monotonic(), deadline, "the first job wrote nothing")
+                time.sleep(0.01)
+            # A second job on the same directory: refused before any worker of it starts.
+            other = self.fresh_work()
+            r = self.disk_job(other, ck, 5, expect_ok=False)
+            self.assertEqual(r.returncode, 1, r.stderr)
+            self.assertIn(f"--checkpoint-dir {ck} is in use by another job: crun pid "
+                          f"{first.pid} on host", r.stderr)
+            self.assertEqual(os.listdir(other), [])
+            self.assertIsNone(first.poll())
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(timeout=60)
+            first.stderr.close()
+        # SIGKILLed, the first job lets go of it: the next one resumes where it stopped.
+        held = self.disk_steps(ck)
+        common = max(set(held[0]) & set(held[1]))
+        work = self.fresh_work(committed=common)
+        self.disk_job(work, ck, common + 2)
+        self.assertEqual(self.result(work)["start"], common + 1)
+
     def test_disk_writes_survive_crun_sigkilled(self):
         ck = os.path.join(self.dir, "ck")
         kills = int(os.environ.get("SNAPSHOT_DISK_KILLS", "200"))
@@ -434,7 +470,7 @@ class Snapshots(unittest.TestCase):
             gone = ("barrier:", "save: unavailable: crun's snapshot store")
             errors = []
             for name in os.listdir(work):
-                if name.startswith("error-"):
+                if name.startswith("error-") and not name.endswith(".tmp"):  # whole ones
                     with open(os.path.join(work, name)) as f:
                         text = f.read()
                     errors += [] if text.startswith(gone) else [text]
@@ -443,7 +479,7 @@ class Snapshots(unittest.TestCase):
             deadline = time.monotonic() + 30
             while any(children_of(p.pid)) and time.monotonic() < deadline:
                 time.sleep(0.05)
-            cut += any(".tmp-" in f for d in os.listdir(ck) for f in os.listdir(os.path.join(ck, d)))
+            cut += any(".tmp-" in f for _, f in self.disk_files(ck))
             held = self.disk_steps(ck)
             common = max(set(held.get(0, [])) & set(held.get(1, [])), default=None)
         self.assertIsNotNone(common)
@@ -451,7 +487,7 @@ class Snapshots(unittest.TestCase):
         work = self.fresh_work(committed=common)
         r = self.disk_job(work, ck, common + 2, "--checkpoint-every", "1", size=size)
         self.assertEqual(self.result(work)["start"], common + 1)
-        self.assertEqual([f for d in os.listdir(ck) for f in os.listdir(os.path.join(ck, d))
+        self.assertEqual([f for _, f in self.disk_files(ck)
                           if ".tmp-" in f], [])
         print(f"\n  {kills} cruns SIGKILLed while writing ({cut} of them in the middle of a "
               f"file); each next one resumed from disk (the last at step {common})")

@@ -37,7 +37,10 @@ std::uint8_t Pattern(std::uint64_t step, int rank, std::size_t item, std::uint64
 
 [[noreturn]] void Fail(const std::string& dir, int rank, const std::string& why) {
   std::fprintf(stderr, "snapshot_worker rank %d: %s\n", rank, why.c_str());
-  std::ofstream(dir + "/error-" + std::to_string(rank)) << why << "\n";
+  // Whole or absent: a worker that crun's death kills while it writes leaves no empty file.
+  const std::string path = dir + "/error-" + std::to_string(rank);
+  { std::ofstream(path + ".tmp") << why << "\n"; }
+  std::rename((path + ".tmp").c_str(), path.c_str());
   std::_Exit(3);
 }
 

@@ -86,6 +86,11 @@ class _Buffer:
     def generation(self):
         return self.header()[3]
 
+    def done_with(self):
+        """Whether crun is done with what the buffer holds (snapshot_layout.h's DoneWith)."""
+        h = self.header()
+        return not (h[0] == _MAGIC and h[2] == _COMPLETE) or h[13] == h[3]
+
 
 class _Store:
     def __init__(self):
@@ -267,6 +272,8 @@ def save(step, state, layout="sharded"):
             s.buffers[target].close()
         s.buffers[target] = _Buffer(fds[0], int(answer))
     b, other = s.buffers[target], s.buffers[1 - target]
+    if not b.done_with():  # crun still seals (or copies) what it holds: wait for that
+        s.ask(f"settle {s.local_rank} {target}")
     m = b.map
     struct.pack_into("<I", m, _STATE_AT, _WRITING)
     toc = _encode_toc(items)

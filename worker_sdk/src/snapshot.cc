@@ -235,6 +235,13 @@ Status SnapshotStore::Save(std::uint64_t step, const std::vector<SnapshotItem>& 
   const int other = 1 - target;
   Buffer& b = *buffers_[target];
   snap::BufferHeader& h = b.header();
+  if (!snap::DoneWith(h)) {  // crun still seals (or copies) what it holds: wait for that
+    std::vector<int> fds;
+    auto settled =
+        Ask("settle " + std::to_string(env_.local_rank) + " " + std::to_string(target), &fds);
+    for (int fd : fds) ::close(fd);
+    if (!settled.ok()) return settled.status();
+  }
   snap::StoreState(h, snap::kWriting);
   const std::string encoded = snap::EncodeToc(toc);
   std::memcpy(b.payload(), encoded.data(), encoded.size());

@@ -196,6 +196,46 @@ TEST_CASE("disk: a staged copy is whole or refused, and a file restores into mem
   CHECK_FALSE(reread.Restore(fresh, 0, 1, 99).ok());  // no such file
 }
 
+TEST_CASE("a checkpoint directory is claimed by one job at a time") {
+  testing::TempDir tmp("crun_snap_claim");
+  auto options = [&](const std::string& job) {
+    SnapshotDiskOptions o;
+    o.dir = tmp.path + "/ck";
+    o.job = job;
+    return o;
+  };
+  const std::string pid = "pid " + std::to_string(::getpid()) + " on host ";
+  {
+    DiskSnapshots alone(options(""));
+    REQUIRE(alone.Prepare().ok());
+    DiskSnapshots second(options(""));
+    const Status s = second.Prepare();
+    REQUIRE_FALSE(s.ok());
+    CHECK_THAT(s.message(), Catch::Contains("--checkpoint-dir " + tmp.path +
+                                            "/ck is in use by "
+                                            "another job: crun " +
+                                            pid));
+    CHECK_THAT(s.message(), Catch::Contains("(a job of its own)"));
+    DiskSnapshots node(options("10.0.0.1:29400 job7"));
+    CHECK_FALSE(node.Prepare().ok());
+  }
+  // Gone with its crun: the nodes of one job share the directory; another job does not.
+  DiskSnapshots node0(options("10.0.0.1:29400 job7"));
+  REQUIRE(node0.Prepare().ok());
+  DiskSnapshots node1(options("10.0.0.1:29400 job7"));
+  REQUIRE(node1.Prepare().ok());
+  DiskSnapshots other(options("10.0.0.2:29400 job7"));
+  const Status s = other.Prepare();
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(s.message(), Catch::Contains("(job 10.0.0.1:29400 job7)"));
+  // A claim that nobody holds (its crun was SIGKILLed) is removed, not obeyed.
+  const std::string stale = tmp.path + "/ck/.crun-claim-elsewhere-1-0";
+  { std::ofstream(stale) << "pid 1 on host elsewhere\n"; }
+  DiskSnapshots node2(options("10.0.0.1:29400 job7"));
+  REQUIRE(node2.Prepare().ok());
+  CHECK_FALSE(std::filesystem::exists(stale));
+}
+
 TEST_CASE("the room check names the size and the limit") {
   testing::TempDir tmp("crun_snap_room");
   // The file system's free space.
@@ -225,8 +265,8 @@ struct Served {
   NodeSnapshots memory{{"/dev/shm", ""}};
   std::unique_ptr<SnapshotServer> server;
   std::thread loop;
-  Served() {
-    auto s = SnapshotServer::Listen(io, memory);
+  explicit Served(DiskSnapshots* disk = nullptr) {
+    auto s = SnapshotServer::Listen(io, memory, disk);
     REQUIRE(s.ok());
     server = std::move(*s);
     ::setenv("CRUN_SNAPSHOT_SOCKET", SnapshotSocketName(::getpid()).c_str(), 1);
@@ -375,6 +415,32 @@ TEST_CASE("a save bigger than the memory's room is refused before anything is wr
   CHECK_THAT(s.message(), Catch::StartsWith("local rank 0's snapshot buffer needs 1048576.00 GiB, "
                                             "but /dev/shm has "));
   CHECK(served.memory.allocated_bytes() == 0);
+}
+
+TEST_CASE("a save waits until crun has sealed and copied what it overwrites") {
+  // Every step chosen for disk (--checkpoint-every 1) and saves as fast as the worker can:
+  // without the wait, the writer falls behind and the worker overwrites buffers that crun has
+  // not copied yet, so some steps never reach the disk (and the job's ranks differ in which).
+  testing::TempDir tmp("crun_snap_settle");
+  SnapshotDiskOptions o;
+  o.dir = tmp.path + "/ck";
+  o.every = 1;
+  o.keep = 1000;
+  DiskSnapshots disk(o);
+  REQUIRE(disk.Prepare().ok());
+  constexpr std::uint64_t kSteps = 100;
+  {
+    Served served(&disk);
+    auto store = std::make_shared<MemoryStore>();
+    worker::Context ctx(Env(0, 1, 0), store);
+    auto client = worker::SnapshotStore::Connect(ctx.env());
+    REQUIRE(client.ok());
+    for (std::uint64_t step = 1; step <= kSteps; ++step) {
+      REQUIRE((*client)->Save(step, Items(step, 256 << 10)).ok());
+    }
+  }  // the server goes; its writer finishes what it was given
+  CHECK(disk.counters().skipped == 0);
+  CHECK(disk.Steps(0, 1).size() == kSteps);
 }
 
 }  // namespace

@@ -61,6 +61,14 @@ inline std::uint32_t LoadState(const BufferHeader& h) {
 inline void StoreState(BufferHeader& h, State s) {
   std::atomic_ref<std::uint32_t>(h.state).store(s, std::memory_order_release);
 }
+// Whether crun is done with a buffer's content, so that a save may overwrite it: nothing
+// complete in it, or a complete snapshot that crun has sealed (and copied first when it goes
+// to disk).
+inline bool DoneWith(const BufferHeader& h) {
+  if (LoadState(h) != kComplete) return true;
+  return std::atomic_ref<const std::uint64_t>(h.checksum_generation)
+             .load(std::memory_order_acquire) == h.generation;
+}
 inline bool HasMagic(const BufferHeader& h) {
   return std::memcmp(h.magic, kMagic, sizeof kMagic) == 0 && h.version == kVersion;
 }
