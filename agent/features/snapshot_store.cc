@@ -35,7 +35,12 @@ class SnapshotStore final : public JobFeature {
       disk_ = std::make_unique<DiskSnapshots>(agent_.options.snapshot_disk);
       CRUN_RETURN_IF_ERROR(disk_->Prepare());
     }
-    auto server = SnapshotServer::Listen(agent_.io, memory_, disk_.get());
+    if (agent_.options.snapshot_replicas) {
+      auto replicas = Replicas::Listen(agent_.options.snapshot_token);
+      if (!replicas.ok()) return replicas.status();
+      replicas_ = std::move(replicas).value();
+    }
+    auto server = SnapshotServer::Listen(agent_.io, memory_, disk_.get(), replicas_.get());
     if (!server.ok()) return server.status();
     server_ = std::move(server).value();
     server_->OnChange([this] {
@@ -64,6 +69,14 @@ class SnapshotStore final : public JobFeature {
     m->snapshot_loads->Mirror(static_cast<double>(c.loads));
     m->snapshot_refusals->Mirror(static_cast<double>(c.refusals));
     m->snapshot_corrupt->Mirror(static_cast<double>(c.corrupt));
+    if (replicas_) {
+      const ReplicaCounters r = replicas_->counters();
+      m->snapshot_replicas_sent->Mirror(static_cast<double>(r.sent));
+      m->snapshot_replica_failures->Mirror(static_cast<double>(r.send_failures));
+      m->snapshot_replicas_received->Mirror(static_cast<double>(r.received));
+      m->snapshot_replica_refusals->Mirror(static_cast<double>(r.refused));
+      m->snapshot_replica_bytes->Set(static_cast<double>(r.held_bytes));
+    }
     if (!disk_) return;
     const DiskCounters d = disk_->counters();
     m->snapshot_disk_writes->Mirror(static_cast<double>(d.written));
@@ -75,10 +88,19 @@ class SnapshotStore final : public JobFeature {
 
   void BeforeStart(AttemptStartContext& c) override {
     c.base[env::kCrunSnapshotSocket] = SnapshotSocketName(::getpid());
+    if (!replicas_) return;
+    const GroupAssignment& g = c.group;
+    replicas_->NewRound(g.group_rank, g.group_world_size, g.master_addr, g.master_port);
+    if (g.group_world_size > 1) {
+      c.base[env::kCrunSnapshotCommit] = "1";
+    } else {
+      c.base.erase(env::kCrunSnapshotCommit);
+    }
   }
 
   void OnFinish(int) override {
     server_.reset();
+    replicas_.reset();
     memory_.Clear();
     *agent_.options.snapshot_facts = SnapshotFacts{};
   }
@@ -87,7 +109,8 @@ class SnapshotStore final : public JobFeature {
   AgentView& agent_;
   NodeSnapshots memory_;
   std::unique_ptr<DiskSnapshots> disk_;
-  std::unique_ptr<SnapshotServer> server_;  // after memory_ and disk_: goes first
+  std::unique_ptr<Replicas> replicas_;
+  std::unique_ptr<SnapshotServer> server_;  // after memory_, disk_ and replicas_: goes first
 };
 
 }  // namespace

@@ -100,6 +100,19 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const AgentMetricLabels& l)
                                    "Snapshots this node's crun read back from --checkpoint-dir");
   snapshot_disk_step = gauge("crun_agent_snapshot_disk_step",
                              "The newest step this node's crun wrote to --checkpoint-dir");
+  snapshot_replicas_sent = counter("crun_agent_snapshot_replicas_sent_total",
+                                   "Snapshots this node copied to the next node of its round");
+  snapshot_replica_failures =
+      counter("crun_agent_snapshot_replica_failures_total",
+              "Snapshots that did not reach the next node (it was gone, slow or refused them)");
+  snapshot_replicas_received =
+      counter("crun_agent_snapshot_replicas_received_total",
+              "Snapshot copies this node received from the previous node and kept");
+  snapshot_replica_refusals =
+      counter("crun_agent_snapshot_replica_refusals_total",
+              "Connections to this node's snapshot copies refused: no proof of the job's token");
+  snapshot_replica_bytes = gauge("crun_agent_snapshot_replica_bytes",
+                                 "Bytes of the other nodes' snapshot copies this node holds");
   for (const char* cause :
        {kExitSuccess, kExitCode, kExitSignal, kExitOom, kExitHang, kExitStopped, kExitLaunch}) {
     exits_.With(Values(l, cause));  // shown from 0

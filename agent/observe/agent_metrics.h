@@ -49,11 +49,16 @@ class AgentMetrics {
   metrics::Counter* snapshot_refusals;  // saves refused: no room
   metrics::Counter* snapshot_corrupt;   // snapshots that failed their checksum
   // --checkpoint-dir: what the disk writer did.
-  metrics::Counter* snapshot_disk_writes;    // files written
-  metrics::Counter* snapshot_disk_skipped;   // chosen steps not written (writer busy, or torn)
-  metrics::Counter* snapshot_disk_failures;  // writes that failed
-  metrics::Counter* snapshot_disk_restores;  // snapshots read back from disk
-  metrics::Gauge* snapshot_disk_step;        // the newest step written
+  metrics::Counter* snapshot_disk_writes;        // files written
+  metrics::Counter* snapshot_disk_skipped;       // chosen steps not written (writer busy, or torn)
+  metrics::Counter* snapshot_disk_failures;      // writes that failed
+  metrics::Counter* snapshot_disk_restores;      // snapshots read back from disk
+  metrics::Gauge* snapshot_disk_step;            // the newest step written
+  metrics::Counter* snapshot_replicas_sent;      // copies the next node kept
+  metrics::Counter* snapshot_replica_failures;   // copies that did not reach it
+  metrics::Counter* snapshot_replicas_received;  // copies kept for the previous node
+  metrics::Counter* snapshot_replica_refusals;   // connections without the job's token
+  metrics::Gauge* snapshot_replica_bytes;        // what the kept copies hold
   void Exit(const char* cause);
 
  private:

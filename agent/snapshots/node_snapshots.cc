@@ -45,16 +45,15 @@ std::optional<std::uint64_t> MemAvailable() {
   return std::nullopt;
 }
 
-// The payload's hash, seeded with what the header says of it, so that a changed step, rank or
-// world size fails the check as a changed byte does.
-std::uint64_t Checksum(const snap::BufferHeader& h, const unsigned char* payload, std::uint64_t n) {
+}  // namespace
+
+std::uint64_t SnapshotChecksum(const snap::BufferHeader& h, const unsigned char* payload,
+                               std::uint64_t n) {
   const std::uint64_t seed =
       (h.step * 0x9E3779B97F4A7C15ULL) ^ (static_cast<std::uint64_t>(h.rank) << 20) ^
       (static_cast<std::uint64_t>(h.world_size) << 42) ^ h.toc_bytes ^ h.layout;
   return XXH3_64bits_withSeed(payload, static_cast<std::size_t>(n), seed);
 }
-
-}  // namespace
 
 std::string FormatBytes(std::uint64_t bytes) {
   char text[32];
@@ -222,7 +221,7 @@ BufferCheck NodeSnapshots::CheckBuffer(const std::shared_ptr<SnapshotBuffer>& b,
     c.verdict = BufferVerdict::kSealed;
     return c;
   }
-  const std::uint64_t sum = Checksum(h, b->payload(), n);
+  const std::uint64_t sum = SnapshotChecksum(h, b->payload(), n);
   // A writer that began a new save meanwhile makes this hash worthless: the buffer is not
   // complete any more, or holds another generation.
   if (snap::LoadState(h) != snap::kComplete || h.generation != generation) {
@@ -282,7 +281,7 @@ BufferCheck NodeSnapshots::Stage(int local_rank, int index, std::vector<unsigned
   if (snap::LoadState(h) != snap::kComplete || h.generation != generation) return c;
   auto* copy = reinterpret_cast<snap::BufferHeader*>(staged->data());
   if (copy->generation != generation || copy->payload_bytes != n) return c;
-  const std::uint64_t sum = Checksum(*copy, staged->data() + snap::kHeaderBytes, n);
+  const std::uint64_t sum = SnapshotChecksum(*copy, staged->data() + snap::kHeaderBytes, n);
   const bool sealed =
       std::atomic_ref<std::uint64_t>(h.checksum_generation).load(std::memory_order_acquire) ==
       generation;
@@ -303,6 +302,15 @@ BufferCheck NodeSnapshots::Stage(int local_rank, int index, std::vector<unsigned
   copy->checksum_generation = generation;
   c.verdict = BufferVerdict::kValid;
   return c;
+}
+
+bool NodeSnapshots::HoldsRank(int local_rank, std::int64_t rank) const {
+  for (const auto& b : Slot(local_rank)) {
+    if (b && snap::LoadState(b->header()) == snap::kComplete && b->header().rank == rank) {
+      return true;
+    }
+  }
+  return false;
 }
 
 std::optional<std::uint64_t> NodeSnapshots::CompleteStep(int local_rank, int index) const {

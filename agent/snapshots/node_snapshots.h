@@ -48,6 +48,11 @@ Status CheckRoom(const std::string& what, std::uint64_t bytes, const std::string
 // "200.0 MiB"
 std::string FormatBytes(std::uint64_t bytes);
 
+// The checksum crun seals a snapshot with: the payload's XXH3-64, seeded with what the header
+// says of it, so that a changed step, rank or world size fails the check as a changed byte does.
+std::uint64_t SnapshotChecksum(const snapshot::BufferHeader& h, const unsigned char* payload,
+                               std::uint64_t n);
+
 // A buffer as crun holds it: its file and crun's mapping of it.
 class SnapshotBuffer {
  public:
@@ -116,6 +121,9 @@ class NodeSnapshots {
   // Puts a snapshot read from disk (a staged header and payload) into the buffer of
   // `local_rank`'s slot that a save would write next, as the slot's newest, and checks it
   // against its checksum (kCorrupt: refused). Returns the buffer's index.
+  // Whether local rank `local_rank`'s slot holds a complete snapshot saved by rank `rank`.
+  bool HoldsRank(int local_rank, std::int64_t rank) const;
+
   StatusOr<int> Fill(int local_rank, const std::vector<unsigned char>& staged);
 
   std::uint64_t allocated_bytes() const;

@@ -20,6 +20,7 @@ namespace crun::agent {
 namespace {
 
 namespace asio = boost::asio;
+namespace snap = crun::snapshot;
 using Local = asio::local::stream_protocol;
 
 constexpr std::size_t kMaxRequest = 256;
@@ -66,9 +67,10 @@ StatusOr<Request> ParseRequest(const std::string& line) {
   in >> r.verb;
   for (std::string w; in >> w;) words.push_back(w);
   const auto bad = [&] { return InvalidArgument("malformed snapshot request '" + line + "'"); };
-  const std::size_t want = r.verb == "load" || r.verb == "open"                             ? 1
-                           : r.verb == "saved" || r.verb == "verify" || r.verb == "settle"  ? 2
-                           : r.verb == "reserve" || r.verb == "disk" || r.verb == "restore" ? 3
+  const std::size_t want =
+      r.verb == "load" || r.verb == "open"                                                  ? 1
+      : r.verb == "saved" || r.verb == "verify" || r.verb == "settle" || r.verb == "commit" ? 2
+      : r.verb == "reserve" || r.verb == "disk" || r.verb == "restore"                      ? 3
                                                                                             : 0;
   if (want == 0 || words.size() != want) return bad();
   const auto l = ParseInteger(words[0], 0, kMaxLocalRank);
@@ -188,6 +190,17 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
       Changed();
       return Read();
     }
+    if (r.verb == "commit") {
+      ++server_.counters_.saves;
+      auto self = shared_from_this();
+      server_.QueueSeal(r.local_rank, r.index, [self] {
+        if (!*self->alive_) return self->Close();
+        self->Reply("ok", {});
+        self->Changed();
+        self->Read();
+      });
+      return;
+    }
     if (r.verb == "verify") return Verify(r.local_rank, r.index);
     if (r.verb == "settle") return Settle(r.local_rank);
     if (r.verb == "disk") return DiskSteps(r);
@@ -228,23 +241,30 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  // The steps on disk this rank may load ("ok" alone: none, or no --checkpoint-dir).
+  // The steps this rank may load besides its memory, newest first ("ok" alone: none): those
+  // on disk (--checkpoint-dir), and, when this node holds nothing of the rank (it took a lost
+  // node's ranks over), the copies that other nodes of the round hold.
   void DiskSteps(const Request& r) {
-    if (server_.disk_ == nullptr) {
-      Reply("ok", {});
-      return Read();
-    }
     auto self = shared_from_this();
-    DiskSnapshots& disk = *server_.disk_;
-    asio::io_context& io = server_.io_;
-    server_.SealerOf(r.local_rank).Post([self, &disk, &io, r] {
+    SnapshotServer& server = server_;
+    server_.SealerOf(r.local_rank).Post([self, &server, r] {
+      std::set<std::uint64_t, std::greater<>> steps;
+      if (server.disk_ != nullptr) {
+        for (std::uint64_t step : server.disk_->Steps(r.rank, r.world_size)) steps.insert(step);
+      }
+      if (server.replicas_ != nullptr && server.replicas_->active() &&
+          !server.memory_.HoldsRank(r.local_rank, r.rank)) {
+        for (std::uint64_t step : server.replicas_->PeerSteps(r.rank, r.world_size)) {
+          steps.insert(step);
+        }
+      }
       std::string line = "ok";
       char sep = ' ';
-      for (std::uint64_t step : disk.Steps(r.rank, r.world_size)) {
+      for (std::uint64_t step : steps) {
         line += sep + std::to_string(step);
         sep = ',';
       }
-      asio::post(io, [self, line] {
+      asio::post(server.io_, [self, line] {
         if (!*self->alive_) return self->Close();
         self->Reply(line, {});
         self->Read();
@@ -252,41 +272,60 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
     });
   }
 
-  // A step from disk into the rank's memory: "ok INDEX CAPACITY" and the buffer.
+  // A step from a peer's copy or from disk into the rank's memory: "ok INDEX CAPACITY" and the
+  // buffer. A peer's copy comes first: it is newer than disk, or as new and in memory.
   void Restore(const Request& r) {
-    if (server_.disk_ == nullptr) {
-      Reply("error no --checkpoint-dir: nothing to restore from disk", {});
-      return Read();
-    }
     auto self = shared_from_this();
-    DiskSnapshots& disk = *server_.disk_;
-    NodeSnapshots& memory = server_.memory_;
-    asio::io_context& io = server_.io_;
-    server_.SealerOf(r.local_rank).Post([self, &disk, &memory, &io, r] {
-      auto index = disk.Restore(memory, r.local_rank, r.rank, r.step);
-      std::shared_ptr<SnapshotBuffer> buffer;
-      if (index.ok()) buffer = memory.Slot(r.local_rank)[static_cast<std::size_t>(*index)];
-      asio::post(io, [self, index, buffer, r] {
-        if (!*self->alive_) return self->Close();
-        if (!index.ok() || !buffer) {
-          spdlog::error("crun: cannot resume rank {} from disk at step {}: {}", r.rank, r.step,
-                        index.status().message());
-          self->Reply("error " + index.status().message(), {});
-        } else {
-          if (!self->server_.told_resume_) {
-            self->server_.told_resume_ = true;
-            spdlog::warn(
-                "resuming from disk: step {} from {} (no newer snapshot that every rank "
-                "holds is in memory; --resume-from-disk off turns this off)",
-                r.step, self->server_.disk_->options().dir);
-          }
-          self->Reply("ok " + std::to_string(*index) + " " + std::to_string(buffer->capacity()),
-                      {buffer->fd()});
+    SnapshotServer& server = server_;
+    server_.SealerOf(r.local_rank).Post([self, &server, r] {
+      std::string source;
+      StatusOr<int> index = NotFound("no copy of rank " + std::to_string(r.rank) + " at step " +
+                                     std::to_string(r.step) + " on another node or on disk");
+      if (server.replicas_ != nullptr) {
+        std::string from;
+        auto copy = server.replicas_->Fetch(r.rank, r.step, &from);
+        if (copy.ok()) {
+          index = server.memory_.Fill(r.local_rank, *copy);
+          source = "the copy on " + from;
+        } else if (copy.status().code() != StatusCode::kNotFound) {
+          spdlog::warn("crun: cannot load rank {}'s copy at step {} from {}: {}", r.rank, r.step,
+                       from, copy.status().message());
         }
-        self->Changed();
-        self->Read();
+      }
+      if (source.empty() && server.disk_ != nullptr) {
+        index = server.disk_->Restore(server.memory_, r.local_rank, r.rank, r.step);
+        source = server.disk_->options().dir;
+      }
+      std::shared_ptr<SnapshotBuffer> buffer;
+      if (index.ok()) buffer = server.memory_.Slot(r.local_rank)[static_cast<std::size_t>(*index)];
+      asio::post(server.io_, [self, index, buffer, r, source] {
+        if (!*self->alive_) return self->Close();
+        self->Restored(r, index, buffer, source);
       });
     });
+  }
+
+  void Restored(const Request& r, const StatusOr<int>& index,
+                const std::shared_ptr<SnapshotBuffer>& buffer, const std::string& source) {
+    if (!index.ok() || !buffer) {
+      spdlog::error("crun: cannot resume rank {} at step {}: {}", r.rank, r.step,
+                    index.status().message());
+      Reply("error " + index.status().message(), {});
+    } else {
+      if (!server_.told_resume_) {
+        server_.told_resume_ = true;
+        const bool disk = server_.disk_ != nullptr && source == server_.disk_->options().dir;
+        spdlog::warn(
+            "resuming from {}: step {} from {} (no newer snapshot that every rank holds is in "
+            "this node's memory{})",
+            disk ? "disk" : "a peer", r.step, source,
+            disk ? "; --resume-from-disk off turns this off" : "");
+      }
+      Reply("ok " + std::to_string(*index) + " " + std::to_string(buffer->capacity()),
+            {buffer->fd()});
+    }
+    Changed();
+    Read();
   }
 
   void NoteCorrupt(const BufferCheck& check, int local_rank) {
@@ -349,8 +388,9 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
 
 StatusOr<std::unique_ptr<SnapshotServer>> SnapshotServer::Listen(asio::io_context& io,
                                                                  NodeSnapshots& memory,
-                                                                 DiskSnapshots* disk) {
-  auto server = std::unique_ptr<SnapshotServer>(new SnapshotServer(io, memory, disk));
+                                                                 DiskSnapshots* disk,
+                                                                 Replicas* replicas) {
+  auto server = std::unique_ptr<SnapshotServer>(new SnapshotServer(io, memory, disk, replicas));
   boost::system::error_code ec;
   std::string name = SnapshotSocketName(::getpid());
   name[0] = '\0';
@@ -363,10 +403,12 @@ StatusOr<std::unique_ptr<SnapshotServer>> SnapshotServer::Listen(asio::io_contex
   return server;
 }
 
-SnapshotServer::SnapshotServer(asio::io_context& io, NodeSnapshots& memory, DiskSnapshots* disk)
+SnapshotServer::SnapshotServer(asio::io_context& io, NodeSnapshots& memory, DiskSnapshots* disk,
+                               Replicas* replicas)
     : io_(io),
       memory_(memory),
       disk_(disk),
+      replicas_(replicas),
       acceptor_(io),
       alive_(std::make_shared<bool>(true)),
       writer_(disk != nullptr ? std::make_unique<SerialWorker>() : nullptr) {}
@@ -377,22 +419,50 @@ SerialWorker& SnapshotServer::SealerOf(int local_rank) {
   return *w;
 }
 
-void SnapshotServer::QueueSeal(int local_rank, int index) {
+void SnapshotServer::QueueSeal(int local_rank, int index, std::function<void()> done) {
+  const auto answer = [this, done] {
+    if (done) asio::post(io_, done);
+  };
   {
     std::lock_guard lock(pending_mu_);
-    if (!pending_seals_.insert({local_rank, index}).second) return;  // one waits already
+    if (!pending_seals_.insert({local_rank, index}).second) {  // one waits already: after it
+      SealerOf(local_rank).Post(answer);
+      return;
+    }
   }
-  SealerOf(local_rank).Post([this, local_rank, index] {
+  SealerOf(local_rank).Post([this, local_rank, index, answer] {
     {
       std::lock_guard lock(pending_mu_);
       pending_seals_.erase({local_rank, index});
     }
-    if (disk_ != nullptr) {
-      const auto step = memory_.CompleteStep(local_rank, index);
-      if (step && disk_->Choose(local_rank, *step)) return Persist(local_rank, index);
+    const auto step = disk_ != nullptr ? memory_.CompleteStep(local_rank, index) : std::nullopt;
+    if (step && disk_->Choose(local_rank, *step)) {
+      Persist(local_rank, index);
+    } else {
+      memory_.Seal(local_rank, index);
     }
-    memory_.Seal(local_rank, index);
+    if (replicas_ != nullptr && replicas_->active()) Replicate(local_rank, index);
+    answer();
   });
+}
+
+// On the rank's sealer thread: the sealed buffer, as it is, to the next node. The worker does
+// not write it meanwhile: a save that commits waits for this, and a save into this buffer
+// waits for its seal (settle).
+void SnapshotServer::Replicate(int local_rank, int index) {
+  const auto b = memory_.Slot(local_rank)[static_cast<std::size_t>(index)];
+  if (!b || !snap::DoneWith(b->header()) || snap::LoadState(b->header()) != snap::kComplete) {
+    return;
+  }
+  const snap::BufferHeader& h = b->header();
+  const Status s = replicas_->Send(local_rank, reinterpret_cast<const unsigned char*>(&h),
+                                   b->payload(), h.payload_bytes);
+  if (!s.ok() && !told_replica_.exchange(true)) {
+    spdlog::warn(
+        "crun: local rank {}'s snapshot at step {} was not copied to the next node: {} "
+        "(said once; crun_agent_snapshot_replica_failures_total counts them)",
+        local_rank, h.step, s.message());
+  }
 }
 
 // On the rank's sealer thread: seals buffer `index` from a copy that the writer then puts on

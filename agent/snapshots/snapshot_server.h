@@ -7,6 +7,9 @@
 //   reserve L I BYTES   buffer I of local rank L with room for BYTES of payload
 //                       -> "ok CAPACITY" and its descriptor, or "error WHY"
 //   saved L I           buffer I holds a new complete snapshot: crun seals it (no answer)
+//   commit L I          the same, answered "ok" once crun has sealed it and copied it to the
+//                       next node (replicas.h): a save in a job of several nodes returns only
+//                       then, so that the job always has a step that every rank holds
 //   load L              crun checks the newest complete buffer against its checksum
 //                       -> "ok V0 C0 V1 C1" (verdict and capacity of each: none, incomplete,
 //                          valid, sealed (complete, not checked yet) or corrupt) and the
@@ -19,10 +22,13 @@
 //                       and copied for disk when chosen): a save asks before it overwrites a
 //                       buffer that carries no seal yet, so crun never loses a step to a
 //                       worker that saves faster than crun seals or the disk takes copies
-//   disk L R W          the steps on disk (--checkpoint-dir) that rank R of a world of W may
-//                       load, newest first -> "ok S1,S2,..." ("ok": none)
-//   restore L R S       rank R's step S from disk into local rank L's memory, checked
-//                       -> "ok INDEX CAPACITY" and the buffer's descriptor, or "error WHY"
+//   disk L R W          the steps beyond memory that rank R of a world of W may load, newest
+//                       first -> "ok S1,S2,..." ("ok": none): on disk (--checkpoint-dir), and
+//                       on the round's other nodes (replicas.h) when this node holds nothing
+//                       of rank R
+//   restore L R S       rank R's step S from a peer's copy or else from disk into local rank
+//                       L's memory, checked -> "ok INDEX CAPACITY" and the buffer's
+//                       descriptor, or "error WHY"
 // Checksums are computed off the agent's loop, on a thread per local rank (a node's ranks in
 // parallel, one rank's buffers in order); a seal already waiting for a buffer is not queued
 // twice. With a disk (disk_snapshots.h), the seal of a step chosen for it copies the buffer
@@ -49,6 +55,7 @@
 
 #include "agent/snapshots/disk_snapshots.h"
 #include "agent/snapshots/node_snapshots.h"
+#include "agent/snapshots/replicas.h"
 #include "base/status.h"
 
 namespace crun::agent {
@@ -80,7 +87,8 @@ class SnapshotServer {
  public:
   static StatusOr<std::unique_ptr<SnapshotServer>> Listen(boost::asio::io_context& io,
                                                           NodeSnapshots& memory,
-                                                          DiskSnapshots* disk = nullptr);
+                                                          DiskSnapshots* disk = nullptr,
+                                                          Replicas* replicas = nullptr);
   ~SnapshotServer();
   const SnapshotCounters& counters() const { return counters_; }
   // The agent's loop hears each answered request (metrics); may be empty.
@@ -88,12 +96,15 @@ class SnapshotServer {
 
  private:
   class Session;
-  SnapshotServer(boost::asio::io_context& io, NodeSnapshots& memory, DiskSnapshots* disk);
+  SnapshotServer(boost::asio::io_context& io, NodeSnapshots& memory, DiskSnapshots* disk,
+                 Replicas* replicas);
   void Accept();
 
   boost::asio::io_context& io_;
   NodeSnapshots& memory_;
   DiskSnapshots* disk_;  // null: nothing goes to disk
+  Replicas* replicas_;   // null: nothing goes to a peer
+  std::atomic<bool> told_replica_{false};
   bool told_resume_ = false;
   boost::asio::local::stream_protocol::acceptor acceptor_;
   SnapshotCounters counters_;
@@ -101,7 +112,9 @@ class SnapshotServer {
   std::shared_ptr<bool> alive_;
   // The local rank's thread for checksums; queues a seal of buffer `index` unless one waits.
   SerialWorker& SealerOf(int local_rank);
-  void QueueSeal(int local_rank, int index);
+  // `done`, when given, runs on the loop once the seal (and the copy to the next node) is done.
+  void QueueSeal(int local_rank, int index, std::function<void()> done = {});
+  void Replicate(int local_rank, int index);
   void Persist(int local_rank, int index);
   void Written(int local_rank);
   void SkipDiskStep(int local_rank, int index, const char* why);

@@ -26,6 +26,7 @@ CRUN = os.environ["CRUN_BIN"]
 WORKER = os.environ["SNAPSHOT_WORKER"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 DDP = os.path.join(HERE, "..", "workers", "ddp_snapshot.py")
+REPLICA = os.path.join(HERE, "..", "workers", "replica_worker.py")
 PYTHONS = [p for p in os.environ.get("TORCH_PYTHONS", "python3").split(",") if p]
 
 
@@ -298,6 +299,98 @@ class Snapshots(unittest.TestCase):
                 p.terminate()
             for p in nodes:
                 p.communicate(timeout=60)
+
+    def read_value(self, path):
+        try:
+            with open(path) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
+    def test_a_spare_loads_a_lost_node_from_its_peer(self):
+        """Nodes a and b (two workers each) and spare c, against a `crun rendezvous` daemon
+        with a job token. b is SIGKILLed with its workers; c takes its ranks and loads them
+        from a, which held b's copies; every rank resumes at one step, each with its own
+        state. A stranger without the token is refused by a's replica server."""
+        import socket
+        token = os.path.join(self.dir, "token")
+        with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write("replica-test-token\n")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CRUN_")}
+        env.update(CRUN_TOKEN_FILE=token, PYTHON_EXEC=PYTHONS[-1])
+        daemon = subprocess.Popen([CRUN, "rendezvous", "--host", "127.0.0.1", "--port", "0",
+                                   "--token-file", token], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env)
+        procs = {"daemon": daemon}
+        logs = {tag: os.path.join(self.dir, f"{tag}.log") for tag in "abc"}
+        try:
+            line = daemon.stdout.readline()
+            self.assertIn("listening on", line)
+            endpoint = "127.0.0.1:" + line.rsplit(":", 1)[1].strip()
+            out = os.path.join(self.dir, "out")
+            os.mkdir(out)
+
+            def node(tag):
+                with open(logs[tag], "w") as log:
+                    return subprocess.Popen(
+                        [CRUN, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint",
+                         endpoint, "--rdzv-id", "replicas", "--max-restarts", "0",
+                         "--log-level", "info",
+                         "--rdzv-conf", f"node_id={tag},is_host=0", REPLICA, out],
+                        stdout=log, stderr=subprocess.STDOUT, env=env,
+                        start_new_session=True)
+            procs["a"], procs["b"] = node("a"), node("b")
+
+            def wait(what, check, seconds=120):
+                deadline = time.monotonic() + seconds
+                while not check():
+                    for tag, p in procs.items():
+                        if p.poll() is not None:
+                            with open(logs.get(tag, os.devnull)) as f:
+                                self.fail(f"{tag} ended while waiting for {what}: {f.read()[-3000:]}")
+                    self.assertLess(time.monotonic(), deadline, f"no {what}")
+                    time.sleep(0.02)
+
+            saved = lambda r: self.read_value(os.path.join(out, f"saved-{r}")) or 0
+            wait("five steps saved", lambda: all(saved(r) >= 5 for r in range(4)))
+            procs["c"] = node("c")  # waits as a spare
+            text = lambda tag: open(logs[tag]).read()  # noqa: SIM115 (read whole, closed by GC)
+            wait("the copies' line", lambda: "sends its own" in text("a"))
+            port = int(text("a").split("keeps the previous node's at ")[1].split()[0]
+                       .rsplit(":", 1)[1].rstrip(","))
+            # A stranger without the token: refused, and said so by a.
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                f = s.makefile("rw")
+                self.assertTrue(f.readline().startswith("crun-replica 1 "))
+                f.write("auth 0123abcd\n")
+                f.flush()
+                self.assertIn("error refused", f.readline())
+            wait("a's refusal", lambda: "refused a snapshot replication connection from "
+                 "127.0.0.1" in text("a"))
+            # b and its workers SIGKILLed: c takes ranks 2 and 3 over.
+            os.killpg(procs["b"].pid, signal.SIGKILL)
+            procs.pop("b").wait(timeout=60)
+            loads = lambda: [self.read_value(os.path.join(out, f)) for f in os.listdir(out)
+                             if f.startswith("loaded-") and not f.endswith(".tmp")]
+            wait("every rank loaded after b was lost", lambda: len(loads()) == 8)
+            self.assertEqual([f for f in os.listdir(out) if f.startswith("error-")], [])
+            resumed = sorted(loads())
+            self.assertEqual(resumed[:4], [0] * 4)  # the first round: nothing to load
+            self.assertEqual(len(set(resumed[4:])), 1, resumed)  # one step, every rank
+            step = resumed[4]
+            self.assertGreaterEqual(step, 5)
+            self.assertIn(f"resuming from a peer: step {step} from the copy on 127.0.0.1:{port}",
+                          text("c"))
+            open(os.path.join(out, "stop"), "w").close()
+            for tag in ("a", "c"):
+                self.assertEqual(procs[tag].wait(timeout=120), 0, text(tag)[-3000:])
+        finally:
+            for p in procs.values():
+                if p.poll() is None:
+                    p.kill()
+                p.wait(timeout=60)
+            daemon.stdout.close()
+            daemon.stderr.close()
 
     def test_bad_options_are_named(self):
         r = subprocess.run([CRUN, "--snapshots", "maybe", "true"], capture_output=True,

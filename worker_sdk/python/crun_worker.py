@@ -295,7 +295,11 @@ def save(step, state, layout="sharded"):
                       rank, world, _SHARDED if layout == "sharded" else _REPLICATED, 0,
                       time.time_ns(), 0, 0)
     struct.pack_into("<I", m, _STATE_AT, _COMPLETE)
-    s.ask(f"saved {s.local_rank} {target}", answer=False)
+    # In a job of several nodes, crun answers once the snapshot is sealed and on the next node.
+    if os.environ.get("CRUN_SNAPSHOT_COMMIT") == "1":
+        s.ask(f"commit {s.local_rank} {target}")
+    else:
+        s.ask(f"saved {s.local_rank} {target}", answer=False)
 
 
 def _job_store(timeout):

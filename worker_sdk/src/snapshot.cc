@@ -112,7 +112,10 @@ StatusOr<std::unique_ptr<SnapshotStore>> SnapshotStore::Connect(const WorkerEnv&
   return std::unique_ptr<SnapshotStore>(new SnapshotStore(env, fd));
 }
 
-SnapshotStore::SnapshotStore(WorkerEnv env, int sock) : env_(std::move(env)), sock_(sock) {}
+SnapshotStore::SnapshotStore(WorkerEnv env, int sock) : env_(std::move(env)), sock_(sock) {
+  const char* commit = std::getenv(env::kCrunSnapshotCommit);
+  commit_ = commit != nullptr && std::string_view(commit) == "1";
+}
 
 SnapshotStore::~SnapshotStore() { ::close(sock_); }
 
@@ -259,8 +262,12 @@ Status SnapshotStore::Save(std::uint64_t step, const std::vector<SnapshotItem>& 
       buffers_[other] && snap::LoadState(buffers_[other]->header()) == snap::kComplete;
   h.generation = std::max(h.generation, other_done ? buffers_[other]->header().generation : 0) + 1;
   snap::StoreState(h, snap::kComplete);
-  auto told =
-      Ask("saved " + std::to_string(env_.local_rank) + " " + std::to_string(target), nullptr);
+  // In a job of several nodes, crun answers once the snapshot is sealed and on the next node.
+  std::vector<int> fds;
+  auto told = Ask((commit_ ? "commit " : "saved ") + std::to_string(env_.local_rank) + " " +
+                      std::to_string(target),
+                  commit_ ? &fds : nullptr);
+  for (int fd : fds) ::close(fd);
   return told.ok() ? Status::Ok() : told.status();
 }
 

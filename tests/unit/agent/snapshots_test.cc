@@ -16,7 +16,9 @@
 
 #include "agent/snapshots/disk_snapshots.h"
 #include "agent/snapshots/node_snapshots.h"
+#include "agent/snapshots/replicas.h"
 #include "agent/snapshots/snapshot_server.h"
+#include "base/socket.h"
 #include "crun/worker/snapshot.h"
 #include "rendezvous/store/memory_store.h"
 #include "tests/unit/temp_dir.h"
@@ -441,6 +443,107 @@ TEST_CASE("a save waits until crun has sealed and copied what it overwrites") {
   }  // the server goes; its writer finishes what it was given
   CHECK(disk.counters().skipped == 0);
   CHECK(disk.Steps(0, 1).size() == kSteps);
+}
+
+// A sealed snapshot of `rank` at `step`, as crun sends it to a peer: header, then payload.
+std::vector<unsigned char> SealedCopy(std::int64_t rank, std::uint64_t step, std::size_t n) {
+  std::vector<unsigned char> bytes(snap::kHeaderBytes + n);
+  for (std::size_t i = 0; i < n; ++i) {
+    bytes[snap::kHeaderBytes + i] = static_cast<unsigned char>(step * 7 + i);
+  }
+  snap::BufferHeader h{};
+  std::memcpy(h.magic, snap::kMagic, sizeof h.magic);
+  h.version = snap::kVersion;
+  h.state = snap::kComplete;
+  h.generation = step;
+  h.step = step;
+  h.payload_bytes = n;
+  h.rank = rank;
+  h.world_size = 4;
+  h.layout = snap::kSharded;
+  h.checksum = SnapshotChecksum(h, bytes.data() + snap::kHeaderBytes, n);
+  h.checksum_generation = h.generation;
+  std::memcpy(bytes.data(), &h, sizeof h);
+  return bytes;
+}
+
+// A raw peer of a replica server: says its proof, then speaks the protocol.
+struct RawPeer {
+  UniqueFd fd;
+  explicit RawPeer(std::uint16_t port, const std::string& proof = "-") {
+    auto c = ConnectTcp("127.0.0.1", port, DeadlineAfter(std::chrono::seconds(5)));
+    REQUIRE(c.ok());
+    fd = std::move(*c);
+    CHECK(Line().rfind("crun-replica 1 ", 0) == 0);
+    Send("auth " + proof + "\n");
+  }
+  void Send(std::string_view data) {
+    REQUIRE(SendAll(fd.get(), data, DeadlineAfter(std::chrono::seconds(5)), "peer").ok());
+  }
+  std::string Line() {
+    std::string line;
+    for (char c = 0;;) {
+      auto n = RecvSome(fd.get(), &c, 1, 1, DeadlineAfter(std::chrono::seconds(5)), "peer");
+      if (!n.ok() || c == '\n') return line;
+      line += c;
+    }
+  }
+  std::string Put(const std::vector<unsigned char>& copy) {
+    Send("put " + std::to_string(copy.size()) + "\n");
+    Send(std::string_view(reinterpret_cast<const char*>(copy.data()), copy.size()));
+    return Line();
+  }
+};
+
+TEST_CASE("a peer keeps the two newest whole copies of a rank, and refuses strangers") {
+  auto replicas = Replicas::Listen("");
+  REQUIRE(replicas.ok());
+  const std::uint16_t port = (*replicas)->port();
+  {
+    RawPeer peer(port);
+    CHECK(peer.Line() == "ok");
+    CHECK(peer.Put(SealedCopy(3, 5, 100000)) == "ok");
+    CHECK(peer.Put(SealedCopy(3, 6, 100000)) == "ok");
+    peer.Send("steps 3 4\n");
+    CHECK(peer.Line() == "ok 6,5");
+    peer.Send("steps 3 8\n");  // sharded: another world size may not load them
+    CHECK(peer.Line() == "ok");
+    // A changed byte: dropped, and said.
+    auto bad = SealedCopy(3, 7, 100000);
+    bad[snap::kHeaderBytes + 500] ^= 0xff;
+    CHECK_THAT(peer.Put(bad), Catch::Contains("the copy of rank 3 at step 7 fails its checksum"));
+  }
+  {
+    // The sender SIGKILLed in the middle of a copy: half of it, then the connection ends.
+    RawPeer dying(port);
+    CHECK(dying.Line() == "ok");
+    const auto copy = SealedCopy(3, 8, 100000);
+    dying.Send("put " + std::to_string(copy.size()) + "\n");
+    dying.Send(std::string_view(reinterpret_cast<const char*>(copy.data()), copy.size() / 2));
+  }
+  RawPeer reader(port);
+  CHECK(reader.Line() == "ok");
+  reader.Send("steps 3 4\n");
+  CHECK(reader.Line() == "ok 6,5");  // the previous copies, whole
+  reader.Send("get 3 6\n");
+  const auto want = SealedCopy(3, 6, 100000);
+  CHECK(reader.Line() == "ok " + std::to_string(want.size()));
+  std::vector<char> got(want.size());
+  auto n = RecvSome(reader.fd.get(), got.data(), got.size(), got.size(),
+                    DeadlineAfter(std::chrono::seconds(5)), "peer");
+  REQUIRE(n.ok());
+  CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
+  CHECK(reader.Put(SealedCopy(3, 9, 1000)) == "ok");
+  reader.Send("steps 3 4\n");
+  CHECK(reader.Line() == "ok 9,6");  // two kept
+  CHECK((*replicas)->counters().received == 3);
+
+  // With a token, a peer that cannot prove it is refused, and counted.
+  auto guarded = Replicas::Listen("job-secret");
+  REQUIRE(guarded.ok());
+  RawPeer stranger((*guarded)->port(), "0123abcd");
+  CHECK(stranger.Line() == "error refused: not this job's token");
+  CHECK((*guarded)->counters().refused == 1);
 }
 
 }  // namespace

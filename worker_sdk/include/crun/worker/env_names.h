@@ -45,6 +45,9 @@ inline constexpr char kCrunStacksSignal[] = "CRUN_STACKS_SIGNAL";
 // written '@') where crun hands out the shared memory that snapshots are saved to; absent with
 // --snapshots off.
 inline constexpr char kCrunSnapshotSocket[] = "CRUN_SNAPSHOT_SOCKET";
+// "1" when a save returns only once crun has sealed the snapshot and copied it to another node
+// (a job of several nodes, docs/checkpoints.md "On a peer"); absent otherwise.
+inline constexpr char kCrunSnapshotCommit[] = "CRUN_SNAPSHOT_COMMIT";
 // torchelastic's file timer: the named pipe workers' FileTimerClient writes requests to.
 inline constexpr char kTimerFile[] = "TORCHELASTIC_TIMER_FILE";
 

@@ -90,6 +90,7 @@ class SnapshotStore {
 
   WorkerEnv env_;
   int sock_;
+  bool commit_ = false;  // CRUN_SNAPSHOT_COMMIT: a save waits for crun's seal and copy
   bool opened_ = false;
   int loads_ = 0;
   std::unique_ptr<Buffer> buffers_[2];
