@@ -194,6 +194,12 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->type_name("K")
       ->capture_default_str()
       ->group("Snapshots");
+  app.add_option("--snapshot-replicas", o.snapshot_replicas,
+                 "on or off: in a job of several nodes, copy each snapshot to the next node, "
+                 "where a node that takes a lost one's ranks over loads them from")
+      ->envname(pet("SNAPSHOT_REPLICAS"))
+      ->capture_default_str()
+      ->group("Snapshots");
   app.add_option("--resume-from-disk", o.resume_from_disk,
                  "on or off: with --checkpoint-dir, a load that finds no step in memory that "
                  "every rank holds resumes from the newest one on disk")

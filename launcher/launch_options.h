@@ -43,6 +43,7 @@ struct LaunchOptions {
   std::string checkpoint_every = "100";      // --checkpoint-every STEPS
   std::string checkpoint_keep = "2";         // --checkpoint-keep K
   std::string resume_from_disk = "on";       // --resume-from-disk on|off
+  std::string snapshot_replicas = "on";      // --snapshot-replicas on|off
   bool warm = false;         // --warm: Python workers forked from a template (docs/warm.md)
   std::string warm_modules;  // --warm-modules: imported by the template besides torch's
   std::string contract =

@@ -319,7 +319,8 @@ StatusOr<LaunchPlan> PlanLaunch(LaunchOptions o, const std::set<std::string>& gi
   p.agent.snapshot_disk.job = DiskJob(p, o);
   // A job that may have several nodes copies each snapshot to the next one (replicas.h), with
   // the job's token when it has one.
-  p.agent.snapshot_replicas = p.agent.snapshots && (p.nodes.max > 1 || p.slurm_task.has_value());
+  p.agent.snapshot_replicas =
+      p.values.snapshot_replicas && (p.nodes.max > 1 || p.slurm_task.has_value());
   p.agent.snapshot_token = p.security.token;
   CRUN_RETURN_IF_ERROR(PlanMetrics(p, o, given));
   p.o = std::move(o);

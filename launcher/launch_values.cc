@@ -152,6 +152,11 @@ StatusOr<LaunchValues> ParseLaunchValues(const LaunchOptions& o, const std::set<
     return InvalidArgument("--snapshots '" + o.snapshots + "' is not valid: expected on or off");
   }
   v.snapshots = o.snapshots == "on";
+  if (o.snapshot_replicas != "on" && o.snapshot_replicas != "off") {
+    return InvalidArgument("--snapshot-replicas '" + o.snapshot_replicas +
+                           "' is not valid: expected on or off");
+  }
+  v.snapshot_replicas = o.snapshot_replicas == "on" && v.snapshots;
   CRUN_ASSIGN_OR_RETURN(v.snapshot_disk, ParseSnapshotDisk(o, v.snapshots));
   CRUN_ASSIGN_OR_RETURN(v.signals, ParseSignals(o.signals));
   CRUN_RETURN_IF_ERROR(ParseDurations(v, o, getenv));

@@ -30,6 +30,7 @@ struct LaunchValues {
   ContractSet contracts;
   std::vector<std::string> warm_modules;     // --warm-modules: module names, checked
   bool snapshots = true;                     // --snapshots on
+  bool snapshot_replicas = true;             // --snapshot-replicas on
   agent::SnapshotDiskOptions snapshot_disk;  // --checkpoint-dir and its options, checked
   std::vector<int> signals;                  // --signals-to-handle, as given
   std::chrono::milliseconds shutdown_timeout{30'000};

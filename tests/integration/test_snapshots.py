@@ -407,6 +407,7 @@ class Snapshots(unittest.TestCase):
             (["--checkpoint-every", "0"], "--checkpoint-every '0' is not a whole number"),
             (["--checkpoint-keep", "x"], "--checkpoint-keep 'x' is not a whole number"),
             (["--resume-from-disk", "yes"], "--resume-from-disk 'yes' is not valid"),
+            (["--snapshot-replicas", "maybe"], "--snapshot-replicas 'maybe' is not valid"),
             (["--snapshots", "off", "--checkpoint-dir", self.dir],
              f"--checkpoint-dir {self.dir} writes the node's snapshots to disk, and --snapshots "
              "is off"),

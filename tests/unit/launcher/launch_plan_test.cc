@@ -2,6 +2,8 @@
 // The machine is a made-up one (MachineFacts): 8 CPUs, no GPUs, the environment a table; the
 // Slurm step's nodes are loopback addresses. The worker is /bin/true with --no-python, so
 // nothing but the resolver (for literals and "localhost") and the file system is asked.
+#include <stdlib.h>
+
 #include <catch2/catch.hpp>
 
 #include <csignal>
@@ -184,6 +186,30 @@ TEST_CASE("plan: the agent's options come from the flags and torchrun's variable
   CHECK(p->run_id.size() == 16);
   CHECK(Plan({"--nnodes", "2", "--master-port", "1"})->run_id == "none");
   CHECK(Plan({"--rdzv-endpoint", "127.0.0.1"})->run_id == "default");
+}
+
+TEST_CASE("plan: snapshots go to a peer and a disk of this job's own", "[plan]") {
+  // Copies to the next node: only where a round can have several nodes, and not when off.
+  ::setenv("CRUN_TOKEN", "job-secret", 1);  // the token is read where the backend loads it
+  const auto two = Plan({"--nnodes", "2", "--rdzv-endpoint", "10.0.0.1:29400"});
+  ::unsetenv("CRUN_TOKEN");
+  REQUIRE(two.ok());
+  CHECK(two->agent.snapshot_replicas);
+  CHECK(two->agent.snapshot_token == "job-secret");
+  CHECK(two->agent.snapshot_disk.job == "10.0.0.1:29400 default");
+  CHECK_FALSE(Plan({"--standalone"})->agent.snapshot_replicas);
+  CHECK(Plan({"--standalone"})->agent.snapshot_disk.job.empty());  // a job of its own
+  CHECK_FALSE(Plan({"--nnodes", "2", "--rdzv-endpoint", "10.0.0.1", "--snapshot-replicas", "off"})
+                  ->agent.snapshot_replicas);
+  CHECK_FALSE(Plan({"--nnodes", "2", "--rdzv-endpoint", "10.0.0.1", "--snapshots", "off"})
+                  ->agent.snapshot_replicas);
+  const auto bad = Plan({"--snapshot-replicas", "maybe"});
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message() == "--snapshot-replicas 'maybe' is not valid: expected on or off");
+  // The static backend: the nodes share node 0's store, and say so.
+  CHECK(Plan({"--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.9", "--master-port",
+              "29500"})
+            ->agent.snapshot_disk.job == "10.0.0.9:29500 none");
 }
 
 TEST_CASE("plan: the service's settings and whether this node hosts it", "[plan]") {
