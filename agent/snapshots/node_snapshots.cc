@@ -74,10 +74,12 @@ Status CheckRoom(const std::string& what, std::uint64_t bytes, const std::string
                  const std::string& cgroup_dir) {
   const std::string needs = what + " needs " + FormatBytes(bytes) + ", but ";
   struct statvfs fs {};
-  if (::statvfs(dir.c_str(), &fs) != 0) return PosixError("snapshot memory " + dir, errno);
+  if (!dir.empty() && ::statvfs(dir.c_str(), &fs) != 0) {
+    return PosixError("snapshot memory " + dir, errno);
+  }
   const std::uint64_t free = static_cast<std::uint64_t>(fs.f_bavail) * fs.f_frsize;
   const std::uint64_t total = static_cast<std::uint64_t>(fs.f_blocks) * fs.f_frsize;
-  if (bytes > free) {
+  if (!dir.empty() && bytes > free) {
     return ResourceExhausted(needs + dir + " has " + FormatBytes(free) + " free (of " +
                              FormatBytes(total) +
                              "): make room there, point --snapshot-memory at a larger tmpfs, or "

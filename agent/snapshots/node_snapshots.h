@@ -41,7 +41,8 @@ struct SnapshotMemoryOptions {
 
 // Whether `bytes` more fit in `dir`'s file system, in the cgroup at `cgroup_dir` (and each of
 // its parents) and in the machine's available memory; the refusal names the size, the limit
-// and where it is, beginning with `what` ("local rank 0's snapshot buffer").
+// and where it is, beginning with `what` ("local rank 0's snapshot buffer"). An empty `dir`:
+// memory of crun's own (a peer's copies), no file system to ask.
 Status CheckRoom(const std::string& what, std::uint64_t bytes, const std::string& dir,
                  const std::string& cgroup_dir);
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <new>
 #include <set>
 #include <sstream>
 
@@ -265,9 +266,10 @@ void Replicas::Serve(int fd, std::string peer) {
     const auto a = w.size() >= 2 ? ParseInteger(w[1], 0, INT64_MAX) : std::nullopt;
     const auto b = w.size() == 3 ? ParseInteger(w[2], 0, INT64_MAX) : std::nullopt;
     if (w.size() == 2 && w[0] == "put" && a) {
-      const Status put = Put(fd, static_cast<std::uint64_t>(*a), peer);
-      if (put.code() == StatusCode::kUnavailable) break;  // the sender is gone
+      bool consumed = false;  // whether the copy's bytes were all read
+      const Status put = Put(fd, static_cast<std::uint64_t>(*a), peer, &consumed);
       s = SendAll(fd, put.ok() ? "ok\n" : "error " + put.message() + "\n", In(kDial), peer);
+      if (!consumed) break;  // the stream is lost (or the sender gone): the connection ends
     } else if (w.size() == 3 && w[0] == "steps" && a && b) {
       std::string reply = "ok";
       char sep = ' ';
@@ -305,16 +307,32 @@ void Replicas::Serve(int fd, std::string peer) {
   close();
 }
 
-Status Replicas::Put(int fd, std::uint64_t n, std::string_view peer) {
+// The header first: nothing is allocated for a copy that does not say what it is, nor beyond
+// what this host has room for (a peer's garbage must not end crun).
+Status Replicas::Put(int fd, std::uint64_t n, std::string_view peer, bool* consumed) {
   if (n < snap::kHeaderBytes || n > kMaxCopy) {
     return InvalidArgument("a copy of " + std::to_string(n) + " bytes");
   }
-  Copy c;
-  c.bytes.resize(n);
-  CRUN_RETURN_IF_ERROR(ReadExact(fd, c.bytes.data(), n, In(kCopyDeadline), peer));
-  CRUN_RETURN_IF_ERROR(CheckCopy(c.bytes));
+  std::vector<unsigned char> header(snap::kHeaderBytes);
+  CRUN_RETURN_IF_ERROR(ReadExact(fd, header.data(), header.size(), In(kCopyDeadline), peer));
   snap::BufferHeader h;
-  std::memcpy(&h, c.bytes.data(), sizeof h);
+  std::memcpy(&h, header.data(), sizeof h);
+  if (!snap::HasMagic(h) || h.payload_bytes != n - snap::kHeaderBytes) {
+    return InvalidArgument("a copy that is not a crun snapshot of " + std::to_string(n) + " bytes");
+  }
+  CRUN_RETURN_IF_ERROR(
+      CheckRoom("a copy of rank " + std::to_string(h.rank) + "'s snapshot", n, "", ""));
+  Copy c;
+  try {
+    c.bytes.resize(n);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhausted("no memory for a copy of " + FormatBytes(n));
+  }
+  std::memcpy(c.bytes.data(), header.data(), header.size());
+  CRUN_RETURN_IF_ERROR(
+      ReadExact(fd, c.bytes.data() + header.size(), n - header.size(), In(kCopyDeadline), peer));
+  *consumed = true;
+  CRUN_RETURN_IF_ERROR(CheckCopy(c.bytes));
   c.step = h.step;
   c.world_size = h.world_size;
   c.layout = h.layout;

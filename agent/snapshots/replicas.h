@@ -94,7 +94,7 @@ class Replicas {
   static void Reap(std::vector<Background>& threads);  // joins those that have finished
   void AcceptLoop();
   void Serve(int fd, std::string peer);
-  Status Put(int fd, std::uint64_t n, std::string_view peer);
+  Status Put(int fd, std::uint64_t n, std::string_view peer, bool* consumed);
   void Discover(int round, int group_rank, int nodes, std::string store_host,
                 std::uint16_t store_port);
   void Lookup(int round, int group_rank, int nodes, const std::string& store_host,

@@ -440,8 +440,13 @@ TEST_CASE("a save waits until crun has sealed and copied what it overwrites") {
     for (std::uint64_t step = 1; step <= kSteps; ++step) {
       REQUIRE((*client)->Save(step, Items(step, 256 << 10)).ok());
     }
+    // A request that is answered after the last "saved" was read (a save does not wait for
+    // crun to read it): only then does the server know of every step.
+    REQUIRE((*client)->Load(ctx).ok());
   }  // the server goes; its writer finishes what it was given
-  CHECK(disk.counters().skipped == 0);
+  const DiskCounters c = disk.counters();
+  INFO("written " << c.written << ", skipped " << c.skipped << ", failed " << c.failed);
+  CHECK(c.skipped == 0);
   CHECK(disk.Steps(0, 1).size() == kSteps);
 }
 
@@ -537,6 +542,27 @@ TEST_CASE("a peer keeps the two newest whole copies of a rank, and refuses stran
   reader.Send("steps 3 4\n");
   CHECK(reader.Line() == "ok 9,6");  // two kept
   CHECK((*replicas)->counters().received == 3);
+
+  // Garbage on the port: a copy larger than the machine, or not a snapshot, is refused before
+  // anything is allocated for it, and the connection ends (its stream is lost); crun goes on.
+  {
+    RawPeer liar(port);
+    CHECK(liar.Line() == "ok");
+    auto huge = SealedCopy(3, 10, 16);
+    reinterpret_cast<snap::BufferHeader*>(huge.data())->payload_bytes = (1ULL << 40) - 4096;
+    liar.Send("put " + std::to_string(1ULL << 40) + "\n");
+    liar.Send(std::string_view(reinterpret_cast<const char*>(huge.data()), snap::kHeaderBytes));
+    CHECK_THAT(liar.Line(), Catch::Contains("error a copy of rank 3's snapshot needs 1024.00 GiB"));
+    CHECK(liar.Line().empty());  // closed
+    RawPeer noise(port);
+    CHECK(noise.Line() == "ok");
+    noise.Send("put 8192\n" + std::string(snap::kHeaderBytes, 'x'));
+    CHECK_THAT(noise.Line(), Catch::Contains("error a copy that is not a crun snapshot"));
+    noise.Send("steps 3 4\n");
+    CHECK(noise.Line().empty());  // closed
+  }
+  reader.Send("steps 3 4\n");
+  CHECK(reader.Line() == "ok 9,6");  // nothing changed, the server still serves
 
   // With a token, a peer that cannot prove it is refused, and counted.
   auto guarded = Replicas::Listen("job-secret");
