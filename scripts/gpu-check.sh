@@ -19,6 +19,17 @@
 #                                  the GPU at fp32, bf16 and fp16, and PyTorch's own loop as the
 #                                  anchor, all under crun; OUT/train_*.json, OUT/torch_*.json
 #                                  and OUT/benchmarks.md (its train-gpu section filled in).
+#   scripts/gpu-check.sh faults OUT there, on its own: while train and the SDK's tests build,
+#                                  hangs on the GPU (a spinning kernel; Gloo with CUDA tensors,
+#                                  one rank blocked before its collective; one NCCL rank with
+#                                  the flight recorder), CUDA OOM, device selection and NUMA
+#                                  binding, snapshots of CUDA state in crun's node memory (the
+#                                  Python module and train); then the nccl tests, and train's
+#                                  rows beside the model's ceiling (tests/bench/ddp_cifar.py
+#                                  --ceiling), train with host-synchronised averaging
+#                                  (CRUN_NCCL_STREAM_ORDER=0) and PyTorch's loop, with an nsys
+#                                  or torch.profiler summary where one is there. Every step is
+#                                  bounded and logged in OUT/faults.log with its verdict.
 # tests/integration/test_gpu_check.py rehearses the three here, without a GPU, as far as the
 # first step that needs one (TORCH_CUDA_ARCH_LIST names the architecture torch cannot detect).
 set -euo pipefail
@@ -47,7 +58,7 @@ case "${1:-}" in
       "on the GPU machine named above." > .gpu/measured_at
     echo "prepared .gpu/ (carry it with the run): $(ls .gpu/*.tar.gz)"
     ;;
-  run | train)
+  run | train | faults)
     mode=$1
     out=${2:?usage: gpu-check.sh $1 OUT}
     mkdir -p "$out"
@@ -79,7 +90,7 @@ case "${1:-}" in
     export LD_LIBRARY_PATH="$nccl_root/lib:${LD_LIBRARY_PATH:-}"
     prefix="$PWD/.gpu/catch2;$PWD/.gpu/cli11"
     with_torch=OFF
-    if [[ $mode == train ]]; then
+    if [[ $mode != run ]]; then
       # libtorch from the PyTorch package.
       prefix="$prefix;$PWD/.gpu/nlohmann;$($py -c 'import torch; print(torch.utils.cmake_prefix_path)')"
       with_torch=ON
@@ -89,7 +100,10 @@ case "${1:-}" in
       -DCRUN_WITH_NCCL=ON -DNCCL_ROOT="$nccl_root" -DCMAKE_PREFIX_PATH="$prefix" \
       -DCMAKE_POLICY_VERSION_MINIMUM=3.5 > "$out/configure-$mode.log" 2>&1 ||
       { tail -40 "$out/configure-$mode.log"; exit 1; }
-    if [[ $mode == run ]]; then
+    if [[ $mode == faults ]]; then
+      source scripts/gpu-faults.sh
+      gpu_faults "$crun" "$out" "$py"
+    elif [[ $mode == run ]]; then
       # Stock PyTorch DDP over NCCL, one worker per visible GPU; then a GPU worker SIGKILLed
       # in the first attempt and the group restarted (--max-restarts 1).
       ddp_out=$(mktemp -d)
@@ -135,7 +149,7 @@ case "${1:-}" in
     fi
     ;;
   *)
-    echo "usage: $0 prepare | run OUT | train OUT" >&2
+    echo "usage: $0 prepare | run OUT | train OUT | faults OUT" >&2
     exit 2
     ;;
 esac

@@ -501,7 +501,11 @@ class Training {
       loss_n = static_cast<std::size_t>(resumed_->loss_n);
     }
     Batch batch;
-    for (std::size_t step = first + 1; step <= steps_run && data.Next(&batch); ++step) {
+    for (std::size_t step = first + 1; step <= steps_run; ++step) {
+      const auto asked = Clock::now();
+      if (!data.Next(&batch)) break;
+      // Time the loop waited for its input: where it is large, the data pipeline is the limit.
+      data_wait_seconds_ += std::chrono::duration<double>(Clock::now() - asked).count();
       const double lr =
           LearningRate(o_, epoch + static_cast<double>(step - 1) / static_cast<double>(steps));
       loss_sum += TrainStep(batch, lr);
@@ -648,6 +652,7 @@ class Training {
                            {"train_images", train_.size()},
                            {"images_trained", images_trained_},
                            {"train_seconds", train_seconds_},
+                           {"data_wait_seconds", data_wait_seconds_},
                            {"images_per_second_per_worker", ips_worker},
                            {"wall_seconds", wall_seconds},
                            {"final_train_loss", last_loss_},
@@ -684,7 +689,7 @@ class Training {
   int good_steps_ = 0;
   std::int64_t skipped_steps_ = 0;
   std::vector<double> accuracies_;
-  double last_loss_ = 0, train_seconds_ = 0;
+  double last_loss_ = 0, train_seconds_ = 0, data_wait_seconds_ = 0;
   std::int64_t images_trained_ = 0;
 };
 

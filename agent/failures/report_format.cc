@@ -99,6 +99,21 @@ std::optional<std::string> MissingModule(const report::WorkerFailure& f) {
   return std::nullopt;
 }
 
+// A CUDA out-of-memory error, from the worker's traceback: the exception line of its error
+// file's message, else of its last stderr lines ("torch.OutOfMemoryError: CUDA out of memory.
+// Tried to allocate ..."; PyTorch 1.13 raises it as a RuntimeError with the same words).
+std::optional<std::string> CudaOutOfMemory(const report::WorkerFailure& f) {
+  auto oom = [](const std::string& line) {
+    return line.find("CUDA out of memory") != std::string::npos ||
+           line.find("CUDA error: out of memory") != std::string::npos;
+  };
+  if (oom(f.message)) return f.message;
+  for (auto it = f.stderr_tail.rbegin(); it != f.stderr_tail.rend(); ++it) {
+    if (oom(*it)) return *it;
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::string FormatReport(const ReportContext& c, const report::FailureReport& report) {
@@ -118,6 +133,9 @@ std::string FormatReport(const ReportContext& c, const report::FailureReport& re
         "  hint      : the workers ran " + c.interpreter + ", which cannot import '" + top +
         "'; set PYTHON_EXEC to the Python that has it (e.g. PYTHON_EXEC=$VIRTUAL_ENV/bin/python) "
         "or activate its environment before crun\n";
+  }
+  if (const auto oom = failures.empty() ? std::nullopt : CudaOutOfMemory(failures.front())) {
+    out += "  cause     : CUDA out of memory on its GPU (from its traceback: " + *oom + ")\n";
   }
   if (c.hang != nullptr) out += std::string(72, '-') + "\n" + FormatHang(*c.hang);
   out += std::string(72, '-') + "\nOther failures:";

@@ -5,8 +5,13 @@ PyTorch user would: DistributedDataParallel over gloo, DistributedSampler. Run u
 rank 0 writes the metrics JSON with the same keys as train's --metrics-json.
 
 Usage: ddp_cifar.py DATA_DIR EPOCHS BATCH METRICS_JSON [--model resnet-small|resnet18]
-                    [--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last]
-(on a GPU: NCCL, batches copied from pinned memory, autocast as train does it)"""
+                    [--device cpu|cuda] [--amp off|bf16|fp16] [--channels-last] [--ceiling]
+(on a GPU: NCCL, batches copied from pinned memory, autocast as train does it)
+
+--ceiling (GPU): the model's ceiling for train's GPU table. The same model, optimizer, loss,
+autocast, memory format and batch in PyTorch eager (no torch.compile), one process, no DDP,
+with every batch already on the GPU: the images are normalised there once and each epoch's
+shuffled copy is made before its clock starts, so the loop only slices, trains and steps."""
 import argparse
 import json
 import os
@@ -87,6 +92,71 @@ def augment(images, gen):
     return (x - MEAN) / STD
 
 
+def make_model(a, dev):
+    model = ResNet() if a.model == "resnet-small" else ResNet((64, 128, 256, 512), 2)
+    model = model.to(dev)
+    if a.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model
+
+
+def train_step(model, opt, scaler, amp, x, y):
+    opt.zero_grad()
+    with torch.autocast("cuda", dtype=amp, enabled=amp is not None):
+        loss = F.cross_entropy(model(x).float(), y, label_smoothing=0.1)
+    if scaler:
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+    else:
+        loss.backward()
+        opt.step()
+    return loss
+
+
+def optimizer_of(a, model):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True,
+                          weight_decay=5e-4)
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.amp)
+    scaler = None
+    if a.amp == "fp16":
+        scaler = (torch.amp.GradScaler("cuda") if hasattr(torch.amp, "GradScaler")
+                  else torch.cuda.amp.GradScaler())
+    return opt, amp, scaler
+
+
+def ceiling(a):
+    epochs, batch = int(a.epochs), int(a.batch)
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(dev)
+    torch.manual_seed(0)
+    images, labels = load(a.data_dir)
+    images = ((images.to(dev).float() / 255.0) - MEAN.to(dev)) / STD.to(dev)
+    labels = labels.to(dev)
+    model = make_model(a, dev)
+    opt, amp, scaler = optimizer_of(a, model)
+    trained, seconds = 0, 0.0
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for epoch in range(epochs):
+        perm = torch.randperm(len(labels), device=dev, generator=gen)
+        xs, ys = images[perm], labels[perm]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for b in range(len(labels) // batch):
+            x, y = xs[b * batch:(b + 1) * batch], ys[b * batch:(b + 1) * batch]
+            if a.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            loss = train_step(model, opt, scaler, amp, x, y)
+            trained += batch
+        torch.cuda.synchronize()
+        seconds += time.perf_counter() - t0
+        del xs, ys
+    with open(a.metrics, "w") as f:
+        json.dump({"world_size": 1, "torch": torch.__version__, "images_trained": trained,
+                   "train_seconds": seconds, "images_per_second_per_worker": trained / seconds,
+                   "final_train_loss": loss.item(), "mode": "ceiling"}, f)
+
+
 def main():
     ap = argparse.ArgumentParser()
     for name in ("data_dir", "epochs", "batch", "metrics"):
@@ -95,7 +165,10 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--amp", default="off")
     ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--ceiling", action="store_true")
     a = ap.parse_args()
+    if a.ceiling:
+        return ceiling(a)
     epochs, batch = int(a.epochs), int(a.batch)
     cuda = a.device == "cuda"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -108,18 +181,9 @@ def main():
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     torch.manual_seed(0)
     images, labels = load(a.data_dir)
-    model = ResNet() if a.model == "resnet-small" else ResNet((64, 128, 256, 512), 2)
-    model = model.to(dev)
-    if a.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    model = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True,
-                          weight_decay=5e-4)
-    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.amp)
-    scaler = None
-    if a.amp == "fp16":
-        scaler = (torch.amp.GradScaler("cuda") if hasattr(torch.amp, "GradScaler")
-                  else torch.cuda.amp.GradScaler())
+    model = DistributedDataParallel(make_model(a, dev),
+                                    device_ids=[local_rank] if cuda else None)
+    opt, amp, scaler = optimizer_of(a, model)
     sampler = DistributedSampler(range(len(labels)), num_replicas=world, rank=rank,
                                  shuffle=True, seed=0, drop_last=True)
     gen = torch.Generator().manual_seed(rank)
@@ -138,16 +202,7 @@ def main():
                 y = y.pin_memory().to(dev, non_blocking=True)
             if a.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
-            opt.zero_grad()
-            with torch.autocast("cuda", dtype=amp, enabled=amp is not None):
-                loss = F.cross_entropy(model(x).float(), y, label_smoothing=0.1)
-            if scaler:
-                scaler.scale(loss).backward()
-                scaler.step(opt)
-                scaler.update()
-            else:
-                loss.backward()
-                opt.step()
+            loss = train_step(model, opt, scaler, amp, x, y)
             trained += len(sel)
         if cuda:
             torch.cuda.synchronize()

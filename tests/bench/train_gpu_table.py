@@ -1,6 +1,8 @@
 """train on a GPU against PyTorch: the table of docs/benchmarks.md's train-gpu section, from
 the metrics `scripts/gpu-check.sh train OUT` leaves in OUT (train_<amp>.json from train,
-torch_<amp>.json from tests/bench/ddp_cifar.py, one pair per autocast mode).
+torch_<amp>.json from tests/bench/ddp_cifar.py, one pair per autocast mode; `faults` also
+leaves ceiling_<amp>.json, the model's ceiling from ddp_cifar.py --ceiling, and
+trainsync_<amp>.json, train with CRUN_NCCL_STREAM_ORDER=0: columns of their own).
 
 Usage: train_gpu_table.py --dir OUT --device "NAME, DRIVER, MEMORY" [--out FILE]
 """
@@ -23,6 +25,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "..", "..", "docs", "benchmarks.md"))
     a = ap.parse_args()
     rows, torch_version, threads = [], "?", "?"
+    extra = all(os.path.exists(os.path.join(a.dir, f"{side}_{mode}.json"))
+                for side in ("ceiling", "trainsync") for mode in MODES)
     for mode in MODES:
         paths = [os.path.join(a.dir, f"{side}_{mode}.json") for side in ("train", "torch")]
         missing = [p for p in paths if not os.path.exists(p)]
@@ -35,9 +39,16 @@ def main():
                              f"({paths[0]})")
         torch_version, threads = theirs["torch"], ours["threads"]
         ips, anchor = ours["images_per_second_per_worker"], theirs["images_per_second_per_worker"]
-        rows.append(f"| {mode} | {'yes' if ours['channels_last'] else 'no'} | "
-                    f"{ours['batch_size']} | {ips:.0f} | {anchor:.0f} | {ips / anchor:.2f}x | "
-                    f"{ours['test_accuracy'][-1] * 100:.2f} % | {ours['skipped_steps']} |")
+        row = (f"| {mode} | {'yes' if ours['channels_last'] else 'no'} | "
+               f"{ours['batch_size']} | {ips:.0f} | {anchor:.0f} | {ips / anchor:.2f}x | ")
+        if extra:
+            ceil, sync = (json.load(open(os.path.join(a.dir, f"{side}_{mode}.json")))
+                          for side in ("ceiling", "trainsync"))
+            cips = ceil["images_per_second_per_worker"]
+            row += (f"{cips:.0f} | {ips / cips:.2f}x | "
+                    f"{sync['images_per_second_per_worker']:.0f} | "
+                    f"{ours.get('data_wait_seconds', 0):.2f} of {ours['train_seconds']:.2f} | ")
+        rows.append(row + f"{ours['test_accuracy'][-1] * 100:.2f} % | {ours['skipped_steps']} |")
     # nvidia-smi's "NAME, DRIVER, MEMORY" as "NAME (driver DRIVER, MEMORY)".
     parts = [p.strip() for p in a.device.split(",")]
     device = f"{parts[0]} (driver {parts[1]}, {parts[2]})" if len(parts) == 3 else a.device
@@ -45,21 +56,29 @@ def main():
         "## train on a GPU: ResNet-18, synthetic CIFAR-10, against PyTorch",
         "",
         f"Device: {device}; train built against the libtorch inside PyTorch {torch_version}, "
-        f"NCCL from its wheel, {threads} intra-op threads. Command: `scripts/gpu-check.sh train "
-        "OUT`, then `tests/bench/train_gpu_table.py`: one worker under crun (so the SDK's NCCL "
+        f"NCCL from its wheel, {threads} intra-op threads. Command: `scripts/gpu-check.sh "
+        f"{'faults' if extra else 'train'} OUT`, then `tests/bench/train_gpu_table.py`: one worker under crun (so the SDK's NCCL "
         "group is in the loop), `--model resnet18 --synthetic 50000 --epochs 2 --batch-size "
         "256`; then the same model, data files, batch, optimizer, loss, autocast and memory "
         f"format in PyTorch {torch_version} (tests/bench/ddp_cifar.py under DDP/NCCL), also "
         "under crun, in the same run. Images/s: images trained / time in the training loop, "
         f"both epochs, evaluation excluded. {measured_at()}",
         "",
-        "| autocast | channels-last | batch | train img/s | PyTorch img/s | train / PyTorch "
-        "| train's test accuracy | skipped fp16 steps |",
-        "|---|---|---|---|---|---|---|---|",
+        "| autocast | channels-last | batch | train img/s | PyTorch img/s | train / PyTorch | "
+        + ("ceiling img/s | train / ceiling | train, host-synchronised averaging, img/s | "
+           "train's wait for data, s of its loop s | " if extra else "")
+        + "train's test accuracy | skipped fp16 steps |",
+        "|---|---|---|---|---|---|" + ("---|---|---|---|" if extra else "") + "---|---|",
         *rows,
         "",
         "The synthetic set is easy for ResNet-18 (100 % test accuracy after one epoch): the rows "
-        "measure speed. Each row is one run of each side, not a median.",
+        "measure speed. Each row is one run of each side, not a median."
+        + (" The ceiling is the same model, optimizer, loss, autocast, memory format and batch "
+           "in PyTorch eager without torch.compile, one process, every batch already on the GPU "
+           "(tests/bench/ddp_cifar.py --ceiling). 'Host-synchronised averaging' is train with "
+           "CRUN_NCCL_STREAM_ORDER=0: the SDK's gradient averaging waits on the host for each "
+           "bucket, as it did before the NCCL group ordered itself after torch's stream on the "
+           "device." if extra else ""),
     ]
     write_section(a.out, "train-gpu", lines)
 

@@ -139,6 +139,30 @@ TEST_CASE("failure report: printed and as JSON with the report's host, root caus
   CHECK(ReportJson(Context(), unnamed)["failures"][0]["host"] == "this-host");
 }
 
+TEST_CASE("failure report: a CUDA out-of-memory traceback is named as the cause", "[report]") {
+  const std::string line =
+      "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4096.00 GiB. GPU 0 has a "
+      "total capacity of 79.19 GiB";
+  auto r = TwoFailures();
+  // From the last stderr lines (no error file), PyTorch 2.x's words and 1.13's.
+  for (const std::string& last :
+       std::vector<std::string>{line, "RuntimeError: CUDA out of memory. Tried to allocate"}) {
+    r.failures[0].stderr_tail = {"Traceback (most recent call last):", "  x = torch.empty(n)",
+                                 last};
+    CHECK_THAT(FormatReport(Context(), r),
+               Catch::Contains("  cause     : CUDA out of memory on its GPU (from its traceback: " +
+                               last + ")\n"));
+  }
+  // From the error file's message.
+  r.failures[0].stderr_tail.clear();
+  r.failures[0].message = line;
+  CHECK_THAT(FormatReport(Context(), r), Catch::Contains("(from its traceback: " + line + ")"));
+  // Any other error, or another rank's CUDA OOM, names no such cause.
+  r.failures[0].message = "ValueError: bad batch";
+  r.failures[1].stderr_tail = {line};
+  CHECK_THAT(FormatReport(Context(), r), !Catch::Contains("cause     :"));
+}
+
 TEST_CASE("failure report: TORCHELASTIC_ERROR_FILE gets the worker's file and its exit code",
           "[report]") {
   crun::testing::TempDir dir;

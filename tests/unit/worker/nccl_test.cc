@@ -72,16 +72,28 @@ TEST_CASE("nccl: without a visible GPU, creating a group fails naming rank and c
              Catch::StartsWith("nccl group 'default', rank 0 of 1: no CUDA device visible"));
 }
 
+// A group of one rank on this machine's GPU (the test skips where there is none).
+class OneRankGroup {
+ public:
+  OneRankGroup() : ctx_(EnvFor(0, 1), std::make_shared<crun::MemoryStore>()) {
+    if (!HaveGpu()) Skip("no GPU here: the named-error case covers this machine");
+    crun::worker::NcclOptions o;
+    o.timeout = 60s;
+    auto made = crun::worker::MakeNcclGroup(ctx_, o);
+    INFO(made.status().message());
+    REQUIRE(made.ok());
+    group_ = std::move(*made);
+  }
+  crun::worker::ProcessGroup& operator*() { return *group_; }
+
+ private:
+  crun::worker::Context ctx_;
+  std::unique_ptr<crun::worker::ProcessGroup> group_;
+};
+
 TEST_CASE("nccl: world size 1 on this machine's GPU", "[nccl][gpu]") {
-  if (!HaveGpu()) Skip("no GPU here: the named-error case covers this machine");
-  auto store = std::make_shared<crun::MemoryStore>();
-  crun::worker::Context ctx(EnvFor(0, 1), store);
-  crun::worker::NcclOptions o;
-  o.timeout = 60s;
-  auto made = crun::worker::MakeNcclGroup(ctx, o);
-  INFO(made.status().message());
-  REQUIRE(made.ok());
-  auto& g = **made;
+  OneRankGroup one;
+  auto& g = *one;
   CHECK(g.backend() == "nccl");
 
   const std::size_t n = 1 << 20;
@@ -113,4 +125,43 @@ TEST_CASE("nccl: world size 1 on this machine's GPU", "[nccl][gpu]") {
   auto after = g.Barrier();
   CHECK(after.code() == crun::StatusCode::kAborted);
   CHECK_THAT(after.message(), Catch::Contains("aborted: test is done"));
+}
+
+TEST_CASE("nccl: collectives ordered after torch's stream on the device, host not waiting",
+          "[nccl][gpu]") {
+  OneRankGroup one;
+  auto& g = *one;
+  // 64 MiB copied to the GPU on the legacy default stream (milliseconds of work queued), the
+  // group told to follow that stream, an out-of-place allgather queued at once, the default
+  // stream told to wait for it, and the result copied back on the default stream. Unordered,
+  // the allgather would read the buffer before the upload lands, or the copy back would read
+  // the output before the allgather wrote it.
+  const std::size_t n = 16u << 20;
+  std::int32_t* pinned = nullptr;
+  std::int32_t* back = nullptr;
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&pinned), n * sizeof(std::int32_t)) ==
+          cudaSuccess);
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&back), n * sizeof(std::int32_t)) == cudaSuccess);
+  for (int round = 1; round <= 5; ++round) {
+    for (std::size_t i = 0; i < n; ++i) pinned[i] = static_cast<std::int32_t>(i) * round;
+    DeviceBuffer<std::int32_t> in(std::vector<std::int32_t>(n, 0));
+    DeviceBuffer<std::int32_t> out(std::vector<std::int32_t>(n, -1));
+    REQUIRE(cudaMemcpyAsync(in.get(), pinned, n * sizeof(std::int32_t), cudaMemcpyHostToDevice,
+                            nullptr) == cudaSuccess);
+    REQUIRE(g.FollowStream(nullptr));
+    auto w = g.AllGatherAsync(in.get(), out.get(), n, DType::kInt32, 60s);
+    REQUIRE(w->BlockStream(nullptr));
+    std::fill(back, back + n, 0);
+    REQUIRE(cudaMemcpyAsync(back, out.get(), n * sizeof(std::int32_t), cudaMemcpyDeviceToHost,
+                            nullptr) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(nullptr) == cudaSuccess);
+    REQUIRE(w->Test());
+    REQUIRE(w->Wait().ok());
+    std::size_t wrong = 0;
+    for (std::size_t i = 0; i < n; ++i) wrong += back[i] != static_cast<std::int32_t>(i) * round;
+    INFO("round " << round);
+    CHECK(wrong == 0);
+  }
+  cudaFreeHost(pinned);
+  cudaFreeHost(back);
 }

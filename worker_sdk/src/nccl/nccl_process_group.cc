@@ -113,11 +113,44 @@ class Comm : public std::enable_shared_from_this<Comm> {
         ncclCommAbort(comm_);
       }
     }
+    if (follow_event_ != nullptr) cudaEventDestroy(follow_event_);
     cudaFree(scratch_);
     cudaStreamDestroy(stream_);
   }
 
   int device() const { return device_; }
+
+  // The group's stream waits, on the device, for the work queued so far on `producer`.
+  bool FollowStream(cudaStream_t producer) {
+    if (!StreamOrderOn()) return false;
+    DeviceGuard guard(device_);
+    if (guard.status() != cudaSuccess) return false;
+    std::lock_guard<std::mutex> l(mu_);
+    cudaError_t e = cudaSuccess;
+    if (follow_event_ == nullptr) {
+      e = cudaEventCreateWithFlags(&follow_event_, cudaEventDisableTiming);
+    }
+    if (e == cudaSuccess) e = cudaEventRecord(follow_event_, producer);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(stream_, follow_event_, 0);
+    return e == cudaSuccess;
+  }
+
+  // `consumer` waits, on the device, for the work that `done` was recorded after.
+  bool BlockStream(cudaStream_t consumer, cudaEvent_t done) const {
+    if (!StreamOrderOn()) return false;
+    DeviceGuard guard(device_);
+    return guard.status() == cudaSuccess && cudaStreamWaitEvent(consumer, done, 0) == cudaSuccess;
+  }
+
+  // CRUN_NCCL_STREAM_ORDER=0 turns device-side ordering off (callers synchronise on the host
+  // instead), to measure what it saves.
+  static bool StreamOrderOn() {
+    static const bool on = [] {
+      const char* v = std::getenv("CRUN_NCCL_STREAM_ORDER");
+      return v == nullptr || std::string(v) != "0";
+    }();
+    return on;
+  }
   int* scratch() const { return scratch_; }
 
   // Records the first failure and aborts the communicator, once.
@@ -181,6 +214,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
   std::mutex mu_;  // guards comm_: every NCCL call on it, and its abort
   ncclComm_t comm_;
   cudaStream_t stream_;
+  cudaEvent_t follow_event_ = nullptr;  // FollowStream's marker on the producer's stream
   int* scratch_;
   const int device_;
   const Millis timeout_;
@@ -217,6 +251,10 @@ class NcclWork final : public Work {
       }
     }
     return status_;
+  }
+
+  bool BlockStream(void* stream) override {
+    return comm_->BlockStream(static_cast<cudaStream_t>(stream), done_event_);
   }
 
  private:
@@ -329,6 +367,10 @@ class NcclGroup final : public ProcessGroup {
 
   void Abort(const std::string& reason) override {
     if (state_->MarkAborted(reason)) comm_->AbortComm();
+  }
+
+  bool FollowStream(void* stream) override {
+    return comm_->FollowStream(static_cast<cudaStream_t>(stream));
   }
 
  private:

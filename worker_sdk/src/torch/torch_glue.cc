@@ -1,4 +1,5 @@
 // The libtorch glue: the only translation unit of the SDK that includes torch headers.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/cuda.h>
 #include <torch/serialize.h>
 #include <torch/torch.h>
@@ -37,6 +38,20 @@ StatusOr<DType> ToDType(torch::ScalarType t) {
 // Collectives read device memory directly: make sure the kernels that produced it are done.
 void SyncIfCuda(const torch::Tensor& t) {
   if (t.is_cuda()) torch::cuda::synchronize(t.device().index());
+}
+
+// Whether torch queues work for `t`'s device on that device's default stream (c10's stream 0,
+// which is CUDA's legacy default stream), as it does unless the program chose a stream.
+bool OnDefaultStream(const torch::Tensor& t) {
+  return c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device()).id() == 0;
+}
+
+// The same guarantee without stopping the host where the group can order itself after
+// torch's stream on the device (NCCL): the host keeps queueing work while the GPU catches up.
+void OrderAfterProducer(ProcessGroup& group, const torch::Tensor& t) {
+  if (!t.is_cuda()) return;
+  if (OnDefaultStream(t) && group.FollowStream(nullptr)) return;
+  torch::cuda::synchronize(t.device().index());
 }
 
 }  // namespace
@@ -87,6 +102,9 @@ struct GradientAverager::State {
   std::mutex mu;
   std::size_t next_launch = 0;
   bool repeated_backward = false;
+  // The last step's collectives that torch's stream waits for on the device; the next
+  // Finish() (or the destructor) reads how they ended.
+  std::vector<WorkPtr> on_device;
 
   explicit State(ProcessGroup& g) : group(g) {}
 
@@ -94,7 +112,7 @@ struct GradientAverager::State {
   void LaunchReady() {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
       Bucket& b = buckets[next_launch];
-      SyncIfCuda(b.flat);
+      OrderAfterProducer(group, b.flat);
       b.work = group.AllReduceAsync(b.flat.data_ptr(), static_cast<std::size_t>(b.flat.numel()),
                                     b.dtype, ReduceOp::kAvg, group.timeout());
       ++next_launch;
@@ -168,6 +186,7 @@ GradientAverager::~GradientAverager() {
   for (auto& b : state_->buckets) {
     if (b.work) (void)b.work->Wait();  // its buffer is ours: let the collective finish first
   }
+  for (auto& w : state_->on_device) (void)w->Wait();
 }
 
 std::size_t GradientAverager::bucket_count() const { return state_->buckets.size(); }
@@ -193,8 +212,22 @@ Status GradientAverager::Finish() {
         "GradientAverager: more than one backward pass before Finish(); "
         "gradient accumulation across backward passes is not supported");
   }
+  // The previous step's collectives, which the device waited for, ended long ago unless a
+  // peer is gone: their timeout bounds this.
+  for (auto& w : s.on_device) {
+    Status st = w->Wait();
+    if (!st.ok() && first.ok()) first = Status(st.code(), "averaging gradients: " + st.message());
+  }
+  s.on_device.clear();
+  // On a GPU whose group orders itself on the device, torch's stream waits for each bucket
+  // there and the host goes on queueing the optimizer's kernels; elsewhere the host waits.
   for (std::size_t k = 0; k < s.buckets.size(); ++k) {
-    Status st = s.buckets[k].work->Wait();
+    State::Bucket& b = s.buckets[k];
+    if (b.flat.is_cuda() && OnDefaultStream(b.flat) && b.work->BlockStream(nullptr)) {
+      s.on_device.push_back(b.work);
+      continue;
+    }
+    Status st = b.work->Wait();
     if (!st.ok() && first.ok()) {
       first = Status(st.code(), "averaging gradient bucket " + std::to_string(k) + " of " +
                                     std::to_string(s.buckets.size()) + ": " + st.message());

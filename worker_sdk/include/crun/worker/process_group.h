@@ -38,6 +38,11 @@ class Work {
   // Blocks until the operation has finished (its timeout bounds this) and returns its status.
   // Calling it again returns the same status.
   virtual Status Wait() = 0;
+  // GPU backends: makes the CUDA stream `stream` (a cudaStream_t; nullptr: the current
+  // device's legacy default stream) wait, on the device, for this operation; the host does
+  // not block, and Test()/Wait() still report how it ended. False where the backend cannot
+  // (the caller then waits with Wait()).
+  virtual bool BlockStream(void* /*stream*/) { return false; }
 };
 using WorkPtr = std::shared_ptr<Work>;
 
@@ -64,6 +69,13 @@ class ProcessGroup {
   virtual WorkPtr ReduceScatterAsync(const void* in, void* out, std::size_t count, DType dtype,
                                      ReduceOp op, Millis timeout) = 0;
   virtual WorkPtr BarrierAsync(Millis timeout) = 0;
+
+  // GPU backends: the operations issued after this call start, on the device, only once the
+  // work queued so far on the CUDA stream `stream` (nullptr: the legacy default stream) is
+  // done, so a caller need not synchronise the device before passing memory that kernels are
+  // still writing. False where the backend cannot (CPU backends, or NCCL with
+  // CRUN_NCCL_STREAM_ORDER=0): the caller then synchronises itself.
+  virtual bool FollowStream(void* /*stream*/) { return false; }
 
   // Breaks the group from any thread: operations not yet finished on this rank return
   // kAborted (the one in flight as soon as the backend lets go of it: at once over shared
