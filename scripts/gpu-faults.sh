@@ -85,6 +85,7 @@ gpu_faults() {
   uuid=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1)
   bus=$(echo "${bus: -12}" | tr 'A-F' 'a-f')
   node=$(cat "/sys/bus/pci/devices/$bus/numa_node" 2>/dev/null || echo "?")
+  [[ $node == -1 ]] && node=0  # no affinity known: the only node, as crun reads it
   cpus=$(cat "/sys/devices/system/node/node$node/cpulist" 2>/dev/null || echo "?")
   _verdict INFO topology "GPU $uuid at $bus, NUMA node $node (CPUs $cpus); $(nproc) CPUs; $(
     ls -d /sys/devices/system/node/node* 2>/dev/null | wc -l) node(s); py-spy: $(
@@ -100,12 +101,17 @@ gpu_faults() {
     TORCH_NCCL_DEBUG_INFO_PIPE_FILE="$OUT/fr/pipe_" TORCH_NCCL_DEBUG_INFO_TEMP_FILE="$OUT/fr/trace_" \
     "${c[@]}" --log-dir "$OUT/logs/nccl" --hang-timeout 8 --nproc-per-node 1 "$w" nccl-stuck
   if [[ -s "$OUT/fr/trace_0" ]]; then
-    _verdict PASS "flight recorder dump" "$("$py" -c '
+    local fr
+    fr=$("$py" - "$OUT/fr/trace_0" <<'PY' 2>&1
 import pickle, sys
 d = pickle.load(open(sys.argv[1], "rb"))
-e = d.get("entries", [])
-print(f"{len(e)} entries; last: " + "; ".join(
-    f"{x.get(\"profiling_name\")} {x.get(\"state\")}" for x in e[-3:]))' "$OUT/fr/trace_0" 2>&1)"
+entries = d.get("entries", [])
+last = ["%s %s" % (e.get("profiling_name"), e.get("state")) for e in entries[-3:]]
+print("%d entries, version %s; last: %s" % (len(entries), d.get("version"), "; ".join(last)))
+PY
+    )
+    [[ $fr == *"entries"* ]] && _verdict PASS "flight recorder dump" "$fr" ||
+      _verdict FAIL "flight recorder dump" "$fr"
   else
     _verdict FAIL "flight recorder dump" "no $OUT/fr/trace_0: $(ls "$OUT/fr" | tr '\n' ' ')"
   fi
@@ -143,7 +149,7 @@ print(f"{len(e)} entries; last: " + "; ".join(
     return 0
   fi
   _verdict INFO build "done at $((SECONDS - started)) s"
-  timeout 180 build-gpu/tests/nccl_unit_tests > "$OUT/nccl_tests.log" 2>&1 &&
+  timeout 180 build-gpu/tests/nccl_unit_tests "[gpu]" > "$OUT/nccl_tests.log" 2>&1 &&
     _verdict PASS nccl_unit_tests "$(tail -2 "$OUT/nccl_tests.log" | tr '\n' ' ')" ||
     _verdict FAIL nccl_unit_tests "$(tail -30 "$OUT/nccl_tests.log")"
 
@@ -156,6 +162,7 @@ print(f"{len(e)} entries; last: " + "; ".join(
   local job=$! i
   for ((i = 0; i < 600; i++)); do
     grep -q "epoch 2/2 step" "$OUT/train_snapshot.log" && break
+    kill -0 "$job" 2>/dev/null || break
     sleep 0.2
   done
   pkill -KILL -f '^[^ ]*build-gpu/train/train'
@@ -165,33 +172,38 @@ print(f"{len(e)} entries; last: " + "; ".join(
     _verdict PASS "snapshot_train metrics" "$(cat "$OUT/train_resumed.json" | head -c 300)" ||
     _verdict FAIL "snapshot_train metrics" "no train_resumed.json with identical parameters"
 
-  # 6. train against the model's ceiling and PyTorch, each autocast mode.
+  # 6. train against the model's ceiling and PyTorch, each autocast mode; in bf16 also train
+  # with host-synchronised averaging and the ceiling with per-parameter SGD, for attribution.
   local tr=(build-gpu/train/train --model resnet18 --data-dir $data --epochs 2 --batch-size 256
     --device cuda --log-every 50)
   for m in "fp32:--amp off" "bf16:--amp bf16 --channels-last" "fp16:--amp fp16 --channels-last"; do
-    local name=${m%%:*} opts=${m#*:}
+    local name=${m%%:*} opts=${m#*:} sides="train torch ceiling"
     # shellcheck disable=SC2086
     {
       timeout 240 "${c[@]}" --nproc-per-node 1 "${tr[@]}" --synthetic 50000 $opts \
         --metrics-json "$OUT/train_$name.json"
-      CRUN_NCCL_STREAM_ORDER=0 timeout 240 "${c[@]}" --nproc-per-node 1 "${tr[@]}" $opts \
-        --metrics-json "$OUT/trainsync_$name.json"
       timeout 240 "${c[@]}" --nproc-per-node 1 tests/bench/ddp_cifar.py $data 2 256 \
         "$OUT/torch_$name.json" --model resnet18 --device cuda $opts
       timeout 240 "${c[@]}" --nproc-per-node 1 tests/bench/ddp_cifar.py $data 2 256 \
         "$OUT/ceiling_$name.json" --model resnet18 --device cuda $opts --ceiling
+      if [[ $name == bf16 ]]; then
+        sides="$sides trainsync ceilingloop"
+        CRUN_NCCL_STREAM_ORDER=0 timeout 240 "${c[@]}" --nproc-per-node 1 "${tr[@]}" $opts \
+          --metrics-json "$OUT/trainsync_$name.json"
+        timeout 240 "${c[@]}" --nproc-per-node 1 tests/bench/ddp_cifar.py $data 2 256 \
+          "$OUT/ceilingloop_$name.json" --model resnet18 --device cuda $opts --ceiling --sgd loop
+      fi
     } >> "$OUT/train.log" 2>&1
-    _verdict INFO "row $name" "$(for s in train trainsync torch ceiling; do
-      "$py" -c 'import json,sys; m=json.load(open(sys.argv[1])); print(sys.argv[2],
-        round(m["images_per_second_per_worker"]), "img/s; data wait",
-        round(m.get("data_wait_seconds", -1), 2), "s of", round(m["train_seconds"], 2))' \
-        "$OUT/${s}_$name.json" "$s" 2>/dev/null || echo "$s: none"; done | tr '\n' ';')"
+    for s in $sides; do
+      _verdict INFO "row $name $s" "$("$py" - "$OUT/${s}_$name.json" <<'PY' 2>&1
+import json, sys
+m = json.load(open(sys.argv[1]))
+print("%.0f img/s in %.2f s; data wait %s; host %s" % (m["images_per_second_per_worker"],
+      m["train_seconds"], m.get("data_wait_seconds"), m.get("host_seconds")))
+PY
+      )"
+    done
   done
-  cp docs/benchmarks.md "$OUT/benchmarks.md"
-  "$py" tests/bench/train_gpu_table.py --dir "$OUT" --out "$OUT/benchmarks.md" --device \
-    "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)" \
-    >> "$FAULTS_LOG" 2>&1
-
   # 7. Where train's time goes: nsys's summary of one bf16 epoch, where nsys is installed.
   if command -v nsys > /dev/null; then
     # shellcheck disable=SC2086

@@ -115,8 +115,9 @@ def train_step(model, opt, scaler, amp, x, y):
 
 
 def optimizer_of(a, model):
+    impl = {} if a.sgd == "default" else {"foreach": a.sgd == "foreach"}
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True,
-                          weight_decay=5e-4)
+                          weight_decay=5e-4, **impl)
     amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(a.amp)
     scaler = None
     if a.amp == "fp16":
@@ -154,7 +155,7 @@ def ceiling(a):
     with open(a.metrics, "w") as f:
         json.dump({"world_size": 1, "torch": torch.__version__, "images_trained": trained,
                    "train_seconds": seconds, "images_per_second_per_worker": trained / seconds,
-                   "final_train_loss": loss.item(), "mode": "ceiling"}, f)
+                   "final_train_loss": loss.item(), "mode": "ceiling", "sgd": a.sgd}, f)
 
 
 def main():
@@ -166,6 +167,9 @@ def main():
     ap.add_argument("--amp", default="off")
     ap.add_argument("--channels-last", action="store_true")
     ap.add_argument("--ceiling", action="store_true")
+    ap.add_argument("--sgd", default="default", choices=("default", "foreach", "loop"),
+                    help="SGD's implementation: PyTorch's default, or forced multi-tensor "
+                         "(foreach) or per-parameter (loop), to measure what it costs")
     a = ap.parse_args()
     if a.ceiling:
         return ceiling(a)

@@ -1,8 +1,8 @@
 """train on a GPU against PyTorch: the table of docs/benchmarks.md's train-gpu section, from
 the metrics `scripts/gpu-check.sh train OUT` leaves in OUT (train_<amp>.json from train,
 torch_<amp>.json from tests/bench/ddp_cifar.py, one pair per autocast mode; `faults` also
-leaves ceiling_<amp>.json, the model's ceiling from ddp_cifar.py --ceiling, and
-trainsync_<amp>.json, train with CRUN_NCCL_STREAM_ORDER=0: columns of their own).
+leaves ceiling_<amp>.json, the model's ceiling from ddp_cifar.py --ceiling: columns of their
+own).
 
 Usage: train_gpu_table.py --dir OUT --device "NAME, DRIVER, MEMORY" [--out FILE]
 """
@@ -25,8 +25,7 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "..", "..", "docs", "benchmarks.md"))
     a = ap.parse_args()
     rows, torch_version, threads = [], "?", "?"
-    extra = all(os.path.exists(os.path.join(a.dir, f"{side}_{mode}.json"))
-                for side in ("ceiling", "trainsync") for mode in MODES)
+    extra = all(os.path.exists(os.path.join(a.dir, f"ceiling_{mode}.json")) for mode in MODES)
     for mode in MODES:
         paths = [os.path.join(a.dir, f"{side}_{mode}.json") for side in ("train", "torch")]
         missing = [p for p in paths if not os.path.exists(p)]
@@ -42,12 +41,9 @@ def main():
         row = (f"| {mode} | {'yes' if ours['channels_last'] else 'no'} | "
                f"{ours['batch_size']} | {ips:.0f} | {anchor:.0f} | {ips / anchor:.2f}x | ")
         if extra:
-            ceil, sync = (json.load(open(os.path.join(a.dir, f"{side}_{mode}.json")))
-                          for side in ("ceiling", "trainsync"))
+            ceil = json.load(open(os.path.join(a.dir, f"ceiling_{mode}.json")))
             cips = ceil["images_per_second_per_worker"]
-            row += (f"{cips:.0f} | {ips / cips:.2f}x | "
-                    f"{sync['images_per_second_per_worker']:.0f} | "
-                    f"{ours.get('data_wait_seconds', 0):.2f} of {ours['train_seconds']:.2f} | ")
+            row += f"{cips:.0f} | {ips / cips:.2f}x | "
         rows.append(row + f"{ours['test_accuracy'][-1] * 100:.2f} % | {ours['skipped_steps']} |")
     # nvidia-smi's "NAME, DRIVER, MEMORY" as "NAME (driver DRIVER, MEMORY)".
     parts = [p.strip() for p in a.device.split(",")]
@@ -65,20 +61,16 @@ def main():
         f"both epochs, evaluation excluded. {measured_at()}",
         "",
         "| autocast | channels-last | batch | train img/s | PyTorch img/s | train / PyTorch | "
-        + ("ceiling img/s | train / ceiling | train, host-synchronised averaging, img/s | "
-           "train's wait for data, s of its loop s | " if extra else "")
+        + ("ceiling img/s | train / ceiling | " if extra else "")
         + "train's test accuracy | skipped fp16 steps |",
-        "|---|---|---|---|---|---|" + ("---|---|---|---|" if extra else "") + "---|---|",
+        "|---|---|---|---|---|---|" + ("---|---|" if extra else "") + "---|---|",
         *rows,
         "",
         "The synthetic set is easy for ResNet-18 (100 % test accuracy after one epoch): the rows "
         "measure speed. Each row is one run of each side, not a median."
         + (" The ceiling is the same model, optimizer, loss, autocast, memory format and batch "
            "in PyTorch eager without torch.compile, one process, every batch already on the GPU "
-           "(tests/bench/ddp_cifar.py --ceiling). 'Host-synchronised averaging' is train with "
-           "CRUN_NCCL_STREAM_ORDER=0: the SDK's gradient averaging waits on the host for each "
-           "bucket, as it did before the NCCL group ordered itself after torch's stream on the "
-           "device." if extra else ""),
+           "(tests/bench/ddp_cifar.py --ceiling)." if extra else ""),
     ]
     write_section(a.out, "train-gpu", lines)
 

@@ -43,6 +43,20 @@ class TorchGlue(unittest.TestCase):
     def test_gradient_average_equals_single_process_three_ranks(self):
         self.check_gradients(3)
 
+    def test_fused_sgd_step_equals_the_optimizers_own_step(self):
+        """FusedSgdStep (torch's _foreach kernels) against SGD::step(): three parameter groups
+        (Nesterov and weight decay; dampening; plain), twenty steps, parameters and momentum
+        buffers."""
+        out = tempfile.mkdtemp(prefix="crun-torch-fused-")
+        r = subprocess.run([WORKER, "fusedsgd", out], capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr[-4000:])
+        rep = load(os.path.join(out, "fused.json"))
+        self.assertGreater(rep["moved"], 1e-3, rep)     # the steps did change the weights
+        self.assertLess(rep["max_diff"], 1e-6, rep)     # ...as the optimizer's own step does
+        self.assertLess(rep["buffers_diff"], 1e-6, rep)  # ...and so did its momentum
+        self.assertEqual(rep["fused_steps"], 19, rep)  # all but the first, which makes buffers
+
     def run_resume(self, kill_at):
         out = tempfile.mkdtemp(prefix="crun-torch-resume-")
         ckpt = os.path.join(out, "ckpt")

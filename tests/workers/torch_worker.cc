@@ -9,11 +9,18 @@
 //     Trains STEPS steps (momentum SGD, DistributedSampler), rank 0 checkpointing every 2
 //     steps, every rank resuming from the newest checkpoint on start. In the first round rank 1
 //     SIGKILLs itself before step KILL_AT (-1: never). Writes OUT_DIR/final_rank<R>.json.
+//   torch_worker fusedsgd OUT_DIR
+//     Twenty steps of three SGD parameter groups (Nesterov with weight decay; momentum with
+//     dampening; plain) through FusedSgdStep against the same model trained with the optimizer's
+//     own step(). Writes OUT_DIR/fused.json with the largest difference of the parameters and
+//     of the momentum buffers, and how many steps were fused (all but the first).
 #include <signal.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <torch/torch.h>
@@ -156,10 +163,88 @@ int Resume(crun::worker::Context& ctx, ProcessGroup& g, const std::string& out,
   return 0;
 }
 
+// Two copies of one model, their parameters split into three groups, trained alike but for
+// the optimizer step: FusedSgdStep for the first, SGD::step() for the second.
+int FusedSgd(const std::string& out) {
+  auto Groups = [](torch::nn::Sequential& m) {
+    auto ps = m->parameters();  // 3 Linear layers: weight, bias each
+    using torch::optim::SGDOptions;
+    std::vector<torch::optim::OptimizerParamGroup> g;
+    g.emplace_back(std::vector<torch::Tensor>{ps[0], ps[1]},
+                   std::make_unique<SGDOptions>(
+                       SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(5e-4)));
+    g.emplace_back(std::vector<torch::Tensor>{ps[2], ps[3]},
+                   std::make_unique<SGDOptions>(SGDOptions(0.03).momentum(0.8).dampening(0.1)));
+    g.emplace_back(std::vector<torch::Tensor>{ps[4], ps[5]},
+                   std::make_unique<SGDOptions>(SGDOptions(0.1)));
+    return g;
+  };
+  torch::manual_seed(3);
+  auto fused = MakeModel();
+  auto plain = MakeModel();
+  {
+    torch::NoGradGuard ng;
+    auto a = fused->parameters(), b = plain->parameters();
+    for (std::size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
+  }
+  torch::optim::SGD fused_opt(Groups(fused), torch::optim::SGDOptions(0.1));
+  torch::optim::SGD plain_opt(Groups(plain), torch::optim::SGDOptions(0.1));
+  auto [x, y] = Data(64);
+  int fused_steps = 0;
+  for (int step = 0; step < 20; ++step) {
+    for (auto [m, opt] : {std::pair{&fused, &fused_opt}, std::pair{&plain, &plain_opt}}) {
+      opt->zero_grad();
+      torch::nn::functional::cross_entropy((*m)->forward(x), y).backward();
+    }
+    fused_steps += crun::worker::FusedSgdStep(fused_opt) ? 1 : 0;
+    plain_opt.step();
+  }
+  // The momentum buffers, as snapshots see them ("sgd.momentum/I", float32).
+  auto Buffers = [](torch::nn::Module& m, torch::optim::SGD& opt) {
+    auto items = crun::worker::SnapshotItemsOf(m, &opt);
+    Require(items.status(), "snapshot items");
+    std::map<std::string, std::vector<float>> bufs;
+    for (auto& item : *items) {
+      if (item.name.rfind("sgd.momentum/", 0) != 0) continue;
+      std::vector<float> v(item.bytes / sizeof(float));
+      item.fill(reinterpret_cast<unsigned char*>(v.data()));
+      bufs[item.name] = std::move(v);
+    }
+    return bufs;
+  };
+  const auto fb = Buffers(*fused, fused_opt), pb = Buffers(*plain, plain_opt);
+  double buffers = fb.size() == pb.size() && fb.size() == 4 ? 0 : 1e9;
+  for (const auto& [name, v] : fb) {
+    const auto it = pb.find(name);
+    if (it == pb.end() || it->second.size() != v.size()) {
+      buffers = 1e9;
+      continue;
+    }
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      buffers = std::max(buffers, static_cast<double>(std::abs(v[i] - it->second[i])));
+    }
+  }
+  torch::manual_seed(3);
+  auto start = MakeModel();
+  WriteJsonReport(out + "/fused.json", {{"max_diff", MaxDiff(*fused, Snapshot(*plain))},
+                                        {"moved", MaxDiff(*fused, Snapshot(*start))},
+                                        {"buffers_diff", buffers},
+                                        {"fused_steps", fused_steps}});
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 2 && args[0] == "fusedsgd") {  // no group: one process
+    try {
+      return FusedSgd(args[1]);
+    } catch (const Failure& f) {
+      std::fprintf(stderr, "torch_worker: %s\n", f.what.c_str());
+      return 1;
+    }
+  }
   auto ctx = crun::worker::Context::FromEnvironment();
   if (!ctx.ok()) {
     std::fprintf(stderr, "torch_worker: %s\n", ctx.status().message().c_str());
@@ -177,6 +262,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::fprintf(stderr,
-               "usage: torch_worker gradcheck OUT_DIR | resume OUT_DIR CKPT STEPS KILL_AT\n");
+               "usage: torch_worker gradcheck OUT_DIR | resume OUT_DIR CKPT STEPS KILL_AT | "
+               "fusedsgd OUT_DIR\n");
   return 2;
 }

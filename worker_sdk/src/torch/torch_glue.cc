@@ -401,6 +401,44 @@ std::vector<torch::Tensor> OptimizerParams(torch::optim::Optimizer& o) {
 
 }  // namespace
 
+bool FusedSgdStep(torch::optim::SGD& optimizer) {
+  torch::NoGradGuard no_grad;
+  struct Group {
+    const torch::optim::SGDOptions* o;
+    std::vector<torch::Tensor> params, grads, bufs;
+  };
+  std::vector<Group> groups;
+  for (auto& group : optimizer.param_groups()) {
+    Group& g = groups.emplace_back();
+    g.o = &static_cast<const torch::optim::SGDOptions&>(group.options());
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      g.params.push_back(p);
+      g.grads.push_back(p.grad());
+      if (g.o->momentum() == 0) continue;
+      const auto it = optimizer.state().find(ParamKey(p));
+      if (it == optimizer.state().end()) {
+        optimizer.step();  // the first step: SGD makes each buffer from its first gradient
+        return false;
+      }
+      g.bufs.push_back(static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer());
+    }
+  }
+  for (auto& g : groups) {
+    if (g.params.empty()) continue;
+    const auto& o = *g.o;
+    std::vector<torch::Tensor> d =
+        o.weight_decay() != 0 ? at::_foreach_add(g.grads, g.params, o.weight_decay()) : g.grads;
+    if (o.momentum() != 0) {
+      at::_foreach_mul_(g.bufs, o.momentum());
+      at::_foreach_add_(g.bufs, d, 1 - o.dampening());
+      d = o.nesterov() ? at::_foreach_add(d, g.bufs, o.momentum()) : g.bufs;
+    }
+    at::_foreach_add_(g.params, d, -o.lr());
+  }
+  return true;
+}
+
 StatusOr<std::vector<SnapshotItem>> SnapshotItemsOf(torch::nn::Module& module,
                                                     torch::optim::Optimizer* optimizer) {
   std::vector<SnapshotItem> items;
