@@ -204,6 +204,11 @@ PY
       )"
     done
   done
+  cp docs/benchmarks.md "$OUT/benchmarks.md"
+  "$py" tests/bench/train_gpu_table.py --dir "$OUT" --out "$OUT/benchmarks.md" --device \
+    "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)" \
+    >> "$FAULTS_LOG" 2>&1
+
   # 7. Where train's time goes: nsys's summary of one bf16 epoch, where nsys is installed.
   if command -v nsys > /dev/null; then
     # shellcheck disable=SC2086

@@ -135,7 +135,11 @@ std::string FormatReport(const ReportContext& c, const report::FailureReport& re
         "or activate its environment before crun\n";
   }
   if (const auto oom = failures.empty() ? std::nullopt : CudaOutOfMemory(failures.front())) {
-    out += "  cause     : CUDA out of memory on its GPU (from its traceback: " + *oom + ")\n";
+    // PyTorch's message runs to several hundred characters: its first 160 (the size asked
+    // for and the device's capacity) are the cause; the stderr lines above hold the rest.
+    constexpr std::size_t kShown = 160;
+    const std::string shown = oom->size() > kShown ? oom->substr(0, kShown) + " ..." : *oom;
+    out += "  cause     : CUDA out of memory on its GPU (from its traceback: " + shown + ")\n";
   }
   if (c.hang != nullptr) out += std::string(72, '-') + "\n" + FormatHang(*c.hang);
   out += std::string(72, '-') + "\nOther failures:";

@@ -290,8 +290,8 @@ std::vector<std::string> TriggerFlightRecorder(const std::vector<int>& ranks,
     for (int rank : asked) traces->push_back(prefix + std::to_string(rank));
     if (!asked.empty()) {
       notes.push_back("NCCL flight recorder: dump asked of ranks " + RankRanges(asked) +
-                      " through " + pipe_prefix + "<rank>.pipe; PyTorch writes it to " + prefix +
-                      "<rank> (read it with torchfrtrace)");
+                      " (written to " + pipe_prefix + "<rank>.pipe); PyTorch writes it to " +
+                      prefix + "<rank> (read it with torchfrtrace)");
     }
     if (!absent.empty()) {
       notes.push_back("NCCL flight recorder: ranks " + RankRanges(absent) + " have no open " +

@@ -67,6 +67,8 @@ class GpuCheckRehearsal(unittest.TestCase):
         cls.prepared = script(cls.repo, "prepare", env=env, timeout=300)
         cls.ran = script(cls.repo, "run", cls.out, env=env)
         cls.trained = script(cls.repo, "train", cls.out, env=env)
+        cls.faults_out = os.path.join(cls.tmp, "faults")
+        cls.faulted = script(cls.repo, "faults", cls.faults_out, env=env)
 
     @classmethod
     def tearDownClass(cls):
@@ -112,6 +114,23 @@ class GpuCheckRehearsal(unittest.TestCase):
         # train's CLI11 is the one carried in .gpu/, not this machine's.
         with open(os.path.join(self.repo, "build-gpu", "CMakeCache.txt")) as f:
             self.assertRegex(f.read(), r"CLI11_DIR:PATH=\S+/\.gpu/cli11/share/cmake/CLI11")
+
+    def test_faults_reaches_every_step_with_a_verdict(self):
+        """Without a GPU every step fails, but each must be reached and end in its verdict
+        line: a step that the script skips or that stops it would cost a GPU session."""
+        with open(os.path.join(self.faults_out, "faults.log")) as f:
+            log = f.read()
+        print(log[-3000:])
+        for step in ["topology", "hang_spin:", "hang_spin exit", "hang_gloo:",
+                     "hang_nccl:", "flight recorder dump", "oom:", "dev_gpu", "dev_index",
+                     "dev_uuid", "dev_virtual", "dev_numa", "numa binding", "snapshot_python",
+                     "build: done", "nccl_unit_tests", "snapshot_train:",
+                     "row fp32 train", "row bf16 trainsync", "row bf16 ceilingloop",
+                     "row fp16 ceiling", "all done"]:
+            self.assertRegex(log, r"gpu-faults: (PASS|FAIL|INFO) " + step, step)
+        self.assertIn("FAIL hang_spin exit", log)  # no GPU: the worker fails, it does not hang
+        self.assertIn("SKIPPED: no GPU here", open(os.path.join(self.faults_out,
+                                                                "nccl_tests.log")).read())
 
 
 if __name__ == "__main__":

@@ -134,7 +134,7 @@ class Hangs(unittest.TestCase):
                 self.assertEqual(f.read(), "asked with '1\\n'\nthe rest of the trace\n")
         self.assertFalse(os.path.exists(os.path.join(self.dir, "trace_2")))
         self.assertIn("NCCL flight recorder: every trace written (2 files)", r.stderr)
-        self.assertIn(f"NCCL flight recorder: dump asked of ranks 0-1 through {prefix}<rank>.pipe;"
+        self.assertIn(f"NCCL flight recorder: dump asked of ranks 0-1 (written to {prefix}<rank>.pipe);"
                       f" PyTorch writes it to {os.path.join(self.dir, 'trace_')}<rank>", r.stderr)
         self.assertIn(f"NCCL flight recorder: ranks 2 have no open {prefix}<rank>.pipe", r.stderr)
         self.assertIn("parked_for_the_trigger", r.stderr)

@@ -157,6 +157,11 @@ TEST_CASE("failure report: a CUDA out-of-memory traceback is named as the cause"
   r.failures[0].stderr_tail.clear();
   r.failures[0].message = line;
   CHECK_THAT(FormatReport(Context(), r), Catch::Contains("(from its traceback: " + line + ")"));
+  // PyTorch's long message is cut after its first 160 characters.
+  r.failures[0].message = line + std::string(300, 'x');
+  CHECK_THAT(FormatReport(Context(), r),
+             Catch::Contains("(from its traceback: " + r.failures[0].message.substr(0, 160) +
+                             " ...)\n"));
   // Any other error, or another rank's CUDA OOM, names no such cause.
   r.failures[0].message = "ValueError: bad batch";
   r.failures[1].stderr_tail = {line};
