@@ -90,10 +90,10 @@ StatusOr<UniqueFd> ConnectTcp(const std::string& host, std::uint16_t port,
   const std::string service = std::to_string(port);
   const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
   if (rc != 0) {
-    return Unavailable("resolve store host '" + host + "': " + ::gai_strerror(rc));
+    return Unavailable("resolve host '" + host + "': " + ::gai_strerror(rc));
   }
   std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> list(found, &::freeaddrinfo);
-  Status last = Unavailable("resolve store host '" + host + "': no addresses");
+  Status last = Unavailable("resolve host '" + host + "': no addresses");
   for (const addrinfo* ai = found; ai != nullptr; ai = ai->ai_next) {
     UniqueFd fd;
     last = ConnectOne(ai, deadline, peer, &fd);
@@ -112,10 +112,10 @@ Status SendAll(int fd, std::string_view data, SteadyClock::time_point deadline,
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      CRUN_RETURN_IF_ERROR(WaitReady(fd, POLLOUT, deadline, "send to store " + std::string(peer)));
+      CRUN_RETURN_IF_ERROR(WaitReady(fd, POLLOUT, deadline, "send to " + std::string(peer)));
       continue;
     }
-    return PosixError("send to store " + std::string(peer), errno);
+    return PosixError("send to " + std::string(peer), errno);
   }
   return Status::Ok();
 }
@@ -129,13 +129,13 @@ StatusOr<std::size_t> RecvSome(int fd, char* dst, std::size_t min, std::size_t m
       got += static_cast<std::size_t>(n);
       continue;
     }
-    if (n == 0) return Unavailable("store " + std::string(peer) + " closed the connection");
+    if (n == 0) return Unavailable(std::string(peer) + " closed the connection");
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      CRUN_RETURN_IF_ERROR(WaitReady(fd, POLLIN, deadline, "read from store " + std::string(peer)));
+      CRUN_RETURN_IF_ERROR(WaitReady(fd, POLLIN, deadline, "read from " + std::string(peer)));
       continue;
     }
-    return PosixError("read from store " + std::string(peer), errno);
+    return PosixError("read from " + std::string(peer), errno);
   }
   return got;
 }

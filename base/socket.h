@@ -40,7 +40,8 @@ class UniqueFd {
 StatusOr<UniqueFd> ConnectTcp(const std::string& host, std::uint16_t port,
                               SteadyClock::time_point deadline);
 
-// Writes all of `data`; kTimeout if the peer stops reading until the deadline.
+// Writes all of `data`; kTimeout if the peer stops reading until the deadline. `peer` names
+// the other side in errors, as the caller knows it ("store 10.0.0.1:29500").
 Status SendAll(int fd, std::string_view data, SteadyClock::time_point deadline,
                std::string_view peer);
 

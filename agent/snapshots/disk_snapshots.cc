@@ -313,9 +313,14 @@ DiskCounters DiskSnapshots::counters() const {
   return counters_;
 }
 
-void DiskSnapshots::Count(void (*f)(DiskCounters&)) {
+void DiskSnapshots::CountSkipped() {
   std::lock_guard lock(mu_);
-  f(counters_);
+  ++counters_.skipped;
+}
+
+void DiskSnapshots::CountFailed() {
+  std::lock_guard lock(mu_);
+  ++counters_.failed;
 }
 
 }  // namespace crun::agent

@@ -69,7 +69,10 @@ class DiskSnapshots {
                         std::uint64_t step);
 
   DiskCounters counters() const;
-  void Count(void (*f)(DiskCounters&));
+  // A snapshot not written because a newer one was waiting (skipped), or because writing it
+  // failed (failed).
+  void CountSkipped();
+  void CountFailed();
 
  private:
   Status Claim();

@@ -490,7 +490,7 @@ void SnapshotServer::Persist(int local_rank, int index) {
   }
   writer_->Post([this, local_rank, staged] {
     if (Status s = disk_->Write(*staged); !s.ok()) {
-      disk_->Count([](DiskCounters& c) { ++c.failed; });
+      disk_->CountFailed();
       spdlog::error("crun: cannot write local rank {}'s snapshot to disk: {}", local_rank,
                     s.message());
     }
@@ -512,7 +512,7 @@ void SnapshotServer::Written(int local_rank) {
 // A step chosen for disk that is not written: said once, counted always. `index` >= 0: the
 // buffer still needs its seal.
 void SnapshotServer::SkipDiskStep(int local_rank, int index, const char* why) {
-  disk_->Count([](DiskCounters& c) { ++c.skipped; });
+  disk_->CountSkipped();
   if (!told_skip_.exchange(true)) {
     spdlog::warn(
         "a snapshot of local rank {} chosen for {} was not written: {} (disk writes are "

@@ -33,6 +33,7 @@ Status TcpStoreClientOptions::Validate() const {
 TcpStoreClient::TcpStoreClient(UniqueFd fd, std::string endpoint, Millis timeout)
     : fd_(std::move(fd)),
       endpoint_(std::move(endpoint)),
+      peer_("store " + endpoint_),
       next_nonce_(static_cast<std::uint32_t>(::getpid())) {
   timeout_ = timeout;
 }
@@ -99,7 +100,7 @@ Status TcpStoreClient::Send(const Request& request) {
   CRUN_RETURN_IF_ERROR(CheckUsable());
   out_.clear();
   wire::EncodeRequest(wire::Dialect::kModern, request, &out_);
-  Status s = SendAll(fd_.get(), out_, DeadlineAfter(timeout_), endpoint_);
+  Status s = SendAll(fd_.get(), out_, DeadlineAfter(timeout_), peer_);
   if (!s.ok()) return Break(s);
   read_deadline_ = DeadlineAfter(timeout_);
   return Status::Ok();
@@ -116,7 +117,7 @@ Status TcpStoreClient::Read(char* dst, std::size_t n) {
     const std::size_t want = n - have;
     const std::size_t room = std::max<std::size_t>(want, 64 * 1024);
     in_.resize(have + room);
-    auto got = RecvSome(fd_.get(), in_.data() + have, want, room, read_deadline_, endpoint_);
+    auto got = RecvSome(fd_.get(), in_.data() + have, want, room, read_deadline_, peer_);
     if (!got.ok()) {
       in_.resize(have);
       // A timeout while reading a reply leaves the stream mid-message: unusable.
@@ -161,7 +162,7 @@ Status TcpStoreClient::AwaitStop(Millis timeout, const std::string& what) {
   Status got = Status::Ok();
   if (have == 0) {
     char c;
-    auto n = RecvSome(fd_.get(), &c, 1, 1, read_deadline_, endpoint_);
+    auto n = RecvSome(fd_.get(), &c, 1, 1, read_deadline_, peer_);
     if (n.ok()) {
       in_.assign(1, c);
       in_pos_ = 0;

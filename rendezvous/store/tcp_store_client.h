@@ -86,6 +86,7 @@ class TcpStoreClient final : public Store {
   std::mutex mu_;
   UniqueFd fd_;
   std::string endpoint_;
+  std::string peer_;  // "store <endpoint>", as errors name it
   Status broken_;
   std::string out_;
   std::string in_;  // bytes received but not consumed yet

@@ -344,33 +344,28 @@ def _agree(s, held, refusal, timeout):
     return int(verdict[5:]) if verdict.startswith("step:") else None
 
 
-def _paths(state, prefix=(), out=None):
-    """{path: tensor} for every tensor in a nest of dicts, lists and tuples."""
+def _leaves(nest, is_leaf, prefix=()):
+    """(path, leaf) for every leaf in a nest of dicts, lists and tuples."""
+    if is_leaf(nest):
+        yield prefix, nest
+    elif isinstance(nest, dict):
+        for k, v in nest.items():
+            yield from _leaves(v, is_leaf, prefix + (k,))
+    elif type(nest) in (list, tuple):
+        for i, v in enumerate(nest):
+            yield from _leaves(v, is_leaf, prefix + (i,))
+
+
+def _paths(state):
+    """{path: tensor} for every tensor of a state."""
     import torch
-    out = {} if out is None else out
-    if isinstance(state, torch.Tensor):
-        out[prefix] = state
-    elif isinstance(state, dict):
-        for k, v in state.items():
-            _paths(v, prefix + (k,), out)
-    elif type(state) in (list, tuple):
-        for i, v in enumerate(state):
-            _paths(v, prefix + (i,), out)
-    return out
+    return dict(_leaves(state, lambda x: isinstance(x, torch.Tensor)))
 
 
-def _ref_paths(skeleton, prefix=(), out=None):
+def _ref_paths(skeleton):
     """{tensor index: path} for the tensor references of a saved skeleton."""
-    out = {} if out is None else out
-    if isinstance(skeleton, _TensorRef):
-        out[skeleton.index] = prefix
-    elif isinstance(skeleton, dict):
-        for k, v in skeleton.items():
-            _ref_paths(v, prefix + (k,), out)
-    elif type(skeleton) in (list, tuple):
-        for i, v in enumerate(skeleton):
-            _ref_paths(v, prefix + (i,), out)
-    return out
+    return {ref.index: path
+            for path, ref in _leaves(skeleton, lambda x: isinstance(x, _TensorRef))}
 
 
 def load(timeout=300, into=None):
