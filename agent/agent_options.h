@@ -75,9 +75,10 @@ struct AgentOptions {
   // training path, and whether a load may resume from them.
   SnapshotDiskOptions snapshot_disk;
   // Whether snapshots are copied to the next node of each round of several nodes (replicas.h),
-  // and the job's token that those copies are sent with (empty: none).
+  // and the job's token and TLS that those copies are sent with (empty: none).
   bool snapshot_replicas = false;
   std::string snapshot_token;
+  PeerTlsFiles snapshot_tls;
   // Shared with the rendezvous, which reports it in its heartbeats.
   std::shared_ptr<SnapshotFacts> snapshot_facts = std::make_shared<SnapshotFacts>();
   // crun's own TORCHELASTIC_ERROR_FILE (set by a scheduler): gets the root cause's error.

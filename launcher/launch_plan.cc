@@ -318,10 +318,12 @@ StatusOr<LaunchPlan> PlanLaunch(LaunchOptions o, const std::set<std::string>& gi
   CRUN_ASSIGN_OR_RETURN(p.rendezvous, backend->plan(p, PlanInputs{o, given, facts}));
   p.agent.snapshot_disk.job = DiskJob(p, o);
   // A job that may have several nodes copies each snapshot to the next one (replicas.h), with
-  // the job's token when it has one.
+  // the job's token when it has one, over TLS when the job has TLS.
   p.agent.snapshot_replicas =
       p.values.snapshot_replicas && (p.nodes.max > 1 || p.slurm_task.has_value());
   p.agent.snapshot_token = p.security.token;
+  p.agent.snapshot_tls = {p.security.tls(), p.security.cert_pem, p.security.key_pem,
+                          p.security.ca_pem};
   CRUN_RETURN_IF_ERROR(PlanMetrics(p, o, given));
   p.o = std::move(o);
   return p;

@@ -8,6 +8,7 @@
 #include <cerrno>
 
 #include <crun/worker/env_names.h>
+#include <spdlog/spdlog.h>
 
 #include "agent/features/job_feature.h"
 #include "agent/snapshots/snapshot_server.h"
@@ -36,7 +37,19 @@ class SnapshotStore final : public JobFeature {
       CRUN_RETURN_IF_ERROR(disk_->Prepare());
     }
     if (agent_.options.snapshot_replicas) {
-      auto replicas = Replicas::Listen(agent_.options.snapshot_token);
+      std::shared_ptr<PeerTls> tls;
+      if (agent_.options.snapshot_tls.on) {
+        auto made = PeerTls::Make(agent_.options.snapshot_tls);
+        if (!made.ok()) return made.status();
+        tls = std::move(made).value();
+        spdlog::info("snapshot copies travel over TLS 1.3, {}",
+                     tls->verifies() ? "each node's certificate checked against --tls-ca"
+                     : agent_.options.snapshot_token.empty()
+                         ? "but nothing proves a peer: give the job a token (--token-file) "
+                           "or each node a certificate"
+                         : "peers proven by the job's token, bound to each session");
+      }
+      auto replicas = Replicas::Listen(agent_.options.snapshot_token, std::move(tls));
       if (!replicas.ok()) return replicas.status();
       replicas_ = std::move(replicas).value();
     }

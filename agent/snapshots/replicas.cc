@@ -21,6 +21,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/snapshots/node_snapshots.h"
+#include "agent/snapshots/peer_link.h"
 #include "base/endpoint.h"
 #include "base/numbers.h"
 #include "base/security.h"
@@ -59,21 +60,18 @@ std::string Nonce() {
   return Hex(b, sizeof b);
 }
 
-// What proves the token: HMAC-SHA256(token, nonce) in hex; "-" without a token.
-std::string Proof(const std::string& token, const std::string& nonce) {
-  if (token.empty()) return "-";
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
-       reinterpret_cast<const unsigned char*>(nonce.data()), nonce.size(), mac, &len);
-  return Hex(mac, len);
+// Over TLS the proof holds for this session only: a relay that holds a session with each side
+// has two bindings, and a proof it passes on fails.
+std::string Proof(const std::string& token, const PeerLink& link, const std::string& nonce) {
+  return ReplicaProof(token, nonce + link.Binding());
 }
 
-StatusOr<std::string> ReadLine(int fd, SteadyClock::time_point deadline, std::string_view peer) {
+StatusOr<std::string> ReadLine(PeerLink& link, SteadyClock::time_point deadline,
+                               std::string_view peer) {
   std::string line;
   for (;;) {
     char c;
-    auto n = RecvSome(fd, &c, 1, 1, deadline, peer);
+    auto n = link.Recv(&c, 1, 1, deadline, peer);
     if (!n.ok()) return n.status();
     if (c == '\n') return line;
     if (line.size() == kMaxLine) return ProtocolError(std::string(peer) + " sent too long a line");
@@ -81,21 +79,21 @@ StatusOr<std::string> ReadLine(int fd, SteadyClock::time_point deadline, std::st
   }
 }
 
-Status ReadExact(int fd, unsigned char* dst, std::uint64_t n, SteadyClock::time_point deadline,
-                 std::string_view peer) {
+Status ReadExact(PeerLink& link, unsigned char* dst, std::uint64_t n,
+                 SteadyClock::time_point deadline, std::string_view peer) {
   std::uint64_t got = 0;
   while (got < n) {
     const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(n - got, 1 << 24));
-    auto r = RecvSome(fd, reinterpret_cast<char*>(dst + got), 1, want, deadline, peer);
+    auto r = link.Recv(reinterpret_cast<char*>(dst + got), 1, want, deadline, peer);
     if (!r.ok()) return r.status();
     got += *r;
   }
   return Status::Ok();
 }
 
-Status SendBytes(int fd, const unsigned char* data, std::uint64_t n,
+Status SendBytes(PeerLink& link, const unsigned char* data, std::uint64_t n,
                  SteadyClock::time_point deadline, std::string_view peer) {
-  return SendAll(fd, std::string_view(reinterpret_cast<const char*>(data), n), deadline, peer);
+  return link.Send(std::string_view(reinterpret_cast<const char*>(data), n), deadline, peer);
 }
 
 std::vector<std::string> Words(const std::string& line) {
@@ -159,7 +157,17 @@ StatusOr<std::unique_ptr<TcpStoreClient>> StoreOf(const std::string& host, std::
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Replicas>> Replicas::Listen(std::string token) {
+std::string ReplicaProof(const std::string& token, const std::string& challenge) {
+  if (token.empty()) return "-";
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), token.data(), static_cast<int>(token.size()),
+       reinterpret_cast<const unsigned char*>(challenge.data()), challenge.size(), mac, &len);
+  return Hex(mac, len);
+}
+
+StatusOr<std::unique_ptr<Replicas>> Replicas::Listen(std::string token,
+                                                     std::shared_ptr<PeerTls> tls) {
   UniqueFd fd(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return PosixError("the snapshot replica server's socket", errno);
   int off = 0, on = 1;
@@ -174,14 +182,16 @@ StatusOr<std::unique_ptr<Replicas>> Replicas::Listen(std::string token) {
       ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&any), &len) != 0) {
     return PosixError("the snapshot replica server cannot listen", errno);
   }
-  auto r = std::unique_ptr<Replicas>(new Replicas(std::move(fd), ntohs(any.sin6_port), token));
+  auto r = std::unique_ptr<Replicas>(
+      new Replicas(std::move(fd), ntohs(any.sin6_port), std::move(token), std::move(tls)));
   if (::pipe2(r->wake_, O_CLOEXEC) != 0) return PosixError("the replica server's pipe", errno);
   r->acceptor_ = std::thread([raw = r.get()] { raw->AcceptLoop(); });
   return r;
 }
 
-Replicas::Replicas(UniqueFd listener, std::uint16_t port, std::string token)
-    : listener_(std::move(listener)), port_(port), token_(std::move(token)) {}
+Replicas::Replicas(UniqueFd listener, std::uint16_t port, std::string token,
+                   std::shared_ptr<PeerTls> tls)
+    : listener_(std::move(listener)), port_(port), token_(std::move(token)), tls_(std::move(tls)) {}
 
 Replicas::~Replicas() {
   stopping_ = true;
@@ -236,39 +246,44 @@ void Replicas::AcceptLoop() {
 }
 
 void Replicas::Serve(int fd, std::string peer) {
+  PeerLink link{UniqueFd(fd)};
   const auto close = [&] {
     std::lock_guard lock(mu_);
     session_fds_.erase(std::find(session_fds_.begin(), session_fds_.end(), fd));
-    ::close(fd);
+    link.reset();
   };
-  const std::string nonce = Nonce();
-  auto auth = SendAll(fd, "crun-replica 1 " + nonce + "\n", In(kDial), peer).ok()
-                  ? ReadLine(fd, In(kDial), peer)
-                  : StatusOr<std::string>(Unavailable("gone"));
-  if (!auth.ok() || auth->rfind("auth ", 0) != 0 ||
-      (!token_.empty() && !TokenMatches(Proof(token_, nonce), auth->substr(5)))) {
+  const auto refuse = [&](std::string_view why) {
     {
       std::lock_guard lock(mu_);
       ++counters_.refused;
     }
-    spdlog::warn(
-        "crun: refused a snapshot replication connection from {}: it did not prove "
-        "the job's token",
-        peer);
-    (void)SendAll(fd, "error refused: not this job's token\n", In(kDial), peer);
+    spdlog::warn("crun: refused a snapshot replication connection from {}: {}", peer, why);
+  };
+  if (Status tls = link.Handshake(tls_, true, In(kDial), peer); !tls.ok()) {
+    refuse("no TLS session (" + tls.message() + "): this job's copies travel over TLS only");
     return close();
   }
-  Status s = SendAll(fd, "ok\n", In(kDial), peer);
+  const std::string nonce = Nonce();
+  auto auth = link.Send("crun-replica 1 " + nonce + "\n", In(kDial), peer).ok()
+                  ? ReadLine(link, In(kDial), peer)
+                  : StatusOr<std::string>(Unavailable("gone"));
+  if (!auth.ok() || auth->rfind("auth ", 0) != 0 ||
+      (!token_.empty() && !TokenMatches(Proof(token_, link, nonce), auth->substr(5)))) {
+    refuse("it did not prove the job's token");
+    (void)link.Send("error refused: not this job's token\n", In(kDial), peer);
+    return close();
+  }
+  Status s = link.Send("ok\n", In(kDial), peer);
   while (s.ok() && !stopping_) {
-    auto line = ReadLine(fd, In(seconds(24 * 3600)), peer);
+    auto line = ReadLine(link, In(seconds(24 * 3600)), peer);
     if (!line.ok()) break;
     const auto w = Words(*line);
     const auto a = w.size() >= 2 ? ParseInteger(w[1], 0, INT64_MAX) : std::nullopt;
     const auto b = w.size() == 3 ? ParseInteger(w[2], 0, INT64_MAX) : std::nullopt;
     if (w.size() == 2 && w[0] == "put" && a) {
       bool consumed = false;  // whether the copy's bytes were all read
-      const Status put = Put(fd, static_cast<std::uint64_t>(*a), peer, &consumed);
-      s = SendAll(fd, put.ok() ? "ok\n" : "error " + put.message() + "\n", In(kDial), peer);
+      const Status put = Put(link, static_cast<std::uint64_t>(*a), peer, &consumed);
+      s = link.Send(put.ok() ? "ok\n" : "error " + put.message() + "\n", In(kDial), peer);
       if (!consumed) break;  // the stream is lost (or the sender gone): the connection ends
     } else if (w.size() == 3 && w[0] == "steps" && a && b) {
       std::string reply = "ok";
@@ -282,7 +297,7 @@ void Replicas::Serve(int fd, std::string peer) {
           sep = ',';
         }
       }
-      s = SendAll(fd, reply + "\n", In(kDial), peer);
+      s = link.Send(reply + "\n", In(kDial), peer);
     } else if (w.size() == 3 && w[0] == "get" && a && b) {
       std::unique_lock lock(mu_);
       const Copy* found = nullptr;
@@ -291,17 +306,16 @@ void Replicas::Serve(int fd, std::string peer) {
       }
       if (found == nullptr) {
         lock.unlock();
-        s = SendAll(fd, "error no copy of rank " + w[1] + " at step " + w[2] + "\n", In(kDial),
-                    peer);
+        s = link.Send("error no copy of rank " + w[1] + " at step " + w[2] + "\n", In(kDial), peer);
         continue;
       }
       const std::vector<unsigned char> bytes = found->bytes;  // sent without the lock
       ++counters_.fetched;
       lock.unlock();
-      s = SendAll(fd, "ok " + std::to_string(bytes.size()) + "\n", In(kDial), peer);
-      if (s.ok()) s = SendBytes(fd, bytes.data(), bytes.size(), In(kCopyDeadline), peer);
+      s = link.Send("ok " + std::to_string(bytes.size()) + "\n", In(kDial), peer);
+      if (s.ok()) s = SendBytes(link, bytes.data(), bytes.size(), In(kCopyDeadline), peer);
     } else {
-      s = SendAll(fd, "error malformed request '" + line->substr(0, 64) + "'\n", In(kDial), peer);
+      s = link.Send("error malformed request '" + line->substr(0, 64) + "'\n", In(kDial), peer);
     }
   }
   close();
@@ -309,12 +323,12 @@ void Replicas::Serve(int fd, std::string peer) {
 
 // The header first: nothing is allocated for a copy that does not say what it is, nor beyond
 // what this host has room for (a peer's garbage must not end crun).
-Status Replicas::Put(int fd, std::uint64_t n, std::string_view peer, bool* consumed) {
+Status Replicas::Put(PeerLink& link, std::uint64_t n, std::string_view peer, bool* consumed) {
   if (n < snap::kHeaderBytes || n > kMaxCopy) {
     return InvalidArgument("a copy of " + std::to_string(n) + " bytes");
   }
   std::vector<unsigned char> header(snap::kHeaderBytes);
-  CRUN_RETURN_IF_ERROR(ReadExact(fd, header.data(), header.size(), In(kCopyDeadline), peer));
+  CRUN_RETURN_IF_ERROR(ReadExact(link, header.data(), header.size(), In(kCopyDeadline), peer));
   snap::BufferHeader h;
   std::memcpy(&h, header.data(), sizeof h);
   if (!snap::HasMagic(h) || h.payload_bytes != n - snap::kHeaderBytes) {
@@ -330,7 +344,7 @@ Status Replicas::Put(int fd, std::uint64_t n, std::string_view peer, bool* consu
   }
   std::memcpy(c.bytes.data(), header.data(), header.size());
   CRUN_RETURN_IF_ERROR(
-      ReadExact(fd, c.bytes.data() + header.size(), n - header.size(), In(kCopyDeadline), peer));
+      ReadExact(link, c.bytes.data() + header.size(), n - header.size(), In(kCopyDeadline), peer));
   *consumed = true;
   CRUN_RETURN_IF_ERROR(CheckCopy(c.bytes));
   c.step = h.step;
@@ -424,19 +438,20 @@ void Replicas::Lookup(int round, int group_rank, int nodes, const std::string& s
   }
 }
 
-StatusOr<UniqueFd> Replicas::Dial(const std::string& endpoint) {
+StatusOr<PeerLink> Replicas::Dial(const std::string& endpoint) {
   CRUN_ASSIGN_OR_RETURN(const Endpoint e, ParseEndpoint(endpoint, 0));
   CRUN_ASSIGN_OR_RETURN(UniqueFd fd, ConnectTcp(e.host, e.port, In(kDial)));
-  CRUN_ASSIGN_OR_RETURN(const std::string hello, ReadLine(fd.get(), In(kDial), endpoint));
+  PeerLink link(std::move(fd));
+  CRUN_RETURN_IF_ERROR(link.Handshake(tls_, false, In(kDial), endpoint));
+  CRUN_ASSIGN_OR_RETURN(const std::string hello, ReadLine(link, In(kDial), endpoint));
   const auto w = Words(hello);
   if (w.size() != 3 || w[0] != "crun-replica") {
     return ProtocolError(endpoint + " is not a crun snapshot replica server");
   }
-  CRUN_RETURN_IF_ERROR(
-      SendAll(fd.get(), "auth " + Proof(token_, w[2]) + "\n", In(kDial), endpoint));
-  CRUN_ASSIGN_OR_RETURN(const std::string ok, ReadLine(fd.get(), In(kDial), endpoint));
+  CRUN_RETURN_IF_ERROR(link.Send("auth " + Proof(token_, link, w[2]) + "\n", In(kDial), endpoint));
+  CRUN_ASSIGN_OR_RETURN(const std::string ok, ReadLine(link, In(kDial), endpoint));
   if (ok != "ok") return PermissionDenied(endpoint + " refused this node: " + ok);
-  return fd;
+  return link;
 }
 
 Status Replicas::Send(int local_rank, const unsigned char* header, const unsigned char* payload,
@@ -452,24 +467,24 @@ Status Replicas::Send(int local_rank, const unsigned char* header, const unsigne
   }
   if (next.empty()) return Unavailable("the next node's address is not known");
   Status s;
-  if (!link->fd.valid() || link->endpoint != next) {
-    auto fd = Dial(next);
-    s = fd.status();
+  if (!link->conn.valid() || link->endpoint != next) {
+    auto dialed = Dial(next);
+    s = dialed.status();
     if (s.ok()) {
-      link->fd = std::move(*fd);
+      link->conn = std::move(*dialed);
       link->endpoint = next;
     }
   }
   const auto deadline = In(kCopyDeadline);
-  const int fd = link->fd.get();
+  PeerLink& conn = link->conn;
   if (s.ok()) {
-    s = SendAll(fd, "put " + std::to_string(snap::kHeaderBytes + payload_bytes) + "\n", deadline,
-                next);
+    s = conn.Send("put " + std::to_string(snap::kHeaderBytes + payload_bytes) + "\n", deadline,
+                  next);
   }
-  if (s.ok()) s = SendBytes(fd, header, snap::kHeaderBytes, deadline, next);
-  if (s.ok()) s = SendBytes(fd, payload, payload_bytes, deadline, next);
+  if (s.ok()) s = SendBytes(conn, header, snap::kHeaderBytes, deadline, next);
+  if (s.ok()) s = SendBytes(conn, payload, payload_bytes, deadline, next);
   if (s.ok()) {
-    auto answer = ReadLine(fd, deadline, next);
+    auto answer = ReadLine(conn, deadline, next);
     s = !answer.ok()      ? answer.status()
         : *answer == "ok" ? Status::Ok()
                           : Unavailable(next + " did not keep the copy: " +
@@ -477,7 +492,7 @@ Status Replicas::Send(int local_rank, const unsigned char* header, const unsigne
   }
   std::lock_guard lock(mu_);
   if (!s.ok()) {
-    link->fd.reset();
+    conn.reset();
     ++counters_.send_failures;
     return s;
   }
@@ -515,16 +530,15 @@ std::vector<std::string> Replicas::Endpoints() {
 std::vector<std::uint64_t> Replicas::PeerSteps(std::int64_t rank, std::int64_t world_size) {
   std::set<std::uint64_t> steps;
   for (const std::string& peer : Endpoints()) {
-    auto fd = Dial(peer);
-    if (!fd.ok()) continue;
+    auto link = Dial(peer);
+    if (!link.ok()) continue;
     const auto deadline = In(kDial);
-    if (!SendAll(fd->get(),
-                 "steps " + std::to_string(rank) + " " + std::to_string(world_size) + "\n",
-                 deadline, peer)
+    if (!link->Send("steps " + std::to_string(rank) + " " + std::to_string(world_size) + "\n",
+                    deadline, peer)
              .ok()) {
       continue;
     }
-    auto answer = ReadLine(fd->get(), deadline, peer);
+    auto answer = ReadLine(*link, deadline, peer);
     if (!answer.ok() || answer->rfind("ok", 0) != 0) continue;
     std::string list = answer->size() > 3 ? answer->substr(3) : "";
     std::replace(list.begin(), list.end(), ',', ' ');
@@ -552,19 +566,18 @@ StatusOr<std::vector<unsigned char>> Replicas::Fetch(std::int64_t rank, std::uin
     peer = it->second;
   }
   *from = peer;
-  CRUN_ASSIGN_OR_RETURN(UniqueFd fd, Dial(peer));
+  CRUN_ASSIGN_OR_RETURN(PeerLink link, Dial(peer));
   const auto deadline = In(kCopyDeadline);
-  CRUN_RETURN_IF_ERROR(SendAll(fd.get(),
-                               "get " + std::to_string(rank) + " " + std::to_string(step) + "\n",
-                               deadline, peer));
-  CRUN_ASSIGN_OR_RETURN(const std::string answer, ReadLine(fd.get(), deadline, peer));
+  CRUN_RETURN_IF_ERROR(
+      link.Send("get " + std::to_string(rank) + " " + std::to_string(step) + "\n", deadline, peer));
+  CRUN_ASSIGN_OR_RETURN(const std::string answer, ReadLine(link, deadline, peer));
   const auto w = Words(answer);
   const auto n = w.size() == 2 && w[0] == "ok" ? ParseInteger(w[1], 0, INT64_MAX) : std::nullopt;
   if (!n || static_cast<std::uint64_t>(*n) > kMaxCopy) {
     return Unavailable(peer + " answered '" + answer + "'");
   }
   std::vector<unsigned char> bytes(static_cast<std::size_t>(*n));
-  CRUN_RETURN_IF_ERROR(ReadExact(fd.get(), bytes.data(), bytes.size(), deadline, peer));
+  CRUN_RETURN_IF_ERROR(ReadExact(link, bytes.data(), bytes.size(), deadline, peer));
   CRUN_RETURN_IF_ERROR(CheckCopy(bytes));
   return bytes;
 }

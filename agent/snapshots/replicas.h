@@ -6,9 +6,10 @@
 //
 // Nodes find each other through the round's store: each publishes "crun/replica/<group rank>"
 // = "address:port" of its replica server when its workers start. Peers talk plain TCP, one
-// line per request, with the job's token proven on each connection: the server sends a nonce,
-// the client answers with HMAC-SHA256(token, nonce), and a connection without it is refused
-// (and logged). With no token, any peer that reaches the port is answered.
+// line per request (over TLS when the job has TLS: agent/snapshots/peer_link.h), with the
+// job's token proven on each connection: the server sends a nonce, the client answers with
+// HMAC-SHA256(token, nonce + the TLS session's binding), and a connection without it is
+// refused (and logged). With no token, any peer that reaches the port is answered.
 //   put BYTES + BYTES     a sealed snapshot (header and payload, checksum included)
 //                         -> "ok", or "error WHY" (a copy that fails its checksum is dropped)
 //   steps R W             -> "ok S1,S2" the steps of rank R that a world of W may load
@@ -30,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/snapshots/peer_link.h"
 #include "base/socket.h"
 #include "base/status.h"
 
@@ -41,11 +43,18 @@ struct ReplicaCounters {
   std::uint64_t held_bytes = 0;  // the copies this node holds for others
 };
 
+// What proves the job's token to a replica server: HMAC-SHA256(token, challenge) in hex, the
+// challenge being the server's nonce followed by the TLS session's binding (PeerLink::Binding,
+// empty on plain TCP); "-" without a token.
+std::string ReplicaProof(const std::string& token, const std::string& challenge);
+
 class Replicas {
  public:
   // Listens on every address of the node, on a port the kernel picks. `token`: the job's
   // (empty: none).
-  static StatusOr<std::unique_ptr<Replicas>> Listen(std::string token);
+  // `tls`: the job's TLS for copies (null: plain TCP).
+  static StatusOr<std::unique_ptr<Replicas>> Listen(std::string token,
+                                                    std::shared_ptr<PeerTls> tls = nullptr);
   ~Replicas();
   Replicas(const Replicas&) = delete;
   Replicas& operator=(const Replicas&) = delete;
@@ -87,24 +96,25 @@ class Replicas {
   };
   struct Link {  // a connection to a peer, with its endpoint
     std::string endpoint;
-    UniqueFd fd;
+    PeerLink conn;
   };
 
-  Replicas(UniqueFd listener, std::uint16_t port, std::string token);
+  Replicas(UniqueFd listener, std::uint16_t port, std::string token, std::shared_ptr<PeerTls> tls);
   static void Reap(std::vector<Background>& threads);  // joins those that have finished
   void AcceptLoop();
   void Serve(int fd, std::string peer);
-  Status Put(int fd, std::uint64_t n, std::string_view peer, bool* consumed);
+  Status Put(PeerLink& link, std::uint64_t n, std::string_view peer, bool* consumed);
   void Discover(int round, int group_rank, int nodes, std::string store_host,
                 std::uint16_t store_port);
   void Lookup(int round, int group_rank, int nodes, const std::string& store_host,
               std::uint16_t store_port);
-  StatusOr<UniqueFd> Dial(const std::string& endpoint);
+  StatusOr<PeerLink> Dial(const std::string& endpoint);
   std::vector<std::string> Endpoints();  // the other nodes', from the round's store
 
   UniqueFd listener_;
   std::uint16_t port_ = 0;
   std::string token_;
+  std::shared_ptr<PeerTls> tls_;
   int wake_[2] = {-1, -1};  // the accept loop's stop signal
   std::thread acceptor_;
   std::atomic<bool> stopping_{false};

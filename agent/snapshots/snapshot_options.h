@@ -1,5 +1,5 @@
-// What the launch says of snapshots on disk (docs/checkpoints.md, "On disk"); plain values,
-// for AgentOptions and the disk writer alike.
+// What the launch says of snapshots on disk (docs/checkpoints.md, "On disk") and of copies to
+// peers; plain values, for AgentOptions and the snapshot store alike.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,13 @@ struct SnapshotDiskOptions {
   // several cruns, its rendezvous endpoint and run id, the same on each of them; empty for a
   // crun that runs the whole job alone.
   std::string job;
+};
+
+// The job's TLS, for copies to peers (agent/snapshots/peer_link.h): PEM text as crun loaded
+// it, any of it empty. `on`: the job has TLS (a CA or a certificate), so copies use it too.
+struct PeerTlsFiles {
+  bool on = false;
+  std::string cert_pem, key_pem, ca_pem;
 };
 
 // What the node's store holds now, for the rendezvous' heartbeats (`crun status`): written by

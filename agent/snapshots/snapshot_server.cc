@@ -209,100 +209,121 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
     Load(r.local_rank);
   }
 
-  // Checked on the rank's sealer thread, answered back on the loop.
-  void Verify(int local_rank, int index) {
+  // Runs `work` on the rank's sealer thread, after whatever was queued there before, and
+  // `then` with its result back on the loop, unless the connection ended meanwhile. Every
+  // request that touches a rank's buffers, a peer or the disk goes this way, so that it never
+  // blocks the loop and is ordered with the rank's seals.
+  template <class Work, class Then>
+  void OnSealer(int local_rank, Work work, Then then) {
     auto self = shared_from_this();
-    NodeSnapshots& memory = server_.memory_;
     asio::io_context& io = server_.io_;
-    server_.SealerOf(local_rank).Post([self, &memory, &io, local_rank, index] {
-      const BufferCheck check = memory.Verify(local_rank, index);
-      asio::post(io, [self, check, local_rank] {
+    server_.SealerOf(local_rank).Post([self, &io, work, then] {
+      auto result = work();
+      asio::post(io, [self, result, then] {
         if (!*self->alive_) return self->Close();
-        self->NoteCorrupt(check, local_rank);
-        self->Reply(std::string("ok ") + Name(check.verdict), {});
-        self->Changed();
-        self->Read();
+        then(result);
       });
     });
+  }
+
+  // Checked on the rank's sealer thread, answered back on the loop.
+  void Verify(int local_rank, int index) {
+    NodeSnapshots& memory = server_.memory_;
+    OnSealer(
+        local_rank, [&memory, local_rank, index] { return memory.Verify(local_rank, index); },
+        [self = shared_from_this(), local_rank](const BufferCheck& check) {
+          self->NoteCorrupt(check, local_rank);
+          self->Reply(std::string("ok ") + Name(check.verdict), {});
+          self->Changed();
+          self->Read();
+        });
   }
 
   // "ok" once the rank's sealer has done what was queued before: a worker about to overwrite a
   // buffer that crun has not sealed (or copied for disk) yet waits for it, so that no step
   // chosen for disk is lost to a fast worker (crun/worker/snapshot_layout.h).
   void Settle(int local_rank) {
-    auto self = shared_from_this();
-    asio::io_context& io = server_.io_;
-    server_.SealerOf(local_rank).Post([self, &io] {
-      asio::post(io, [self] {
-        if (!*self->alive_) return self->Close();
-        self->Reply("ok", {});
-        self->Read();
-      });
-    });
+    OnSealer(
+        local_rank, [] { return true; },
+        [self = shared_from_this()](bool) {
+          self->Reply("ok", {});
+          self->Read();
+        });
   }
 
   // The steps this rank may load besides its memory, newest first ("ok" alone: none): those
   // on disk (--checkpoint-dir), and, when this node holds nothing of the rank (it took a lost
   // node's ranks over), the copies that other nodes of the round hold.
   void DiskSteps(const Request& r) {
-    auto self = shared_from_this();
     SnapshotServer& server = server_;
-    server_.SealerOf(r.local_rank).Post([self, &server, r] {
-      std::set<std::uint64_t, std::greater<>> steps;
-      if (server.disk_ != nullptr) {
-        for (std::uint64_t step : server.disk_->Steps(r.rank, r.world_size)) steps.insert(step);
-      }
-      if (server.replicas_ != nullptr && server.replicas_->active() &&
-          !server.memory_.HoldsRank(r.local_rank, r.rank)) {
-        for (std::uint64_t step : server.replicas_->PeerSteps(r.rank, r.world_size)) {
-          steps.insert(step);
-        }
-      }
-      std::string line = "ok";
-      char sep = ' ';
-      for (std::uint64_t step : steps) {
-        line += sep + std::to_string(step);
-        sep = ',';
-      }
-      asio::post(server.io_, [self, line] {
-        if (!*self->alive_) return self->Close();
-        self->Reply(line, {});
-        self->Read();
-      });
-    });
+    OnSealer(
+        r.local_rank,
+        [&server, r] {
+          std::set<std::uint64_t, std::greater<>> steps;
+          if (server.disk_ != nullptr) {
+            for (std::uint64_t step : server.disk_->Steps(r.rank, r.world_size)) {
+              steps.insert(step);
+            }
+          }
+          if (server.replicas_ != nullptr && server.replicas_->active() &&
+              !server.memory_.HoldsRank(r.local_rank, r.rank)) {
+            for (std::uint64_t step : server.replicas_->PeerSteps(r.rank, r.world_size)) {
+              steps.insert(step);
+            }
+          }
+          std::string line = "ok";
+          char sep = ' ';
+          for (std::uint64_t step : steps) {
+            line += sep + std::to_string(step);
+            sep = ',';
+          }
+          return line;
+        },
+        [self = shared_from_this()](const std::string& line) {
+          self->Reply(line, {});
+          self->Read();
+        });
   }
+
+  struct RestoredCopy {
+    StatusOr<int> index;
+    std::shared_ptr<SnapshotBuffer> buffer;
+    std::string source;
+  };
 
   // A step from a peer's copy or from disk into the rank's memory: "ok INDEX CAPACITY" and the
   // buffer. A peer's copy comes first: it is newer than disk, or as new and in memory.
   void Restore(const Request& r) {
-    auto self = shared_from_this();
     SnapshotServer& server = server_;
-    server_.SealerOf(r.local_rank).Post([self, &server, r] {
-      std::string source;
-      StatusOr<int> index = NotFound("no copy of rank " + std::to_string(r.rank) + " at step " +
-                                     std::to_string(r.step) + " on another node or on disk");
-      if (server.replicas_ != nullptr) {
-        std::string from;
-        auto copy = server.replicas_->Fetch(r.rank, r.step, &from);
-        if (copy.ok()) {
-          index = server.memory_.Fill(r.local_rank, *copy);
-          source = "the copy on " + from;
-        } else if (copy.status().code() != StatusCode::kNotFound) {
-          spdlog::warn("crun: cannot load rank {}'s copy at step {} from {}: {}", r.rank, r.step,
-                       from, copy.status().message());
-        }
-      }
-      if (source.empty() && server.disk_ != nullptr) {
-        index = server.disk_->Restore(server.memory_, r.local_rank, r.rank, r.step);
-        source = server.disk_->options().dir;
-      }
-      std::shared_ptr<SnapshotBuffer> buffer;
-      if (index.ok()) buffer = server.memory_.Slot(r.local_rank)[static_cast<std::size_t>(*index)];
-      asio::post(server.io_, [self, index, buffer, r, source] {
-        if (!*self->alive_) return self->Close();
-        self->Restored(r, index, buffer, source);
-      });
-    });
+    OnSealer(
+        r.local_rank,
+        [&server, r] {
+          RestoredCopy got{NotFound("no copy of rank " + std::to_string(r.rank) + " at step " +
+                                    std::to_string(r.step) + " on another node or on disk"),
+                           nullptr, ""};
+          if (server.replicas_ != nullptr) {
+            std::string from;
+            auto copy = server.replicas_->Fetch(r.rank, r.step, &from);
+            if (copy.ok()) {
+              got.index = server.memory_.Fill(r.local_rank, *copy);
+              got.source = "the copy on " + from;
+            } else if (copy.status().code() != StatusCode::kNotFound) {
+              spdlog::warn("crun: cannot load rank {}'s copy at step {} from {}: {}", r.rank,
+                           r.step, from, copy.status().message());
+            }
+          }
+          if (got.source.empty() && server.disk_ != nullptr) {
+            got.index = server.disk_->Restore(server.memory_, r.local_rank, r.rank, r.step);
+            got.source = server.disk_->options().dir;
+          }
+          if (got.index.ok()) {
+            got.buffer = server.memory_.Slot(r.local_rank)[static_cast<std::size_t>(*got.index)];
+          }
+          return got;
+        },
+        [self = shared_from_this(), r](const RestoredCopy& got) {
+          self->Restored(r, got.index, got.buffer, got.source);
+        });
   }
 
   void Restored(const Request& r, const StatusOr<int>& index,
@@ -338,17 +359,18 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
   }
 
   void Load(int local_rank) {
-    auto self = shared_from_this();
     NodeSnapshots& memory = server_.memory_;
-    asio::io_context& io = server_.io_;
-    server_.SealerOf(local_rank).Post([self, &memory, &io, local_rank] {
-      const auto slot = memory.Slot(local_rank);  // held while the answer is on its way
-      const auto checks = memory.Check(local_rank);
-      asio::post(io, [self, slot, checks, local_rank] {
-        if (!*self->alive_) return self->Close();
-        self->Answer(local_rank, slot, checks);
-      });
-    });
+    using Found = std::pair<std::array<std::shared_ptr<SnapshotBuffer>, 2>,
+                            std::optional<std::array<BufferCheck, 2>>>;
+    OnSealer(
+        local_rank,
+        [&memory, local_rank] {
+          // The slot is held while the answer is on its way.
+          return Found{memory.Slot(local_rank), memory.Check(local_rank)};
+        },
+        [self = shared_from_this(), local_rank](const Found& found) {
+          self->Answer(local_rank, found.first, found.second);
+        });
   }
 
   // `checks`: none for an open, which checks nothing ("-" for each verdict).

@@ -6,6 +6,7 @@ file of its own, OUT/r<rank>.a<attempt>.<pid>.jsonl, one whole line per write:
   exec      its first statement (the interpreter has started; nothing is imported yet)
   imported  torch, torch.distributed and torch.nn.parallel imported
   group     init_process_group returned
+  built     the model and optimizer built, before any checkpoint is loaded
   step      a step done (with "step": its index); the first one includes building DDP
   loaded    a checkpoint loaded (with --ckpt-mb; "step": the step it holds)
   crash     just before it exits 7 (rank --crash-rank, attempt 0, at step --crash-step)
@@ -18,9 +19,14 @@ Each attempt's process group meets on its own prefix of the job's store
 (TORCHELASTIC_RESTART_COUNT): with torchrun 2.x, a restarted group that met on the bare store
 failed to connect (gloo's connectFullMesh refused or reset) in most runs.
 
+With --round-prefix (tests/bench/node_lost_bench.py), the process group meets instead on
+the prefix round_<n>, n the times a process of this global rank has joined the store: a node
+that replaces a lost one starts its workers at attempt 0 while the survivors are at attempt 1,
+yet every rank of a round has joined once more than in the round before.
+
 Usage: recovery_worker.py OUT [--steps N] [--crash-step K] [--crash-rank R]
                               [--ckpt-mb MB (--ckpt-every N --ckpt-dir DIR | --snapshot)]
-                              [--hold SOCKET]
+                              [--hold SOCKET] [--round-prefix] [--stop-file PATH]
 """
 import time
 
@@ -57,6 +63,9 @@ def main():
     ap.add_argument("--snapshot", action="store_true")
     ap.add_argument("--hold", default="", help="a Unix socket: after the last step, connect "
                     "and wait for one byte (the benchmark reads memory meanwhile)")
+    ap.add_argument("--round-prefix", action="store_true")
+    ap.add_argument("--stop-file", default="", help="every rank stops before the first step at "
+                    "which this file exists on any rank (agreed with an all-reduce)")
     args = ap.parse_args()
     stamp(args.out, "exec", T_EXEC)
 
@@ -67,9 +76,12 @@ def main():
     stamp(args.out, "imported")
 
     from datetime import timedelta
-    store = dist.PrefixStore(f"attempt_{ATTEMPT}", dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-        timeout=timedelta(seconds=60)))
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         is_master=False, timeout=timedelta(seconds=60))
+    prefix = f"attempt_{ATTEMPT}"
+    if args.round_prefix:
+        prefix = f"round_{base.add(f'joins/{RANK}', 1)}"
+    store = dist.PrefixStore(prefix, base)
     dist.init_process_group("gloo", store=store, rank=RANK,
                             world_size=int(os.environ["WORLD_SIZE"]))
     stamp(args.out, "group")
@@ -81,6 +93,7 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     start = 0
     path = os.path.join(args.ckpt_dir, "ckpt.pt") if args.ckpt_mb and not args.snapshot else ""
+    stamp(args.out, "built")
     if args.snapshot:
         import crun_worker
         # Straight into the model's own tensors (no second copy of the bulk).
@@ -103,6 +116,11 @@ def main():
     ddp = DistributedDataParallel(model, **({"init_sync": False} if quiet else {}))
     gen = torch.Generator().manual_seed(RANK)
     for step in range(start, args.steps):
+        if args.stop_file:
+            stop = torch.tensor([1.0 if os.path.exists(args.stop_file) else 0.0])
+            dist.all_reduce(stop, op=dist.ReduceOp.MAX)
+            if stop.item() > 0:
+                break
         if ATTEMPT == 0 and RANK == args.crash_rank and step == args.crash_step:
             stamp(args.out, "crash", step=step)
             os._exit(7)

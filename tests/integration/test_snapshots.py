@@ -8,6 +8,9 @@
 - A tmpfs too small for a snapshot: the save is refused naming the size and the limit, and the
   tmpfs is empty afterwards. crun SIGKILLed: its snapshot memory is freed with its workers.
 - Bad options are refused naming the value; with --snapshots off the module says so.
+- Copies to a peer: a spare loads a lost node's ranks from the copies on another node, with a
+  job token, and over TLS (mutual, or the CA alone with the token), where strangers in
+  plaintext, without a certificate or without the token are refused.
 - On disk (--checkpoint-dir): a fresh crun resumes from the newest step every rank has there,
   saying so; --resume-from-disk off starts over; K steps are kept; a corrupted file is refused
   naming the rank and step; crun SIGKILLed again and again in the middle of its writes leaves
@@ -27,6 +30,9 @@ WORKER = os.environ["SNAPSHOT_WORKER"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 DDP = os.path.join(HERE, "..", "workers", "ddp_snapshot.py")
 REPLICA = os.path.join(HERE, "..", "workers", "replica_worker.py")
+sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+from crun_testing import free_port, make_certificates  # noqa: E402
+
 PYTHONS = [p for p in os.environ.get("TORCH_PYTHONS", "python3").split(",") if p]
 
 
@@ -262,8 +268,6 @@ class Snapshots(unittest.TestCase):
         self.assertEqual(value("crun_agent_snapshot_disk_restores_total"), 0)
 
     def test_status_shows_each_node_store(self):
-        sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-        from crun_testing import free_port
         script = os.path.join(self.dir, "hold.py")
         with open(script, "w") as f:
             f.write(HOLD)
@@ -312,15 +316,41 @@ class Snapshots(unittest.TestCase):
         with a job token. b is SIGKILLed with its workers; c takes its ranks and loads them
         from a, which held b's copies; every rank resumes at one step, each with its own
         state. A stranger without the token is refused by a's replica server."""
+        self.spare_loads_from_peer(tls="")
+
+    def test_over_mutual_tls_a_spare_loads_from_its_peer_and_plaintext_is_refused(self):
+        """The same job with mutual TLS (every node with a certificate from the job's CA): the
+        copies travel over TLS, and a's replica server refuses a plaintext stranger and a TLS
+        one without a certificate, naming them."""
+        self.spare_loads_from_peer(tls="mutual")
+
+    def test_over_tls_without_node_certificates_the_token_proves_peers(self):
+        """TLS with the CA alone on the nodes: each crun makes a certificate of its own for its
+        copies, which travel over TLS; a plaintext stranger is refused, and a TLS one that
+        cannot prove the token too."""
+        self.spare_loads_from_peer(tls="ca")
+
+    def spare_loads_from_peer(self, tls):
         import socket
+        import ssl
         token = os.path.join(self.dir, "token")
         with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             f.write("replica-test-token\n")
         env = {k: v for k, v in os.environ.items() if not k.startswith("CRUN_")}
         env.update(CRUN_TOKEN_FILE=token, PYTHON_EXEC=PYTHONS[-1])
+        service_tls, node_tls = [], []
+        if tls:
+            certs = make_certificates(os.path.join(self.dir, "pki"))
+            service_tls = ["--tls-cert", certs["service.pem"], "--tls-key",
+                           certs["service.key"]]
+            node_tls = ["--tls-ca", certs["ca.pem"]]
+        if tls == "mutual":
+            service_tls += ["--tls-ca", certs["ca.pem"]]
+            node_tls += ["--tls-cert", certs["client.pem"], "--tls-key", certs["client.key"]]
         daemon = subprocess.Popen([CRUN, "rendezvous", "--host", "127.0.0.1", "--port", "0",
-                                   "--token-file", token], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=env)
+                                   "--token-file", token, *service_tls],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env)
         procs = {"daemon": daemon}
         logs = {tag: os.path.join(self.dir, f"{tag}.log") for tag in "abc"}
         try:
@@ -335,7 +365,7 @@ class Snapshots(unittest.TestCase):
                     return subprocess.Popen(
                         [CRUN, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint",
                          endpoint, "--rdzv-id", "replicas", "--max-restarts", "0",
-                         "--log-level", "info",
+                         "--log-level", "info", *node_tls,
                          "--rdzv-conf", f"node_id={tag},is_host=0", REPLICA, out],
                         stdout=log, stderr=subprocess.STDOUT, env=env,
                         start_new_session=True)
@@ -358,15 +388,53 @@ class Snapshots(unittest.TestCase):
             wait("the copies' line", lambda: "sends its own" in text("a"))
             port = int(text("a").split("keeps the previous node's at ")[1].split()[0]
                        .rsplit(":", 1)[1].rstrip(","))
-            # A stranger without the token: refused, and said so by a.
-            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-                f = s.makefile("rw")
-                self.assertTrue(f.readline().startswith("crun-replica 1 "))
-                f.write("auth 0123abcd\n")
-                f.flush()
-                self.assertIn("error refused", f.readline())
-            wait("a's refusal", lambda: "refused a snapshot replication connection from "
-                 "127.0.0.1" in text("a"))
+            if tls:
+                self.assertIn("snapshot copies travel over TLS 1.3, " + (
+                    "each node's certificate checked against --tls-ca" if tls == "mutual" else
+                    "peers proven by the job's token, bound to each session"), text("a"))
+                # Strangers in plaintext, and over TLS without a certificate (mutual) or
+                # without the token: refused by a, and said so.
+                got = b""
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                    s.sendall(b"auth 0123abcd\n")
+                    try:
+                        got = s.recv(4096)
+                    except ConnectionResetError:  # closed with our line unread
+                        pass
+                self.assertNotIn(b"crun-replica", got)
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+                got = b""
+                try:
+                    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                            ctx.wrap_socket(raw) as s:
+                        f = s.makefile("rwb")
+                        got = f.readline()
+                        f.write(b"auth 0123abcd\n")
+                        f.flush()
+                        got += f.readline()
+                except (ssl.SSLError, OSError):
+                    pass
+                if tls == "mutual":
+                    self.assertNotIn(b"crun-replica", got)
+                else:
+                    self.assertIn(b"error refused", got)
+                refusals = (2, 0) if tls == "mutual" else (1, 1)
+                wait("a's refusals", lambda: (
+                    text("a").count("replication connection from 127.0.0.1: no TLS session"),
+                    text("a").count("replication connection from 127.0.0.1: it did not "
+                                    "prove")) == refusals)
+            else:
+                # A stranger without the token: refused, and said so by a.
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                    f = s.makefile("rw")
+                    self.assertTrue(f.readline().startswith("crun-replica 1 "))
+                    f.write("auth 0123abcd\n")
+                    f.flush()
+                    self.assertIn("error refused", f.readline())
+                wait("a's refusal", lambda: "refused a snapshot replication connection from "
+                     "127.0.0.1: it did not prove" in text("a"))
             # b and its workers SIGKILLed: c takes ranks 2 and 3 over.
             os.killpg(procs["b"].pid, signal.SIGKILL)
             procs.pop("b").wait(timeout=60)

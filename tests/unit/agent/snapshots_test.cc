@@ -2,6 +2,7 @@
 // (sizing, sealing, checking, the room check), and the SDK saving and loading through a real
 // server in this process.
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -16,6 +17,7 @@
 
 #include "agent/snapshots/disk_snapshots.h"
 #include "agent/snapshots/node_snapshots.h"
+#include "agent/snapshots/peer_link.h"
 #include "agent/snapshots/replicas.h"
 #include "agent/snapshots/snapshot_server.h"
 #include "base/socket.h"
@@ -472,23 +474,31 @@ std::vector<unsigned char> SealedCopy(std::int64_t rank, std::uint64_t step, std
   return bytes;
 }
 
-// A raw peer of a replica server: says its proof, then speaks the protocol.
+// A raw peer of a replica server: says its proof (or proves `token`, bound to its TLS session
+// when `bind`), then speaks the protocol; over TLS with `tls`.
 struct RawPeer {
-  UniqueFd fd;
-  explicit RawPeer(std::uint16_t port, const std::string& proof = "-") {
+  PeerLink link;
+  explicit RawPeer(std::uint16_t port, const std::string& proof = "-",
+                   const std::shared_ptr<PeerTls>& tls = nullptr, const std::string& token = "",
+                   bool bind = true) {
     auto c = ConnectTcp("127.0.0.1", port, DeadlineAfter(std::chrono::seconds(5)));
     REQUIRE(c.ok());
-    fd = std::move(*c);
-    CHECK(Line().rfind("crun-replica 1 ", 0) == 0);
-    Send("auth " + proof + "\n");
+    link = PeerLink(std::move(*c));
+    REQUIRE(link.Handshake(tls, false, DeadlineAfter(std::chrono::seconds(5)), "peer").ok());
+    const std::string hello = Line();
+    CHECK(hello.rfind("crun-replica 1 ", 0) == 0);
+    const std::string nonce = hello.substr(std::min<std::size_t>(15, hello.size()));
+    Send("auth " +
+         (token.empty() ? proof : ReplicaProof(token, nonce + (bind ? link.Binding() : ""))) +
+         "\n");
   }
   void Send(std::string_view data) {
-    REQUIRE(SendAll(fd.get(), data, DeadlineAfter(std::chrono::seconds(5)), "peer").ok());
+    REQUIRE(link.Send(data, DeadlineAfter(std::chrono::seconds(5)), "peer").ok());
   }
   std::string Line() {
     std::string line;
     for (char c = 0;;) {
-      auto n = RecvSome(fd.get(), &c, 1, 1, DeadlineAfter(std::chrono::seconds(5)), "peer");
+      auto n = link.Recv(&c, 1, 1, DeadlineAfter(std::chrono::seconds(5)), "peer");
       if (!n.ok() || c == '\n') return line;
       line += c;
     }
@@ -534,8 +544,8 @@ TEST_CASE("a peer keeps the two newest whole copies of a rank, and refuses stran
   const auto want = SealedCopy(3, 6, 100000);
   CHECK(reader.Line() == "ok " + std::to_string(want.size()));
   std::vector<char> got(want.size());
-  auto n = RecvSome(reader.fd.get(), got.data(), got.size(), got.size(),
-                    DeadlineAfter(std::chrono::seconds(5)), "peer");
+  auto n = reader.link.Recv(got.data(), got.size(), got.size(),
+                            DeadlineAfter(std::chrono::seconds(5)), "peer");
   REQUIRE(n.ok());
   CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
   CHECK(reader.Put(SealedCopy(3, 9, 1000)) == "ok");
@@ -570,6 +580,83 @@ TEST_CASE("a peer keeps the two newest whole copies of a rank, and refuses stran
   RawPeer stranger((*guarded)->port(), "0123abcd");
   CHECK(stranger.Line() == "error refused: not this job's token");
   CHECK((*guarded)->counters().refused == 1);
+}
+
+TEST_CASE("over TLS, copies are served to a peer that proves the token for its own session") {
+  auto tls = PeerTls::Make({true, "", "", ""});  // no certificate of its own: one made for it
+  REQUIRE(tls.ok());
+  CHECK_FALSE((*tls)->verifies());
+  auto replicas = Replicas::Listen("job-secret", *tls);
+  REQUIRE(replicas.ok());
+  const std::uint16_t port = (*replicas)->port();
+  {
+    RawPeer peer(port, "", *tls, "job-secret");
+    CHECK(peer.Line() == "ok");
+    CHECK(peer.Put(SealedCopy(2, 4, 300000)) == "ok");
+    peer.Send("get 2 4\n");
+    const auto want = SealedCopy(2, 4, 300000);
+    CHECK(peer.Line() == "ok " + std::to_string(want.size()));
+    std::vector<char> got(want.size());
+    auto n = peer.link.Recv(got.data(), got.size(), got.size(),
+                            DeadlineAfter(std::chrono::seconds(5)), "peer");
+    REQUIRE(n.ok());
+    CHECK(std::memcmp(got.data(), want.data(), want.size()) == 0);
+  }
+  // The token's proof without this session's binding, as a relay in the middle would pass on
+  // a proof made for its own session: refused.
+  RawPeer relayed(port, "", *tls, "job-secret", /*bind=*/false);
+  CHECK(relayed.Line() == "error refused: not this job's token");
+  // A peer that speaks plain TCP: no TLS session, refused, and the server goes on.
+  {
+    auto c = ConnectTcp("127.0.0.1", port, DeadlineAfter(std::chrono::seconds(5)));
+    REQUIRE(c.ok());
+    REQUIRE(SendAll(c->get(), "auth -\n", DeadlineAfter(std::chrono::seconds(5)), "peer").ok());
+    char b[64];
+    auto n = RecvSome(c->get(), b, 1, sizeof b, DeadlineAfter(std::chrono::seconds(5)), "peer");
+    if (n.ok()) CHECK(std::string_view(b, *n).find("crun-replica") == std::string_view::npos);
+  }
+  RawPeer again(port, "", *tls, "job-secret");
+  CHECK(again.Line() == "ok");
+  again.Send("steps 2 4\n");
+  CHECK(again.Line() == "ok 4");
+  CHECK((*replicas)->counters().refused == 2);
+}
+
+TEST_CASE("a TLS session's binding is the same on both ends and differs between sessions") {
+  auto tls = PeerTls::Make({true, "", "", ""});
+  REQUIRE(tls.ok());
+  const auto session = [&] {
+    int sv[2];
+    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+    PeerLink server{UniqueFd(sv[0])}, client{UniqueFd(sv[1])};
+    const auto deadline = DeadlineAfter(std::chrono::seconds(10));
+    Status accepted;
+    std::thread t([&] { accepted = server.Handshake(*tls, true, deadline, "client"); });
+    const Status connected = client.Handshake(*tls, false, deadline, "server");
+    t.join();
+    REQUIRE(accepted.ok());
+    REQUIRE(connected.ok());
+    CHECK(server.Binding().size() == 64);
+    CHECK(server.Binding() == client.Binding());
+    // Bytes both ways, larger than one TLS record.
+    const std::string big(3 << 20, 'z');
+    std::thread w([&] { CHECK(client.Send(big, deadline, "server").ok()); });
+    std::string got(big.size(), '\0');
+    CHECK(server.Recv(got.data(), got.size(), got.size(), deadline, "client").ok());
+    w.join();
+    CHECK(got == big);
+    return server.Binding();
+  };
+  CHECK(session() != session());
+  // A handshake whose peer never answers ends at its deadline, naming the peer.
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  UniqueFd silent(sv[1]);
+  PeerLink lonely{UniqueFd(sv[0])};
+  const Status s =
+      lonely.Handshake(*tls, false, DeadlineAfter(std::chrono::milliseconds(200)), "10.0.0.9:4242");
+  CHECK(s.code() == StatusCode::kTimeout);
+  CHECK_THAT(s.message(), Catch::Contains("10.0.0.9:4242"));
 }
 
 }  // namespace
