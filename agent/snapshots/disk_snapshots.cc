@@ -18,6 +18,7 @@
 #include <crun/worker/snapshot_layout.h>
 
 #include "base/numbers.h"
+#include "base/socket.h"
 
 namespace crun::agent {
 namespace {
@@ -278,30 +279,34 @@ std::vector<std::uint64_t> DiskSnapshots::Steps(std::int64_t rank, std::int64_t 
 StatusOr<int> DiskSnapshots::Restore(NodeSnapshots& memory, int local_rank, std::int64_t rank,
                                      std::uint64_t step) {
   const std::string path = SnapshotFilePath(options_.dir, step, rank);
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return PosixError("opening " + path, errno, StatusCode::kNotFound);
-  struct stat st {};
-  std::vector<unsigned char> staged;
-  Status s;
-  if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(snap::kHeaderBytes)) {
-    s = InvalidArgument(path + " is not a crun snapshot (too short)");
-  } else {
-    staged.resize(static_cast<std::size_t>(st.st_size));
-    std::size_t got = 0;
-    while (got < staged.size()) {
-      const ssize_t n =
-          ::pread(fd, staged.data() + got, staged.size() - got, static_cast<off_t>(got));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        s = PosixError("reading " + path, n < 0 ? errno : EIO);
-        break;
-      }
-      got += static_cast<std::size_t>(n);
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return PosixError("opening " + path, errno, StatusCode::kNotFound);
+  // Read at `offset` until `n` bytes are in `dst`: straight into crun's memory for the payload.
+  const auto read_at = [&](unsigned char* dst, std::uint64_t n, std::uint64_t offset) {
+    std::uint64_t got = 0;
+    while (got < n) {
+      const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(n - got, 1 << 30));
+      const ssize_t r = ::pread(fd.get(), dst + got, want, static_cast<off_t>(offset + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) return PosixError("reading " + path, errno);
+      if (r == 0) return InvalidArgument(path + " is not a crun snapshot (cut short)");
+      got += static_cast<std::uint64_t>(r);
     }
+    return Status::Ok();
+  };
+  struct stat st {};
+  snap::BufferHeader from{};
+  if (::fstat(fd.get(), &st) != 0 || st.st_size < static_cast<off_t>(snap::kHeaderBytes)) {
+    return InvalidArgument(path + " is not a crun snapshot (too short)");
   }
-  ::close(fd);
-  if (!s.ok()) return s;
-  auto index = memory.Fill(local_rank, staged);
+  CRUN_RETURN_IF_ERROR(read_at(reinterpret_cast<unsigned char*>(&from), sizeof from, 0));
+  if (static_cast<std::uint64_t>(st.st_size) != snap::kHeaderBytes + from.payload_bytes) {
+    return InvalidArgument(path + " is not a crun snapshot of " + std::to_string(st.st_size) +
+                           " bytes (cut short, or not one)");
+  }
+  auto index = memory.Fill(local_rank, from, [&](unsigned char* dst, std::uint64_t n) {
+    return read_at(dst, n, snap::kHeaderBytes);
+  });
   if (!index.ok()) return Status(index.status().code(), path + ": " + index.status().message());
   std::lock_guard lock(mu_);
   ++counters_.restored;

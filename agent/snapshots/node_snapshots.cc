@@ -322,14 +322,10 @@ std::optional<std::uint64_t> NodeSnapshots::CompleteStep(int local_rank, int ind
   return b->header().step;
 }
 
-StatusOr<int> NodeSnapshots::Fill(int local_rank, const std::vector<unsigned char>& staged) {
-  if (staged.size() < snap::kHeaderBytes) return InvalidArgument("a snapshot without its header");
-  snap::BufferHeader from;
-  std::memcpy(&from, staged.data(), sizeof from);
-  const std::uint64_t n = staged.size() - snap::kHeaderBytes;
-  if (!snap::HasMagic(from) || from.payload_bytes != n) {
-    return InvalidArgument("not a crun snapshot of this version, or cut short");
-  }
+StatusOr<int> NodeSnapshots::Fill(int local_rank, const snap::BufferHeader& from,
+                                  const PayloadReader& read) {
+  if (!snap::HasMagic(from)) return InvalidArgument("not a crun snapshot of this version");
+  const std::uint64_t n = from.payload_bytes;
   const auto slot = Slot(local_rank);
   const snap::BufferHeader* a = slot[0] ? &slot[0]->header() : nullptr;
   const snap::BufferHeader* b = slot[1] ? &slot[1]->header() : nullptr;
@@ -339,7 +335,10 @@ StatusOr<int> NodeSnapshots::Fill(int local_rank, const std::vector<unsigned cha
   CRUN_ASSIGN_OR_RETURN(auto buffer, Reserve(local_rank, index, n));
   snap::BufferHeader& h = buffer->header();
   snap::StoreState(h, snap::kWriting);
-  std::memcpy(const_cast<unsigned char*>(buffer->payload()), staged.data() + snap::kHeaderBytes, n);
+  if (Status got = read(const_cast<unsigned char*>(buffer->payload()), n); !got.ok()) {
+    snap::StoreState(h, snap::kEmpty);
+    return got;
+  }
   const std::uint64_t generation = std::max(h.generation, other_done ? other->generation : 0) + 1;
   h.step = from.step;
   h.payload_bytes = n;

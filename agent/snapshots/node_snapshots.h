@@ -19,6 +19,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -119,13 +120,16 @@ class NodeSnapshots {
   // The step of buffer `index` when it holds a complete snapshot.
   std::optional<std::uint64_t> CompleteStep(int local_rank, int index) const;
 
-  // Puts a snapshot read from disk (a staged header and payload) into the buffer of
-  // `local_rank`'s slot that a save would write next, as the slot's newest, and checks it
-  // against its checksum (kCorrupt: refused). Returns the buffer's index.
   // Whether local rank `local_rank`'s slot holds a complete snapshot saved by rank `rank`.
   bool HoldsRank(int local_rank, std::int64_t rank) const;
 
-  StatusOr<int> Fill(int local_rank, const std::vector<unsigned char>& staged);
+  // Puts a sealed snapshot from elsewhere (a peer's copy, a file on disk) into the buffer of
+  // `local_rank`'s slot that a save would write next, as the slot's newest, and checks it
+  // against its checksum (kCorrupt: refused). `from` is its header; `read` writes its
+  // from.payload_bytes of payload straight into the buffer (no copy staged on the way).
+  // Returns the buffer's index.
+  using PayloadReader = std::function<Status(unsigned char* dst, std::uint64_t n)>;
+  StatusOr<int> Fill(int local_rank, const snapshot::BufferHeader& from, const PayloadReader& read);
 
   std::uint64_t allocated_bytes() const;
   // The newest step that every local rank with a slot holds complete; none when one holds none.

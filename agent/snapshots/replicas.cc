@@ -309,11 +309,11 @@ void Replicas::Serve(int fd, std::string peer) {
         s = link.Send("error no copy of rank " + w[1] + " at step " + w[2] + "\n", In(kDial), peer);
         continue;
       }
-      const std::vector<unsigned char> bytes = found->bytes;  // sent without the lock
+      const auto bytes = found->bytes;  // sent without the lock
       ++counters_.fetched;
       lock.unlock();
-      s = link.Send("ok " + std::to_string(bytes.size()) + "\n", In(kDial), peer);
-      if (s.ok()) s = SendBytes(link, bytes.data(), bytes.size(), In(kCopyDeadline), peer);
+      s = link.Send("ok " + std::to_string(bytes->size()) + "\n", In(kDial), peer);
+      if (s.ok()) s = SendBytes(link, bytes->data(), bytes->size(), In(kCopyDeadline), peer);
     } else {
       s = link.Send("error malformed request '" + line->substr(0, 64) + "'\n", In(kDial), peer);
     }
@@ -337,16 +337,18 @@ Status Replicas::Put(PeerLink& link, std::uint64_t n, std::string_view peer, boo
   CRUN_RETURN_IF_ERROR(
       CheckRoom("a copy of rank " + std::to_string(h.rank) + "'s snapshot", n, "", ""));
   Copy c;
+  std::shared_ptr<std::vector<unsigned char>> bytes;
   try {
-    c.bytes.resize(n);
+    bytes = std::make_shared<std::vector<unsigned char>>(n);
   } catch (const std::bad_alloc&) {
     return ResourceExhausted("no memory for a copy of " + FormatBytes(n));
   }
-  std::memcpy(c.bytes.data(), header.data(), header.size());
+  std::memcpy(bytes->data(), header.data(), header.size());
   CRUN_RETURN_IF_ERROR(
-      ReadExact(link, c.bytes.data() + header.size(), n - header.size(), In(kCopyDeadline), peer));
+      ReadExact(link, bytes->data() + header.size(), n - header.size(), In(kCopyDeadline), peer));
   *consumed = true;
-  CRUN_RETURN_IF_ERROR(CheckCopy(c.bytes));
+  CRUN_RETURN_IF_ERROR(CheckCopy(*bytes));
+  c.bytes = std::move(bytes);
   c.step = h.step;
   c.world_size = h.world_size;
   c.layout = h.layout;
@@ -359,7 +361,7 @@ Status Replicas::Put(PeerLink& link, std::uint64_t n, std::string_view peer, boo
   ++counters_.received;
   counters_.held_bytes = 0;
   for (const auto& [rank, copies] : copies_) {
-    for (const Copy& k : copies) counters_.held_bytes += k.bytes.size();
+    for (const Copy& k : copies) counters_.held_bytes += k.bytes->size();
   }
   return Status::Ok();
 }
@@ -553,8 +555,8 @@ std::vector<std::uint64_t> Replicas::PeerSteps(std::int64_t rank, std::int64_t w
   return {steps.rbegin(), steps.rend()};
 }
 
-StatusOr<std::vector<unsigned char>> Replicas::Fetch(std::int64_t rank, std::uint64_t step,
-                                                     std::string* from) {
+StatusOr<int> Replicas::Fetch(std::int64_t rank, std::uint64_t step, NodeSnapshots& memory,
+                              int local_rank, std::string* from) {
   std::string peer;
   {
     std::lock_guard lock(mu_);
@@ -573,13 +575,24 @@ StatusOr<std::vector<unsigned char>> Replicas::Fetch(std::int64_t rank, std::uin
   CRUN_ASSIGN_OR_RETURN(const std::string answer, ReadLine(link, deadline, peer));
   const auto w = Words(answer);
   const auto n = w.size() == 2 && w[0] == "ok" ? ParseInteger(w[1], 0, INT64_MAX) : std::nullopt;
-  if (!n || static_cast<std::uint64_t>(*n) > kMaxCopy) {
+  if (!n || static_cast<std::uint64_t>(*n) > kMaxCopy ||
+      static_cast<std::uint64_t>(*n) < snap::kHeaderBytes) {
     return Unavailable(peer + " answered '" + answer + "'");
   }
-  std::vector<unsigned char> bytes(static_cast<std::size_t>(*n));
-  CRUN_RETURN_IF_ERROR(ReadExact(link, bytes.data(), bytes.size(), deadline, peer));
-  CRUN_RETURN_IF_ERROR(CheckCopy(bytes));
-  return bytes;
+  std::vector<unsigned char> header(snap::kHeaderBytes);
+  CRUN_RETURN_IF_ERROR(ReadExact(link, header.data(), header.size(), deadline, peer));
+  snap::BufferHeader h;
+  std::memcpy(&h, header.data(), sizeof h);
+  if (!snap::HasMagic(h) ||
+      h.payload_bytes != static_cast<std::uint64_t>(*n) - snap::kHeaderBytes || h.rank != rank ||
+      h.step != step) {
+    return Unavailable(peer + " sent something other than rank " + std::to_string(rank) +
+                       "'s snapshot at step " + std::to_string(step));
+  }
+  // Straight into the rank's buffer; Fill checks the checksum once it is all there.
+  return memory.Fill(local_rank, h, [&](unsigned char* dst, std::uint64_t bytes) {
+    return ReadExact(link, dst, bytes, deadline, peer);
+  });
 }
 
 ReplicaCounters Replicas::counters() const {

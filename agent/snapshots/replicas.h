@@ -37,6 +37,8 @@
 
 namespace crun::agent {
 
+class NodeSnapshots;
+
 struct ReplicaCounters {
   std::uint64_t sent = 0, sent_bytes = 0, send_failures = 0;
   std::uint64_t received = 0, refused = 0, fetched = 0;
@@ -76,10 +78,11 @@ class Replicas {
   // The steps of `rank`'s snapshots that the other nodes of the round hold and a world of
   // `world_size` may load, newest first; remembers who holds each, for Fetch.
   std::vector<std::uint64_t> PeerSteps(std::int64_t rank, std::int64_t world_size);
-  // `rank`'s snapshot at `step` from the node that holds it (PeerSteps found it), checked
-  // against its checksum; `from` says which node ("group rank 0 at 10.0.0.1:41234").
-  StatusOr<std::vector<unsigned char>> Fetch(std::int64_t rank, std::uint64_t step,
-                                             std::string* from);
+  // `rank`'s snapshot at `step` from the node that holds it (PeerSteps found it), read
+  // straight into local rank `local_rank`'s buffer in `memory` and checked against its
+  // checksum (NodeSnapshots::Fill); `from` says which node. Returns the buffer's index.
+  StatusOr<int> Fetch(std::int64_t rank, std::uint64_t step, NodeSnapshots& memory, int local_rank,
+                      std::string* from);
 
   ReplicaCounters counters() const;
 
@@ -88,7 +91,8 @@ class Replicas {
     std::uint64_t step = 0;
     std::int64_t world_size = 0;
     std::uint32_t layout = 0;
-    std::vector<unsigned char> bytes;
+    // Shared, so that a copy is sent to a peer that asks for it without a second copy.
+    std::shared_ptr<const std::vector<unsigned char>> bytes;
   };
   struct Background {  // a thread of this object's, and whether it has finished
     std::thread thread;

@@ -303,13 +303,14 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
                            nullptr, ""};
           if (server.replicas_ != nullptr) {
             std::string from;
-            auto copy = server.replicas_->Fetch(r.rank, r.step, &from);
-            if (copy.ok()) {
-              got.index = server.memory_.Fill(r.local_rank, *copy);
+            auto index =
+                server.replicas_->Fetch(r.rank, r.step, server.memory_, r.local_rank, &from);
+            if (index.ok()) {
+              got.index = index;
               got.source = "the copy on " + from;
-            } else if (copy.status().code() != StatusCode::kNotFound) {
+            } else if (index.status().code() != StatusCode::kNotFound) {
               spdlog::warn("crun: cannot load rank {}'s copy at step {} from {}: {}", r.rank,
-                           r.step, from, copy.status().message());
+                           r.step, from, index.status().message());
             }
           }
           if (got.source.empty() && server.disk_ != nullptr) {

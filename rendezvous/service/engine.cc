@@ -404,6 +404,10 @@ void Engine::Apply(Job& job, Transition t, TimePoint now) {
       Finish(job, false, fail->reason);
     } else if (std::get_if<SucceedJob>(&action) != nullptr) {
       Finish(job, true, "all workers succeeded");
+    } else if (auto* spare = std::get_if<KeepAsSpare>(&action)) {
+      if (auto session = job.sessions.find(spare->node_id); session != job.sessions.end()) {
+        hooks_.send(session->second, SpareAssignment(spare->round, spare->restart_count));
+      }
     }
     // RefuseJoin is answered by OnJoin, which knows the session.
   }
@@ -476,13 +480,17 @@ void Engine::SendAssignments(Job& job, const FormRound& round) {
   for (const auto& spare : round.spares) {
     auto session = job.sessions.find(spare);
     if (session == job.sessions.end()) continue;
-    msg::Assignment m;
-    m.round = round.round;
-    m.restart_count = round.restart_count;
-    m.spare = true;
-    m.durable_service = options_.durable;
-    hooks_.send(session->second, m);
+    hooks_.send(session->second, SpareAssignment(round.round, round.restart_count));
   }
+}
+
+msg::Assignment Engine::SpareAssignment(int round, int restart_count) const {
+  msg::Assignment m;
+  m.round = round;
+  m.restart_count = restart_count;
+  m.spare = true;
+  m.durable_service = options_.durable;
+  return m;
 }
 
 void Engine::EvictFinished() {

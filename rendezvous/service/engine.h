@@ -119,6 +119,8 @@ class Engine {
   bool StartRound(Job& job, const FormRound& round, TimePoint now);
   // Each member's assignment, and each spare's notice.
   void SendAssignments(Job& job, const FormRound& round);
+  // What a spare is told: it waits outside `round`.
+  msg::Assignment SpareAssignment(int round, int restart_count) const;
   void Finish(Job& job, bool success, const std::string& reason);
   void SendToJob(const Job& job, const msg::ServiceMessage& m);
   // `code`: refused_total's reason (engine_metrics.h).

@@ -230,7 +230,8 @@ Transition OnJoin(State s, const NodeDescription& node, const Settings& its_sett
       s.spares.push_back(node);  // held for a node that is lost
       s.present.insert(node.node_id);
       auto wake = NextHeartbeatDeadline(s, now);
-      return Transition{std::move(s), {}, wake};
+      std::vector<Action> told{KeepAsSpare{node.node_id, s.round, s.restarts_used}};
+      return Transition{std::move(s), std::move(told), wake};
     }
     // Scale-up: a membership change, not a failure.
     auto t = Regather(std::move(s), "node " + node.host + " joined: scaling up", false, now);

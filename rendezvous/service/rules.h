@@ -117,7 +117,14 @@ struct StopAndRejoin {
   bool spends_restart = false;  // a failure (true) or a membership change (false)
 };
 struct SucceedJob {};
-using Action = std::variant<FormRound, RefuseJoin, FailJob, StopAndRejoin, SucceedJob>;
+// A node that joined a running round that is full: it is kept as a spare, and told so now
+// rather than at the next round, so that it can say it waits.
+struct KeepAsSpare {
+  std::string node_id;
+  int round = 0;
+  int restart_count = 0;
+};
+using Action = std::variant<FormRound, RefuseJoin, FailJob, StopAndRejoin, SucceedJob, KeepAsSpare>;
 
 enum class Phase { kGathering, kRunning, kFailed, kSucceeded };
 // "gathering", "running", "failed", "succeeded": in status and in etcd's job document.

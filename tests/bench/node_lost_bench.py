@@ -18,9 +18,13 @@ Each run: nodes a and b (2 workers each) form the job, spare c waits; once every
     b's ranks from disk;
   * crun cold, peer copy: the peer copy without --warm (c's workers import torch after the
     loss, as torchrun's do);
-  * torchrun 2.x: c10d (a hosts the store), a third agent waiting on its redundancy list; rank 0
-    torch.saves the state after every step (written aside and renamed) and every rank
-    torch.loads it at its start; b SIGKILLed.
+  * torchrun 2.x, waiting agent: c10d (a hosts the store), a third agent waiting on its
+    redundancy list; rank 0 torch.saves the state after every step (written aside and renamed)
+    and every rank torch.loads it at its start; b SIGKILLed;
+  * torchrun 2.x, agent started at the loss: the same, with c started right after b is lost,
+    as a scheduler starts a node in a lost one's place (torchrun's own spare did not take over
+    here: its round formed, and the survivor waited for the spare's worker ranks until it
+    failed).
 From the loss: the survivor's crun told, every rank of the next round exec'd, imported torch,
 formed its process group, loaded the state, and did its first step (the slowest rank's time
 each); and the steps lost (the newest step any rank finished before the loss, less the step the
@@ -62,7 +66,9 @@ STAGES = (("exec", "loss → every worker exec'd"),
           ("step", "**loss → every rank's first step**"))
 WAYS = (("crun --warm, peer copy", "peer"), ("crun --warm, host silent", "silent"),
         ("crun --warm, disk", "disk"), ("crun cold, peer copy", "cold"),
-        ("torchrun 2.x", "torchrun"))
+        ("torchrun 2.x, waiting agent", "torchrun"),
+        ("torchrun 2.x, agent started at the loss", "torchrun-new"))
+TORCHRUN = ("torchrun", "torchrun-new")
 
 
 class Run:
@@ -83,12 +89,12 @@ class Run:
     def worker_args(self):
         args = [WORKER, self.out, "--steps", str(STEPS), "--ckpt-mb", str(self.args.ckpt_mb),
                 "--round-prefix", "--stop-file", os.path.join(self.dir, "stop")]
-        if self.way == "torchrun":
+        if self.way in TORCHRUN:
             return args + ["--ckpt-every", "1", "--ckpt-dir", self.ckpt]
         return args + ["--snapshot"]
 
     def start_service(self):
-        if self.way == "torchrun":
+        if self.way in TORCHRUN:
             self.endpoint = f"127.0.0.1:{free_port()}"
             return
         daemon = subprocess.Popen([self.args.crun, "rendezvous", "--host", "127.0.0.1",
@@ -101,7 +107,7 @@ class Run:
         self.endpoint = "127.0.0.1:" + line.rsplit(":", 1)[1].strip()
 
     def node(self, tag):
-        if self.way == "torchrun":
+        if self.way in TORCHRUN:
             cmd = [self.args.torch2_python, "-m", "torch.distributed.run", "--nnodes", "2",
                    "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint,
                    "--rdzv-conf", f"is_host={1 if tag == 'a' else 0}"]
@@ -230,14 +236,17 @@ def run_once(args, way):
                               if e["rank"] == r and e["stage"] == "step"], default=-1)
         run.wait(f"every rank past step {args.kill_after}",
                  lambda: all(done(r) >= args.kill_after for r in range(WORLD)), deadline)
-        run.node("c")
-        run.wait("the spare to wait", lambda: spare_waits(run, deadline), deadline)
-        if way not in ("cold", "torchrun"):
+        if way != "torchrun-new":
+            run.node("c")
+            run.wait("the spare to wait", lambda: spare_waits(run, deadline), deadline)
+        if way not in ("cold", *TORCHRUN):
             # A hot spare has waited long enough for its template to import torch.
             run.wait("the spare's warm template", lambda: ") ready: " in run.log("c"),
                      deadline)
         t_loss, b_pids = run.lose_b()
         b = run.procs.pop("b")
+        if way == "torchrun-new":
+            run.node("c")  # as a scheduler starts a node in the lost one's place
         if way == "silent":
             # b is lost once the service says so (a's crun tells it); then it is ended.
             run.wait("a's crun to hear b was lost", lambda: told_at(run) is not None, deadline)
@@ -270,7 +279,7 @@ def run_once(args, way):
             if len(firsts) != WORLD:
                 break
             result[key] = (max(firsts.values()) - t_loss) / 1e6
-        told = told_at(run) if way != "torchrun" else None
+        told = told_at(run) if way not in TORCHRUN else None
         if told is not None:
             result["told"] = max(0.0, (told - t_loss) / 1e6)
         loaded = {e["step"] for e in after if e["stage"] == "loaded"}
@@ -343,7 +352,7 @@ def main():
     print("\n".join(lines))
     if args.smoke or len(ways) < len(WAYS):
         # crun's own ways must work; torchrun's failures are the anchor's, counted in a table.
-        return 1 if any("failed" in r for w, runs in results.items() if w != "torchrun"
+        return 1 if any("failed" in r for w, runs in results.items() if w not in TORCHRUN
                         for r in runs) else 0
     command = ("python3 tests/bench/node_lost_bench.py --crun build/launcher/crun "
                "--torch2-python \"$(bash scripts/setup-torch2.sh)\"")
@@ -358,7 +367,8 @@ def main():
         f"sockets stay open), so the service must notice the missing heartbeats; \"disk\": "
         f"`--snapshot-replicas off --checkpoint-dir` (every step, 8 kept, one directory every "
         f"node reaches); `--warm`: c is a hot spare whose template imported torch before the "
-        f"loss. torchrun: c10d hosted by a (keep-alive 5 s × 3), c on its redundancy list, "
+        f"loss. torchrun: c10d hosted by a (keep-alive 5 s × 3), c on its redundancy list "
+        f"(\"waiting agent\") or started right after the loss, as a scheduler replaces a node; "
         f"rank 0 `torch.save`s after every step, every rank `torch.load`s at its start; b "
         f"SIGKILLed. Every figure is the slowest rank's, the median of {args.rounds} runs that "
         f"alternate the ways; a failed run is counted. {measured_at()}")

@@ -383,8 +383,9 @@ class Snapshots(unittest.TestCase):
 
             saved = lambda r: self.read_value(os.path.join(out, f"saved-{r}")) or 0
             wait("five steps saved", lambda: all(saved(r) >= 5 for r in range(4)))
-            procs["c"] = node("c")  # waits as a spare
+            procs["c"] = node("c")  # waits as a spare, and says so
             text = lambda tag: open(logs[tag]).read()  # noqa: SIM115 (read whole, closed by GC)
+            wait("c to wait as a spare", lambda: "this node is a spare" in text("c"))
             wait("the copies' line", lambda: "sends its own" in text("a"))
             port = int(text("a").split("keeps the previous node's at ")[1].split()[0]
                        .rsplit(":", 1)[1].rstrip(","))

@@ -500,7 +500,11 @@ TEST_CASE("engine: spares get told they wait, and replace a lost node", "[engine
   h.Join(1, "a", T0, {.min = 1});
   h.Join(2, "b", T0, {.min = 1});
   h.Join(3, "c", T0 + 1s, {.min = 1});
-  CHECK(h.inbox[3].empty());  // held quietly until a round needs it
+  // Told at once that it waits outside round 0, with no ranks and no store.
+  REQUIRE(h.inbox[3].size() == 1);
+  CHECK(h.Assignment(3).spare);
+  CHECK(h.Assignment(3).round == 0);
+  CHECK(h.Assignment(3).master_port == 0);
   h.engine.OnSessionClosed(1, T0 + 2s);
   CHECK(h.LastIs<msg::StopAndRejoin>(3));
   h.Join(2, "b", T0 + 2s, {.min = 1});

@@ -13,6 +13,7 @@ using namespace std::chrono_literals;
 using crun::rdzv::Action;
 using crun::rdzv::FailJob;
 using crun::rdzv::FormRound;
+using crun::rdzv::KeepAsSpare;
 using crun::rdzv::NodeDescription;
 using crun::rdzv::OnHeartbeat;
 using crun::rdzv::OnJoin;
@@ -367,7 +368,11 @@ TEST_CASE("late joiners scale up below max and are spares at max", "[rules]") {
   REQUIRE(Only<FormRound>(formed.actions) != nullptr);
   CHECK(formed.state.members.size() == 3);
   auto spare = OnJoin(formed.state, Node("d"), st.settings, T0 + 3s);
-  CHECK(spare.actions.empty());
+  // Told at once that it waits as a spare, and nothing else happens.
+  const auto* told = Only<KeepAsSpare>(spare.actions);
+  REQUIRE(told != nullptr);
+  CHECK(told->node_id == "d#1");
+  CHECK(told->round == formed.state.round);
   REQUIRE(spare.state.spares.size() == 1);
   CHECK(spare.state.spares[0].node_id == "d#1");
 }
