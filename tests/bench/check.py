@@ -32,6 +32,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from bench_support import in_private_netns  # noqa: E402
 import launch_bench  # noqa: E402
+import node_lost_bench  # noqa: E402
 import rdzv_bench  # noqa: E402
 import recovery_bench  # noqa: E402
 import snapshot_bench  # noqa: E402
@@ -47,6 +48,9 @@ STORM = "storm, 20,000 connections: libuv / crun"
 RDZV = "rendezvous, 2 agents: torchrun c10d / crun"
 RECOVERY = "recovery, crash → imported, 1 node: torchrun 2.x / crun --warm"
 SNAPSHOT = "save 200 MiB a rank, 2 workers: torch.save /dev/shm / crun_worker.save"
+# torchrun's spare did not take over in any run (docs/benchmarks.md, "Node lost"): the node-lost
+# ratio is against crun's own disk path, which a job without copies to peers takes.
+NODE_LOST = "node lost, 200 MiB a rank, loss → first step: crun disk / crun peer copy"
 # Floors of a check's band: how far its ratio moved between whole runs of this script on one
 # machine and one build, which the spread of one run's rounds does not show. Runs at a79fa0d,
 # ff8881d and 7b73122 (2026-11-26; the last two build the same crun):
@@ -61,7 +65,7 @@ SNAPSHOT = "save 200 MiB a rank, 2 workers: torch.save /dev/shm / crun_worker.sa
 # The save's anchor, torch.save to /dev/shm, took 151-228 ms in whole runs of
 # snapshot_bench.py at 75394e5-1af4586 against crun's 27-38 ms: its ratio moved 4.1-6.1.
 BAND_FLOORS = {LAUNCH_TORCH: 0.30, RDZV: 0.45, RECOVERY: 0.45, STORE_SET: 0.45, STORM: 0.65,
-               SNAPSHOT: 0.45}
+               SNAPSHOT: 0.45, NODE_LOST: 0.30}
 NOT_JUDGED = {RESTART_TORCH}
 
 
@@ -110,6 +114,10 @@ def recorded(docs):
     wire = section(store, "### 2.x wire dialect", "### 1.13 wire dialect")
     restart = row(launch, "restart, 2 workers")
     snapshots = section(text, "<!-- snapshot-bench:begin -->", "<!-- snapshot-bench:end -->")
+    lost = section(text, "<!-- node-lost-bench:begin -->", "<!-- node-lost-bench:end -->")
+    # Cells: figure, then the ways in node_lost_bench.WAYS' order.
+    first = row(lost, node_lost_bench.FIRST_STEP)
+    ways = [w for _, w in node_lost_bench.WAYS]
     # The row of PyTorch 2.x (its version is the first cell).
     snap = next([c.strip() for c in line.strip().strip("|").split("|")]
                 for line in snapshots.splitlines() if line.startswith("| 2."))
@@ -128,6 +136,8 @@ def recorded(docs):
         RECOVERY: (number(crash[5]) / number(crash[4]), commit_of(recovery)),
         # Cells: PyTorch, crun_worker.save, torch.save /dev/shm, torch.save disk, load, goal.
         SNAPSHOT: (number(snap[2]) / number(snap[1]), commit_of(snapshots)),
+        NODE_LOST: (number(first[1 + ways.index("disk")]) / number(first[1 + ways.index("peer")]),
+                    commit_of(lost)),
     }
 
 
@@ -257,6 +267,27 @@ def snapshot_checks(args):
     return ratios
 
 
+def node_lost_checks(args):
+    """A node lost, a spare taking its ranks from a peer's copy against the same job resuming
+    from disk, alternating (node_lost_bench.py). Both must succeed."""
+    import argparse
+    run_args = argparse.Namespace(crun=args.crun, torch2_python=args.torch2_python,
+                                  ckpt_mb=8 if args.smoke else 200, kill_after=4, keep=False)
+
+    def first_step(way):
+        res = node_lost_bench.run_once(run_args, way)
+        if "failed" in res or "step" not in res:
+            raise RuntimeError(f"node lost, {way}: {res.get('failed', 'no figure')}")
+        return res["step"]
+
+    ratios = {NODE_LOST: []}
+    for r in range(rounds_of(args, 3)):
+        ways = ("peer", "disk") if r % 2 == 0 else ("disk", "peer")
+        got = {way: first_step(way) for way in ways}
+        ratios[NODE_LOST].append(got["disk"] / got["peer"])
+    return ratios
+
+
 def judge(measured, recorded_ratios):
     """Rows of (check, recorded, commit, now, band, verdict); whether any regressed."""
     rows, regressed = [], False
@@ -299,7 +330,8 @@ def main():
         print(f"  {name}: {ratio:,.2f} (at {commit})", file=sys.stderr)
     measured = {}
     # The storm last: it leaves 40,000 closed connections in TIME_WAIT behind it.
-    for checks in (launch_checks, rdzv_checks, recovery_checks, snapshot_checks, store_checks):
+    for checks in (launch_checks, rdzv_checks, recovery_checks, snapshot_checks, node_lost_checks,
+                   store_checks):
         measured.update(checks(args))
     rows, regressed = judge(measured, was)
     print(f"| check | recorded (commit) | this run | noise band | verdict |")

@@ -57,7 +57,7 @@ class Judge(unittest.TestCase):
 class Recorded(unittest.TestCase):
     def test_every_check_has_a_recorded_ratio_and_commit(self):
         was = check.recorded(DOCS)
-        self.assertEqual(len(was), 9)
+        self.assertEqual(len(was), 10)
         for name, (ratio, commit) in was.items():
             self.assertGreater(ratio, 0, name)
             self.assertRegex(commit, r"^[0-9a-f]{7,}$", name)
@@ -76,6 +76,14 @@ class Recorded(unittest.TestCase):
         limit = check.number(check.row(launch, "launch → exit, 2 workers")[2])
         restart = check.number(check.row(launch, "restart, 2 workers")[1])
         self.assertAlmostEqual(check.recorded(DOCS)[check.RESTART_LIMIT][0], limit / restart)
+
+    def test_the_node_lost_ratio_is_disk_over_the_peer_copy_of_the_first_step_row(self):
+        text = check.section(open(DOCS).read(), "<!-- node-lost-bench:begin -->",
+                             "<!-- node-lost-bench:end -->")
+        cells = check.row(text, check.node_lost_bench.FIRST_STEP)
+        self.assertTrue(cells[0].startswith("**loss → every rank's first step"))
+        self.assertAlmostEqual(check.recorded(DOCS)[check.NODE_LOST][0],
+                               check.number(cells[3]) / check.number(cells[1]))
 
     def test_number_reads_the_tables_cells(self):
         self.assertEqual(check.number("1,652.1 ms"), 1652.1)

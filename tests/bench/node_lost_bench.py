@@ -59,11 +59,12 @@ LIMIT_S = 180  # one run; a launcher still running then is a failure
 STEPS = 100000  # the run ends at the stop file, once every rank has trained after the loss
 AFTER = 3  # steps every rank does after the loss before the run is stopped
 WORLD = 4
+FIRST_STEP = "**loss → every rank's first step**"
 STAGES = (("exec", "loss → every worker exec'd"),
           ("imported", "loss → every worker imported torch"),
           ("group", "loss → process group formed"),
           ("loaded", "loss → every rank loaded the state"),
-          ("step", "**loss → every rank's first step**"))
+          ("step", FIRST_STEP))
 WAYS = (("crun --warm, peer copy", "peer"), ("crun --warm, host silent", "silent"),
         ("crun --warm, disk", "disk"), ("crun cold, peer copy", "cold"),
         ("torchrun 2.x, waiting agent", "torchrun"),
@@ -319,8 +320,10 @@ def table(results):
     rows = (("told", "loss → the survivor's crun told"), *STAGES,
             ("lost", "steps lost (finished before the loss, trained again)"))
     for key, label in rows:
-        lines.append(f"| {label} | " + " | ".join(cell(results[w], key) for _, w in WAYS)
-                     + " |")
+        # The survivor's crun telling is crun's log line: torchrun has none.
+        lines.append(f"| {label} | " + " | ".join(
+            "—" if key == "told" and w in TORCHRUN else cell(results[w], key) for _, w in WAYS)
+            + " |")
     return lines
 
 
