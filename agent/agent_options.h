@@ -11,6 +11,7 @@
 
 #include "agent/frameworks/contracts.h"
 #include "agent/snapshots/snapshot_options.h"
+#include "base/security.h"
 #include "http/http_server.h"
 
 namespace crun::agent {
@@ -77,8 +78,7 @@ struct AgentOptions {
   // Whether snapshots are copied to the next node of each round of several nodes (replicas.h),
   // and the job's token and TLS that those copies are sent with (empty: none).
   bool snapshot_replicas = false;
-  std::string snapshot_token;
-  PeerTlsFiles snapshot_tls;
+  Security snapshot_security;
   // Shared with the rendezvous, which reports it in its heartbeats.
   std::shared_ptr<SnapshotFacts> snapshot_facts = std::make_shared<SnapshotFacts>();
   // crun's own TORCHELASTIC_ERROR_FILE (set by a scheduler): gets the root cause's error.

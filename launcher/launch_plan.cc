@@ -321,9 +321,7 @@ StatusOr<LaunchPlan> PlanLaunch(LaunchOptions o, const std::set<std::string>& gi
   // the job's token when it has one, over TLS when the job has TLS.
   p.agent.snapshot_replicas =
       p.values.snapshot_replicas && (p.nodes.max > 1 || p.slurm_task.has_value());
-  p.agent.snapshot_token = p.security.token;
-  p.agent.snapshot_tls = {p.security.tls(), p.security.cert_pem, p.security.key_pem,
-                          p.security.ca_pem};
+  p.agent.snapshot_security = p.security;
   CRUN_RETURN_IF_ERROR(PlanMetrics(p, o, given));
   p.o = std::move(o);
   return p;

@@ -38,18 +38,19 @@ class SnapshotStore final : public JobFeature {
     }
     if (agent_.options.snapshot_replicas) {
       std::shared_ptr<PeerTls> tls;
-      if (agent_.options.snapshot_tls.on) {
-        auto made = PeerTls::Make(agent_.options.snapshot_tls);
+      const Security& job = agent_.options.snapshot_security;
+      if (job.tls()) {
+        auto made = PeerTls::Make(job);
         if (!made.ok()) return made.status();
         tls = std::move(made).value();
         spdlog::info("snapshot copies travel over TLS 1.3, {}",
                      tls->verifies() ? "each node's certificate checked against --tls-ca"
-                     : agent_.options.snapshot_token.empty()
+                     : job.token.empty()
                          ? "but nothing proves a peer: give the job a token (--token-file) "
                            "or each node a certificate"
                          : "peers proven by the job's token, bound to each session");
       }
-      auto replicas = Replicas::Listen(agent_.options.snapshot_token, std::move(tls));
+      auto replicas = Replicas::Listen(job.token, std::move(tls));
       if (!replicas.ok()) return replicas.status();
       replicas_ = std::move(replicas).value();
     }
@@ -101,14 +102,26 @@ class SnapshotStore final : public JobFeature {
 
   void BeforeStart(AttemptStartContext& c) override {
     c.base[env::kCrunSnapshotSocket] = SnapshotSocketName(::getpid());
-    if (!replicas_) return;
     const GroupAssignment& g = c.group;
+    if (disk_) {
+      round_ = {g.group_rank,       g.group_world_size, g.base_rank,
+                g.local_world_size, g.master_addr,      g.master_port};
+      disk_->NewRound(round_);
+    }
+    if (!replicas_) return;
     replicas_->NewRound(g.group_rank, g.group_world_size, g.master_addr, g.master_port);
     if (g.group_world_size > 1) {
       c.base[env::kCrunSnapshotCommit] = "1";
     } else {
       c.base.erase(env::kCrunSnapshotCommit);
     }
+  }
+
+  // The attempt's store goes with it: the disk writer stops asking it.
+  void OnAttemptEnded() override {
+    if (!disk_) return;
+    round_.store_host.clear();
+    disk_->NewRound(round_);
   }
 
   void OnFinish(int) override {
@@ -122,6 +135,7 @@ class SnapshotStore final : public JobFeature {
   AgentView& agent_;
   NodeSnapshots memory_;
   std::unique_ptr<DiskSnapshots> disk_;
+  DiskRound round_;  // the last round, as told to disk_
   std::unique_ptr<Replicas> replicas_;
   std::unique_ptr<SnapshotServer> server_;  // after memory_, disk_ and replicas_: goes first
 };

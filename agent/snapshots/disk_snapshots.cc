@@ -19,6 +19,7 @@
 
 #include "base/numbers.h"
 #include "base/socket.h"
+#include "rendezvous/store/tcp_store_client.h"
 
 namespace crun::agent {
 namespace {
@@ -97,6 +98,7 @@ void RemoveStaleTemporaries(const std::string& dir) {
 }
 
 constexpr std::string_view kClaimPrefix = ".crun-claim-";
+constexpr std::string_view kDiskKey = "crun/disk/";
 constexpr std::string_view kClaimDraft = ".crun-claim-draft-";
 
 std::string ReadSmallFile(int fd) {
@@ -134,6 +136,18 @@ std::string SnapshotFilePath(const std::string& dir, std::uint64_t step, std::in
   std::snprintf(name, sizeof name, "/step-%012llu/rank-%05lld.snap",
                 static_cast<unsigned long long>(step), static_cast<long long>(rank));
   return dir + name;
+}
+
+std::vector<std::uint64_t> StepsToDrop(const std::vector<std::uint64_t>& steps,
+                                       std::optional<std::uint64_t> job_step, int keep) {
+  keep = std::max(keep, 1);
+  std::vector<std::uint64_t> drop;
+  int held = 0, ahead = 0;
+  for (std::uint64_t step : steps) {
+    const bool counted = job_step && step <= *job_step;
+    if (counted ? ++held > keep : ++ahead > keep + kStepsAhead) drop.push_back(step);
+  }
+  return drop;
 }
 
 bool ChoosesStep(std::uint64_t step, std::uint64_t every, const std::uint64_t* last) {
@@ -248,19 +262,90 @@ Status DiskSnapshots::Write(const std::vector<unsigned char>& staged) {
     return s;
   }
   CRUN_RETURN_IF_ERROR(SyncDir(step_dir));
-  // The rank's older steps beyond `keep` go; a step directory goes with its last file.
-  const auto steps = StepsWithRank(options_.dir, h.rank);
-  for (std::size_t i = static_cast<std::size_t>(std::max(options_.keep, 1)); i < steps.size();
-       ++i) {
-    const std::string old = SnapshotFilePath(options_.dir, steps[i], h.rank);
-    ::unlink(old.c_str());
-    ::rmdir(fs::path(old).parent_path().c_str());  // fails, harmlessly, while others are there
+  // The steps StepsToDrop names go, of every rank of this node (the job's step may have moved
+  // for the others too); a step directory goes with its last file.
+  const auto job_step = JobStep(h.rank);
+  std::int64_t first = h.rank, end = h.rank + 1;
+  {
+    std::lock_guard lock(mu_);
+    if (round_.local_ranks > 0) {
+      first = round_.base_rank;
+      end = round_.base_rank + round_.local_ranks;
+    }
+  }
+  for (std::int64_t rank = first; rank < end; ++rank) {
+    for (std::uint64_t step :
+         StepsToDrop(StepsWithRank(options_.dir, rank), job_step, options_.keep)) {
+      const std::string old = SnapshotFilePath(options_.dir, step, rank);
+      ::unlink(old.c_str());
+      ::rmdir(fs::path(old).parent_path().c_str());  // fails, harmlessly, while others are there
+    }
   }
   std::lock_guard lock(mu_);
   ++counters_.written;
   counters_.bytes += staged.size();
   counters_.last_step = std::max(counters_.last_step, h.step);
   return Status::Ok();
+}
+
+void DiskSnapshots::NewRound(DiskRound round) {
+  std::lock_guard lock(mu_);
+  round_ = std::move(round);
+}
+
+std::optional<std::uint64_t> DiskSnapshots::JobStep(std::int64_t written_rank) {
+  DiskRound round;
+  {
+    std::lock_guard lock(mu_);
+    round = round_;
+  }
+  const auto newest = [&](std::int64_t rank) -> std::optional<std::uint64_t> {
+    const auto steps = StepsWithRank(options_.dir, rank);
+    if (steps.empty()) return std::nullopt;
+    return steps.front();
+  };
+  if (round.local_ranks <= 0) return newest(written_rank);  // no round: this rank alone
+  // This node's: the oldest of its ranks' newest.
+  std::optional<std::uint64_t> node;
+  for (std::int64_t r = round.base_rank; r < round.base_rank + round.local_ranks; ++r) {
+    const auto step = newest(r);
+    if (!step) return Remembered(std::nullopt);
+    node = node ? std::min(*node, *step) : *step;
+  }
+  if (round.nodes <= 1) return Remembered(node);
+  if (round.store_host.empty()) return Remembered(std::nullopt);
+  // The job's: the oldest of the nodes' newest, through the round's store.
+  TcpStoreClientOptions o;
+  o.host = round.store_host;
+  o.port = round.store_port;
+  o.connect_timeout = std::chrono::seconds(1);
+  o.timeout = std::chrono::seconds(2);
+  auto store = TcpStoreClient::Connect(o);
+  if (!store.ok()) return Remembered(std::nullopt);
+  std::vector<std::string> keys;
+  for (int g = 0; g < round.nodes; ++g) keys.push_back(std::string(kDiskKey) + std::to_string(g));
+  const std::string& mine = keys[static_cast<std::size_t>(round.group_rank)];
+  if (!(*store)->Set(mine, std::to_string(*node)).ok()) {
+    return Remembered(std::nullopt);
+  }
+  const auto all_there = (*store)->Check(keys);
+  if (!all_there.ok() || !*all_there) return Remembered(std::nullopt);
+  const auto values = (*store)->MultiGet(keys);
+  if (!values.ok()) return Remembered(std::nullopt);
+  std::optional<std::uint64_t> job;
+  for (const std::string& v : *values) {
+    const auto step = ParseInteger(v, 0, INT64_MAX);
+    if (!step) return Remembered(std::nullopt);
+    job =
+        job ? std::min(*job, static_cast<std::uint64_t>(*step)) : static_cast<std::uint64_t>(*step);
+  }
+  return Remembered(job);
+}
+
+std::optional<std::uint64_t> DiskSnapshots::Remembered(std::optional<std::uint64_t> seen) {
+  std::lock_guard lock(mu_);
+  if (seen && (!job_step_ || *seen > *job_step_)) job_step_ = seen;
+  return job_step_;
 }
 
 std::vector<std::uint64_t> DiskSnapshots::Steps(std::int64_t rank, std::int64_t world_size) const {

@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <utility>
 
+#include <boost/algorithm/hex.hpp>
 #include <boost/asio/ssl/context.hpp>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -114,7 +116,7 @@ PeerTls::PeerTls(std::unique_ptr<Contexts> c, bool verifies)
 
 PeerTls::~PeerTls() = default;
 
-StatusOr<std::shared_ptr<PeerTls>> PeerTls::Make(const PeerTlsFiles& files) {
+StatusOr<std::shared_ptr<PeerTls>> PeerTls::Make(const Security& files) {
   auto c = std::make_unique<Contexts>();
   const bool own = !files.cert_pem.empty() && !files.key_pem.empty();
   const bool verifies = own && !files.ca_pem.empty();
@@ -222,12 +224,8 @@ std::string PeerLink::Binding() const {
                                  nullptr, 0, 0) != 1) {
     return "";
   }
-  static const char* digits = "0123456789abcdef";
   std::string hex;
-  for (unsigned char b : out) {
-    hex += digits[b >> 4];
-    hex += digits[b & 15];
-  }
+  boost::algorithm::hex_lower(std::begin(out), std::end(out), std::back_inserter(hex));
   return hex;
 }
 

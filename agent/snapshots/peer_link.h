@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "agent/snapshots/snapshot_options.h"
+#include "base/security.h"
 #include "base/socket.h"
 #include "base/status.h"
 
@@ -27,7 +27,8 @@ namespace crun::agent {
 // The TLS settings of one crun's peers: a server side and a client side.
 class PeerTls {
  public:
-  static StatusOr<std::shared_ptr<PeerTls>> Make(const PeerTlsFiles& files);
+  // From the job's TLS as crun loaded it (its token is not used here).
+  static StatusOr<std::shared_ptr<PeerTls>> Make(const Security& job);
   ~PeerTls();
   PeerTls(const PeerTls&) = delete;
   PeerTls& operator=(const PeerTls&) = delete;

@@ -11,10 +11,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <new>
 #include <set>
 #include <sstream>
 
+#include <boost/algorithm/hex.hpp>
 #include <crun/worker/snapshot_layout.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
@@ -41,12 +43,8 @@ constexpr std::size_t kMaxLine = 256;
 SteadyClock::time_point In(seconds s) { return SteadyClock::now() + s; }
 
 std::string Hex(const unsigned char* data, std::size_t n) {
-  static const char* digits = "0123456789abcdef";
   std::string out;
-  for (std::size_t i = 0; i < n; ++i) {
-    out += digits[data[i] >> 4];
-    out += digits[data[i] & 15];
-  }
+  boost::algorithm::hex_lower(data, data + n, std::back_inserter(out));
   return out;
 }
 

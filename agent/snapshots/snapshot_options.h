@@ -18,13 +18,6 @@ struct SnapshotDiskOptions {
   std::string job;
 };
 
-// The job's TLS, for copies to peers (agent/snapshots/peer_link.h): PEM text as crun loaded
-// it, any of it empty. `on`: the job has TLS (a CA or a certificate), so copies use it too.
-struct PeerTlsFiles {
-  bool on = false;
-  std::string cert_pem, key_pem, ca_pem;
-};
-
 // What the node's store holds now, for the rendezvous' heartbeats (`crun status`): written by
 // the snapshot store on the agent's loop, read there by the rendezvous. -1: none.
 struct SnapshotFacts {

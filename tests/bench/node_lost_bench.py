@@ -14,7 +14,7 @@ Each run: nodes a and b (2 workers each) form the job, spare c waits; once every
     that hangs or drops off the network): the service notices by the missing heartbeats
     (heartbeat_timeout, 3 s by default), then b is SIGKILLed;
   * crun --warm, disk: the same job with --snapshot-replicas off and --checkpoint-dir (one
-    directory that every node reaches, written every step in the background, 8 kept): c reads
+    directory that every node reaches, written every step in the background, 2 kept): c reads
     b's ranks from disk;
   * crun cold, peer copy: the peer copy without --warm (c's workers import torch after the
     loss, as torchrun's do);
@@ -118,11 +118,10 @@ class Run:
             if self.way != "cold":
                 cmd.append("--warm")  # a hot spare: its template imported torch already
             if self.way == "disk":
-                # Keep 8: each node prunes its own steps, and a node whose writer lags more
-                # steps behind another's than it keeps leaves no step every rank holds
-                # (docs/checkpoints.md, "Limits today").
+                # The default --checkpoint-keep (2): a node keeps the steps that a lagging
+                # node's writer still needs (docs/checkpoints.md, "Kept").
                 cmd += ["--snapshot-replicas", "off", "--checkpoint-dir", self.ckpt,
-                        "--checkpoint-every", "1", "--checkpoint-keep", "8"]
+                        "--checkpoint-every", "1"]
         cmd += ["--nproc-per-node", "2", "--rdzv-id", "nodelost", "--max-restarts", "3"]
         self.logs[tag] = os.path.join(self.dir, f"{tag}.log")
         env = dict(self.env, LOGLEVEL="WARNING")
@@ -368,7 +367,7 @@ def main():
         f"crun: a `crun rendezvous` daemon, heartbeat_timeout 3 s (the default); \"peer copy\": "
         f"b SIGKILLed, c loads b's ranks from a's copies; \"host silent\": b SIGSTOPped (its "
         f"sockets stay open), so the service must notice the missing heartbeats; \"disk\": "
-        f"`--snapshot-replicas off --checkpoint-dir` (every step, 8 kept, one directory every "
+        f"`--snapshot-replicas off --checkpoint-dir` (every step, 2 kept, one directory every "
         f"node reaches); `--warm`: c is a hot spare whose template imported torch before the "
         f"loss. torchrun: c10d hosted by a (keep-alive 5 s × 3), c on its redundancy list "
         f"(\"waiting agent\") or started right after the loss, as a scheduler replaces a node; "

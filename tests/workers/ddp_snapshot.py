@@ -9,6 +9,7 @@ With HOLD_AT, rank 1 of the first attempt stops after saving that step and waits
 The state: the model's and Adam's state_dicts, PyTorch's RNG (dropout), the data stream's
 generator (its position) and Python's RNG. DDP_LOAD_INTO=1 loads with load(into=...). Each rank writes OUT_DIR/final-RANK.json with a hash
 of its parameters and the step it started from."""
+import gc
 import hashlib
 import json
 import os
@@ -68,4 +69,10 @@ for step in range(start + 1, steps + 1):
 digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters()))
 with open(os.path.join(out_dir, f"final-{rank}.json"), "w") as f:
     json.dump({"rank": rank, "hash": digest.hexdigest(), "start": start}, f)
+# PyTorch 2.15's gloo group aborted at the end of this worker ("terminate called without an
+# active exception", pytorch/pytorch#190489) once in CI-like runs: every rank is done with
+# every collective first, and DDP's reducer, which holds the group, goes before the group.
+dist.barrier()
+del ddp, optimizer
+gc.collect()
 dist.destroy_process_group()

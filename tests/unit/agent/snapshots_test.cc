@@ -1,14 +1,19 @@
 // The node's snapshot store: the layout's table, the step every rank agrees on, crun's memory
 // (sizing, sealing, checking, the room check), and the SDK saving and loading through a real
 // server in this process.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include <boost/asio/executor_work_guard.hpp>
@@ -23,6 +28,7 @@
 #include "base/socket.h"
 #include "crun/worker/snapshot.h"
 #include "rendezvous/store/memory_store.h"
+#include "rendezvous/store_server/round_store.h"
 #include "tests/unit/temp_dir.h"
 
 namespace crun::agent {
@@ -198,6 +204,77 @@ TEST_CASE("disk: a staged copy is whole or refused, and a file restores into mem
   CHECK_THAT(corrupt.status().message(),
              Catch::Contains("the snapshot of rank 1 at step 14 fails its checksum"));
   CHECK_FALSE(reread.Restore(fresh, 0, 1, 99).ok());  // no such file
+}
+
+TEST_CASE("disk: a rank's steps go by the job's step, not by its own alone") {
+  using Steps = std::vector<std::uint64_t>;
+  // Job's step known: the newest `keep` at or below it stay, and what is above it.
+  CHECK(StepsToDrop({9, 8, 7, 6, 5}, 7, 2) == Steps{5});
+  CHECK(StepsToDrop({9, 8, 7, 6, 5}, 9, 2) == Steps{7, 6, 5});
+  CHECK(StepsToDrop({9, 8}, 3, 1).empty());  // nothing at or below it: all are ahead
+  // Not known: up to keep + kStepsAhead stay.
+  CHECK(StepsToDrop({9, 8, 7, 6, 5, 4, 3}, std::nullopt, 2) == Steps{3});
+  CHECK(StepsToDrop({12, 11, 10, 9, 8, 7, 6, 5}, 5, 1) == Steps{7, 6});  // 1 + 4 ahead
+  CHECK(StepsToDrop({4}, 4, 0).empty());                                 // one is always kept
+}
+
+// Writes rank `rank`'s step `step` of a world of 2 through `disk`, from a staged copy of any
+// snapshot.
+void WriteStep(DiskSnapshots& disk, std::vector<unsigned char> staged, std::int64_t rank,
+               std::uint64_t step) {
+  auto* h = reinterpret_cast<snap::BufferHeader*>(staged.data());
+  h->rank = rank;
+  h->world_size = 2;
+  h->step = step;
+  REQUIRE(disk.Write(staged).ok());
+}
+
+TEST_CASE("disk: nodes with directories of their own keep a step that every rank holds") {
+  testing::TempDir tmp("crun_disk_job");
+  NodeSnapshots memory({"/dev/shm", ""});
+  auto a = memory.Reserve(0, 0, 4096);
+  REQUIRE(a.ok());
+  WriteComplete(**a, 1, 1, 4096, 0x42);
+  std::vector<unsigned char> staged;
+  REQUIRE(memory.Stage(0, 0, &staged).verdict == BufferVerdict::kValid);
+  RoundStoreHost round;
+  RoundStoreSpec spec;
+  spec.bind_host = "127.0.0.1";
+  spec.world_size = 2;
+  auto port = round.Serve(1, spec);
+  REQUIRE(port.ok());
+  // Two nodes, one rank each, keep 1, each writing to a directory of its own.
+  const auto node = [&](int g) {
+    SnapshotDiskOptions o;
+    o.dir = tmp.path + "/node" + std::to_string(g);
+    o.keep = 1;
+    auto d = std::make_unique<DiskSnapshots>(o);
+    REQUIRE(d->Prepare().ok());
+    d->NewRound({g, 2, g, 1, "127.0.0.1", *port});
+    return d;
+  };
+  auto fast = node(0), slow = node(1);
+  // The fast node is ahead and the slow one has written nothing: nothing the job holds yet,
+  // so the fast node keeps its steps (up to 1 + kStepsAhead).
+  for (std::uint64_t step : {1, 2, 3}) WriteStep(*fast, staged, 0, step);
+  CHECK(fast->Steps(0, 2) == std::vector<std::uint64_t>{3, 2, 1});
+  // The slow node has step 1: the job's step is 1, and the fast node keeps it.
+  WriteStep(*slow, staged, 1, 1);
+  CHECK(slow->JobStep(1) == 1u);
+  WriteStep(*fast, staged, 0, 4);
+  CHECK(fast->Steps(0, 2) == std::vector<std::uint64_t>{4, 3, 2, 1});
+  // Before: each rank kept its own newest step alone, 4 and 1, and no step was held by both.
+  // The slow node catches up: the job holds 4, and the older steps go on both nodes.
+  for (std::uint64_t step : {2, 3, 4}) WriteStep(*slow, staged, 1, step);
+  CHECK(slow->Steps(1, 2) == std::vector<std::uint64_t>{4});
+  WriteStep(*fast, staged, 0, 5);
+  CHECK(fast->Steps(0, 2) == std::vector<std::uint64_t>{5, 4});
+  // Between attempts, with no store to ask, the job's step last seen stands.
+  fast->NewRound({0, 2, 0, 1, "", 0});
+  WriteStep(*fast, staged, 0, 6);
+  CHECK(fast->JobStep(0) == 4u);
+  CHECK(fast->Steps(0, 2) == std::vector<std::uint64_t>{6, 5, 4});
+  round.Stop();
 }
 
 TEST_CASE("a checkpoint directory is claimed by one job at a time") {
@@ -582,8 +659,100 @@ TEST_CASE("a peer keeps the two newest whole copies of a rank, and refuses stran
   CHECK((*guarded)->counters().refused == 1);
 }
 
+// A sender process that sends the first `cut` bytes of `stream` to the replica server at
+// `port` and SIGKILLs itself: everything is made before the fork, and the child makes only
+// system calls (the test process has threads).
+pid_t SendAndDie(std::uint16_t port, const std::string& stream, std::size_t cut) {
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0) ::_exit(2);
+  // The greeting and "ok" to the proof, one byte at a time (nothing of ours is read past them).
+  const auto line = [fd] {
+    for (char c = 0; c != '\n';) {
+      if (::read(fd, &c, 1) != 1) ::_exit(3);
+    }
+  };
+  line();
+  if (::write(fd, "auth -\n", 7) != 7) ::_exit(4);
+  line();
+  for (std::size_t sent = 0; sent < cut;) {
+    const ssize_t n = ::write(fd, stream.data() + sent, cut - sent);
+    if (n <= 0) ::_exit(5);
+    sent += static_cast<std::size_t>(n);
+  }
+  ::kill(::getpid(), SIGKILL);
+  ::_exit(6);
+}
+
+TEST_CASE("soak: a sender SIGKILLed at any moment of a copy leaves the peer's copies whole") {
+  auto replicas = Replicas::Listen("");
+  REQUIRE(replicas.ok());
+  const std::uint16_t port = (*replicas)->port();
+  constexpr std::size_t kBytes = 1 << 20;
+  const unsigned seed = std::random_device{}();
+  INFO("seed " << seed);
+  std::mt19937 rng(seed);
+  std::vector<std::uint64_t> whole;  // the steps sent whole, in order
+  for (std::uint64_t step = 1; step <= 200; ++step) {
+    const auto copy = SealedCopy(2, step, kBytes);
+    std::string stream = "put " + std::to_string(copy.size()) + "\n";
+    const std::size_t header = stream.size();
+    stream.append(reinterpret_cast<const char*>(copy.data()), copy.size());
+    // The worst moments in turn: nothing, inside the request line, inside the snapshot's
+    // header, one byte short, all of it (twice in 12); else anywhere (the seed says where).
+    const std::size_t moments[] = {0,
+                                   header / 2,
+                                   header + snap::kHeaderBytes / 2,
+                                   header + snap::kHeaderBytes,
+                                   stream.size() - 1,
+                                   stream.size(),
+                                   stream.size()};
+    const std::size_t pick = step % 12;
+    const std::size_t cut = pick < std::size(moments) ? moments[pick] : rng() % stream.size();
+    INFO("step " << step << ", " << cut << " of " << stream.size() << " bytes sent");
+    const pid_t pid = SendAndDie(port, stream, cut);
+    REQUIRE(pid > 0);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    REQUIRE(WIFSIGNALED(status));
+    REQUIRE(WTERMSIG(status) == SIGKILL);
+    if (cut == stream.size()) whole.push_back(step);
+    // Every whole copy arrives (they are counted as kept); a cut one never is.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while ((*replicas)->counters().received < whole.size() &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    REQUIRE((*replicas)->counters().received == whole.size());
+    // The peer offers the two newest whole copies, and each is the copy as it was sent.
+    RawPeer reader(port);
+    REQUIRE(reader.Line() == "ok");
+    reader.Send("steps 2 4\n");
+    std::string want = "ok";
+    for (std::size_t i = whole.size(); i > 0 && i + 2 > whole.size(); --i) {
+      want += (i == whole.size() ? " " : ",") + std::to_string(whole[i - 1]);
+    }
+    REQUIRE(reader.Line() == want);
+    if (whole.empty()) continue;
+    reader.Send("get 2 " + std::to_string(whole.back()) + "\n");
+    const auto sent = SealedCopy(2, whole.back(), kBytes);
+    REQUIRE(reader.Line() == "ok " + std::to_string(sent.size()));
+    std::vector<char> got(sent.size());
+    auto n = reader.link.Recv(got.data(), got.size(), got.size(),
+                              DeadlineAfter(std::chrono::seconds(5)), "peer");
+    REQUIRE(n.ok());
+    REQUIRE(std::memcmp(got.data(), sent.data(), sent.size()) == 0);
+  }
+  CHECK(whole.size() == 34);  // 2 in 12 were sent whole
+}
+
 TEST_CASE("over TLS, copies are served to a peer that proves the token for its own session") {
-  auto tls = PeerTls::Make({true, "", "", ""});  // no certificate of its own: one made for it
+  auto tls = PeerTls::Make(Security{});  // no certificate of its own: one made for it
   REQUIRE(tls.ok());
   CHECK_FALSE((*tls)->verifies());
   auto replicas = Replicas::Listen("job-secret", *tls);
@@ -623,7 +792,7 @@ TEST_CASE("over TLS, copies are served to a peer that proves the token for its o
 }
 
 TEST_CASE("a TLS session's binding is the same on both ends and differs between sessions") {
-  auto tls = PeerTls::Make({true, "", "", ""});
+  auto tls = PeerTls::Make(Security{});
   REQUIRE(tls.ok());
   const auto session = [&] {
     int sv[2];

@@ -195,8 +195,8 @@ TEST_CASE("plan: snapshots go to a peer and a disk of this job's own", "[plan]")
   ::unsetenv("CRUN_TOKEN");
   REQUIRE(two.ok());
   CHECK(two->agent.snapshot_replicas);
-  CHECK(two->agent.snapshot_token == "job-secret");
-  CHECK_FALSE(two->agent.snapshot_tls.on);  // no TLS in this job: copies as plain TCP
+  CHECK(two->agent.snapshot_security.token == "job-secret");
+  CHECK_FALSE(two->agent.snapshot_security.tls());  // no TLS in this job: copies as plain TCP
   CHECK(two->agent.snapshot_disk.job == "10.0.0.1:29400 default");
   CHECK_FALSE(Plan({"--standalone"})->agent.snapshot_replicas);
   CHECK(Plan({"--standalone"})->agent.snapshot_disk.job.empty());  // a job of its own
