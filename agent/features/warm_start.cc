@@ -26,8 +26,8 @@ class WarmStart final : public JobFeature {
     const std::string dir = o.log_dir + "/warm";
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
-    agent_.workers.StartWarm(
-        {o.command[0], o.command, o.warm_modules, dir, dir + "/template.log", ToEnvp(env)});
+    agent_.workers.StartWarm({o.command[0], o.command, o.warm_modules, dir, dir + "/template.log",
+                              ToEnvp(env), o.nproc});
     return Status::Ok();
   }
 

@@ -8,13 +8,23 @@
 # each way per request:
 #   template -> crun, once:  {"ready": true, "pid", "executable", "version", "threads"}
 #                        or  {"ready": false, "module", "error"}
-#   crun -> template:        {"argv", "env", "cwd", "cpus", "mems", "crun", "fd_env", "hook"}
+#   crun -> template:        {"argv", "env", "cwd", "cpus", "mems", "crun", "fd_env", "hook",
+#                             "cgroup"}
 #                            with descriptors [go, stdout, stderr, *extras] (SCM_RIGHTS)
-#   template -> crun:        {"pid": N} or {"error": "..."}
+#   template -> crun:        {"pid": N, "in_cgroup": bool} or {"error": "..."}, in the order
+#                            of the requests (crun may send several before it reads)
 # The worker process is forked twice (template -> M -> W) and M exits at once, so that W's
 # parent becomes crun (its subreaper): crun watches, reaps and ends it like any worker. W sets
 # itself up, says so through the template, and waits on `go` (one byte: run; EOF: exit), so
 # that crun adopts it and moves it into the attempt's cgroup before any of the user's code runs.
+#
+# Spares: each fork costs about 20 ms here (the page tables of the template's memory), and a
+# restart waited for two of them per worker, one after the other. So while it waits, the
+# template forks up to CRUN_WARM_SPARES of its M ahead (crun asks for one per worker of the
+# node), each waiting on a socket of its own; a request goes to a spare, which forks W, says
+# its pid and exits, and the template forks a new spare once no request waits. A spare is the
+# template's child, in its process group and cgroup, shown as "crun warm spare", and dies with
+# it (PR_SET_PDEATHSIG, and EOF on its socket): never an orphan of crun's.
 #
 # Fork only from a single thread: a request that finds another thread is refused (crun starts
 # that worker cold). Nothing here may start a thread or initialise CUDA.
@@ -26,6 +36,7 @@ import sys
 
 MAX_MESSAGE = 1 << 20  # a worker's command line and environment
 MAX_FDS = 16
+SPARE_AFTER_S = 0.5
 PR_SET_PDEATHSIG = 1
 PR_SET_PTRACER = 0x59616D61
 MPOL_BIND = 2
@@ -33,7 +44,10 @@ SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237, "ppc64le": 261, "s390x": 237}
 
 
 def send(sock, message):
-    sock.send(json.dumps(message).encode())
+    try:
+        sock.send(json.dumps(message).encode())
+    except OSError:
+        pass  # crun is gone: the template reads EOF next and ends
 
 
 def receive(sock):
@@ -100,6 +114,132 @@ def settle():
     return threads()
 
 
+class Spare:
+    """M forked ahead: the template's child, waiting for a request on `channel` (the
+    template's end), which it answers with W's pid before it exits."""
+
+    def __init__(self, pid, channel, status):
+        self.pid, self.channel, self.status = pid, channel, status
+
+    def close(self):
+        self.channel.close()
+        os.close(self.status)
+
+
+def fork_spare(sock, spares):
+    """Forks a spare M; returns W's request in W once the spare was handed one and forked it,
+    None in the template."""
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    status_r, status_w = os.pipe()
+    template = os.getpid()
+    m = os.fork()
+    if m == 0:
+        mine.close()
+        sock.close()
+        for s in spares:  # the other spares' ends: each must see EOF when the template goes
+            s.close()
+        os.close(status_r)
+        import ctypes
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != template:
+            os._exit(0)  # the template went before the line above
+        set_cmdline_text(b"crun warm spare", ctypes)
+        request, fds = receive_handed(theirs)
+        if request is None:
+            os._exit(0)  # the template is gone
+        # Into the attempt's cgroup before the fork, so that W starts there (crun moves it
+        # when this fails): the moves of several spares then take place at the same time.
+        moved = b""
+        if request.get("cgroup"):
+            try:
+                with open(os.path.join(request["cgroup"], "cgroup.procs"), "w") as f:
+                    f.write("0")
+                moved = b" cgroup"
+            except OSError:
+                pass
+        try:
+            w = os.fork()
+        except OSError:
+            os._exit(1)
+        if w == 0:
+            theirs.close()
+            return (request, fds, status_w)
+        theirs.sendall(b"%d" % w + moved)
+        os._exit(0)
+    os.close(status_w)
+    theirs.close()
+    spares.append(Spare(m, mine, status_r))
+    return None
+
+
+def hand(spare, request, fds):
+    """Gives a spare a request and its descriptors; False if the spare is gone."""
+    data = json.dumps(request).encode()
+    try:
+        socket.send_fds(spare.channel, [len(data).to_bytes(4, "little")], fds)
+        spare.channel.sendall(data)
+        return True
+    except OSError:
+        return False
+
+
+def receive_handed(channel):
+    """In a spare: its request and descriptors, or (None, []) at EOF."""
+    head, fds, _, _ = socket.recv_fds(channel, 4, MAX_FDS)
+    while head and len(head) < 4:
+        more = channel.recv(4 - len(head))
+        if not more:
+            break
+        head += more
+    if len(head) < 4:
+        return None, []
+    want = int.from_bytes(head, "little")
+    data = b""
+    while len(data) < want:
+        more = channel.recv(min(want - len(data), 1 << 16))
+        if not more:
+            return None, []
+        data += more
+    return json.loads(data), fds
+
+
+def answer(sock, pid, status, in_cgroup=False):
+    if not pid:
+        send(sock, {"error": "fork failed"})
+    elif status != b"ok":
+        send(sock, {"error": status.decode(errors="replace") or "the worker process died"})
+    else:
+        send(sock, {"pid": int(pid), "in_cgroup": in_cgroup})
+
+
+def give(spares, request, fds):
+    """Hands a request to the first spare that takes it (which forks W at once); returns that
+    spare, or None when none is left."""
+    while spares:
+        spare = spares.pop(0)
+        if hand(spare, request, fds):
+            for fd in fds:
+                os.close(fd)
+            return spare
+        os.kill(spare.pid, signal.SIGKILL)  # it could not take the request: gone, or going
+        os.waitpid(spare.pid, 0)
+        spare.close()
+    return None
+
+
+def answer_spares(sock, handed):
+    """Answers the requests handed to spares, in order: each says W's pid, and whether it moved
+    into the attempt's cgroup before it forked W, then exits."""
+    for spare in handed:
+        said = b""
+        while chunk := spare.channel.recv(64):
+            said += chunk
+        spare.channel.close()
+        os.waitpid(spare.pid, 0)  # W is crun's child from here on
+        pid, _, moved = said.partition(b" ")
+        answer(sock, pid, read_all(spare.status), in_cgroup=moved == b"cgroup")
+
+
 def fork_worker(sock, request, fds):
     """Forks W (through M); returns W's request in W, None in the template."""
     n = threads()
@@ -130,13 +270,7 @@ def fork_worker(sock, request, fds):
         os.close(fd)
     pid = read_all(pid_r)
     os.waitpid(m, 0)  # W is crun's child from here on
-    status = read_all(status_r)
-    if not pid:
-        send(sock, {"error": "fork failed"})
-    elif status != b"ok":
-        send(sock, {"error": status.decode(errors="replace") or "the worker process died"})
-    else:
-        send(sock, {"pid": int(pid)})
+    answer(sock, pid, read_all(status_r))
     return None
 
 
@@ -160,13 +294,41 @@ def serve():
     # The template's log (and the tests) learn it is ready, one whole line.
     print(f"crun warm template {os.getpid()}: ready ({', '.join(hello['imported'])})",
           flush=True)
+    import select
+    want = int(os.environ.pop("CRUN_WARM_SPARES", "0") or "0")
+    spares = []
     while True:
-        request, fds = receive(sock)
+        # Spares are forked once no request came for SPARE_AFTER_S (the workers just forked
+        # start up meanwhile, and a fork of the template would take a core from them: half a
+        # second covers a warm worker's own start on 2 cores here), and only from a single
+        # thread.
+        if len(spares) < want and not select.select([sock], [], [], SPARE_AFTER_S)[0] and \
+                threads() == 1:
+            child = fork_spare(sock, spares)
+            if child is not None:
+                return child
+            continue
+        # The requests that wait go to spares one after the other, which fork their workers
+        # at the same time; then they are answered in order.
+        handed = []
+        while True:
+            request, fds = receive(sock)
+            if request is None:
+                break  # crun is gone or done
+            spare = give(spares, request, fds)
+            if spare is None:
+                answer_spares(sock, handed)
+                handed = []
+                child = fork_worker(sock, request, fds)
+                if child is not None:
+                    return child
+            else:
+                handed.append(spare)
+            if not select.select([sock], [], [], 0)[0]:
+                break
+        answer_spares(sock, handed)
         if request is None:
-            return None  # crun is gone or done
-        child = fork_worker(sock, request, fds)
-        if child is not None:
-            return child
+            return None
 
 
 # ---- in W ------------------------------------------------------------------------------------
@@ -227,10 +389,16 @@ def set_cmdline(ctypes, argv):
     """Makes /proc/self/cmdline (ps, top, pgrep -f, nvidia-smi) the worker's command line, not
     the template's: written over the template's own argument strings, which crun padded to
     fit. What does not fit is cut."""
+    set_cmdline_text(b"\0".join(a.encode("utf-8", "surrogateescape") for a in argv), ctypes)
+
+
+def set_cmdline_text(text, ctypes=None):
+    if ctypes is None:
+        import ctypes
     with open("/proc/self/stat", "rb") as f:
         fields = f.read().rsplit(b")", 1)[1].split()
     start, end = int(fields[47 - 2]), int(fields[48 - 2])  # arg_start, arg_end (man 5 proc)
-    text = b"\0".join(a.encode("utf-8", "surrogateescape") for a in argv)[:end - start - 1]
+    text = text[:end - start - 1]
     ctypes.memmove(start, text.ljust(end - start, b"\0"), end - start)
 
 

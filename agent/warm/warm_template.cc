@@ -172,6 +172,7 @@ void WarmTemplate::Launch() {
   spec.envp.push_back("CRUN_WARM_ROOM=" + std::string(kEnvironRoom, ' '));
   spec.envp.push_back("CRUN_WARM_FD=" + std::to_string(sv[1]));
   spec.envp.push_back(fmt::format("CRUN_WARM_MODULES={}", fmt::join(options_.modules, ",")));
+  spec.envp.push_back(fmt::format("CRUN_WARM_SPARES={}", options_.spares));
   spec.stdout_fd = spec.stderr_fd = log;
   spec.inherit_fds = {sv[1]};
   if (own_cgroup_) {
@@ -231,6 +232,7 @@ void WarmTemplate::OnExit(ExitStatus status) {
 void WarmTemplate::Broken(const std::string& why, bool off) {
   const bool was_starting = state_ == State::kStarting;
   socket_.reset();
+  unanswered_ = 0;
   watcher_.reset();
   if (pid_ > 0) {
     guard_->Forget(pid_);
@@ -283,6 +285,20 @@ void WarmTemplate::Settle() {
 }
 
 StatusOr<PendingProcess> WarmTemplate::Fork(const ProcessSpec& spec, const std::string& hook) {
+  auto ticket = Request(spec, hook);
+  if (!ticket.ok()) return ticket.status();
+  return Collect(*ticket);
+}
+
+WarmTemplate::Ticket::Ticket(Ticket&& other) noexcept
+    : spec(std::move(other.spec)), go(std::exchange(other.go, -1)) {}
+
+WarmTemplate::Ticket::~Ticket() {
+  if (go >= 0) ::close(go);
+}
+
+StatusOr<WarmTemplate::Ticket> WarmTemplate::Request(const ProcessSpec& spec,
+                                                     const std::string& hook) {
   if (state_ != State::kReady) return Aborted("the warm template is not ready");
   if (spec.argv.size() < 3 || spec.argv[0] != options_.python || spec.argv[1] != "-u") {
     return Aborted(fmt::format("'{}' is not run by the template's interpreter {}",
@@ -290,21 +306,42 @@ StatusOr<PendingProcess> WarmTemplate::Fork(const ProcessSpec& spec, const std::
   }
   int go[2];
   if (::pipe2(go, O_CLOEXEC) != 0) return PosixError("pipe", errno);
-  auto pid = Ask(spec, hook, go[0]);
+  Ticket t;
+  t.go = go[1];
+  t.spec = spec;
+  const Status sent = Send(spec, hook, go[0]);
   ::close(go[0]);
-  if (!pid.ok()) {
-    ::close(go[1]);
-    return pid.status();
+  if (!sent.ok()) return sent;
+  ++unanswered_;
+  return t;
+}
+
+StatusOr<PendingProcess> WarmTemplate::Collect(Ticket& ticket) {
+  if (state_ != State::kReady || unanswered_ == 0) {
+    return Aborted("the warm template is not ready");
+  }
+  --unanswered_;
+  auto reply = Receive(socket_->native_handle(), kWarmReplyTimeout);
+  if (!reply.ok()) {
+    Broken(reply.status().message(), false);
+    return reply.status();
+  }
+  if (!reply->contains("pid") || !(*reply)["pid"].is_number_integer()) {
+    const std::string error = reply->value("error", std::string("no pid in its answer"));
+    if (error.find("threads") != std::string::npos) Broken("the warm template: " + error, true);
+    return Aborted("the warm template could not fork: " + error);
   }
   PendingProcess p;
-  p.pid = *pid;
-  p.report_fd = go[1];
-  p.spec = spec;
+  p.pid = (*reply)["pid"].get<pid_t>();
+  children_.Own(p.pid);  // before anything could reap it as an orphan
+  p.report_fd = std::exchange(ticket.go, -1);
+  p.spec = std::move(ticket.spec);
   p.warm = true;
   p.children = &children_;
-  if (!spec.cgroup_dir.empty()) {
-    if (auto moved = MoveIntoCgroup(spec.cgroup_dir, p.pid); !moved.ok()) {
-      ::close(go[1]);
+  // The spare that forked it moved itself into the attempt's cgroup first when it could.
+  if (!p.spec.cgroup_dir.empty() && !reply->value("in_cgroup", false)) {
+    if (auto moved = MoveIntoCgroup(p.spec.cgroup_dir, p.pid); !moved.ok()) {
+      ::close(p.report_fd);
       KillAndReap(p.pid, children_);
       return moved;
     }
@@ -312,8 +349,8 @@ StatusOr<PendingProcess> WarmTemplate::Fork(const ProcessSpec& spec, const std::
   return p;
 }
 
-// Sends the request and reads the answer; a template that does not answer is broken.
-StatusOr<pid_t> WarmTemplate::Ask(const ProcessSpec& spec, const std::string& hook, int go_fd) {
+// Sends a request; a template that cannot take it is broken.
+Status WarmTemplate::Send(const ProcessSpec& spec, const std::string& hook, int go_fd) {
   std::vector<int> fds{go_fd, spec.stdout_fd >= 0 ? spec.stdout_fd : STDOUT_FILENO,
                        spec.stderr_fd >= 0 ? spec.stderr_fd : STDERR_FILENO};
   nlohmann::json fd_env = nlohmann::json::array();
@@ -335,7 +372,8 @@ StatusOr<pid_t> WarmTemplate::Ask(const ProcessSpec& spec, const std::string& ho
                                {"mems", spec.mem_nodes},
                                {"crun", ::getpid()},
                                {"fd_env", fd_env},
-                               {"hook", hook}};
+                               {"hook", hook},
+                               {"cgroup", spec.cgroup_dir}};
   std::string text;
   try {
     text = request.dump();
@@ -343,24 +381,11 @@ StatusOr<pid_t> WarmTemplate::Ask(const ProcessSpec& spec, const std::string& ho
     // JSON carries text: a value that is not UTF-8 would not reach the worker as it is.
     return Aborted("the worker's command line or environment is not UTF-8");
   }
-  const int sock = socket_->native_handle();
-  if (auto sent = SendWithFds(sock, text, fds); !sent.ok()) {
+  if (auto sent = SendWithFds(socket_->native_handle(), text, fds); !sent.ok()) {
     Broken(sent.message(), false);
     return sent;
   }
-  auto reply = Receive(sock, kWarmReplyTimeout);
-  if (!reply.ok()) {
-    Broken(reply.status().message(), false);
-    return reply.status();
-  }
-  if (reply->contains("pid") && (*reply)["pid"].is_number_integer()) {
-    const pid_t pid = (*reply)["pid"].get<pid_t>();
-    children_.Own(pid);  // before anything could reap it as an orphan
-    return pid;
-  }
-  const std::string error = reply->value("error", std::string("no pid in its answer"));
-  if (error.find("threads") != std::string::npos) Broken("the warm template: " + error, true);
-  return Aborted("the warm template could not fork: " + error);
+  return Status::Ok();
 }
 
 }  // namespace crun::agent

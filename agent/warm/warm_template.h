@@ -11,7 +11,9 @@
 // until it is ready, and whenever a fork fails, workers start cold, with one warning line.
 //
 // Single-threaded, on the io_context given. Fork blocks for the template's answer (a few
-// milliseconds; kWarmReplyTimeout at most), as a cold start blocks for its fork.
+// milliseconds; kWarmReplyTimeout at most), as a cold start blocks for its fork. Request and
+// Collect are Fork in two halves, so that an attempt asks for all its workers before it reads
+// the first answer: the template's spares then fork them at the same time (template.py).
 #pragma once
 
 #include <sys/types.h>
@@ -51,6 +53,7 @@ struct WarmOptions {
   std::string dir;                       // where the template's source is written
   std::string log_file;                  // its stdout and stderr
   std::vector<std::string> envp;         // its environment, "KEY=VALUE"
+  int spares = 0;  // processes it forks ahead, one per worker of the node (template.py)
 };
 
 class WarmTemplate {
@@ -78,6 +81,19 @@ class WarmTemplate {
   // says why this worker cannot start warm.
   StatusOr<PendingProcess> Fork(const ProcessSpec& spec, const std::string& hook);
 
+  // A request sent and not answered yet; answers come in the order of the requests.
+  struct Ticket {
+    ProcessSpec spec;
+    int go = -1;  // the write end of the pipe the worker waits on
+    Ticket() = default;
+    Ticket(Ticket&& other) noexcept;
+    Ticket& operator=(Ticket&&) = delete;
+    ~Ticket();
+  };
+  StatusOr<Ticket> Request(const ProcessSpec& spec, const std::string& hook);
+  // The answer to the oldest ticket not collected: the worker, adopted and in its cgroup.
+  StatusOr<PendingProcess> Collect(Ticket& ticket);
+
  private:
   void Launch();
   void WaitForHello();
@@ -86,7 +102,7 @@ class WarmTemplate {
   // The template cannot be used any more: ended, and started again unless `off`.
   void Broken(const std::string& why, bool off);
   void Settle();
-  StatusOr<pid_t> Ask(const ProcessSpec& spec, const std::string& hook, int go_fd);
+  Status Send(const ProcessSpec& spec, const std::string& hook, int go_fd);
 
   boost::asio::io_context& io_;
   WarmOptions options_;
@@ -100,6 +116,7 @@ class WarmTemplate {
   std::unique_ptr<boost::asio::posix::stream_descriptor> socket_;
   std::unique_ptr<ExitWatcher> watcher_;
   int failed_starts_ = 0;
+  int unanswered_ = 0;       // requests sent to this template whose answers were not read
   bool first_start_ = true;  // no template has been ready or given up on yet
   std::vector<std::function<void()>> waiting_;
   boost::asio::steady_timer ready_deadline_;

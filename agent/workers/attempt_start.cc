@@ -88,21 +88,28 @@ StatusOr<ProcessSpec> SpecOf(boost::asio::io_context& io, const AgentOptions& o,
   return spec;
 }
 
-// A warm start when the template is ready, else (or when it cannot fork) a cold one.
-StatusOr<PendingProcess> Start(const AttemptStartContext& c, const ProcessSpec& spec, int lr) {
-  if (c.warm != nullptr && c.warm->state() == WarmTemplate::State::kReady) {
-    auto warm = c.warm->Fork(spec, c.python_dir.empty() ? "" : c.python_dir + "/sitecustomize.py");
-    if (warm.ok()) return warm;
-    spdlog::warn("local rank {}: {}; it starts cold", lr, warm.status().message());
-  }
-  return StartProcess(spec, *c.children);
+// One rank on its way: its spec, the descriptors its child gets (closed in crun once it has
+// them), and its process, or the template's ticket for it (a warm start asked for).
+struct Starting {
+  Worker* w = nullptr;
+  ProcessSpec spec;
+  std::vector<int> child_fds;
+  std::optional<WarmTemplate::Ticket> ticket;
+  std::optional<PendingProcess> pending;
+};
+
+std::optional<WorkerStart> Adopt(const AttemptStartContext& c, Starting& s);
+
+std::string HookOf(const AttemptStartContext& c) {
+  return c.python_dir.empty() ? "" : c.python_dir + "/sitecustomize.py";
 }
 
-// Phase one for one rank: its directory, its spec, and its fork (the child waits to exec).
+// Phase one for one rank: its directory, its spec, and a warm request when the template is
+// ready, else its fork (the child waits to exec).
 std::optional<WorkerStart> Prepare(boost::asio::io_context& io, const AgentOptions& o,
                                    const AttemptStartContext& c, WorkerStreams& streams,
-                                   const std::string& attempt_dir, Worker& w,
-                                   std::optional<PendingProcess>* pending) {
+                                   const std::string& attempt_dir, Starting& s) {
+  Worker& w = *s.w;
   std::error_code ec;
   std::filesystem::create_directories(w.dir, ec);
   if (ec)
@@ -110,19 +117,60 @@ std::optional<WorkerStart> Prepare(boost::asio::io_context& io, const AgentOptio
   if (w.local_rank == o.first_local_rank) streams.BeginAttempt(attempt_dir);
   w.error_file = w.dir + "/error.json";
   std::filesystem::remove(w.error_file, ec);  // a re-formed round with the same number
-  std::vector<int> child_fds;                 // closed in crun once the worker has them
-  const auto spec = SpecOf(io, o, c, streams, w, &child_fds);
+  auto spec = SpecOf(io, o, c, streams, w, &s.child_fds);
   if (!spec.ok()) return Failed(w.local_rank, 1, spec.status().message(), 0);
-  auto started = Start(c, *spec, w.local_rank);
-  for (int fd : child_fds) ::close(fd);
+  s.spec = std::move(spec).value();
+  if (c.warm != nullptr && c.warm->state() == WarmTemplate::State::kReady) {
+    auto ticket = c.warm->Request(s.spec, HookOf(c));
+    if (ticket.ok()) {
+      s.ticket.emplace(std::move(ticket).value());
+      return std::nullopt;  // its fork is collected with the others' (Adopt)
+    }
+    spdlog::warn("local rank {}: {}; it starts cold", w.local_rank, ticket.status().message());
+  }
+  return Adopt(c, s);
+}
+
+// Phase one and a half: the warm fork asked for collected (or, when the template could not
+// fork it, a cold start), then the child's descriptors closed in crun.
+std::optional<WorkerStart> Adopt(const AttemptStartContext& c, Starting& s) {
+  Worker& w = *s.w;
+  StatusOr<PendingProcess> started = Aborted("not started");
+  if (s.ticket) {
+    started = c.warm->Collect(*s.ticket);
+    s.ticket.reset();
+    if (!started.ok()) {
+      spdlog::warn("local rank {}: {}; it starts cold", w.local_rank, started.status().message());
+    }
+  }
+  if (!started.ok()) started = StartProcess(s.spec, *c.children);
+  for (int fd : s.child_fds) ::close(fd);
+  s.child_fds.clear();
   if (w.heartbeat) w.heartbeat->CloseChildEnd();
   if (w.stacks) w.stacks->CloseChildEnd();
   if (!started.ok()) {
     return Failed(w.local_rank, LaunchFailureCode(started.status()), started.status().message(),
                   StreamsOf(w));
   }
-  *pending = std::move(started).value();
+  s.pending = std::move(started).value();
   return std::nullopt;
+}
+
+// A rank prepared but not to be started: its process ended and reaped, its descriptors closed.
+void Abandon(const AttemptStartContext& c, Starting& s) {
+  if (s.ticket) {
+    if (auto p = c.warm->Collect(*s.ticket); p.ok()) s.pending = std::move(p).value();
+    s.ticket.reset();
+  }
+  if (s.pending) {
+    ::close(s.pending->report_fd);
+    KillAndReap(s.pending->pid, *c.children);
+    s.pending.reset();
+  }
+  for (int fd : s.child_fds) ::close(fd);
+  s.child_fds.clear();
+  if (s.w->heartbeat) s.w->heartbeat->CloseChildEnd();
+  if (s.w->stacks) s.w->stacks->CloseChildEnd();
 }
 
 // Phase two for one rank: its exec confirmed, its exit watched.
@@ -157,20 +205,35 @@ std::vector<WorkerStart> StartWorkers(boost::asio::io_context& io, const AgentOp
   workers.resize(static_cast<std::size_t>(o.nproc));
   const std::string attempt_dir = o.log_dir + "/attempt_" + std::to_string(c.group.round);
   std::vector<WorkerStart> result;
-  std::vector<std::pair<Worker*, PendingProcess>> pending;
+  std::vector<Starting> starting;
+  starting.reserve(workers.size());
   for (int i = 0; i < o.nproc; ++i) {
     Worker& w = workers[static_cast<std::size_t>(i)];
     w.local_rank = o.first_local_rank + i;
     w.dir = attempt_dir + "/" + std::to_string(w.local_rank);
-    std::optional<PendingProcess> p;
-    if (auto failed = Prepare(io, o, c, streams, attempt_dir, w, &p)) {
+    starting.push_back(Starting{&w, {}, {}, {}, {}});
+    if (auto failed = Prepare(io, o, c, streams, attempt_dir, starting.back())) {
       result.push_back(std::move(*failed));
+      starting.pop_back();
       break;  // the ranks after it are not tried
     }
-    pending.emplace_back(&w, std::move(*p));
+  }
+  // The warm forks asked for, in order (the template forked them at the same time).
+  for (std::size_t i = 0; i < starting.size(); ++i) {
+    if (!starting[i].ticket) continue;
+    if (auto failed = Adopt(c, starting[i])) {
+      result.push_back(std::move(*failed));
+      // The ranks after it are not started: their processes are ended (a warm one never
+      // runs without its `go`) and their descriptors closed.
+      for (std::size_t j = i + 1; j < starting.size(); ++j) Abandon(c, starting[j]);
+      starting.resize(i);
+      break;
+    }
   }
   // Second phase: every child execs in parallel; collect the reports.
-  for (auto& [w, p] : pending) result.push_back(Confirm(io, c, *w, p));
+  for (auto& s : starting) {
+    if (s.pending) result.push_back(Confirm(io, c, *s.w, *s.pending));
+  }
   return result;
 }
 

@@ -85,12 +85,76 @@ class Warm(unittest.TestCase):
                 got.append(json.load(f))
         return got
 
+    def waiting_job(self, python, max_restarts):
+        """crun --warm running 2 probe workers that wait for a byte on a Unix socket (b"x":
+        fail); returns (its Popen, the socket's listener, the output directory, its path)."""
+        sock_path = os.path.join(self.dir, "go.sock")
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(sock_path)
+        listener.listen(8)
+        listener.settimeout(LIMIT_S)
+        out = tempfile.mkdtemp(dir=self.dir)
+        cmd = [CRUN, "--nproc-per-node", "2", "--warm", "--max-restarts", str(max_restarts),
+               "--log-dir", os.path.join(out, "logs"), PROBE, out, "--then",
+               f"wait-for:{sock_path}"]
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, env=dict(os.environ, PYTHON_EXEC=python))
+        return p, listener, out, sock_path
+
+    def end_waiting_job(self, p, listener, sock_path):
+        """What follows a waiting_job, passed or failed: crun ended, the socket gone."""
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+        listener.close()
+        os.unlink(sock_path)
+
     def for_each_python(self, fn):
         for python in PYTHONS:
             with self.subTest(python=python):
                 fn(python)
 
     # ---- a warm worker is what a cold start makes ------------------------------------------
+
+    def test_a_restart_forks_from_spares_which_die_with_their_template(self):
+        """Once attempt 0 runs, the template forks one spare per worker; the restart hands each
+        worker to a spare (the spares are gone, the workers are warm and crun's children); new
+        spares follow, and they die with their template, SIGKILLed."""
+        def check(python):
+            p, listener, out, sock_path = self.waiting_job(python, 1)
+            seen = []
+            try:
+                conns = [listener.accept()[0] for _ in range(2)]
+                template = templates_of(p.pid)
+                self.assertEqual(len(template), 1, template)
+                wait_for(lambda: len(spares_of(template[0])) == 2, "two spares")
+                first = spares_of(template[0])
+                seen += first
+                conns[0].send(b"x")  # attempt 0 fails: the restart takes the spares
+                conns = [listener.accept()[0] for _ in range(2)]
+                wait_for(lambda: not any(alive(s) for s in first),
+                         "the spares gone into the restart's workers")
+                wait_for(lambda: len(spares_of(template[0])) == 2, "two new spares")
+                second = spares_of(template[0])
+                seen += second
+                self.assertFalse(set(first) & set(second))
+                os.kill(template[0], signal.SIGKILL)
+                wait_for(lambda: not any(alive(s) for s in second),
+                         "the spares gone with their template")
+                conns[1].send(b"x")
+                _, err = p.communicate(timeout=LIMIT_S)
+            finally:
+                self.end_waiting_job(p, listener, sock_path)
+            self.assertEqual(p.returncode, 5, err)
+            cgroups = "/attempt-" in self.reports(out, 0)[0]["cgroup"]  # where crun has them
+            for report in self.reports(out, 1):
+                self.assertTrue(report["warm"], err)
+                self.assertEqual(report["ppid"], p.pid, "the warm worker is not crun's child")
+                if cgroups:  # the spare moved there before it forked the worker
+                    self.assertTrue(report["cgroup"].endswith("/attempt-1"), report["cgroup"])
+            self.assertEqual(processes_mentioning(out), [])
+            self.assertEqual([s for s in seen if alive(s)], [])
+        self.for_each_python(check)
 
     def test_a_warm_worker_is_what_a_cold_start_makes(self):
         def check(python):
@@ -193,17 +257,7 @@ class Warm(unittest.TestCase):
         """Attempt 0 is warm; its template is SIGKILLed; attempt 1 starts cold with one warning;
         once the new template says it is ready, attempt 2 is warm again."""
         def check(python):
-            sock_path = os.path.join(self.dir, "go.sock")
-            listener = socket.socket(socket.AF_UNIX)
-            listener.bind(sock_path)
-            listener.listen(8)
-            listener.settimeout(LIMIT_S)
-            out = tempfile.mkdtemp(dir=self.dir)
-            cmd = [CRUN, "--nproc-per-node", "2", "--warm", "--max-restarts", "2",
-                   "--log-dir", os.path.join(out, "logs"), PROBE, out, "--then",
-                   f"wait-for:{sock_path}"]
-            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                 text=True, env=dict(os.environ, PYTHON_EXEC=python))
+            p, listener, out, sock_path = self.waiting_job(python, 2)
             try:
                 # Attempt 0: both ranks wait on the socket; kill the template, then fail them.
                 conns = [listener.accept()[0] for _ in range(2)]
@@ -222,11 +276,7 @@ class Warm(unittest.TestCase):
                 conns[0].send(b"x")
                 _, err = p.communicate(timeout=LIMIT_S)
             finally:
-                if p.poll() is None:
-                    p.kill()
-                    p.communicate()
-                listener.close()
-                os.unlink(sock_path)
+                self.end_waiting_job(p, listener, sock_path)
             self.assertEqual(p.returncode, 5, err)
             warm = [self.reports(out, a)[0]["warm"] for a in range(3)]
             self.assertEqual(warm, [True, False, True], err)
@@ -295,18 +345,28 @@ def children_of(pid):
         return []
 
 
-def templates_of(crun_pid):
-    """crun's live warm template processes."""
+def live_children(pid, matches):
+    """The live children of `pid` whose command line `matches` (bytes -> bool)."""
     out = []
-    for child in children_of(crun_pid):
+    for child in children_of(pid):
         try:
             with open(f"/proc/{child}/cmdline", "rb") as f:
                 cmdline = f.read()
         except FileNotFoundError:
             continue
-        if b"crun_warm.py" in cmdline and not is_zombie(child):
+        if matches(cmdline) and not is_zombie(child):
             out.append(child)
     return out
+
+
+def templates_of(crun_pid):
+    """crun's live warm template processes."""
+    return live_children(crun_pid, lambda cmdline: b"crun_warm.py" in cmdline)
+
+
+def spares_of(template):
+    """The template's live spares (template.py)."""
+    return live_children(template, lambda cmdline: cmdline.startswith(b"crun warm spare"))
 
 
 def is_zombie(pid):
