@@ -549,6 +549,28 @@ class Snapshots(unittest.TestCase):
         self.assertEqual(self.result(work)["start"], 1)
         self.assertNotIn("resuming from disk", r.stderr)
 
+    def test_the_last_save_reaches_disk_when_the_worker_ends_at_once(self):
+        """A worker that saves its last step and ends at once: crun takes that save before the
+        job ends (each SDK waits for it at exit), so every rank's last step is on disk, run
+        after run: the C++ SDK's worker 10 times, a stock PyTorch one 3 times."""
+        for i in range(10):
+            ck = os.path.join(self.dir, f"last-{i}")
+            self.disk_job(self.fresh_work(), ck, 6, "--checkpoint-every", "1")
+            self.assertEqual({r: s[0] for r, s in self.disk_steps(ck).items()}, {0: 6, 1: 6})
+        script = os.path.join(self.dir, "last.py")
+        with open(script, "w") as f:
+            f.write("import torch, crun_worker\n"
+                    "for step in range(1, 6):\n"
+                    "    crun_worker.save(step, {'w': torch.full((1 << 18,), float(step))})\n")
+        for i in range(3):
+            ck = os.path.join(self.dir, f"last-py-{i}")
+            r = subprocess.run([CRUN, "--nproc-per-node", "2", "--checkpoint-dir", ck,
+                                "--checkpoint-every", "1", script], capture_output=True,
+                               text=True, timeout=300,
+                               env=dict(os.environ, PYTHON_EXEC=PYTHONS[-1]))
+            self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+            self.assertEqual({r: s[0] for r, s in self.disk_steps(ck).items()}, {0: 5, 1: 5})
+
     def test_disk_corrupt_snapshot_is_refused(self):
         ck = os.path.join(self.dir, "ck")
         self.disk_job(self.fresh_work(), ck, 20, "--checkpoint-every", "10",

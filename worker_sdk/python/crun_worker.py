@@ -15,6 +15,7 @@ bytes, the plain values as one pickled blob. The memory layout is the C++ SDK's
 (crun/worker/snapshot_layout.h), field by field.
 """
 
+import atexit
 import os
 import pickle
 import socket
@@ -110,6 +111,20 @@ class _Store:
         self.buffers = [None, None]
         self.opened = False
         self.loads = 0
+        # The buffer of a save told with "saved" and not waited for since: a worker that saves
+        # and ends at once would otherwise end the job before crun read that save, and its last
+        # step would not reach --checkpoint-dir. Waited for at exit.
+        self.unsettled = None
+        atexit.register(self.settle)
+
+    def settle(self):
+        if self.unsettled is None:
+            return
+        try:
+            self.ask(f"settle {self.local_rank} {self.unsettled}")
+        except (OSError, SnapshotError):
+            pass  # crun is gone: nothing to wait for
+        self.unsettled = None
 
     def ask(self, request, answer=True):
         self.sock.sendall((request + "\n").encode())
@@ -298,8 +313,10 @@ def save(step, state, layout="sharded"):
     # In a job of several nodes, crun answers once the snapshot is sealed and on the next node.
     if os.environ.get("CRUN_SNAPSHOT_COMMIT") == "1":
         s.ask(f"commit {s.local_rank} {target}")
+        s.unsettled = None
     else:
         s.ask(f"saved {s.local_rank} {target}", answer=False)
+        s.unsettled = target
 
 
 def _job_store(timeout):

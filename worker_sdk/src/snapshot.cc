@@ -117,7 +117,15 @@ SnapshotStore::SnapshotStore(WorkerEnv env, int sock) : env_(std::move(env)), so
   commit_ = commit != nullptr && std::string_view(commit) == "1";
 }
 
-SnapshotStore::~SnapshotStore() { ::close(sock_); }
+SnapshotStore::~SnapshotStore() {
+  if (unsettled_ >= 0) {
+    std::vector<int> fds;
+    (void)Ask("settle " + std::to_string(env_.local_rank) + " " + std::to_string(unsettled_),
+              &fds);  // crun gone: nothing to wait for
+    for (int fd : fds) ::close(fd);
+  }
+  ::close(sock_);
+}
 
 StatusOr<std::string> SnapshotStore::Ask(const std::string& request, std::vector<int>* fds) {
   const std::string line = request + "\n";
@@ -268,6 +276,7 @@ Status SnapshotStore::Save(std::uint64_t step, const std::vector<SnapshotItem>& 
                       std::to_string(target),
                   commit_ ? &fds : nullptr);
   for (int fd : fds) ::close(fd);
+  unsettled_ = commit_ ? -1 : target;
   return told.ok() ? Status::Ok() : told.status();
 }
 

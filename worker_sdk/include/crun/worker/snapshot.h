@@ -54,6 +54,9 @@ class SnapshotStore {
   // Connects to crun's snapshot store for this worker's local rank; kNotFound when the worker
   // was not started by crun with one (CRUN_SNAPSHOT_SOCKET unset: --snapshots off).
   static StatusOr<std::unique_ptr<SnapshotStore>> Connect(const WorkerEnv& env);
+  // Waits until crun has taken the last save (sealed it, and copied it for disk when it chose
+  // it): a worker that saves and ends at once would otherwise end the job before crun read
+  // that save, and its last step would not reach --checkpoint-dir.
   ~SnapshotStore();
   SnapshotStore(const SnapshotStore&) = delete;
   SnapshotStore& operator=(const SnapshotStore&) = delete;
@@ -93,6 +96,7 @@ class SnapshotStore {
   bool commit_ = false;  // CRUN_SNAPSHOT_COMMIT: a save waits for crun's seal and copy
   bool opened_ = false;
   int loads_ = 0;
+  int unsettled_ = -1;  // the buffer of a save told with "saved" and not waited for since
   std::unique_ptr<Buffer> buffers_[2];
 };
 
