@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <utility>
 
 #include <boost/algorithm/hex.hpp>
 #include <boost/asio/ssl/context.hpp>
+#include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/ssl.h>
@@ -64,6 +66,64 @@ Status UseOwnCertificate(SSL_CTX* ctx) {
     return done(InternalError("cannot make a certificate for snapshot copies: " + LastSslError()));
   }
   return done(Status::Ok());
+}
+
+// OpenSSL's socket BIO writes with write(2): a peer that has gone raises SIGPIPE, which kills a
+// process that has not ignored it (a test binary, a program embedding the agent) instead of
+// failing this one link. This BIO moves the same bytes with send(MSG_NOSIGNAL) and recv, and
+// keeps the socket BIO's retry and end-of-file conventions so that SSL_get_error reads alike.
+int NoSigpipeWrite(BIO* b, const char* data, int n) {
+  BIO_clear_retry_flags(b);
+  const ssize_t w = ::send(BIO_get_fd(b, nullptr), data, static_cast<std::size_t>(n), MSG_NOSIGNAL);
+  if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) BIO_set_retry_write(b);
+  return static_cast<int>(w);
+}
+
+int NoSigpipeRead(BIO* b, char* out, int n) {
+  BIO_clear_retry_flags(b);
+  const ssize_t r = ::recv(BIO_get_fd(b, nullptr), out, static_cast<std::size_t>(n), 0);
+  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) BIO_set_retry_read(b);
+  if (r == 0) BIO_set_flags(b, BIO_FLAGS_IN_EOF);
+  return static_cast<int>(r);
+}
+
+long NoSigpipeCtrl(BIO* b, int cmd, long num, void* ptr) {
+  switch (cmd) {
+    case BIO_C_SET_FD:
+      BIO_set_data(b, reinterpret_cast<void*>(static_cast<std::intptr_t>(*static_cast<int*>(ptr))));
+      BIO_set_shutdown(b, static_cast<int>(num));
+      BIO_set_init(b, 1);
+      return 1;
+    case BIO_C_GET_FD:
+      if (BIO_get_init(b) == 0) return -1;
+      if (ptr != nullptr)
+        *static_cast<int*>(ptr) =
+            static_cast<int>(reinterpret_cast<std::intptr_t>(BIO_get_data(b)));
+      return static_cast<long>(reinterpret_cast<std::intptr_t>(BIO_get_data(b)));
+    case BIO_CTRL_EOF:
+      return BIO_test_flags(b, BIO_FLAGS_IN_EOF) != 0 ? 1 : 0;
+    case BIO_CTRL_FLUSH:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+// The socket stays the PeerLink's (BIO_NOCLOSE): this BIO never closes it.
+BIO* NoSigpipeBio(int fd) {
+  static BIO_METHOD* const method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR,
+                                 "crun socket without SIGPIPE");
+    if (m == nullptr) return m;
+    BIO_meth_set_write(m, NoSigpipeWrite);
+    BIO_meth_set_read(m, NoSigpipeRead);
+    BIO_meth_set_ctrl(m, NoSigpipeCtrl);
+    return m;
+  }();
+  if (method == nullptr) return nullptr;
+  BIO* b = BIO_new(method);
+  if (b != nullptr) BIO_set_fd(b, fd, BIO_NOCLOSE);
+  return b;
 }
 
 int RemainingMs(SteadyClock::time_point deadline) {
@@ -175,9 +235,13 @@ Status PeerLink::Handshake(const std::shared_ptr<PeerTls>& tls, bool accept,
   }
   SSL_CTX* ctx = accept ? tls->c_->server.native_handle() : tls->c_->client.native_handle();
   ssl_ = SSL_new(ctx);
-  if (ssl_ == nullptr || SSL_set_fd(ssl_, raw) != 1) {
+  BIO* bio = ssl_ == nullptr ? nullptr : NoSigpipeBio(raw);
+  if (bio == nullptr) {
+    if (ssl_ != nullptr) SSL_free(ssl_);
+    ssl_ = nullptr;
     return InternalError("cannot start TLS with " + std::string(peer) + ": " + LastSslError());
   }
+  SSL_set_bio(ssl_, bio, bio);  // the SSL owns the BIO from here
   SSL* s = ssl_;
   auto done = Pump(
       s, raw, [&] { return accept ? SSL_accept(s) : SSL_connect(s); }, deadline, peer, "handshake");

@@ -15,6 +15,7 @@
 #include <fstream>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -791,20 +792,47 @@ TEST_CASE("over TLS, copies are served to a peer that proves the token for its o
   CHECK((*replicas)->counters().refused == 2);
 }
 
+// Two ends of a socket pair with a TLS session between them.
+std::pair<PeerLink, PeerLink> TlsPair(const std::shared_ptr<PeerTls>& tls) {
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  PeerLink server{UniqueFd(sv[0])}, client{UniqueFd(sv[1])};
+  const auto deadline = DeadlineAfter(std::chrono::seconds(10));
+  Status accepted;
+  std::thread t([&] { accepted = server.Handshake(tls, true, deadline, "client"); });
+  const Status connected = client.Handshake(tls, false, deadline, "server");
+  t.join();
+  REQUIRE(accepted.ok());
+  REQUIRE(connected.ok());
+  return {std::move(server), std::move(client)};
+}
+
+TEST_CASE("a TLS write to a peer that has gone fails the link, not the process") {
+  auto tls = PeerTls::Make(Security{});
+  REQUIRE(tls.ok());
+  // As a program that embeds the agent may leave it: SIGPIPE at its default, which kills.
+  struct sigaction dfl {
+  }, before{};
+  dfl.sa_handler = SIG_DFL;
+  REQUIRE(::sigaction(SIGPIPE, &dfl, &before) == 0);
+  auto [server, client] = TlsPair(*tls);
+  const auto deadline = DeadlineAfter(std::chrono::seconds(10));
+  server.reset();  // the peer dies
+  // Bigger than the socket's buffer, so some write meets the closed end.
+  const Status sent = client.Send(std::string(4 << 20, 'x'), deadline, "10.0.0.7:29500");
+  CHECK_FALSE(sent.ok());
+  CHECK_THAT(sent.message(), Catch::Contains("10.0.0.7:29500"));
+  char c;
+  CHECK_FALSE(client.Recv(&c, 1, 1, deadline, "10.0.0.7:29500").ok());
+  REQUIRE(::sigaction(SIGPIPE, &before, nullptr) == 0);
+}
+
 TEST_CASE("a TLS session's binding is the same on both ends and differs between sessions") {
   auto tls = PeerTls::Make(Security{});
   REQUIRE(tls.ok());
   const auto session = [&] {
-    int sv[2];
-    REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
-    PeerLink server{UniqueFd(sv[0])}, client{UniqueFd(sv[1])};
+    auto [server, client] = TlsPair(*tls);
     const auto deadline = DeadlineAfter(std::chrono::seconds(10));
-    Status accepted;
-    std::thread t([&] { accepted = server.Handshake(*tls, true, deadline, "client"); });
-    const Status connected = client.Handshake(*tls, false, deadline, "server");
-    t.join();
-    REQUIRE(accepted.ok());
-    REQUIRE(connected.ok());
     CHECK(server.Binding().size() == 64);
     CHECK(server.Binding() == client.Binding());
     // Bytes both ways, larger than one TLS record.
