@@ -31,6 +31,11 @@ struct AgentOptions {
   // starts the whole node; SLURM_LOCALID for one crun per Slurm task (docs/slurm.md).
   int first_local_rank = 0;
   int max_restarts = 0;
+  // Crash loops (docs/health.md): this many failures in a row, the same way and before any
+  // progress, end the job with report::kExitDoNotRequeue (0: never). Progress is a step
+  // heartbeat (CRUN_HEARTBEAT_FD) from any local rank, or an attempt older than progress_after.
+  int max_restarts_without_progress = 3;
+  std::chrono::milliseconds progress_after{300'000};
   std::chrono::milliseconds shutdown_timeout{30'000};
   // How long an attempt's leftovers may take to die after SIGKILL before the job ends rather
   // than start another attempt beside them (AttemptEdge).
@@ -105,5 +110,10 @@ struct AgentOptions {
   std::optional<http::HttpServerOptions> metrics;
   AgentMetricLabels metric_labels;
 };
+
+// Whether an attempt's progress is watched for crash loops: only a job that restarts has one.
+inline bool WatchesCrashLoops(const AgentOptions& o) {
+  return o.max_restarts > 0 && o.max_restarts_without_progress > 0;
+}
 
 }  // namespace crun::agent

@@ -7,7 +7,10 @@
 
 #include <signal.h>
 
+#include <cstdint>
 #include <deque>
+#include <memory>
+#include <optional>
 
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -39,8 +42,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
         registry(options.metrics ? std::make_unique<metrics::Registry>() : nullptr),
         meters(registry ? std::make_unique<AgentMetrics>(*registry, MetricLabels()) : nullptr),
         state(lc::Initial({options.first_local_rank, options.nproc, options.shutdown_timeout})),
-        view{io_,      options,  group, state,          workers,     *rdzv,
-             presence, reserved, hangs, registry.get(), meters.get()},
+        view{io_,      options,  group, state,          workers,      *rdzv,
+             presence, reserved, hangs, registry.get(), meters.get(), steps},
         features(factories, view),
         streams(io_, StreamOptionsOf(options, features)),
         signals(io_),
@@ -139,6 +142,10 @@ struct LocalAgent::Impl final : RendezvousEvents {
     c.python_sdk_dir = presence.python_sdk_dir();
     c.on_exit = [this, n](int lr, ExitStatus s) { Feed(lc::OnWorkerExit(state, n, lr, s, Now())); };
     c.on_stream_closed = [this, n](int lr) { Feed(lc::OnStreamClosed(state, n, lr, Now())); };
+    c.steps = steps;
+    steps_before = *steps;
+    attempt_began = Now();
+    first_failure.reset();
     features.Each([&](JobFeature& f) { f.BeforeStart(c); });
     reserved.Release();  // the workers bind these ports themselves
     const auto starts = workers.Start(n, std::move(c), streams);
@@ -182,6 +189,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
       end.failure =
           &failures.Exited(w, group.base_rank + w.local_rank, a.exit, features.KillerOf(w, a.exit));
       end.stops_group = a.stops_group;
+      if (!first_failure) first_failure = Now();
     }
     features.Each([&](JobFeature& f) { f.OnWorkerExited(end); });
     if (end.stops_group) WarnStopping(*end.failure, a.exit, options.host_name, options.nproc);
@@ -191,7 +199,23 @@ struct LocalAgent::Impl final : RendezvousEvents {
     failures.Hung(workers.at(a.local_rank), group.base_rank + a.local_rank);
   }
 
-  void Carry(const lc::ReportFailure&) { rdzv->ReportFailure(failures.report()); }
+  void Carry(const lc::ReportFailure&) {
+    report::FailureReport r = failures.report();
+    r.before_progress = !AttemptProgressed();
+    rdzv->ReportFailure(r);
+  }
+
+  // Whether the attempt had made progress by its first failure (docs/health.md): a step
+  // heartbeat from any local rank, or a run of at least --progress-after. Output is none: a
+  // banner printed before a failing import would hide the loop.
+  bool AttemptProgressed() {
+    for (const auto& w : workers.workers()) {
+      if (w.heartbeat) w.heartbeat->Drain();
+    }
+    if (*steps > steps_before) return true;
+    const auto end = first_failure.value_or(Now());
+    return end - attempt_began >= options.progress_after;
+  }
 
   void Carry(const lc::SignalWorkers& a) {
     if (a.why == lc::SignalWorkers::Why::kStop) hangs.watch().Stop();
@@ -314,6 +338,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
   std::unique_ptr<Rendezvous> rdzv;
   std::unique_ptr<metrics::Registry> registry;  // with --metrics-port
   std::unique_ptr<AgentMetrics> meters;
+  // The job's step heartbeats and snapshot saves (AgentView::steps).
+  ProgressCounter steps = std::make_shared<std::uint64_t>(0);
   PortReservation reserved;  // this round's ports (--contract), until its workers start
   std::chrono::steady_clock::time_point joined_at;  // of the rendezvous under way
   GroupAssignment offered;                          // the rendezvous's last assignment
@@ -329,6 +355,11 @@ struct LocalAgent::Impl final : RendezvousEvents {
   RunPresence presence;
   AttemptHangs hangs;
   std::string restart_reason;  // the rendezvous's last stop-and-rejoin
+  // The running attempt's progress (crash loops): the job's steps when it began, its start,
+  // and its first worker failure. `steps` is declared before the view.
+  std::uint64_t steps_before = 0;
+  std::chrono::steady_clock::time_point attempt_began;
+  std::optional<std::chrono::steady_clock::time_point> first_failure;
   JobOutcome outcome;
   std::deque<lc::Action> queue;  // actions not yet carried out (Feed)
   bool carrying = false;

@@ -105,6 +105,21 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->type_name("INT")
       ->capture_default_str()
       ->group("Restarts and shutdown");
+  app.add_option("--max-restarts-without-progress,--max_restarts_without_progress",
+                 o.max_restarts_without_progress,
+                 "Stop after this many attempts in a row that failed the same way before any "
+                 "progress: a crash loop, exit code 86, do not requeue (0: off; docs/health.md)")
+      ->envname(pet("MAX_RESTARTS_WITHOUT_PROGRESS"))
+      ->type_name("INT")
+      ->capture_default_str()
+      ->group("Restarts and shutdown");
+  app.add_option("--progress-after,--progress_after", o.progress_after,
+                 "An attempt whose workers send no step heartbeat has made progress once it has "
+                 "run this many seconds (docs/health.md)")
+      ->envname(pet("PROGRESS_AFTER"))
+      ->type_name("SECONDS")
+      ->capture_default_str()
+      ->group("Restarts and shutdown");
   app.add_option("--monitor-interval,--monitor_interval", o.monitor_interval,
                  "Accepted for torchrun compatibility; crun sees exits at once and never polls")
       ->envname(pet("MONITOR_INTERVAL"))

@@ -31,6 +31,8 @@ struct LaunchOptions {
   std::string nproc_per_node = "1";
   bool standalone = false;
   std::string max_restarts = "0";
+  std::string max_restarts_without_progress = "3";  // crash loops (docs/health.md)
+  std::string progress_after = "300";               // seconds: an attempt this old progressed
   std::string monitor_interval = "0.1";  // accepted for compatibility: crun does not poll
   std::string start_method = "spawn";    // accepted for compatibility: crun always execs
   std::string role = "default";

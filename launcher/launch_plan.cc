@@ -209,6 +209,8 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   a.snapshot_memory = o.snapshot_memory;
   a.snapshot_disk = v.snapshot_disk;
   a.hang_timeout = v.hang_timeout;
+  a.max_restarts_without_progress = v.max_restarts_without_progress;
+  a.progress_after = v.progress_after;
   a.file_timer = facts.Env("TORCHELASTIC_ENABLE_FILE_TIMER").value_or("") == "1";
   a.timer_file = facts.Env("TORCHELASTIC_TIMER_FILE").value_or("");
   a.tool_path = facts.Env("PATH").value_or("/usr/bin:/bin");

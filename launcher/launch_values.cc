@@ -55,6 +55,9 @@ Status ParseNumbers(LaunchValues& v, const LaunchOptions& o) {
   CRUN_ASSIGN_OR_RETURN(v.nnodes, ParseNnodes(o.nnodes));
   CRUN_ASSIGN_OR_RETURN(v.max_restarts,
                         ParseFlagInt("--max-restarts", o.max_restarts, 0, 1'000'000));
+  CRUN_ASSIGN_OR_RETURN(v.max_restarts_without_progress,
+                        ParseFlagInt("--max-restarts-without-progress",
+                                     o.max_restarts_without_progress, 0, 1'000'000));
   CRUN_ASSIGN_OR_RETURN(v.node_rank, ParseFlagInt("--node-rank", o.node_rank, 0, 100'000));
   if (!o.master_port.empty()) {
     CRUN_ASSIGN_OR_RETURN(v.master_port, ParseFlagInt("--master-port", o.master_port, 0, 65535));
@@ -73,6 +76,9 @@ Status ParseDurations(LaunchValues& v, const LaunchOptions& o, const Getenv& get
   v.shutdown_timeout = Millis(seconds);
   CRUN_ASSIGN_OR_RETURN(const double hang, ParseFlagSeconds("--hang-timeout", o.hang_timeout));
   v.hang_timeout = Millis(hang);
+  CRUN_ASSIGN_OR_RETURN(const double progress,
+                        ParseFlagSeconds("--progress-after", o.progress_after));
+  v.progress_after = Millis(progress);
   return Status::Ok();
 }
 

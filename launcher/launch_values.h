@@ -24,6 +24,7 @@ namespace crun::launcher {
 struct LaunchValues {
   NodeRange nnodes;
   int max_restarts = 0;
+  int max_restarts_without_progress = 3;
   int node_rank = 0;
   int master_port = -1;  // -1: not given (a fresh free port per attempt)
   RdzvConf rdzv_conf;
@@ -35,6 +36,7 @@ struct LaunchValues {
   std::vector<int> signals;                  // --signals-to-handle, as given
   std::chrono::milliseconds shutdown_timeout{30'000};
   std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not watched
+  std::chrono::milliseconds progress_after{300'000};
   StdSpec redirects, tee;
   std::vector<int> console_ranks;  // --local-ranks-filter (checked against nproc by the plan)
   std::vector<std::string> stdout_filters, stderr_filters;

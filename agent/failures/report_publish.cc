@@ -45,6 +45,10 @@ void PublishOutcome(const JobEnd& end, const JobOutcome& outcome) {
   const auto& own = end.failures.report();
   if (!own.failures.empty() && outcome.root_node_id == end.node_id) {
     PublishFailures(end, own);
+    // A decision beyond the root cause's own failure (a crash loop) is said after it.
+    if (outcome.exit_code == report::kExitDoNotRequeue) {
+      FdWriter::Stderr().Write("crun: the job failed: " + outcome.reason + "\n");
+    }
   } else if (!outcome.root_report.failures.empty()) {
     PublishFailures(end, outcome.root_report);
     FdWriter::Stderr().Write("crun: the job failed on node '" + outcome.root_node_id +

@@ -49,6 +49,9 @@ struct AgentView {
   // metrics endpoint; every feature may count into them.
   metrics::Registry* registry = nullptr;
   AgentMetrics* meters = nullptr;
+  // The job's steps so far (crash loops, docs/health.md): the workers' heartbeats count into
+  // it, and a feature that sees a step done (a snapshot saved) adds to it.
+  ProgressCounter steps;
 };
 
 // One worker's exit, as the agent recorded it.

@@ -58,6 +58,10 @@ class SnapshotStore final : public JobFeature {
     if (!server.ok()) return server.status();
     server_ = std::move(server).value();
     server_->OnChange([this] {
+      // A snapshot saved is a step done (crash loops, docs/health.md).
+      const std::uint64_t saves = server_->counters().saves;
+      if (saves > saves_seen_) *agent_.steps += saves - saves_seen_;
+      saves_seen_ = saves;
       ReportFacts();
       Mirror();
     });
@@ -138,6 +142,7 @@ class SnapshotStore final : public JobFeature {
   DiskRound round_;  // the last round, as told to disk_
   std::unique_ptr<Replicas> replicas_;
   std::unique_ptr<SnapshotServer> server_;  // after memory_, disk_ and replicas_: goes first
+  std::uint64_t saves_seen_ = 0;            // counted into the job's steps
 };
 
 }  // namespace

@@ -42,6 +42,16 @@ void WorkerPipe::CloseChildEnd() {
   child_fd_ = -1;
 }
 
+void WorkerPipe::Drain() {
+  // A buffer of its own: a read the event loop has done may still wait in chunk_.
+  char buf[4096];
+  while (read_fd_ >= 0) {
+    const ssize_t n = ::read(read_fd_, buf, sizeof buf);
+    if (n <= 0) return;  // empty (EAGAIN), or every writer is gone
+    on_data_(std::string_view(buf, static_cast<std::size_t>(n)));
+  }
+}
+
 void WorkerPipe::Read() {
   pipe_.async_read_some(boost::asio::buffer(chunk_),
                         [this](const boost::system::error_code& ec, std::size_t n) {

@@ -33,6 +33,9 @@ class WorkerPipe {
   void CloseChildEnd();
   // crun's end (for fcntl: F_SETPIPE_SZ when a large write is expected).
   int read_fd() const { return read_fd_; }
+  // Reads what the pipe holds now, at once, without waiting for the event loop's turn: what a
+  // worker wrote before it exited counts before its exit is acted on.
+  void Drain();
 
  private:
   WorkerPipe(boost::asio::io_context& io, int read_fd, int write_fd, OnData on_data);

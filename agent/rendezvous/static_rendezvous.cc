@@ -88,14 +88,18 @@ class StaticRendezvous final : public Rendezvous {
     Post([this, g] { events_->OnAssignment(g); });
   }
 
+  // Restarts are per node here, and so are crash loops: this node's own failures count.
   void ReportFailure(const report::FailureReport& failures) override {
-    const std::string what = report::Describe(failures);
-    if (rdzv::SpendRestart(restarts_, options_.max_restarts)) {
+    const rdzv::Failure failure = rdzv::FailureOf(failures);
+    const bool loop =
+        rdzv::CountCrash(crash_loop_, failure, options_.max_restarts_without_progress);
+    const std::string& what = failure.what;
+    if (!loop && rdzv::SpendRestart(restarts_, options_.max_restarts)) {
       return Post([this, what] { events_->OnStopAndRejoin(what, true); });
     }
     JobOutcome o;
-    o.exit_code = report::ExitCodeOf(failures);
-    o.reason = what;
+    o.exit_code = loop ? report::kExitDoNotRequeue : report::ExitCodeOf(failures);
+    o.reason = loop ? rdzv::DescribeCrashLoop(failure, crash_loop_.attempts) : what;
     o.root_node_id = node_id();
     o.root_report = failures;
     o.root_report.node_id = node_id();
@@ -284,6 +288,7 @@ class StaticRendezvous final : public Rendezvous {
   RoundStoreHost store_;  // when this crun hosts the store
   int joins_ = 0;
   int restarts_ = 0;
+  rdzv::CrashLoop crash_loop_;   // this node's failures in a row before any progress
   std::thread done_thread_;      // Conclude()'s word with the store
   std::thread exchange_thread_;  // the round's Exchange(), then its watch for the next round
   std::atomic<bool> stop_exchange_{false};

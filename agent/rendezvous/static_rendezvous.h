@@ -24,9 +24,10 @@ struct StaticRendezvousOptions {
   std::string role = "default";
   int nproc = 1;
   int max_restarts = 0;
-  std::string host;                      // this host's name (the round's member)
-  std::string store_host = "127.0.0.1";  // where the round's store listens; workers' MASTER_ADDR
-  std::uint16_t store_port = 0;          // 0: a free port each round
+  int max_restarts_without_progress = 0;  // this node's crash loops (docs/health.md); 0: never
+  std::string host;                       // this host's name (the round's member)
+  std::string store_host = "127.0.0.1";   // where the round's store listens; workers' MASTER_ADDR
+  std::uint16_t store_port = 0;           // 0: a free port each round
   bool virtual_local_rank = false;
   // The static backend (torchrun's): a fixed number of nodes with fixed ranks, one store at
   // master_addr:master_port hosted by node 0 for the whole job; restarts are per node.

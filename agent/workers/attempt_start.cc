@@ -36,12 +36,16 @@ WorkerStart Failed(int lr, int code, std::string why, int streams) {
 
 int StreamsOf(const Worker& w) { return (w.out_pump ? 1 : 0) + (w.err_pump ? 1 : 0); }
 
-// The heartbeat pipe, the stack pipe, the hook on PYTHONPATH and the timer file.
+// The heartbeat pipe (when hangs or crash loops are watched), the stack pipe, the hook on
+// PYTHONPATH and the timer file.
 void AddChannels(boost::asio::io_context& io, const AgentOptions& o, const AttemptStartContext& c,
                  Worker& w, Environment& env, ProcessSpec& spec) {
   HangChannels h;
-  if (o.hang_timeout.count() > 0) {
-    auto pipe = WorkerPipe::Create(io, [counter = w.progress](std::string_view) { ++*counter; });
+  if (o.hang_timeout.count() > 0 || WatchesCrashLoops(o)) {
+    auto pipe = WorkerPipe::Create(io, [counter = w.progress, steps = c.steps](std::string_view) {
+      ++*counter;
+      if (steps) ++*steps;
+    });
     if (pipe.ok()) {
       w.heartbeat = std::move(pipe).value();
       h.heartbeat_fd = w.heartbeat->child_fd();

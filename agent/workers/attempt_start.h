@@ -53,6 +53,8 @@ struct AttemptStartContext {
   std::string python_dir;      // the hook's sitecustomize.py; empty: none
   std::string python_sdk_dir;  // crun_worker.py; empty: none
   std::string timer_file;      // the file timer's pipe; empty: none
+  // The job's step counter (AgentView::steps): every local rank's heartbeats count into it.
+  ProgressCounter steps;
   // Where workers are forked from when it is ready (agent/warm); null: cold starts only.
   WarmTemplate* warm = nullptr;
   // Where the workers are owned (the worker group's registry); set by WorkerGroup::Start.

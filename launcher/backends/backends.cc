@@ -99,6 +99,7 @@ Status PlanDynamicSettings(LaunchPlan& p) {
   settings.min_nodes = p.nodes.min;
   settings.max_nodes = p.nodes.max;
   settings.max_restarts = p.max_restarts;
+  settings.max_restarts_without_progress = p.values.max_restarts_without_progress;
   if (conf.join_timeout) settings.join_timeout = Millis(*conf.join_timeout);
   if (conf.last_call_timeout) settings.last_call_timeout = Millis(*conf.last_call_timeout);
   settings.heartbeat_timeout = HeartbeatTimeout(conf, settings.heartbeat_timeout);

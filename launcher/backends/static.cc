@@ -32,6 +32,7 @@ class StaticRun final : public BackendRun {
     r.nproc = p.nproc;
     r.host = a.host_name;
     r.max_restarts = p.max_restarts;
+    r.max_restarts_without_progress = p.values.max_restarts_without_progress;
     r.store_host = o.local_addr.empty() ? o.master_addr : o.local_addr;
     r.virtual_local_rank = o.virtual_local_rank;
     r.store_port = p.master_port > 0 ? static_cast<std::uint16_t>(p.master_port) : 0;

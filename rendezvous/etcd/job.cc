@@ -76,6 +76,7 @@ json SettingsJson(const rdzv::Settings& s) {
           {"heartbeat_timeout_ms", s.heartbeat_timeout.count()},
           {"storm_rounds", s.storm_rounds},
           {"storm_window_ms", s.storm_window.count()},
+          {"max_restarts_without_progress", s.max_restarts_without_progress},
           {"contracts", s.contracts.ToString()}};
 }
 
@@ -89,6 +90,8 @@ rdzv::Settings SettingsFrom(const json& j) {
   s.heartbeat_timeout = Millis(j.at("heartbeat_timeout_ms").get<std::int64_t>());
   s.storm_rounds = j.value("storm_rounds", s.storm_rounds);
   s.storm_window = Millis(j.value("storm_window_ms", s.storm_window.count()));
+  s.max_restarts_without_progress =
+      j.value("max_restarts_without_progress", s.max_restarts_without_progress);
   if (j.contains("contracts")) {  // written since a crun that knows --contract on etcd
     auto contracts = ParseContracts(j["contracts"].get<std::string>());
     if (!contracts.ok()) throw std::invalid_argument(contracts.status().message());
@@ -245,6 +248,7 @@ std::string EncodeJob(const JobDoc& d, TimePoint now, WallClock::time_point wall
             {"restarts_used", s.restarts_used},
             {"round_times_ms", std::move(times)},
             {"paid_round", s.paid_round},
+            {"crash_loop", {{"way", s.crash_loop.way}, {"attempts", s.crash_loop.attempts}}},
             {"stop", {{"reason", d.stop_reason}, {"spends_restart", d.stop_spends_restart}}},
             {"last_failure", d.last_failure},
             {"world_size", d.world_size}};
@@ -294,6 +298,9 @@ StatusOr<JobDoc> DecodeJob(const std::string& text, TimePoint now, WallClock::ti
       s.round_times.push_back(FromWall(t.get<std::int64_t>(), now, wall));
     }
     s.paid_round = j.value("paid_round", false);  // absent from documents before it
+    if (const auto loop = j.find("crash_loop"); loop != j.end()) {  // as paid_round
+      s.crash_loop = {loop->at("way").get<std::string>(), loop->at("attempts").get<int>()};
+    }
     for (const auto& n : s.joined) s.present.insert(n.node_id);
     for (const auto& m : s.members) s.present.insert(m.node.node_id);
     for (const auto& n : s.spares) s.present.insert(n.node_id);
@@ -351,6 +358,16 @@ std::vector<std::pair<std::string, const KeyValue*>> Children(const Mirror& mirr
     return a.second->create_revision < b.second->create_revision;
   });
   return out;
+}
+
+// What the rules weigh of a node's report: its JSON, read back; a report that does not read
+// (not crun's) is weighed by its words alone, and so never counts towards a crash loop.
+rdzv::Failure FailureOf(const Report& r) {
+  auto report = crun::report::FromJson(r.report_json);
+  rdzv::Failure f;
+  if (report.ok()) f = rdzv::FailureOf(*report);
+  f.what = r.what;
+  return f;
 }
 
 }  // namespace
@@ -482,7 +499,7 @@ class Deciding {
         doc_.last_failure = r->what;
         out_.ops.push_back({Op::Kind::kPut, keys_.last_failure(), kv->value, 0});
       }
-      Apply(rdzv::OnWorkerFailed(std::move(doc_.state), id, r->what, now_));
+      Apply(rdzv::OnWorkerFailed(std::move(doc_.state), id, FailureOf(*r), now_));
       if (doc_.gathering != gathering) break;  // the rest belong to the round that just stopped
     }
   }
@@ -557,6 +574,7 @@ class Deciding {
       o.root_report_json = root_report_.report_json;
       o.exit_code = root_report_.exit_code;
     }
+    if (fail.exit_code != 0) o.exit_code = fail.exit_code;
     doc_.last_failure = fail.reason;
     doc_.outcome = std::move(o);
     out_.log.push_back("job failed: " + fail.reason);

@@ -1,5 +1,6 @@
 #include "rendezvous/report/report.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <ctime>
@@ -114,14 +115,43 @@ std::string DescribeEnd(const WorkerFailure& f) {
   return how;
 }
 
-std::string Describe(const FailureReport& report) {
+std::string DescribeCause(const FailureReport& report) {
   const std::string on = report.host.empty() ? "" : " on " + report.host;
   if (report.failures.empty()) return "a worker" + on + " failed";
   const auto& f = report.failures.front();
-  std::string out = "rank " + std::to_string(f.rank) + " (local rank " +
-                    std::to_string(f.local_rank) + ")" + on + " failed with " + DescribeEnd(f);
-  if (!f.message.empty()) out += ": " + f.message;
+  return "rank " + std::to_string(f.rank) + " (local rank " + std::to_string(f.local_rank) + ")" +
+         on + " failed with " + DescribeEnd(f);
+}
+
+std::string Describe(const FailureReport& report) {
+  std::string out = DescribeCause(report);
+  if (!report.failures.empty() && !report.failures.front().message.empty()) {
+    out += ": " + report.failures.front().message;
+  }
   return out;
+}
+
+std::string LastTracebackLine(const WorkerFailure& f) {
+  if (!f.message.empty()) return f.message;
+  // Python ends a traceback with the exception's line, the first after it that is not indented.
+  const auto& tail = f.stderr_tail;
+  const auto start = std::find_if(tail.rbegin(), tail.rend(), [](const std::string& line) {
+    return line.rfind("Traceback (most recent call last):", 0) == 0;
+  });
+  if (start == tail.rend()) return "";
+  for (auto it = start.base(); it != tail.end(); ++it) {
+    if (!it->empty() && it->front() != ' ' && it->front() != '\t') return *it;
+  }
+  return "";
+}
+
+std::string FailureWay(const FailureReport& report) {
+  if (report.failures.empty()) return "";
+  const auto& f = report.failures.front();
+  // A hang's words carry how long it was silent: a hang is one way, whatever the length.
+  const std::string end = f.hang.empty() ? DescribeEnd(f) : "a hang";
+  const std::string line = LastTracebackLine(f);
+  return line.empty() ? end : end + ": " + line;
 }
 
 bool WroteErrorFile(const WorkerFailure& f) {
@@ -150,6 +180,7 @@ std::string ToJson(const FailureReport& report) {
     }
   }
   if (!report.node_id.empty()) out["node_id"] = report.node_id;
+  if (report.before_progress) out["before_progress"] = true;
   return out.dump(-1, ' ', false, Ordered::error_handler_t::replace);
 }
 
@@ -171,6 +202,7 @@ StatusOr<FailureReport> FromJson(std::string_view text) {
     FailureReport r;
     r.host = Field<std::string>(in, "host");
     r.node_id = Field<std::string>(in, "node_id");
+    r.before_progress = Field<bool>(in, "before_progress");
     if (const auto it = in.find("failures"); it != in.end()) {
       for (const auto& f : it->get_ref<const json::array_t&>()) {
         r.failures.push_back(FailureFromJson(f));

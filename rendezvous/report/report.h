@@ -50,9 +50,19 @@ struct FailureReport {
   std::string host;
   std::vector<WorkerFailure> failures;  // first in time first: the root cause
   std::string node_id;
+  // Its attempt had made no progress when it failed: no rank had sent a step heartbeat and the
+  // attempt had run for less than --progress-after. Crash loops count these (docs/health.md).
+  bool before_progress = false;
 
   bool operator==(const FailureReport&) const = default;
 };
+
+// Exit codes a scheduler acts on (docs/health.md): values no shell, signal, Python or sysexits
+// convention gives a worker. crun exits with one only for these outcomes.
+// The job itself is broken (a crash loop): do not requeue it.
+inline constexpr int kExitDoNotRequeue = 86;
+// This node failed its health check: requeue the job without it.
+inline constexpr int kExitRequeueWithoutNode = 87;
 
 // How a worker ended, in words: "exit code 2", "signal 9 (SIGKILL)" (base/signals.h), with the
 // OOM killer's part when it had one ("signal 9 (SIGKILL) (killed by the OOM killer)"), or
@@ -62,6 +72,16 @@ std::string DescribeEnd(const WorkerFailure& f);
 // "rank 3 (local rank 1) on node-b failed with exit code 2: ValueError: ...". A report that
 // names no host leaves out " on <host>".
 std::string Describe(const FailureReport& report);
+// Describe without the error file's message: "rank 3 (local rank 1) on node-b failed with exit
+// code 2".
+std::string DescribeCause(const FailureReport& report);
+// The failure's last Python line: the error file's message, else the exception line that ends
+// the last traceback in its stderr tail ("ValueError: bad batch"); "" when it reported none.
+std::string LastTracebackLine(const WorkerFailure& f);
+// How the report's root cause failed, for telling a crash loop: its end (exit code, signal or
+// a hang) and LastTracebackLine, without rank or host. Failures with equal ways failed "the
+// same way"; "" for a report without failures.
+std::string FailureWay(const FailureReport& report);
 // Whether the worker wrote an error file (its message, traceback or JSON are in the record).
 bool WroteErrorFile(const WorkerFailure& f);
 // The failure's time_unix_ms in ISO 8601, UTC, to the millisecond: "2026-11-26T12:00:00.250Z".

@@ -213,7 +213,7 @@ void Engine::OnWorkersFailed(SessionId session, const msg::FailureReport& report
     job.last_failure = Describe(report);
     if (options_.metrics != nullptr) options_.metrics->Failure(job.run_id, FailureCause(report));
   }
-  Apply(job, rdzv::OnWorkerFailed(std::move(job.state), node, Describe(report), now), now);
+  Apply(job, rdzv::OnWorkerFailed(std::move(job.state), node, rdzv::FailureOf(report), now), now);
 }
 
 void Engine::Unbind(SessionId session, TimePoint now, const std::string& cause) {
@@ -364,7 +364,7 @@ void Engine::SendToJob(const Job& job, const msg::ServiceMessage& m) {
   for (const auto& [node, session] : job.sessions) hooks_.send(session, m);
 }
 
-void Engine::Finish(Job& job, bool success, const std::string& reason) {
+void Engine::Finish(Job& job, bool success, const std::string& reason, int exit_code) {
   job.finished = ++finish_sequence_;
   job.wake.reset();
   job.store.reset();
@@ -377,6 +377,7 @@ void Engine::Finish(Job& job, bool success, const std::string& reason) {
   } else {
     f.exit_code = success ? 0 : 1;
   }
+  if (exit_code != 0) f.exit_code = exit_code;
   if (!success) job.last_failure = reason;
   Log(job.run_id + ": job " + (success ? "succeeded" : "failed: " + reason));
   if (options_.metrics != nullptr) options_.metrics->Finished(success);
@@ -401,7 +402,7 @@ void Engine::Apply(Job& job, Transition t, TimePoint now) {
         if (job.state.present.count(node) == 0) hooks_.send(session, m);
       }
     } else if (auto* fail = std::get_if<FailJob>(&action)) {
-      Finish(job, false, fail->reason);
+      Finish(job, false, fail->reason, fail->exit_code);
     } else if (std::get_if<SucceedJob>(&action) != nullptr) {
       Finish(job, true, "all workers succeeded");
     } else if (auto* spare = std::get_if<KeepAsSpare>(&action)) {

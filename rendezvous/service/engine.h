@@ -121,7 +121,8 @@ class Engine {
   void SendAssignments(Job& job, const FormRound& round);
   // What a spare is told: it waits outside `round`.
   msg::Assignment SpareAssignment(int round, int restart_count) const;
-  void Finish(Job& job, bool success, const std::string& reason);
+  // exit_code not 0: the job's, over the root cause's (a crash loop's).
+  void Finish(Job& job, bool success, const std::string& reason, int exit_code = 0);
   void SendToJob(const Job& job, const msg::ServiceMessage& m);
   // `code`: refused_total's reason (engine_metrics.h).
   void Refuse(SessionId session, const char* code, const std::string& reason);

@@ -27,6 +27,7 @@ msg::Join JoinFromProto(const v1::Join& j) {
 void ReportToProto(const msg::FailureReport& r, v1::FailureReport* out) {
   out->set_host(r.host);
   out->set_node_id(r.node_id);
+  out->set_before_progress(r.before_progress);
   for (const auto& f : r.failures) {
     auto* w = out->add_failures();
     w->set_time(f.time);
@@ -93,6 +94,7 @@ msg::FailureReport FromProto(const v1::FailureReport& r) {
   msg::FailureReport out;
   out.host = r.host();
   out.node_id = r.node_id();
+  out.before_progress = r.before_progress();
   out.failures.reserve(static_cast<std::size_t>(r.failures_size()));
   for (const auto& w : r.failures()) {
     msg::WorkerFailure f;
@@ -122,6 +124,9 @@ Settings FromProto(const v1::Settings& s) {
   if (s.last_call_timeout_ms() != 0) out.last_call_timeout = Millis(s.last_call_timeout_ms());
   if (s.heartbeat_timeout_ms() != 0) out.heartbeat_timeout = Millis(s.heartbeat_timeout_ms());
   out.max_restarts = s.max_restarts();
+  if (s.has_max_restarts_without_progress()) {
+    out.max_restarts_without_progress = s.max_restarts_without_progress();
+  }
   out.contracts = ContractSet::FromBits(s.contracts());
   return out;
 }
@@ -131,6 +136,7 @@ v1::Settings ToProto(const Settings& s) {
   out.set_min_nodes(s.min_nodes);
   out.set_max_nodes(s.max_nodes);
   out.set_max_restarts(s.max_restarts);
+  out.set_max_restarts_without_progress(s.max_restarts_without_progress);
   out.set_join_timeout_ms(s.join_timeout.count());
   out.set_last_call_timeout_ms(s.last_call_timeout.count());
   out.set_heartbeat_timeout_ms(s.heartbeat_timeout.count());

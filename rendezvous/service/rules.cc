@@ -146,6 +146,10 @@ Status Settings::Validate() const {
   if (max_restarts < 0) {
     return InvalidArgument("max restarts (" + std::to_string(max_restarts) + ") must be >= 0");
   }
+  if (max_restarts_without_progress < 0) {
+    return InvalidArgument("max restarts without progress (" +
+                           std::to_string(max_restarts_without_progress) + ") must be >= 0");
+  }
   if (!contracts.Known()) {
     return InvalidArgument("--contract " + contracts.ToString() +
                            " names contracts this crun does not know (is the agent newer?)");
@@ -164,6 +168,10 @@ Status Settings::CheckCompatible(const Settings& o) const {
   }
   if (o.max_restarts != max_restarts) {
     return differ("--max-restarts", std::to_string(max_restarts), std::to_string(o.max_restarts));
+  }
+  if (o.max_restarts_without_progress != max_restarts_without_progress) {
+    return differ("--max-restarts-without-progress", std::to_string(max_restarts_without_progress),
+                  std::to_string(o.max_restarts_without_progress));
   }
   if (o.contracts != contracts) {
     return differ("--contract", contracts.ToString(), o.contracts.ToString());
@@ -298,10 +306,44 @@ Transition OnHeartbeat(State s, const std::string& node_id, TimePoint now) {
   return {std::move(s), {}, std::nullopt};
 }
 
-Transition OnWorkerFailed(State s, const std::string& node_id, const std::string& what,
+Failure FailureOf(const report::FailureReport& report) {
+  const std::string last =
+      report.failures.empty() ? "" : report::LastTracebackLine(report.failures.front());
+  return {report::Describe(report), report::DescribeCause(report), last, report::FailureWay(report),
+          report.before_progress};
+}
+
+bool CountCrash(CrashLoop& loop, const Failure& f, int limit) {
+  if (!f.before_progress || f.way.empty()) {
+    loop = {};
+  } else if (f.way == loop.way) {
+    ++loop.attempts;
+  } else {
+    loop = {f.way, 1};
+  }
+  return limit > 0 && loop.attempts >= limit;
+}
+
+std::string DescribeCrashLoop(const Failure& f, int attempts) {
+  return "crash loop: " + f.cause + " in " + std::to_string(attempts) +
+         " attempts before any step" + (f.last_line.empty() ? "" : ": " + f.last_line) +
+         " (--max-restarts-without-progress " + std::to_string(attempts) +
+         "; the job itself is broken: exit code " + std::to_string(report::kExitDoNotRequeue) +
+         " asks the scheduler not to requeue it)";
+}
+
+Transition OnWorkerFailed(State s, const std::string& node_id, const Failure& failure,
                           TimePoint now) {
+  const std::string& what = failure.what;
   const bool member = s.member_index.count(node_id) != 0;
   if (s.phase != Phase::kRunning || !member) return {std::move(s), {}, std::nullopt};  // handled
+  // Before the budget: a loop that ends with the budget still asks not to be requeued.
+  if (CountCrash(s.crash_loop, failure, s.settings.max_restarts_without_progress)) {
+    s.phase = Phase::kFailed;
+    return {std::move(s),
+            {FailJob{DescribeCrashLoop(failure, s.crash_loop.attempts), report::kExitDoNotRequeue}},
+            std::nullopt};
+  }
   if (!SpendRestart(s.restarts_used, s.settings.max_restarts)) {
     s.phase = Phase::kFailed;
     std::string reason = what + (s.settings.max_restarts > 0

@@ -24,6 +24,7 @@
 
 #include "base/status.h"
 #include "rendezvous/contracts/contract_set.h"
+#include "rendezvous/report/report.h"
 
 namespace crun::rdzv {
 
@@ -33,6 +34,7 @@ using Millis = std::chrono::milliseconds;
 inline constexpr Millis kDefaultJoinTimeout{600'000};    // torchrun's
 inline constexpr Millis kDefaultLastCallTimeout{1'000};  // torchrun: 30 s
 inline constexpr Millis kDefaultHeartbeatTimeout{3'000};
+inline constexpr int kDefaultMaxRestartsWithoutProgress = 3;
 // Bounds on what an agent may ask for: the job's world size fits an int with room to spare,
 // and deadlines stay far from the clock's range.
 inline constexpr int kMaxNodes = 100'000;
@@ -46,6 +48,9 @@ struct Settings {
   Millis last_call_timeout = kDefaultLastCallTimeout;
   Millis heartbeat_timeout = kDefaultHeartbeatTimeout;
   int max_restarts = 0;
+  // --max-restarts-without-progress: this many failures in a row, the same way and before any
+  // progress, end the job as a crash loop (docs/health.md); 0: never.
+  int max_restarts_without_progress = kDefaultMaxRestartsWithoutProgress;
   // More than this many rounds within storm_window fails the job (nodes flapping).
   int storm_rounds = 10;
   Millis storm_window{60'000};
@@ -68,6 +73,29 @@ inline bool SpendRestart(int& used, int max) {
   ++used;
   return true;
 }
+
+// A node's workers failed, as the rules weigh it (FailureOf makes it from the node's report).
+struct Failure {
+  std::string what;       // report::Describe: the restart's reason
+  std::string cause;      // report::DescribeCause
+  std::string last_line;  // report::LastTracebackLine of the root cause
+  std::string way;        // report::FailureWay: equal ways failed the same way
+  bool before_progress = false;
+};
+Failure FailureOf(const report::FailureReport& report);
+
+// Failures in a row that failed the same way before any progress (docs/health.md), one rule
+// for every rendezvous, as SpendRestart is. A failure after progress, or another way, starts
+// over.
+struct CrashLoop {
+  std::string way;
+  int attempts = 0;
+};
+// Counts `f` into `loop`; true when the loop has reached `limit` attempts (limit 0: never).
+bool CountCrash(CrashLoop& loop, const Failure& f, int limit);
+// "crash loop: rank 3 (local rank 1) on node-b failed with exit code 1 in 3 attempts before
+// any step: ValueError: ..." and the option that stopped it.
+std::string DescribeCrashLoop(const Failure& f, int attempts);
 
 struct NodeDescription {
   std::string node_id;  // unique per agent: a second agent with the same id is refused
@@ -110,6 +138,7 @@ struct RefuseJoin {
 };
 struct FailJob {
   std::string reason;
+  int exit_code = 0;  // the job's, when not the root cause's (a crash loop's)
 };
 // Every node stops its workers now and joins again (pushed to all nodes at once).
 struct StopAndRejoin {
@@ -147,6 +176,7 @@ struct State {
   std::vector<NodeDescription> spares;  // connected, outside the round
   std::vector<std::string> lost_hosts;  // node ids of lost nodes, for reports
   int restarts_used = 0;
+  CrashLoop crash_loop;  // the failures in a row before any progress, and how they failed
   // The rounds that count towards a restart storm: those formed after a membership change.
   // Restarts paid from the budget do not count (max_restarts is their limit).
   std::vector<TimePoint> round_times;
@@ -173,8 +203,8 @@ Transition OnJoin(State state, const NodeDescription& node, const Settings& its_
 // Time passed: deadlines may have expired, heartbeats may be missing.
 Transition OnTick(State state, TimePoint now);
 Transition OnHeartbeat(State state, const std::string& node_id, TimePoint now);
-// A worker on `node_id` failed; `what` describes it for the report.
-Transition OnWorkerFailed(State state, const std::string& node_id, const std::string& what,
+// A worker on `node_id` failed, as `failure` says.
+Transition OnWorkerFailed(State state, const std::string& node_id, const Failure& failure,
                           TimePoint now);
 // The node's session broke (agent died) or the engine gave up on it.
 // `cause` ends the reason every node prints: "node h (id) was lost: <cause>".

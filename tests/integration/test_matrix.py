@@ -9,6 +9,11 @@ processes over a generated table of dimensions, not hand-picked cases.
             the same every run). With the store on, each rank saves a snapshot and fails, and
             after the restart every rank loads its own back (docs/checkpoints.md).
   snapshot  backend x start x the snapshot store, every combination, with the Python worker
+  crashloop backend x start x how the worker fails (at import every time, or after a step),
+            every combination (docs/health.md): a worker that fails at import in every attempt
+            ends the job after --max-restarts-without-progress attempts with exit code 86 and
+            the crash loop's words, though restarts remain; the same failure after a step
+            heartbeat spends every restart and ends with the worker's own code
 
 Each case checks that every crun exits 0, every rank's environment (ranks unique and complete,
 TF_CONFIG of the world's size with the rank's own index, one JAX coordinator, Horovod's ranks
@@ -38,6 +43,7 @@ PYTHON = os.environ.get("PYTHON_EXEC", sys.executable)
 WORKERS = os.path.join(HERE, "..", "workers")
 SHELL_WORKER = os.path.join(WORKERS, "env_dump.sh")
 PYTHON_WORKER = os.path.join(WORKERS, "env_dump.py")
+CRASH_WORKER = os.path.join(WORKERS, "crash_loop.py")
 WITNESS = os.path.join(HERE, "..", "pylib", "warm_witness")
 CASE_LIMIT_S = 60  # one case's crun processes, start to end
 
@@ -51,6 +57,7 @@ NPROCS = (1, 2, 3)
 STARTS = ("cold", "warm")
 CGROUPS = ("cgroup", "no-cgroup")
 SNAPSHOTS = ("snapshots", "no-snapshots")
+CRASH_MODES = ("import", "steps")  # how the crash-loop worker fails
 PAIRWISE_DIMS = (BACKENDS, CONTRACT_SETS, NPROCS, STARTS, CGROUPS, SNAPSHOTS)
 
 # The variables each contract adds (agent/frameworks/contracts.cc, docs/frameworks.md): a case checks
@@ -152,11 +159,14 @@ class Matrix(unittest.TestCase):
             cls.etcd.__enter__()
         return cls.etcd.endpoints()
 
-    def commands(self, backend, contracts, nproc, worker, out, snapshots="default"):
+    def commands(self, backend, contracts, nproc, worker, out, snapshots="default",
+                 restarts=None, extra=()):
         """The crun command lines of one case: one node, or two on this host."""
         # crun's info lines: a case that fails or hangs shows how far each node got.
+        if restarts is None:
+            restarts = 1 if snapshots == "snapshots" else 0
         common = ["--log-level", "info", "--contract", contracts, "--nproc-per-node", str(nproc),
-                  "--max-restarts", "1" if snapshots == "snapshots" else "0",
+                  "--max-restarts", str(restarts), *extra,
                   *(() if worker.endswith(".py") else ("--no-python",)),
                   *(("--snapshots", "off") if snapshots == "no-snapshots" else ())]
         out = [out, *{"snapshots": ["--snapshot"], "no-snapshots": ["--no-snapshot"]}.get(
@@ -176,23 +186,17 @@ class Matrix(unittest.TestCase):
         return [[CRUN, "--nnodes", "2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", endpoint,
                  "--rdzv-id", job, *common, worker, *out] for _ in range(2)]
 
-    def run_case(self, case, python):
-        backend, contracts, nproc, start, cgroup, snapshots = case
-        out = tempfile.mkdtemp(dir=self.root)
-        ledger = os.path.join(out, "ledger")
-        env = dict(os.environ, PYTHON_EXEC=PYTHON, CRUN_TEST_WARM_LEDGER=ledger,
-                   PYTHONPATH=WITNESS)
-        env.pop("PET_WARM", None)
-        if cgroup == "no-cgroup":
-            env["CRUN_CGROUP"] = "0"
-        worker = PYTHON_WORKER if python else SHELL_WORKER
-        cmds = self.commands(backend, contracts, nproc, worker, out, snapshots)
-        if start == "warm":
-            cmds = [c[:1] + ["--warm"] + c[1:] for c in cmds]
+    def start_cruns(self, cmds, out, env):
+        """The crun processes of a case, each with its log; run() waits for them."""
         logs = [open(os.path.join(out, f"crun_{i}.log"), "w+") for i in range(len(cmds))]
         procs = [subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=log,
                                   stderr=subprocess.STDOUT, text=True, env=env)
                  for c, log in zip(cmds, logs)]
+        return procs, logs
+
+    def run_cruns(self, cmds, out, env):
+        """Runs a case's crun processes to their end (CASE_LIMIT_S at most): their texts."""
+        procs, logs = self.start_cruns(cmds, out, env)
         deadline = time.monotonic() + CASE_LIMIT_S
         try:
             for p in procs:
@@ -209,6 +213,54 @@ class Matrix(unittest.TestCase):
         texts = [self.tail(log) for log in logs]
         for log in logs:
             log.close()
+        return procs, texts
+
+    def run_crash_case(self, case):
+        """A worker that fails the same way in every attempt: at import (a crash loop) or
+        after a step heartbeat (progress: every restart is spent)."""
+        backend, start, mode = case
+        out = tempfile.mkdtemp(dir=self.root)
+        env = dict(os.environ, PYTHON_EXEC=PYTHON)
+        env.pop("PET_WARM", None)
+        loop_after, restarts = 2, 3
+        cmds = self.commands(backend, "torch", 2, CRASH_WORKER, out, restarts=restarts,
+                             extra=("--max-restarts-without-progress", str(loop_after)))
+        cmds = [c[:-1] + [out, mode] for c in cmds]  # the worker's arguments, not env_dump's
+        if start == "warm":
+            cmds = [c[:1] + ["--warm"] + c[1:] for c in cmds]
+        procs, texts = self.run_cruns(cmds, out, env)
+        self.assertEqual(processes_mentioning(out), [], "processes left running")
+        attempts = sorted({int(line.split()[0]) for line in whole_lines(
+            os.path.join(out, "attempts"))})
+        if mode == "import":
+            for p, text in zip(procs, texts):
+                self.assertEqual(p.returncode, 86, f"{' '.join(p.args)}:\n{text}")
+                self.assertRegex(
+                    text, r"crash loop: rank \d+ \(local rank \d\)( on \S+)? failed with exit "
+                    r"code 1 in 2 attempts before any step: ModuleNotFoundError: No module named "
+                    r"'missing_module_of_crash_loop' \(--max-restarts-without-progress 2")
+            # Stopped by the loop, not by the budget: restarts were left.
+            self.assertLess(max(attempts), restarts, attempts)
+        else:
+            for p, text in zip(procs, texts):
+                self.assertEqual(p.returncode, 1, f"{' '.join(p.args)}:\n{text}")
+                self.assertNotIn("crash loop", text)
+            self.assertEqual(attempts, list(range(restarts + 1)))
+
+    def run_case(self, case, python):
+        backend, contracts, nproc, start, cgroup, snapshots = case
+        out = tempfile.mkdtemp(dir=self.root)
+        ledger = os.path.join(out, "ledger")
+        env = dict(os.environ, PYTHON_EXEC=PYTHON, CRUN_TEST_WARM_LEDGER=ledger,
+                   PYTHONPATH=WITNESS)
+        env.pop("PET_WARM", None)
+        if cgroup == "no-cgroup":
+            env["CRUN_CGROUP"] = "0"
+        worker = PYTHON_WORKER if python else SHELL_WORKER
+        cmds = self.commands(backend, contracts, nproc, worker, out, snapshots)
+        if start == "warm":
+            cmds = [c[:1] + ["--warm"] + c[1:] for c in cmds]
+        procs, texts = self.run_cruns(cmds, out, env)
         for p, text in zip(procs, texts):
             self.assertEqual(p.returncode, 0, f"{' '.join(p.args)}:\n{text[-3000:]}")
         self.assertEqual(processes_mentioning(out), [], "processes left running")
@@ -280,6 +332,10 @@ class Matrix(unittest.TestCase):
             self.assertEqual(len(set(hosts.values())), nodes, f"nodes share a host name: {hosts}")
 
 
+def crash_cases():
+    return list(itertools.product(BACKENDS, STARTS, CRASH_MODES))
+
+
 def add_cases():
     for kind, cases, python in (("full", full_cases(), False),
                                 ("pairwise", pairwise(PAIRWISE_DIMS), True),
@@ -288,6 +344,10 @@ def add_cases():
             def test(self, case=case, python=python):
                 self.run_case(case, python)
             setattr(Matrix, case_name(kind, case), test)
+    for case in crash_cases():
+        def test(self, case=case):
+            self.run_crash_case(case)
+        setattr(Matrix, "test_crashloop_" + "_".join(case), test)
 
 
 add_cases()
@@ -308,6 +368,8 @@ def describe():
         print("   ", case_name("pairwise", c))
     print(f"snapshot: {len(snapshot_cases())} cases (backend x start x snapshot store, in full), "
           "Python worker, 2 workers a node")
+    print(f"crashloop: {len(crash_cases())} cases (backend x start x how the worker fails, in "
+          "full), Python worker, 2 workers a node")
 
 
 if __name__ == "__main__":

@@ -150,6 +150,30 @@ inline std::vector<ReportCase> ReportCases() {
     rows.push_back(c);
   }
   {
+    ReportCase c{"a Python traceback in stderr, before any progress", {}, "", 0, "", ""};
+    c.report.host = "node-a";
+    c.report.before_progress = true;
+    auto f = ReportFailure(6, 2, 12, kReportNoon);
+    f.exit_code = 1;
+    f.stderr_tail = {"rank 6: starting",
+                     "Traceback (most recent call last):", "  File \"t.py\", line 1, in main",
+                     "    import nope", "ModuleNotFoundError: No module named 'nope'"};
+    c.report.failures = {f};
+    c.describe = "rank 6 (local rank 2) on node-a failed with exit code 1";
+    c.exit_code = 1;
+    c.stored = R"({"host":"node-a","failures":[{"rank":6,"local_rank":2,"pid":12,"exit_code":1,)"
+               R"("stderr_tail":["rank 6: starting","Traceback (most recent call last):",)"
+               R"("  File \"t.py\", line 1, in main","    import nope",)"
+               R"("ModuleNotFoundError: No module named 'nope'"],)"
+               R"("time_unix_ms":"1795694400250"}],"before_progress":true})";
+    c.file = R"([{"error_file":"","exit_code":1,"host":"node-a","local_rank":2,"pid":12,"rank":6,)"
+             R"("signal":null,"stderr_tail":["rank 6: starting",)"
+             R"("Traceback (most recent call last):","  File \"t.py\", line 1, in main",)"
+             R"("    import nope","ModuleNotFoundError: No module named 'nope'"],)"
+             R"("time":"2026-11-26T12:00:00.250Z"}])";
+    rows.push_back(c);
+  }
+  {
     ReportCase c{"no failure in it", {}, "", 0, "", ""};
     c.report.host = "node-d";
     c.describe = "a worker on node-d failed";

@@ -226,6 +226,41 @@ TEST_CASE("etcd job: a worker failure spends a restart and every node rejoins") 
   CHECK(job["outcome"]["reason"].get<std::string>().find("after 1 restarts") != std::string::npos);
 }
 
+TEST_CASE("etcd job: failures the same way before progress end it as a crash loop") {
+  // Each failure is decided by a fresh Decide over the stored document: the loop's count
+  // lives in the document, as the budget does.
+  Etcd e;
+  e.AddNode("a", "host-a", 1, 2, 2, /*max_restarts=*/10);
+  e.AddNode("b", "host-b", 1, 2, 2, 10);
+  Report r;
+  r.what = "rank 1 (local rank 0) on b failed with exit code 1";
+  r.exit_code = 1;
+  r.report_json = R"({"host":"b","failures":[{"rank":1,"exit_code":1,"stderr_tail":[)"
+                  R"("Traceback (most recent call last):","ImportError: nope"]}],)"
+                  R"("before_progress":true})";
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    INFO("attempt " << attempt);
+    e.JoinNode("a");
+    e.JoinNode("b");
+    e.Step(Ms(10 * attempt));
+    REQUIRE(e.Job()["phase"] == "running");
+    e.Put(e.keys.report(attempt, "b"), crun::etcd::EncodeReport(r));
+    e.Step(Ms(10 * attempt + 5));
+    if (attempt < 2) {
+      CHECK(e.Job()["phase"] == "gathering");
+      CHECK(e.Job()["crash_loop"]["attempts"] == attempt + 1);
+    }
+  }
+  auto job = e.Job();
+  CHECK(job["phase"] == "failed");
+  CHECK(job["restarts_used"] == 2);  // restarts were left: the loop ended it
+  CHECK(job["outcome"]["exit_code"] == crun::report::kExitDoNotRequeue);
+  CHECK(job["outcome"]["reason"].get<std::string>().rfind(
+            "crash loop: rank 1 (local rank 0) on b failed with exit code 1 in 3 attempts before "
+            "any step: ImportError: nope",
+            0) == 0);
+}
+
 TEST_CASE("etcd job: what every agent watches (a/job) changes only when they must act") {
   Etcd e;
   for (const char* n : {"a", "b", "c"}) e.AddNode(n, std::string("host-") + n, 1, 3, 3);

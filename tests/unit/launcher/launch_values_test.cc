@@ -42,6 +42,8 @@ TEST_CASE("values: the defaults, parsed", "[values]") {
   CHECK(v->master_port == -1);
   CHECK(v->shutdown_timeout == std::chrono::seconds(30));
   CHECK(v->hang_timeout == std::chrono::milliseconds(0));
+  CHECK(v->max_restarts_without_progress == 3);
+  CHECK(v->progress_after == std::chrono::seconds(300));
   CHECK(v->signals == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
   CHECK(v->redirects.For(2) == std::vector<int>{0, 0});
   CHECK_FALSE(v->torchelastic_events);
@@ -53,15 +55,36 @@ TEST_CASE("values: the defaults, parsed", "[values]") {
 TEST_CASE("values: flags, PET_* and torchrun's variables, each once", "[values]") {
   ::setenv("PET_MAX_RESTARTS", "4", 1);
   ::setenv("PET_HANG_TIMEOUT", "2.5", 1);
-  const auto v = Values({"--nnodes", "2:4", "--master-port", "29500", "--tee", "0:3",
-                         "--local-ranks-filter", "0,3", "--event-log-handler", "console",
-                         "--rdzv-conf", "join_timeout=9,etcd_user=me", "--contract", "tf,jax",
-                         "--warm", "--warm-modules", "numpy", "--numa-binding", "node"},
+  ::setenv("PET_MAX_RESTARTS_WITHOUT_PROGRESS", "0", 1);
+  const auto v = Values({"--nnodes",
+                         "2:4",
+                         "--master-port",
+                         "29500",
+                         "--tee",
+                         "0:3",
+                         "--local-ranks-filter",
+                         "0,3",
+                         "--event-log-handler",
+                         "console",
+                         "--rdzv-conf",
+                         "join_timeout=9,etcd_user=me",
+                         "--contract",
+                         "tf,jax",
+                         "--warm",
+                         "--warm-modules",
+                         "numpy",
+                         "--numa-binding",
+                         "node",
+                         "--progress_after",
+                         "90.5"},
                         {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "7"},
                          {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${rank}| "}});
   ::unsetenv("PET_MAX_RESTARTS");
   ::unsetenv("PET_HANG_TIMEOUT");
+  ::unsetenv("PET_MAX_RESTARTS_WITHOUT_PROGRESS");
   REQUIRE(v.ok());
+  CHECK(v->max_restarts_without_progress == 0);
+  CHECK(v->progress_after == std::chrono::milliseconds(90'500));
   CHECK(v->nnodes.max == 4);
   CHECK(v->max_restarts == 4);
   CHECK(v->hang_timeout == std::chrono::milliseconds(2500));
@@ -97,6 +120,10 @@ TEST_CASE("values: refusals name the flag or variable and the value", "[values]"
            Row{{"--nnodes", "0"}, {}, "--nnodes '0'"},
            Row{{"--master-port", "70000"}, {}, "--master-port '70000'"},
            Row{{"--hang-timeout", "soon"}, {}, "--hang-timeout 'soon'"},
+           Row{{"--max-restarts-without-progress", "-1"},
+               {},
+               "--max-restarts-without-progress '-1'"},
+           Row{{"--progress-after", "later"}, {}, "--progress-after 'later'"},
            Row{{},
                {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "-1"}},
                "TORCH_ELASTIC_SHUTDOWN_TIMEOUT '-1'"},

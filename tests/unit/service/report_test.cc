@@ -138,3 +138,54 @@ TEST_CASE("failure.json keeps a report's every field that the stored JSON has", 
     }
   }
 }
+
+TEST_CASE("how a failure failed: its end and its last Python line, without rank or host",
+          "[report]") {
+  namespace report = crun::report;
+  using crun::testing::kReportNoon;
+  using crun::testing::ReportFailure;
+  struct Row {
+    const char* name;
+    report::WorkerFailure failure;
+    std::string last_line;
+    std::string way;
+  };
+  auto exit_with = [](int code, std::vector<std::string> tail, std::string message = "") {
+    auto f = ReportFailure(3, 1, 9, kReportNoon);
+    f.exit_code = code;
+    f.stderr_tail = std::move(tail);
+    f.message = std::move(message);
+    return f;
+  };
+  auto hung = ReportFailure(3, 1, 9, kReportNoon);
+  hung.signal = SIGTERM;
+  hung.hang = "no progress for 31.2 s";
+  auto killed = ReportFailure(0, 0, 9, kReportNoon);
+  killed.signal = SIGKILL;
+  const std::vector<Row> rows = {
+      {"the error file's message wins",
+       exit_with(1, {"Traceback (most recent call last):", "KeyError: 'x'"}, "ValueError: bad"),
+       "ValueError: bad", "exit code 1: ValueError: bad"},
+      {"the exception line of the last traceback",
+       exit_with(2, {"Traceback (most recent call last):", "  File \"a.py\", line 1", "OSError: a",
+                     "", "During handling of the above exception, another exception occurred:", "",
+                     "Traceback (most recent call last):", "  File \"a.py\", line 3",
+                     "    raise RuntimeError('b')", "RuntimeError: b", "exiting"}),
+       "RuntimeError: b", "exit code 2: RuntimeError: b"},
+      {"no traceback: the end alone", exit_with(3, {"step 10", "bye"}), "", "exit code 3"},
+      {"a traceback cut before its last line",
+       exit_with(1, {"Traceback (most recent call last):", "  File \"a.py\", line 1"}), "",
+       "exit code 1"},
+      {"a hang is one way, however long", hung, "", "a hang"},
+      {"a signal", killed, "", "signal 9 (SIGKILL)"},
+  };
+  for (const auto& row : rows) {
+    INFO(row.name);
+    CHECK(report::LastTracebackLine(row.failure) == row.last_line);
+    report::FailureReport r;
+    r.host = "node-" + std::string(row.name).substr(0, 3);  // the host is no part of the way
+    r.failures = {row.failure};
+    CHECK(report::FailureWay(r) == row.way);
+  }
+  CHECK(report::FailureWay(report::FailureReport{}).empty());
+}

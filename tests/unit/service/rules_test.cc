@@ -12,6 +12,7 @@ namespace {
 using namespace std::chrono_literals;
 using crun::rdzv::Action;
 using crun::rdzv::FailJob;
+using crun::rdzv::Failure;
 using crun::rdzv::FormRound;
 using crun::rdzv::KeepAsSpare;
 using crun::rdzv::NodeDescription;
@@ -48,6 +49,13 @@ State Start(const Settings& s) {
   State st;
   st.settings = s;
   return st;
+}
+
+// A failure in words alone.
+Failure Said(const std::string& what) {
+  Failure f;
+  f.what = what;
+  return f;
 }
 
 template <typename T>
@@ -306,7 +314,7 @@ State Rejoin(State st, TimePoint now, std::initializer_list<const char*> hosts) 
 TEST_CASE("a worker failure stops every node; the re-formed round carries the restart count",
           "[rules]") {
   State st = Running(/*max_restarts=*/1);
-  auto t = OnWorkerFailed(st, "b#1", "rank 3 on b: exit code 7", T0 + 10s);
+  auto t = OnWorkerFailed(st, "b#1", Said("rank 3 on b: exit code 7"), T0 + 10s);
   const auto* stop = Only<StopAndRejoin>(t.actions);
   REQUIRE(stop != nullptr);
   CHECK(stop->spends_restart);
@@ -321,10 +329,97 @@ TEST_CASE("a worker failure stops every node; the re-formed round carries the re
   CHECK(round->round == 1);
   CHECK(round->restart_count == 1);  // the same job-wide number on every node
   // The budget is spent: the next failure fails the job everywhere.
-  auto fail = OnWorkerFailed(formed.state, "a#1", "rank 0 on a: signal 9 (SIGKILL)", T0 + 20s);
+  auto fail =
+      OnWorkerFailed(formed.state, "a#1", Said("rank 0 on a: signal 9 (SIGKILL)"), T0 + 20s);
   const auto* f = Only<FailJob>(fail.actions);
   REQUIRE(f != nullptr);
   CHECK(f->reason == "rank 0 on a: signal 9 (SIGKILL) (after 1 restarts)");
+}
+
+// A failure of rank 3 on b, the way `way` says, before any progress or after some.
+Failure Crash(const std::string& way, bool before_progress = true) {
+  return {"rank 3 (local rank 1) on b failed with " + way, "rank 3 (local rank 1) on b failed", "",
+          way, before_progress};
+}
+
+TEST_CASE("crash loops: K failures in a row, the same way, before any progress", "[rules]") {
+  struct Row {
+    const char* name;
+    std::vector<Failure> failures;
+    int limit;
+    int stops_at;  // the failure (0-based) that declares the loop; -1: none does
+  };
+  const Failure a = Crash("exit code 1: ImportError: no module named x");
+  const Failure b = Crash("exit code 1: ValueError: bad");
+  const Failure a_late = Crash("exit code 1: ImportError: no module named x", false);
+  const Failure unknown = Crash("", true);
+  const std::vector<Row> rows = {
+      {"the same way K times", {a, a, a}, 3, 2},
+      {"K = 1 stops at the first", {a}, 1, 0},
+      {"0 never stops", {a, a, a, a, a}, 0, -1},
+      {"another way starts over", {a, a, b, b, b}, 3, 4},
+      {"progress starts over", {a, a, a_late, a, a, a}, 3, 5},
+      {"only progress: never", {a_late, a_late, a_late, a_late}, 3, -1},
+      {"a way unknown (no failures) counts nothing", {a, a, unknown, a, a}, 3, -1},
+      {"alternating ways never", {a, b, a, b, a, b}, 2, -1},
+  };
+  for (const auto& row : rows) {
+    INFO(row.name);
+    crun::rdzv::CrashLoop loop;
+    int stopped = -1;
+    for (std::size_t i = 0; i < row.failures.size() && stopped < 0; ++i) {
+      if (crun::rdzv::CountCrash(loop, row.failures[i], row.limit)) stopped = static_cast<int>(i);
+    }
+    CHECK(stopped == row.stops_at);
+  }
+}
+
+TEST_CASE("a crash loop fails the job with do-not-requeue, before the budget is spent", "[rules]") {
+  for (const int max_restarts : {2, 10}) {
+    INFO("max restarts " << max_restarts);
+    State st = Running(max_restarts);
+    REQUIRE(st.settings.max_restarts_without_progress == 3);  // the default
+    Failure f = Crash("exit code 1");
+    f.last_line = "ImportError: no module named x";
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      auto t = OnWorkerFailed(st, "b#1", f, T0 + 10s);
+      REQUIRE(Only<StopAndRejoin>(t.actions) != nullptr);
+      st = Rejoin(t.state, T0 + 10s, {"a", "b"});
+    }
+    auto t = OnWorkerFailed(st, "b#1", f, T0 + 20s);
+    const auto* fail = Only<FailJob>(t.actions);
+    REQUIRE(fail != nullptr);
+    CHECK(fail->exit_code == crun::report::kExitDoNotRequeue);
+    CHECK(fail->reason.rfind("crash loop: rank 3 (local rank 1) on b failed in 3 attempts before "
+                             "any step: ImportError: no module named x (--max-restarts-without-"
+                             "progress 3",
+                             0) == 0);
+    CHECK(t.state.phase == crun::rdzv::Phase::kFailed);
+    CHECK(t.state.restarts_used == 2);
+  }
+  // The same failures after progress spend the budget and end with the root cause's code.
+  State st = Running(2);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    auto t = OnWorkerFailed(st, "b#1", Crash("exit code 1", false), T0 + 10s);
+    REQUIRE(Only<StopAndRejoin>(t.actions) != nullptr);
+    st = Rejoin(t.state, T0 + 10s, {"a", "b"});
+  }
+  auto t = OnWorkerFailed(st, "b#1", Crash("exit code 1", false), T0 + 20s);
+  const auto* fail = Only<FailJob>(t.actions);
+  REQUIRE(fail != nullptr);
+  CHECK(fail->exit_code == 0);
+  CHECK(fail->reason == "rank 3 (local rank 1) on b failed with exit code 1 (after 2 restarts)");
+}
+
+TEST_CASE("agents that differ on --max-restarts-without-progress are refused, naming it",
+          "[rules]") {
+  Settings mine = Nodes(2, 2), theirs = Nodes(2, 2);
+  theirs.max_restarts_without_progress = 0;
+  const auto s = mine.CheckCompatible(theirs);
+  CHECK_THAT(s.message(), Catch::Contains("--max-restarts-without-progress differs: this job "
+                                          "uses 3, the joining agent 0"));
+  mine.max_restarts_without_progress = -1;
+  CHECK_THAT(mine.Validate().message(), Catch::Contains("max restarts without progress (-1)"));
 }
 
 TEST_CASE("a lost node re-forms the job without spending the budget", "[rules]") {
@@ -397,7 +492,7 @@ TEST_CASE("restarts paid from the budget are no restart storm", "[rules]") {
   st.settings.storm_window = 60s;
   TimePoint now = T0 + 2s;
   for (int i = 0; i < 20; ++i) {
-    auto failed = OnWorkerFailed(st, "a#1", "rank 0 failed with exit code 7", now);
+    auto failed = OnWorkerFailed(st, "a#1", Said("rank 0 failed with exit code 7"), now);
     REQUIRE(Only<StopAndRejoin>(failed.actions) != nullptr);
     st = Rejoin(failed.state, now, {"a", "b"});
     REQUIRE(st.phase == crun::rdzv::Phase::kRunning);
@@ -409,7 +504,7 @@ TEST_CASE("restarts paid from the budget are no restart storm", "[rules]") {
   for (int i = 0; i < 2; ++i) {
     st = OnNodeLost(st, "b#1", now, "its session ended").state;
     st = Rejoin(st, now, {"a", "b"});
-    st = Rejoin(OnWorkerFailed(st, "a#1", "rank 0 failed", now).state, now, {"a", "b"});
+    st = Rejoin(OnWorkerFailed(st, "a#1", Said("rank 0 failed"), now).state, now, {"a", "b"});
     now += 1s;
   }
   CHECK(st.round_times.size() == 3);
