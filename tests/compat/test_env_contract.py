@@ -21,8 +21,8 @@ TORCH_1 = torch.__version__.startswith("1.")
 # Same variable, other value, by design.
 DIFFERENT_VALUES = {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE",
                     "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE"}
-# Set by crun only.
-CRUN_ONLY = {"CRUN_ATTEMPT", "CRUN_ATTEMPT_LOG_DIR", "CRUN_SNAPSHOT_SOCKET"}
+# Set by crun only (CRUN_HEARTBEAT_FD in a job that restarts: docs/health.md).
+CRUN_ONLY = {"CRUN_ATTEMPT", "CRUN_ATTEMPT_LOG_DIR", "CRUN_HEARTBEAT_FD", "CRUN_SNAPSHOT_SOCKET"}
 # Set by crun, or extended: PYTHONPATH begins with the crun_worker module's directory (compared
 # without it).
 SDK_DIR_SUFFIX = "/python-sdk"

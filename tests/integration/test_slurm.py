@@ -236,7 +236,8 @@ class RealSlurm(unittest.TestCase):
         with open(DOC) as f:
             scripts = re.findall(r"```bash\n(#!/bin/bash\n.*?)```", f.read(), re.S)
         scripts = [s for s in scripts if "#SBATCH" in s]
-        self.assertEqual(len(scripts), 2, "docs/slurm.md should show both patterns")
+        self.assertEqual(len(scripts), 3,
+                         "docs/slurm.md should show both patterns and the requeue script")
         self.assertTrue(TRAIN, "TRAIN_BIN is not set")
         for i, script in enumerate(scripts):
             with self.subTest(script=i):
@@ -245,6 +246,16 @@ class RealSlurm(unittest.TestCase):
                                  os.environ["PATH"]])
                 job = self.c.sbatch(script, env={"PATH": path})
                 fields = self.c.wait_job(job, limit=600)
+                if "--requeue" in script:
+                    # A crash loop (docs/health.md): 86 from every crun, and no requeue.
+                    out = self.output(job)
+                    self.assertEqual((fields["JobState"], fields["ExitCode"]),
+                                     ("FAILED", "86:0"), out[-4000:])
+                    self.assertEqual(fields.get("Restarts"), "0", fields)
+                    self.assertIn("a crash loop: not requeueing", out)
+                    self.assertRegex(out, r"crash loop: rank \d+ .* failed with exit code 2 in 3 "
+                                          r"attempts before any step")
+                    continue
                 self.assertEqual((fields["JobState"], fields["ExitCode"]), ("COMPLETED", "0:0"),
                                  self.output(job)[-4000:])
                 self.assertRegex(self.output(job), r"\(4 worker\(s\)\).*parameters identical "
