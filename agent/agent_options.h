@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "agent/frameworks/contracts.h"
+#include "agent/health/health_checks.h"
 #include "agent/snapshots/snapshot_options.h"
 #include "base/security.h"
 #include "http/http_server.h"
@@ -88,6 +89,13 @@ struct AgentOptions {
   std::shared_ptr<SnapshotFacts> snapshot_facts = std::make_shared<SnapshotFacts>();
   // crun's own TORCHELASTIC_ERROR_FILE (set by a scheduler): gets the root cause's error.
   std::string parent_error_file;
+
+  // The health gate (docs/health.md): these checks run before every join (none: no gate). A
+  // node that fails one does not join; it says why to the rendezvous and exits with
+  // report::kExitRequeueWithoutNode, after appending its host name to unhealthy_nodes_file
+  // (when set) for the scheduler's script.
+  HealthGateOptions health;
+  std::string unhealthy_nodes_file;
 
   // Hangs (docs/hangs.md). A worker with no progress for hang_timeout is hung (0: not
   // watched): its output, its heartbeats (CRUN_HEARTBEAT_FD) and its file-timer requests are

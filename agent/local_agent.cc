@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/failures/report_publish.h"
+#include "agent/health/health_checks.h"
 #include "agent/workers/attempt_hangs.h"
 
 namespace crun::agent {
@@ -92,10 +93,33 @@ struct LocalAgent::Impl final : RendezvousEvents {
     });
   }
 
+  // Joins, after the health gate when there is one (docs/health.md).
   void JoinRendezvous() {
     joined_at = Now();
+    if (options.health.checks.empty()) return JoinNow();
+    gate = RunHealthGate(io, workers.children(), options.health,
+                         [this](HealthVerdict v) { HealthChecked(std::move(v)); });
+  }
+
+  void JoinNow() {
     reserved = ReserveContractPorts(options.contracts, options.nproc);
     rdzv->Join(reserved.ports());
+  }
+
+  void HealthChecked(HealthVerdict v) {
+    gate.reset();
+    if (meters) meters->HealthChecked(v.ok(), v.took);
+    if (state.phase == lc::Phase::kDone) return;
+    if (v.ok()) return JoinNow();
+    const std::string why = "this node (" + options.host_name +
+                            ") failed its health check and does not join: " + v.Describe();
+    rdzv->ReportUnhealthy(v.Describe());
+    NoteUnhealthyNode(options.unhealthy_nodes_file, options.host_name);
+    outcome = JobOutcome{};
+    outcome.exit_code = report::kExitRequeueWithoutNode;
+    outcome.reason = why;
+    outcome.root_node_id = rdzv->node_id();
+    Feed(lc::OnFinished(state, lc::Outcome{false, report::kExitRequeueWithoutNode}, Now()));
   }
 
   static std::chrono::steady_clock::time_point Now() { return std::chrono::steady_clock::now(); }
@@ -315,6 +339,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   }
 
   void Finish(int code) {
+    if (gate) gate->Cancel();
     features.Each([code](JobFeature& f) { f.OnFinish(code); });
     boost::system::error_code ec;
     signals.cancel(ec);
@@ -340,7 +365,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
   std::unique_ptr<AgentMetrics> meters;
   // The job's step heartbeats and snapshot saves (AgentView::steps).
   ProgressCounter steps = std::make_shared<std::uint64_t>(0);
-  PortReservation reserved;  // this round's ports (--contract), until its workers start
+  PortReservation reserved;             // this round's ports (--contract), until its workers start
+  std::shared_ptr<HealthGateRun> gate;  // the health gate under way, before a join
   std::chrono::steady_clock::time_point joined_at;  // of the rendezvous under way
   GroupAssignment offered;                          // the rendezvous's last assignment
   GroupAssignment group;                            // the running attempt's

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace crun {
@@ -18,6 +19,19 @@ bool WriteWholeFile(const std::string& path, const std::string& text) {
     done += static_cast<std::size_t>(n);
   }
   return ::close(fd) == 0 && done == text.size();
+}
+
+std::string FindOnPath(const std::string& name, const std::string& path) {
+  std::size_t start = 0;
+  while (start <= path.size()) {
+    const auto end = std::min(path.find(':', start), path.size());
+    const std::string dir = path.substr(start, end - start);
+    if (!dir.empty() && dir.front() == '/' && ::access((dir + "/" + name).c_str(), X_OK) == 0) {
+      return dir + "/" + name;
+    }
+    start = end + 1;
+  }
+  return "";
 }
 
 }  // namespace crun

@@ -9,4 +9,8 @@ namespace crun {
 // there or the file could not be closed.
 bool WriteWholeFile(const std::string& path, const std::string& text);
 
+// The first executable `dir/name` of the absolute directories in `path` (a PATH value); ""
+// when there is none.
+std::string FindOnPath(const std::string& name, const std::string& path);
+
 }  // namespace crun

@@ -27,4 +27,27 @@ std::optional<double> ParseNumber(std::string_view text, double min, double max)
   return value;
 }
 
+std::optional<std::uint64_t> ParseByteSize(std::string_view text) {
+  constexpr std::int64_t kMax = std::int64_t{1} << 62;
+  std::size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  const auto number = ParseInteger(text.substr(0, digits), 0, kMax);
+  if (!number) return std::nullopt;
+  std::string_view unit = text.substr(digits);
+  if (unit.size() == 3 && unit.substr(1) == "iB") unit = unit.substr(0, 1);
+  int shift = 0;
+  if (unit == "K")
+    shift = 10;
+  else if (unit == "M")
+    shift = 20;
+  else if (unit == "G")
+    shift = 30;
+  else if (unit == "T")
+    shift = 40;
+  else if (!unit.empty())
+    return std::nullopt;
+  if (*number > (kMax >> shift)) return std::nullopt;
+  return static_cast<std::uint64_t>(*number) << shift;
+}
+
 }  // namespace crun

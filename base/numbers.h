@@ -15,4 +15,8 @@ std::optional<std::int64_t> ParseInteger(std::string_view text, std::int64_t min
 // A finite decimal number in [min, max]: "0.5", "30", "1e-3". Not nan, inf, "", "1s".
 std::optional<double> ParseNumber(std::string_view text, double min, double max);
 
+// A number of bytes: a whole number with an optional binary unit, K, M, G or T (also KiB, MiB,
+// GiB, TiB): "512", "64M", "8G", "1TiB". Not "", "1.5G", "8GB", "-1G"; at most 2^62.
+std::optional<std::uint64_t> ParseByteSize(std::string_view text);
+
 }  // namespace crun

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/local_agent.h"
+#include "base/environment.h"
 #include "base/host_addresses.h"
 #include "launcher/horovodrun_spelling.h"
 #include "launcher/launch_options.h"
@@ -131,6 +132,8 @@ int Execute(LaunchPlan& p) {
   agent::AgentOptions agent_options = std::move(p.agent);
   agent_options.host_name = host;
   agent_options.log_dir = dirs->node;
+  agent_options.health.dirs.insert(agent_options.health.dirs.begin(), dirs->node);
+  agent_options.health.env = ToEnvp(CurrentEnvironment());
   boost::asio::io_context io(1);
   int code = 1;
   auto rendezvous = p.rendezvous->Open(p, io, agent_options);

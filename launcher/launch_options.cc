@@ -120,6 +120,28 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->type_name("SECONDS")
       ->capture_default_str()
       ->group("Restarts and shutdown");
+  app.add_option("--health-check,--health_check", o.health_checks,
+                 "Before each join: gpu, disk[:SIZE], memory[:SIZE] or a shell command that "
+                 "passes by exiting 0; a node that fails one stays out and exits 87 (requeue "
+                 "without this node). Repeatable; in PET_HEALTH_CHECK one per line "
+                 "(docs/health.md)")
+      ->envname(pet("HEALTH_CHECK"))
+      ->type_name("CHECK")
+      ->allow_extra_args(false)  // one value an occurrence: what follows is the worker's
+      ->group("Health");
+  app.add_option("--health-check-timeout,--health_check_timeout", o.health_check_timeout,
+                 "Seconds each health check may take (and the gpu check's wait for GPU memory "
+                 "to be released)")
+      ->envname(pet("HEALTH_CHECK_TIMEOUT"))
+      ->type_name("SECONDS")
+      ->capture_default_str()
+      ->group("Health");
+  app.add_option("--unhealthy-nodes-file,--unhealthy_nodes_file", o.unhealthy_nodes_file,
+                 "A node that fails its health check appends its host name here, for a batch "
+                 "script that requeues without it (docs/health.md)")
+      ->envname(pet("UNHEALTHY_NODES_FILE"))
+      ->type_name("PATH")
+      ->group("Health");
   app.add_option("--monitor-interval,--monitor_interval", o.monitor_interval,
                  "Accepted for torchrun compatibility; crun sees exits at once and never polls")
       ->envname(pet("MONITOR_INTERVAL"))

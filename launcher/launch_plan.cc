@@ -17,7 +17,9 @@
 #include "agent/frameworks/contracts.h"
 #include "agent/warm/warm_template.h"
 #include "base/endpoint.h"
+#include "base/files.h"
 #include "base/host_addresses.h"
+#include "base/text.h"
 #include "launcher/devices.h"
 #include "launcher/numa_binding.h"
 #include "launcher/worker_command.h"
@@ -180,6 +182,35 @@ void PlanWarm(const LaunchOptions& o, const LaunchValues& v, agent::AgentOptions
   a.warm_modules.insert(a.warm_modules.end(), v.warm_modules.begin(), v.warm_modules.end());
 }
 
+// The health gate (docs/health.md): the checks, with `gpu` refused here when nvidia-smi is not
+// on PATH; the directories `disk` looks at besides the log directory (added when it is made).
+Status PlanHealth(agent::AgentOptions& a, const LaunchValues& v, const LaunchOptions& o,
+                  const MachineFacts& facts) {
+  agent::HealthGateOptions& h = a.health;
+  h.nvidia_smi = FindOnPath("nvidia-smi", facts.Env("PATH").value_or(""));
+  for (const auto& spec : v.health_checks) {
+    CRUN_ASSIGN_OR_RETURN(auto check, agent::ParseHealthCheck(spec, h.nvidia_smi));
+    h.checks.push_back(std::move(check));
+  }
+  h.timeout = v.health_check_timeout;
+  if (auto visible = facts.Env("CUDA_VISIBLE_DEVICES")) {
+    std::size_t start = 0;
+    while (start <= visible->size()) {
+      const auto end = std::min(visible->find(',', start), visible->size());
+      const auto gpu = Trim(std::string_view(*visible).substr(start, end - start));
+      if (!gpu.empty()) h.visible_gpus.emplace_back(gpu);
+      start = end + 1;
+    }
+  }
+  if (!v.snapshot_disk.dir.empty()) h.dirs.push_back(v.snapshot_disk.dir);
+  a.unhealthy_nodes_file = o.unhealthy_nodes_file;
+  if (!a.unhealthy_nodes_file.empty() && h.checks.empty()) {
+    return InvalidArgument("--unhealthy-nodes-file " + a.unhealthy_nodes_file +
+                           " needs --health-check: without a check no node is ever noted");
+  }
+  return Status::Ok();
+}
+
 // The agent's options: the workers, their command, signals, logs and bindings.
 Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& given,
                  const MachineFacts& facts) {
@@ -211,6 +242,7 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   a.hang_timeout = v.hang_timeout;
   a.max_restarts_without_progress = v.max_restarts_without_progress;
   a.progress_after = v.progress_after;
+  CRUN_RETURN_IF_ERROR(PlanHealth(a, v, o, facts));
   a.file_timer = facts.Env("TORCHELASTIC_ENABLE_FILE_TIMER").value_or("") == "1";
   a.timer_file = facts.Env("TORCHELASTIC_TIMER_FILE").value_or("");
   a.tool_path = facts.Env("PATH").value_or("/usr/bin:/bin");

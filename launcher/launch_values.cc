@@ -4,6 +4,7 @@
 
 #include "agent/frameworks/contracts.h"
 #include "base/numbers.h"
+#include "base/text.h"
 
 namespace crun::launcher {
 namespace {
@@ -79,6 +80,23 @@ Status ParseDurations(LaunchValues& v, const LaunchOptions& o, const Getenv& get
   CRUN_ASSIGN_OR_RETURN(const double progress,
                         ParseFlagSeconds("--progress-after", o.progress_after));
   v.progress_after = Millis(progress);
+  CRUN_ASSIGN_OR_RETURN(const double health,
+                        ParseFlagSeconds("--health-check-timeout", o.health_check_timeout));
+  if (health <= 0) {
+    return InvalidArgument("--health-check-timeout '" + o.health_check_timeout +
+                           "': a health check needs a deadline above 0 seconds");
+  }
+  v.health_check_timeout = Millis(health);
+  for (const auto& given : o.health_checks) {
+    for (const auto& line : SplitLines(given)) {
+      if (!Trim(line).empty()) v.health_checks.emplace_back(Trim(line));
+    }
+    if (Trim(given).empty()) {
+      return InvalidArgument(
+          "--health-check '': give gpu, disk[:SIZE], memory[:SIZE] or a "
+          "command");
+    }
+  }
   return Status::Ok();
 }
 

@@ -37,6 +37,10 @@ struct LaunchValues {
   std::chrono::milliseconds shutdown_timeout{30'000};
   std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not watched
   std::chrono::milliseconds progress_after{300'000};
+  // --health-check: the specs as given (one per line of PET_HEALTH_CHECK), parsed by the plan,
+  // which knows where nvidia-smi is; each one's deadline.
+  std::vector<std::string> health_checks;
+  std::chrono::milliseconds health_check_timeout{60'000};
   StdSpec redirects, tee;
   std::vector<int> console_ranks;  // --local-ranks-filter (checked against nproc by the plan)
   std::vector<std::string> stdout_filters, stderr_filters;

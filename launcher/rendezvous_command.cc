@@ -133,7 +133,8 @@ nlohmann::json JobsJson(const v1::StatusResponse& resp) {
                        {"world_size", j.world_size()},
                        {"last_failure", j.last_failure()},
                        {"lost_hosts",
-                        std::vector<std::string>(j.lost_hosts().begin(), j.lost_hosts().end())}};
+                        std::vector<std::string>(j.lost_hosts().begin(), j.lost_hosts().end())},
+                       {"unhealthy_reports", j.unhealthy_reports()}};
     job["nodes"] = nlohmann::json::array();
     for (const auto& n : j.nodes()) {
       job["nodes"].push_back(
@@ -147,7 +148,8 @@ nlohmann::json JobsJson(const v1::StatusResponse& resp) {
            {"snapshot_step",
             n.has_snapshot_step() ? nlohmann::json(n.snapshot_step()) : nlohmann::json(nullptr)},
            {"disk_step",
-            n.has_disk_step() ? nlohmann::json(n.disk_step()) : nlohmann::json(nullptr)}});
+            n.has_disk_step() ? nlohmann::json(n.disk_step()) : nlohmann::json(nullptr)},
+           {"reason", n.reason()}});
     }
     out.push_back(job);
   }
@@ -181,6 +183,9 @@ std::string JobsTable(const v1::StatusResponse& resp, const std::string& target)
       for (const auto& h : j.lost_hosts()) lost += (lost.empty() ? "" : ", ") + h;
       line("  lost: %s\n", lost.c_str());
     }
+    if (j.unhealthy_reports() > 0) {
+      line("  health checks failed: %d\n", j.unhealthy_reports());
+    }
     line("  %-24s %-20s %-10s %5s %6s  %-14s  %s\n", "NODE", "HOST", "STATE", "RANK", "NPROC",
          "LAST HEARTBEAT", "SNAPSHOTS");
     for (const auto& n : j.nodes()) {
@@ -189,6 +194,7 @@ std::string JobsTable(const v1::StatusResponse& resp, const std::string& target)
            n.nproc(),
            n.state() == "member" ? (Age(n.last_heartbeat_ms_ago()) + " ago").c_str() : "-",
            SnapshotsCell(n).c_str());
+      if (!n.reason().empty()) line("    %s\n", n.reason().c_str());
     }
   }
   return out;

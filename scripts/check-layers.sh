@@ -30,7 +30,7 @@ declare -A allowed=(
 
 # agent/'s inner folders, lowest first: each may include the agent's layers above and the
 # folders (and agent_options.h) before it, never one after it. local_agent.{h,cc} may use all.
-agent_inner=(agent/supervise agent/output agent/warm agent/snapshots agent/hangs agent/rendezvous
+agent_inner=(agent/supervise agent/health agent/output agent/warm agent/snapshots agent/hangs agent/rendezvous
              agent/frameworks agent/agent_options.h agent/workers agent/failures agent/observe
              agent/features)
 below="base metrics http proto crun/v1 rendezvous"

@@ -53,6 +53,11 @@ void PublishOutcome(const JobEnd& end, const JobOutcome& outcome) {
     PublishFailures(end, outcome.root_report);
     FdWriter::Stderr().Write("crun: the job failed on node '" + outcome.root_node_id +
                              "': " + outcome.reason + "\n");
+  } else if (outcome.exit_code == report::kExitRequeueWithoutNode &&
+             outcome.root_node_id == end.node_id) {
+    FdWriter::Stderr().Write("crun: " + outcome.reason + " (exit code " +
+                             std::to_string(outcome.exit_code) +
+                             ": requeue without this node; docs/health.md)\n");
   } else {
     FdWriter::Stderr().Write("crun: the job failed: " + outcome.reason + "\n");
   }

@@ -18,8 +18,8 @@
 #include "agent/hangs/python_hook.h"
 #include "agent/hangs/stack_parsers.h"
 #include "agent/hangs/stack_pipe.h"
-#include "agent/supervise/exit_watcher.h"
-#include "agent/supervise/spawn.h"
+#include "agent/supervise/tool_run.h"
+#include "base/files.h"
 #include "base/proc.h"
 #include "base/text.h"
 
@@ -30,18 +30,7 @@ using std::chrono::milliseconds;
 
 StackTools FindStackTools(const std::string& path, const std::vector<std::string>& extra_dirs) {
   auto executable = [](const std::string& file) { return ::access(file.c_str(), X_OK) == 0; };
-  auto on_path = [&](const char* name) -> std::string {
-    std::size_t start = 0;
-    while (start <= path.size()) {
-      const auto end = std::min(path.find(':', start), path.size());
-      const std::string dir = path.substr(start, end - start);
-      if (!dir.empty() && dir.front() == '/' && executable(dir + "/" + name)) {
-        return dir + "/" + name;
-      }
-      start = end + 1;
-    }
-    return "";
-  };
+  auto on_path = [&](const char* name) { return FindOnPath(name, path); };
   StackTools t;
   for (const auto& dir : extra_dirs) {
     if (!dir.empty() && executable(dir + "/py-spy")) {
@@ -56,99 +45,6 @@ StackTools FindStackTools(const std::string& path, const std::vector<std::string
 }
 
 namespace {
-
-// One run of a stack tool: its output (stdout and stderr together) and exit, or a kill at
-// the deadline.
-class ToolRun : public std::enable_shared_from_this<ToolRun> {
- public:
-  using Done = std::function<void(bool ok, std::string output)>;
-  static void Start(asio::io_context& io, ChildRegistry& children, std::vector<std::string> argv,
-                    milliseconds deadline, Done done) {
-    auto run = std::shared_ptr<ToolRun>(new ToolRun(io, children, std::move(done)));
-    run->Begin(std::move(argv), deadline);
-  }
-
- private:
-  ToolRun(asio::io_context& io, ChildRegistry& children, Done done)
-      : io_(io), children_(children), pipe_(io), deadline_(io), done_(std::move(done)) {}
-
-  void Begin(std::vector<std::string> argv, milliseconds deadline) {
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC) != 0) return Fail(PosixError("pipe", errno).message());
-    ProcessSpec spec;
-    spec.argv = std::move(argv);
-    spec.envp = {"PATH=/usr/bin:/bin", "LC_ALL=C"};
-    spec.stdout_fd = p[1];
-    spec.stderr_fd = p[1];
-    const std::string name = spec.argv[0];
-    auto pid = SpawnProcess(spec, children_);
-    ::close(p[1]);
-    if (!pid.ok()) {
-      ::close(p[0]);
-      return Fail(pid.status().message());
-    }
-    pid_ = *pid;
-    pipe_.assign(p[0]);
-    auto self = shared_from_this();
-    auto watcher = ExitWatcher::Watch(io_, pid_, children_, [self](ExitStatus s) {
-      self->exit_ = s;
-      self->exited_ = true;
-      self->MaybeDone();
-    });
-    if (!watcher.ok()) {
-      ::kill(-pid_, SIGKILL);
-      return Fail(watcher.status().message());
-    }
-    watcher_ = std::move(watcher).value();
-    deadline_.expires_after(deadline);
-    deadline_.async_wait([self, deadline](const boost::system::error_code& ec) {
-      if (ec || self->exited_) return;
-      self->timed_out_ = true;
-      ::kill(-self->pid_, SIGKILL);
-    });
-    Read();
-  }
-
-  void Read() {
-    auto self = shared_from_this();
-    pipe_.async_read_some(asio::buffer(chunk_),
-                          [self](const boost::system::error_code& ec, std::size_t n) {
-                            if (ec) {
-                              self->eof_ = true;
-                              return self->MaybeDone();
-                            }
-                            if (self->output_.size() < (std::size_t{4} << 20))
-                              self->output_.append(self->chunk_, n);
-                            self->Read();
-                          });
-  }
-
-  void MaybeDone() {
-    if (!eof_ || !exited_ || !done_) return;
-    deadline_.cancel();
-    if (timed_out_) {
-      return std::exchange(done_, nullptr)(false, "did not answer in time; killed");
-    }
-    std::exchange(done_, nullptr)(exit_.success(), std::move(output_));
-  }
-
-  void Fail(std::string why) {
-    auto done = std::exchange(done_, nullptr);
-    asio::post(io_, [done, why] { done(false, why); });
-  }
-
-  asio::io_context& io_;
-  ChildRegistry& children_;
-  asio::posix::stream_descriptor pipe_;
-  asio::steady_timer deadline_;
-  Done done_;
-  pid_t pid_ = 0;
-  std::unique_ptr<ExitWatcher> watcher_;
-  ExitStatus exit_;
-  bool exited_ = false, eof_ = false, timed_out_ = false;
-  std::string output_;
-  char chunk_[16384];
-};
 
 // The last line of a tool's output, for the error when it failed.
 std::string LastLine(const std::string& output) {
@@ -228,8 +124,11 @@ void TryNext(asio::io_context& io, std::shared_ptr<Capture> c, std::size_t i, St
              at_once ? "faulthandler (signal handler)" : "");
     });
   } else {
-    ToolRun::Start(io, *c->children, m.argv, deadline,
-                   [finish](bool ok, std::string text) { finish(ok, std::move(text), ""); });
+    RunTool(io, *c->children, {m.argv, {}}, deadline, [finish](ToolResult run) {
+      if (!run.started) return finish(false, std::move(run.error), "");
+      if (run.timed_out) return finish(false, "did not answer in time; killed", "");
+      finish(run.exit.success(), std::move(run.output), "");
+    });
   }
 }
 

@@ -56,6 +56,16 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const AgentMetricLabels& l)
   auto gauge = [&](const char* name, const char* help) {
     return &r.AddGauge(name, help, kLabels).With(labels_);
   };
+  auto& health = r.AddCounter("crun_agent_health_checks_total",
+                              "Health gates run before a join (--health-check), by result: "
+                              "passed, failed",
+                              With(kLabels, "result"));
+  health_passed_ = &health.With(Values(l, "passed"));
+  health_failed_ = &health.With(Values(l, "failed"));
+  health_seconds_ = &r.AddHistogram("crun_agent_health_check_seconds",
+                                    "How long each health gate took, every check at once", kLabels,
+                                    RecoveryBuckets())
+                         .With(labels_);
   restarts = counter("crun_agent_restarts_total",
                      "Restarts of the job's worker groups: TORCHELASTIC_RESTART_COUNT of this "
                      "node's latest workers");
@@ -123,6 +133,11 @@ void AgentMetrics::Exit(const char* cause) {
   auto v = labels_;
   v.push_back(cause);
   exits_.With(v).Inc();
+}
+
+void AgentMetrics::HealthChecked(bool passed, std::chrono::steady_clock::duration took) {
+  (passed ? health_passed_ : health_failed_)->Inc();
+  health_seconds_->Observe(std::chrono::duration<double>(took).count());
 }
 
 }  // namespace crun::agent

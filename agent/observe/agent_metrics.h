@@ -6,6 +6,7 @@
 // Counted on the agent's event loop, where the page is also rendered.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 #include "agent/agent_options.h"
@@ -60,9 +61,14 @@ class AgentMetrics {
   metrics::Counter* snapshot_replica_refusals;   // connections without the job's token
   metrics::Gauge* snapshot_replica_bytes;        // what the kept copies hold
   void Exit(const char* cause);
+  // The health gate ran before a join (docs/health.md): passed or failed, in `took`.
+  void HealthChecked(bool passed, std::chrono::steady_clock::duration took);
 
  private:
   metrics::Family<metrics::Counter>& exits_;
+  metrics::Counter* health_passed_ = nullptr;
+  metrics::Counter* health_failed_ = nullptr;
+  metrics::Histogram* health_seconds_ = nullptr;
   std::vector<std::string> labels_;
 };
 

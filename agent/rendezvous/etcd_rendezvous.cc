@@ -90,6 +90,19 @@ class EtcdRendezvous final : public Rendezvous {
     });
   }
 
+  // Unbound to the lease: the decider reads it after this agent has left.
+  void ReportUnhealthy(const std::string& why) override {
+    asio::post(eio_, [this, why] {
+      if (ended_ || !ready_) return;
+      auto put = client_->Put(keys_.unhealthy(o_.node_id),
+                              etcd::EncodeUnhealthy({o_.node_id, o_.host, why}), 0, Deadline());
+      if (!put.ok()) {
+        spdlog::warn("etcd rendezvous: cannot say that this node failed its health check: {}",
+                     put.status().message());
+      }
+    });
+  }
+
   // Revokes the lease (etcd deletes every key bound to it: nodes/, joins/, stores/) and stops.
   void Leave(const std::string& reason) override {
     auto done = std::make_shared<std::promise<void>>();

@@ -156,6 +156,12 @@ StatusOr<std::vector<RoundMember>> ExchangeMembers(Store& store, const Participa
       auto has = store.Check({keys[static_cast<std::size_t>(i)]});
       if (has.ok() && !*has) missing += (missing.empty() ? "" : ", ") + Num(i);
     }
+    if (!options.contracts.NeedsPorts()) {  // a barrier only (--health-check)
+      return TimeoutError(round + ": " + options.who + " " + missing + " did not join within " +
+                          Seconds(options.timeout) +
+                          " (did its health check keep it out? it exits 87 then; or is it not "
+                          "running, or did it not restart with this one?)");
+    }
     return TimeoutError(round + ": no ports from " + options.who + " " + missing + " within " +
                         Seconds(options.timeout) +
                         " (is it running crun with the same --contract, and did it restart "

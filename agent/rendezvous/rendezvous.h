@@ -56,6 +56,9 @@ class Rendezvous {
   virtual void ReportFailure(const report::FailureReport& failures) = 0;
   // Every worker of this node exited 0.
   virtual void ReportSuccess() = 0;
+  // Instead of a join: this node failed its health gate (docs/health.md), for `why`, and
+  // leaves next. A rendezvous that keeps a job's state counts and names it there.
+  virtual void ReportUnhealthy(const std::string& why) = 0;
   // This node leaves the job (a signal stopped it); no events follow.
   virtual void Leave(const std::string& reason) = 0;
   // Identity in reports: which node a root cause came from.

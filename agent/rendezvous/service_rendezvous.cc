@@ -79,8 +79,22 @@ class ServiceRendezvous final : public Rendezvous {
       join_pending_ = true;
       return;
     }
+    client_->Send(JoinMessage(""));
+    join_sent_ = true;
+  }
+
+  // The node failed its health gate: the service counts and names it; it never joins.
+  // Said only on a session that is open: a node that never reached the service has no one
+  // to tell (it leaves next either way).
+  void ReportUnhealthy(const std::string& why) override {
+    if (Ended() || !client_) return;
+    client_->Send(JoinMessage(why));
+  }
+
+  v1::AgentMessage JoinMessage(const std::string& unhealthy) const {
     v1::AgentMessage m;
     auto* j = m.mutable_join();
+    j->set_unhealthy(unhealthy);
     j->set_protocol_version(kProtocolVersion);
     j->set_run_id(o_.run_id);
     j->set_service_host(o_.endpoint_host);
@@ -93,8 +107,7 @@ class ServiceRendezvous final : public Rendezvous {
     for (const auto port : ports_) n->add_ports(port);
     if (o_.requested_rank) n->set_requested_rank(*o_.requested_rank);
     *j->mutable_settings() = rdzv::ToProto(o_.settings);
-    client_->Send(std::move(m));
-    join_sent_ = true;
+    return m;
   }
 
   void ReportFailure(const report::FailureReport& failures) override {

@@ -82,7 +82,7 @@ class StaticRendezvous final : public Rendezvous {
     // contracts need over the shared store, off the event loop (which may serve that store).
     if (Participants() <= 1) {
       g.members = {RoundMember{options_.host, options_.store_host, options_.nproc, ports}};
-    } else if (!ports.empty()) {
+    } else if (!ports.empty() || options_.wait_for_all) {
       return Exchange(std::move(g), ports);
     }
     Post([this, g] { events_->OnAssignment(g); });
@@ -112,6 +112,10 @@ class StaticRendezvous final : public Rendezvous {
     o.reason = "all workers succeeded";
     Conclude(o);
   }
+
+  // Nobody keeps a static job's state: the other nodes wait for this one until their join
+  // timeout, and its exit code tells the scheduler (docs/health.md).
+  void ReportUnhealthy(const std::string&) override {}
 
   void Leave(const std::string&) override {
     stop_exchange_ = true;
@@ -195,8 +199,9 @@ class StaticRendezvous final : public Rendezvous {
     e.contracts = options_.contracts;
     e.stop = &stop_exchange_;
     const TcpStoreClientOptions c = StoreClient(options_.exchange_timeout);
-    spdlog::info("round {}: waiting for the ports of the other {} {}s on the store at {}", g.round,
-                 e.participants - 1, e.who, FormatEndpoint(c.host, c.port));
+    spdlog::info("round {}: waiting for the {} of the other {} {}s on the store at {}", g.round,
+                 e.contracts.NeedsPorts() ? "ports" : "joins", e.participants - 1, e.who,
+                 FormatEndpoint(c.host, c.port));
     // The last round's thread watches for this round to begin: it ends once this one says so.
     std::thread last = std::move(exchange_thread_);
     exchange_thread_ =
@@ -209,7 +214,8 @@ class StaticRendezvous final : public Rendezvous {
           if (!members.ok()) {
             JobOutcome o;
             o.exit_code = 1;
-            o.reason = "--contract: " + members.status().message();
+            o.reason =
+                (e.contracts.NeedsPorts() ? "--contract: " : "") + members.status().message();
             return Post([this, o] { events_->OnFinished(o); });
           }
           g.members = std::move(members).value();

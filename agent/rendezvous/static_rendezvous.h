@@ -47,6 +47,10 @@ struct StaticRendezvousOptions {
   // and how long to wait for the other crun processes' ports (rdzv_conf join_timeout).
   std::string advertise_addr;
   std::chrono::milliseconds exchange_timeout{600000};
+  // --health-check (docs/health.md): every crun waits on the store for all the others, with or
+  // without ports, before its workers start: a node whose gate kept it out is then named at
+  // exchange_timeout rather than leaving the others' workers waiting in their own rendezvous.
+  bool wait_for_all = false;
   ContractSet contracts;  // which ports each crun publishes (every crun runs the same set)
   // With a static store shared by several crun processes (nnodes > 1, or a fixed_group of
   // several tasks), each says on the store when its workers are done, and the store's host

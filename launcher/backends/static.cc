@@ -39,6 +39,7 @@ class StaticRun final : public BackendRun {
     r.store_linger = a.shutdown_timeout;
     r.advertise_addr = o.local_addr;
     r.contracts = a.contracts;
+    r.wait_for_all = !a.health.checks.empty();
     r.exchange_timeout =
         p.conf.join_timeout ? Millis(*p.conf.join_timeout) : p.settings.join_timeout;
     if (p.slurm_task) SlurmTask(*p.slurm_task, r);

@@ -213,6 +213,18 @@ StatusOr<Report> DecodeReport(const std::string& text) {
   });
 }
 
+std::string EncodeUnhealthy(const rdzv::UnhealthyNode& u) {
+  return json{{"host", u.host}, {"reason", u.reason}}.dump();
+}
+
+StatusOr<rdzv::UnhealthyNode> DecodeUnhealthy(const std::string& id, const std::string& text) {
+  return Guarded("unhealthy node", [&]() -> StatusOr<rdzv::UnhealthyNode> {
+    const json j = json::parse(text);
+    return rdzv::UnhealthyNode{id, j.at("host").get<std::string>(),
+                               j.at("reason").get<std::string>()};
+  });
+}
+
 std::string EncodeJob(const JobDoc& d, TimePoint now, WallClock::time_point wall) {
   const auto& s = d.state;
   auto when = [&](const std::optional<TimePoint>& t) -> json {
@@ -231,6 +243,10 @@ std::string EncodeJob(const JobDoc& d, TimePoint now, WallClock::time_point wall
   };
   json times = json::array();
   for (auto t : s.round_times) times.push_back(ToWall(t, now, wall));
+  json unhealthy = json::array();
+  for (const auto& u : s.unhealthy) {
+    unhealthy.push_back({{"node_id", u.node_id}, {"host", u.host}, {"reason", u.reason}});
+  }
   const std::size_t lost_from = s.lost_hosts.size() > kMaxLost ? s.lost_hosts.size() - kMaxLost : 0;
   json j = {{"job", d.job},
             {"gathering", d.gathering},
@@ -249,6 +265,8 @@ std::string EncodeJob(const JobDoc& d, TimePoint now, WallClock::time_point wall
             {"round_times_ms", std::move(times)},
             {"paid_round", s.paid_round},
             {"crash_loop", {{"way", s.crash_loop.way}, {"attempts", s.crash_loop.attempts}}},
+            {"unhealthy", std::move(unhealthy)},
+            {"unhealthy_reports", s.unhealthy_reports},
             {"stop", {{"reason", d.stop_reason}, {"spends_restart", d.stop_spends_restart}}},
             {"last_failure", d.last_failure},
             {"world_size", d.world_size}};
@@ -301,6 +319,13 @@ StatusOr<JobDoc> DecodeJob(const std::string& text, TimePoint now, WallClock::ti
     if (const auto loop = j.find("crash_loop"); loop != j.end()) {  // as paid_round
       s.crash_loop = {loop->at("way").get<std::string>(), loop->at("attempts").get<int>()};
     }
+    if (const auto u = j.find("unhealthy"); u != j.end()) {  // as paid_round
+      for (const auto& n : *u) {
+        s.unhealthy.push_back({n.at("node_id").get<std::string>(), n.at("host").get<std::string>(),
+                               n.at("reason").get<std::string>()});
+      }
+    }
+    s.unhealthy_reports = j.value("unhealthy_reports", 0);
     for (const auto& n : s.joined) s.present.insert(n.node_id);
     for (const auto& m : s.members) s.present.insert(m.node.node_id);
     for (const auto& n : s.spares) s.present.insert(n.node_id);
@@ -387,6 +412,7 @@ class Deciding {
     RenewEndedJob();
     LoseAbsentNodes();
     ApplyReports();
+    ApplyUnhealthy();
     ApplyJoins();
     Apply(rdzv::OnTick(std::move(doc_.state), now_));
     Write();
@@ -501,6 +527,21 @@ class Deciding {
       }
       Apply(rdzv::OnWorkerFailed(std::move(doc_.state), id, FailureOf(*r), now_));
       if (doc_.gathering != gathering) break;  // the rest belong to the round that just stopped
+    }
+  }
+
+  // Nodes that failed their health check: counted, named, and their keys gone.
+  void ApplyUnhealthy() {
+    for (const auto& [id, kv] : Children(mirror_, keys_.unhealthy())) {
+      out_.ops.push_back({Op::Kind::kDelete, kv->key, "", 0});
+      auto u = DecodeUnhealthy(id, kv->value);
+      if (!u.ok()) {
+        out_.log.push_back("ignoring " + kv->key + ": " + u.status().message());
+        continue;
+      }
+      out_.log.push_back("node '" + id + "' on " + u->host +
+                         " failed its health check and stays out: " + u->reason);
+      Apply(rdzv::OnUnhealthy(std::move(doc_.state), *u, now_));
     }
   }
 

@@ -12,6 +12,9 @@
 //                                       "G", or {"gathering": G, "ports": [...]} with the ports
 //                                       it reserved for the round's workers (--contract)
 //   <root>/<run id>/reports/<G>/<id>    how this node's workers ended in gathering G
+//   <root>/<run id>/unhealthy/<id>     {"host", "reason"}: the node failed its health check and
+//                                       stays out (docs/health.md); folded into the state and
+//                                       deleted by the decider
 //   <root>/<run id>/rounds/<round>      history: when each round formed, with whom
 //   <root>/<run id>/last_failure        the report that spent the last restart or ended the job
 //   <root>/<run id>/a/job               what every agent acts on: the state without what only
@@ -64,6 +67,8 @@ struct Keys {
   std::string report(int gathering, const std::string& id) const { return reports(gathering) + id; }
   std::string stores() const { return announce() + "stores/"; }
   std::string store(int round) const { return stores() + std::to_string(round); }
+  std::string unhealthy() const { return prefix + "unhealthy/"; }
+  std::string unhealthy(const std::string& id) const { return unhealthy() + id; }
   std::string rounds() const { return prefix + "rounds/"; }
   std::string round(int n) const;  // zero-padded, so that keys sort by round
   std::string last_failure() const { return prefix + "last_failure"; }
@@ -99,6 +104,10 @@ struct Report {
 };
 std::string EncodeReport(const Report& r);
 StatusOr<Report> DecodeReport(const std::string& json);
+
+// A node's unhealthy/ key.
+std::string EncodeUnhealthy(const rdzv::UnhealthyNode& u);
+StatusOr<rdzv::UnhealthyNode> DecodeUnhealthy(const std::string& id, const std::string& json);
 
 struct Outcome {
   bool success = false;

@@ -133,6 +133,7 @@ void Engine::OnJoin(SessionId session, const msg::Join& join, TimePoint now,
   const Settings& settings = join.settings;
   if (auto v = settings.Validate(); !v.ok()) return Refuse(session, kRefusedBadJoin, v.message());
 
+  if (!join.unhealthy.empty()) return OnUnhealthy(session, join, now);
   if (auto b = bound_.find(session); b != bound_.end()) {
     // A re-join after "stop and re-join": the same run and node, on the same session.
     if (b->second.run_id != join.run_id || b->second.node_id != node.node_id) {
@@ -199,6 +200,26 @@ void Engine::OnJoin(SessionId session, const msg::Join& join, TimePoint now,
   if (!peer_ip.empty()) addresses.push_back(peer_ip);
   addresses.insert(addresses.end(), node.addresses.begin(), node.addresses.end());
   Apply(job, std::move(t), now);
+}
+
+// The node failed its health gate: counted and named, never joined. A session already bound
+// (a re-join after "stop and re-join") stays bound until the agent leaves, which it does next.
+void Engine::OnUnhealthy(SessionId session, const msg::Join& join, TimePoint now) {
+  if (auto b = bound_.find(session);
+      b != bound_.end() &&
+      (b->second.run_id != join.run_id || b->second.node_id != join.node.node_id)) {
+    return Refuse(session, kRefusedBadJoin,
+                  "this session already joined run '" + b->second.run_id + "' as node '" +
+                      b->second.node_id + "'");
+  }
+  Job& job = JobFor(join.run_id, join.settings, now);
+  Log(job.run_id + ": node '" + join.node.node_id + "' on " + join.node.host +
+      " failed its health check and stays out: " + join.unhealthy);
+  if (options_.metrics != nullptr) options_.metrics->Unhealthy(job.run_id);
+  Apply(job,
+        rdzv::OnUnhealthy(std::move(job.state), {join.node.node_id, join.node.host, join.unhealthy},
+                          now),
+        now);
 }
 
 void Engine::OnWorkersFailed(SessionId session, const msg::FailureReport& report, TimePoint now) {

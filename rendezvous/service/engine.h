@@ -112,6 +112,7 @@ class Engine {
   };
 
   void OnJoin(SessionId session, const msg::Join& join, TimePoint now, const std::string& peer_ip);
+  void OnUnhealthy(SessionId session, const msg::Join& join, TimePoint now);
   void OnWorkersFailed(SessionId session, const msg::FailureReport& report, TimePoint now);
   void Apply(Job& job, Transition t, TimePoint now);
   // A round formed: its store, started (false: it could not be, and the job failed), logged

@@ -64,6 +64,10 @@ EngineMetrics::EngineMetrics(metrics::Registry& r)
       restarts_(r.AddCounter("crun_rendezvous_restarts_total",
                              "Restarts the job spent on failures (of --max-restarts)", {"run_id"},
                              kJobSeries)),
+      unhealthy_(r.AddCounter("crun_rendezvous_unhealthy_nodes_total",
+                              "Nodes that failed their health check before a join and stayed "
+                              "out of the job (--health-check)",
+                              {"run_id"}, kJobSeries)),
       nodes_(r.AddGauge("crun_rendezvous_job_nodes",
                         "The job's nodes, by state: member (of the running round), spare, "
                         "joined (gathering)",
@@ -84,6 +88,7 @@ EngineMetrics::JobSeries EngineMetrics::ForJob(const std::string& run_id) {
   s.spares = &nodes_.With({run_id, "spare"});
   s.joined = &nodes_.With({run_id, "joined"});
   s.world_size = &world_size_.With({run_id});
+  unhealthy_.With({run_id});                                          // shown from 0
   for (const char* cause : kCauses) failures_.With({run_id, cause});  // shown from 0
   return s;
 }
@@ -95,7 +100,10 @@ void EngineMetrics::Forget(const std::string& run_id) {
   nodes_.RemoveWhere(0, run_id);
   world_size_.RemoveWhere(0, run_id);
   failures_.RemoveWhere(0, run_id);
+  unhealthy_.RemoveWhere(0, run_id);
 }
+
+void EngineMetrics::Unhealthy(const std::string& run_id) { unhealthy_.With({run_id}).Inc(); }
 
 void EngineMetrics::RoundFormed(JobSeries& job, double seconds_gathering) {
   job.rounds->Inc();

@@ -61,6 +61,8 @@ class EngineMetrics {
   void Failure(const std::string& run_id, std::string_view cause);
   void Refused(std::string_view reason);
   void Finished(bool success);
+  // A node failed its health gate and stayed out of the job (docs/health.md).
+  void Unhealthy(const std::string& run_id);
   // Run ids that have series (for tests: the jobs the engine holds).
   std::size_t held_runs() const { return rounds_.size(); }
 
@@ -78,6 +80,7 @@ class EngineMetrics {
   metrics::Family<metrics::Histogram>& formation_;
   metrics::Family<metrics::Counter>& failures_;
   metrics::Family<metrics::Counter>& restarts_;
+  metrics::Family<metrics::Counter>& unhealthy_;
   metrics::Family<metrics::Gauge>& nodes_;
   metrics::Family<metrics::Gauge>& world_size_;
 };

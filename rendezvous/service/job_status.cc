@@ -35,6 +35,15 @@ msg::JobStatus DescribeJob(const std::string& run_id, const State& s, int world_
   }
   for (const auto& n : s.spares) add(n, "spare", -1);
   for (const auto& n : s.joined) add(n, "joined", -1);
+  j.unhealthy_reports = s.unhealthy_reports;
+  for (const auto& u : s.unhealthy) {
+    if (s.present.count(u.node_id) != 0 || s.member_index.count(u.node_id) != 0) continue;
+    NodeDescription n;
+    n.node_id = u.node_id;
+    n.host = u.host;
+    n.nproc = 0;
+    add(n, "unhealthy", -1).reason = u.reason;
+  }
   return j;
 }
 

@@ -33,6 +33,9 @@ struct Join {
   Node node;
   Settings settings;  // wire defaults applied (a time of 0 on the wire: the default)
   std::string service_host;
+  // Not empty: the node failed its health gate (docs/health.md) and does not join; this says
+  // why, and the node leaves next.
+  std::string unhealthy;
 };
 
 // What a node's snapshot store holds (docs/checkpoints.md), as its heartbeats say; -1: none.
@@ -134,11 +137,12 @@ using ServiceMessage =
 struct NodeStatus {
   std::string node_id;
   std::string host;
-  std::string state;  // joined, member, spare, succeeded
+  std::string state;  // joined, member, spare, succeeded, unhealthy
   int group_rank = -1;
   int nproc = 0;
   std::int64_t last_heartbeat_ms_ago = 0;
   NodeSnapshots snapshots;
+  std::string reason;  // unhealthy: why its health check failed
 };
 
 struct JobStatus {
@@ -150,6 +154,7 @@ struct JobStatus {
   std::vector<NodeStatus> nodes;
   std::string last_failure;
   std::vector<std::string> lost_hosts;  // node ids
+  int unhealthy_reports = 0;            // health gates failed, all told
   int min_nodes = 0;
   int max_nodes = 0;
   int world_size = 0;

@@ -21,6 +21,7 @@ msg::Join JoinFromProto(const v1::Join& j) {
   }
   out.settings = FromProto(j.settings());
   out.service_host = j.service_host();
+  out.unhealthy = j.unhealthy();
   return out;
 }
 
@@ -205,6 +206,7 @@ v1::StatusResponse ToProto(const msg::StatusResponse& s) {
     j->set_world_size(job.world_size);
     j->set_last_failure(job.last_failure);
     for (const auto& h : job.lost_hosts) j->add_lost_hosts(h);
+    j->set_unhealthy_reports(job.unhealthy_reports);
     for (const auto& n : job.nodes) {
       auto* ns = j->add_nodes();
       ns->set_node_id(n.node_id);
@@ -216,6 +218,7 @@ v1::StatusResponse ToProto(const msg::StatusResponse& s) {
       if (n.snapshots.step >= 0) ns->set_snapshot_step(n.snapshots.step);
       if (n.snapshots.disk_step >= 0) ns->set_disk_step(n.snapshots.disk_step);
       ns->set_last_heartbeat_ms_ago(n.last_heartbeat_ms_ago);
+      ns->set_reason(n.reason);
     }
   }
   return out;

@@ -100,6 +100,16 @@ Transition Form(State s, TimePoint now) {
 }
 
 // Everyone stops and joins again; a new gathering starts now.
+// "; failed their health check: h3 (node-c): gpu: GPU 1 has 2 uncorrectable ECC errors ..."
+std::string DescribeUnhealthy(const std::vector<UnhealthyNode>& nodes) {
+  std::string out;
+  for (const auto& n : nodes) {
+    out += (out.empty() ? "; failed their health check: " : "; ") + n.host + " (" + n.node_id +
+           "): " + n.reason;
+  }
+  return out;
+}
+
 Transition Regather(State s, std::string reason, bool spends_restart, TimePoint now) {
   s.phase = Phase::kGathering;
   s.members.clear();
@@ -289,7 +299,8 @@ Transition OnTick(State s, TimePoint now) {
         " nodes joined within " + std::to_string(s.settings.join_timeout.count()) +
         " ms (joined: " + Hosts(s.joined) + ")" +
         (s.lost_hosts.empty() ? std::string()
-                              : fmt::format("; lost: {}", fmt::join(s.lost_hosts, ", ")));
+                              : fmt::format("; lost: {}", fmt::join(s.lost_hosts, ", "))) +
+        DescribeUnhealthy(s.unhealthy);
     Transition t{std::move(s), {FailJob{std::move(reason)}}, std::nullopt};
     return t;
   }
@@ -387,6 +398,27 @@ Transition OnNodeLost(State s, const std::string& node_id, TimePoint now,
   // A membership change: survivors and spares re-join; the budget is not spent.
   return Regather(std::move(s), "node " + host + " (" + node_id + ") was lost: " + cause, false,
                   now);
+}
+
+Transition OnUnhealthy(State s, const UnhealthyNode& node, TimePoint now) {
+  ++s.unhealthy_reports;
+  std::erase_if(s.unhealthy, [&](const UnhealthyNode& u) { return u.node_id == node.node_id; });
+  s.unhealthy.push_back(node);
+  if (s.unhealthy.size() > kMaxUnhealthyKept) s.unhealthy.erase(s.unhealthy.begin());
+  if (s.member_index.count(node.node_id) != 0 && s.phase == Phase::kRunning) {
+    // A member runs no health gate; a report from one is its loss, as a dropped session is.
+    return OnNodeLost(std::move(s), node.node_id, now, "it failed its health check");
+  }
+  s.present.erase(node.node_id);
+  std::erase_if(s.spares, [&](const NodeDescription& n) { return n.node_id == node.node_id; });
+  const auto before = s.joined.size();
+  std::erase_if(s.joined, [&](const NodeDescription& n) { return n.node_id == node.node_id; });
+  if (s.joined.size() != before && static_cast<int>(s.joined.size()) < s.settings.min_nodes) {
+    s.last_call_deadline.reset();
+  }
+  if (s.phase != Phase::kGathering) return {std::move(s), {}, std::nullopt};
+  auto wake = EarliestDeadline(s);
+  return {std::move(s), {}, wake};
 }
 
 Transition OnNodeSucceeded(State s, const std::string& node_id, TimePoint /*now*/) {

@@ -159,6 +159,14 @@ enum class Phase { kGathering, kRunning, kFailed, kSucceeded };
 // "gathering", "running", "failed", "succeeded": in status and in etcd's job document.
 const char* PhaseName(Phase p);
 
+// A node that failed its health gate (docs/health.md) and stayed out: who, and why.
+struct UnhealthyNode {
+  std::string node_id;
+  std::string host;
+  std::string reason;
+};
+inline constexpr std::size_t kMaxUnhealthyKept = 16;  // the newest, for status and reports
+
 struct Member {
   NodeDescription node;
   TimePoint last_heartbeat;
@@ -175,6 +183,10 @@ struct State {
   std::vector<Member> members;          // the running round's nodes
   std::vector<NodeDescription> spares;  // connected, outside the round
   std::vector<std::string> lost_hosts;  // node ids of lost nodes, for reports
+  // Nodes whose health gate failed, newest last (at most kMaxUnhealthyKept; one per node id),
+  // and how many reports came in all.
+  std::vector<UnhealthyNode> unhealthy;
+  int unhealthy_reports = 0;
   int restarts_used = 0;
   CrashLoop crash_loop;  // the failures in a row before any progress, and how they failed
   // The rounds that count towards a restart storm: those formed after a membership change.
@@ -210,6 +222,10 @@ Transition OnWorkerFailed(State state, const std::string& node_id, const Failure
 // `cause` ends the reason every node prints: "node h (id) was lost: <cause>".
 Transition OnNodeLost(State state, const std::string& node_id, TimePoint now,
                       const std::string& cause);
+// A node failed its health gate and stays out of the job (it leaves after saying so): it is
+// counted, named in status, and in the reason if too few nodes join; were it waiting in the
+// gathering or as a spare, it no longer is.
+Transition OnUnhealthy(State state, const UnhealthyNode& node, TimePoint now);
 // Every worker of the node succeeded.
 Transition OnNodeSucceeded(State state, const std::string& node_id, TimePoint now);
 

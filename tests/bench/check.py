@@ -43,6 +43,9 @@ LAUNCH_TORCH = "launch, 2 workers: torchrun 2.x / crun"
 LAUNCH_LIMIT = "launch, 2 workers: limit / crun"
 RESTART_TORCH = "restart, 2 workers: torchrun 2.x / crun"
 RESTART_LIMIT = "restart, 2 workers: limit / crun"
+# The health gate's cost on the restart path (docs/health.md): crun's plain restart against its
+# gated one, both crun's: the ratio falls as the gate's share grows.
+RESTART_GATED = "restart, 2 workers: crun / crun with a health gate"
 STORE_SET = "store set, 64 clients: crun / libuv"
 STORM = "storm, 20,000 connections: libuv / crun"
 RDZV = "rendezvous, 2 agents: torchrun c10d / crun"
@@ -127,6 +130,8 @@ def recorded(docs):
         LAUNCH_LIMIT: (1 / number(two[3]), commit_of(launch)),
         RESTART_TORCH: (number(restart[-1]), commit_of(launch)),
         RESTART_LIMIT: (number(two[2]) / number(restart[1]), commit_of(launch)),
+        RESTART_GATED: (number(restart[1]) / number(row(launch, launch_bench.GATED_ROW)[1]),
+                        commit_of(launch)),
         STORE_SET: (number(row_with(wire, ["set", "64"])[-1]), commit_of(store)),
         STORM:
             (number(row(storm, "PyTorch 2.x libuv")[4]) /
@@ -174,7 +179,8 @@ def launch_checks(args):
     crun = [*cmds["crun"], "--nproc_per_node", "2", "--no_python", "true"]
     torch = [*cmds["torchrun 2.x"], "--nproc_per_node", "2", "--no_python", "true"]
     limit = [args.limit, "2", "true"]
-    ratios = {LAUNCH_TORCH: [], LAUNCH_LIMIT: [], RESTART_TORCH: [], RESTART_LIMIT: []}
+    ratios = {LAUNCH_TORCH: [], LAUNCH_LIMIT: [], RESTART_TORCH: [], RESTART_LIMIT: [],
+              RESTART_GATED: []}
     for _ in range(rounds_of(args, 3)):
         c = statistics.median(launch_bench.timed(crun, env) for _ in range(5))
         lim = statistics.median(launch_bench.timed(limit, env) for _ in range(5))
@@ -187,6 +193,10 @@ def launch_checks(args):
                     "torchrun 2.x restart")
         ratios[RESTART_TORCH].append(tr / cr)
         ratios[RESTART_LIMIT].append(lim * 1000 / cr)  # s against ms
+        cg = statistics.median(
+            launch_bench.restart_latency([*cmds["crun"], *launch_bench.GATE], 2, args.probe)
+            for _ in range(3))
+        ratios[RESTART_GATED].append(cr / cg)
     return ratios
 
 

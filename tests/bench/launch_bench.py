@@ -5,6 +5,7 @@ docs/benchmarks.md (between the launch-bench markers).
   * start -> exit with no work: `crun --version` (torchrun has no --version: `--help`)
   * launch -> exit: `--standalone --nproc-per-node N --no-python true`, N = 2 and 8
   * restart: a worker fails; time until every replacement is running (restart_probe.sh)
+  * restart with a health gate: the same, crun running GATE before the rejoin (docs/health.md)
   * peak RSS of the launcher process itself (its workers are tiny: `true`, `sh`)
 
 Beside them, the physical limit in the same run: tests/bench/spawn_limit.cc (a statically
@@ -24,6 +25,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FIXED = os.path.join(HERE, "..", "compat", "torchrun_fixed.py")
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from bench_support import measured_at, timed_run, write_section  # noqa: E402
+
+
+# The health gate a job would run before every join (docs/health.md): a command, disk, memory.
+GATED_ROW = "restart, 2 workers, health gate"
+GATE = ["--health-check", "true", "--health-check", "disk", "--health-check", "memory"]
 
 
 def launchers(args):
@@ -113,6 +119,11 @@ def main():
             rows[(name, "restart", n)] = statistics.median(
                 restart_latency(cmd, n, args.probe) for _ in range(args.rounds))
             print(f"{name:14} restart x{n}: {rows[(name, 'restart', n)]:8.1f} ms", file=sys.stderr)
+        if name == "crun":
+            rows[("crun", "gated", 2)] = statistics.median(
+                restart_latency([*cmd, *GATE], 2, args.probe) for _ in range(args.rounds * 4))
+            print(f"{name:14} restart x2, health gate: {rows[('crun', 'gated', 2)]:8.1f} ms",
+                  file=sys.stderr)
     write(args, rows)
 
 
@@ -130,7 +141,10 @@ def write(args, rows):
              "does nothing else. "
              "*no work*: `crun --version`; torchrun has no `--version`, so `--help`. "
              "*restart*: from the failing worker's last "
-             "timestamp to the last replacement's first one. *peak RSS*: the launcher process, from GNU time. "
+             "timestamp to the last replacement's first one. *health gate*: the same restart with "
+             "crun checking `" + " ".join(GATE) + "` before the rejoin (docs/health.md), "
+             f"median of {args.rounds * 4}; torchrun has no gate, so its columns repeat its plain "
+             "restart. *peak RSS*: the launcher process, from GNU time. "
              + args.measured_at, "",
              "| | crun | limit | crun / limit | torchrun 2.x | torchrun 1.13 "
              "| torchrun 2.x / crun |",
@@ -149,6 +163,10 @@ def write(args, rows):
                  f"{crun / limit:,.1f}×" if limit else "—",
                  f"{t2:,.1f} {unit}", f"{t1:,.1f} {unit}", f"{t2 / crun:,.0f}×"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        if (metric, n) == ("restart", 2):
+            gated = rows[("crun", "gated", 2)]
+            lines.append(f"| {GATED_ROW} | {gated:,.1f} ms | — | — | {t2:,.1f} ms | {t1:,.1f} ms "
+                         f"| {t2 / gated:,.0f}× |")
     lines += ["", "Reproduce: `python3 tests/bench/launch_bench.py --crun build/launcher/crun "
               "--probe build/tests/bench/restart_probe --limit build/tests/bench/spawn_limit "
               "--torch2-python \"$(bash scripts/setup-torch2.sh)\"`"]

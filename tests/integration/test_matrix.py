@@ -14,6 +14,11 @@ processes over a generated table of dimensions, not hand-picked cases.
             ends the job after --max-restarts-without-progress attempts with exit code 86 and
             the crash loop's words, though restarts remain; the same failure after a step
             heartbeat spends every restart and ends with the worker's own code
+  health    backend x start x the health gate's verdict, every combination (docs/health.md):
+            with checks that pass (a command, disk, memory) on every node the job runs whole;
+            with one node's check failing, that node exits 87 having run nothing, and the other
+            forms a smaller round (service, etcd: --nnodes 1:2) or, on the static backend, waits
+            for it until join_timeout and fails naming it
 
 Each case checks that every crun exits 0, every rank's environment (ranks unique and complete,
 TF_CONFIG of the world's size with the rank's own index, one JAX coordinator, Horovod's ranks
@@ -58,6 +63,9 @@ STARTS = ("cold", "warm")
 CGROUPS = ("cgroup", "no-cgroup")
 SNAPSHOTS = ("snapshots", "no-snapshots")
 CRASH_MODES = ("import", "steps")  # how the crash-loop worker fails
+HEALTH_VERDICTS = ("passes", "fails")
+PASSING_CHECKS = ("--health-check", "true", "--health-check", "disk", "--health-check", "memory:1M")
+FAILING_CHECK = ("--health-check", "echo sick disk >&2; exit 3")
 PAIRWISE_DIMS = (BACKENDS, CONTRACT_SETS, NPROCS, STARTS, CGROUPS, SNAPSHOTS)
 
 # The variables each contract adds (agent/frameworks/contracts.cc, docs/frameworks.md): a case checks
@@ -247,6 +255,61 @@ class Matrix(unittest.TestCase):
                 self.assertNotIn("crash loop", text)
             self.assertEqual(attempts, list(range(restarts + 1)))
 
+    def run_health_case(self, case):
+        """The health gate on every backend, cold and warm: all pass, or one node's fails."""
+        backend, start, verdict = case
+        out = tempfile.mkdtemp(dir=self.root)
+        env = dict(os.environ, PYTHON_EXEC=PYTHON)
+        env.pop("PET_WARM", None)
+        cmds = self.commands(backend, "torch", 2, PYTHON_WORKER, out, extra=PASSING_CHECKS)
+        sick = 0  # the failing node: the only one, static's node rank 1, or the service's guest
+        if verdict == "fails":
+            cmds[sick] = cmds[sick][:1] + list(FAILING_CHECK) + cmds[sick][1:]
+            if backend in ("service", "etcd"):
+                cmds = [[("1:2" if a == "2" and c[i - 1] == "--nnodes" else a)
+                         for i, a in enumerate(c)] for c in cmds]
+            if backend == "service":  # the healthy node hosts the service
+                for i, c in enumerate(cmds):
+                    c[1:1] = ["--rdzv-conf", f"is_host={int(i != sick)}"]
+            if backend == "static":
+                for c in cmds:
+                    c[1:1] = ["--rdzv-conf", "join_timeout=3"]
+        if start == "warm":
+            cmds = [c[:1] + ["--warm"] + c[1:] for c in cmds]
+        procs, texts = self.run_cruns(cmds, out, env)
+        self.assertEqual(processes_mentioning(out), [], "processes left running")
+        envs = read_envs(out)
+        if verdict == "passes":
+            for p, text in zip(procs, texts):
+                self.assertEqual(p.returncode, 0, f"{' '.join(p.args)}:\n{text}")
+            self.check_environments(envs, "torch", len(cmds), 2)
+            return
+        self.assertEqual(procs[sick].returncode, 87, texts[sick])
+        self.assertIn("failed its health check and does not join: health check `echo sick disk "
+                      ">&2; exit 3` failed with exit code 3: sick disk", texts[sick])
+        if backend == "local":
+            self.assertEqual(envs, {})
+        elif backend == "static":  # waits for the node that stayed out, then says so
+            self.assertEqual(procs[1].returncode, 1, texts[1])
+            self.assertIn("round 0: node 1 did not join within 3.0 s (did its health check keep "
+                          "it out?", texts[1])
+            self.assertEqual(envs, {})
+        else:  # a round of the healthy node alone
+            self.assertEqual(procs[1].returncode, 0, texts[1])
+            self.check_environments(envs, "torch", 1, 2)
+        if backend == "etcd":  # the job's document keeps the node that stayed out, and why
+            run_id = cmds[1][cmds[1].index("--rdzv-id") + 1]
+            status = subprocess.run([CRUN, "status", "--rdzv-backend", "etcd-v3",
+                                     "--rdzv-endpoint", self.etcd_endpoint(), "--rdzv-id",
+                                     run_id, "--json"], capture_output=True, text=True,
+                                    timeout=60)
+            self.assertEqual(status.returncode, 0, status.stderr)
+            job = json.loads(status.stdout)[0]
+            self.assertEqual(job["unhealthy_reports"], 1, job)
+            self.assertEqual([n["reason"] for n in job["nodes"] if n["state"] == "unhealthy"],
+                             ["health check `echo sick disk >&2; exit 3` failed with exit code "
+                              "3: sick disk"], job)
+
     def run_case(self, case, python):
         backend, contracts, nproc, start, cgroup, snapshots = case
         out = tempfile.mkdtemp(dir=self.root)
@@ -336,6 +399,10 @@ def crash_cases():
     return list(itertools.product(BACKENDS, STARTS, CRASH_MODES))
 
 
+def health_cases():
+    return list(itertools.product(BACKENDS, STARTS, HEALTH_VERDICTS))
+
+
 def add_cases():
     for kind, cases, python in (("full", full_cases(), False),
                                 ("pairwise", pairwise(PAIRWISE_DIMS), True),
@@ -348,6 +415,10 @@ def add_cases():
         def test(self, case=case):
             self.run_crash_case(case)
         setattr(Matrix, "test_crashloop_" + "_".join(case), test)
+    for case in health_cases():
+        def test(self, case=case):
+            self.run_health_case(case)
+        setattr(Matrix, "test_health_" + "_".join(case), test)
 
 
 add_cases()
@@ -369,6 +440,8 @@ def describe():
     print(f"snapshot: {len(snapshot_cases())} cases (backend x start x snapshot store, in full), "
           "Python worker, 2 workers a node")
     print(f"crashloop: {len(crash_cases())} cases (backend x start x how the worker fails, in "
+          "full), Python worker, 2 workers a node")
+    print(f"health: {len(health_cases())} cases (backend x start x the gate's verdict, in "
           "full), Python worker, 2 workers a node")
 
 

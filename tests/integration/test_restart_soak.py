@@ -6,7 +6,8 @@ each rank of each attempt starts, the failing rank fails, and no process of an e
 of the node is still there when an attempt starts. Then the restart count, the exit code, the
 words crun used and what is left (nothing) are checked.
 
-Configurations: standalone with crun's cgroups and without them (CRUN_CGROUP=0), two agents on
+Configurations: standalone with crun's cgroups and without them (CRUN_CGROUP=0), standalone
+with a health gate before every join (docs/health.md), two agents on
 the rendezvous service, two agents on a real etcd, and two nodes of the static backend that
 exchange --contract's ports over node 0's store (each restarting with the other). SOAK_SCALE scales every N (RESTARTS)."""
 import os
@@ -170,6 +171,17 @@ class RestartSoak(unittest.TestCase):
         env = () if cgroup else (("CRUN_CGROUP", "0"),)
         p = self.crun("n", ["--standalone", "--nproc-per-node", "2"], kind, last, env)
         self.finish([p], last, 2, kind)
+
+    def test_one_node_with_a_health_check_before_every_join(self):
+        """The health gate (docs/health.md) on the restart path: a check that passes and counts
+        itself, with disk and memory, before each of the restarts; none may be lost."""
+        last = restarts("one")
+        gates = os.path.join(self.dir, "gates")
+        p = self.crun("n", ["--standalone", "--nproc-per-node", "2", "--health-check",
+                            f"echo gate >> {gates}", "--health-check", "disk:1M",
+                            "--health-check", "memory:1M"], "daemon", last)
+        self.finish([p], last, 2, "daemon")
+        self.assertEqual(len(whole_lines(gates)), last + 1, "a join without its gate")
 
     # ---- two nodes ----------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ TORCH_PYTHONS = [p for p in os.environ.get("TORCH_PYTHONS", "/usr/bin/python3").
 NODES = ["node1", "node2"]
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import probe_events, signal_events, wait_for  # noqa: E402
+from crun_testing import probe_events, signal_events, wait_for, whole_lines  # noqa: E402
 from slurm_cluster import SlurmCluster  # noqa: E402
 
 
@@ -149,6 +149,18 @@ class RealSlurm(unittest.TestCase):
                 self.assertIn("host      : node2", out)
                 self.assertIn(f"exit      : exit code {code}", out)
                 self.assertIn(f"task {task}: Exited with exit code {code}", out)  # srun's line
+
+    def test_nodes_that_fail_their_health_check_exit_87_and_are_named_for_the_script(self):
+        """docs/health.md: every node's gate fails here (one alone would leave the other
+        waiting for it until join_timeout); Slurm records 87, and the file names both."""
+        noted = os.path.join(self.out, "unhealthy")
+        job = self.submit(f"srun {CRUN} --nproc-per-node 2 --health-check 'echo sick; exit 3' "
+                          f"--unhealthy-nodes-file {noted} {PROBE} {self.out}", "--nodes=2",
+                          "--ntasks-per-node=1")
+        self.finished(job, "FAILED", "87:0")
+        self.assertEqual(sorted(whole_lines(noted)), sorted(NODES))
+        self.assertEqual(probe_events(self.out), [], "a node that failed its gate ran workers")
+        self.assertIn("failed with exit code 3: sick", self.output(job))
 
     # --- one crun per task -------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ class ScriptedRendezvous final : public Rendezvous {
     int successes = 0;
     std::vector<crun::report::FailureReport> failures;
     std::vector<std::string> left;
+    std::vector<std::string> unhealthy;
   };
 
   ScriptedRendezvous(asio::io_context& io, int nproc, int max_restarts, Record* record)
@@ -56,6 +57,7 @@ class ScriptedRendezvous final : public Rendezvous {
     g.round = record_->joins++;
     asio::post(io_, [this, g] { events_->OnAssignment(g); });
   }
+  void ReportUnhealthy(const std::string& why) override { record_->unhealthy.push_back(why); }
   void ReportFailure(const crun::report::FailureReport& failures) override {
     record_->failures.push_back(failures);
     if (restarts_ < max_restarts_) {

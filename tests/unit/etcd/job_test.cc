@@ -415,3 +415,31 @@ TEST_CASE("etcd job: deadlines survive another host's clocks; a corrupt document
   CHECK_FALSE(bad.ok());
   CHECK(bad.status().message().find("job document") != std::string::npos);
 }
+
+TEST_CASE("etcd job: a node that failed its health check is folded in, named and kept") {
+  Etcd e;
+  e.AddNode("a", "host-a", 1, 1, 2);
+  e.JoinNode("a");
+  // c never joined: its key outlives it (no lease), and a torn one is skipped, not fatal.
+  e.Put(e.keys.unhealthy("c"),
+        crun::etcd::EncodeUnhealthy({"c", "host-c", "disk: /logs has 1 MiB free"}));
+  e.Put(e.keys.unhealthy("d"), "{not json");
+  e.Step(Ms(0));
+  auto job = e.Job();
+  CHECK(job["unhealthy_reports"] == 1);
+  REQUIRE(job["unhealthy"].size() == 1);
+  CHECK(job["unhealthy"][0]["node_id"] == "c");
+  CHECK(job["unhealthy"][0]["host"] == "host-c");
+  CHECK(job["unhealthy"][0]["reason"] == "disk: /logs has 1 MiB free");
+  CHECK(e.kv.count(e.keys.unhealthy("c")) == 0);  // folded once
+  CHECK(e.kv.count(e.keys.unhealthy("d")) == 0);
+  // The round goes on without it (last call at 1 of 1:2), and the next decider still knows.
+  e.Step(Ms(2'000));
+  job = e.Job();
+  CHECK(job["phase"] == "running");
+  CHECK(job["unhealthy_reports"] == 1);
+  auto decoded = crun::etcd::DecodeJob(e.kv.at(e.keys.state()).value, {}, {});
+  REQUIRE(decoded.ok());
+  REQUIRE(decoded->state.unhealthy.size() == 1);
+  CHECK(decoded->state.unhealthy[0].reason == "disk: /logs has 1 MiB free");
+}

@@ -45,6 +45,7 @@ class CountingRendezvous final : public Rendezvous {
     ++seen_->successes;
     inner_->ReportSuccess();
   }
+  void ReportUnhealthy(const std::string& why) override { inner_->ReportUnhealthy(why); }
   void Leave(const std::string& reason) override { inner_->Leave(reason); }
   std::string node_id() const override { return inner_->node_id(); }
   void AskStacks(const std::string& reason, std::chrono::milliseconds timeout,

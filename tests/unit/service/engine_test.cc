@@ -751,3 +751,36 @@ TEST_CASE("engine: a failure report's cause is its first failure's", "[engine]")
   r.failures.emplace_back().exit_code = 1;  // later failures do not decide
   CHECK(std::string(FailureCause(r)) == "hang");
 }
+
+TEST_CASE("engine: a node that failed its health check is counted and named, never joined",
+          "[engine][health]") {
+  using crun::testing::SampleValue;
+  Metered m;
+  Harness h(m.Options());
+  h.Join(1, "a", T0, {.min = 1, .max = 2});
+  auto sick = Harness::JoinMessage("c", {.min = 1, .max = 2});
+  sick.unhealthy = "gpu: GPU 1 (GPU-b) has 2 uncorrectable ECC errors since the driver loaded";
+  h.engine.OnMessage(3, sick, T0 + 100ms);
+  CHECK(h.inbox[3].empty());  // no assignment, no refusal: it leaves next
+  h.engine.OnMessage(3, msg::Leave{"exit code 87"}, T0 + 101ms);
+  h.engine.OnSessionClosed(3, T0 + 102ms);
+  h.Tick(T0 + 1s);  // the last call: a round of a alone
+  CHECK(h.Assignment(1).world_size == 2);
+  const auto status = h.engine.Status("job7", T0 + 1s);
+  const auto& job = status.jobs.at(0);
+  CHECK(job.unhealthy_reports == 1);
+  REQUIRE(job.nodes.size() == 2);
+  CHECK(job.nodes[1].node_id == "c");
+  CHECK(job.nodes[1].state == "unhealthy");
+  CHECK(job.nodes[1].reason == sick.unhealthy);
+  CHECK(job.lost_hosts.empty());  // it never joined: not a loss
+  h.engine.RefreshMetrics();
+  CHECK(SampleValue(m.registry.Render(),
+                    "crun_rendezvous_unhealthy_nodes_total{run_id=\"job7\"}") == 1);
+  // Healthy again later (a fresh crun on that node): it joins, and is no longer shown unhealthy.
+  h.Join(4, "c", T0 + 2s, {.min = 1, .max = 2});
+  const auto again = h.engine.Status("job7", T0 + 2s).jobs.at(0);
+  CHECK(std::none_of(again.nodes.begin(), again.nodes.end(),
+                     [](const msg::NodeStatus& n) { return n.state == "unhealthy"; }));
+  CHECK(again.unhealthy_reports == 1);
+}

@@ -74,6 +74,7 @@ TEST_CASE("a join reaches the engine with every field", "[proto]") {
   j->set_protocol_version(1);
   j->set_run_id("job7");
   j->set_service_host("10.0.0.1");
+  j->set_unhealthy("disk: /logs has 1 MiB free");
   auto* n = j->mutable_node();
   n->set_node_id("node-a#1");
   n->set_host("node-a");
@@ -95,6 +96,7 @@ TEST_CASE("a join reaches the engine with every field", "[proto]") {
   CHECK(join.protocol_version == 1);
   CHECK(join.run_id == "job7");
   CHECK(join.service_host == "10.0.0.1");
+  CHECK(join.unhealthy == "disk: /logs has 1 MiB free");
   CHECK(join.node.node_id == "node-a#1");
   CHECK(join.node.host == "node-a");
   CHECK(join.node.addresses == std::vector<std::string>{"10.0.0.2", "fd00::2"});
@@ -270,6 +272,12 @@ TEST_CASE("a status response reaches `crun status` whole", "[proto]") {
   spare.host = "node-d";
   spare.state = "spare";
   spare.nproc = 8;
+  job.unhealthy_reports = 2;
+  auto& sick = job.nodes.emplace_back();
+  sick.node_id = "c";
+  sick.host = "node-c";
+  sick.state = "unhealthy";
+  sick.reason = "gpu: GPU 0 does not answer";
 
   const auto wire = OverTheWire(ToProto(status));
   REQUIRE(wire.jobs_size() == 1);
@@ -285,7 +293,11 @@ TEST_CASE("a status response reaches `crun status` whole", "[proto]") {
   CHECK(j.world_size() == 16);
   REQUIRE(j.lost_hosts_size() == 1);
   CHECK(j.lost_hosts(0) == "c");
-  REQUIRE(j.nodes_size() == 2);
+  REQUIRE(j.nodes_size() == 3);
+  CHECK(j.unhealthy_reports() == 2);
+  CHECK(j.nodes(2).state() == "unhealthy");
+  CHECK(j.nodes(2).reason() == "gpu: GPU 0 does not answer");
+  CHECK(j.nodes(0).reason().empty());
   CHECK(j.nodes(0).node_id() == "a");
   CHECK(j.nodes(0).host() == "node-a");
   CHECK(j.nodes(0).state() == "member");

@@ -21,6 +21,7 @@ using crun::rdzv::OnJoin;
 using crun::rdzv::OnNodeLost;
 using crun::rdzv::OnNodeSucceeded;
 using crun::rdzv::OnTick;
+using crun::rdzv::OnUnhealthy;
 using crun::rdzv::OnWorkerFailed;
 using crun::rdzv::Phase;
 using crun::rdzv::RefuseJoin;
@@ -436,6 +437,79 @@ TEST_CASE("a lost node re-forms the job without spending the budget", "[rules]")
   const auto* f = Only<FailJob>(fail.actions);
   REQUIRE(f != nullptr);
   CHECK_THAT(f->reason, Catch::Contains("only 1 of at least 2") && Catch::Contains("lost: a"));
+}
+
+TEST_CASE("a node whose health check failed stays out, is counted and named", "[rules][health]") {
+  // (what the state holds for the node when its report comes, what follows)
+  const Settings s = Nodes(2, 3);
+  SECTION("before it ever joined: a smaller round goes on with the others") {
+    State st = Start(s);
+    st = OnJoin(st, Node("a"), s, T0).state;
+    auto t = OnUnhealthy(st, {"c#1", "c", "gpu: GPU 1 has 2 uncorrectable ECC errors"}, T0);
+    CHECK(t.actions.empty());
+    CHECK(t.state.unhealthy_reports == 1);
+    REQUIRE(t.state.unhealthy.size() == 1);
+    CHECK(t.state.unhealthy[0].host == "c");
+    t = OnJoin(t.state, Node("b"), s, T0 + 1s);
+    t = OnTick(t.state, T0 + 2s);
+    const auto* round = Only<FormRound>(t.actions);
+    REQUIRE(round != nullptr);
+    CHECK(round->assignments.size() == 2);
+  }
+  SECTION("waiting in the gathering (a re-join it made before): it leaves it") {
+    State st = Start(s);
+    st = OnJoin(st, Node("a"), s, T0).state;
+    st = OnJoin(st, Node("c"), s, T0).state;
+    REQUIRE(st.last_call_deadline.has_value());
+    auto t = OnUnhealthy(st, {"c#1", "c", "disk: /logs has 1 MiB free"}, T0 + 100ms);
+    CHECK(t.state.joined.size() == 1);
+    CHECK(t.state.present.count("c#1") == 0);
+    CHECK_FALSE(t.state.last_call_deadline.has_value());  // below min again
+    CHECK(OnTick(t.state, T0 + 2s).actions.empty());
+  }
+  SECTION("a spare: it is no longer one") {
+    State st = Running();
+    st.spares = {Node("c")};
+    st.present.insert("c#1");
+    auto t = OnUnhealthy(st, {"c#1", "c", "memory"}, T0 + 5s);
+    CHECK(t.actions.empty());
+    CHECK(t.state.spares.empty());
+    CHECK(t.state.phase == Phase::kRunning);
+  }
+  SECTION("a member of the running round (none runs a gate): its loss") {
+    auto t = OnUnhealthy(Running(), {"a#1", "a", "nic down"}, T0 + 5s);
+    const auto* stop = Only<StopAndRejoin>(t.actions);
+    REQUIRE(stop != nullptr);
+    CHECK(stop->reason == "node a (a#1) was lost: it failed its health check");
+    CHECK_FALSE(stop->spends_restart);
+  }
+  SECTION("too few nodes by the deadline: the reason names it and why") {
+    State st = Start(s);
+    st = OnJoin(st, Node("a"), s, T0).state;
+    st = OnUnhealthy(st, {"c#1", "c", "health check `x` failed with exit code 4"}, T0).state;
+    auto t = OnTick(st, T0 + 60s);
+    const auto* fail = Only<FailJob>(t.actions);
+    REQUIRE(fail != nullptr);
+    CHECK(fail->reason ==
+          "only 1 of at least 2 nodes joined within 60000 ms (joined: a); failed their health "
+          "check: c (c#1): health check `x` failed with exit code 4");
+  }
+  SECTION("the same node again: counted twice, named once with its newest reason") {
+    State st = Start(s);
+    st = OnUnhealthy(st, {"c#1", "c", "first"}, T0).state;
+    st = OnUnhealthy(st, {"c#1", "c", "second"}, T0 + 1s).state;
+    CHECK(st.unhealthy_reports == 2);
+    REQUIRE(st.unhealthy.size() == 1);
+    CHECK(st.unhealthy[0].reason == "second");
+  }
+  SECTION("bounded: the newest kMaxUnhealthyKept") {
+    State st = Start(s);
+    for (std::size_t i = 0; i < crun::rdzv::kMaxUnhealthyKept + 3; ++i) {
+      st = OnUnhealthy(st, {"n" + std::to_string(i), "h", "r"}, T0).state;
+    }
+    CHECK(st.unhealthy.size() == crun::rdzv::kMaxUnhealthyKept);
+    CHECK(st.unhealthy.front().node_id == "n3");
+  }
 }
 
 TEST_CASE("missing heartbeats mark a node lost within the heartbeat timeout", "[rules]") {
