@@ -187,7 +187,8 @@ class Commands(Case):
                                "1"], worker)
         self.assertEqual(code, REQUEUE_WITHOUT_NODE, err)
         self.assertIn(f"health check `{tag} & {tag}` did not finish in time; killed", err)
-        self.assertEqual(processes_mentioning(tag), [], "the check's processes outlived it")
+        # SIGKILL went to the check's whole group; each of its processes ends a moment later.
+        wait_for(lambda: processes_mentioning(tag) == [], "the check's processes to end", 30)
         self.assertEqual(whole_lines(ran), [])
 
     def test_a_check_that_passes_runs_before_every_join(self):
