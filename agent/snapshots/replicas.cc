@@ -402,7 +402,16 @@ void Replicas::Discover(int round, int group_rank, int nodes, std::string store_
 
 void Replicas::Lookup(int round, int group_rank, int nodes, const std::string& store_host,
                       std::uint16_t store_port) {
-  auto store = StoreOf(store_host, store_port, seconds(30));
+  // In slices of a second, so that a round that ends (or crun ending: its destructor joins
+  // this thread) is noticed within one: a store that is going away may take a connection and
+  // never answer it.
+  const auto current = [&] { return !stopping_ && round_ == round; };
+  const auto connect_by = In(seconds(30));
+  StatusOr<std::unique_ptr<TcpStoreClient>> store = StoreOf(store_host, store_port, seconds(1));
+  while (!store.ok() && current() && SteadyClock::now() < connect_by) {
+    store = StoreOf(store_host, store_port, seconds(1));
+  }
+  if (!current()) return;
   if (!store.ok()) {
     spdlog::warn("crun: snapshots are not replicated this round: {}", store.status().message());
     return;
@@ -415,12 +424,14 @@ void Replicas::Lookup(int round, int group_rank, int nodes, const std::string& s
   if (nodes < 2) return;
   const std::string key = std::string(kKeyPrefix) + std::to_string((group_rank + 1) % nodes);
   const auto deadline = In(kDiscovery);
-  const auto current = [&] { return !stopping_ && round_ == round; };
   while (current() && SteadyClock::now() < deadline) {
     const Status waited = (*store)->Wait({key}, std::chrono::milliseconds(250));
     if (waited.code() == StatusCode::kTimeout) continue;
     auto next = waited.ok() ? (*store)->Get(key) : StatusOr<std::string>(waited);
-    if (!next.ok()) break;  // the round's store is gone: the round is over
+    if (!next.ok()) {  // the round's store is gone: the round is over, nothing to say
+      spdlog::debug("snapshot copies: the round's store closed: {}", next.status().message());
+      return;
+    }
     std::lock_guard lock(mu_);
     if (round_ != round) return;
     next_ = *next;

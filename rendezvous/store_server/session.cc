@@ -19,8 +19,8 @@ constexpr int kReadsPerWake = 4;
 
 }  // namespace
 
-Session::Session(asio::ip::tcp::socket socket, ServerShared* shared)
-    : socket_(std::move(socket)), shared_(shared), parser_(shared->limits) {
+Session::Session(asio::ip::tcp::socket socket, std::shared_ptr<ServerShared> shared)
+    : socket_(std::move(socket)), shared_(std::move(shared)), parser_(shared_->limits) {
   shared_->open.fetch_add(1, std::memory_order_relaxed);
 }
 

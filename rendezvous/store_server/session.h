@@ -25,7 +25,9 @@ namespace crun::server_detail {
 
 class Session;
 
-// What the sessions of one server share. Lives on the server's event loop.
+// What the sessions of one server share. Lives on the server's event loop, held by the server and
+// by each session: a session's last handlers (a read aborted by the server's stop) run after
+// the server itself is gone, and must still find it.
 struct ServerShared {
   explicit ServerShared(const StoreLimits& l) : limits(l), state(l.max_store_bytes) {}
   StoreLimits limits;
@@ -43,7 +45,7 @@ struct ServerShared {
 
 class Session final : public std::enable_shared_from_this<Session>, public StoreListener {
  public:
-  Session(boost::asio::ip::tcp::socket socket, ServerShared* shared);
+  Session(boost::asio::ip::tcp::socket socket, std::shared_ptr<ServerShared> shared);
   ~Session();
   void Start();
   void Close();
@@ -72,7 +74,7 @@ class Session final : public std::enable_shared_from_this<Session>, public Store
   std::size_t pending_output() const { return out_.size() + sending_.size(); }
 
   boost::asio::ip::tcp::socket socket_;
-  ServerShared* shared_;
+  std::shared_ptr<ServerShared> shared_;
   wire::RequestParser parser_;
   std::array<char, 256> inline_buffer_;
   std::string out_;      // replies not yet handed to the socket

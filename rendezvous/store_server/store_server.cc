@@ -69,7 +69,7 @@ Status StoreListenError(const std::string& where, const boost::system::error_cod
 class AsioStoreServer final : public StoreServer {
  public:
   AsioStoreServer(asio::io_context& io, const StoreServerOptions& options)
-      : io_(io), options_(options), shared_(options.limits) {}
+      : io_(io), options_(options), shared_(std::make_shared<ServerShared>(options.limits)) {}
 
   ~AsioStoreServer() override { Stop(); }
 
@@ -100,8 +100,8 @@ class AsioStoreServer final : public StoreServer {
     }
     endpoint_ = FormatEndpoint(address->to_string(), port_);
     max_connections_ = options_.max_connections;
-    shared_.name = "store " + endpoint_;
-    shared_.on_close = [this](Session* s) { OnSessionClosed(s); };
+    shared_->name = "store " + endpoint_;
+    shared_->on_close = [this](Session* s) { OnSessionClosed(s); };
     for (const auto& a : options_.allowed_peers) {
       boost::system::error_code bad;
       auto parsed = asio::ip::make_address(a, bad);
@@ -110,7 +110,7 @@ class AsioStoreServer final : public StoreServer {
     }
     reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     spdlog::info("{}: listening ({} x backlog {}, {} connections, descriptor limit {})",
-                 shared_.name, sockets, backlog,
+                 shared_->name, sockets, backlog,
                  max_connections_ > 0 ? "up to " + std::to_string(max_connections_) : "unlimited",
                  DescriptorLimit());
     for (auto& a : acceptors_) ArmAccept(*a);
@@ -125,6 +125,8 @@ class AsioStoreServer final : public StoreServer {
     auto sessions = std::move(sessions_);
     sessions_.clear();
     for (auto& [raw, session] : sessions) session->Close();
+    // Sessions outlive the server until their aborted handlers have run: none may call back.
+    shared_->on_close = nullptr;
     if (reserve_fd_ >= 0) ::close(reserve_fd_);
     reserve_fd_ = -1;
   }
@@ -135,19 +137,19 @@ class AsioStoreServer final : public StoreServer {
 
   StoreServerStats stats() const override {
     StoreServerStats s;
-    s.open_connections = shared_.open.load(std::memory_order_relaxed);
+    s.open_connections = shared_->open.load(std::memory_order_relaxed);
     s.accepted = accepted_.load(std::memory_order_relaxed);
     s.refused = refused_.load(std::memory_order_relaxed);
     s.refused_per_peer = refused_per_peer_.load(std::memory_order_relaxed);
     s.refused_strangers = refused_strangers_.load(std::memory_order_relaxed);
-    s.protocol_errors = shared_.protocol_errors.load(std::memory_order_relaxed);
-    s.requests = shared_.requests.load(std::memory_order_relaxed);
+    s.protocol_errors = shared_->protocol_errors.load(std::memory_order_relaxed);
+    s.requests = shared_->requests.load(std::memory_order_relaxed);
     for (std::size_t i = 0; i < wire::kCommandCount; ++i) {
-      s.requests_by_command[i] = shared_.by_command[i].load(std::memory_order_relaxed);
+      s.requests_by_command[i] = shared_->by_command[i].load(std::memory_order_relaxed);
     }
-    s.pending_waits = shared_.state.pending_waits();
-    s.stored_bytes = shared_.state.bytes();
-    s.read_pauses = shared_.read_pauses.load(std::memory_order_relaxed);
+    s.pending_waits = shared_->state.pending_waits();
+    s.stored_bytes = shared_->state.bytes();
+    s.read_pauses = shared_->read_pauses.load(std::memory_order_relaxed);
     return s;
   }
 
@@ -192,7 +194,7 @@ class AsioStoreServer final : public StoreServer {
                                                    &acceptor](const boost::system::error_code& ec) {
       if (ec) {
         if (ec != asio::error::operation_aborted) {
-          spdlog::error("{}: accept wait failed: {}", shared_.name, ec.message());
+          spdlog::error("{}: accept wait failed: {}", shared_->name, ec.message());
         }
         return;
       }
@@ -216,7 +218,7 @@ class AsioStoreServer final : public StoreServer {
       }
       if (ec) {
         // ECONNABORTED and friends: that one client gave up; keep serving the rest.
-        spdlog::debug("{}: accept failed: {}", shared_.name, ec.message());
+        spdlog::debug("{}: accept failed: {}", shared_->name, ec.message());
         continue;
       }
       accepted_.fetch_add(1, std::memory_order_relaxed);
@@ -240,7 +242,7 @@ class AsioStoreServer final : public StoreServer {
         continue;
       }
       ::fcntl(socket.native_handle(), F_SETFD, FD_CLOEXEC);
-      auto session = std::make_shared<Session>(std::move(socket), &shared_);
+      auto session = std::make_shared<Session>(std::move(socket), shared_);
       ++per_peer_[peer];
       session_peer_[session.get()] = peer;
       sessions_.emplace(session.get(), session);
@@ -303,13 +305,13 @@ class AsioStoreServer final : public StoreServer {
   }
 
   void LogRefusal(std::uint64_t n, const std::string& why) {
-    if (WorthLogging(n)) spdlog::warn("{}: refused connection #{} {}", shared_.name, n, why);
+    if (WorthLogging(n)) spdlog::warn("{}: refused connection #{} {}", shared_->name, n, why);
   }
 
   asio::io_context& io_;
   StoreServerOptions options_;
   std::vector<std::unique_ptr<tcp::acceptor>> acceptors_;
-  ServerShared shared_;
+  std::shared_ptr<ServerShared> shared_;  // and every session (session.h)
   std::unordered_map<Session*, std::shared_ptr<Session>> sessions_;
   std::uint16_t port_ = 0;
   std::string endpoint_;

@@ -73,10 +73,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view rest(reinterpret_cast<const char*>(data) + 3, size - 3);
   const std::size_t split = std::min<std::size_t>(rest.size(), data[1] | (data[2] << 8));
 
-  ServerShared shared(crun::fuzz::TightLimits());  // outlives the sessions and the loop
-  shared.name = "fuzz store";
+  auto shared = std::make_shared<ServerShared>(crun::fuzz::TightLimits());
+  shared->name = "fuzz store";
   int closed = 0;
-  shared.on_close = [&closed](Session*) { ++closed; };
+  shared->on_close = [&closed](Session*) { ++closed; };
   Client clients[2];
   clients[0].stream = rest.substr(0, split);
   clients[1].stream = rest.substr(split);
@@ -90,7 +90,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       asio::ip::tcp::socket server_end(io);
       server_end.assign(asio::ip::tcp::v4(), fds[0]);
       c.fd = fds[1];
-      std::make_shared<Session>(std::move(server_end), &shared)->Start();
+      std::make_shared<Session>(std::move(server_end), shared)->Start();
     }
     while (!clients[0].done() || !clients[1].done()) {
       for (auto& c : clients) c.Feed(chunk);
@@ -104,9 +104,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       for (auto& c : clients) c.Drain();
     }
     if (closed != 2) Broken("a session did not close after its client hung up");
-    if (shared.state.pending_waits() != 0) Broken("waits pending after every client left");
+    if (shared->state.pending_waits() != 0) Broken("waits pending after every client left");
   }  // the loop and whatever it still held are gone
-  if (shared.open.load() != 0) Broken("a session outlived its event loop");
+  if (shared->open.load() != 0) Broken("a session outlived its event loop");
   for (auto& c : clients) ::close(c.fd);
   return 0;
 }
