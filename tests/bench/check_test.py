@@ -57,10 +57,17 @@ class Judge(unittest.TestCase):
 class Recorded(unittest.TestCase):
     def test_every_check_has_a_recorded_ratio_and_commit(self):
         was = check.recorded(DOCS)
-        self.assertEqual(len(was), 10)
+        self.assertEqual(len(was), 11)
         for name, (ratio, commit) in was.items():
             self.assertGreater(ratio, 0, name)
             self.assertRegex(commit, r"^[0-9a-f]{7,}$", name)
+
+    def test_the_health_gate_is_judged_against_the_plain_restart(self):
+        text = check.section(open(DOCS).read(), "<!-- launch-bench:begin -->",
+                             "<!-- launch-bench:end -->")
+        plain = check.number(check.row(text, "restart, 2 workers")[1])
+        gated = check.number(check.row(text, "restart, 2 workers, health gate")[1])
+        self.assertAlmostEqual(check.recorded(DOCS)[check.RESTART_GATED][0], plain / gated)
 
     def test_the_save_is_judged_on_the_pytorch_2_row(self):
         text = check.section(open(DOCS).read(), "<!-- snapshot-bench:begin -->",
