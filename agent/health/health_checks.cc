@@ -218,18 +218,23 @@ struct Gate final : HealthGateRun, std::enable_shared_from_this<Gate> {
   void GpuApps() {
     Smi({"--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader,nounits"},
         [self = shared_from_this()](ToolResult r) {
+          const auto still_held = [&] {
+            return "gpu: memory still held after " +
+                   std::to_string(self->options.timeout.count() / 1000) +
+                   " s: " + JoinLines(self->held);
+          };
+          // The deadline came during a poll: what holds the memory is what the last one saw.
+          if (r.timed_out && !self->held.empty()) return self->Finished(still_held());
           if (!r.ok()) return self->Finished(SmiFailure(r));
-          auto held = JudgeComputeApps(r.output, self->uuids);
-          if (held.empty()) return self->Finished("");
+          self->held = JudgeComputeApps(r.output, self->uuids);
+          if (self->held.empty()) return self->Finished("");
           if (Clock::now() - self->began + kGpuPoll >= self->options.timeout) {
-            return self->Finished("gpu: memory still held after " +
-                                  std::to_string(self->options.timeout.count() / 1000) +
-                                  " s: " + JoinLines(held));
+            return self->Finished(still_held());
           }
           if (!self->said_waiting) {
             self->said_waiting = true;
             spdlog::info("health check gpu: waiting up to {} s for GPU memory to be released: {}",
-                         self->options.timeout.count() / 1000, JoinLines(held));
+                         self->options.timeout.count() / 1000, JoinLines(self->held));
           }
           self->poll = std::make_unique<asio::steady_timer>(self->io, kGpuPoll);
           self->poll->async_wait([self](const boost::system::error_code& ec) {
@@ -253,6 +258,7 @@ struct Gate final : HealthGateRun, std::enable_shared_from_this<Gate> {
   std::size_t pending = 0;
   HealthVerdict verdict;
   std::vector<std::string> uuids;
+  std::vector<std::string> held;  // the processes on the GPUs at the last poll
   std::unique_ptr<asio::steady_timer> poll;
   bool said_waiting = false;
   std::vector<std::function<void()>> kills;  // the programs' (RunTool)

@@ -110,6 +110,11 @@ class Gpu(Case):
             ("memory of a process outside the job",
              {"gpus.csv": HEALTHY, "apps.csv": "4242, GPU-a, 1024\n"}, None,
              "gpu: memory still held after 2 s: process 4242 holds 1024 MiB on GPU-a"),
+            # The deadline comes while a poll is under way: the verdict is what held the
+            # memory, not the poll that was cut short.
+            ("memory held, nvidia-smi slow to answer",
+             {"gpus.csv": HEALTHY, "apps.csv": "4242, GPU-a, 1024\n", "apps_delay": "0.6"}, None,
+             "gpu: memory still held after 2 s: process 4242 holds 1024 MiB on GPU-a"),
             ("a process on a GPU the node does not use",
              {"gpus.csv": HEALTHY, "apps.csv": "4242, GPU-b, 1024\n"}, "0", None),
         ]
