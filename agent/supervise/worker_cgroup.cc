@@ -9,11 +9,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <vector>
+
+#include <spdlog/spdlog.h>
 
 namespace crun::agent {
 namespace {
@@ -91,25 +94,44 @@ StatusOr<std::unique_ptr<WorkerCgroup>> WorkerCgroup::Create() {
   return std::unique_ptr<WorkerCgroup>(new WorkerCgroup(dir));
 }
 
-// SIGKILL to everything in `dir` and below: cgroup.kill, else (before Linux 5.14) one by one.
-void Kill(const std::string& dir) {
-  if (WriteFile(dir + "/cgroup.kill", "1")) return;
-  for (pid_t p : Procs(dir)) ::kill(p, SIGKILL);
-}
-
-// The attempt cgroups below `dir`.
-std::vector<std::string> Attempts(const std::string& dir) {
+// The cgroups directly below `dir` (the attempts', the warm template's, any a worker made).
+std::vector<std::string> Children(const std::string& dir) {
   std::vector<std::string> out;
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return out;
   while (const dirent* e = ::readdir(d)) {
-    if (std::strncmp(e->d_name, "attempt-", 8) == 0) out.push_back(dir + "/" + e->d_name);
+    if (e->d_type != DT_DIR || std::strcmp(e->d_name, ".") == 0 ||
+        std::strcmp(e->d_name, "..") == 0) {
+      continue;
+    }
+    out.push_back(dir + "/" + e->d_name);
   }
   ::closedir(d);
   return out;
 }
 
-WorkerCgroup::~WorkerCgroup() { KillAndRemoveCgroup(dir_); }
+// SIGKILL to everything in `dir` and below: cgroup.kill, else (before Linux 5.14) one by one.
+void Kill(const std::string& dir) {
+  if (WriteFile(dir + "/cgroup.kill", "1")) return;
+  for (pid_t p : Procs(dir)) ::kill(p, SIGKILL);
+  for (const auto& c : Children(dir)) Kill(c);
+}
+
+// rmdir of `dir`, its children first: whether it is gone. Each rmdir fails (EBUSY) while a
+// live process is in that cgroup; zombies do not count.
+bool RemoveTree(const std::string& dir) {
+  for (const auto& c : Children(dir)) RemoveTree(c);
+  return ::rmdir(dir.c_str()) == 0 || errno == ENOENT;
+}
+
+WorkerCgroup::~WorkerCgroup() {
+  if (!KillAndRemoveCgroup(dir_)) {
+    std::string left;
+    for (pid_t p : agent::Procs(dir_)) left += " " + std::to_string(p);
+    spdlog::warn("cannot remove the workers' cgroup {} within {} s; still in it:{}", dir_,
+                 kCgroupRemoveDeadline.count(), left.empty() ? " (in a cgroup below it)" : left);
+  }
+}
 
 StatusOr<std::unique_ptr<AttemptCgroup>> AttemptCgroup::Create(const WorkerCgroup& parent,
                                                                int attempt) {
@@ -156,16 +178,14 @@ Status AttemptCgroup::Remove() {
   return Status::Ok();
 }
 
-void KillAndRemoveCgroup(const std::string& dir) {
-  // Killed processes leave the cgroup as they exit (by crun, or by init for the orphans of a
-  // dead crun): wait for that a little, then give up quietly.
-  for (int round = 0; round < 100; ++round) {
-    for (const auto& a : Attempts(dir)) {
-      if (Procs(a).empty()) ::rmdir(a.c_str());
-    }
-    if (Procs(dir).empty() && ::rmdir(dir.c_str()) == 0) return;
-    if (errno == ENOENT) return;
-    Kill(dir);  // the attempts' cgroups with it
+bool KillAndRemoveCgroup(const std::string& dir) {
+  // Killed processes leave the cgroup as they exit (reaped by crun, or by init for the orphans
+  // of a dead crun), which takes a moment on a loaded machine: retry until the deadline.
+  const auto deadline = std::chrono::steady_clock::now() + kCgroupRemoveDeadline;
+  for (;;) {
+    if (RemoveTree(dir)) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    Kill(dir);
     ::poll(nullptr, 0, 10);
   }
 }

@@ -11,6 +11,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,7 +25,7 @@ class WorkerCgroup {
   // A new cgroup below this process's own in the cgroup2 hierarchy, or why none can be made
   // (kUnavailable: CRUN_CGROUP=0, no cgroup2, or a directory that cannot be created).
   static StatusOr<std::unique_ptr<WorkerCgroup>> Create();
-  ~WorkerCgroup();  // KillAll, then removes the directory (once it is empty)
+  ~WorkerCgroup();  // KillAndRemoveCgroup; a warning names what it could not remove
 
   const std::string& dir() const { return dir_; }
 
@@ -65,9 +66,13 @@ class AttemptCgroup {
 // This process's own cgroup2 directory (under the mount point); "" without cgroup2.
 std::string OwnCgroupDir();
 
-// Ends every process in the cgroup at `dir` and its attempts' cgroups, and removes them: what
-// WorkerCgroup's destructor does, for the guard process (async-signal-safe work is not needed
-// there: the guard is a fresh process of its own).
-void KillAndRemoveCgroup(const std::string& dir);
+// How long KillAndRemoveCgroup waits for killed processes to leave.
+inline constexpr std::chrono::seconds kCgroupRemoveDeadline{5};
+
+// Ends every process in the cgroup at `dir` and in every cgroup below it (the attempts', the
+// warm template's, any a worker made), and removes them all, deepest first: whether `dir` is
+// gone by kCgroupRemoveDeadline. What WorkerCgroup's destructor does, and the guard process
+// (async-signal-safe work is not needed there: the guard is a fresh process of its own).
+bool KillAndRemoveCgroup(const std::string& dir);
 
 }  // namespace crun::agent

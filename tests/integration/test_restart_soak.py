@@ -75,7 +75,7 @@ class RestartSoak(unittest.TestCase):
         kill_all(self.procs)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def crun(self, node, args, kind, last, env=(), wrap=lambda cmd: cmd):
+    def crun(self, node, args, kind, last, env=(), wrap=None):
         # Python workers as users start them (crun runs PYTHON_EXEC -u script), so that with
         # PET_WARM=1 (its warm twin, tests/warm_variant.py) they are forked from the template.
         worker = [PY_WORKER] if kind in ("multiprocessing", "dataloader") else \
@@ -87,11 +87,16 @@ class RestartSoak(unittest.TestCase):
         err = open(os.path.join(self.dir, f"crun-{node}.err"), "w")
         # Its workers fail the same way hundreds of times before any step, by design: not a
         # crash loop here (--max-restarts-without-progress 0; docs/health.md).
-        p = subprocess.Popen(wrap([CRUN, "--max-restarts", str(last), "--shutdown-timeout", "0.1",
-                                   "--max-restarts-without-progress", "0", *args, *worker]),
-                             env=e, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        command = [CRUN, "--max-restarts", str(last), "--shutdown-timeout", "0.1",
+                   "--max-restarts-without-progress", "0", *args, *worker]
+        p = subprocess.Popen(wrap(command) if wrap else command, env=e,
+                             stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
         err.close()
         p.err_path = err.name
+        # A crun in a network namespace sees no cgroup2 (ip netns exec mounts a fresh /sys), so
+        # it makes none: a crun-<pid> there would be another crun's, from before the pid came
+        # round again.
+        p.cgroup_dir = None if wrap else cgroup2_dir_of(p.pid)
         self.procs.append(p)
         return p
 
@@ -104,17 +109,16 @@ class RestartSoak(unittest.TestCase):
                 self.fail(f"crun still running after {LIMIT_S} s; events:\n"
                           + "\n".join(whole_lines(self.events_path())[-20:]))
             with open(p.err_path) as f:
-                outs.append((p.pid, p.returncode, f.read()))
+                outs.append((p.cgroup_dir, p.returncode, f.read()))
         took = time.monotonic() - self.t0
-        tails = "\n".join(f"--- crun {pid} exited {rc} ---\n{err[-3000:]}"
-                          for pid, rc, err in outs)
-        for pid, rc, err in outs:
+        tails = "\n".join(f"--- crun {p.pid} exited {rc} ---\n{err[-3000:]}"
+                          for p, (_, rc, err) in zip(procs, outs))
+        for d, rc, err in outs:
             self.assertEqual(rc, 0, tails)
             self.assertEqual(len(re.findall(r"restarting the worker group \(restart \d+ of",
                                             err)), last, tails)
             self.assertIn(f"(restart {last} of at most {last})", err, tails)
             self.assertEqual(tagged_processes(self.tag), [], "left running after crun exited")
-            d = cgroup2_dir_of(pid)
             self.assertFalse(d is not None and os.path.exists(d), f"{d} left behind")
             # Children that stayed in their worker's group end with it: no warning. Those that
             # left it (setsid) are named, once per attempt.

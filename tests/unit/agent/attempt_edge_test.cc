@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -165,6 +167,40 @@ TEST_CASE("edge: a child started into a cgroup that was killed once still starts
     REQUIRE(::waitpid(*pid, &status, 0) == *pid);
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 3);
+  }
+}
+
+TEST_CASE("edge: crun's cgroup goes with every cgroup below it, whatever made it", "[edge]") {
+  // The warm template's cgroup ("warm") and one a worker made below its attempt's: each holds
+  // a live process when crun's cgroup is removed (a leftover "warm" was crun's leak).
+  auto parent = WorkerCgroupOrSkip();
+  const std::string dir = parent->dir();
+  auto warm = AttemptCgroup::Create(*parent, std::string("warm"));
+  REQUIRE(warm.ok());
+  auto attempt = AttemptCgroup::Create(*parent, 1);
+  REQUIRE(attempt.ok());
+  const std::string inner = (*attempt)->dir() + "/made-by-a-worker";
+  REQUIRE(::mkdir(inner.c_str(), 0755) == 0);
+  std::vector<pid_t> pids;
+  for (const std::string& into : {(*warm)->dir(), inner}) {
+    ProcessSpec spec;
+    spec.argv = {"/bin/sleep", "60"};
+    spec.cgroup_dir = into;
+    auto pid = SpawnProcess(spec, Children());
+    REQUIRE(pid.ok());
+    pids.push_back(*pid);
+    std::ofstream(into + "/cgroup.procs") << *pid;  // where clone3 could not put it there
+  }
+  warm->reset();     // the template's end: its rmdir fails while the process lives
+  attempt->reset();  // likewise, for the cgroup below it
+  CHECK(::access(dir.c_str(), F_OK) == 0);
+  parent.reset();
+  CHECK(::access(dir.c_str(), F_OK) != 0);
+  for (pid_t pid : pids) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);  // already dead: no wait
+    CHECK(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGKILL);
   }
 }
 
