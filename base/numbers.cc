@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 
 namespace crun {
 
@@ -48,6 +49,23 @@ std::optional<std::uint64_t> ParseByteSize(std::string_view text) {
     return std::nullopt;
   if (*number > (kMax >> shift)) return std::nullopt;
   return static_cast<std::uint64_t>(*number) << shift;
+}
+
+std::string FormatBytes(std::uint64_t bytes) {
+  char text[32];
+  const double b = static_cast<double>(bytes);
+  if (bytes < (1u << 10)) {
+    std::snprintf(text, sizeof text, "%llu B", static_cast<unsigned long long>(bytes));
+  } else if (bytes < (1u << 20)) {
+    std::snprintf(text, sizeof text, "%.1f KiB", b / 1024);
+  } else if (bytes < (1ull << 30)) {
+    std::snprintf(text, sizeof text, "%.1f MiB", b / (1 << 20));
+  } else if (bytes < (1ull << 40)) {
+    std::snprintf(text, sizeof text, "%.2f GiB", b / (1ull << 30));
+  } else {
+    std::snprintf(text, sizeof text, "%.2f TiB", b / (1ull << 40));
+  }
+  return text;
 }
 
 }  // namespace crun

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace crun {
@@ -18,5 +19,9 @@ std::optional<double> ParseNumber(std::string_view text, double min, double max)
 // A number of bytes: a whole number with an optional binary unit, K, M, G or T (also KiB, MiB,
 // GiB, TiB): "512", "64M", "8G", "1TiB". Not "", "1.5G", "8GB", "-1G"; at most 2^62.
 std::optional<std::uint64_t> ParseByteSize(std::string_view text);
+
+// A number of bytes for people to read, in the largest binary unit below it: "512 B",
+// "1.5 KiB", "200.0 MiB", "1.00 GiB", "3.25 TiB".
+std::string FormatBytes(std::uint64_t bytes);
 
 }  // namespace crun

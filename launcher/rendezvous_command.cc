@@ -16,7 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/rendezvous/service_rendezvous.h"
-#include "agent/snapshots/node_snapshots.h"
+#include "base/numbers.h"
 #include "base/proc.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "launcher/backends/backend.h"
@@ -159,7 +159,7 @@ nlohmann::json JobsJson(const v1::StatusResponse& resp) {
 // "400.0 MiB, step 1234, disk 1200": what a node's snapshot store holds; "-": nothing.
 std::string SnapshotsCell(const v1::NodeStatus& n) {
   if (n.snapshot_bytes() == 0) return "-";
-  std::string out = agent::FormatBytes(n.snapshot_bytes());
+  std::string out = FormatBytes(n.snapshot_bytes());
   if (n.has_snapshot_step()) out += ", step " + std::to_string(n.snapshot_step());
   if (n.has_disk_step()) out += ", disk " + std::to_string(n.disk_step());
   return out;

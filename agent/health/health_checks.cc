@@ -407,23 +407,8 @@ std::vector<std::string> JudgeComputeApps(std::string_view csv,
 std::string JudgeFree(const std::string& what, const std::string& where, std::uint64_t free,
                       std::uint64_t min, const std::string& spec) {
   if (free >= min) return "";
-  return what + ": " + where + " has " + Bytes(free) + " free, below the " + Bytes(min) +
-         " asked (--health-check " + spec + ")";
-}
-
-std::string Bytes(std::uint64_t n) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  double v = static_cast<double>(n);
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  std::ostringstream out;
-  out.precision(v < 10 && u > 0 ? 2 : 0);
-  out << std::fixed << v << ' ' << units[u];
-  std::string s = out.str();
-  return s;
+  return what + ": " + where + " has " + FormatBytes(free) + " free, below the " +
+         FormatBytes(min) + " asked (--health-check " + spec + ")";
 }
 
 std::optional<std::uint64_t> AvailableMemory(std::string_view meminfo) {

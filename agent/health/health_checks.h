@@ -104,11 +104,10 @@ std::vector<std::string> JudgeComputeApps(std::string_view csv,
 std::vector<std::string> VisibleUuids(std::string_view csv,
                                       const std::vector<std::string>& visible);
 
-// Free space: "" or "disk: /logs has 120 MiB free, below the 1 GiB asked (--health-check disk)".
+// Free space: "" or "disk: /logs has 120.0 MiB free, below the 1.00 GiB asked (--health-check
+// disk)".
 std::string JudgeFree(const std::string& what, const std::string& where, std::uint64_t free,
                       std::uint64_t min, const std::string& spec);
-// "1 GiB", "120 MiB", "512 B".
-std::string Bytes(std::uint64_t n);
 // MemAvailable from /proc/meminfo's text, in bytes.
 std::optional<std::uint64_t> AvailableMemory(std::string_view meminfo);
 

@@ -55,21 +55,6 @@ std::uint64_t SnapshotChecksum(const snap::BufferHeader& h, const unsigned char*
   return XXH3_64bits_withSeed(payload, static_cast<std::size_t>(n), seed);
 }
 
-std::string FormatBytes(std::uint64_t bytes) {
-  char text[32];
-  const double b = static_cast<double>(bytes);
-  if (bytes < (1u << 10)) {
-    std::snprintf(text, sizeof text, "%llu B", static_cast<unsigned long long>(bytes));
-  } else if (bytes < (1u << 20)) {
-    std::snprintf(text, sizeof text, "%.1f KiB", b / 1024);
-  } else if (bytes < (1ull << 30)) {
-    std::snprintf(text, sizeof text, "%.1f MiB", b / (1 << 20));
-  } else {
-    std::snprintf(text, sizeof text, "%.2f GiB", b / (1ull << 30));
-  }
-  return text;
-}
-
 Status CheckRoom(const std::string& what, std::uint64_t bytes, const std::string& dir,
                  const std::string& cgroup_dir) {
   const std::string needs = what + " needs " + FormatBytes(bytes) + ", but ";

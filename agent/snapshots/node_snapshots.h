@@ -47,9 +47,6 @@ struct SnapshotMemoryOptions {
 Status CheckRoom(const std::string& what, std::uint64_t bytes, const std::string& dir,
                  const std::string& cgroup_dir);
 
-// "200.0 MiB"
-std::string FormatBytes(std::uint64_t bytes);
-
 // The checksum crun seals a snapshot with: the payload's XXH3-64, seeded with what the header
 // says of it, so that a changed step, rank or world size fails the check as a changed byte does.
 std::uint64_t SnapshotChecksum(const snapshot::BufferHeader& h, const unsigned char* payload,

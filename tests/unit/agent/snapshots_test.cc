@@ -494,7 +494,7 @@ TEST_CASE("a save bigger than the memory's room is refused before anything is wr
   huge.fill = [](unsigned char*) { FAIL("a refused save wrote"); };
   auto s = (*client)->Save(1, {huge});
   REQUIRE_FALSE(s.ok());
-  CHECK_THAT(s.message(), Catch::StartsWith("local rank 0's snapshot buffer needs 1048576.00 GiB, "
+  CHECK_THAT(s.message(), Catch::StartsWith("local rank 0's snapshot buffer needs 1024.00 TiB, "
                                             "but /dev/shm has "));
   CHECK(served.memory.allocated_bytes() == 0);
 }
@@ -640,7 +640,7 @@ TEST_CASE("a peer keeps the two newest whole copies of a rank, and refuses stran
     reinterpret_cast<snap::BufferHeader*>(huge.data())->payload_bytes = (1ULL << 40) - 4096;
     liar.Send("put " + std::to_string(1ULL << 40) + "\n");
     liar.Send(std::string_view(reinterpret_cast<const char*>(huge.data()), snap::kHeaderBytes));
-    CHECK_THAT(liar.Line(), Catch::Contains("error a copy of rank 3's snapshot needs 1024.00 GiB"));
+    CHECK_THAT(liar.Line(), Catch::Contains("error a copy of rank 3's snapshot needs 1.00 TiB"));
     CHECK(liar.Line().empty());  // closed
     RawPeer noise(port);
     CHECK(noise.Line() == "ok");

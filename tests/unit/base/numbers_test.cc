@@ -1,5 +1,5 @@
 // The one number parser every flag, variable and config key goes through: tables of what it
-// reads and what it refuses.
+// reads and what it refuses; and byte sizes written back for people.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -7,6 +7,8 @@
 
 #include "base/numbers.h"
 
+using crun::FormatBytes;
+using crun::ParseByteSize;
 using crun::ParseInteger;
 using crun::ParseNumber;
 
@@ -40,4 +42,26 @@ TEST_CASE("numbers: finite, in range, nothing after them", "[numbers]") {
     INFO(bad);
     CHECK_FALSE(ParseNumber(bad, 0, 1).has_value());
   }
+}
+
+TEST_CASE("byte sizes: whole numbers with binary units", "[numbers]") {
+  CHECK(ParseByteSize("512") == 512u);
+  CHECK(ParseByteSize("64K") == 64u << 10);
+  CHECK(ParseByteSize("64KiB") == 64u << 10);
+  CHECK(ParseByteSize("8G") == std::uint64_t{8} << 30);
+  CHECK(ParseByteSize("1TiB") == std::uint64_t{1} << 40);
+  CHECK(ParseByteSize("4194304T") == std::uint64_t{1} << 62);
+  for (const char* bad : {"", "G", "1.5G", "8GB", "8g", "-1G", " 1G", "1 G", "8Gi", "4194305T"}) {
+    INFO(bad);
+    CHECK_FALSE(ParseByteSize(bad).has_value());
+  }
+}
+
+TEST_CASE("byte sizes in words: the largest unit below them", "[numbers]") {
+  CHECK(FormatBytes(0) == "0 B");
+  CHECK(FormatBytes(1023) == "1023 B");
+  CHECK(FormatBytes(1536) == "1.5 KiB");
+  CHECK(FormatBytes(200u << 20) == "200.0 MiB");
+  CHECK(FormatBytes(std::uint64_t{1} << 30) == "1.00 GiB");
+  CHECK(FormatBytes(std::uint64_t{13} << 38) == "3.25 TiB");
 }
