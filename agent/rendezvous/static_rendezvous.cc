@@ -156,27 +156,6 @@ class StaticRendezvous final : public Rendezvous {
     return c;
   }
 
-  // Connects as TcpStoreClient::Connect does (retrying until c.connect_timeout), in short
-  // tries so that a stopping agent is not held up by a store that is not up yet.
-  StatusOr<std::unique_ptr<TcpStoreClient>> ConnectUnlessStopped(TcpStoreClientOptions c) const {
-    const auto total = c.connect_timeout;
-    const auto deadline = std::chrono::steady_clock::now() + total;
-    for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      c.connect_timeout =
-          std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(250));
-      auto client = TcpStoreClient::Connect(c);
-      if (client.ok() || client.status().code() != StatusCode::kTimeout) return client;
-      if (std::chrono::steady_clock::now() >= deadline) {
-        return TimeoutError("the store at " + FormatEndpoint(c.host, c.port) +
-                            " did not answer within " + std::to_string(total.count()) +
-                            " ms: " + client.status().message());
-      }
-      if (stop_exchange_) return Aborted("stopped while connecting to the store");
-    }
-  }
-
   // Publishes this crun's address and reserved ports on the shared store and gives the round
   // once every participant has (member_exchange.h); an exchange that fails ends the job.
   void Exchange(GroupAssignment g, const std::vector<std::uint16_t>& ports) {
@@ -206,7 +185,9 @@ class StaticRendezvous final : public Rendezvous {
     std::thread last = std::move(exchange_thread_);
     exchange_thread_ =
         std::thread([this, g = std::move(g), self, e, c, last = std::move(last)]() mutable {
-          auto client = ConnectUnlessStopped(c);
+          // In short tries, so that a stopping agent is not held up by a store not up yet.
+          auto client =
+              ConnectWhile(c, std::chrono::milliseconds(250), [this] { return !stop_exchange_; });
           StatusOr<std::vector<RoundMember>> members =
               client.ok() ? ExchangeMembers(**client, self, e) : client.status();
           if (last.joinable()) last.join();

@@ -406,11 +406,12 @@ void Replicas::Lookup(int round, int group_rank, int nodes, const std::string& s
   // this thread) is noticed within one: a store that is going away may take a connection and
   // never answer it.
   const auto current = [&] { return !stopping_ && round_ == round; };
-  const auto connect_by = In(seconds(30));
-  StatusOr<std::unique_ptr<TcpStoreClient>> store = StoreOf(store_host, store_port, seconds(1));
-  while (!store.ok() && current() && SteadyClock::now() < connect_by) {
-    store = StoreOf(store_host, store_port, seconds(1));
-  }
+  TcpStoreClientOptions o;
+  o.host = store_host;
+  o.port = store_port;
+  o.connect_timeout = seconds(30);
+  o.timeout = seconds(1);
+  auto store = ConnectWhile(o, seconds(1), current);
   if (!current()) return;
   if (!store.ok()) {
     spdlog::warn("crun: snapshots are not replicated this round: {}", store.status().message());

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -72,6 +73,24 @@ StatusOr<std::unique_ptr<TcpStoreClient>> TcpStoreClient::Connect(
     if (options.on_retry) options.on_retry(attempts, failure);
     const auto pause = std::min<SteadyClock::duration>(backoff.Next(), deadline - now);
     std::this_thread::sleep_for(pause);  // retry pacing, not synchronisation
+  }
+}
+
+StatusOr<std::unique_ptr<TcpStoreClient>> ConnectWhile(TcpStoreClientOptions options, Millis slice,
+                                                       const std::function<bool()>& keep_trying) {
+  const Millis total = options.connect_timeout;
+  const auto deadline = DeadlineAfter(total);
+  for (;;) {
+    const auto left = std::chrono::duration_cast<Millis>(deadline - SteadyClock::now());
+    options.connect_timeout = std::clamp(left, Millis(1), slice);
+    auto client = TcpStoreClient::Connect(options);
+    if (client.ok() || client.status().code() != StatusCode::kTimeout) return client;
+    if (SteadyClock::now() >= deadline) {
+      return TimeoutError("the store at " + FormatEndpoint(options.host, options.port) +
+                          " did not answer within " + std::to_string(total.count()) +
+                          " ms: " + client.status().message());
+    }
+    if (!keep_trying()) return Aborted("stopped while connecting to the store");
   }
 }
 

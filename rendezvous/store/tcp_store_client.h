@@ -95,4 +95,12 @@ class TcpStoreClient final : public Store {
   std::uint32_t next_nonce_;
 };
 
+// TcpStoreClient::Connect in tries of at most `slice` each, within options.connect_timeout,
+// asking `keep_trying` between them: a caller that is stopping (a round that ended, an agent on
+// its way out) gets kAborted within about a slice, even while the store is not up yet. Give
+// options.timeout a slice too where a store that takes the connection and never answers must
+// not hold the caller longer (the handshake waits that long).
+StatusOr<std::unique_ptr<TcpStoreClient>> ConnectWhile(TcpStoreClientOptions options, Millis slice,
+                                                       const std::function<bool()>& keep_trying);
+
 }  // namespace crun

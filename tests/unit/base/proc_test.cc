@@ -2,10 +2,7 @@
 // whose command names hold spaces and parentheses.
 #include <catch2/catch.hpp>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +11,7 @@
 #include <thread>
 
 #include "base/proc.h"
+#include "tests/unit/silent_listener.h"
 
 using crun::ProcessState;
 using crun::StateFromStat;
@@ -134,18 +132,10 @@ TEST_CASE("port holders: the socket inodes of a port from /proc/net/tcp text", "
 }
 
 TEST_CASE("port holders: this process, named, on the port it listens on", "[proc]") {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::listen(fd, 1) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  const auto port = ntohs(addr.sin_port);
+  crun::testing::SilentListener listener;
+  const auto port = listener.port();
   const std::string holders = crun::TcpPortHolders(port);
   CHECK(holders.find("pid " + std::to_string(::getpid()) + " (") != std::string::npos);
-  ::close(fd);
+  listener.Close();
   CHECK(crun::TcpPortHolders(port).empty());
 }

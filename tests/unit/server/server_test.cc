@@ -16,6 +16,7 @@
 #include <boost/asio/post.hpp>
 
 #include "tests/unit/server/raw_client.h"
+#include "tests/unit/silent_listener.h"
 #include "tests/unit/skip.h"
 #include "tests/unit/test_util.h"
 
@@ -403,13 +404,11 @@ TEST_CASE("bad server options are refused with the value named", "[server]") {
   CHECK_FALSE(crun::BackgroundStoreServer::Start(limits).ok());
 }
 
+// A port a store just left: nothing listens there (unless another process takes it at once).
+std::uint16_t FreedPort() { return StartServer()->port(); }
+
 TEST_CASE("client: nothing listening -> timeout naming host:port after retries", "[client]") {
-  // Take a free port and close it again, so nothing listens there.
-  std::uint16_t port = 0;
-  {
-    auto s = StartServer();
-    port = s->port();
-  }
+  const std::uint16_t port = FreedPort();
   crun::TcpStoreClientOptions o;
   o.port = port;
   o.connect_timeout = 300ms;
@@ -421,11 +420,7 @@ TEST_CASE("client: nothing listening -> timeout naming host:port after retries",
 }
 
 TEST_CASE("client: keeps retrying until the store comes up", "[client]") {
-  std::uint16_t port = 0;
-  {
-    auto s = StartServer();
-    port = s->port();
-  }
+  const std::uint16_t port = FreedPort();
   std::atomic<int> refusals{0};
   std::atomic<bool> connected{false};
   std::string last_failure;
@@ -451,6 +446,47 @@ TEST_CASE("client: keeps retrying until the store comes up", "[client]") {
   t.join();
   CHECK(connected.load());
   CHECK_THAT(last_failure, Catch::Contains("127.0.0.1:" + std::to_string(port)));
+}
+
+TEST_CASE("client: ConnectWhile stops at the first 'no', times out naming the store", "[client]") {
+  const std::uint16_t port = FreedPort();
+  crun::TcpStoreClientOptions o;
+  o.port = port;
+  o.connect_timeout = 30s;
+  int asked = 0;
+  auto stopped = crun::ConnectWhile(o, 20ms, [&] { return ++asked < 3; });
+  REQUIRE_FALSE(stopped.ok());
+  CHECK(stopped.status().code() == StatusCode::kAborted);
+  CHECK(asked == 3);
+
+  o.connect_timeout = 200ms;
+  auto late = crun::ConnectWhile(o, 20ms, [] { return true; });
+  REQUIRE_FALSE(late.ok());
+  CHECK(late.status().code() == StatusCode::kTimeout);
+  CHECK_THAT(late.status().message(),
+             Catch::Contains("the store at 127.0.0.1:" + std::to_string(port) +
+                             " did not answer within 200 ms"));
+
+  auto server = StartServer();
+  o.port = server->port();
+  auto up = crun::ConnectWhile(o, 20ms, [] { return false; });
+  REQUIRE(up.ok());
+  CHECK((*up)->Set("/k", "v").ok());
+}
+
+TEST_CASE("client: ConnectWhile leaves a store that takes connections and never answers",
+          "[client]") {
+  // The handshake waits for a reply that never comes.
+  crun::testing::SilentListener silent;
+  crun::TcpStoreClientOptions o;
+  o.port = silent.port();
+  o.connect_timeout = 30s;
+  o.timeout = 50ms;  // the handshake's wait: one slice
+  int asked = 0;
+  auto r = crun::ConnectWhile(o, 50ms, [&] { return ++asked < 2; });
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().code() == StatusCode::kAborted);
+  CHECK(asked == 2);
 }
 
 TEST_CASE("client: bad options and unresolvable hosts are named", "[client]") {
