@@ -187,9 +187,10 @@ void PlanWarm(const LaunchOptions& o, const LaunchValues& v, agent::AgentOptions
 Status PlanHealth(agent::AgentOptions& a, const LaunchValues& v, const LaunchOptions& o,
                   const MachineFacts& facts) {
   agent::HealthGateOptions& h = a.health;
-  h.nvidia_smi = FindOnPath("nvidia-smi", facts.Env("PATH").value_or(""));
+  const std::string path = facts.Env("PATH").value_or("");
+  h.nvidia_smi = FindOnPath("nvidia-smi", path);
   for (const auto& spec : v.health_checks) {
-    CRUN_ASSIGN_OR_RETURN(auto check, agent::ParseHealthCheck(spec, h.nvidia_smi));
+    CRUN_ASSIGN_OR_RETURN(auto check, agent::ParseHealthCheck(spec, h.nvidia_smi, path));
     h.checks.push_back(std::move(check));
   }
   h.timeout = v.health_check_timeout;

@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -17,7 +19,9 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
+#include "base/files.h"
 #include "base/numbers.h"
+#include "base/spelling.h"
 #include "base/text.h"
 
 namespace crun::agent {
@@ -266,7 +270,23 @@ struct Gate final : HealthGateRun, std::enable_shared_from_this<Gate> {
 
 }  // namespace
 
-StatusOr<HealthCheck> ParseHealthCheck(std::string_view spec, const std::string& nvidia_smi) {
+namespace {
+
+// The builtins and reserved words of POSIX sh that a check may begin with: found on no PATH.
+bool IsShellBuiltin(const std::string& word) {
+  static const std::set<std::string> kBuiltins =
+      {".",       "alias",    "bg",     "break", "case",   "cd",    "command", "continue",
+       "echo",    "eval",     "exec",   "exit",  "export", "false", "fg",      "for",
+       "getopts", "hash",     "if",     "jobs",  "kill",   "local", "printf",  "pwd",
+       "read",    "readonly", "return", "set",   "shift",  "test",  "times",   "trap",
+       "true",    "type",     "ulimit", "umask", "unset",  "until", "wait",    "while"};
+  return kBuiltins.contains(word);
+}
+
+}  // namespace
+
+StatusOr<HealthCheck> ParseHealthCheck(std::string_view spec, const std::string& nvidia_smi,
+                                       const std::string& path) {
   const std::string text(Trim(spec));
   auto bad = [&](const std::string& why) {
     return InvalidArgument("--health-check '" + std::string(spec) + "': " + why);
@@ -300,7 +320,21 @@ StatusOr<HealthCheck> ParseHealthCheck(std::string_view spec, const std::string&
     }
     return c;
   }
-  return c;  // a command
+  // A command. Its first word, when it is a plain name (not a path, an assignment, a quote or
+  // other shell syntax), must be something the shell can run.
+  const std::string word = text.substr(0, text.find_first_of(" \t"));
+  const bool plain = std::all_of(word.begin(), word.end(), [](char ch) {
+    return std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.' ||
+           ch == ':' || ch == '+';
+  });
+  if (plain && !IsShellBuiltin(word) && FindOnPath(word, path).empty()) {
+    std::string why = "no command '" + word + "' on PATH";
+    const std::string best = ClosestName(word.substr(0, word.find(':')), {"gpu", "disk", "memory"});
+    if (!best.empty()) why += " (did you mean " + best + "?)";
+    return bad(why + "; give gpu, disk[:SIZE], memory[:SIZE] or a command");
+  }
+  c.kind = HealthCheck::Kind::kCommand;
+  return c;
 }
 
 std::string HealthVerdict::Describe() const { return JoinLines(failures); }

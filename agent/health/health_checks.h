@@ -42,8 +42,11 @@ struct HealthCheck {
 };
 
 // One --health-check value. `nvidia_smi`: where nvidia-smi is (empty: not found), which `gpu`
-// needs. Errors name the flag and the value.
-StatusOr<HealthCheck> ParseHealthCheck(std::string_view spec, const std::string& nvidia_smi);
+// needs. `path`: the PATH a command runs with; a command whose first word is a plain name that
+// is neither a shell builtin nor on it ("gpus", "dsk:10G") is refused as the typo it most likely
+// is, with the built-in it is closest to. Errors name the flag and the value.
+StatusOr<HealthCheck> ParseHealthCheck(std::string_view spec, const std::string& nvidia_smi,
+                                       const std::string& path);
 
 // What the gate is given, once per job.
 struct HealthGateOptions {

@@ -213,6 +213,8 @@ class Commands(Case):
             (["--health-check", ""], "--health-check '': give gpu, disk[:SIZE], memory[:SIZE]"),
             (["--health-check", "disk:0"], "--health-check 'disk:0': '0' is not a size above 0"),
             (["--health-check", "memory:8GB"], "'8GB' is not a size above 0 such as 512M or 8G"),
+            (["--health-check", "dsik:10G"],
+             "--health-check 'dsik:10G': no command 'dsik:10G' on PATH (did you mean disk?)"),
             (["--health-check", "true", "--health-check-timeout", "0"],
              "--health-check-timeout '0'"),
             (["--unhealthy-nodes-file", os.path.join(self.dir, "u")],

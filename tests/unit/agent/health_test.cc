@@ -56,6 +56,8 @@ bool Alive(pid_t pid) { return ::kill(pid, 0) == 0 && crun::ProcessState(pid) !=
 
 }  // namespace
 
+constexpr const char* kPath = "/usr/bin:/bin";
+
 TEST_CASE("health check specs: built-ins, sizes and commands", "[health]") {
   struct Row {
     const char* spec;
@@ -70,11 +72,14 @@ TEST_CASE("health check specs: built-ins, sizes and commands", "[health]") {
       {"memory:512MiB", HealthCheck::Kind::kMemory, std::uint64_t{512} << 20},
       {"test -e /mnt/data/ready", HealthCheck::Kind::kCommand, 0},
       {"./disk", HealthCheck::Kind::kCommand, 0},  // a script of that name: a command
-      {"gpus", HealthCheck::Kind::kCommand, 0},
+      {"/opt/checks/ib-ok", HealthCheck::Kind::kCommand, 0},
+      {"exit 0", HealthCheck::Kind::kCommand, 0},  // builtins and syntax are on no PATH
+      {"[ -d /tmp ]", HealthCheck::Kind::kCommand, 0},
+      {"FLAG=1 sh -c 'exit 0'", HealthCheck::Kind::kCommand, 0},
   };
   for (const Row& r : rows) {
     INFO(r.spec);
-    auto c = ParseHealthCheck(r.spec, "/usr/bin/nvidia-smi");
+    auto c = ParseHealthCheck(r.spec, "/usr/bin/nvidia-smi", kPath);
     REQUIRE(c.ok());
     CHECK(c->kind == r.kind);
     CHECK(c->min_free == r.min_free);
@@ -93,10 +98,16 @@ TEST_CASE("health check specs: built-ins, sizes and commands", "[health]") {
       {"disk:", "/x", "'' is not a size above 0"},
       {"memory:8GB", "/x", "'8GB' is not a size above 0 such as 512M or 8G"},
       {"memory:-1G", "/x", "'-1G' is not a size"},
+      // Typos of a built-in run no shell command that could pass: refused before any join.
+      {"gpus", "/x", "--health-check 'gpus': no command 'gpus' on PATH (did you mean gpu?)"},
+      {"dsk:10G", "/x", "no command 'dsk:10G' on PATH (did you mean disk?)"},
+      {"memroy", "/x", "(did you mean memory?)"},
+      {"no-such-probe --quick", "/x",
+       "no command 'no-such-probe' on PATH; give gpu, disk[:SIZE], memory[:SIZE] or a command"},
   };
   for (const Bad& b : bad) {
     INFO(b.spec);
-    auto c = ParseHealthCheck(b.spec, b.nvidia_smi);
+    auto c = ParseHealthCheck(b.spec, b.nvidia_smi, kPath);
     REQUIRE_FALSE(c.ok());
     CHECK_THAT(c.status().message(), Catch::Contains(b.words));
   }
@@ -251,7 +262,7 @@ TEST_CASE("the gate: every check at once, every failure named", "[health]") {
   o.timeout = 10s;
   o.dirs = {dir.path};
   for (const char* spec : {"true", "echo sick >&2; exit 5", "disk:1K", "memory:1K", "exit 6"}) {
-    auto c = ParseHealthCheck(spec, "");
+    auto c = ParseHealthCheck(spec, "", kPath);
     REQUIRE(c.ok());
     o.checks.push_back(*c);
   }
@@ -268,13 +279,13 @@ TEST_CASE("the gate: every check at once, every failure named", "[health]") {
                  Catch::Contains("health check `exit 6` failed with exit code 6"));
 
   // Too little disk, a directory that is not there.
-  o.checks = {*ParseHealthCheck("disk:1000000T", "")};
+  o.checks = {*ParseHealthCheck("disk:1000000T", "", kPath)};
   o.dirs = {dir.path, dir.path + "/absent"};
   verdict.reset();
   gate = RunHealthGate(io, Children(), o, [&](HealthVerdict v) { verdict = v; });
   RunUntil(io, [&] { return verdict.has_value(); });
   CHECK_THAT(verdict->Describe(),
-             Catch::Contains("below the 1000000 TiB asked (--health-check disk:1000000T)") &&
+             Catch::Contains("below the 1000000.00 TiB asked (--health-check disk:1000000T)") &&
                  Catch::Contains("disk: cannot create a file in " + dir.path + "/absent"));
 }
 
@@ -283,7 +294,7 @@ TEST_CASE("a gate cancelled under way kills its checks and never answers", "[hea
   const std::string pid_file = dir.path + "/pid";
   HealthGateOptions o;
   o.timeout = 60s;
-  o.checks = {*ParseHealthCheck("echo $$ > " + pid_file + "; exec sleep 600", "")};
+  o.checks = {*ParseHealthCheck("echo $$ > " + pid_file + "; exec sleep 600", "", kPath)};
   asio::io_context io;
   bool answered = false;
   auto gate = RunHealthGate(io, Children(), o, [&](HealthVerdict) { answered = true; });
