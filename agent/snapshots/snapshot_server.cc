@@ -402,7 +402,9 @@ class SnapshotServer::Session : public std::enable_shared_from_this<Session> {
     socket_.close(ignored);
   }
 
-  SnapshotServer& server_;  // valid while *alive_
+  // On the loop: valid while *alive_. In work on a sealer thread: always, since the server's
+  // sealers are its last members, so its destructor joins them before anything they touch goes.
+  SnapshotServer& server_;
   std::shared_ptr<bool> alive_;
   Local::socket socket_;
   asio::streambuf in_;
