@@ -609,13 +609,13 @@ class Deciding {
   void FailJob(const rdzv::FailJob& fail) {
     Outcome o;
     o.reason = fail.reason;
-    o.exit_code = 1;
     if (root_node_) {  // the failure that decided, this time
       o.root_node_id = *root_node_;
       o.root_report_json = root_report_.report_json;
-      o.exit_code = root_report_.exit_code;
     }
-    if (fail.exit_code != 0) o.exit_code = fail.exit_code;
+    o.exit_code =
+        rdzv::FailedJobExitCode(fail, root_node_ ? std::optional<int>(root_report_.exit_code)
+                                                 : std::nullopt);
     doc_.last_failure = fail.reason;
     doc_.outcome = std::move(o);
     out_.log.push_back("job failed: " + fail.reason);

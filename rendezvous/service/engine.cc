@@ -392,13 +392,12 @@ void Engine::Finish(Job& job, bool success, const std::string& reason, int exit_
   msg::JobFinished f;
   f.success = success;
   f.reason = reason;
-  if (!success && job.root_cause) {
-    f.root_cause = job.root_cause;
-    f.exit_code = ExitCodeOf(*job.root_cause);
-  } else {
-    f.exit_code = success ? 0 : 1;
-  }
-  if (exit_code != 0) f.exit_code = exit_code;
+  if (!success && job.root_cause) f.root_cause = job.root_cause;
+  f.exit_code =
+      success ? 0
+              : FailedJobExitCode(FailJob{reason, exit_code},
+                                  job.root_cause ? std::optional<int>(ExitCodeOf(*job.root_cause))
+                                                 : std::nullopt);
   if (!success) job.last_failure = reason;
   Log(job.run_id + ": job " + (success ? "succeeded" : "failed: " + reason));
   if (options_.metrics != nullptr) options_.metrics->Finished(success);

@@ -324,6 +324,11 @@ Failure FailureOf(const report::FailureReport& report) {
           report.before_progress};
 }
 
+int FailedJobExitCode(const FailJob& fail, std::optional<int> root_exit) {
+  if (fail.exit_code != 0) return fail.exit_code;
+  return root_exit.value_or(1);
+}
+
 bool CountCrash(CrashLoop& loop, const Failure& f, int limit) {
   if (!f.before_progress || f.way.empty()) {
     loop = {};

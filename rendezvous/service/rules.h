@@ -140,6 +140,9 @@ struct FailJob {
   std::string reason;
   int exit_code = 0;  // the job's, when not the root cause's (a crash loop's)
 };
+// The exit code of a job that `fail` ended: its own when it has one, else that of the failure
+// that decided (`root_exit`), else 1. The service and etcd both answer with it.
+int FailedJobExitCode(const FailJob& fail, std::optional<int> root_exit);
 // Every node stops its workers now and joins again (pushed to all nodes at once).
 struct StopAndRejoin {
   std::string reason;

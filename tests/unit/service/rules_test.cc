@@ -343,6 +343,19 @@ Failure Crash(const std::string& way, bool before_progress = true) {
           way, before_progress};
 }
 
+TEST_CASE("a failed job's exit code: its own, else the deciding failure's, else 1", "[rules]") {
+  struct Row {
+    int own;
+    std::optional<int> root;
+    int expected;
+  };
+  const Row rows[] = {{0, std::nullopt, 1}, {0, 137, 137}, {87, std::nullopt, 87}, {87, 3, 87}};
+  for (const Row& r : rows) {
+    INFO(r.own << " " << r.root.value_or(-1));
+    CHECK(crun::rdzv::FailedJobExitCode(FailJob{"why", r.own}, r.root) == r.expected);
+  }
+}
+
 TEST_CASE("crash loops: K failures in a row, the same way, before any progress", "[rules]") {
   struct Row {
     const char* name;
