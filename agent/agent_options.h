@@ -14,6 +14,7 @@
 #include "agent/snapshots/snapshot_options.h"
 #include "base/security.h"
 #include "http/http_server.h"
+#include "rendezvous/service/rules.h"
 
 namespace crun::agent {
 
@@ -35,7 +36,7 @@ struct AgentOptions {
   // Crash loops (docs/health.md): this many failures in a row, the same way and before any
   // progress, end the job with report::kExitDoNotRequeue (0: never). Progress is a step
   // heartbeat (CRUN_HEARTBEAT_FD) from any local rank, or an attempt older than progress_after.
-  int max_restarts_without_progress = 3;
+  int max_restarts_without_progress = rdzv::kDefaultMaxRestartsWithoutProgress;
   std::chrono::milliseconds progress_after{300'000};
   std::chrono::milliseconds shutdown_timeout{30'000};
   // How long an attempt's leftovers may take to die after SIGKILL before the job ends rather

@@ -16,6 +16,7 @@
 
 #include "base/security.h"
 #include "base/status.h"
+#include "rendezvous/service/rules.h"
 
 namespace crun::launcher {
 
@@ -31,13 +32,15 @@ struct LaunchOptions {
   std::string nproc_per_node = "1";
   bool standalone = false;
   std::string max_restarts = "0";
-  std::string max_restarts_without_progress = "3";  // crash loops (docs/health.md)
-  std::string progress_after = "300";               // seconds: an attempt this old progressed
-  std::vector<std::string> health_checks;           // --health-check, repeatable (docs/health.md)
-  std::string health_check_timeout = "60";          // seconds, each check's
-  std::string unhealthy_nodes_file;                 // where a node that fails one notes its host
-  std::string monitor_interval = "0.1";  // accepted for compatibility: crun does not poll
-  std::string start_method = "spawn";    // accepted for compatibility: crun always execs
+  // crash loops (docs/health.md)
+  std::string max_restarts_without_progress =
+      std::to_string(rdzv::kDefaultMaxRestartsWithoutProgress);
+  std::string progress_after = "300";       // seconds: an attempt this old progressed
+  std::vector<std::string> health_checks;   // --health-check, repeatable (docs/health.md)
+  std::string health_check_timeout = "60";  // seconds, each check's
+  std::string unhealthy_nodes_file;         // where a node that fails one notes its host
+  std::string monitor_interval = "0.1";     // accepted for compatibility: crun does not poll
+  std::string start_method = "spawn";       // accepted for compatibility: crun always execs
   std::string role = "default";
   bool module = false;
   bool no_python = false;

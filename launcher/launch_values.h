@@ -18,13 +18,14 @@
 #include "launcher/launch_options.h"
 #include "launcher/numa_binding.h"
 #include "rendezvous/contracts/contract_set.h"
+#include "rendezvous/service/rules.h"
 
 namespace crun::launcher {
 
 struct LaunchValues {
   NodeRange nnodes;
   int max_restarts = 0;
-  int max_restarts_without_progress = 3;
+  int max_restarts_without_progress = rdzv::kDefaultMaxRestartsWithoutProgress;
   int node_rank = 0;
   int master_port = -1;  // -1: not given (a fresh free port per attempt)
   RdzvConf rdzv_conf;
