@@ -85,6 +85,28 @@ std::vector<StragglerChange> OnComputeSample(StragglerState& s, const ComputeSam
   return out;
 }
 
+std::optional<ComputeSample> ComputeWindows::Add(std::int64_t step,
+                                                 std::chrono::microseconds compute) {
+  if (step == last_step_ || step < 0) return std::nullopt;
+  if (step < last_step_) {
+    window_ = -1;
+    steps_ = 0;
+    total_ = {};
+  }
+  last_step_ = step;
+  std::optional<ComputeSample> done;
+  const std::int64_t window = step / kStepWindow;
+  if (window != window_) {
+    if (steps_ > 0) done = ComputeSample{rank_, window_, total_ / steps_};
+    window_ = window;
+    steps_ = 0;
+    total_ = {};
+  }
+  ++steps_;
+  total_ += compute;
+  return done;
+}
+
 std::string DescribeStraggler(const StragglerChange& c) {
   const std::int64_t first = c.window * kStepWindow;
   return fmt::format("rank {}: {}{:.1f}x the others' median compute time per step (steps {}-{})",

@@ -60,6 +60,22 @@ struct StragglerChange {
 inline constexpr std::size_t kMaxPendingWindows = 32;
 
 // One round's: the owner starts a new one, with the round's world size, at each round.
+// One rank's steps into its window figures: the mean compute time of a window's steps comes
+// out when the first step of a later window arrives. A step that goes back (a restart from an
+// older checkpoint) starts over; a repeated one is ignored.
+class ComputeWindows {
+ public:
+  explicit ComputeWindows(int rank) : rank_(rank) {}
+  std::optional<ComputeSample> Add(std::int64_t step, std::chrono::microseconds compute);
+
+ private:
+  int rank_;
+  std::int64_t last_step_ = -1;
+  std::int64_t window_ = -1;
+  std::int64_t steps_ = 0;
+  std::chrono::microseconds total_{0};
+};
+
 struct StragglerState {
   int world_size = 0;  // ranks [0, world_size) are expected; others are ignored
   // window -> rank -> figure, for windows not judged yet.

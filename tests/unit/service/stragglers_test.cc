@@ -191,6 +191,28 @@ TEST_CASE("stragglers: a rank that does not report holds judgement back 32 windo
   CHECK(s.judged == 99);
 }
 
+TEST_CASE("stragglers: a rank's steps become one figure per window", "[stragglers]") {
+  crun::rdzv::ComputeWindows w(3);
+  std::vector<ComputeSample> out;
+  auto add = [&](std::int64_t step, Us compute) {
+    if (auto s = w.Add(step, compute)) out.push_back(*s);
+  };
+  for (std::int64_t step = 5; step < 30; ++step) add(step, Us(step < 10 ? 100 : 200));
+  add(29, Us(999'999));      // repeated: ignored
+  REQUIRE(out.size() == 2);  // windows 0 (steps 5-9, joined late) and 1; 2 is still open
+  CHECK(out[0].rank == 3);
+  CHECK(out[0].window == 0);
+  CHECK(out[0].compute == Us(100));
+  CHECK(out[1].window == 1);
+  CHECK(out[1].compute == Us(200));
+  // A restart from step 12's checkpoint: window 2's steps so far are dropped, not mixed in.
+  add(12, Us(50));
+  add(25, Us(70));
+  REQUIRE(out.size() == 3);
+  CHECK(out[2].window == 1);
+  CHECK(out[2].compute == Us(50));
+}
+
 TEST_CASE("stragglers: settings are checked with the value named", "[stragglers]") {
   StragglerSettings o;
   CHECK(o.Validate().ok());
