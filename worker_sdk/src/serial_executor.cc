@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "worker_sdk/src/step_clock.h"
+
 namespace crun::worker {
 
 // What the executor's thread and the waiting callers share. Items point at it weakly, so a
@@ -25,6 +27,7 @@ class SerialExecutor::Item final : public Work {
   }
 
   Status Wait() override {
+    internal::CollectiveWaitTimer timed;
     if (auto q = queue_.lock()) {
       std::unique_lock<std::mutex> l(q->mu);
       if (!q->running && !q->stopping && !q->items.empty() && q->items.front().get() == this) {

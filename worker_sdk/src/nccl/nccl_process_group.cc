@@ -14,6 +14,7 @@
 
 #include "crun/worker/nccl.h"
 #include "worker_sdk/src/group_state.h"
+#include "worker_sdk/src/step_clock.h"
 
 namespace crun::worker {
 namespace {
@@ -239,6 +240,7 @@ class NcclWork final : public Work {
   // Spins (yielding) for the first kSpinFor, where small operations finish, then polls at
   // kPollInterval so long ones do not hold a core.
   Status Wait() override {
+    internal::CollectiveWaitTimer timed;
     std::lock_guard<std::mutex> l(mu_);
     const auto spin_until = Clock::now() + kSpinFor;
     while (!finished_) {
