@@ -23,7 +23,7 @@ import struct
 import time
 import mmap as _mmap
 
-__all__ = ["save", "load", "heartbeat", "available", "SnapshotError"]
+__all__ = ["save", "load", "heartbeat", "step", "allreduce_hook", "available", "SnapshotError"]
 
 _HEADER_BYTES = 4096
 _ALIGN = 64
@@ -56,6 +56,45 @@ def heartbeat():
         os.write(int(fd), b".")
     except (OSError, ValueError):
         pass
+
+
+_step_clock = {"last": None, "launched": None}
+
+
+def step(n, compute_seconds=None):
+    """A training step done: a heartbeat that also tells crun the step's compute time, which it
+    compares across ranks to name a slow one (docs/health.md, "Slow ranks"). `n`: the global
+    step number.
+
+    The compute time is `compute_seconds` when given; else, with allreduce_hook as the model's
+    DDP communication hook, the time from the last step() to the moment backward handed DDP its
+    last bucket (after that a fast rank only waits for the others); else the time since the
+    last step(), which every rank of a synchronous job shares, so that it names nobody. The
+    first call only starts the clock. A no-op without crun."""
+    fd = os.environ.get("CRUN_HEARTBEAT_FD")
+    if fd is None:
+        return
+    now = time.monotonic()
+    last, launched = _step_clock["last"], _step_clock["launched"]
+    _step_clock["last"], _step_clock["launched"] = now, None
+    if compute_seconds is None and last is not None:
+        compute_seconds = (launched if launched is not None and launched > last else now) - last
+    if compute_seconds is None:
+        record = b"."
+    else:
+        record = b"S %d %d\n" % (int(n), max(0, int(compute_seconds * 1e6)))
+    try:
+        os.write(int(fd), record)
+    except (OSError, ValueError):
+        pass
+
+
+def allreduce_hook(process_group, bucket):
+    """A DDP communication hook that is DDP's own allreduce, noting when backward handed over
+    each bucket, for step(): model.register_comm_hook(None, crun_worker.allreduce_hook)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    _step_clock["launched"] = time.monotonic()
+    return default_hooks.allreduce_hook(process_group, bucket)
 
 
 def _align(n):
