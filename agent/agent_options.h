@@ -15,6 +15,7 @@
 #include "base/security.h"
 #include "http/http_server.h"
 #include "rendezvous/service/rules.h"
+#include "rendezvous/service/stragglers.h"
 
 namespace crun::agent {
 
@@ -24,6 +25,8 @@ struct AgentMetricLabels {
   std::string node;
   std::string role;
 };
+
+enum class StragglerAction { kOff, kWarn, kRestart, kExclude };
 
 struct AgentOptions {
   // The worker command line; "${local_rank}" in it is replaced per worker.
@@ -97,6 +100,11 @@ struct AgentOptions {
   // (when set) for the scheduler's script.
   HealthGateOptions health;
   std::string unhealthy_nodes_file;
+
+  // Slow ranks (docs/health.md): what crun does with a rank whose compute time per step
+  // (step records on CRUN_HEARTBEAT_FD) stays above the others', as `stragglers` judges it.
+  StragglerAction straggler_action = StragglerAction::kWarn;
+  rdzv::StragglerSettings stragglers;
 
   // Hangs (docs/hangs.md). A worker with no progress for hang_timeout is hung (0: not
   // watched): its output, its heartbeats (CRUN_HEARTBEAT_FD) and its file-timer requests are

@@ -142,6 +142,13 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->envname(pet("UNHEALTHY_NODES_FILE"))
       ->type_name("PATH")
       ->group("Health");
+  app.add_option("--straggler-action,--straggler_action", o.straggler_action,
+                 "A rank whose compute time per step (step records on CRUN_HEARTBEAT_FD) stays "
+                 "above the others': warn names it with its host and ratio; off (docs/health.md)")
+      ->envname(pet("STRAGGLER_ACTION"))
+      ->type_name("ACTION")
+      ->capture_default_str()
+      ->group("Health");
   app.add_option("--monitor-interval,--monitor_interval", o.monitor_interval,
                  "Accepted for torchrun compatibility; crun sees exits at once and never polls")
       ->envname(pet("MONITOR_INTERVAL"))

@@ -39,6 +39,7 @@ struct LaunchOptions {
   std::vector<std::string> health_checks;   // --health-check, repeatable (docs/health.md)
   std::string health_check_timeout = "60";  // seconds, each check's
   std::string unhealthy_nodes_file;         // where a node that fails one notes its host
+  std::string straggler_action = "warn";    // slow ranks (docs/health.md)
   std::string monitor_interval = "0.1";     // accepted for compatibility: crun does not poll
   std::string start_method = "spawn";       // accepted for compatibility: crun always execs
   std::string role = "default";

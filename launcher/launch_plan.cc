@@ -205,6 +205,7 @@ Status PlanHealth(agent::AgentOptions& a, const LaunchValues& v, const LaunchOpt
   }
   if (!v.snapshot_disk.dir.empty()) h.dirs.push_back(v.snapshot_disk.dir);
   a.unhealthy_nodes_file = o.unhealthy_nodes_file;
+  a.straggler_action = v.straggler_action;
   if (!a.unhealthy_nodes_file.empty() && h.checks.empty()) {
     return InvalidArgument("--unhealthy-nodes-file " + a.unhealthy_nodes_file +
                            " needs --health-check: without a check no node is ever noted");

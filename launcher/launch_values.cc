@@ -1,9 +1,11 @@
 #include "launcher/launch_values.h"
 
 #include <cctype>
+#include <map>
 
 #include "agent/frameworks/contracts.h"
 #include "base/numbers.h"
+#include "base/spelling.h"
 #include "base/text.h"
 
 namespace crun::launcher {
@@ -87,6 +89,17 @@ Status ParseDurations(LaunchValues& v, const LaunchOptions& o, const Getenv& get
                            "': a health check needs a deadline above 0 seconds");
   }
   v.health_check_timeout = Millis(health);
+  const std::map<std::string, agent::StragglerAction> actions = {
+      {"off", agent::StragglerAction::kOff}, {"warn", agent::StragglerAction::kWarn}};
+  if (auto a = actions.find(o.straggler_action); a != actions.end()) {
+    v.straggler_action = a->second;
+  } else {
+    std::string why = "--straggler-action '" + o.straggler_action + "': expected warn or off";
+    if (auto best = ClosestName(o.straggler_action, {"warn", "off"}); !best.empty()) {
+      why += " (did you mean " + best + "?)";
+    }
+    return InvalidArgument(why);
+  }
   for (const auto& given : o.health_checks) {
     for (const auto& line : SplitLines(given)) {
       if (!Trim(line).empty()) v.health_checks.emplace_back(Trim(line));

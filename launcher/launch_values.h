@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/agent_options.h"
 #include "agent/snapshots/snapshot_options.h"
 #include "base/status.h"
 #include "launcher/getenv.h"
@@ -42,6 +43,7 @@ struct LaunchValues {
   // which knows where nvidia-smi is; each one's deadline.
   std::vector<std::string> health_checks;
   std::chrono::milliseconds health_check_timeout{60'000};
+  agent::StragglerAction straggler_action = agent::StragglerAction::kWarn;
   StdSpec redirects, tee;
   std::vector<int> console_ranks;  // --local-ranks-filter (checked against nproc by the plan)
   std::vector<std::string> stdout_filters, stderr_filters;

@@ -12,11 +12,12 @@ std::unique_ptr<JobFeature> MakeHorovodServer(AgentView&);    // horovod_server.
 std::unique_ptr<JobFeature> MakeOomWitness(AgentView&);       // oom_witness.cc
 std::unique_ptr<JobFeature> MakeControlSocket(AgentView&);    // control_socket.cc
 std::unique_ptr<JobFeature> MakeSnapshotStore(AgentView&);    // snapshot_store.cc
+std::unique_ptr<JobFeature> MakeStragglerWatch(AgentView&);   // straggler_watch.cc
 
 std::vector<FeatureFactory> DefaultFeatures() {
   return {
       MakeWarmStart,     MakeFileTimer,  MakeMetricsEndpoint, MakeEventLog,
-      MakeHorovodServer, MakeOomWitness, MakeControlSocket,   MakeSnapshotStore,
+      MakeHorovodServer, MakeOomWitness, MakeControlSocket,   MakeSnapshotStore, MakeStragglerWatch,
   };
 }
 

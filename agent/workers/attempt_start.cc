@@ -41,10 +41,19 @@ int StreamsOf(const Worker& w) { return (w.out_pump ? 1 : 0) + (w.err_pump ? 1 :
 void AddChannels(boost::asio::io_context& io, const AgentOptions& o, const AttemptStartContext& c,
                  Worker& w, Environment& env, ProcessSpec& spec) {
   HangChannels h;
-  if (o.hang_timeout.count() > 0 || WatchesCrashLoops(o)) {
-    auto pipe = WorkerPipe::Create(io, [counter = w.progress, steps = c.steps](std::string_view) {
+  if (o.hang_timeout.count() > 0 || WatchesCrashLoops(o) || c.on_step) {
+    // Beats count as progress; step records are beats too, and go to the straggler watch.
+    auto parser = std::make_shared<HeartbeatParser>();
+    auto pipe = WorkerPipe::Create(io, [counter = w.progress, steps = c.steps, parser,
+                                        on_step = c.on_step,
+                                        local_rank = w.local_rank](std::string_view bytes) {
+      std::vector<StepRecord> records;
+      if (parser->Feed(bytes, records) == 0) return;
       ++*counter;
       if (steps) ++*steps;
+      if (on_step) {
+        for (const StepRecord& r : records) on_step(local_rank, r);
+      }
     });
     if (pipe.ok()) {
       w.heartbeat = std::move(pipe).value();

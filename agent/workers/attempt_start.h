@@ -25,6 +25,7 @@
 #include "agent/supervise/spawn.h"
 #include "agent/warm/warm_template.h"
 #include "agent/workers/worker_env.h"
+#include "base/step_records.h"
 
 namespace crun::agent {
 
