@@ -48,9 +48,10 @@ void AddChannels(boost::asio::io_context& io, const AgentOptions& o, const Attem
                                         on_step = c.on_step,
                                         local_rank = w.local_rank](std::string_view bytes) {
       std::vector<StepRecord> records;
-      if (parser->Feed(bytes, records) == 0) return;
-      ++*counter;
-      if (steps) ++*steps;
+      if (parser->Feed(bytes, records) > 0) {  // a record's tail alone beat with its 'S'
+        ++*counter;
+        if (steps) ++*steps;
+      }
       if (on_step) {
         for (const StepRecord& r : records) on_step(local_rank, r);
       }
