@@ -26,15 +26,18 @@ class StragglerWatch final : public JobFeature {
   }
 
  private:
+  // The detector's ranks are this crun's workers in order (0 .. nproc - 1); the messages
+  // name each by its RANK and local rank.
   void OnStep(int local_rank, const StepRecord& r) {
-    if (local_rank < 0 || local_rank >= static_cast<int>(windows_.size())) return;
-    const auto sample = windows_[static_cast<std::size_t>(local_rank)].Add(
+    const int i = local_rank - agent_.options.first_local_rank;
+    if (i < 0 || i >= static_cast<int>(windows_.size())) return;
+    const auto sample = windows_[static_cast<std::size_t>(i)].Add(
         r.step, std::chrono::microseconds(r.compute_us));
     if (!sample) return;
     for (rdzv::StragglerChange change :
          rdzv::OnComputeSample(state_, *sample, agent_.options.stragglers)) {
-      const int local = change.rank;
-      change.rank += base_rank_;
+      const int local = change.rank + agent_.options.first_local_rank;
+      change.rank = base_rank_ + local;
       if (change.named) {
         spdlog::warn("crun: slow rank on {} (local rank {}): {}", agent_.options.host_name, local,
                      rdzv::DescribeStraggler(change));
