@@ -16,8 +16,8 @@ std::unique_ptr<JobFeature> MakeStragglerWatch(AgentView&);   // straggler_watch
 
 std::vector<FeatureFactory> DefaultFeatures() {
   return {
-      MakeWarmStart,     MakeFileTimer,  MakeMetricsEndpoint, MakeEventLog,
-      MakeHorovodServer, MakeOomWitness, MakeControlSocket,   MakeSnapshotStore, MakeStragglerWatch,
+      MakeWarmStart,  MakeFileTimer,     MakeMetricsEndpoint, MakeEventLog,       MakeHorovodServer,
+      MakeOomWitness, MakeControlSocket, MakeSnapshotStore,   MakeStragglerWatch,
   };
 }
 

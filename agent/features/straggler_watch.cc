@@ -31,8 +31,8 @@ class StragglerWatch final : public JobFeature {
   void OnStep(int local_rank, const StepRecord& r) {
     const int i = local_rank - agent_.options.first_local_rank;
     if (i < 0 || i >= static_cast<int>(windows_.size())) return;
-    const auto sample = windows_[static_cast<std::size_t>(i)].Add(
-        r.step, std::chrono::microseconds(r.compute_us));
+    const auto sample =
+        windows_[static_cast<std::size_t>(i)].Add(r.step, std::chrono::microseconds(r.compute_us));
     if (!sample) return;
     for (rdzv::StragglerChange change :
          rdzv::OnComputeSample(state_, *sample, agent_.options.stragglers)) {

@@ -44,18 +44,18 @@ void AddChannels(boost::asio::io_context& io, const AgentOptions& o, const Attem
   if (o.hang_timeout.count() > 0 || WatchesCrashLoops(o) || c.on_step) {
     // Beats count as progress; step records are beats too, and go to the straggler watch.
     auto parser = std::make_shared<HeartbeatParser>();
-    auto pipe = WorkerPipe::Create(io, [counter = w.progress, steps = c.steps, parser,
-                                        on_step = c.on_step,
-                                        local_rank = w.local_rank](std::string_view bytes) {
-      std::vector<StepRecord> records;
-      if (parser->Feed(bytes, records) > 0) {  // a record's tail alone beat with its 'S'
-        ++*counter;
-        if (steps) ++*steps;
-      }
-      if (on_step) {
-        for (const StepRecord& r : records) on_step(local_rank, r);
-      }
-    });
+    auto pipe =
+        WorkerPipe::Create(io, [counter = w.progress, steps = c.steps, parser, on_step = c.on_step,
+                                local_rank = w.local_rank](std::string_view bytes) {
+          std::vector<StepRecord> records;
+          if (parser->Feed(bytes, records) > 0) {  // a record's tail alone beat with its 'S'
+            ++*counter;
+            if (steps) ++*steps;
+          }
+          if (on_step) {
+            for (const StepRecord& r : records) on_step(local_rank, r);
+          }
+        });
     if (pipe.ok()) {
       w.heartbeat = std::move(pipe).value();
       h.heartbeat_fd = w.heartbeat->child_fd();

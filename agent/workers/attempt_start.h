@@ -60,6 +60,9 @@ struct AttemptStartContext {
   WarmTemplate* warm = nullptr;
   // Where the workers are owned (the worker group's registry); set by WorkerGroup::Start.
   ChildRegistry* children = nullptr;
+  // Called on the event loop with each step record a worker writes on its heartbeat pipe
+  // (base/step_records.h), with the worker's local rank: the straggler watch's; null: none.
+  std::function<void(int local_rank, const StepRecord&)> on_step;
   // Called on the event loop: a worker exited; one of its streams was read to its end.
   std::function<void(int local_rank, ExitStatus)> on_exit;
   std::function<void(int local_rank)> on_stream_closed;
