@@ -136,6 +136,9 @@ TEST_CASE("values: refusals name the flag or variable and the value", "[values]"
            Row{{"--contract", "ray"}, {}, "ray"},
            Row{{"--numa-binding", "far"}, {}, "far"},
            Row{{"--monitor-interval", "x"}, {}, "--monitor-interval 'x'"},
+           Row{{"--straggler-action", "wran"},
+               {},
+               "--straggler-action 'wran': expected warn or off (did you mean warn?)"},
        }) {
     INFO(Catch::Detail::stringify(row.args));
     CHECK_THAT(Refusal(row.args, row.vars), Catch::Contains(row.message));
