@@ -1,0 +1,52 @@
+"""A training loop's shape for the slow-rank tests (docs/health.md, "Slow ranks"): each step
+computes (sleeps) then sends its step record, as crun_worker.step does.
+
+  STRAGGLER_MODE   explicit: crun_worker.step(n, compute_seconds=...) after a timed sleep
+                   ddp: a Gloo DDP model with crun_worker.allreduce_hook, the sleep before
+                   backward (torch needed)
+  STRAGGLER_SLOW   the rank that computes longer ("" for none)
+  STRAGGLER_STEPS  steps to run (120)
+  STRAGGLER_MS     a step's compute, ms (20); the slow rank's is 2.5 times it
+  STRAGGLER_JITTER every rank's compute times a random factor in [1 - J, 1 + J] (0)
+"""
+import os
+import random
+import time
+
+import crun_worker
+
+rank = int(os.environ["RANK"])
+slow = os.environ.get("STRAGGLER_SLOW", "")
+steps = int(os.environ.get("STRAGGLER_STEPS", "120"))
+base = float(os.environ.get("STRAGGLER_MS", "20")) / 1000
+jitter = float(os.environ.get("STRAGGLER_JITTER", "0"))
+rng = random.Random(rank)
+
+
+def compute_seconds():
+    t = base * (2.5 if slow != "" and rank == int(slow) else 1)
+    return t * rng.uniform(1 - jitter, 1 + jitter)
+
+
+if os.environ.get("STRAGGLER_MODE", "explicit") == "ddp":
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo")
+    model = DDP(torch.nn.Linear(64, 64))
+    model.register_comm_hook(None, crun_worker.allreduce_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(8, 64)
+    for step in range(steps):
+        loss = model(x).sum()
+        time.sleep(compute_seconds())  # the forward's cost, before backward hands over buckets
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        crun_worker.step(step)
+    dist.destroy_process_group()
+else:
+    for step in range(steps):
+        t = time.monotonic()
+        time.sleep(compute_seconds())
+        crun_worker.step(step, compute_seconds=time.monotonic() - t)
