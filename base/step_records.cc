@@ -45,7 +45,8 @@ int HeartbeatParser::Feed(std::string_view bytes, std::vector<StepRecord>& recor
     ++beats;
     if (c == 'S') {
       in_record_ = true;
-      record_ = "S";
+      record_.clear();  // not `= "S"`: GCC 12 at -O3 warns of an overlap (-Wrestrict) there
+      record_.push_back('S');
     }
   }
   return beats;
