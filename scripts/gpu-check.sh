@@ -19,6 +19,8 @@
 #                                  the GPU at fp32, bf16 and fp16, and PyTorch's own loop as the
 #                                  anchor, all under crun; OUT/train_*.json, OUT/torch_*.json
 #                                  and OUT/benchmarks.md (its train-gpu section filled in).
+#   scripts/gpu-check.sh health OUT there, on its own, nothing built: the health gate's gpu
+#                                  check against the real driver (also the end of faults).
 #   scripts/gpu-check.sh faults OUT there, on its own: while train and the SDK's tests build,
 #                                  hangs on the GPU (a spinning kernel; Gloo with CUDA tensors,
 #                                  one rank blocked before its collective; one NCCL rank with
@@ -58,7 +60,7 @@ case "${1:-}" in
       "on the GPU machine named above." > .gpu/measured_at
     echo "prepared .gpu/ (carry it with the run): $(ls .gpu/*.tar.gz)"
     ;;
-  run | train | faults)
+  run | train | faults | health)
     mode=$1
     out=${2:?usage: gpu-check.sh $1 OUT}
     mkdir -p "$out"
@@ -88,6 +90,11 @@ case "${1:-}" in
     echo "gpu-check: NCCL from $nccl_root ($(grep -E -m3 '^#define NCCL_(MAJOR|MINOR|PATCH) ' "$nccl_root/include/nccl.h" |
       awk '{print $3}' | paste -sd.))"
     export LD_LIBRARY_PATH="$nccl_root/lib:${LD_LIBRARY_PATH:-}"
+    if [[ $mode == health ]]; then
+      source scripts/gpu-faults.sh
+      gpu_health "$crun" "$out" "$py"
+      exit 0
+    fi
     prefix="$PWD/.gpu/catch2;$PWD/.gpu/cli11"
     with_torch=OFF
     if [[ $mode != run ]]; then
@@ -149,7 +156,7 @@ case "${1:-}" in
     fi
     ;;
   *)
-    echo "usage: $0 prepare | run OUT | train OUT | faults OUT" >&2
+    echo "usage: $0 prepare | run OUT | train OUT | faults OUT | health OUT" >&2
     exit 2
     ;;
 esac

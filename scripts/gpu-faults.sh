@@ -63,6 +63,59 @@ _probe() {
   fi
 }
 
+# The health gate's `gpu` check against a real driver (tests/integration/test_health.py has
+# only a stand-in nvidia-smi): what the driver answers to crun's three queries; a DDP job over
+# NCCL whose worker is SIGKILLed and whose restart passes the gate (the dead worker's memory
+# released first); and a node whose GPU another process holds, refused before any worker runs.
+# Callable on its own (`gpu-check.sh health OUT`: nothing to build) and part of `faults`.
+gpu_health() {
+  local crun=$1 py=$3
+  OUT=$2
+  FAULTS_LOG=${FAULTS_LOG:-"$OUT/faults.log"}
+  set +e +o pipefail
+  local q
+  for q in "--query-gpu=index,uuid,ecc.errors.uncorrected.volatile.total,retired_pages.pending" \
+    "--query-gpu=index,uuid,remapped_rows.pending,remapped_rows.failure" \
+    "--query-compute-apps=pid,gpu_uuid,used_memory"; do
+    _verdict INFO "nvidia-smi ${q%%=*}" "${q#*=}: [$(nvidia-smi "$q" --format=csv,noheader,nounits 2>&1 |
+      tr '\n' ';')]"
+  done
+
+  local dir log="$OUT/health_ddp.log"
+  dir=$(mktemp -d)
+  timeout 180 "$crun" --standalone --nproc-per-node gpu --health-check gpu --max-restarts 1 \
+    tests/workers/ddp_train.py "$dir" --nccl --die-once > "$log" 2>&1
+  local rc=$?
+  rm -rf "$dir"
+  [[ $rc == 0 ]] && _verdict PASS "health_ddp exit" "0 (a worker SIGKILLed, the restart passed the gate)" ||
+    _verdict FAIL "health_ddp exit" "$rc: $(tail -5 "$log" | tr '\n' ' ')"
+  _expect health_ddp "$log" "SIGKILL to myself" "restart"
+  _verdict INFO "health_ddp memory wait" "$(grep -m1 "waiting up to" "$log" || echo "none: memory was free at the rejoin")"
+
+  # Another process holds memory on the GPU: the node is refused at its first join.
+  log="$OUT/health_held.log"
+  "$py" -c 'import time, torch; x = torch.empty(256 << 20, device="cuda"); print("holding", flush=True); time.sleep(120)' \
+    > "$OUT/health_holder.log" 2>&1 &
+  local holder=$! i
+  for ((i = 0; i < 120; i++)); do
+    [[ -n $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null) ]] && break
+    kill -0 "$holder" 2>/dev/null || break
+    sleep 0.25
+  done
+  timeout 120 "$crun" --standalone --nproc-per-node 1 --health-check gpu --health-check-timeout 10 \
+    --no-python /bin/echo "worker ran" > "$log" 2>&1
+  rc=$?
+  kill "$holder" 2>/dev/null
+  wait "$holder" 2>/dev/null
+  [[ $rc != 0 ]] && ! grep -q "worker ran" "$log" &&
+    _verdict PASS "health_held" "exit $rc, no worker ran: $(grep -m1 "health check" "$log")" ||
+    _verdict FAIL "health_held" "exit $rc: $(tail -5 "$log" | tr '\n' ' ')"
+  _expect health_held_names "$log" "failed its health check" "process $holder"
+  local idle
+  idle=$(_gpu_idle) && _verdict PASS "health GPU left empty" "$idle" ||
+    _verdict FAIL "health GPU left empty" "$idle"
+}
+
 gpu_faults() {
   local crun=$1 py=$3
   OUT=$2
@@ -218,5 +271,6 @@ PY
     _verdict INFO nsys "exit $?; summary in nsys.log"
     rm -f "$OUT"/*.nsys-rep "$OUT"/*.sqlite
   fi
+  gpu_health "$crun" "$OUT" "$py"
   _verdict INFO "all done" "$((SECONDS - started)) s"
 }
