@@ -12,6 +12,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
@@ -26,6 +27,7 @@
 #include "rendezvous/etcd/job.h"
 #include "rendezvous/service/grpc_service.h"
 #include "rendezvous/service/proto_messages.h"
+#include "rendezvous/service/stragglers.h"
 #include "rendezvous/store_server/store_server.h"
 
 namespace crun::launcher {
@@ -120,6 +122,26 @@ int FetchStatus(const StatusCommandOptions& o, const StatusFetch& fetch, v1::Sta
   return 0;
 }
 
+// "rank 3 2.5x, rank 2 1.8x": a node's ranks named slow now (docs/health.md); "-": none.
+std::string SlowRanksCell(const v1::NodeStatus& n) {
+  std::string out;
+  for (const auto& v : n.stragglers()) {
+    out += fmt::format("{}rank {} {:.1f}x", out.empty() ? "" : ", ", v.rank(), v.ratio());
+  }
+  return out.empty() ? "-" : out;
+}
+
+nlohmann::json StragglersJson(const v1::NodeStatus& n) {
+  auto out = nlohmann::json::array();
+  for (const auto& v : n.stragglers()) {
+    out.push_back({{"rank", v.rank()},
+                   {"ratio", v.ratio()},
+                   {"first_step", v.window() * rdzv::kStepWindow},
+                   {"last_step", (v.window() + 1) * rdzv::kStepWindow - 1}});
+  }
+  return out;
+}
+
 nlohmann::json JobsJson(const v1::StatusResponse& resp) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& j : resp.jobs()) {
@@ -149,7 +171,8 @@ nlohmann::json JobsJson(const v1::StatusResponse& resp) {
             n.has_snapshot_step() ? nlohmann::json(n.snapshot_step()) : nlohmann::json(nullptr)},
            {"disk_step",
             n.has_disk_step() ? nlohmann::json(n.disk_step()) : nlohmann::json(nullptr)},
-           {"reason", n.reason()}});
+           {"reason", n.reason()},
+           {"stragglers", StragglersJson(n)}});
     }
     out.push_back(job);
   }
@@ -186,14 +209,14 @@ std::string JobsTable(const v1::StatusResponse& resp, const std::string& target)
     if (j.unhealthy_reports() > 0) {
       line("  health checks failed: %d\n", j.unhealthy_reports());
     }
-    line("  %-24s %-20s %-10s %5s %6s  %-14s  %s\n", "NODE", "HOST", "STATE", "RANK", "NPROC",
-         "LAST HEARTBEAT", "SNAPSHOTS");
+    line("  %-24s %-20s %-10s %5s %6s  %-14s  %-24s  %s\n", "NODE", "HOST", "STATE", "RANK",
+         "NPROC", "LAST HEARTBEAT", "SNAPSHOTS", "SLOW RANKS");
     for (const auto& n : j.nodes()) {
-      line("  %-24s %-20s %-10s %5s %6d  %-14s  %s\n", n.node_id().c_str(), n.host().c_str(),
+      line("  %-24s %-20s %-10s %5s %6d  %-14s  %-24s  %s\n", n.node_id().c_str(), n.host().c_str(),
            n.state().c_str(), n.group_rank() < 0 ? "-" : std::to_string(n.group_rank()).c_str(),
            n.nproc(),
            n.state() == "member" ? (Age(n.last_heartbeat_ms_ago()) + " ago").c_str() : "-",
-           SnapshotsCell(n).c_str());
+           SnapshotsCell(n).c_str(), SlowRanksCell(n).c_str());
       if (!n.reason().empty()) line("    %s\n", n.reason().c_str());
     }
   }

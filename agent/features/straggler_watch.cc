@@ -1,7 +1,8 @@
-// Slow ranks on this node (docs/health.md, "Slow ranks"): the step records its workers write on
-// their heartbeat pipes, folded into windows of steps and judged by the pure detector
-// (rendezvous/service/stragglers.h) among this node's ranks. A rank named is said once, with
-// its host and ratio, and again when it is back at speed.
+// Slow ranks (docs/health.md, "Slow ranks"): the step records this node's workers write on
+// their heartbeat pipes, folded into windows of steps. Where the rendezvous judges job-wide (the
+// service), the figures go to it and its verdicts come back; else the pure detector
+// (rendezvous/service/stragglers.h) judges them among this node's ranks. A rank of this node
+// named is said once, with its host and ratio, and again when it is back at speed.
 #include <spdlog/spdlog.h>
 
 #include "agent/features/job_feature.h"
@@ -12,7 +13,11 @@ namespace {
 
 class StragglerWatch final : public JobFeature {
  public:
-  explicit StragglerWatch(AgentView& agent) : agent_(agent) {}
+  explicit StragglerWatch(AgentView& agent)
+      : agent_(agent), exchange_(*agent.options.straggler_exchange) {}
+  ~StragglerWatch() override { exchange_.on_verdicts = nullptr; }
+  StragglerWatch(const StragglerWatch&) = delete;
+  StragglerWatch& operator=(const StragglerWatch&) = delete;
 
   // Each attempt starts over: its ranks, its steps.
   void BeforeStart(AttemptStartContext& c) override {
@@ -21,37 +26,56 @@ class StragglerWatch final : public JobFeature {
     state_.world_size = nproc;
     windows_.clear();
     for (int r = 0; r < nproc; ++r) windows_.emplace_back(r);
-    base_rank_ = c.group.base_rank;
+    // RANK of this crun's first worker (local rank first_local_rank).
+    first_rank_ = c.group.base_rank + agent_.options.first_local_rank;
+    exchange_.round = c.group.round;
+    exchange_.outbox.clear();
+    exchange_.on_verdicts = [this](const std::vector<SlowRankVerdict>& verdicts) {
+      for (const auto& v : verdicts) Say(v.change, v.host);
+    };
     c.on_step = [this](int local_rank, const StepRecord& r) { OnStep(local_rank, r); };
   }
 
  private:
-  // The detector's ranks are this crun's workers in order (0 .. nproc - 1); the messages
-  // name each by its RANK and local rank.
+  // Windows are per worker of this crun, in order; the detector here and the service see each
+  // by its RANK.
   void OnStep(int local_rank, const StepRecord& r) {
     const int i = local_rank - agent_.options.first_local_rank;
     if (i < 0 || i >= static_cast<int>(windows_.size())) return;
-    const auto sample =
+    auto sample =
         windows_[static_cast<std::size_t>(i)].Add(r.step, std::chrono::microseconds(r.compute_us));
     if (!sample) return;
+    if (exchange_.job_wide) {
+      sample->rank = first_rank_ + i;
+      exchange_.Queue(*sample);
+      return;
+    }
     for (rdzv::StragglerChange change :
          rdzv::OnComputeSample(state_, *sample, agent_.options.stragglers)) {
-      const int local = change.rank + agent_.options.first_local_rank;
-      change.rank = base_rank_ + local;
-      if (change.named) {
-        spdlog::warn("crun: slow rank on {} (local rank {}): {}", agent_.options.host_name, local,
-                     rdzv::DescribeStraggler(change));
-      } else {
-        spdlog::warn("crun: rank {} on {} is no longer slow: {}", change.rank,
-                     agent_.options.host_name, rdzv::DescribeStraggler(change));
-      }
+      change.rank += first_rank_;
+      Say(change, agent_.options.host_name);
+    }
+  }
+
+  // A change of one of this crun's ranks is said here; the node that runs a rank says its own.
+  void Say(const rdzv::StragglerChange& change, const std::string& host) {
+    const int i = change.rank - first_rank_;
+    if (i < 0 || i >= static_cast<int>(windows_.size())) return;
+    const int local = i + agent_.options.first_local_rank;
+    if (change.named) {
+      spdlog::warn("crun: slow rank on {} (local rank {}): {}", host, local,
+                   rdzv::DescribeStraggler(change));
+    } else {
+      spdlog::warn("crun: rank {} on {} is no longer slow: {}", change.rank, host,
+                   rdzv::DescribeStraggler(change));
     }
   }
 
   AgentView& agent_;
+  StragglerExchange& exchange_;
   rdzv::StragglerState state_;
   std::vector<rdzv::ComputeWindows> windows_;
-  int base_rank_ = 0;
+  int first_rank_ = 0;
 };
 
 }  // namespace

@@ -38,7 +38,9 @@ class ServiceRendezvous final : public Rendezvous {
                        std::random_device{}()),
         incarnation_((std::uint64_t{std::random_device{}()} << 32) | std::random_device{}()),
         work_(asio::make_work_guard(io)),
-        target_(FormatEndpoint(o_.endpoint_host, o_.endpoint_port)) {}
+        target_(FormatEndpoint(o_.endpoint_host, o_.endpoint_port)) {
+    if (o_.stragglers) o_.stragglers->job_wide = true;
+  }
 
   ~ServiceRendezvous() override { Leave("shutting down"); }
 
@@ -291,9 +293,30 @@ class ServiceRendezvous final : public Rendezvous {
         if (f->step >= 0) beat->set_snapshot_step(f->step);
         if (f->disk_step >= 0) beat->set_disk_step(f->disk_step);
       }
+      if (auto& x = o_.stragglers; x && !x->outbox.empty()) {
+        beat->set_compute_round(x->round);
+        for (const auto& f : x->outbox) {
+          auto* figure = beat->add_compute();
+          figure->set_rank(f.rank);
+          figure->set_window(f.window);
+          figure->set_compute_us(f.compute.count());
+        }
+        x->outbox.clear();
+      }
       client_->Send(std::move(m));
       ArmHeartbeat();
     });
+  }
+
+  // The service's slow-rank verdicts, for this node's round only.
+  void OnStragglers(const v1::Stragglers& s) {
+    auto& x = o_.stragglers;
+    if (!x || !x->on_verdicts || s.round() != x->round) return;
+    std::vector<SlowRankVerdict> verdicts;
+    for (const auto& v : s.changes()) {
+      verdicts.push_back({{v.rank(), v.named(), v.ratio(), v.window()}, v.host()});
+    }
+    x->on_verdicts(verdicts);
   }
 
   void Handle(const v1::ServiceMessage& m) {
@@ -354,6 +377,8 @@ class ServiceRendezvous final : public Rendezvous {
       case v1::ServiceMessage::kStacksResult:
         return AnswerStacks(m.stacks_result().request_id(),
                             RemoteStacksFromProto(m.stacks_result()));
+      case v1::ServiceMessage::kStragglers:
+        return OnStragglers(m.stragglers());
       case v1::ServiceMessage::kRefused:
         return End(1, "the rendezvous service at " + target_ + " refused this node (run '" +
                           o_.run_id + "', node '" + o_.node_id + "'): " + m.refused().reason());

@@ -17,6 +17,11 @@ struct Engine::Job {
   std::unordered_map<std::string, std::vector<std::string>> addresses;
   std::unordered_map<std::string, msg::NodeSnapshots> snapshots;  // node id -> last heartbeat's
   int world_size = 0;
+  // Slow ranks in the running round (docs/health.md): the detector, and who runs each rank
+  // that reported (rank -> node id) and the ranks named now (node id -> its named ranks).
+  StragglerState stragglers;
+  std::unordered_map<int, std::string> rank_nodes;
+  std::unordered_map<std::string, std::vector<StragglerChange>> slow;
   std::unique_ptr<RoundStore> store;
   std::optional<msg::FailureReport> root_cause;  // the failure that ended the job or its round
   std::string last_failure;
@@ -83,6 +88,7 @@ void Engine::OnMessage(SessionId session, const msg::AgentMessage& m, TimePoint 
   if (const auto* beat = std::get_if<msg::Heartbeat>(&m)) {
     if (job.series.heartbeats != nullptr) job.series.heartbeats->Inc();
     job.snapshots[node] = beat->snapshots;
+    if (!beat->compute.empty()) JudgeStragglers(job, node, *beat);
     return Apply(job, rdzv::OnHeartbeat(std::move(job.state), node, now), now);
   }
   Apply(job, OnNodeSucceeded(std::move(job.state), node, now), now);
@@ -434,6 +440,36 @@ void Engine::Apply(Job& job, Transition t, TimePoint now) {
   }
 }
 
+void Engine::JudgeStragglers(Job& job, const std::string& node, const msg::Heartbeat& beat) {
+  // Figures of an earlier round (sent before its stop reached the node) are not this one's.
+  if (job.state.phase != Phase::kRunning || beat.compute_round != job.state.round) return;
+  msg::Stragglers out{job.state.round, {}};
+  for (const auto& figure : beat.compute) {
+    if (figure.rank < 0 || figure.rank >= job.world_size) continue;
+    job.rank_nodes[figure.rank] = node;
+    for (const auto& change : OnComputeSample(job.stragglers, figure, options_.stragglers)) {
+      const auto owner = job.rank_nodes.find(change.rank);
+      const std::string& owner_id = owner == job.rank_nodes.end() ? node : owner->second;
+      auto& named = job.slow[owner_id];
+      named.erase(std::remove_if(named.begin(), named.end(),
+                                 [&](const StragglerChange& c) { return c.rank == change.rank; }),
+                  named.end());
+      if (change.named) {
+        named.push_back(change);
+        if (options_.metrics != nullptr) options_.metrics->StragglerNamed(job.run_id);
+      }
+      const auto m = job.state.member_index.find(owner_id);
+      const std::string host =
+          m == job.state.member_index.end() ? owner_id : job.state.members[m->second].node.host;
+      Log(job.run_id + ": " + (change.named ? "slow rank on " : "no longer slow, on ") + host +
+          ": " + DescribeStraggler(change));
+      out.changes.push_back({change, host});
+    }
+  }
+  if (out.changes.empty()) return;
+  for (const auto& [id, session] : job.sessions) hooks_.send(session, out);
+}
+
 bool Engine::StartRound(Job& job, const FormRound& round, TimePoint now) {
   job.store.reset();
   std::vector<std::vector<std::string>> addresses;
@@ -458,6 +494,10 @@ bool Engine::StartRound(Job& job, const FormRound& round, TimePoint now) {
       std::to_string(job.store->port()) +
       (round.spares.empty() ? "" : ", " + std::to_string(round.spares.size()) + " spares"));
   job.world_size = world;
+  job.stragglers = StragglerState{};
+  job.stragglers.world_size = world;
+  job.rank_nodes.clear();
+  job.slow.clear();
   if (options_.metrics != nullptr) {
     options_.metrics->RoundFormed(job.series,
                                   std::chrono::duration<double>(now - job.gathering_since).count());
@@ -557,6 +597,9 @@ msg::StatusResponse Engine::Status(const std::string& run_id, TimePoint now) con
     for (auto& n : out.jobs.back().nodes) {
       const auto it = job->snapshots.find(n.node_id);
       if (it != job->snapshots.end()) n.snapshots = it->second;
+      if (const auto slow = job->slow.find(n.node_id); slow != job->slow.end()) {
+        n.stragglers = slow->second;
+      }
     }
   }
   return out;

@@ -66,6 +66,8 @@ struct EngineOptions {
   bool durable = false;  // told to agents in every assignment (RoundAssignment.durable_service)
   // Counted into when set (engine_metrics.h); outlives the engine.
   EngineMetrics* metrics = nullptr;
+  // The job-wide slow-rank detector's thresholds (docs/health.md, "Slow ranks").
+  StragglerSettings stragglers;
 };
 
 class Engine {
@@ -115,6 +117,9 @@ class Engine {
   void OnUnhealthy(SessionId session, const msg::Join& join, TimePoint now);
   void OnWorkersFailed(SessionId session, const msg::FailureReport& report, TimePoint now);
   void Apply(Job& job, Transition t, TimePoint now);
+  // Slow ranks: a heartbeat's compute figures into the round's detector; its changes go to every
+  // node of the job.
+  void JudgeStragglers(Job& job, const std::string& node, const msg::Heartbeat& beat);
   // A round formed: its store, started (false: it could not be, and the job failed), logged
   // and counted.
   bool StartRound(Job& job, const FormRound& round, TimePoint now);

@@ -68,6 +68,10 @@ EngineMetrics::EngineMetrics(metrics::Registry& r)
                               "Nodes that failed their health check before a join and stayed "
                               "out of the job (--health-check)",
                               {"run_id"}, kJobSeries)),
+      stragglers_(r.AddCounter("crun_rendezvous_stragglers_total",
+                               "Ranks the job-wide detector named slow: their compute time per "
+                               "step above the other ranks' median (--straggler-action)",
+                               {"run_id"}, kJobSeries)),
       nodes_(r.AddGauge("crun_rendezvous_job_nodes",
                         "The job's nodes, by state: member (of the running round), spare, "
                         "joined (gathering)",
@@ -89,6 +93,7 @@ EngineMetrics::JobSeries EngineMetrics::ForJob(const std::string& run_id) {
   s.joined = &nodes_.With({run_id, "joined"});
   s.world_size = &world_size_.With({run_id});
   unhealthy_.With({run_id});                                          // shown from 0
+  stragglers_.With({run_id});                                         // shown from 0
   for (const char* cause : kCauses) failures_.With({run_id, cause});  // shown from 0
   return s;
 }
@@ -101,9 +106,12 @@ void EngineMetrics::Forget(const std::string& run_id) {
   world_size_.RemoveWhere(0, run_id);
   failures_.RemoveWhere(0, run_id);
   unhealthy_.RemoveWhere(0, run_id);
+  stragglers_.RemoveWhere(0, run_id);
 }
 
 void EngineMetrics::Unhealthy(const std::string& run_id) { unhealthy_.With({run_id}).Inc(); }
+
+void EngineMetrics::StragglerNamed(const std::string& run_id) { stragglers_.With({run_id}).Inc(); }
 
 void EngineMetrics::RoundFormed(JobSeries& job, double seconds_gathering) {
   job.rounds->Inc();

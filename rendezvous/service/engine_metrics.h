@@ -63,6 +63,8 @@ class EngineMetrics {
   void Finished(bool success);
   // A node failed its health gate and stayed out of the job (docs/health.md).
   void Unhealthy(const std::string& run_id);
+  // The job-wide detector named a rank slow (docs/health.md, "Slow ranks").
+  void StragglerNamed(const std::string& run_id);
   // Run ids that have series (for tests: the jobs the engine holds).
   std::size_t held_runs() const { return rounds_.size(); }
 
@@ -81,6 +83,7 @@ class EngineMetrics {
   metrics::Family<metrics::Counter>& failures_;
   metrics::Family<metrics::Counter>& restarts_;
   metrics::Family<metrics::Counter>& unhealthy_;
+  metrics::Family<metrics::Counter>& stragglers_;
   metrics::Family<metrics::Gauge>& nodes_;
   metrics::Family<metrics::Gauge>& world_size_;
 };

@@ -12,6 +12,7 @@
 
 #include "rendezvous/report/report.h"
 #include "rendezvous/service/rules.h"
+#include "rendezvous/service/stragglers.h"
 
 namespace crun::rdzv::msg {
 
@@ -48,6 +49,10 @@ struct NodeSnapshots {
 struct Heartbeat {
   std::uint64_t sequence = 0;
   NodeSnapshots snapshots;
+  // Slow ranks (docs/health.md): this node's ranks' figures since its last beat, of the round
+  // `compute_round`, each rank by its global RANK.
+  std::vector<ComputeSample> compute;
+  int compute_round = 0;
 };
 
 // One worker's end. At most one of exit_code and signal is set (neither: unknown).
@@ -129,8 +134,20 @@ struct StacksResult {
   int round = 0;
 };
 
-using ServiceMessage =
-    std::variant<Assignment, StopAndRejoin, JobFinished, Refused, StacksRequest, StacksResult>;
+// A rank the job-wide detector named slow (or cleared), with the host its node declared.
+struct StragglerVerdict {
+  StragglerChange change;
+  std::string host;
+};
+
+// The detector's changes in round `round`, to every node of it.
+struct Stragglers {
+  int round = 0;
+  std::vector<StragglerVerdict> changes;
+};
+
+using ServiceMessage = std::variant<Assignment, StopAndRejoin, JobFinished, Refused, StacksRequest,
+                                    StacksResult, Stragglers>;
 
 // ---- status ----------------------------------------------------------------------------------
 
@@ -142,7 +159,8 @@ struct NodeStatus {
   int nproc = 0;
   std::int64_t last_heartbeat_ms_ago = 0;
   NodeSnapshots snapshots;
-  std::string reason;  // unhealthy: why its health check failed
+  std::string reason;                       // unhealthy: why its health check failed
+  std::vector<StragglerChange> stragglers;  // its ranks named slow now
 };
 
 struct JobStatus {

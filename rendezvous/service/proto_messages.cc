@@ -25,6 +25,14 @@ msg::Join JoinFromProto(const v1::Join& j) {
   return out;
 }
 
+void VerdictToProto(const StragglerChange& c, const std::string& host, v1::StragglerVerdict* out) {
+  out->set_rank(c.rank);
+  out->set_named(c.named);
+  out->set_ratio(c.ratio);
+  out->set_window(c.window);
+  out->set_host(host);
+}
+
 void ReportToProto(const msg::FailureReport& r, v1::FailureReport* out) {
   out->set_host(r.host);
   out->set_node_id(r.node_id);
@@ -87,6 +95,11 @@ struct ServiceToProto {
     out.mutable_stacks_request()->set_reason(r.reason);
   }
   void operator()(const msg::StacksResult& r) const { *out.mutable_stacks_result() = ToProto(r); }
+  void operator()(const msg::Stragglers& s) const {
+    auto* p = out.mutable_stragglers();
+    p->set_round(s.round);
+    for (const auto& v : s.changes) VerdictToProto(v.change, v.host, p->add_changes());
+  }
 };
 
 }  // namespace
@@ -151,9 +164,15 @@ std::optional<msg::AgentMessage> FromProto(const v1::AgentMessage& m) {
       return JoinFromProto(m.join());
     case v1::AgentMessage::kHeartbeat: {
       const v1::Heartbeat& h = m.heartbeat();
-      return msg::Heartbeat{h.sequence(),
-                            {h.snapshot_bytes(), h.has_snapshot_step() ? h.snapshot_step() : -1,
-                             h.has_disk_step() ? h.disk_step() : -1}};
+      msg::Heartbeat beat{h.sequence(),
+                          {h.snapshot_bytes(), h.has_snapshot_step() ? h.snapshot_step() : -1,
+                           h.has_disk_step() ? h.disk_step() : -1},
+                          {},
+                          h.compute_round()};
+      for (const auto& f : h.compute()) {
+        beat.compute.push_back({f.rank(), f.window(), std::chrono::microseconds(f.compute_us())});
+      }
+      return beat;
     }
     case v1::AgentMessage::kWorkersFailed:
       return FromProto(m.workers_failed());
@@ -219,6 +238,7 @@ v1::StatusResponse ToProto(const msg::StatusResponse& s) {
       if (n.snapshots.disk_step >= 0) ns->set_disk_step(n.snapshots.disk_step);
       ns->set_last_heartbeat_ms_ago(n.last_heartbeat_ms_ago);
       ns->set_reason(n.reason);
+      for (const auto& c : n.stragglers) VerdictToProto(c, n.host, ns->add_stragglers());
     }
   }
   return out;

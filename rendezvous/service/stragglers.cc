@@ -68,6 +68,9 @@ std::vector<StragglerChange> OnComputeSample(StragglerState& s, const ComputeSam
                                              const StragglerSettings& settings) {
   std::vector<StragglerChange> out;
   if (sample.window <= s.judged || sample.rank < 0 || sample.rank >= s.world_size) return out;
+  // Not a figure a worker could send (it arrives from the network): windows whose steps do not
+  // fit an int64, a negative time.
+  if (sample.window > kMaxWindow || sample.compute.count() < 0) return out;
   auto latest = s.latest.find(sample.rank);
   if (latest != s.latest.end() && sample.window <= latest->second) return out;
   s.latest[sample.rank] = sample.window;

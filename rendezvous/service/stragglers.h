@@ -32,6 +32,8 @@ namespace crun::rdzv {
 // Steps per window: what a rank reports its compute time over (the SDK and the Python module
 // count steps and send one figure per window).
 inline constexpr std::int64_t kStepWindow = 10;
+// The last window whose steps fit an int64.
+inline constexpr std::int64_t kMaxWindow = INT64_MAX / kStepWindow - 1;
 
 struct StragglerSettings {
   double ratio = 1.5;                            // over: more than this times the others' median

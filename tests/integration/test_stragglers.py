@@ -4,7 +4,10 @@ detector decides (never a duration asserted), and no other rank is; ranks with j
 named; --straggler-action off reads no records. With torch, the same through a Gloo DDP model
 and crun_worker.allreduce_hook, the recommended producer.
 
-Across nodes and the actions beyond warn: not built yet (issue 49)."""
+Across two hosts (network namespaces) on the rendezvous service: both ranks of one node are
+slow, which only a job-wide comparison can tell (among that node's ranks they are equal); the
+node that runs them names them, the other node names nobody, and `crun status` shows them."""
+import json
 import os
 import re
 import shutil
@@ -15,7 +18,8 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import kill_all  # noqa: E402
+from crun_testing import kill_all, wait_for  # noqa: E402
+from fabric import Fabric  # noqa: E402
 
 CRUN = os.environ["CRUN_BIN"]
 WORKER = os.path.join(HERE, "..", "workers", "straggler_worker.py")
@@ -76,6 +80,67 @@ class OneNode(unittest.TestCase):
         err = self.crun(2, {"STRAGGLER_MODE": "ddp", "STRAGGLER_SLOW": "1",
                             "STRAGGLER_MS": "30"}, python=TORCH_PYTHON)
         self.assert_named_once(err, 1)
+
+
+class AcrossHosts(unittest.TestCase):
+    PORT = 29410
+
+    def setUp(self):
+        self.procs = []
+
+    def tearDown(self):
+        kill_all(self.procs)
+
+    def node(self, fab, host, env):
+        args = [CRUN, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint",
+                f"{fab.addr('a')}:{self.PORT}", "--rdzv-id", "slow", "--node-rank",
+                "0" if host == "a" else "1", WORKER]
+        p = fab.popen(host, args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                      stderr=subprocess.PIPE, text=True, env=dict(os.environ, **env))
+        self.procs.append(p)
+        return p
+
+    def status(self, fab):
+        """The job as `crun status --json` shows it; None before node a serves it."""
+        out = subprocess.run(fab.command("a", [
+            CRUN, "status", "--rdzv-endpoint", f"{fab.addr('a')}:{self.PORT}",
+            "--rdzv-id", "slow", "--json"]), capture_output=True, text=True, timeout=60)
+        self.last_status = out.stdout + out.stderr
+        return json.loads(out.stdout)[0] if out.returncode == 0 else None
+
+    def test_a_slow_node_is_named_job_wide_by_the_node_that_runs_it(self):
+        # Ranks 2 and 3 (node b) compute 2.5x longer; 400 steps keep the job running while
+        # `crun status` is asked (the slow ranks need 20 s, the fast ones 8).
+        env = {"STRAGGLER_SLOW": "2,3", "STRAGGLER_STEPS": "400"}
+        with Fabric(["a", "b"]) as fab:
+            nodes = {h: self.node(fab, h, env) for h in ("a", "b")}
+            named = {}
+
+            def slow_in_status():
+                job = self.status(fab)
+                for n in job["nodes"] if job else []:
+                    if n["stragglers"]:
+                        named[n["group_rank"]] = n["stragglers"]
+                return bool(named)
+            try:
+                wait_for(slow_in_status, "a node with slow ranks in crun status")
+            except AssertionError as e:
+                raise AssertionError(f"{e}; crun status said: {self.last_status}") from None
+            self.assertEqual(list(named), [1], named)
+            self.assertEqual(sorted(s["rank"] for s in named[1]), [2, 3], named)
+            self.assertTrue(all(s["ratio"] > 1.5 and s["last_step"] < 60 for s in named[1]),
+                            named)
+            errs = {}
+            for h, p in nodes.items():
+                _, errs[h] = p.communicate(timeout=LIMIT_S)
+                self.assertEqual(p.returncode, 0, errs[h])
+        self.assertNotIn("slow rank", errs["a"])
+        found = NAMED.findall(errs["b"])
+        self.assertEqual(sorted((int(f[1]), int(f[2])) for f in found), [(0, 2), (1, 3)],
+                         errs["b"])
+        for host, local, rank, ratio, first, last in found:
+            self.assertGreater(float(ratio), 1.5, errs["b"])
+            self.assertLess(int(last), 60, errs["b"])
 
 
 if __name__ == "__main__":

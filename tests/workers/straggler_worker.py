@@ -4,7 +4,7 @@ computes (sleeps) then sends its step record, as crun_worker.step does.
   STRAGGLER_MODE   explicit: crun_worker.step(n, compute_seconds=...) after a timed sleep
                    ddp: a Gloo DDP model with crun_worker.allreduce_hook, the sleep before
                    backward (torch needed)
-  STRAGGLER_SLOW   the rank that computes longer ("" for none)
+  STRAGGLER_SLOW   the ranks that compute longer, comma-separated ("" for none)
   STRAGGLER_STEPS  steps to run (120)
   STRAGGLER_MS     a step's compute, ms (20); the slow rank's is 2.5 times it
   STRAGGLER_JITTER every rank's compute times a random factor in [1 - J, 1 + J] (0)
@@ -16,7 +16,7 @@ import time
 import crun_worker
 
 rank = int(os.environ["RANK"])
-slow = os.environ.get("STRAGGLER_SLOW", "")
+slow = {int(r) for r in os.environ.get("STRAGGLER_SLOW", "").split(",") if r}
 steps = int(os.environ.get("STRAGGLER_STEPS", "120"))
 base = float(os.environ.get("STRAGGLER_MS", "20")) / 1000
 jitter = float(os.environ.get("STRAGGLER_JITTER", "0"))
@@ -24,7 +24,7 @@ rng = random.Random(rank)
 
 
 def compute_seconds():
-    t = base * (2.5 if slow != "" and rank == int(slow) else 1)
+    t = base * (2.5 if rank in slow else 1)
     return t * rng.uniform(1 - jitter, 1 + jitter)
 
 

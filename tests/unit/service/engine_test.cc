@@ -106,7 +106,7 @@ struct Harness {
     return j;
   }
   void Heartbeat(SessionId s, TimePoint t, msg::NodeSnapshots snapshots = {}) {
-    engine.OnMessage(s, msg::Heartbeat{1, snapshots}, t);
+    engine.OnMessage(s, msg::Heartbeat{1, snapshots, {}, 0}, t);
   }
   void Fail(SessionId s, const std::string& host, int rank, int code, TimePoint t) {
     msg::FailureReport r;
@@ -783,4 +783,54 @@ TEST_CASE("engine: a node that failed its health check is counted and named, nev
   CHECK(std::none_of(again.nodes.begin(), again.nodes.end(),
                      [](const msg::NodeStatus& n) { return n.state == "unhealthy"; }));
   CHECK(again.unhealthy_reports == 1);
+}
+
+TEST_CASE("engine: slow ranks are judged job-wide and named to every node, with their host",
+          "[engine][stragglers]") {
+  using crun::testing::SampleValue;
+  using std::chrono::microseconds;
+  Metered m;
+  Harness h(m.Options());
+  h.Join(1, "a", T0);  // ranks 0, 1
+  h.Join(2, "b", T0);  // ranks 2, 3: both slow, equal to each other
+  const int round = h.Assignment(1).round;
+  auto beat = [&](SessionId s, std::int64_t window, int first_rank, microseconds us, int r) {
+    msg::Heartbeat b{2, {}, {}, r};
+    b.compute.push_back({first_rank, window, us});
+    b.compute.push_back({first_rank + 1, window, us});
+    h.engine.OnMessage(s, b, T0 + 1s);
+  };
+  // A round's figures from an earlier round are not this one's.
+  for (std::int64_t w = 0; w < 5; ++w) beat(2, w, 2, microseconds(50'000), round - 1);
+  for (std::int64_t w = 0; w < 4; ++w) {
+    beat(1, w, 0, microseconds(20'000), round);
+    beat(2, w, 2, microseconds(50'000), round);
+  }
+  CHECK_FALSE(h.LastIs<msg::Stragglers>(1));
+  beat(1, 4, 0, microseconds(20'000), round);
+  beat(2, 4, 2, microseconds(50'000), round);  // the fifth window over: named
+  for (SessionId s : {1, 2}) {
+    const auto& named = h.LastAs<msg::Stragglers>(s);
+    CHECK(named.round == round);
+    REQUIRE(named.changes.size() == 2);
+    for (const auto& v : named.changes) {
+      CHECK(v.host == "b");
+      CHECK(v.change.named);
+      CHECK(v.change.ratio == Approx(2.5));
+      CHECK(v.change.window == 4);
+    }
+    CHECK(named.changes[0].change.rank + named.changes[1].change.rank == 5);
+  }
+  const auto status = h.engine.Status("job7", T0 + 1s).jobs.at(0);
+  CHECK(status.nodes.at(0).stragglers.empty());
+  CHECK(status.nodes.at(1).stragglers.size() == 2);
+  h.engine.RefreshMetrics();
+  CHECK(SampleValue(m.registry.Render(), "crun_rendezvous_stragglers_total{run_id=\"job7\"}") == 2);
+  // A new round starts over: nobody named.
+  h.Fail(1, "a", 0, 1, T0 + 2s);
+  h.Join(1, "a", T0 + 3s);
+  h.Join(2, "b", T0 + 3s);
+  CHECK(h.Assignment(1).round > round);
+  const auto after = h.engine.Status("job7", T0 + 3s).jobs.at(0);
+  CHECK(after.nodes.at(1).stragglers.empty());
 }

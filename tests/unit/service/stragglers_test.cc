@@ -227,3 +227,30 @@ TEST_CASE("stragglers: settings are checked with the value named", "[stragglers]
 }
 
 }  // namespace
+
+TEST_CASE("stragglers: figures no worker could send are ignored", "[stragglers]") {
+  // They come from the network (a heartbeat to the service): ranks outside the round, windows
+  // before the first or past the last whose steps fit an int64, a negative time.
+  auto s = Round(2);
+  const ComputeSample bad[] = {{-1, 0, Us(1)},        {2, 0, Us(1)},
+                               {0, -3, Us(1)},        {0, crun::rdzv::kMaxWindow + 1, Us(1)},
+                               {0, INT64_MAX, Us(1)}, {1, 0, Us(-5)}};
+  for (const auto& figure : bad) {
+    CHECK(OnComputeSample(s, figure, {}).empty());
+    CHECK(s.latest.empty());
+    CHECK(s.pending.empty());
+  }
+  // The last window is a window like any other: named there, its steps said without overflow.
+  auto t = Round(2);
+  std::vector<StragglerChange> named;
+  for (std::int64_t w = crun::rdzv::kMaxWindow - 4; w <= crun::rdzv::kMaxWindow; ++w) {
+    auto c = Window(t, 2, w, [](int r, std::int64_t) { return Us(r == 0 ? 90'000 : 20'000); });
+    named.insert(named.end(), c.begin(), c.end());
+  }
+  REQUIRE(named.size() == 1);
+  CHECK(named[0].rank == 0);
+  CHECK(named[0].window == crun::rdzv::kMaxWindow);
+  CHECK(DescribeStraggler(named[0]) ==
+        "rank 0: 4.5x the others' median compute time per step "
+        "(steps 9223372036854775790-9223372036854775799)");
+}
