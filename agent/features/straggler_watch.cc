@@ -28,6 +28,7 @@ class StragglerWatch final : public JobFeature {
     for (int r = 0; r < nproc; ++r) windows_.emplace_back(r);
     // RANK of this crun's first worker (local rank first_local_rank).
     first_rank_ = c.group.base_rank + agent_.options.first_local_rank;
+    if (agent_.meters != nullptr) agent_.meters->SlowRanksReset();
     exchange_.round = c.group.round;
     exchange_.outbox.clear();
     exchange_.on_verdicts = [this](const std::vector<SlowRankVerdict>& verdicts) {
@@ -62,6 +63,7 @@ class StragglerWatch final : public JobFeature {
     const int i = change.rank - first_rank_;
     if (i < 0 || i >= static_cast<int>(windows_.size())) return;
     const int local = i + agent_.options.first_local_rank;
+    if (agent_.meters != nullptr) agent_.meters->SlowRank(change.rank, change.named, change.ratio);
     if (change.named) {
       spdlog::warn("crun: slow rank on {} (local rank {}): {}", host, local,
                    rdzv::DescribeStraggler(change));

@@ -41,6 +41,11 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const AgentMetricLabels& l)
                           "This node's worker exits, by cause: success, exit_code, signal, "
                           "oom, hang, stopped (by crun), launch (could not start)",
                           With(kLabels, "cause"))),
+      straggler_ratio_(r.AddGauge("crun_agent_straggler_ratio",
+                                  "This node's ranks named slow now (docs/health.md), by RANK: "
+                                  "the rank's compute time per step over the other ranks' "
+                                  "median in the window that named it",
+                                  With(kLabels, "rank"))),
       labels_(Values(l)) {
   auto& workers = r.AddGauge("crun_agent_workers",
                              "This node's workers, by state: running, stopping (being stopped "
@@ -60,6 +65,9 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const AgentMetricLabels& l)
                               "Health gates run before a join (--health-check), by result: "
                               "passed, failed",
                               With(kLabels, "result"));
+  stragglers_ = &r.AddCounter("crun_agent_stragglers_total",
+                              "This node's ranks named slow (--straggler-action)", kLabels)
+                     .With(labels_);
   health_passed_ = &health.With(Values(l, "passed"));
   health_failed_ = &health.With(Values(l, "failed"));
   health_seconds_ = &r.AddHistogram("crun_agent_health_check_seconds",
@@ -139,5 +147,15 @@ void AgentMetrics::HealthChecked(bool passed, std::chrono::steady_clock::duratio
   (passed ? health_passed_ : health_failed_)->Inc();
   health_seconds_->Observe(std::chrono::duration<double>(took).count());
 }
+
+void AgentMetrics::SlowRank(int rank, bool named, double ratio) {
+  auto values = labels_;
+  values.push_back(std::to_string(rank));
+  if (!named) return straggler_ratio_.Remove(values);
+  stragglers_->Inc();
+  straggler_ratio_.With(values).Set(ratio);
+}
+
+void AgentMetrics::SlowRanksReset() { straggler_ratio_.RemoveWhere(0, labels_.front()); }
 
 }  // namespace crun::agent

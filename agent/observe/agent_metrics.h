@@ -63,9 +63,15 @@ class AgentMetrics {
   void Exit(const char* cause);
   // The health gate ran before a join (docs/health.md): passed or failed, in `took`.
   void HealthChecked(bool passed, std::chrono::steady_clock::duration took);
+  // Slow ranks (docs/health.md): a rank of this node named slow, with its ratio, or cleared;
+  // and every one cleared when an attempt starts over.
+  void SlowRank(int rank, bool named, double ratio);
+  void SlowRanksReset();
 
  private:
   metrics::Family<metrics::Counter>& exits_;
+  metrics::Family<metrics::Gauge>& straggler_ratio_;
+  metrics::Counter* stragglers_ = nullptr;
   metrics::Counter* health_passed_ = nullptr;
   metrics::Counter* health_failed_ = nullptr;
   metrics::Histogram* health_seconds_ = nullptr;

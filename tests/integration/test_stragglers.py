@@ -41,13 +41,13 @@ class OneNode(unittest.TestCase):
         kill_all(self.procs)
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def crun(self, nproc, env, args=(), python=PYTHON):
+    def crun(self, nproc, env, args=(), python=PYTHON, limit=LIMIT_S):
         e = dict(os.environ, PYTHON_EXEC=python, **env)
         p = subprocess.Popen([CRUN, "--standalone", "--nproc-per-node", str(nproc), *args,
                               WORKER], env=e, stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.procs.append(p)
-        _, err = p.communicate(timeout=LIMIT_S)
+        _, err = p.communicate(timeout=limit)
         self.assertEqual(p.returncode, 0, err)
         return err
 
@@ -71,6 +71,19 @@ class OneNode(unittest.TestCase):
                             "STRAGGLER_MS": "15"})
         self.assertNotIn("slow rank", err)
 
+    def test_a_noisy_job_runs_for_minutes_and_never_trips_the_defaults(self):
+        # The evidence for the defaults (docs/health.md): 4 ranks, 9000 steps of 20 ms (3
+        # minutes, 900 windows each), every step +-30 % and one in a hundred 5 times as long,
+        # on a machine as loaded as the test run makes it. Rank 2 turns slow at step 8700, so
+        # the detector is shown judging all along: named then, and nothing before.
+        err = self.crun(4, {"STRAGGLER_JITTER": "0.3", "STRAGGLER_SPIKES": "0.01",
+                            "STRAGGLER_STEPS": "9000", "STRAGGLER_MS": "20",
+                            "STRAGGLER_SLOW": "2", "STRAGGLER_FROM": "8700"},
+                        limit=LIMIT_S + 300)
+        named = NAMED.findall(err)
+        self.assertEqual([int(n[2]) for n in named], [2], err)
+        self.assertGreaterEqual(int(named[0][4]), 8700, err)
+
     def test_off_reads_no_records(self):
         err = self.crun(2, {"STRAGGLER_SLOW": "1"}, ["--straggler-action", "off"])
         self.assertNotIn("slow rank", err)
@@ -84,6 +97,7 @@ class OneNode(unittest.TestCase):
 
 class AcrossHosts(unittest.TestCase):
     PORT = 29410
+    METRICS = 29411
 
     def setUp(self):
         self.procs = []
@@ -94,7 +108,7 @@ class AcrossHosts(unittest.TestCase):
     def node(self, fab, host, env):
         args = [CRUN, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint",
                 f"{fab.addr('a')}:{self.PORT}", "--rdzv-id", "slow", "--node-rank",
-                "0" if host == "a" else "1", WORKER]
+                "0" if host == "a" else "1", "--metrics-port", str(self.METRICS), WORKER]
         p = fab.popen(host, args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                       stderr=subprocess.PIPE, text=True, env=dict(os.environ, **env))
         self.procs.append(p)
@@ -107,6 +121,15 @@ class AcrossHosts(unittest.TestCase):
             "--rdzv-id", "slow", "--json"]), capture_output=True, text=True, timeout=60)
         self.last_status = out.stdout + out.stderr
         return json.loads(out.stdout)[0] if out.returncode == 0 else None
+
+    def metrics(self, fab, host):
+        """`host`'s crun's metrics page, read inside its namespace."""
+        out = subprocess.run(fab.command(host, [
+            sys.executable, "-c", "import sys, urllib.request; sys.stdout.write(urllib.request."
+            f"urlopen('http://127.0.0.1:{self.METRICS}/metrics', timeout=10).read().decode())"]),
+            capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        return out.stdout
 
     def test_a_slow_node_is_named_job_wide_by_the_node_that_runs_it(self):
         # Ranks 2 and 3 (node b) compute 2.5x longer; 400 steps keep the job running while
@@ -130,6 +153,16 @@ class AcrossHosts(unittest.TestCase):
             self.assertEqual(sorted(s["rank"] for s in named[1]), [2, 3], named)
             self.assertTrue(all(s["ratio"] > 1.5 and s["last_step"] < 60 for s in named[1]),
                             named)
+            # Each node's metrics: b counts both ranks and shows their ratios; a, none.
+            ratio = re.compile(r'^crun_agent_straggler_ratio\{[^}]*rank="(\d+)"\} ([\d.]+)$', re.M)
+            wait_for(lambda: len(ratio.findall(self.metrics(fab, "b"))) == 2,
+                     "both slow ranks in node b's metrics")
+            page = self.metrics(fab, "b")
+            self.assertEqual(sorted(int(r) for r, _ in ratio.findall(page)), [2, 3], page)
+            self.assertRegex(page, r"(?m)^crun_agent_stragglers_total\{[^}]*\} 2$")
+            page = self.metrics(fab, "a")
+            self.assertEqual(ratio.findall(page), [], page)
+            self.assertRegex(page, r"(?m)^crun_agent_stragglers_total\{[^}]*\} 0$")
             errs = {}
             for h, p in nodes.items():
                 _, errs[h] = p.communicate(timeout=LIMIT_S)

@@ -5,9 +5,12 @@ computes (sleeps) then sends its step record, as crun_worker.step does.
                    ddp: a Gloo DDP model with crun_worker.allreduce_hook, the sleep before
                    backward (torch needed)
   STRAGGLER_SLOW   the ranks that compute longer, comma-separated ("" for none)
+  STRAGGLER_FROM   the step from which the slow ranks are slow (0)
   STRAGGLER_STEPS  steps to run (120)
   STRAGGLER_MS     a step's compute, ms (20); the slow rank's is 2.5 times it
   STRAGGLER_JITTER every rank's compute times a random factor in [1 - J, 1 + J] (0)
+  STRAGGLER_SPIKES the share of steps that take 5 times as long on one rank (a garbage
+                   collection, a checkpoint's copy): 0.01 is one step in a hundred (0)
 """
 import os
 import random
@@ -20,11 +23,15 @@ slow = {int(r) for r in os.environ.get("STRAGGLER_SLOW", "").split(",") if r}
 steps = int(os.environ.get("STRAGGLER_STEPS", "120"))
 base = float(os.environ.get("STRAGGLER_MS", "20")) / 1000
 jitter = float(os.environ.get("STRAGGLER_JITTER", "0"))
+spikes = float(os.environ.get("STRAGGLER_SPIKES", "0"))
+slow_from = int(os.environ.get("STRAGGLER_FROM", "0"))
 rng = random.Random(rank)
 
 
-def compute_seconds():
-    t = base * (2.5 if rank in slow else 1)
+def compute_seconds(step):
+    t = base * (2.5 if rank in slow and step >= slow_from else 1)
+    if spikes and rng.random() < spikes:
+        t *= 5
     return t * rng.uniform(1 - jitter, 1 + jitter)
 
 
@@ -39,7 +46,7 @@ if os.environ.get("STRAGGLER_MODE", "explicit") == "ddp":
     x = torch.randn(8, 64)
     for step in range(steps):
         loss = model(x).sum()
-        time.sleep(compute_seconds())  # the forward's cost, before backward hands over buckets
+        time.sleep(compute_seconds(step))  # the forward's cost, before backward hands over buckets
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -48,5 +55,5 @@ if os.environ.get("STRAGGLER_MODE", "explicit") == "ddp":
 else:
     for step in range(steps):
         t = time.monotonic()
-        time.sleep(compute_seconds())
+        time.sleep(compute_seconds(step))
         crun_worker.step(step, compute_seconds=time.monotonic() - t)
