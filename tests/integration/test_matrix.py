@@ -19,6 +19,11 @@ processes over a generated table of dimensions, not hand-picked cases.
             with one node's check failing, that node exits 87 having run nothing, and the other
             forms a smaller round (service, etcd: --nnodes 1:2) or, on the static backend, waits
             for it until join_timeout and fails naming it
+  straggler backend x start x which ranks are slow (the last rank; every rank of the last node),
+            every combination (docs/health.md, "Slow ranks"): a rank that computes 2.5 times
+            longer is named by the node that runs it and no other rank is; a slow node is named
+            where the comparison is job-wide (the service) and, where a node's ranks are compared
+            among themselves (static, etcd, one node), nobody is
 
 Each case checks that every crun exits 0, every rank's environment (ranks unique and complete,
 TF_CONFIG of the world's size with the rank's own index, one JAX coordinator, Horovod's ranks
@@ -30,6 +35,7 @@ running.
 import itertools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,6 +55,7 @@ WORKERS = os.path.join(HERE, "..", "workers")
 SHELL_WORKER = os.path.join(WORKERS, "env_dump.sh")
 PYTHON_WORKER = os.path.join(WORKERS, "env_dump.py")
 CRASH_WORKER = os.path.join(WORKERS, "crash_loop.py")
+STRAGGLER_WORKER = os.path.join(WORKERS, "straggler_worker.py")
 WITNESS = os.path.join(HERE, "..", "pylib", "warm_witness")
 CASE_LIMIT_S = 60  # one case's crun processes, start to end
 
@@ -66,6 +73,8 @@ CRASH_MODES = ("import", "steps")  # how the crash-loop worker fails
 HEALTH_VERDICTS = ("passes", "fails")
 PASSING_CHECKS = ("--health-check", "true", "--health-check", "disk", "--health-check", "memory:1M")
 FAILING_CHECK = ("--health-check", "echo sick disk >&2; exit 3")
+SLOW = ("rank", "node")  # which ranks compute longer: the last one, or the last node's
+NAMED = re.compile(r"slow rank on \S+ \(local rank (\d+)\): rank (\d+): [\d.]+x the others' ")
 PAIRWISE_DIMS = (BACKENDS, CONTRACT_SETS, NPROCS, STARTS, CGROUPS, SNAPSHOTS)
 
 # The variables each contract adds (agent/frameworks/contracts.cc, docs/frameworks.md): a case checks
@@ -310,6 +319,34 @@ class Matrix(unittest.TestCase):
                              ["health check `echo sick disk >&2; exit 3` failed with exit code "
                               "3: sick disk"], job)
 
+    def run_straggler_case(self, case):
+        """Slow ranks on every backend, cold and warm: 2 workers a node."""
+        backend, start, slow = case
+        out = tempfile.mkdtemp(dir=self.root)
+        cmds = self.commands(backend, "torch", 2, STRAGGLER_WORKER, out)
+        cmds = [c[:-1] for c in cmds]  # the worker takes no arguments
+        world = 2 * len(cmds)
+        slow_ranks = [world - 1] if slow == "rank" else [world - 2, world - 1]
+        env = dict(os.environ, PYTHON_EXEC=PYTHON,
+                   STRAGGLER_SLOW=",".join(map(str, slow_ranks)))
+        env.pop("PET_WARM", None)
+        if start == "warm":
+            cmds = [c[:1] + ["--warm"] + c[1:] for c in cmds]
+        procs, texts = self.run_cruns(cmds, out, env)
+        self.assertEqual(processes_mentioning(out), [], "processes left running")
+        for p, text in zip(procs, texts):
+            self.assertEqual(p.returncode, 0, f"{' '.join(p.args)}:\n{text}")
+        named = [[(int(rank), int(local)) for local, rank in NAMED.findall(t)] for t in texts]
+        job_wide = backend == "service"
+        if slow == "node" and not (job_wide and len(cmds) > 1):
+            expected = []  # equal among their node's ranks: nobody to name them against
+        else:
+            expected = [(r, r % 2) for r in slow_ranks]
+        everyone = sorted(n for node in named for n in node)
+        self.assertEqual(everyone, expected, "\n".join(texts))
+        # The node that runs the ranks names them, and only it.
+        self.assertLessEqual(sum(1 for node in named if node), 1, named)
+
     def run_case(self, case, python):
         backend, contracts, nproc, start, cgroup, snapshots = case
         out = tempfile.mkdtemp(dir=self.root)
@@ -403,6 +440,10 @@ def health_cases():
     return list(itertools.product(BACKENDS, STARTS, HEALTH_VERDICTS))
 
 
+def straggler_cases():
+    return list(itertools.product(BACKENDS, STARTS, SLOW))
+
+
 def add_cases():
     for kind, cases, python in (("full", full_cases(), False),
                                 ("pairwise", pairwise(PAIRWISE_DIMS), True),
@@ -419,6 +460,10 @@ def add_cases():
         def test(self, case=case):
             self.run_health_case(case)
         setattr(Matrix, "test_health_" + "_".join(case), test)
+    for case in straggler_cases():
+        def test(self, case=case):
+            self.run_straggler_case(case)
+        setattr(Matrix, "test_straggler_" + "_".join(case), test)
 
 
 add_cases()
@@ -443,6 +488,8 @@ def describe():
           "full), Python worker, 2 workers a node")
     print(f"health: {len(health_cases())} cases (backend x start x the gate's verdict, in "
           "full), Python worker, 2 workers a node")
+    print(f"straggler: {len(straggler_cases())} cases (backend x start x which ranks are slow, "
+          "in full), Python worker, 2 workers a node")
 
 
 if __name__ == "__main__":
