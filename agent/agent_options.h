@@ -98,7 +98,8 @@ struct AgentOptions {
   // The health gate (docs/health.md): these checks run before every join (none: no gate). A
   // node that fails one does not join; it says why to the rendezvous and exits with
   // report::kExitRequeueWithoutNode, after appending its host name to unhealthy_nodes_file
-  // (when set) for the scheduler's script.
+  // (when set) for the scheduler's script; so does a node that leaves for a slow rank
+  // (StragglerAction::kExclude).
   HealthGateOptions health;
   std::string unhealthy_nodes_file;
 

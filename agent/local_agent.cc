@@ -43,8 +43,19 @@ struct LocalAgent::Impl final : RendezvousEvents {
         registry(options.metrics ? std::make_unique<metrics::Registry>() : nullptr),
         meters(registry ? std::make_unique<AgentMetrics>(*registry, MetricLabels()) : nullptr),
         state(lc::Initial({options.first_local_rank, options.nproc, options.shutdown_timeout})),
-        view{io_,      options,  group, state,          workers,      *rdzv,
-             presence, reserved, hangs, registry.get(), meters.get(), steps},
+        view{io_,
+             options,
+             group,
+             state,
+             workers,
+             *rdzv,
+             presence,
+             reserved,
+             hangs,
+             registry.get(),
+             meters.get(),
+             steps,
+             [this](const std::string& why) { ExcludeNode(why); }},
         features(factories, view),
         streams(io_, StreamOptionsOf(options, features)),
         signals(io_),
@@ -118,6 +129,21 @@ struct LocalAgent::Impl final : RendezvousEvents {
     outcome = JobOutcome{};
     outcome.exit_code = report::kExitRequeueWithoutNode;
     outcome.reason = why;
+    outcome.root_node_id = rdzv->node_id();
+    Feed(lc::OnFinished(state, lc::Outcome{false, report::kExitRequeueWithoutNode}, Now()));
+  }
+
+  // AgentView::exclude_node: this node leaves a running job (docs/health.md).
+  void ExcludeNode(const std::string& why) {
+    if (state.phase == lc::Phase::kDone || excluded) return;
+    excluded = true;
+    const std::string said = "this node (" + options.host_name + ") leaves the job: " + why;
+    spdlog::error("crun: {}", said);
+    rdzv->Leave("excluded: " + why);
+    NoteUnhealthyNode(options.unhealthy_nodes_file, options.host_name);
+    outcome = JobOutcome{};
+    outcome.exit_code = report::kExitRequeueWithoutNode;
+    outcome.reason = said;
     outcome.root_node_id = rdzv->node_id();
     Feed(lc::OnFinished(state, lc::Outcome{false, report::kExitRequeueWithoutNode}, Now()));
   }
@@ -367,6 +393,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   ProgressCounter steps = std::make_shared<std::uint64_t>(0);
   PortReservation reserved;             // this round's ports (--contract), until its workers start
   std::shared_ptr<HealthGateRun> gate;  // the health gate under way, before a join
+  bool excluded = false;                // this node left the running job (ExcludeNode)
   std::chrono::steady_clock::time_point joined_at;  // of the rendezvous under way
   GroupAssignment offered;                          // the rendezvous's last assignment
   GroupAssignment group;                            // the running attempt's

@@ -206,9 +206,11 @@ Status PlanHealth(agent::AgentOptions& a, const LaunchValues& v, const LaunchOpt
   if (!v.snapshot_disk.dir.empty()) h.dirs.push_back(v.snapshot_disk.dir);
   a.unhealthy_nodes_file = o.unhealthy_nodes_file;
   a.straggler_action = v.straggler_action;
-  if (!a.unhealthy_nodes_file.empty() && h.checks.empty()) {
+  if (!a.unhealthy_nodes_file.empty() && h.checks.empty() &&
+      a.straggler_action != agent::StragglerAction::kExclude) {
     return InvalidArgument("--unhealthy-nodes-file " + a.unhealthy_nodes_file +
-                           " needs --health-check: without a check no node is ever noted");
+                           " needs --health-check or --straggler-action exclude: without either "
+                           "no node is ever noted");
   }
   return Status::Ok();
 }
@@ -351,6 +353,13 @@ StatusOr<LaunchPlan> PlanLaunch(LaunchOptions o, const std::set<std::string>& gi
   p.backend = backend->name;
   CRUN_RETURN_IF_ERROR(PlanConf(p, backends, *backend));
   CRUN_RETURN_IF_ERROR(PlanAgent(p, o, given, facts));
+  if (p.agent.straggler_action == agent::StragglerAction::kExclude &&
+      (!backend->leaves_nodes_out || o.standalone)) {
+    return InvalidArgument(
+        "--straggler-action exclude: the " + std::string(o.standalone ? "--standalone" : "static") +
+        " rendezvous cannot go on without a node (its round is its nodes, all of them); use warn, "
+        "or crun's service or etcd with a spare or --nnodes MIN:MAX (docs/health.md)");
+  }
   CRUN_ASSIGN_OR_RETURN(p.rendezvous, backend->plan(p, PlanInputs{o, given, facts}));
   p.agent.snapshot_disk.job = DiskJob(p, o);
   // A job that may have several nodes copies each snapshot to the next one (replicas.h), with

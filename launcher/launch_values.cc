@@ -89,13 +89,16 @@ Status ParseDurations(LaunchValues& v, const LaunchOptions& o, const Getenv& get
                            "': a health check needs a deadline above 0 seconds");
   }
   v.health_check_timeout = Millis(health);
-  const std::map<std::string, agent::StragglerAction> actions =
-      {{"off", agent::StragglerAction::kOff}, {"warn", agent::StragglerAction::kWarn}};
+  const std::map<std::string, agent::StragglerAction> actions = {
+      {"off", agent::StragglerAction::kOff},
+      {"warn", agent::StragglerAction::kWarn},
+      {"exclude", agent::StragglerAction::kExclude}};
   if (auto a = actions.find(o.straggler_action); a != actions.end()) {
     v.straggler_action = a->second;
   } else {
-    std::string why = "--straggler-action '" + o.straggler_action + "': expected warn or off";
-    if (auto best = ClosestName(o.straggler_action, {"warn", "off"}); !best.empty()) {
+    std::string why =
+        "--straggler-action '" + o.straggler_action + "': expected warn, exclude or off";
+    if (auto best = ClosestName(o.straggler_action, {"warn", "exclude", "off"}); !best.empty()) {
       why += " (did you mean " + best + "?)";
     }
     return InvalidArgument(why);

@@ -52,6 +52,10 @@ struct AgentView {
   // The job's steps so far (crash loops, docs/health.md): the workers' heartbeats count into
   // it, and a feature that sees a step done (a snapshot saved) adds to it.
   ProgressCounter steps;
+  // This node leaves the running job for `why` (--straggler-action exclude, docs/health.md):
+  // the rendezvous hears it at once and goes on without it, the workers stop, the host is noted
+  // in --unhealthy-nodes-file, and crun exits with report::kExitRequeueWithoutNode.
+  std::function<void(const std::string& why)> exclude_node;
 };
 
 // One worker's exit, as the agent recorded it.

@@ -67,6 +67,10 @@ class StragglerWatch final : public JobFeature {
     if (change.named) {
       spdlog::warn("crun: slow rank on {} (local rank {}): {}", host, local,
                    rdzv::DescribeStraggler(change));
+      if (agent_.options.straggler_action == StragglerAction::kExclude) {
+        agent_.exclude_node("slow " + rdzv::DescribeStraggler(change) +
+                            " (--straggler-action exclude)");
+      }
     } else {
       spdlog::warn("crun: rank {} on {} is no longer slow: {}", change.rank, host,
                    rdzv::DescribeStraggler(change));

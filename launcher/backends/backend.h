@@ -80,6 +80,9 @@ struct Backend {
   std::string conf_help;               // for --rdzv-conf's help, when it has keys
   // A name kept only to be refused (a backend crun will not speak): the message.
   std::string refusal;
+  // Its rounds go on without a node that leaves a running job (spares, --nnodes MIN:MAX):
+  // --straggler-action exclude needs it. The static backend's round is its nodes, all of them.
+  bool leaves_nodes_out = false;
   // Checks what this backend needs of the options and decides its rendezvous: fills in
   // plan.run_id, plan.security and plan.notes, reads its keys from plan.conf.backend_keys.
   std::function<StatusOr<std::unique_ptr<BackendRun>>(LaunchPlan& plan, const PlanInputs& in)> plan;

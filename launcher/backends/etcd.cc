@@ -202,6 +202,7 @@ int FetchStatus(const StatusQuery& q, v1::StatusResponse* resp, std::string* whe
 Backend EtcdBackend() {
   Backend b;
   b.name = "etcd-v3";
+  b.leaves_nodes_out = true;
   b.aliases = {"etcd"};
   b.help = "etcd's v3 API at --rdzv-endpoint h1:2379,h2:2379,...";
   b.conf_keys = {"etcd_prefix", "etcd_user", "etcd_password_file"};

@@ -248,6 +248,7 @@ int FetchServiceStatus(const StatusQuery& q, v1::StatusResponse* resp, std::stri
 Backend ServiceBackend() {
   Backend b;
   b.name = "crun";
+  b.leaves_nodes_out = true;
   b.aliases = {"c10d"};
   b.help = "the rendezvous service at --rdzv-endpoint (hosted by the node it names)";
   b.plan = Plan;

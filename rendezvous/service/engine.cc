@@ -61,7 +61,11 @@ void Engine::OnMessage(SessionId session, const msg::AgentMessage& m, TimePoint 
   if (const auto* report = std::get_if<msg::FailureReport>(&m)) {
     return OnWorkersFailed(session, *report, now);
   }
-  if (std::holds_alternative<msg::Leave>(m)) return Unbind(session, now);
+  if (const auto* leave = std::get_if<msg::Leave>(&m)) {
+    // Its reason is the others' (a node excluded for a slow rank, crun stopped by a signal).
+    return Unbind(session, now,
+                  leave->reason.empty() ? "its session ended" : "it left: " + leave->reason);
+  }
   if (const auto* reply = std::get_if<msg::StacksReply>(&m)) return OnStacksReply(session, *reply);
   if (const auto* wanted = std::get_if<msg::StacksWanted>(&m)) {
     auto b = bound_.find(session);

@@ -218,7 +218,8 @@ class Commands(Case):
             (["--health-check", "true", "--health-check-timeout", "0"],
              "--health-check-timeout '0'"),
             (["--unhealthy-nodes-file", os.path.join(self.dir, "u")],
-             "needs --health-check: without a check no node is ever noted"),
+             "needs --health-check or --straggler-action exclude: without either no node is ever "
+             "noted"),
         ]
         for args, words in cases:
             with self.subTest(args=args):

@@ -105,12 +105,14 @@ class AcrossHosts(unittest.TestCase):
     def tearDown(self):
         kill_all(self.procs)
 
-    def node(self, fab, host, env):
+    def node(self, fab, host, env, args=()):
+        rank = () if host == "c" else ("--node-rank", "0" if host == "a" else "1")
         args = [CRUN, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint",
-                f"{fab.addr('a')}:{self.PORT}", "--rdzv-id", "slow", "--node-rank",
-                "0" if host == "a" else "1", "--metrics-port", str(self.METRICS), WORKER]
+                f"{fab.addr('a')}:{self.PORT}", "--rdzv-id", "slow", *rank,
+                "--metrics-port", str(self.METRICS), *args, WORKER]
         p = fab.popen(host, args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                      stderr=subprocess.PIPE, text=True, env=dict(os.environ, **env))
+                      stderr=subprocess.PIPE, text=True,
+                      env=dict(os.environ, NODE_TAG=host, **env))
         self.procs.append(p)
         return p
 
@@ -174,6 +176,43 @@ class AcrossHosts(unittest.TestCase):
         for host, local, rank, ratio, first, last in found:
             self.assertGreater(float(ratio), 1.5, errs["b"])
             self.assertLess(int(last), 60, errs["b"])
+
+    def test_exclude_hands_a_slow_nodes_ranks_to_a_spare(self):
+        # Node b's two ranks are slow (its own environment: whoever runs ranks 2 and 3 next is
+        # not). With exclude, b leaves with "requeue without this node" and its host noted; the
+        # spare c takes its ranks and the job ends well on a and c.
+        done = tempfile.mktemp(prefix="crun-stragglers-done-")
+        noted = tempfile.mktemp(prefix="crun-stragglers-unhealthy-")
+        self.addCleanup(lambda: [os.path.exists(f) and os.unlink(f) for f in (done, noted)])
+        # 1000 steps: a's first ranks (20 s) cannot finish before b is named (50 of its steps).
+        env = {"STRAGGLER_STEPS": "1000", "STRAGGLER_LOG": done}
+        args = ("--straggler-action", "exclude", "--unhealthy-nodes-file", noted)
+        with Fabric(["a", "b", "c"]) as fab:
+            a = self.node(fab, "a", env, args)
+            b = self.node(fab, "b", dict(env, STRAGGLER_SLOW="2,3"), args)
+
+            def members():
+                job = self.status(fab)
+                return job and sum(n["state"] == "member" for n in job["nodes"]) == 2
+            wait_for(members, "a round of a and b")
+            c = self.node(fab, "c", env, args)
+            _, err_b = b.communicate(timeout=LIMIT_S)
+            self.assertEqual(b.returncode, 87, err_b)
+            self.assertRegex(err_b, r"this node \(\S+\) leaves the job: slow rank [23]: [\d.]+x "
+                             r"the others' median compute time per step \(steps \d+-\d+\) "
+                             r"\(--straggler-action exclude\)")
+            errs = {}
+            for h, p in (("a", a), ("c", c)):
+                _, errs[h] = p.communicate(timeout=LIMIT_S)
+                self.assertEqual(p.returncode, 0, errs[h])
+        with open(noted) as f:
+            self.assertEqual(len(f.read().splitlines()), 1)
+        with open(done) as f:
+            finished = sorted(tuple(line.split()) for line in f.read().splitlines())
+        # Every rank finished once, in the round of a and c (b's ranks never finished).
+        self.assertEqual(sorted(int(r) for r, _, _ in finished), [0, 1, 2, 3], finished)
+        self.assertEqual({tag for _, tag, _ in finished}, {"a", "c"}, finished)
+        self.assertNotIn("slow rank", errs["c"])
 
 
 if __name__ == "__main__":

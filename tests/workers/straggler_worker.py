@@ -8,6 +8,7 @@ computes (sleeps) then sends its step record, as crun_worker.step does.
   STRAGGLER_FROM   the step from which the slow ranks are slow (0)
   STRAGGLER_STEPS  steps to run (120)
   STRAGGLER_MS     a step's compute, ms (20); the slow rank's is 2.5 times it
+  STRAGGLER_LOG    a file each rank appends "RANK NODE_TAG RESTART_COUNT" to when done ("")
   STRAGGLER_JITTER every rank's compute times a random factor in [1 - J, 1 + J] (0)
   STRAGGLER_SPIKES the share of steps that take 5 times as long on one rank (a garbage
                    collection, a checkpoint's copy): 0.01 is one step in a hundred (0)
@@ -57,3 +58,8 @@ else:
         t = time.monotonic()
         time.sleep(compute_seconds(step))
         crun_worker.step(step, compute_seconds=time.monotonic() - t)
+
+if os.environ.get("STRAGGLER_LOG"):
+    with open(os.environ["STRAGGLER_LOG"], "a") as f:
+        f.write(f"{rank} {os.environ.get('NODE_TAG', '')} "
+                f"{os.environ['TORCHELASTIC_RESTART_COUNT']}\n")

@@ -157,6 +157,14 @@ TEST_CASE("plan: refusals name the flag and the value", "[plan]") {
            Row{{"--signals-to-handle", "SIGKILL"}, "SIGKILL"},
            Row{{"--nproc-per-node", "gpu"}, "gpu"},
            Row{{"--tee", "0:9"}, "--tee '0:9'"},
+           Row{{"--straggler-action", "exclude"},
+               "--straggler-action exclude: the static rendezvous cannot go on without a node"},
+           Row{{"--standalone", "--straggler-action", "exclude"},
+               "--straggler-action exclude: the --standalone rendezvous cannot go on"},
+           Row{{"--nnodes", "2", "--master-port", "1", "--straggler-action", "exclude"},
+               "the static rendezvous cannot go on without a node"},
+           Row{{"--unhealthy-nodes-file", "/tmp/x"},
+               "--unhealthy-nodes-file /tmp/x needs --health-check or --straggler-action exclude"},
        }) {
     INFO(Catch::Detail::stringify(row.args));
     CHECK_THAT(Refusal(row.args), Catch::Contains(row.message));

@@ -138,7 +138,7 @@ TEST_CASE("values: refusals name the flag or variable and the value", "[values]"
            Row{{"--monitor-interval", "x"}, {}, "--monitor-interval 'x'"},
            Row{{"--straggler-action", "wran"},
                {},
-               "--straggler-action 'wran': expected warn or off (did you mean warn?)"},
+               "--straggler-action 'wran': expected warn, exclude or off (did you mean warn?)"},
        }) {
     INFO(Catch::Detail::stringify(row.args));
     CHECK_THAT(Refusal(row.args, row.vars), Catch::Contains(row.message));

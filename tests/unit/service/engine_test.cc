@@ -834,3 +834,15 @@ TEST_CASE("engine: slow ranks are judged job-wide and named to every node, with 
   const auto after = h.engine.Status("job7", T0 + 3s).jobs.at(0);
   CHECK(after.nodes.at(1).stragglers.empty());
 }
+
+TEST_CASE("engine: a node that leaves is lost with the reason it gave", "[engine]") {
+  Harness h;
+  h.Join(1, "a", T0, {.min = 1, .max = 3});
+  h.Join(2, "b", T0, {.min = 1, .max = 3});
+  h.Join(3, "c", T0, {.min = 1, .max = 3});
+  h.engine.OnMessage(2, msg::Leave{"excluded: slow rank 3: 2.4x the others' median"}, T0 + 1s);
+  CHECK(h.Stop(1).reason ==
+        "node b (b) was lost: it left: excluded: slow rank 3: 2.4x the others' median");
+  CHECK_FALSE(h.Stop(1).spends_restart);
+  CHECK(h.LastIs<msg::StopAndRejoin>(3));
+}
