@@ -89,10 +89,10 @@ Status ParseDurations(LaunchValues& v, const LaunchOptions& o, const Getenv& get
                            "': a health check needs a deadline above 0 seconds");
   }
   v.health_check_timeout = Millis(health);
-  const std::map<std::string, agent::StragglerAction> actions = {
-      {"off", agent::StragglerAction::kOff},
-      {"warn", agent::StragglerAction::kWarn},
-      {"exclude", agent::StragglerAction::kExclude}};
+  const std::map<std::string, agent::StragglerAction> actions =
+      {{"off", agent::StragglerAction::kOff},
+       {"warn", agent::StragglerAction::kWarn},
+       {"exclude", agent::StragglerAction::kExclude}};
   if (auto a = actions.find(o.straggler_action); a != actions.end()) {
     v.straggler_action = a->second;
   } else {

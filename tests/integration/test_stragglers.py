@@ -212,7 +212,11 @@ class AcrossHosts(unittest.TestCase):
         # Every rank finished once, in the round of a and c (b's ranks never finished).
         self.assertEqual(sorted(int(r) for r, _, _ in finished), [0, 1, 2, 3], finished)
         self.assertEqual({tag for _, tag, _ in finished}, {"a", "c"}, finished)
-        self.assertNotIn("slow rank", errs["c"])
+        # The others were told why b went; c, running b's ranks now, names nobody.
+        for h in ("a", "c"):
+            self.assertRegex(errs[h], r"re-forming the job: node \S+ \(\S+\) was lost: it left: "
+                             r"excluded: slow rank [23]: ")
+        self.assertEqual(NAMED.findall(errs["c"]), [], errs["c"])
 
 
 if __name__ == "__main__":
