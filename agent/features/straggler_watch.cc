@@ -5,6 +5,8 @@
 // named is said once, with its host and ratio, and again when it is back at speed.
 #include <spdlog/spdlog.h>
 
+#include <optional>
+
 #include "agent/features/job_feature.h"
 #include "rendezvous/service/stragglers.h"
 
@@ -22,8 +24,10 @@ class StragglerWatch final : public JobFeature {
   // Each attempt starts over: its ranks, its steps.
   void BeforeStart(AttemptStartContext& c) override {
     const int nproc = agent_.options.nproc;
-    state_ = {};
-    state_.world_size = nproc;
+    // The rendezvous said at this round's assignment whether a judge sees every node's figures;
+    // the node judges its own ranks only where none does.
+    state_.reset();
+    if (!exchange_.job_wide) state_.emplace().world_size = nproc;
     windows_.clear();
     for (int r = 0; r < nproc; ++r) windows_.emplace_back(r);
     // RANK of this crun's first worker (local rank first_local_rank).
@@ -46,13 +50,13 @@ class StragglerWatch final : public JobFeature {
     auto sample =
         windows_[static_cast<std::size_t>(i)].Add(r.step, std::chrono::microseconds(r.compute_us));
     if (!sample) return;
-    if (exchange_.job_wide) {
+    if (!state_) {
       sample->rank = first_rank_ + i;
       exchange_.Queue(*sample);
       return;
     }
     for (rdzv::StragglerChange change :
-         rdzv::OnComputeSample(state_, *sample, agent_.options.stragglers)) {
+         rdzv::OnComputeSample(*state_, *sample, agent_.options.stragglers)) {
       change.rank += first_rank_;
       Say(change, agent_.options.host_name);
     }
@@ -79,7 +83,7 @@ class StragglerWatch final : public JobFeature {
 
   AgentView& agent_;
   StragglerExchange& exchange_;
-  rdzv::StragglerState state_;
+  std::optional<rdzv::StragglerState> state_;  // where this node judges alone
   std::vector<rdzv::ComputeWindows> windows_;
   int first_rank_ = 0;
 };

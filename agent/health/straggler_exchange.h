@@ -1,8 +1,9 @@
 // Slow ranks judged job-wide (docs/health.md, "Slow ranks"): what the straggler watch and a
 // rendezvous that carries each node's figures to one judge (the service) share. The rendezvous
-// sets `job_wide`; the watch then queues its ranks' window figures in `outbox` instead of
-// judging them among this node's ranks alone, the rendezvous sends them with its next heartbeat,
-// and hands the judge's verdicts to `on_verdicts`. Everything runs on the agent's loop.
+// sets `job_wide` when the judge says it judges (the service, in its assignment); the watch then
+// queues its ranks' window figures in `outbox` instead of judging them among this node's ranks
+// alone, the rendezvous sends them with its next heartbeat, and hands the judge's verdicts to
+// `on_verdicts`. Everything runs on the agent's loop.
 #pragma once
 
 #include <cstddef>

@@ -38,9 +38,7 @@ class ServiceRendezvous final : public Rendezvous {
                        std::random_device{}()),
         incarnation_((std::uint64_t{std::random_device{}()} << 32) | std::random_device{}()),
         work_(asio::make_work_guard(io)),
-        target_(FormatEndpoint(o_.endpoint_host, o_.endpoint_port)) {
-    if (o_.stragglers) o_.stragglers->job_wide = true;
-  }
+        target_(FormatEndpoint(o_.endpoint_host, o_.endpoint_port)) {}
 
   ~ServiceRendezvous() override { Leave("shutting down"); }
 
@@ -342,6 +340,8 @@ class ServiceRendezvous final : public Rendezvous {
         g.round = a.round();
         g.spare = a.spare();
         durable_ = a.durable_service();
+        // A service that judges slow ranks gets this node's figures; else the node judges alone.
+        if (o_.stragglers) o_.stragglers->job_wide = a.judges_stragglers();
         state_ = State::kInJob;
         reconnect_timer_.cancel();
         g.virtual_local_rank = o_.virtual_local_rank;

@@ -102,6 +102,7 @@ struct Assignment {
   int restart_count = 0;
   bool spare = false;
   bool durable_service = false;
+  bool judges_stragglers = true;     // this service judges slow ranks job-wide (always)
   std::vector<RoundMember> members;  // group-rank order
 };
 

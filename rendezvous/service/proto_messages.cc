@@ -70,6 +70,7 @@ struct ServiceToProto {
     r->set_restart_count(a.restart_count);
     r->set_spare(a.spare);
     r->set_durable_service(a.durable_service);
+    r->set_judges_stragglers(a.judges_stragglers);
     for (const auto& m : a.members) {
       auto* p = r->add_members();
       p->set_host(m.host);

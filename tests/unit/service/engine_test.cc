@@ -835,6 +835,27 @@ TEST_CASE("engine: slow ranks are judged job-wide and named to every node, with 
   CHECK(after.nodes.at(1).stragglers.empty());
 }
 
+TEST_CASE("engine: a node's figures count for its own ranks only", "[engine][stragglers]") {
+  using std::chrono::microseconds;
+  Harness h;
+  h.Join(1, "a", T0);  // ranks 0, 1
+  h.Join(2, "b", T0);  // ranks 2, 3
+  const int round = h.Assignment(1).round;
+  // Node a speaks for every rank, b's as slow ones; b says nothing. Were a's word taken for b's
+  // ranks, every rank would have reported and ranks 2 and 3 would be named in window 4.
+  for (std::int64_t w = 0; w < 8; ++w) {
+    msg::Heartbeat b{2, {}, {}, round};
+    for (int rank = 0; rank < 4; ++rank) {
+      b.compute.push_back({rank, w, microseconds(rank < 2 ? 20'000 : 50'000)});
+    }
+    h.engine.OnMessage(1, b, T0 + 1s);
+  }
+  CHECK_FALSE(h.LastIs<msg::Stragglers>(1));
+  CHECK_FALSE(h.LastIs<msg::Stragglers>(2));
+  const auto status = h.engine.Status("job7", T0 + 1s).jobs.at(0);
+  CHECK(status.nodes.at(1).stragglers.empty());
+}
+
 TEST_CASE("engine: a node that leaves is lost with the reason it gave", "[engine]") {
   Harness h;
   h.Join(1, "a", T0, {.min = 1, .max = 3});
