@@ -55,7 +55,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
              registry.get(),
              meters.get(),
              steps,
-             [this](const std::string& why) { ExcludeNode(why); }},
+             [this](const std::string& why) { ExcludeNode(why); },
+             [this](int lr, const std::string& why) { FailRank(lr, why); }},
         features(factories, view),
         streams(io_, StreamOptionsOf(options, features)),
         signals(io_),
@@ -146,6 +147,23 @@ struct LocalAgent::Impl final : RendezvousEvents {
     outcome.reason = said;
     outcome.root_node_id = rdzv->node_id();
     Feed(lc::OnFinished(state, lc::Outcome{false, report::kExitRequeueWithoutNode}, Now()));
+  }
+
+  // AgentView::fail_rank: a running rank crun judged failed (docs/health.md).
+  void FailRank(int lr, const std::string& why) {
+    if (state.phase != lc::Phase::kRunning) return;  // stopping already, or not started
+    const bool running =
+        std::any_of(state.workers.begin(), state.workers.end(), [&](const auto& w) {
+          return w.local_rank == lr && w.state == lc::Worker::State::kRunning;
+        });
+    if (!running) return;
+    const Worker* w = &workers.at(lr);
+    spdlog::error(
+        "crun: rank {} (local rank {}, pid {}) on {} is slow: {}; stopping the group to restart "
+        "it (--straggler-action restart)",
+        group.base_rank + lr, lr, w->pid, options.host_name, why);
+    failures.NoteSlow(lr, why, std::chrono::system_clock::now());
+    Feed(lc::OnHang(state, state.attempt, {lr}, Now(), Now()));
   }
 
   static std::chrono::steady_clock::time_point Now() { return std::chrono::steady_clock::now(); }

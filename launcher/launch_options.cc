@@ -142,9 +142,11 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->envname(pet("UNHEALTHY_NODES_FILE"))
       ->type_name("PATH")
       ->group("Health");
-  app.add_option("--straggler-action,--straggler_action", o.straggler_action,
-                 "A rank whose compute time per step (step records on CRUN_HEARTBEAT_FD) stays "
-                 "above the others': warn names it with its host and ratio; off (docs/health.md)")
+  app.add_option(
+         "--straggler-action,--straggler_action", o.straggler_action,
+         "A rank whose compute time per step (step records on CRUN_HEARTBEAT_FD) stays "
+         "above the others': warn names it with its host and ratio; restart also stops it as "
+         "failed (one restart); exclude takes its node out; off (docs/health.md)")
       ->envname(pet("STRAGGLER_ACTION"))
       ->type_name("ACTION")
       ->capture_default_str()

@@ -92,13 +92,15 @@ Status ParseDurations(LaunchValues& v, const LaunchOptions& o, const Getenv& get
   const std::map<std::string, agent::StragglerAction> actions =
       {{"off", agent::StragglerAction::kOff},
        {"warn", agent::StragglerAction::kWarn},
+       {"restart", agent::StragglerAction::kRestart},
        {"exclude", agent::StragglerAction::kExclude}};
   if (auto a = actions.find(o.straggler_action); a != actions.end()) {
     v.straggler_action = a->second;
   } else {
     std::string why =
-        "--straggler-action '" + o.straggler_action + "': expected warn, exclude or off";
-    if (auto best = ClosestName(o.straggler_action, {"warn", "exclude", "off"}); !best.empty()) {
+        "--straggler-action '" + o.straggler_action + "': expected warn, restart, exclude or off";
+    if (auto best = ClosestName(o.straggler_action, {"warn", "restart", "exclude", "off"});
+        !best.empty()) {
       why += " (did you mean " + best + "?)";
     }
     return InvalidArgument(why);

@@ -13,7 +13,16 @@ namespace crun::agent {
 void AttemptFailures::Clear() {
   report_.failures.clear();
   hang_.reset();
+  slow_.clear();
 }
+
+namespace {
+
+std::int64_t UnixMs(std::chrono::system_clock::time_point when) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(when.time_since_epoch()).count();
+}
+
+}  // namespace
 
 report::WorkerFailure AttemptFailures::New(int rank, int lr, ExitStatus exit) {
   report::WorkerFailure f;
@@ -45,8 +54,12 @@ const report::WorkerFailure& AttemptFailures::Exited(Worker& w, int rank, ExitSt
 
 void AttemptFailures::NoteHang(HangReport report, std::chrono::system_clock::time_point when) {
   hang_ = std::move(report);
-  hang_when_ms_ =
-      std::chrono::duration_cast<std::chrono::milliseconds>(when.time_since_epoch()).count();
+  hang_when_ms_ = UnixMs(when);
+}
+
+void AttemptFailures::NoteSlow(int lr, std::string why,
+                               std::chrono::system_clock::time_point when) {
+  slow_[lr] = Slow{std::move(why), UnixMs(when)};
 }
 
 void AttemptFailures::Hung(const Worker& w, int rank) {
@@ -54,6 +67,13 @@ void AttemptFailures::Hung(const Worker& w, int rank) {
   f.time_unix_ms = hang_when_ms_;
   f.pid = w.pid;
   f.error_file = w.error_file;
+  if (auto slow = slow_.find(w.local_rank); slow != slow_.end()) {
+    f.slow = slow->second.why;
+    f.time_unix_ms = slow->second.when_ms;
+    report_.failures.push_back(std::move(f));
+    SortByTime();
+    return;
+  }
   if (hang_) {
     for (const auto& r : hang_->ranks) {
       if (r.local_rank == w.local_rank) f.hang = r.cause;
@@ -66,7 +86,7 @@ void AttemptFailures::Hung(const Worker& w, int rank) {
 
 void AttemptFailures::HangEnded(const Worker& w, ExitStatus exit) {
   for (auto& f : report_.failures) {
-    if (f.local_rank == w.local_rank && !f.hang.empty()) {
+    if (f.local_rank == w.local_rank && (!f.hang.empty() || !f.slow.empty())) {
       SetExit(f, exit);
       ReadErrorFile(w.error_file, f);
       return;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,9 +34,12 @@ class AttemptFailures {
   const report::WorkerFailure& Exited(Worker& w, int rank, ExitStatus exit, std::string oom);
   // A hang was declared at `when`: the report that judged it.
   void NoteHang(HangReport report, std::chrono::system_clock::time_point when);
-  // Worker `w` (rank `rank`) is one the hang judged hung: its record, in time order.
+  // Local rank `lr` was named slow at `when` (--straggler-action restart): `why`, its ratio.
+  void NoteSlow(int lr, std::string why, std::chrono::system_clock::time_point when);
+  // Worker `w` (rank `rank`) is one crun declared failed, hung (by the hang noted) or slow (as
+  // noted): its record, in time order.
   void Hung(const Worker& w, int rank);
-  // How hung worker `w` ended once stopped.
+  // How worker `w`, declared hung or slow, ended once stopped.
   void HangEnded(const Worker& w, ExitStatus exit);
   // The attempt is over: the records in time order, each with its stderr's last lines, now
   // complete (`tail` of a local rank).
@@ -53,6 +57,11 @@ class AttemptFailures {
   report::FailureReport report_;
   std::optional<HangReport> hang_;
   std::int64_t hang_when_ms_ = 0;  // time_unix_ms of the hang
+  struct Slow {
+    std::string why;
+    std::int64_t when_ms = 0;
+  };
+  std::map<int, Slow> slow_;  // local rank -> why crun stops it as slow
 };
 
 // Logs that the failure `f` (the worker ended with `exit`, on `host`) stops the rest of its

@@ -25,7 +25,9 @@ void AppendBlock(std::string& out, const report::WorkerFailure& f, const std::st
          std::to_string(f.local_rank) + ", role " + c.role + ")\n";
   out += "  pid       : " + std::to_string(f.pid) + "\n";
   if (!f.hang.empty()) out += "  hang      : " + f.hang + "\n";
-  out += "  exit      : " + ExitOf(f).Describe() + (f.hang.empty() ? "" : " (stopped by crun)") +
+  if (!f.slow.empty()) out += "  slow      : " + f.slow + "\n";
+  const bool stopped = !f.hang.empty() || !f.slow.empty();
+  out += "  exit      : " + ExitOf(f).Describe() + (stopped ? " (stopped by crun)" : "") +
          (f.oom.empty() ? "" : ": " + f.oom) + "\n";
   const bool error = WroteErrorFile(f);
   out += "  error file: " + (error ? f.error_file : std::string("<none written>")) + "\n";
@@ -149,7 +151,8 @@ std::string FormatReport(const ReportContext& c, const report::FailureReport& re
     const auto& f = failures[i];
     out += "  rank " + std::to_string(f.rank) + " on " + host + " (local rank " +
            std::to_string(f.local_rank) + ", pid " + std::to_string(f.pid) +
-           "): " + (f.hang.empty() ? "" : "hung, " + f.hang + "; ") + ExitOf(f).Describe() +
+           "): " + (f.hang.empty() ? "" : "hung, " + f.hang + "; ") +
+           (f.slow.empty() ? "" : "slow, " + f.slow + "; ") + ExitOf(f).Describe() +
            (f.oom.empty() ? "" : ": " + f.oom) + " at " + report::IsoTime(f) + "\n";
   }
   return out + rule + "\n";

@@ -56,6 +56,10 @@ struct AgentView {
   // the rendezvous hears it at once and goes on without it, the workers stop, the host is noted
   // in --unhealthy-nodes-file, and crun exits with report::kExitRequeueWithoutNode.
   std::function<void(const std::string& why)> exclude_node;
+  // crun stops local rank `local_rank` of the running attempt as failed for `why` (--straggler-
+  // action restart, docs/health.md): like a hang without the stacks, the group stops, the
+  // failure (report::WorkerFailure::slow) goes to the rendezvous and the restart is spent.
+  std::function<void(int local_rank, const std::string& why)> fail_rank;
 };
 
 // One worker's exit, as the agent recorded it.

@@ -74,6 +74,8 @@ class StragglerWatch final : public JobFeature {
       if (agent_.options.straggler_action == StragglerAction::kExclude) {
         agent_.exclude_node("slow " + rdzv::DescribeStraggler(change) +
                             " (--straggler-action exclude)");
+      } else if (agent_.options.straggler_action == StragglerAction::kRestart) {
+        agent_.fail_rank(local, rdzv::DescribeSlowness(change));
       }
     } else {
       spdlog::warn("crun: rank {} on {} is no longer slow: {}", change.rank, host,

@@ -54,7 +54,7 @@ struct Failure {
   int local_rank = 0;
   ExitStatus exit;
   TimePoint when;     // the first in time is the root cause
-  bool hang = false;  // crun declared it hung (its exit, once stopped, follows)
+  bool hang = false;  // crun declared it failed, hung or slow (its exit, once stopped, follows)
 };
 
 // The rendezvous's word on the job.
@@ -193,7 +193,8 @@ Transition OnWorkerExit(State state, int attempt, int local_rank, ExitStatus exi
 Transition OnStreamClosed(State state, int attempt, int local_rank, TimePoint now);
 // The attempt's edge is over; `complete`: nothing of the attempt is left.
 Transition OnEdgeDone(State state, int attempt, bool complete, TimePoint now);
-// A hang was declared at `declared` (and every rank's stacks read since): `hung` local ranks.
+// crun declared `hung` local ranks failed at `declared`: hung (and every rank's stacks read
+// since), or slow (--straggler-action restart). They are stopped with the others and reported.
 Transition OnHang(State state, int attempt, const std::vector<int>& hung, TimePoint declared,
                   TimePoint now);
 // The rendezvous: stop the workers and join again.

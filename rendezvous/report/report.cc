@@ -54,6 +54,7 @@ Json EncodeFailure(const WorkerFailure& w, Layout layout, const std::string& hos
   if (!file && w.time_unix_ms != 0) f["time_unix_ms"] = std::to_string(w.time_unix_ms);
   if (!w.hang.empty()) f["hang"] = w.hang;
   if (!w.oom.empty()) f["oom"] = w.oom;
+  if (!w.slow.empty()) f["slow"] = w.slow;
   return f;
 }
 
@@ -96,6 +97,7 @@ WorkerFailure FailureFromJson(const json& f) {
   w.time_unix_ms = Int64Field(f, "time_unix_ms");
   w.hang = Field<std::string>(f, "hang");
   w.oom = Field<std::string>(f, "oom");
+  w.slow = Field<std::string>(f, "slow");
   return w;
 }
 
@@ -110,6 +112,7 @@ int ExitCodeOf(const FailureReport& report) {
 
 std::string DescribeEnd(const WorkerFailure& f) {
   if (!f.hang.empty()) return "a hang: " + f.hang;
+  if (!f.slow.empty()) return "a slow rank: " + f.slow;
   std::string how = DescribeExit(f.signal.has_value(), f.signal.value_or(f.exit_code.value_or(0)));
   if (!f.oom.empty()) how += " (" + f.oom + ")";
   return how;
@@ -148,8 +151,11 @@ std::string LastTracebackLine(const WorkerFailure& f) {
 std::string FailureWay(const FailureReport& report) {
   if (report.failures.empty()) return "";
   const auto& f = report.failures.front();
-  // A hang's words carry how long it was silent: a hang is one way, whatever the length.
-  const std::string end = f.hang.empty() ? DescribeEnd(f) : "a hang";
+  // A hang's words carry how long it was silent, a slow rank's its ratio: each is one way,
+  // whatever the figure.
+  const std::string end = !f.hang.empty()   ? "a hang"
+                          : !f.slow.empty() ? "a slow rank"
+                                            : DescribeEnd(f);
   const std::string line = LastTracebackLine(f);
   return line.empty() ? end : end + ": " + line;
 }

@@ -39,6 +39,9 @@ struct WorkerFailure {
   std::int64_t time_unix_ms = 0;
   std::string hang;  // not empty: it hung, and this says how
   std::string oom;   // not empty: the OOM killer ended it
+  // Not empty: crun stopped it as a slow rank (--straggler-action restart), and this says how
+  // slow ("2.4x the others' median compute time per step (steps 40-49)").
+  std::string slow;
   // The error file's JSON as the worker wrote it (TORCHELASTIC_ERROR_FILE passes it on). Only
   // the node that read the file has it: ToJson and the wire leave it out.
   std::string error_json;

@@ -3,8 +3,8 @@
 namespace crun::rdzv {
 namespace {
 
-constexpr const char* kCauses[] = {kCauseExitCode, kCauseSignal,   kCauseOom,
-                                   kCauseHang,     kCauseNodeLost, kCauseHeartbeat};
+constexpr const char* kCauses[] = {kCauseExitCode, kCauseSignal,   kCauseOom,      kCauseHang,
+                                   kCauseSlow,     kCauseNodeLost, kCauseHeartbeat};
 constexpr const char* kReasons[] = {kRefusedNoToken, kRefusedWrongToken, kRefusedVersion,
                                     kRefusedBadJoin, kRefusedMismatch,   kRefusedDuplicate,
                                     kRefusedEnded};
@@ -23,6 +23,7 @@ const char* FailureCause(const msg::FailureReport& report) {
   if (report.failures.empty()) return kCauseExitCode;
   const auto& f = report.failures.front();
   if (!f.hang.empty()) return kCauseHang;
+  if (!f.slow.empty()) return kCauseSlow;
   if (!f.oom.empty()) return kCauseOom;
   if (f.signal) return kCauseSignal;
   return kCauseExitCode;

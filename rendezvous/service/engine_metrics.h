@@ -23,11 +23,12 @@ inline constexpr char kCauseExitCode[] = "exit_code";
 inline constexpr char kCauseSignal[] = "signal";
 inline constexpr char kCauseOom[] = "oom";
 inline constexpr char kCauseHang[] = "hang";
+inline constexpr char kCauseSlow[] = "slow_rank";
 inline constexpr char kCauseNodeLost[] = "node_lost";
 inline constexpr char kCauseHeartbeat[] = "heartbeat_timeout";
 
-// The cause of a node's worker failure report: its first failure's (hang, oom, signal or
-// exit_code).
+// The cause of a node's worker failure report: its first failure's (hang, slow_rank, oom,
+// signal or exit_code).
 const char* FailureCause(const msg::FailureReport& report);
 
 // Why a call or a join was refused: refused_total's "reason" label.

@@ -52,6 +52,7 @@ void ReportToProto(const msg::FailureReport& r, v1::FailureReport* out) {
     w->set_time_unix_ms(f.time_unix_ms);
     w->set_hang(f.hang);
     w->set_oom(f.oom);
+    w->set_slow(f.slow);
   }
 }
 
@@ -126,6 +127,7 @@ msg::FailureReport FromProto(const v1::FailureReport& r) {
     f.time_unix_ms = w.time_unix_ms();
     f.hang = w.hang();
     f.oom = w.oom();
+    f.slow = w.slow();
     out.failures.push_back(std::move(f));
   }
   return out;

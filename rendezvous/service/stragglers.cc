@@ -110,10 +110,14 @@ std::optional<ComputeSample> ComputeWindows::Add(std::int64_t step,
   return done;
 }
 
-std::string DescribeStraggler(const StragglerChange& c) {
+std::string DescribeSlowness(const StragglerChange& c) {
   const std::int64_t first = c.window * kStepWindow;
-  return fmt::format("rank {}: {}{:.1f}x the others' median compute time per step (steps {}-{})",
-                     c.rank, c.named ? "" : "back to ", c.ratio, first, first + kStepWindow - 1);
+  return fmt::format("{}{:.1f}x the others' median compute time per step (steps {}-{})",
+                     c.named ? "" : "back to ", c.ratio, first, first + kStepWindow - 1);
+}
+
+std::string DescribeStraggler(const StragglerChange& c) {
+  return fmt::format("rank {}: {}", c.rank, DescribeSlowness(c));
 }
 
 }  // namespace crun::rdzv

@@ -97,5 +97,7 @@ std::vector<StragglerChange> OnComputeSample(StragglerState& state, const Comput
 // "rank 3: 2.4x the others' median compute time per step (steps 120-129)"; a clearing says
 // "back to 1.0x".
 std::string DescribeStraggler(const StragglerChange& change);
+// The same without the rank: "2.4x the others' median compute time per step (steps 120-129)".
+std::string DescribeSlowness(const StragglerChange& change);
 
 }  // namespace crun::rdzv

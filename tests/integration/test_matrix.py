@@ -19,11 +19,15 @@ processes over a generated table of dimensions, not hand-picked cases.
             with one node's check failing, that node exits 87 having run nothing, and the other
             forms a smaller round (service, etcd: --nnodes 1:2) or, on the static backend, waits
             for it until join_timeout and fails naming it
-  straggler backend x start x which ranks are slow (the last rank; every rank of the last node),
-            every combination (docs/health.md, "Slow ranks"): a rank that computes 2.5 times
-            longer is named by the node that runs it and no other rank is; a slow node is named
-            where the comparison is job-wide (the service) and, where a node's ranks are compared
-            among themselves (static, etcd, one node), nobody is
+  straggler backend x start x which ranks are slow (the last rank; every rank of the last node)
+            x --straggler-action (warn, restart, exclude), every combination (docs/health.md, "Slow
+            ranks"): a rank that computes 2.5 times longer is named by the node that runs it and
+            no other rank is; a slow node is named where the comparison is job-wide (the
+            service) and, where a node's ranks are compared among themselves (static, etcd, one
+            node), nobody is. With restart, the rank named is stopped as failed, one restart is
+            spent and the job ends well in the second attempt. With exclude, the node whose rank is named leaves with exit 87 and
+            a spare runs its ranks to the end (service, etcd); the backends that cannot go on
+            without a node (--standalone, static) refuse exclude at parse time, starting nothing
 
 Each case checks that every crun exits 0, every rank's environment (ranks unique and complete,
 TF_CONFIG of the world's size with the rank's own index, one JAX coordinator, Horovod's ranks
@@ -46,7 +50,7 @@ import uuid
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import free_port, kill_all, processes_mentioning, whole_lines  # noqa: E402
+from crun_testing import free_port, kill_all, processes_mentioning, wait_for, whole_lines  # noqa: E402
 from etcd_cluster import EtcdCluster, Loopback, missing_programs  # noqa: E402
 
 CRUN = os.environ.get("CRUN_BIN", "crun")
@@ -74,6 +78,7 @@ HEALTH_VERDICTS = ("passes", "fails")
 PASSING_CHECKS = ("--health-check", "true", "--health-check", "disk", "--health-check", "memory:1M")
 FAILING_CHECK = ("--health-check", "echo sick disk >&2; exit 3")
 SLOW = ("rank", "node")  # which ranks compute longer: the last one, or the last node's
+STRAGGLER_ACTIONS = ("warn", "restart", "exclude")
 NAMED = re.compile(r"slow rank on \S+ \(local rank (\d+)\): rank (\d+): [\d.]+x the others' ")
 PAIRWISE_DIMS = (BACKENDS, CONTRACT_SETS, NPROCS, STARTS, CGROUPS, SNAPSHOTS)
 
@@ -203,18 +208,19 @@ class Matrix(unittest.TestCase):
         return [[CRUN, "--nnodes", "2", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint", endpoint,
                  "--rdzv-id", job, *common, worker, *out] for _ in range(2)]
 
-    def start_cruns(self, cmds, out, env):
-        """The crun processes of a case, each with its log; run() waits for them."""
-        logs = [open(os.path.join(out, f"crun_{i}.log"), "w+") for i in range(len(cmds))]
+    def start_cruns(self, cmds, out, env, first=0):
+        """The crun processes of a case, each with its log (crun_<first + i>.log) and its
+        environment (`env`, or one a command); wait_cruns() waits for them."""
+        envs = env if isinstance(env, list) else [env] * len(cmds)
+        logs = [open(os.path.join(out, f"crun_{first + i}.log"), "w+") for i in range(len(cmds))]
         procs = [subprocess.Popen(c, stdin=subprocess.DEVNULL, stdout=log,
-                                  stderr=subprocess.STDOUT, text=True, env=env)
-                 for c, log in zip(cmds, logs)]
+                                  stderr=subprocess.STDOUT, text=True, env=e)
+                 for c, log, e in zip(cmds, logs, envs)]
         return procs, logs
 
-    def run_cruns(self, cmds, out, env):
-        """Runs a case's crun processes to their end (CASE_LIMIT_S at most): their texts."""
-        procs, logs = self.start_cruns(cmds, out, env)
-        deadline = time.monotonic() + CASE_LIMIT_S
+    def wait_cruns(self, procs, logs, deadline):
+        """Waits for a case's crun processes to end (by `deadline`, else kills them and fails
+        showing every crun's output): their texts."""
         try:
             for p in procs:
                 try:
@@ -230,7 +236,25 @@ class Matrix(unittest.TestCase):
         texts = [self.tail(log) for log in logs]
         for log in logs:
             log.close()
-        return procs, texts
+        return texts
+
+    def run_cruns(self, cmds, out, env):
+        """Runs a case's crun processes to their end (CASE_LIMIT_S at most): their texts."""
+        procs, logs = self.start_cruns(cmds, out, env)
+        return procs, self.wait_cruns(procs, logs, time.monotonic() + CASE_LIMIT_S)
+
+    def members(self, backend, cmd):
+        """How many nodes `crun status` shows as members of the job `cmd` is a node of (service
+        or etcd); 0 before its rendezvous answers."""
+        backend_args = ("--rdzv-backend", "etcd-v3") if backend == "etcd" else ()
+        status = subprocess.run([CRUN, "status", *backend_args, "--rdzv-endpoint",
+                                 cmd[cmd.index("--rdzv-endpoint") + 1], "--rdzv-id",
+                                 cmd[cmd.index("--rdzv-id") + 1], "--json"],
+                                capture_output=True, text=True, timeout=60)
+        if status.returncode != 0:
+            return 0
+        jobs = json.loads(status.stdout)
+        return sum(n["state"] == "member" for n in jobs[0]["nodes"]) if jobs else 0
 
     def run_crash_case(self, case):
         """A worker that fails the same way in every attempt: at import (a crash loop) or
@@ -320,18 +344,24 @@ class Matrix(unittest.TestCase):
                               "3: sick disk"], job)
 
     def run_straggler_case(self, case):
-        """Slow ranks on every backend, cold and warm: 2 workers a node."""
-        backend, start, slow = case
+        """Slow ranks on every backend, cold and warm, warned of or excluded: 2 workers a node."""
+        backend, start, slow, action = case
         out = tempfile.mkdtemp(dir=self.root)
-        cmds = self.commands(backend, "torch", 2, STRAGGLER_WORKER, out)
+        cmds = self.commands(backend, "torch", 2, STRAGGLER_WORKER, out,
+                             restarts=1 if action == "restart" else 0,
+                             extra=("--straggler-action", action))
         cmds = [c[:-1] for c in cmds]  # the worker takes no arguments
-        world = 2 * len(cmds)
-        slow_ranks = [world - 1] if slow == "rank" else [world - 2, world - 1]
-        env = dict(os.environ, PYTHON_EXEC=PYTHON,
-                   STRAGGLER_SLOW=",".join(map(str, slow_ranks)))
+        env = dict(os.environ, PYTHON_EXEC=PYTHON)
         env.pop("PET_WARM", None)
         if start == "warm":
             cmds = [c[:1] + ["--warm"] + c[1:] for c in cmds]
+        if action == "exclude":
+            return self.run_exclude_case(backend, slow, cmds, out, env)
+        if action == "restart":
+            return self.run_slow_restart_case(backend, slow, cmds, out, env)
+        world = 2 * len(cmds)
+        slow_ranks = [world - 1] if slow == "rank" else [world - 2, world - 1]
+        env["STRAGGLER_SLOW"] = ",".join(map(str, slow_ranks))
         procs, texts = self.run_cruns(cmds, out, env)
         self.assertEqual(processes_mentioning(out), [], "processes left running")
         for p, text in zip(procs, texts):
@@ -346,6 +376,113 @@ class Matrix(unittest.TestCase):
         self.assertEqual(everyone, expected, "\n".join(texts))
         # The node that runs the ranks names them, and only it.
         self.assertLessEqual(sum(1 for node in named if node), 1, named)
+
+    def run_slow_restart_case(self, backend, slow, cmds, out, env):
+        """--straggler-action restart: the node that runs a rank named slow stops it as failed
+        ("a slow rank" in the report), which spends one restart of the job; slow in the first
+        attempt only, the job ends well in the second. A rank nobody can name (a slow node
+        judged among its own ranks) costs nothing."""
+        world = 2 * len(cmds)
+        slow_ranks = [world - 1] if slow == "rank" else [world - 2, world - 1]
+        finished = os.path.join(out, "finished")
+        # 300 steps: the fast ranks (6 s) are still running when the slow one is named (50 of
+        # its steps, 2.5 s).
+        env = dict(env, STRAGGLER_SLOW=",".join(map(str, slow_ranks)), STRAGGLER_ATTEMPTS="0",
+                   STRAGGLER_STEPS="300", STRAGGLER_LOG=finished)
+        procs, texts = self.run_cruns(cmds, out, env)
+        self.assertEqual(processes_mentioning(out), [], "processes left running")
+        for p, text in zip(procs, texts):
+            self.assertEqual(p.returncode, 0, f"{' '.join(p.args)}:\n{text}")
+        # "RANK NODE_TAG RESTART_COUNT" lines, NODE_TAG empty here
+        done = sorted((int(w[0]), int(w[-1])) for w in map(str.split, whole_lines(finished)))
+        if slow == "node" and not (backend == "service" and len(cmds) > 1):
+            self.assertEqual(done, [(r, 0) for r in range(world)], "\n".join(texts))
+            self.assertNotIn("--straggler-action restart", "\n".join(texts))
+            return
+        # Every rank finished once, in the second attempt; on static without --contract ports
+        # each node restarts on its own (torchrun's behaviour, docs/frameworks.md), and the
+        # other node's workers (no collective here to fail them) finish their first.
+        restarted = set(range(world)) if backend != "static" else {2, 3}
+        self.assertEqual(done, [(r, int(r in restarted)) for r in range(world)],
+                         "\n".join(texts))
+        stopped = re.compile(r"crun: rank (\d+) \(local rank (\d)+, pid \d+\) on \S+ is slow: "
+                             r"[\d.]+x the others' median compute time per step \(steps \d+-\d+\)"
+                             r"; stopping the group to restart it \(--straggler-action restart\)")
+        stops = [[int(r) for r, _ in stopped.findall(t)] for t in texts]
+        # One node stops one of its slow ranks (the first named), and the job restarts once.
+        self.assertEqual(sum(len(node) for node in stops), 1, stops)
+        self.assertIn(next(r for node in stops for r in node), slow_ranks, stops)
+        for p, text in zip(procs, texts):
+            if backend == "static" and "--node-rank 0" in " ".join(p.args):
+                continue  # node 0 runs ranks 0 and 1, and does not restart
+            self.assertRegex(text, r"restarting the worker group \(restart 1 of at most 1\): "
+                             r"rank \d+ \(local rank \d\) on \S+ failed with a slow rank: "
+                             r"[\d.]+x the others' median", f"{' '.join(p.args)}:\n{text}")
+
+    def run_exclude_case(self, backend, slow, cmds, out, env):
+        """--straggler-action exclude: refused where a round cannot go on without a node; else
+        a node whose ranks are slow (its own environment: a spare that takes them is not) is
+        named, leaves with exit 87, and the spare runs its ranks to the end."""
+        if backend in ("local", "static"):
+            procs, texts = self.run_cruns(cmds, out, env)
+            which = "--standalone" if backend == "local" else "static"
+            for p, text in zip(procs, texts):
+                self.assertEqual(p.returncode, 2, text)
+                self.assertIn(f"--straggler-action exclude: the {which} rendezvous cannot go on "
+                              "without a node", text)
+            self.assertEqual(sorted(f for f in os.listdir(out) if not f.startswith("crun_")),
+                             [], "files written by a refused job")
+            self.assertEqual(processes_mentioning(out), [], "processes left running")
+            return
+        finished = os.path.join(out, "finished")
+        env = dict(env, STRAGGLER_STEPS="600", STRAGGLER_LOG=finished)
+        roles = ("fast", "slow", "spare")
+        cmds = [cmds[0], cmds[1], list(cmds[1])]
+        if backend == "service":  # the fast node hosts the service: it stays to the end
+            for role, c in zip(roles, cmds):
+                c[1:1] = ["--rdzv-conf", f"is_host={int(role == 'fast')}"]
+        envs = [dict(env, NODE_TAG=role) for role in roles]
+        envs[1]["STRAGGLER_SLOW_LOCAL"] = "1" if slow == "rank" else "0,1"
+        deadline = time.monotonic() + CASE_LIMIT_S
+        procs, logs = self.start_cruns(cmds[:2], out, envs[:2])
+        try:  # the spare joins once fast and slow are the round
+            wait_for(lambda: self.members(backend, cmds[0]) == 2, "a round of two nodes",
+                     limit=CASE_LIMIT_S / 2)
+        except AssertionError:
+            kill_all(procs)
+            raise
+        spare, spare_log = self.start_cruns(cmds[2:], out, envs[2:], first=2)
+        texts = self.wait_cruns(procs + spare, logs + spare_log, deadline)
+        procs += spare
+        self.assertEqual(processes_mentioning(out), [], "processes left running")
+        named = [sorted(int(local) for local, _ in NAMED.findall(t)) for t in texts]
+        done = sorted(tuple(line.split()[:2]) for line in whole_lines(finished))
+        # A node whose ranks are compared among themselves alone (etcd) cannot tell a whole
+        # slow node: nobody is named, nobody leaves, and the spare is never needed.
+        if slow == "node" and backend != "service":
+            self.assertEqual(named, [[], [], []], "\n".join(texts))
+            for p, text in zip(procs, texts):
+                self.assertEqual(p.returncode, 0, f"{' '.join(p.args)}:\n{text}")
+            self.assertEqual({tag for _, tag in done}, {"fast", "slow"}, done)
+            self.assertEqual(sorted(int(r) for r, _ in done), [0, 1, 2, 3], done)
+            return
+        self.assertEqual(named[0], [], texts[0])
+        self.assertEqual(named[1], [1] if slow == "rank" else [0, 1], texts[1])
+        self.assertEqual(procs[1].returncode, 87, texts[1])
+        self.assertRegex(texts[1], r"this node \(\S+\) leaves the job: slow rank \d+: [\d.]+x "
+                         r"the others' median compute time per step \(steps \d+-\d+\) "
+                         r"\(--straggler-action exclude\)")
+        # The service passes the leaving node's reason on; etcd sees its lease end.
+        why = (r"it left: excluded: slow rank \d+: " if backend == "service" else
+               r"its etcd lease ended \(the agent left")
+        for i in (0, 2):
+            self.assertEqual(procs[i].returncode, 0, f"{' '.join(procs[i].args)}:\n{texts[i]}")
+            self.assertRegex(texts[i], r"re-forming the job: node \S+ \(\S+\) was lost: " + why)
+        # Every rank finished once, in the round of fast and spare; the spare, running the slow
+        # node's ranks now, names nobody.
+        self.assertEqual(named[2], [], texts[2])
+        self.assertEqual(sorted(int(r) for r, _ in done), [0, 1, 2, 3], done)
+        self.assertEqual({tag for _, tag in done}, {"fast", "spare"}, done)
 
     def run_case(self, case, python):
         backend, contracts, nproc, start, cgroup, snapshots = case
@@ -441,7 +578,7 @@ def health_cases():
 
 
 def straggler_cases():
-    return list(itertools.product(BACKENDS, STARTS, SLOW))
+    return list(itertools.product(BACKENDS, STARTS, SLOW, STRAGGLER_ACTIONS))
 
 
 def add_cases():
@@ -488,8 +625,8 @@ def describe():
           "full), Python worker, 2 workers a node")
     print(f"health: {len(health_cases())} cases (backend x start x the gate's verdict, in "
           "full), Python worker, 2 workers a node")
-    print(f"straggler: {len(straggler_cases())} cases (backend x start x which ranks are slow, "
-          "in full), Python worker, 2 workers a node")
+    print(f"straggler: {len(straggler_cases())} cases (backend x start x which ranks are slow x "
+          "action, in full), Python worker, 2 workers a node")
 
 
 if __name__ == "__main__":

@@ -123,6 +123,26 @@ inline std::vector<ReportCase> ReportCases() {
     rows.push_back(c);
   }
   {
+    ReportCase c{"stopped by crun as a slow rank", {}, "", 0, "", ""};
+    c.report.host = "node-b";
+    auto f = ReportFailure(3, 1, 8, kReportNoon);
+    f.signal = SIGTERM;
+    f.slow = "2.4x the others' median compute time per step (steps 40-49)";
+    c.report.failures = {f};
+    c.describe =
+        "rank 3 (local rank 1) on node-b failed with a slow rank: 2.4x the others' median "
+        "compute time per step (steps 40-49)";
+    c.exit_code = 143;
+    c.stored = R"({"host":"node-b","failures":[{"rank":3,"local_rank":1,"pid":8,"signal":15,)"
+               R"("time_unix_ms":"1795694400250",)"
+               R"x("slow":"2.4x the others' median compute time per step (steps 40-49)"}]})x";
+    c.file = R"([{"error_file":"","exit_code":null,"host":"node-b","local_rank":1,"pid":8,)"
+             R"("rank":3,"signal":"SIGTERM",)"
+             R"x("slow":"2.4x the others' median compute time per step (steps 40-49)",)x"
+             R"("stderr_tail":[],"time":"2026-11-26T12:00:00.250Z"}])";
+    rows.push_back(c);
+  }
+  {
     // An exit code of 0 is written (it is not "no exit"), and is no shell code of a failure.
     ReportCase c{"exit code 0, with the worker's own time text", {}, "", 0, "", ""};
     c.report.host = "node-a";

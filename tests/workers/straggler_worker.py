@@ -5,7 +5,11 @@ computes (sleeps) then sends its step record, as crun_worker.step does.
                    ddp: a Gloo DDP model with crun_worker.allreduce_hook, the sleep before
                    backward (torch needed)
   STRAGGLER_SLOW   the ranks that compute longer, comma-separated ("" for none)
+  STRAGGLER_SLOW_LOCAL  the same by LOCAL_RANK, for one node's environment: whoever runs
+                   those ranks on another node (a spare) is not slow ("" for none)
   STRAGGLER_FROM   the step from which the slow ranks are slow (0)
+  STRAGGLER_ATTEMPTS  the attempts (TORCHELASTIC_RESTART_COUNT), comma-separated, in which the
+                   slow ranks are slow ("" for every one)
   STRAGGLER_STEPS  steps to run (120)
   STRAGGLER_MS     a step's compute, ms (20); the slow rank's is 2.5 times it
   STRAGGLER_LOG    a file each rank appends "RANK NODE_TAG RESTART_COUNT" to when done ("")
@@ -21,6 +25,11 @@ import crun_worker
 
 rank = int(os.environ["RANK"])
 slow = {int(r) for r in os.environ.get("STRAGGLER_SLOW", "").split(",") if r}
+if str(os.environ["LOCAL_RANK"]) in os.environ.get("STRAGGLER_SLOW_LOCAL", "").split(","):
+    slow.add(rank)
+attempts = [a for a in os.environ.get("STRAGGLER_ATTEMPTS", "").split(",") if a]
+if attempts and os.environ["TORCHELASTIC_RESTART_COUNT"] not in attempts:
+    slow = set()
 steps = int(os.environ.get("STRAGGLER_STEPS", "120"))
 base = float(os.environ.get("STRAGGLER_MS", "20")) / 1000
 jitter = float(os.environ.get("STRAGGLER_JITTER", "0"))

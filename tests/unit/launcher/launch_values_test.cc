@@ -8,6 +8,7 @@
 #include <csignal>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "launcher/launch_values.h"
@@ -138,9 +139,32 @@ TEST_CASE("values: refusals name the flag or variable and the value", "[values]"
            Row{{"--monitor-interval", "x"}, {}, "--monitor-interval 'x'"},
            Row{{"--straggler-action", "wran"},
                {},
-               "--straggler-action 'wran': expected warn, exclude or off (did you mean warn?)"},
+               "--straggler-action 'wran': expected warn, restart, exclude or off (did you mean "
+               "warn?)"},
        }) {
     INFO(Catch::Detail::stringify(row.args));
     CHECK_THAT(Refusal(row.args, row.vars), Catch::Contains(row.message));
   }
+}
+
+TEST_CASE("values: every --straggler-action, from the flag and from PET_STRAGGLER_ACTION",
+          "[values]") {
+  using crun::agent::StragglerAction;
+  for (const auto& [word, action] :
+       std::vector<std::pair<std::string, StragglerAction>>{{"off", StragglerAction::kOff},
+                                                            {"warn", StragglerAction::kWarn},
+                                                            {"restart", StragglerAction::kRestart},
+                                                            {"exclude",
+                                                             StragglerAction::kExclude}}) {
+    INFO(word);
+    const auto flag = Values({"--straggler-action", word});
+    REQUIRE(flag.ok());
+    CHECK(flag->straggler_action == action);
+    ::setenv("PET_STRAGGLER_ACTION", word.c_str(), 1);
+    const auto var = Values({});
+    ::unsetenv("PET_STRAGGLER_ACTION");
+    REQUIRE(var.ok());
+    CHECK(var->straggler_action == action);
+  }
+  CHECK(Values({})->straggler_action == StragglerAction::kWarn);
 }

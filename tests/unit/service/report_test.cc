@@ -160,6 +160,9 @@ TEST_CASE("how a failure failed: its end and its last Python line, without rank 
   auto hung = ReportFailure(3, 1, 9, kReportNoon);
   hung.signal = SIGTERM;
   hung.hang = "no progress for 31.2 s";
+  auto slow = ReportFailure(3, 1, 9, kReportNoon);
+  slow.signal = SIGTERM;
+  slow.slow = "2.4x the others' median compute time per step (steps 40-49)";
   auto killed = ReportFailure(0, 0, 9, kReportNoon);
   killed.signal = SIGKILL;
   const std::vector<Row> rows = {
@@ -177,6 +180,7 @@ TEST_CASE("how a failure failed: its end and its last Python line, without rank 
        exit_with(1, {"Traceback (most recent call last):", "  File \"a.py\", line 1"}), "",
        "exit code 1"},
       {"a hang is one way, however long", hung, "", "a hang"},
+      {"a slow rank is one way, however slow", slow, "", "a slow rank"},
       {"a signal", killed, "", "signal 9 (SIGKILL)"},
   };
   for (const auto& row : rows) {
