@@ -3,6 +3,7 @@
 #include <cmath>
 #include <future>
 #include <map>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -21,6 +22,7 @@
 #include "base/security.h"
 #include "rendezvous/etcd/client.h"
 #include "rendezvous/etcd/job.h"
+#include "rendezvous/etcd/stragglers.h"
 #include "rendezvous/report/report.h"
 
 namespace crun::agent {
@@ -46,6 +48,7 @@ class EtcdRendezvous final : public Rendezvous {
         work_(asio::make_work_guard(eio_)),
         decide_timer_(eio_),
         keepalive_timer_(eio_),
+        judge_(o_.straggler_settings),
         thread_([this] { eio_.run(); }) {}
 
   ~EtcdRendezvous() override {
@@ -214,6 +217,7 @@ class EtcdRendezvous final : public Rendezvous {
                 mirror_.erase(e.kv.key);
               } else {
                 mirror_[e.kv.key] = e.kv;
+                QueueFigures(e.kv);
               }
             }
             revision_ = revision;
@@ -266,6 +270,7 @@ class EtcdRendezvous final : public Rendezvous {
       if (beat == EtcdNodeLease::Beat::kLost) return LeaseLost();
       if (beat == EtcdNodeLease::Beat::kAlive) {
         last_contact_ = Clock::now();
+        SendFigures();
         if (outage_logged_) {
           outage_logged_ = false;
           spdlog::info("etcd rendezvous: etcd at {} answers again", client_->endpoints());
@@ -348,6 +353,80 @@ class EtcdRendezvous final : public Rendezvous {
       React();
       if (!ended_) Elect();
       if (!ended_ && watch_all_) Decide();
+      if (!ended_ && watch_all_) JudgeFigures();
+    });
+  }
+
+  // ---- slow ranks judged job-wide (rendezvous/etcd/stragglers.h) ----------------------------
+
+  // The decider keeps every put of a node's figures, in order, for its next pass.
+  void QueueFigures(const etcd::KeyValue& kv) {
+    const std::string prefix = etcd::FiguresKey(keys_, "");
+    if (!watch_all_ || !o_.stragglers || kv.key.compare(0, prefix.size(), prefix) != 0) return;
+    if (figures_.size() >= kMaxQueuedFigures) figures_.erase(figures_.begin());
+    figures_.emplace_back(kv.key.substr(prefix.size()), kv.value);
+  }
+
+  // The decider folds the puts into the running round's detector and writes what changed.
+  void JudgeFigures() {
+    auto queued = std::exchange(figures_, {});
+    if (queued.empty() || etcd::Decider(keys_, mirror_) != o_.node_id) return;
+    auto job = mirror_.find(keys_.job());
+    if (job == mirror_.end()) return;
+    auto doc =
+        etcd::DecodeJob(job->second.value, rdzv::TimePoint::clock::now(), etcd::WallClock::now());
+    if (!doc.ok()) return;
+    judge_.Follow(*doc);
+    bool changed = false;
+    for (const auto& [node, value] : queued) {
+      auto put = etcd::DecodeFigures(node, value);
+      if (!put.ok()) {
+        spdlog::warn("etcd rendezvous: ignoring {}", put.status().message());
+        continue;
+      }
+      changed = judge_.Fold(node, *put) || changed;
+    }
+    if (!changed) return;
+    auto written = client_->Put(etcd::StragglersKey(keys_), etcd::EncodeVerdicts(judge_.verdicts()),
+                                0, Deadline());
+    if (!written.ok()) {
+      spdlog::warn("etcd rendezvous: cannot write the slow ranks' verdicts: {}",
+                   written.status().message());
+    }
+  }
+
+  // Every node, each keep-alive: the figures its straggler watch queued since the last put.
+  void SendFigures() {
+    if (!o_.stragglers || !round_) return;
+    asio::post(io_, [this] {
+      StragglerExchange& x = *o_.stragglers;
+      if (!x.job_wide || x.outbox.empty()) return;
+      etcd::NodeFigures put{x.round, std::exchange(x.outbox, {})};
+      asio::post(eio_, [this, put = std::move(put)] {
+        if (ended_ || !ready_) return;
+        auto written = client_->Put(etcd::FiguresKey(keys_, o_.node_id), etcd::EncodeFigures(put),
+                                    lease_, Deadline());
+        if (!written.ok()) {
+          spdlog::warn("etcd rendezvous: cannot send this node's slow-rank figures: {}",
+                       written.status().message());
+        }
+      });
+    });
+  }
+
+  // Every node: the decider's verdicts on this round's ranks that it has not passed on yet.
+  void PassVerdicts() {
+    if (!o_.stragglers || !round_) return;
+    auto kv = mirror_.find(etcd::StragglersKey(keys_));
+    if (kv == mirror_.end()) return;
+    auto verdicts = etcd::DecodeVerdicts(kv->second.value);
+    if (!verdicts.ok()) return;
+    auto changes = etcd::NewVerdicts(*verdicts, round_->round, said_slow_);
+    if (changes.empty()) return;
+    std::vector<SlowRankVerdict> out;
+    for (const auto& v : changes) out.push_back({v.change, v.host});
+    asio::post(io_, [this, out = std::move(out)] {
+      if (o_.stragglers->on_verdicts) o_.stragglers->on_verdicts(out);
     });
   }
 
@@ -379,7 +458,7 @@ class EtcdRendezvous final : public Rendezvous {
       });
       return;
     }
-    if (round_) return;
+    if (round_) return PassVerdicts();
     if (want_join_ && joined_gathering_ != doc.gathering) WriteJoin();
     if (joined_gathering_ != doc.gathering || doc.state.phase != rdzv::Phase::kRunning) return;
     MaybeAssign(doc);
@@ -403,11 +482,16 @@ class EtcdRendezvous final : public Rendezvous {
       g.master_port = endpoint->port;
     }
     round_ = Round{doc.gathering, round};
+    said_slow_.clear();
     want_join_ = false;  // until the agent is ready for the next round
     spdlog::info("etcd rendezvous: round {} ({}), restart count {}", round,
                  g.spare ? std::string("spare") : "group rank " + std::to_string(g.group_rank),
                  g.restart_count);
-    Post([g](RendezvousEvents* e) { e->OnAssignment(g); });
+    // A decider that judges slow ranks gets this node's figures; else the node judges alone.
+    Post([this, g, judges = doc.judges_stragglers](RendezvousEvents* e) {
+      if (o_.stragglers) o_.stragglers->job_wide = judges;
+      e->OnAssignment(g);
+    });
   }
 
   // Group rank 0 serves the round's store and says where; false when that failed (the job
@@ -572,6 +656,12 @@ class EtcdRendezvous final : public Rendezvous {
   bool outage_logged_ = false;
   bool pass_queued_ = false;
   std::int64_t seen_needed_ = 0;  // the revision the mirror must reach before deciding again
+  // Slow ranks: the decider's detector and the puts of figures since its last pass (node id,
+  // value); every node's ranks it has said are slow in its round.
+  static constexpr std::size_t kMaxQueuedFigures = 100'000;
+  etcd::FigureJudge judge_;
+  std::vector<std::pair<std::string, std::string>> figures_;
+  std::set<int> said_slow_;
   Clock::time_point last_contact_;
   std::thread thread_;  // last: runs eio_ once everything above is built
 };

@@ -31,9 +31,11 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "agent/health/straggler_exchange.h"
 #include "agent/rendezvous/rendezvous.h"
 #include "base/security.h"
 #include "rendezvous/service/rules.h"
+#include "rendezvous/service/stragglers.h"
 
 namespace crun::agent {
 
@@ -55,6 +57,10 @@ struct EtcdRendezvousOptions {
   std::chrono::milliseconds connect_timeout{10'000};
   std::chrono::milliseconds outage_timeout{60'000};
   bool virtual_local_rank = false;
+  // Slow ranks judged job-wide (rendezvous/etcd/stragglers.h): this node's figures go out, the
+  // decider's verdicts come back; null turns that off. `straggler_settings`: the decider's.
+  std::shared_ptr<StragglerExchange> stragglers;
+  rdzv::StragglerSettings straggler_settings;
 };
 
 std::unique_ptr<Rendezvous> MakeEtcdRendezvous(boost::asio::io_context& io,

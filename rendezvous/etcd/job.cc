@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rendezvous/etcd/stragglers.h"
 #include "rendezvous/service/job_status.h"
 
 namespace crun::etcd {
@@ -111,15 +112,6 @@ std::string Unembedded(const json& j) {
   if (j.is_null()) return {};
   if (j.is_string()) return j.get<std::string>();
   return j.dump();
-}
-
-template <typename F>
-auto Guarded(const std::string& what, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const std::exception& e) {
-    return ProtocolError(what + ": " + e.what());
-  }
 }
 
 std::optional<TimePoint> Earliest(const rdzv::State& s) {
@@ -269,7 +261,8 @@ std::string EncodeJob(const JobDoc& d, TimePoint now, WallClock::time_point wall
             {"unhealthy_reports", s.unhealthy_reports},
             {"stop", {{"reason", d.stop_reason}, {"spends_restart", d.stop_spends_restart}}},
             {"last_failure", d.last_failure},
-            {"world_size", d.world_size}};
+            {"world_size", d.world_size},
+            {"judges_stragglers", true}};
   if (d.outcome) {
     j["outcome"] = {{"success", d.outcome->success},
                     {"exit_code", d.outcome->exit_code},
@@ -333,6 +326,7 @@ StatusOr<JobDoc> DecodeJob(const std::string& text, TimePoint now, WallClock::ti
     d.stop_spends_restart = j.at("stop").at("spends_restart").get<bool>();
     d.last_failure = j.value("last_failure", std::string());
     d.world_size = j.value("world_size", 0);
+    d.judges_stragglers = j.value("judges_stragglers", false);
     if (j.contains("outcome") && !j["outcome"].is_null()) {
       const auto& o = j["outcome"];
       Outcome out;
@@ -661,7 +655,18 @@ StatusOr<rdzv::msg::JobStatus> StatusOf(const Keys& keys, const std::string& run
   auto job_kv = mirror.find(keys.state());
   if (job_kv == mirror.end()) return NotFound("no job '" + run_id + "' under " + keys.prefix);
   CRUN_ASSIGN_OR_RETURN(JobDoc doc, DecodeJob(job_kv->second.value, now, wall));
-  return rdzv::DescribeJob(run_id, doc.state, doc.world_size, doc.last_failure, now);
+  rdzv::msg::JobStatus status =
+      rdzv::DescribeJob(run_id, doc.state, doc.world_size, doc.last_failure, now);
+  // The decider's verdicts on the running round's ranks (stragglers.h); unreadable ones, none.
+  if (auto kv = mirror.find(StragglersKey(keys)); kv != mirror.end()) {
+    if (auto verdicts = DecodeVerdicts(kv->second.value); verdicts.ok()) {
+      auto named = NamedByNode(*verdicts, doc);
+      for (auto& n : status.nodes) {
+        if (auto it = named.find(n.node_id); it != named.end()) n.stragglers = it->second;
+      }
+    }
+  }
+  return status;
 }
 
 }  // namespace crun::etcd

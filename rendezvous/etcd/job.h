@@ -22,6 +22,8 @@
 //   <root>/<run id>/a/decider           the node id that decides (bound to its lease)
 //   <root>/<run id>/a/stores/<round>    the round's c10d store, written by its group rank 0
 //   <root>/<run id>/a/refused/<id>      why a join was refused (bound to that agent's lease)
+//   <root>/<run id>/figures/<id>        a node's slow-rank figures (stragglers.h)
+//   <root>/<run id>/a/stragglers        the decider's slow-rank verdicts (stragglers.h)
 //
 // Deciding (Decide): one agent at a time, the one that created a/decider, folds what the other
 // keys say into the state with the pure rules and writes it back in a transaction that compares
@@ -35,6 +37,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -75,6 +78,17 @@ struct Keys {
   std::string refusals() const { return announce() + "refused/"; }
   std::string refusal(const std::string& id) const { return refusals() + id; }
 };
+
+// Runs `f`, a reader of one of these keys' JSON: a value it cannot read (a parse or type error,
+// a field missing) is a ProtocolError naming `what`.
+template <typename F>
+auto Guarded(const std::string& what, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::exception& e) {
+    return ProtocolError(what + ": " + e.what());
+  }
+}
 
 // An agent, as its nodes/ key describes it.
 struct NodeRecord {
@@ -126,6 +140,9 @@ struct JobDoc {
   std::string last_failure;  // one line, for status
   int world_size = 0;        // of the last round
   std::optional<Outcome> outcome;
+  // The decider that wrote it judges slow ranks job-wide (stragglers.h): always written true;
+  // false in a document of a crun before it, whose agents judge their own ranks alone.
+  bool judges_stragglers = true;
 };
 // Times are written as wall-clock milliseconds and read back against this machine's clocks
 // (`now` and `wall` taken together): agents on different hosts agree to within their clocks'

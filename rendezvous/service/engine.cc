@@ -1,7 +1,6 @@
 #include "rendezvous/service/engine.h"
 
 #include <algorithm>
-#include <iterator>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
@@ -24,7 +23,7 @@ struct Engine::Job {
   // member's first RANK and node id, in rank order, from the round's assignments) and the ranks
   // named now (node id -> its named ranks).
   StragglerState stragglers;
-  std::vector<std::pair<int, std::string>> rank_owners;
+  RankOwners rank_owners;
   std::unordered_map<std::string, std::vector<StragglerChange>> slow;
   std::unique_ptr<RoundStore> store;
   std::optional<msg::FailureReport> root_cause;  // the failure that ended the job or its round
@@ -37,14 +36,6 @@ struct Engine::Job {
 namespace {
 
 bool Ended(Phase p) { return p == Phase::kFailed || p == Phase::kSucceeded; }
-
-// The node id that runs `rank`: the member with the greatest first RANK not above it.
-const std::string* OwnerOf(const std::vector<std::pair<int, std::string>>& owners, int rank) {
-  auto after = std::upper_bound(owners.begin(), owners.end(), rank,
-                                [](int r, const auto& owner) { return r < owner.first; });
-  if (after == owners.begin()) return nullptr;
-  return &std::prev(after)->second;
-}
 
 const char* RefusalCode(RefuseJoin::Kind kind) {
   switch (kind) {
@@ -464,10 +455,10 @@ void Engine::JudgeStragglers(Job& job, const std::string& node, const msg::Heart
     // A node speaks for its own ranks only: a figure of another node's rank (an agent that has
     // not seen the new round's ranks yet) or of no rank of the round is dropped.
     if (figure.rank < 0 || figure.rank >= job.world_size) continue;
-    const std::string* sender = OwnerOf(job.rank_owners, figure.rank);
+    const std::string* sender = job.rank_owners.Of(figure.rank);
     if (sender == nullptr || *sender != node) continue;
     for (const auto& change : OnComputeSample(job.stragglers, figure, options_.stragglers)) {
-      const std::string* owner = OwnerOf(job.rank_owners, change.rank);
+      const std::string* owner = job.rank_owners.Of(change.rank);
       const std::string& owner_id = owner == nullptr ? node : *owner;
       auto& named = job.slow[owner_id];
       named.erase(std::remove_if(named.begin(), named.end(),
@@ -515,8 +506,8 @@ bool Engine::StartRound(Job& job, const FormRound& round, TimePoint now) {
   job.world_size = world;
   job.stragglers = StragglerState{};
   job.stragglers.world_size = world;
-  job.rank_owners.clear();
-  for (const auto& a : round.assignments) job.rank_owners.emplace_back(a.base_rank, a.node_id);
+  job.rank_owners.Clear();
+  for (const auto& a : round.assignments) job.rank_owners.Add(a.base_rank, a.node_id);
   job.slow.clear();
   if (options_.metrics != nullptr) {
     options_.metrics->RoundFormed(job.series,

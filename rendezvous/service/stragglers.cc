@@ -1,6 +1,7 @@
 #include "rendezvous/service/stragglers.h"
 
 #include <algorithm>
+#include <iterator>
 #include <utility>
 
 #include <fmt/format.h>
@@ -108,6 +109,13 @@ std::optional<ComputeSample> ComputeWindows::Add(std::int64_t step,
   ++steps_;
   total_ += compute;
   return done;
+}
+
+const std::string* RankOwners::Of(int rank) const {
+  auto after = std::upper_bound(owners_.begin(), owners_.end(), rank,
+                                [](int r, const auto& owner) { return r < owner.first; });
+  if (after == owners_.begin()) return nullptr;
+  return &std::prev(after)->second;
 }
 
 std::string DescribeSlowness(const StragglerChange& c) {

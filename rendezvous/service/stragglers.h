@@ -23,6 +23,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -93,6 +94,21 @@ struct StragglerState {
 // round, is ignored.
 std::vector<StragglerChange> OnComputeSample(StragglerState& state, const ComputeSample& sample,
                                              const StragglerSettings& settings);
+
+// Who runs each rank of a round, from its assignments: each member's first RANK and node id,
+// added in rank order (a member's ranks run to the next member's first).
+class RankOwners {
+ public:
+  void Clear() { owners_.clear(); }
+  void Add(int first_rank, std::string node_id) {
+    owners_.emplace_back(first_rank, std::move(node_id));
+  }
+  // The node id that runs `rank`; null before the first member's ranks.
+  const std::string* Of(int rank) const;
+
+ private:
+  std::vector<std::pair<int, std::string>> owners_;
+};
 
 // "rank 3: 2.4x the others' median compute time per step (steps 120-129)"; a clearing says
 // "back to 1.0x".

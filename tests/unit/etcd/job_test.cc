@@ -6,7 +6,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <set>
+
 #include "rendezvous/etcd/job.h"
+#include "rendezvous/etcd/stragglers.h"
 
 namespace {
 
@@ -442,4 +445,126 @@ TEST_CASE("etcd job: a node that failed its health check is folded in, named and
   REQUIRE(decoded.ok());
   REQUIRE(decoded->state.unhealthy.size() == 1);
   CHECK(decoded->state.unhealthy[0].reason == "disk: /logs has 1 MiB free");
+}
+
+namespace {
+
+using crun::etcd::FigureJudge;
+using crun::etcd::NodeFigures;
+using Us = std::chrono::microseconds;
+
+// A running round of n-a (host-a, ranks 0 and 1) and n-b (host-b, ranks 2 and 3).
+crun::etcd::JobDoc RunningRound(Etcd& e) {
+  e.AddNode("n-a", "host-a", 2, 2, 2, 1);
+  e.AddNode("n-b", "host-b", 2, 2, 2, 1);
+  e.Put(e.keys.decider(), "n-a", 100);
+  e.JoinNode("n-a");
+  e.JoinNode("n-b");
+  e.Step(Ms(0));
+  auto doc = crun::etcd::DecodeJob(e.kv.at(e.keys.job()).value, kT0, kWall0);
+  REQUIRE(doc.ok());
+  REQUIRE(doc->state.phase == crun::rdzv::Phase::kRunning);
+  CHECK(doc->judges_stragglers);
+  return *doc;
+}
+
+// Node `first_rank / 2`'s put of window `w`: its two ranks at `us` each.
+NodeFigures WindowPut(int round, int first_rank, std::int64_t w, Us us) {
+  return NodeFigures{round, {{first_rank, w, us}, {first_rank + 1, w, us}}};
+}
+
+}  // namespace
+
+TEST_CASE("etcd job: slow ranks are judged job-wide from every node's figures") {
+  Etcd e;
+  const auto doc = RunningRound(e);
+  const int round = doc.state.round;
+  FigureJudge judge({});
+  judge.Follow(doc);
+  // Ranks 2 and 3 (n-b, equal among themselves) take 2.5 times as long: named in window 4.
+  for (std::int64_t w = 0; w < 5; ++w) {
+    CHECK_FALSE(judge.Fold("n-a", WindowPut(round, 0, w, Us(20'000))));
+    CHECK(judge.Fold("n-b", WindowPut(round, 2, w, Us(50'000))) == (w == 4));
+  }
+  const auto& v = judge.verdicts();
+  CHECK(v.round == round);
+  REQUIRE(v.named.size() == 2);
+  for (const auto& x : v.named) {
+    CHECK(x.host == "host-b");
+    CHECK(x.change.ratio == Approx(2.5));
+    CHECK(x.change.window == 4);
+  }
+  CHECK(v.cleared.empty());
+  // The verdicts, written to a/stragglers, are what `crun status` shows on each node.
+  e.Put(crun::etcd::StragglersKey(e.keys), crun::etcd::EncodeVerdicts(v));
+  auto status = crun::etcd::StatusOf(e.keys, "job1", e.kv, kT0, kWall0);
+  REQUIRE(status.ok());
+  for (const auto& n : status->nodes) {
+    INFO(n.node_id);
+    CHECK(n.stragglers.size() == (n.node_id == "n-b" ? 2u : 0u));
+  }
+  // Each node says each verdict once; a clearing once; another round's verdicts nothing.
+  std::set<int> said;
+  const auto read = crun::etcd::DecodeVerdicts(crun::etcd::EncodeVerdicts(v));
+  REQUIRE(read.ok());
+  CHECK(crun::etcd::NewVerdicts(*read, round, said).size() == 2);
+  CHECK(crun::etcd::NewVerdicts(*read, round, said).empty());
+  CHECK(crun::etcd::NewVerdicts(*read, round + 1, said).empty());
+  auto cleared = *read;
+  cleared.cleared.push_back(cleared.named.back());
+  cleared.cleared.back().change.named = false;
+  cleared.named.pop_back();
+  const auto told = crun::etcd::NewVerdicts(cleared, round, said);
+  REQUIRE(told.size() == 1);
+  CHECK_FALSE(told.front().change.named);
+  CHECK(said.size() == 1);
+  // Back at speed for 5 windows: cleared, and no longer in status.
+  for (std::int64_t w = 5; w < 10; ++w) {
+    judge.Fold("n-a", WindowPut(round, 0, w, Us(20'000)));
+    judge.Fold("n-b", WindowPut(round, 2, w, Us(20'000)));
+  }
+  CHECK(judge.verdicts().named.empty());
+  CHECK(judge.verdicts().cleared.size() == 2);
+  e.Put(crun::etcd::StragglersKey(e.keys), crun::etcd::EncodeVerdicts(judge.verdicts()));
+  status = crun::etcd::StatusOf(e.keys, "job1", e.kv, kT0, kWall0);
+  REQUIRE(status.ok());
+  for (const auto& n : status->nodes) CHECK(n.stragglers.empty());
+}
+
+TEST_CASE("etcd job: a node's figures count for its own ranks of the round followed only") {
+  Etcd e;
+  auto doc = RunningRound(e);
+  const int round = doc.state.round;
+  FigureJudge judge({});
+  // Nothing is judged before a round is followed.
+  CHECK_FALSE(judge.Fold("n-a", WindowPut(round, 0, 0, Us(20'000))));
+  judge.Follow(doc);
+  for (std::int64_t w = 0; w < 8; ++w) {
+    // n-a speaks for every rank, n-b's as slow ones; figures of another round; ranks that
+    // are no rank of the round. Were any taken, ranks 2 and 3 would be named.
+    NodeFigures all{round, {}};
+    for (int r = 0; r < 4; ++r) all.figures.push_back({r, w, Us(r < 2 ? 20'000 : 50'000)});
+    CHECK_FALSE(judge.Fold("n-a", all));
+    CHECK_FALSE(judge.Fold("n-b", WindowPut(round + 1, 2, w, Us(50'000))));
+    CHECK_FALSE(judge.Fold("n-b", WindowPut(round, 4, w, Us(50'000))));
+    CHECK_FALSE(judge.Fold("n-b", WindowPut(round, -2, w, Us(50'000))));
+  }
+  CHECK(judge.verdicts().named.empty());
+  // A new round starts over.
+  doc.state.round = round + 1;
+  judge.Follow(doc);
+  CHECK(judge.verdicts().round == round + 1);
+  // Unreadable values are refused naming whose they are.
+  CHECK_THAT(
+      crun::etcd::DecodeFigures("n-b", "{\"round\": 1, \"figures\": [[1, 2]]}").status().message(),
+      Catch::Contains("figures of 'n-b'"));
+  CHECK_FALSE(crun::etcd::DecodeVerdicts("[]").ok());
+  const auto back =
+      crun::etcd::DecodeFigures("n-a", crun::etcd::EncodeFigures(WindowPut(3, 0, 7, Us(5))));
+  REQUIRE(back.ok());
+  CHECK(back->round == 3);
+  REQUIRE(back->figures.size() == 2);
+  CHECK(back->figures[1].rank == 1);
+  CHECK(back->figures[1].window == 7);
+  CHECK(back->figures[1].compute == Us(5));
 }
