@@ -61,6 +61,11 @@ if os.environ.get("STRAGGLER_MODE", "explicit") == "ddp":
         opt.step()
         opt.zero_grad()
         crun_worker.step(step)
+    # Teardown in order: every rank past its last collective, then DDP's reducer (which holds
+    # the group and its last work) gone, then the group. Left to the interpreter's exit, Gloo's
+    # threads were once torn down under a live reducer: std::terminate, SIGABRT (2.x, loaded).
+    dist.barrier()
+    del opt, model
     dist.destroy_process_group()
 else:
     for step in range(steps):
