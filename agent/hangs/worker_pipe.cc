@@ -54,8 +54,11 @@ void WorkerPipe::Drain() {
 
 void WorkerPipe::Read() {
   pipe_.async_read_some(boost::asio::buffer(chunk_),
-                        [this](const boost::system::error_code& ec, std::size_t n) {
-                          if (ec) return;  // closed, or the worker and its children are gone
+                        [this, owner = std::weak_ptr<const void>(
+                                   alive_)](const boost::system::error_code& ec, std::size_t n) {
+                          // Closed, or the worker and its children are gone; or this pipe was
+                          // destroyed after the read had completed.
+                          if (ec || owner.expired()) return;
                           on_data_(std::string_view(chunk_, n));
                           Pause();
                         });
@@ -63,7 +66,7 @@ void WorkerPipe::Read() {
 
 void WorkerPipe::Pause() {
   PausePipe(
-      pipe_, read_fd_, pause_, [this] { Read(); },
+      pipe_, read_fd_, pause_, alive_, [this] { Read(); },
       [this] {  // cannot watch it again: nothing more is read
         ::close(read_fd_);
         read_fd_ = -1;

@@ -47,6 +47,9 @@ class WorkerPipe {
   int child_fd_;
   OnData on_data_;
   char chunk_[16384];
+  // Expires with this pipe: a handler whose operation completed before the pipe was destroyed
+  // (queued in the same turn of the loop) sees it and does nothing.
+  std::shared_ptr<const char> alive_ = std::make_shared<const char>('\0');
 };
 
 }  // namespace crun::agent

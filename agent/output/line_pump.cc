@@ -41,7 +41,7 @@ LinePump::~LinePump() {
 
 void LinePump::Pause() {
   PausePipe(
-      pipe_, fd_, pause_, [this] { Read(); },
+      pipe_, fd_, pause_, alive_, [this] { Read(); },
       [this] {  // cannot watch it again: end as at EOF, with what came
         if (!pending_.empty()) Emit(pending_);
         pending_.clear();
@@ -54,8 +54,12 @@ void LinePump::Pause() {
 
 void LinePump::Read() {
   pipe_.async_read_some(boost::asio::buffer(buffer_),
-                        [this](const boost::system::error_code& ec, std::size_t n) {
-                          if (ec == boost::asio::error::operation_aborted) return;
+                        [this, owner = std::weak_ptr<const void>(
+                                   alive_)](const boost::system::error_code& ec, std::size_t n) {
+                          // Cancelled, or the pump destroyed after the read had completed.
+                          if (ec == boost::asio::error::operation_aborted || owner.expired()) {
+                            return;
+                          }
                           if (ec) {  // EOF: the worker and everything it started are gone
                             if (!pending_.empty()) Emit(pending_);
                             pending_.clear();

@@ -82,6 +82,9 @@ class LinePump {
   int fd_;                                      // the pipe's read end; -1 once closed
   boost::asio::posix::stream_descriptor pipe_;  // holds fd_ while watched
   boost::asio::steady_timer pause_;
+  // Expires with this pump: a handler whose operation completed before the pump was destroyed
+  // (queued in the same turn of the loop) sees it and does nothing.
+  std::shared_ptr<const char> alive_ = std::make_shared<const char>('\0');
   PumpTargets targets_;
   std::function<void()> on_eof_;
   bool file_failed_ = false;   // a write failed: warned once, the file gets no more lines
