@@ -1,7 +1,9 @@
 #include "agent/rendezvous/service_rendezvous.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <utility>
 
@@ -83,11 +85,15 @@ class ServiceRendezvous final : public Rendezvous {
     join_sent_ = true;
   }
 
-  // The node failed its health gate: the service counts and names it; it never joins.
-  // Said only on a session that is open: a node that never reached the service has no one
-  // to tell (it leaves next either way).
+  // The node failed its health gate: the service counts and names it; it never joins. A
+  // check can fail before the endpoint listens (the host node is still starting): the report
+  // waits for the session, and Leave for the report (TellThenLeave).
   void ReportUnhealthy(const std::string& why) override {
-    if (Ended() || !client_) return;
+    if (Ended()) return;
+    if (!client_) {
+      unhealthy_ = why;
+      return;
+    }
     client_->Send(JoinMessage(why));
   }
 
@@ -126,7 +132,8 @@ class ServiceRendezvous final : public Rendezvous {
   }
 
   void Leave(const std::string& reason) override {
-    if (state_ == State::kLeft) return;
+    if (state_ == State::kLeft || state_ == State::kTelling) return;
+    if (!client_ && unhealthy_ && !Ended()) return TellThenLeave(reason);
     const bool waiting = Reconnecting();
     state_ = State::kLeft;
     StopTimers();
@@ -200,10 +207,13 @@ class ServiceRendezvous final : public Rendezvous {
     kBack,          // reconnecting, and the service has spoken again (its assignment follows)
     kEnded,         // finished, refused or given up: the agent is told, nothing else happens
     kLeft,          // Leave() ran
+    kTelling,       // Leave() ran; a health report still waits for the endpoint (TellThenLeave)
   };
   bool Heard() const { return state_ == State::kInJob || state_ == State::kBack; }
   bool Reconnecting() const { return state_ == State::kReconnecting || state_ == State::kBack; }
-  bool Ended() const { return state_ == State::kEnded || state_ == State::kLeft; }
+  bool Ended() const {
+    return state_ == State::kEnded || state_ == State::kLeft || state_ == State::kTelling;
+  }
 
   // Every timer and the probe: nothing of this rendezvous runs after it.
   void StopTimers() {
@@ -222,6 +232,50 @@ class ServiceRendezvous final : public Rendezvous {
     }
   }
 
+  // Leave before any session opened, with a failed health check to report: the probe goes on
+  // until the endpoint listens, for up to join_timeout and kTellLimit at most, so that the
+  // service counts and names the node even when its check failed before the host node's crun
+  // was listening. No events follow; the agent's event loop ends once this does.
+  void TellThenLeave(const std::string& reason) {
+    static constexpr std::chrono::milliseconds kTellLimit{10'000};
+    state_ = State::kTelling;
+    farewell_ = reason;
+    heartbeat_.cancel();
+    join_timer_.cancel();
+    const auto limit = std::min(o_.settings.join_timeout, kTellLimit);
+    reconnect_timer_.expires_after(limit);
+    reconnect_timer_.async_wait([this, limit](const boost::system::error_code& ec) {
+      if (ec || state_ != State::kTelling) return;
+      spdlog::warn(
+          "could not tell the rendezvous service at {} that this node failed its health check: "
+          "it did not listen within {} ms",
+          target_, limit.count());
+      state_ = State::kLeft;
+      StopTimers();
+      work_.reset();
+    });
+    if (probe_targets_.empty()) return;  // unresolved: nothing to probe; the limit ends it
+    Probe();
+  }
+
+  // The endpoint listens: the health report and the goodbye on one session, written before
+  // it closes.
+  void Tell() {
+    state_ = State::kLeft;
+    StopTimers();
+    CallOptions call;
+    call.token = o_.security.token;
+    call.wait_for_ready = false;
+    client_ = std::make_unique<SessionClient>(
+        *stub_, [](v1::ServiceMessage) {}, [](const Status&) {}, call);
+    client_->Send(JoinMessage(*unhealthy_));
+    v1::AgentMessage m;
+    m.mutable_leave()->set_reason(farewell_);
+    client_->Send(std::move(m));
+    client_->Close();
+    work_.reset();
+  }
+
   // Until the endpoint accepts a TCP connection, retry after 5 ms, growing by half up to 1 s
   // (±20 % jitter, so that many agents spread out). gRPC's own reconnect backoff never waits
   // less than 100 ms, which agents started together with the host node would always pay.
@@ -235,16 +289,16 @@ class ServiceRendezvous final : public Rendezvous {
     asio::async_connect(probe_, probe_targets_,
                         [this](const boost::system::error_code& ec,
                                const asio::ip::tcp::endpoint&) {
-                          if (Ended()) return;
+                          if (Ended() && state_ != State::kTelling) return;
                           boost::system::error_code ignored;
                           probe_.close(ignored);
                           if (!ec) {
                             probing_ = false;
-                            return OpenSession(true);
+                            return state_ == State::kTelling ? Tell() : OpenSession(true);
                           }
                           probe_timer_.expires_after(probe_backoff_.Next());
                           probe_timer_.async_wait([this](const boost::system::error_code& e) {
-                            if (!e && !Ended()) ProbeAttempt();
+                            if (!e && (!Ended() || state_ == State::kTelling)) ProbeAttempt();
                           });
                         });
   }
@@ -601,7 +655,9 @@ class ServiceRendezvous final : public Rendezvous {
   std::string last_error_;   // of the last session that failed, for the final message
   State state_ = State::kProbing;
   std::chrono::steady_clock::time_point reconnect_deadline_;
-  std::string lost_;  // what was lost, for the reconnect deadline's message
+  std::string lost_;                      // what was lost, for the reconnect deadline's message
+  std::optional<std::string> unhealthy_;  // a health report made before any session opened
+  std::string farewell_;                  // Leave's reason, said after it (TellThenLeave)
 };
 
 }  // namespace

@@ -10,7 +10,7 @@ processes.
                 its deadline with everything it started, the node noted for the batch script
   AcrossHosts   three hosts (network namespaces) on the rendezvous service: the one whose
                 check fails stays out, the other two form the round, and `crun status` names
-                it with its reason
+                it with its reason, also when its check failed before the host node listened
 
 The same gate across backends and warm starts is the `health` part of test_matrix.py."""
 import json
@@ -233,10 +233,10 @@ class Commands(Case):
 class AcrossHosts(Case):
     PORT = 29400
 
-    def node(self, fab, host, check):
+    def node(self, fab, host, check, conf="", extra=()):
         args = [CRUN, "--nnodes", "2:3", "--nproc-per-node", "2", "--rdzv-endpoint",
                 f"{fab.addr('a')}:{self.PORT}", "--rdzv-id", "job", "--rdzv-conf",
-                "last_call_timeout=0.5", "--health-check", check, PROBE, self.dir,
+                "last_call_timeout=0.5" + conf, "--health-check", check, *extra, PROBE, self.dir,
                 "--until", "release"]
         p = fab.popen(host, args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                       env=dict(os.environ, NODE_TAG=host))
@@ -254,11 +254,7 @@ class AcrossHosts(Case):
             events = probe_events(self.dir)
             self.assertEqual({e["NODE_TAG"] for e in events}, {"a", "b"})
             self.assertEqual({e["WORLD_SIZE"] for e in events}, {"4"})
-            status = subprocess.run(fab.command("a", [
-                CRUN, "status", "--rdzv-endpoint", f"{fab.addr('a')}:{self.PORT}",
-                "--rdzv-id", "job", "--json"]), capture_output=True, text=True, timeout=60)
-            self.assertEqual(status.returncode, 0, status.stderr)
-            job = json.loads(status.stdout)[0]
+            job = self.status(fab)
             self.assertEqual(job["unhealthy_reports"], 1, job)
             unhealthy = [n for n in job["nodes"] if n["state"] == "unhealthy"]
             self.assertEqual(len(unhealthy), 1, job)
@@ -276,6 +272,50 @@ class AcrossHosts(Case):
             for h in ("a", "b"):
                 _, err = nodes[h].communicate(timeout=LIMIT_S)
                 self.assertEqual(nodes[h].returncode, 0, err)
+
+
+    def status(self, fab):
+        out = subprocess.run(fab.command("a", [
+            CRUN, "status", "--rdzv-endpoint", f"{fab.addr('a')}:{self.PORT}", "--rdzv-id", "job",
+            "--json"]), capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        return json.loads(out.stdout)[0]
+
+    def test_a_check_that_fails_before_the_host_node_listens_is_still_reported(self):
+        # The check fails within milliseconds, before the host node's crun exists: the node
+        # waits for the endpoint to listen, says why it stays out, and only then exits.
+        noted = os.path.join(self.dir, "unhealthy")
+        with Fabric(["a", "b", "c"]) as fab:
+            sick = self.node(fab, "c", "echo 'nic eth9 down' >&2; exit 4",
+                             extra=["--unhealthy-nodes-file", noted])
+            wait_for(lambda: len(whole_lines(noted)) == 1, "node c to fail its check")
+            self.assertIsNone(sick.poll(), "c left before it could tell the service")
+            nodes = [self.node(fab, h, "true") for h in ("a", "b")]
+            _, err = sick.communicate(timeout=LIMIT_S)
+            self.assertEqual(sick.returncode, REQUEUE_WITHOUT_NODE, err)
+            self.assertNotIn("could not tell", err)
+            job = self.status(fab)
+            self.assertEqual(job["unhealthy_reports"], 1, job)
+            unhealthy = [n for n in job["nodes"] if n["state"] == "unhealthy"]
+            self.assertEqual(len(unhealthy), 1, job)
+            self.assertIn(fab.addr("c"), unhealthy[0]["node_id"])
+            self.assertIn("exit code 4: nic eth9 down", unhealthy[0]["reason"])
+            wait_for(lambda: len(probe_events(self.dir)) == 4, "a round of two hosts")
+            self.assertEqual({e["NODE_TAG"] for e in probe_events(self.dir)}, {"a", "b"})
+            open(os.path.join(self.dir, "release"), "w").close()
+            for p in nodes:
+                _, err = p.communicate(timeout=LIMIT_S)
+                self.assertEqual(p.returncode, 0, err)
+
+    def test_a_failed_check_with_no_endpoint_listening_waits_no_longer_than_join_timeout(self):
+        with Fabric(["a", "c"]) as fab:
+            sick = self.node(fab, "c", "exit 4", conf=",join_timeout=2")
+            _, err = sick.communicate(timeout=LIMIT_S)
+            self.assertEqual(sick.returncode, REQUEUE_WITHOUT_NODE, err)
+            self.assertIn(f"could not tell the rendezvous service at {fab.addr('a')}:{self.PORT} "
+                          "that this node failed its health check: it did not listen within "
+                          "2000 ms", err)
+            self.assertEqual(probe_events(self.dir), [])
 
 
 if __name__ == "__main__":
