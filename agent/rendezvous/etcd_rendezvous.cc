@@ -552,7 +552,8 @@ class EtcdRendezvous final : public Rendezvous {
     if (etcd::Decider(keys_, mirror_) != o_.node_id) return;
     // The last transaction's revision not seen yet: the watch brings it, and a pass follows.
     if (revision_ < seen_needed_) return;
-    auto d = DecideAndWrite(*client_, keys_, mirror_, rdzv::TimePoint::clock::now(), Deadline());
+    auto d = DecideAndWrite(*client_, keys_, mirror_, rdzv::TimePoint::clock::now(), Deadline(),
+                            o_.retention);
     if (!d.error.ok()) return End(1, d.error.message());
     if (!d.unanswered.ok()) spdlog::warn("etcd rendezvous: deciding: {}", d.unanswered.message());
     if (d.written_revision != 0) seen_needed_ = d.written_revision;

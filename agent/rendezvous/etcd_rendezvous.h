@@ -34,6 +34,7 @@
 #include "agent/health/straggler_exchange.h"
 #include "agent/rendezvous/rendezvous.h"
 #include "base/security.h"
+#include "rendezvous/etcd/job.h"
 #include "rendezvous/service/rules.h"
 #include "rendezvous/service/stragglers.h"
 
@@ -61,6 +62,8 @@ struct EtcdRendezvousOptions {
   // decider's verdicts come back; null turns that off. `straggler_settings`: the decider's.
   std::shared_ptr<StragglerExchange> stragglers;
   rdzv::StragglerSettings straggler_settings;
+  // How long the run's keys outlive the job's end (--rdzv-conf etcd_retention; 0: until removed).
+  std::chrono::seconds retention = etcd::kDefaultRetention;
 };
 
 std::unique_ptr<Rendezvous> MakeEtcdRendezvous(boost::asio::io_context& io,

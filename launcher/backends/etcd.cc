@@ -7,6 +7,7 @@
 
 #include "agent/rendezvous/etcd_rendezvous.h"
 #include "base/host_addresses.h"
+#include "base/numbers.h"
 #include "crun/v1/rendezvous.pb.h"
 #include "launcher/launch_plan.h"
 #include "rendezvous/etcd/client.h"
@@ -15,6 +16,8 @@
 
 namespace crun::launcher {
 namespace {
+
+constexpr long long kMaxRetentionSeconds = 366LL * 24 * 3600;
 
 class EtcdRun final : public BackendRun {
  public:
@@ -51,6 +54,7 @@ class EtcdRun final : public BackendRun {
     eo.virtual_local_rank = o.virtual_local_rank;
     eo.stragglers = a.straggler_exchange;
     eo.straggler_settings = a.stragglers;
+    eo.retention = plan_.retention;
     return agent::MakeEtcdRendezvous(io, eo);
   }
 
@@ -137,6 +141,16 @@ StatusOr<std::unique_ptr<BackendRun>> Plan(LaunchPlan& p, const PlanInputs& in) 
     }
     e.prefix = prefix->second;
   }
+  if (auto r = p.conf.backend_keys.find("etcd_retention"); r != p.conf.backend_keys.end()) {
+    const auto seconds = ParseInteger(r->second, 0, kMaxRetentionSeconds);
+    if (!seconds) {
+      return InvalidArgument("--rdzv-conf: etcd_retention='" + r->second +
+                             "' is not a whole number of seconds from 0 (keep a finished job's "
+                             "keys until removed by hand) to " +
+                             std::to_string(kMaxRetentionSeconds) + " (a year)");
+    }
+    e.retention = std::chrono::seconds(*seconds);
+  }
   CRUN_RETURN_IF_ERROR(PlanCredentials(e, p.conf.backend_keys));
   CRUN_RETURN_IF_ERROR(PlanDynamicSettings(p));
   p.run_id = DynamicRunId(o);
@@ -207,8 +221,8 @@ Backend EtcdBackend() {
   b.leaves_nodes_out = true;
   b.aliases = {"etcd"};
   b.help = "etcd's v3 API at --rdzv-endpoint h1:2379,h2:2379,...";
-  b.conf_keys = {"etcd_prefix", "etcd_user", "etcd_password_file"};
-  b.conf_help = "etcd_prefix, etcd_user, etcd_password_file";
+  b.conf_keys = {"etcd_prefix", "etcd_user", "etcd_password_file", "etcd_retention"};
+  b.conf_help = "etcd_prefix, etcd_user, etcd_password_file, etcd_retention";
   b.plan = Plan;
   b.status = FetchStatus;
   return b;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 #include <stdexcept>
 #include <variant>
 
@@ -263,6 +264,7 @@ std::string EncodeJob(const JobDoc& d, TimePoint now, WallClock::time_point wall
             {"last_failure", d.last_failure},
             {"world_size", d.world_size},
             {"judges_stragglers", true}};
+  if (d.retention_lease != 0) j["retention_lease"] = d.retention_lease;
   if (d.outcome) {
     j["outcome"] = {{"success", d.outcome->success},
                     {"exit_code", d.outcome->exit_code},
@@ -327,6 +329,7 @@ StatusOr<JobDoc> DecodeJob(const std::string& text, TimePoint now, WallClock::ti
     d.last_failure = j.value("last_failure", std::string());
     d.world_size = j.value("world_size", 0);
     d.judges_stragglers = j.value("judges_stragglers", false);
+    d.retention_lease = j.value("retention_lease", std::int64_t{0});
     if (j.contains("outcome") && !j["outcome"].is_null()) {
       const auto& o = j["outcome"];
       Outcome out;
@@ -396,8 +399,9 @@ namespace {
 // One Decide(): the steps below, in order, each a few lines of the rules' bookkeeping.
 class Deciding {
  public:
-  Deciding(const Keys& keys, const Mirror& mirror, TimePoint now, WallClock::time_point wall)
-      : keys_(keys), mirror_(mirror), now_(now), wall_(wall) {}
+  Deciding(const Keys& keys, const Mirror& mirror, TimePoint now, WallClock::time_point wall,
+           const Retention& retention)
+      : keys_(keys), mirror_(mirror), now_(now), wall_(wall), retention_(retention) {}
 
   Decision Run() && {
     if (!CheckLayout()) return std::move(out_);
@@ -409,6 +413,7 @@ class Deciding {
     ApplyUnhealthy();
     ApplyJoins();
     Apply(rdzv::OnTick(std::move(doc_.state), now_));
+    if (!Retain()) return std::move(out_);
     Write();
     return std::move(out_);
   }
@@ -484,6 +489,9 @@ class Deciding {
     doc_ = std::move(fresh);
     out_.ops.push_back({Op::Kind::kDeletePrefix, keys_.reports(), "", 0});
     out_.ops.push_back({Op::Kind::kDeletePrefix, keys_.stores(), "", 0});
+    // Bound to the ended job's retention lease: the new job keeps its layout (put unbound);
+    // the old job's history goes when that lease runs out.
+    out_.ops.push_back({Op::Kind::kPut, keys_.layout(), kLayout, 0});
   }
 
   // Lost: in the job, but its lease (and so its nodes/ key) is gone.
@@ -594,6 +602,17 @@ class Deciding {
     for (const auto& a : round.assignments) history["nodes"].push_back(a.node_id);
     history["spares"] = round.spares;
     out_.ops.push_back({Op::Kind::kPut, keys_.round(round.round), history.dump(), 0});
+    // The history keeps the last kRoundsKept rounds; the stores of earlier rounds are gone.
+    auto rounds = Children(mirror_, keys_.rounds());
+    std::erase_if(rounds, [&](const auto& r) { return r.second->key == keys_.round(round.round); });
+    for (std::size_t i = 0; i + (kRoundsKept - 1) < rounds.size(); ++i) {
+      out_.ops.push_back({Op::Kind::kDelete, rounds[i].second->key, "", 0});
+    }
+    for (const auto& [name, kv] : Children(mirror_, keys_.stores())) {
+      if (name != std::to_string(round.round)) {
+        out_.ops.push_back({Op::Kind::kDelete, kv->key, "", 0});
+      }
+    }
     out_.log.push_back("round " + std::to_string(round.round) +
                        " formed: " + std::to_string(round.assignments.size()) + " nodes, " +
                        std::to_string(doc_.world_size) + " workers, restart count " +
@@ -615,6 +634,46 @@ class Deciding {
     out_.log.push_back("job failed: " + fail.reason);
   }
 
+  // A job with an outcome binds every key of its run to one lease of Retention.ttl, once
+  // granted (false: ask for it, the decision binds nothing); keys put unbound later (a late
+  // report, a/job rewritten) are bound at the next pass.
+  bool Retain() {
+    if (!doc_.outcome || retention_.ttl.count() <= 0) return true;
+    if (doc_.retention_lease == 0) {
+      if (retention_.lease == 0) {
+        out_ = Decision{};
+        out_.needs_lease = true;
+        return false;
+      }
+      doc_.retention_lease = retention_.lease;
+      out_.log.push_back("the job's keys are kept for " + std::to_string(retention_.ttl.count()) +
+                         " s (etcd_retention), bound to lease " + std::to_string(retention_.lease));
+    }
+    return true;
+  }
+
+  // Every put of the decider's, and every unbound key of the run, bound to the retention lease.
+  void BindToRetention(std::vector<Op>& ops) const {
+    const std::int64_t lease = doc_.retention_lease;
+    std::set<std::string> touched{keys_.state(), keys_.job()};
+    std::vector<std::string> gone;
+    for (auto& op : ops) {
+      if (op.kind == Op::Kind::kPut && op.lease == 0) op.lease = lease;
+      if (op.kind == Op::Kind::kDeletePrefix) gone.push_back(op.key);
+      touched.insert(op.key);
+    }
+    for (auto it = mirror_.lower_bound(keys_.prefix);
+         it != mirror_.end() && it->first.starts_with(keys_.prefix); ++it) {
+      const KeyValue& kv = it->second;
+      if (kv.lease != 0 || touched.count(kv.key) != 0) continue;
+      if (std::any_of(gone.begin(), gone.end(),
+                      [&](const std::string& g) { return kv.key.starts_with(g); })) {
+        continue;
+      }
+      ops.push_back({Op::Kind::kPut, kv.key, kv.value, lease});
+    }
+  }
+
   // The job for the decider (state) and, when what they act on changed, for the others (job).
   void Write() {
     if (mirror_.count(keys_.layout()) == 0) {
@@ -624,10 +683,15 @@ class Deciding {
     out_.job_json = EncodeJob(doc_, now_, wall_);
     std::string pub = EncodePublicJob(doc_, now_, wall_);
     auto pub_kv = mirror_.find(keys_.job());
-    if (pub_kv == mirror_.end() || pub_kv->second.value != pub) {
+    const std::int64_t lease = doc_.retention_lease;
+    out_.job_lease = lease;
+    if (pub_kv == mirror_.end() || pub_kv->second.value != pub || pub_kv->second.lease != lease) {
       out_.ops.push_back({Op::Kind::kPut, keys_.job(), std::move(pub), 0});
     }
-    out_.write = out_.job_json != before_ || !out_.ops.empty();
+    if (lease != 0) BindToRetention(out_.ops);
+    auto state_kv = mirror_.find(keys_.state());
+    const bool state_bound = state_kv != mirror_.end() && state_kv->second.lease == lease;
+    out_.write = out_.job_json != before_ || !out_.ops.empty() || !state_bound;
     if (!out_.write) out_.ops.clear();
   }
 
@@ -635,6 +699,7 @@ class Deciding {
   const Mirror& mirror_;
   const TimePoint now_;
   const WallClock::time_point wall_;
+  const Retention retention_;
   Decision out_;
   std::map<std::string, NodeEntry> nodes_;
   JobDoc doc_;
@@ -645,8 +710,9 @@ class Deciding {
 
 }  // namespace
 
-Decision Decide(const Keys& keys, const Mirror& mirror, TimePoint now, WallClock::time_point wall) {
-  return Deciding(keys, mirror, now, wall).Run();
+Decision Decide(const Keys& keys, const Mirror& mirror, TimePoint now, WallClock::time_point wall,
+                const Retention& retention) {
+  return Deciding(keys, mirror, now, wall, retention).Run();
 }
 
 StatusOr<rdzv::msg::JobStatus> StatusOf(const Keys& keys, const std::string& run_id,

@@ -15,12 +15,14 @@
 //   <root>/<run id>/unhealthy/<id>     {"host", "reason"}: the node failed its health check and
 //                                       stays out (docs/health.md); folded into the state and
 //                                       deleted by the decider
-//   <root>/<run id>/rounds/<round>      history: when each round formed, with whom
+//   <root>/<run id>/rounds/<round>      history: when each round formed, with whom; the last
+//                                       kRoundsKept only
 //   <root>/<run id>/last_failure        the report that spent the last restart or ended the job
 //   <root>/<run id>/a/job               what every agent acts on: the state without what only
 //                                       the decider needs (who has joined, deadlines)
 //   <root>/<run id>/a/decider           the node id that decides (bound to its lease)
-//   <root>/<run id>/a/stores/<round>    the round's c10d store, written by its group rank 0
+//   <root>/<run id>/a/stores/<round>    the round's c10d store, written by its group rank 0;
+//                                       deleted once a later round forms
 //   <root>/<run id>/a/refused/<id>      why a join was refused (bound to that agent's lease)
 //   <root>/<run id>/figures/<id>        a node's slow-rank figures (stragglers.h)
 //   <root>/<run id>/a/stragglers        the decider's slow-rank verdicts (stragglers.h)
@@ -31,6 +33,11 @@
 // whole prefix; every other agent watches a/ only, so that a join or a node's key reaches one
 // watcher, not all of them, and a/job changes only when the agents must act (a round formed,
 // stop and rejoin, the outcome): N agents cost O(N) watch events per round, not O(N^2).
+//
+// Tidy: the keys of a job do not grow with its rounds (rounds/ keeps the last kRoundsKept,
+// a/stores/ the current round's), and once it has an outcome every key of the run is bound to one
+// lease granted for it with the TTL of --rdzv-conf etcd_retention, so that etcd deletes them all
+// when that runs out (Retention). A new job on the run id before then unbinds what it keeps.
 #pragma once
 
 #include <chrono>
@@ -50,6 +57,8 @@ namespace crun::etcd {
 
 inline constexpr char kLayout[] = "crun-etcd-rendezvous/2";
 inline constexpr char kDefaultRoot[] = "/crun/rdzv";
+inline constexpr int kRoundsKept = 10;  // rounds/ history kept for operators
+inline constexpr std::chrono::seconds kDefaultRetention{3600};
 
 using WallClock = std::chrono::system_clock;
 
@@ -143,6 +152,9 @@ struct JobDoc {
   // The decider that wrote it judges slow ranks job-wide (stragglers.h): always written true;
   // false in a document of a crun before it, whose agents judge their own ranks alone.
   bool judges_stragglers = true;
+  // The lease that every key of the run is bound to once the job has its outcome (Retention);
+  // 0: none yet, or retention off.
+  std::int64_t retention_lease = 0;
 };
 // Times are written as wall-clock milliseconds and read back against this machine's clocks
 // (`now` and `wall` taken together): agents on different hosts agree to within their clocks'
@@ -158,10 +170,21 @@ using Mirror = std::map<std::string, KeyValue>;
 // and who has succeeded, so that it stays the same while a round gathers or ends.
 std::string EncodePublicJob(const JobDoc& doc, rdzv::TimePoint now, WallClock::time_point wall);
 
+// How long a finished job's keys outlive it (--rdzv-conf etcd_retention; 0: until removed by
+// hand), and the lease granted for that when the decision before asked (needs_lease).
+struct Retention {
+  std::chrono::seconds ttl{0};  // off: what options default to is kDefaultRetention
+  std::int64_t lease = 0;
+};
+
 struct Decision {
   bool write = false;  // the state changed: write it (and `ops`) if it is still at...
-  std::int64_t job_mod_revision = 0;       // ...this revision (0: it does not exist yet)
-  std::string job_json;                    // the state (the public a/job, when it changed, in ops)
+  std::int64_t job_mod_revision = 0;  // ...this revision (0: it does not exist yet)
+  std::string job_json;               // the state (the public a/job, when it changed, in ops)
+  std::int64_t job_lease = 0;         // the state's lease (the retention's, once it ends)
+  // The job has ended and no retention lease was given: grant one of Retention.ttl and decide
+  // again with it (this decision binds nothing).
+  bool needs_lease = false;
   std::vector<Op> ops;                     // to apply in the same transaction
   std::vector<std::string> log;            // what was decided, one line each
   std::optional<rdzv::TimePoint> wake_at;  // decide again then (a deadline), if nothing else
@@ -173,7 +196,7 @@ std::string Decider(const Keys& keys, const Mirror& mirror);
 
 // Folds everything the mirror says into the job document (see the file comment).
 Decision Decide(const Keys& keys, const Mirror& mirror, rdzv::TimePoint now,
-                WallClock::time_point wall);
+                WallClock::time_point wall, const Retention& retention = {});
 
 // The job as `crun status` shows it.
 StatusOr<rdzv::msg::JobStatus> StatusOf(const Keys& keys, const std::string& run_id,

@@ -132,6 +132,32 @@ class EtcdRendezvous(unittest.TestCase):
             self.assertFalse([k for k in keys if "/nodes/" in k or k.endswith("/decider")], keys)
             self.no_crun_left(fab)
 
+    def test_keys_stay_bounded_across_restarts_and_go_after_retention(self):
+        restarts = 3 * 10 + 2  # three times the rounds kept (rendezvous/etcd/job.h)
+        worker = ["-c", "import os, sys; sys.exit(0 if os.environ['TORCHELASTIC_RESTART_COUNT'] "
+                        f"== '{restarts}' else 3)"]
+        with Fabric(["a", "b", "c"]) as fab, \
+                EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
+            p = self.crun(fab, "a", "1", worker, etcd.endpoints(), nproc=1,
+                          conf=FAST + ",etcd_retention=3",
+                          extra=["--max-restarts", str(restarts),
+                                 "--max-restarts-without-progress", "0"])
+            code, _, err = self.finish(p)
+            self.assertEqual(code, 0, err)
+            job = self.status(fab, etcd)
+            self.assertEqual((job["phase"], job["restarts_used"]), ("succeeded", restarts))
+            keys = etcd.etcdctl("get", "--prefix", "--keys-only", "/crun/rdzv/job/").stdout.split()
+            rounds = sorted(k for k in keys if "/rounds/" in k)
+            self.assertEqual(rounds, [f"/crun/rdzv/job/rounds/{n:08d}"
+                                      for n in range(restarts - 9, restarts + 1)])
+            self.assertEqual([k for k in keys if "/a/stores/" in k], [])  # its host left
+            self.assertLess(len(keys), 20, keys)
+            # Every key of the run is bound to the retention lease: etcd deletes them with it.
+            wait_for(lambda: etcd.etcdctl("get", "--prefix", "--keys-only",
+                                          "/crun/rdzv/job/").stdout.split() == [],
+                     "the job's keys to go after etcd_retention", limit=30)
+            self.no_crun_left(fab)
+
     def test_scale_up_from_two_to_three_hosts_of_at_most_four(self):
         with Fabric(["a", "b", "c"]) as fab, \
                 EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:

@@ -27,8 +27,11 @@ struct DecideResult {
 };
 
 // One decision on `mirror` at `now`, written if the document changed.
+// A job that ended gets its retention lease here (etcd/job.h, Retention), granted with
+// `retention`'s TTL.
 DecideResult DecideAndWrite(etcd::Client& client, const etcd::Keys& keys,
                             const etcd::Mirror& mirror, rdzv::TimePoint now,
-                            etcd::Clock::time_point deadline);
+                            etcd::Clock::time_point deadline,
+                            std::chrono::seconds retention = etcd::kDefaultRetention);
 
 }  // namespace crun::agent

@@ -64,11 +64,30 @@ struct Etcd {
     r.settings.contracts = crun::ParseContracts(contracts).value();
     Put(keys.node(id), crun::etcd::EncodeNode(r), lease);
   }
-  void JoinNode(const std::string& id) { Put(keys.join(id), std::to_string(Gathering())); }
+  // Bound to the agent's lease, as agents write it.
+  void JoinNode(const std::string& id) { Put(keys.join(id), std::to_string(Gathering()), 100); }
   int Gathering() const {
     auto j = kv.find(keys.job());  // what agents read
     if (j == kv.end()) return 0;
     return nlohmann::json::parse(j->second.value).at("gathering").get<int>();
+  }
+  // Nodes a and b (2:2) have formed round 0.
+  void FormTwo() {
+    AddNode("a", "host-a", 1, 2, 2);
+    AddNode("b", "host-b", 1, 2, 2);
+    JoinNode("a");
+    JoinNode("b");
+    Step(std::chrono::milliseconds(0));
+  }
+  // Node a alone (1:1) has formed round 0 and reported success; not decided on yet.
+  void OneSucceeded() {
+    AddNode("a", "host-a", 1, 1, 1);
+    JoinNode("a");
+    Step(std::chrono::milliseconds(0));
+    Succeed("a");
+  }
+  void Succeed(const std::string& id) {
+    Put(keys.report(Gathering(), id), crun::etcd::EncodeReport(Report{true, "", 0, ""}));
   }
   nlohmann::json Job() const { return nlohmann::json::parse(kv.at(keys.state()).value); }
   nlohmann::json Public() const { return nlohmann::json::parse(kv.at(keys.job()).value); }
@@ -331,15 +350,11 @@ TEST_CASE("etcd job: a node whose lease ended is lost; the others re-form withou
 
 TEST_CASE("etcd job: every member's success ends the job") {
   Etcd e;
-  e.AddNode("a", "host-a", 1, 2, 2);
-  e.AddNode("b", "host-b", 1, 2, 2);
-  e.JoinNode("a");
-  e.JoinNode("b");
-  e.Step(Ms(0));
-  e.Put(e.keys.report(0, "a"), crun::etcd::EncodeReport(Report{true, "", 0, ""}));
+  e.FormTwo();
+  e.Succeed("a");
   e.Step(Ms(1));
   CHECK(e.Job()["phase"] == "running");
-  e.Put(e.keys.report(0, "b"), crun::etcd::EncodeReport(Report{true, "", 0, ""}));
+  e.Succeed("b");
   e.Step(Ms(2));
   CHECK(e.Job()["phase"] == "succeeded");
   CHECK(e.Job()["outcome"]["success"] == true);
@@ -363,10 +378,7 @@ TEST_CASE("etcd job: a join with other settings is refused, bound to that agent'
 
 TEST_CASE("etcd job: a finished job whose agents all left makes way for a new one") {
   Etcd e;
-  e.AddNode("a", "host-a", 1, 1, 1);
-  e.JoinNode("a");
-  e.Step(Ms(0));
-  e.Put(e.keys.report(0, "a"), crun::etcd::EncodeReport(Report{true, "", 0, ""}));
+  e.OneSucceeded();
   e.Step(Ms(1));
   REQUIRE(e.Job()["phase"] == "succeeded");
   // An agent still there: a join is refused ("already finished").
@@ -567,4 +579,119 @@ TEST_CASE("etcd job: a node's figures count for its own ranks of the round follo
   CHECK(back->figures[1].rank == 1);
   CHECK(back->figures[1].window == 7);
   CHECK(back->figures[1].compute == Us(5));
+}
+
+TEST_CASE("etcd job: keys do not grow with rounds: the last rounds kept, old stores deleted") {
+  Etcd e;
+  e.AddNode("a", "host-a", 1, 2, 2, /*max_restarts=*/1000);
+  e.AddNode("b", "host-b", 1, 2, 2, 1000);
+  std::size_t keys_after_two = 0;
+  for (int round = 0; round < 3 * crun::etcd::kRoundsKept; ++round) {
+    e.JoinNode("a");
+    e.JoinNode("b");
+    e.Step(Ms(10'000 * round));  // apart enough not to be a storm of rounds
+    REQUIRE(e.Job()["round"] == round);
+    // Its group rank 0 publishes the round's store, bound to its lease.
+    e.Put(e.keys.store(round), "10.0.0.1:" + std::to_string(30000 + round), 100);
+    if (round == 2) keys_after_two = e.kv.size();
+    if (round >= 2) CHECK(e.kv.size() <= keys_after_two + crun::etcd::kRoundsKept);
+    // Each failure another way, so that no crash loop ends the job.
+    Report r;
+    r.what = "rank 1 failed";
+    r.exit_code = 3 + round;
+    r.report_json =
+        R"({"host":"b","failures":[{"rank":1,"exit_code":)" + std::to_string(r.exit_code) + "}]}";
+    e.Put(e.keys.report(e.Gathering(), "b"), crun::etcd::EncodeReport(r));
+    e.Step(Ms(10'000 * round + 5));
+    REQUIRE(e.Job()["phase"] == "gathering");
+  }
+  std::vector<std::string> rounds, stores;
+  for (const auto& [key, kv] : e.kv) {
+    if (key.starts_with(e.keys.rounds())) rounds.push_back(key);
+    if (key.starts_with(e.keys.stores())) stores.push_back(key);
+  }
+  const int last = 3 * crun::etcd::kRoundsKept - 1;
+  REQUIRE(rounds.size() == static_cast<std::size_t>(crun::etcd::kRoundsKept));
+  CHECK(rounds.front() == e.keys.round(last - crun::etcd::kRoundsKept + 1));
+  CHECK(rounds.back() == e.keys.round(last));
+  CHECK(stores == std::vector<std::string>{e.keys.store(last)});  // the last round's, still
+}
+
+TEST_CASE("etcd job: an ended job binds every key of its run to one retention lease") {
+  Etcd e;
+  e.FormTwo();
+  e.Put(e.keys.store(0), "10.0.0.1:30000", 100);
+  e.Succeed("a");
+  e.Step(Ms(1));
+  // Running still: nothing bound but what agents bound to their own leases.
+  for (const auto& [key, kv] : e.kv) {
+    if (kv.lease != 0) CHECK(kv.lease == 100);  // the agents' own (nodes, joins, the store)
+  }
+  e.Succeed("b");
+  const crun::etcd::Retention retention{std::chrono::seconds(60), 0};
+  // The job ends: the first decision asks for the lease and writes nothing.
+  auto ask = Decide(e.keys, e.kv, kT0 + Ms(2), kWall0 + Ms(2), retention);
+  REQUIRE(ask.needs_lease);
+  CHECK_FALSE(ask.write);
+  CHECK(ask.ops.empty());
+  // Given one, it binds the state, a/job, the layout, the history and the reports to it.
+  auto d = Decide(e.keys, e.kv, kT0 + Ms(2), kWall0 + Ms(2), {std::chrono::seconds(60), 555});
+  REQUIRE(d.write);
+  CHECK(d.job_lease == 555);
+  CHECK(nlohmann::json::parse(d.job_json)["phase"] == "succeeded");
+  CHECK(nlohmann::json::parse(d.job_json)["retention_lease"] == 555);
+  std::set<std::string> bound;
+  for (const auto& op : d.ops) {
+    if (op.kind == Op::Kind::kPut) {
+      CHECK(op.lease == 555);
+      bound.insert(op.key);
+    }
+  }
+  CHECK(bound == std::set<std::string>{e.keys.job(), e.keys.layout(), e.keys.round(0),
+                                       e.keys.report(0, "a"), e.keys.report(0, "b")});
+  // Applied, later passes keep the same lease without asking, and a key put unbound since
+  // (a late write) is bound at the next one.
+  e.Put(e.keys.state(), d.job_json, d.job_lease);
+  for (const auto& op : d.ops) e.Put(op.key, op.value, op.lease);
+  auto quiet = Decide(e.keys, e.kv, kT0 + Ms(3), kWall0 + Ms(3), retention);
+  CHECK_FALSE(quiet.needs_lease);
+  CHECK_FALSE(quiet.write);
+  e.Put(e.keys.last_failure(), "late");
+  auto late = Decide(e.keys, e.kv, kT0 + Ms(4), kWall0 + Ms(4), retention);
+  REQUIRE(late.write);
+  CHECK(late.job_lease == 555);
+  REQUIRE(late.ops.size() == 1);
+  CHECK(late.ops[0].key == e.keys.last_failure());
+  CHECK(late.ops[0].lease == 555);
+  // Retention 0: kept until removed by hand; nothing is bound.
+  Etcd kept;
+  kept.OneSucceeded();
+  auto off = Decide(kept.keys, kept.kv, kT0 + Ms(1), kWall0 + Ms(1), {std::chrono::seconds(0), 0});
+  CHECK_FALSE(off.needs_lease);
+  CHECK(off.job_lease == 0);
+  for (const auto& op : off.ops) CHECK(op.lease == 0);
+}
+
+TEST_CASE("etcd job: a new job on the run id unbinds what it keeps from the old one's lease") {
+  Etcd e;
+  e.OneSucceeded();
+  auto d = Decide(e.keys, e.kv, kT0 + Ms(1), kWall0 + Ms(1), {std::chrono::seconds(60), 555});
+  REQUIRE(d.write);
+  e.Put(e.keys.state(), d.job_json, d.job_lease);
+  for (const auto& op : d.ops) e.Put(op.key, op.value, op.lease);
+  REQUIRE(e.kv.at(e.keys.layout()).lease == 555);
+  e.Delete(e.keys.node("a"));
+  e.AddNode("c", "host-c", 1, 1, 1);
+  auto renew = Decide(e.keys, e.kv, kT0 + Ms(2), kWall0 + Ms(2), {std::chrono::seconds(60), 0});
+  REQUIRE(renew.write);
+  CHECK_FALSE(renew.needs_lease);
+  CHECK(renew.job_lease == 0);
+  CHECK(nlohmann::json::parse(renew.job_json)["job"] == 2);
+  CHECK_FALSE(nlohmann::json::parse(renew.job_json).contains("retention_lease"));
+  std::set<std::string> unbound;
+  for (const auto& op : renew.ops) {
+    if (op.kind == Op::Kind::kPut && op.lease == 0) unbound.insert(op.key);
+  }
+  CHECK(unbound.count(e.keys.layout()) == 1);
+  CHECK(unbound.count(e.keys.job()) == 1);
 }

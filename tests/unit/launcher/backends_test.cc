@@ -202,7 +202,7 @@ TEST_CASE("backends: etcd's plan keeps its members, prefix and credentials", "[b
   }
   const auto p =
       Plan({"--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1,[::1]:2380", "--rdzv-conf",
-            "etcd_prefix=/jobs,etcd_user=root,etcd_password_file=" + file},
+            "etcd_prefix=/jobs,etcd_user=root,etcd_password_file=" + file + ",etcd_retention=0"},
            DefaultBackends());
   REQUIRE(p.ok());
   CHECK(p->backend == "etcd-v3");
@@ -215,4 +215,10 @@ TEST_CASE("backends: etcd's plan keeps its members, prefix and credentials", "[b
   CHECK(e->prefix == "/jobs");
   CHECK(e->user == "root");
   CHECK(e->password == "s3cret");
+  CHECK(e->retention == std::chrono::seconds(0));
+  // Unset: an hour.
+  const auto fallback =
+      Plan({"--rdzv-backend", "etcd", "--rdzv-endpoint", "127.0.0.1"}, DefaultBackends());
+  REQUIRE(fallback.ok());
+  CHECK(EtcdPlanOf(*fallback)->retention == std::chrono::seconds(3600));
 }

@@ -135,6 +135,13 @@ TEST_CASE("plan: refusals name the flag and the value", "[plan]") {
            Row{{"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "localhost", "--rdzv-conf",
                 "etcd_prefix=x"},
                "etcd_prefix='x' must start with '/'"},
+           Row{{"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "localhost", "--rdzv-conf",
+                "etcd_retention=1h"},
+               "--rdzv-conf: etcd_retention='1h' is not a whole number of seconds from 0"},
+           Row{{"--rdzv-backend", "etcd-v3", "--rdzv-endpoint", "localhost", "--rdzv-conf",
+                "etcd_retention=-5"},
+               "etcd_retention='-5' is not a whole number of seconds from 0 (keep a finished "
+               "job's keys until removed by hand) to 31622400 (a year)"},
            Row{{"--rdzv-backend", "zk"},
                "--rdzv-backend 'zk': expected crun (or c10d), etcd-v3 (or etcd) or static"},
            Row{{"--rdzv-backend", "statik"}, "or static (did you mean static?)"},
