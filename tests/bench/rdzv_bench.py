@@ -204,6 +204,40 @@ def etcd_simulated(args, agents):
     return loadgen_json(r, f"rdzv_loadgen --etcd x{agents}")
 
 
+TIDY_RESTARTS = 500
+TIDY_RETENTION_S = 5
+
+
+def etcd_tidy(args):
+    """One real agent through the bench's etcd: TIDY_RESTARTS restarts, then the keys under the
+    run's prefix when the job has ended and how long after its end etcd_retention removed
+    them."""
+    run_id = f"tidy-{os.getpid()}"
+    prefix = f"/crun/rdzv/{run_id}/"
+    worker = f'test "$TORCHELASTIC_RESTART_COUNT" = {TIDY_RESTARTS}'
+    r = subprocess.run(
+        [args.crun, "--nnodes", "1", "--nproc-per-node", "1", "--rdzv-backend", "etcd-v3",
+         "--rdzv-endpoint", args.etcd.endpoints(), "--rdzv-id", run_id, "--rdzv-conf",
+         f"etcd_retention={TIDY_RETENTION_S}", "--max-restarts", str(TIDY_RESTARTS),
+         "--max-restarts-without-progress", "0", "--monitor-interval", "0.1", "--no-python",
+         "/bin/sh", "-c", worker], capture_output=True, text=True, timeout=LIMIT_S)
+    ended = time.monotonic()
+    if r.returncode != 0:
+        raise RuntimeError(f"etcd tidy run exited {r.returncode}: {r.stderr[-600:]}")
+
+    def keys():
+        return args.etcd.etcdctl("get", "--prefix", "--keys-only", prefix).stdout.split()
+    after = keys()
+    wait_for(lambda: keys() == [], "the run's keys to go after etcd_retention",
+             limit=TIDY_RETENTION_S + 60)
+    gone_s = time.monotonic() - ended
+    rounds = len([k for k in after if k.startswith(prefix + "rounds/")])
+    stores = len([k for k in after if k.startswith(prefix + "a/stores/")])
+    print(f"  etcd tidy: {len(after)} keys after {TIDY_RESTARTS} restarts, gone in "
+          f"{gone_s:.1f} s", file=sys.stderr)
+    return {"keys": len(after), "rounds": rounds, "stores": stores, "gone_s": gone_s}
+
+
 def median_run(fn, agents, what):
     runs = [fn(agents) for _ in range(3)]
     runs.sort(key=lambda r: r["form"]["ms"])
@@ -272,14 +306,15 @@ def run_all(args):
     sims = {a: median_run(lambda n: simulated(args, n), a, "simulated") for a in SIMULATED}
     etcd_sims = {a: median_run(lambda n: etcd_simulated(args, n), a, "simulated through etcd")
                  for a in ETCD_SIMULATED}
-    write(args, launch, restart, sims, etcd_sims)
+    tidy = etcd_tidy(args)
+    write(args, launch, restart, sims, etcd_sims, tidy)
 
 
 def cell(v):
     return f"{v:,.1f} ms" if isinstance(v, float) else "failed"
 
 
-def write(args, launch, restart, sims, etcd_sims):
+def write(args, launch, restart, sims, etcd_sims, tidy):
     lines = [
         "## Rendezvous: forming, restarting, scale", "",
         f"`tests/bench/rdzv_bench.py`, on the same machine, in a private network namespace "
@@ -377,6 +412,14 @@ def write(args, launch, restart, sims, etcd_sims):
               "Joins, reports and lost leases reach the decider alone (it alone watches the "
               "whole prefix). Beyond a few thousand nodes, crun's rendezvous service (above) "
               "is the way."]
+    lines += ["", f"etcd's keys for one job (one real agent, the 3 members above, "
+              f"`--max-restarts {TIDY_RESTARTS}`, `--rdzv-conf etcd_retention="
+              f"{TIDY_RETENTION_S}`): after {TIDY_RESTARTS} restarts the job's prefix holds "
+              f"{tidy['keys']} keys ({tidy['rounds']} under rounds/, the last kept, and "
+              f"{tidy['stores']} under a/stores/: its host has left), where crun before 579098e "
+              f"kept one rounds/ and one a/stores/ key for every round; all were gone "
+              f"{tidy['gone_s']:.1f} s after the job ended (the retention lease's TTL, then etcd's "
+              "lease expiry check)."]
     lines += ["", "Reproduce: `python3 tests/bench/rdzv_bench.py --crun build/launcher/crun "
               "--probe build/tests/bench/restart_probe --loadgen build/tests/bench/rdzv_loadgen "
               "--torch2-python \"$(bash scripts/setup-torch2.sh)\"`"]
