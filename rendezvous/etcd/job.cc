@@ -602,14 +602,16 @@ class Deciding {
     for (const auto& a : round.assignments) history["nodes"].push_back(a.node_id);
     history["spares"] = round.spares;
     out_.ops.push_back({Op::Kind::kPut, keys_.round(round.round), history.dump(), 0});
-    // The history keeps the last kRoundsKept rounds; the stores of earlier rounds are gone.
+    // The history keeps the last kRoundsKept rounds; the stores of earlier rounds are gone
+    // (kMaxTidied of each a round: a run of an older crun may have hundreds).
     auto rounds = Children(mirror_, keys_.rounds());
     std::erase_if(rounds, [&](const auto& r) { return r.second->key == keys_.round(round.round); });
-    for (std::size_t i = 0; i + (kRoundsKept - 1) < rounds.size(); ++i) {
+    for (std::size_t i = 0; i + (kRoundsKept - 1) < rounds.size() && i < kMaxTidied; ++i) {
       out_.ops.push_back({Op::Kind::kDelete, rounds[i].second->key, "", 0});
     }
+    std::size_t stores = 0;
     for (const auto& [name, kv] : Children(mirror_, keys_.stores())) {
-      if (name != std::to_string(round.round)) {
+      if (name != std::to_string(round.round) && stores++ < kMaxTidied) {
         out_.ops.push_back({Op::Kind::kDelete, kv->key, "", 0});
       }
     }
@@ -646,17 +648,21 @@ class Deciding {
         return false;
       }
       doc_.retention_lease = retention_.lease;
+      // Every node's report of the last gathering is read: gone, rather than bound one by one.
+      out_.ops.push_back({Op::Kind::kDeletePrefix, keys_.reports(), "", 0});
       out_.log.push_back("the job's keys are kept for " + std::to_string(retention_.ttl.count()) +
                          " s (etcd_retention), bound to lease " + std::to_string(retention_.lease));
     }
     return true;
   }
 
-  // Every put of the decider's, and every unbound key of the run, bound to the retention lease.
-  void BindToRetention(std::vector<Op>& ops) const {
+  // Every put of the decider's, and every unbound key of the run, bound to the retention lease
+  // (kMaxTidied a pass; the next pass comes at once for the rest).
+  void BindToRetention(std::vector<Op>& ops) {
     const std::int64_t lease = doc_.retention_lease;
     std::set<std::string> touched{keys_.state(), keys_.job()};
     std::vector<std::string> gone;
+    std::size_t bound = 0;
     for (auto& op : ops) {
       if (op.kind == Op::Kind::kPut && op.lease == 0) op.lease = lease;
       if (op.kind == Op::Kind::kDeletePrefix) gone.push_back(op.key);
@@ -669,6 +675,10 @@ class Deciding {
       if (std::any_of(gone.begin(), gone.end(),
                       [&](const std::string& g) { return kv.key.starts_with(g); })) {
         continue;
+      }
+      if (++bound > kMaxTidied) {
+        out_.wake_at = now_;
+        break;
       }
       ops.push_back({Op::Kind::kPut, kv.key, kv.value, lease});
     }

@@ -41,6 +41,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -58,6 +59,10 @@ namespace crun::etcd {
 inline constexpr char kLayout[] = "crun-etcd-rendezvous/2";
 inline constexpr char kDefaultRoot[] = "/crun/rdzv";
 inline constexpr int kRoundsKept = 10;  // rounds/ history kept for operators
+// etcd refuses a transaction of more operations than its --max-txn-ops (128 by default): one
+// decision stays well under it, tidying at most kMaxTidied keys of each kind per pass.
+inline constexpr std::size_t kMaxTxnOps = 128;
+inline constexpr std::size_t kMaxTidied = 16;
 inline constexpr std::chrono::seconds kDefaultRetention{3600};
 
 using WallClock = std::chrono::system_clock;

@@ -94,14 +94,16 @@ struct Etcd {
 
   // Decides at `now` and applies the decision as the transaction would (when it still
   // compares equal).
-  Decision Step(Ms at) {
-    auto d = Decide(keys, kv, kT0 + at, kWall0 + at);
+  Decision Step(Ms at) { return Apply(Decide(keys, kv, kT0 + at, kWall0 + at)); }
+  // Applies a decision as the transaction would (when it still compares equal).
+  Decision Apply(Decision d) {
     REQUIRE(d.error.ok());
     if (!d.write) return d;
+    REQUIRE(d.ops.size() + 1 <= crun::etcd::kMaxTxnOps);  // etcd would refuse the transaction
     auto job = kv.find(keys.state());
     const std::int64_t current = job == kv.end() ? 0 : job->second.mod_revision;
     REQUIRE(current == d.job_mod_revision);
-    Put(keys.state(), d.job_json);
+    Put(keys.state(), d.job_json, d.job_lease);
     for (const auto& op : d.ops) {
       switch (op.kind) {
         case Op::Kind::kPut:
@@ -126,6 +128,16 @@ std::string FailureReport(const std::string& what, int exit_code) {
   r.what = what;
   r.exit_code = exit_code;
   r.report_json = R"({"host":"b","failures":[{"rank":1,"exit_code":3}]})";
+  return crun::etcd::EncodeReport(r);
+}
+
+// A failure whose exit code is 3 + `n`: each another way, so that no crash loop ends the job.
+std::string FailedAnotherWay(int n) {
+  Report r;
+  r.what = "rank 1 failed";
+  r.exit_code = 3 + n;
+  r.report_json =
+      R"({"host":"b","failures":[{"rank":1,"exit_code":)" + std::to_string(r.exit_code) + "}]}";
   return crun::etcd::EncodeReport(r);
 }
 
@@ -595,13 +607,7 @@ TEST_CASE("etcd job: keys do not grow with rounds: the last rounds kept, old sto
     e.Put(e.keys.store(round), "10.0.0.1:" + std::to_string(30000 + round), 100);
     if (round == 2) keys_after_two = e.kv.size();
     if (round >= 2) CHECK(e.kv.size() <= keys_after_two + crun::etcd::kRoundsKept);
-    // Each failure another way, so that no crash loop ends the job.
-    Report r;
-    r.what = "rank 1 failed";
-    r.exit_code = 3 + round;
-    r.report_json =
-        R"({"host":"b","failures":[{"rank":1,"exit_code":)" + std::to_string(r.exit_code) + "}]}";
-    e.Put(e.keys.report(e.Gathering(), "b"), crun::etcd::EncodeReport(r));
+    e.Put(e.keys.report(e.Gathering(), "b"), FailedAnotherWay(round));
     e.Step(Ms(10'000 * round + 5));
     REQUIRE(e.Job()["phase"] == "gathering");
   }
@@ -647,12 +653,15 @@ TEST_CASE("etcd job: an ended job binds every key of its run to one retention le
       bound.insert(op.key);
     }
   }
-  CHECK(bound == std::set<std::string>{e.keys.job(), e.keys.layout(), e.keys.round(0),
-                                       e.keys.report(0, "a"), e.keys.report(0, "b")});
+  CHECK(bound == std::set<std::string>{e.keys.job(), e.keys.layout(), e.keys.round(0)});
+  // Every report of the last gathering has been read: deleted at once, not bound one by one.
+  CHECK(std::any_of(d.ops.begin(), d.ops.end(), [&](const Op& op) {
+    return op.kind == Op::Kind::kDeletePrefix && op.key == e.keys.reports();
+  }));
   // Applied, later passes keep the same lease without asking, and a key put unbound since
   // (a late write) is bound at the next one.
-  e.Put(e.keys.state(), d.job_json, d.job_lease);
-  for (const auto& op : d.ops) e.Put(op.key, op.value, op.lease);
+  e.Apply(d);
+  CHECK(e.kv.count(e.keys.report(0, "a")) == 0);
   auto quiet = Decide(e.keys, e.kv, kT0 + Ms(3), kWall0 + Ms(3), retention);
   CHECK_FALSE(quiet.needs_lease);
   CHECK_FALSE(quiet.write);
@@ -675,10 +684,9 @@ TEST_CASE("etcd job: an ended job binds every key of its run to one retention le
 TEST_CASE("etcd job: a new job on the run id unbinds what it keeps from the old one's lease") {
   Etcd e;
   e.OneSucceeded();
-  auto d = Decide(e.keys, e.kv, kT0 + Ms(1), kWall0 + Ms(1), {std::chrono::seconds(60), 555});
-  REQUIRE(d.write);
-  e.Put(e.keys.state(), d.job_json, d.job_lease);
-  for (const auto& op : d.ops) e.Put(op.key, op.value, op.lease);
+  REQUIRE(
+      e.Apply(Decide(e.keys, e.kv, kT0 + Ms(1), kWall0 + Ms(1), {std::chrono::seconds(60), 555}))
+          .write);
   REQUIRE(e.kv.at(e.keys.layout()).lease == 555);
   e.Delete(e.keys.node("a"));
   e.AddNode("c", "host-c", 1, 1, 1);
@@ -694,4 +702,54 @@ TEST_CASE("etcd job: a new job on the run id unbinds what it keeps from the old 
   }
   CHECK(unbound.count(e.keys.layout()) == 1);
   CHECK(unbound.count(e.keys.job()) == 1);
+}
+
+TEST_CASE("etcd job: tidying never makes a transaction larger than etcd takes") {
+  // A run that an older crun left with 300 rounds and stores, then 300 nodes that end it.
+  Etcd e;
+  for (int i = 0; i < 300; ++i) {
+    e.Put(e.keys.round(i), "{}");
+    e.Put(e.keys.store(i), "10.0.0.1:1", 100);
+  }
+  for (int i = 0; i < 300; ++i) {
+    const std::string id = "n" + std::to_string(i);
+    e.AddNode(id, "host-" + id, 1, 300, 300, /*max_restarts=*/1000);
+    e.JoinNode(id);
+  }
+  std::size_t before = e.kv.size();
+  e.Step(Ms(0));  // Apply requires every decision to fit a transaction
+  REQUIRE(e.Job()["phase"] == "running");
+  CHECK(e.kv.size() < before + 4);  // some old keys went, within the limit
+  // Each later round takes kMaxTidied more of them until only the last ones are left.
+  for (int round = 1; round < 30; ++round) {
+    e.Put(e.keys.report(e.Gathering(), "n0"), FailedAnotherWay(round));
+    e.Step(Ms(10'000 * round));
+    for (int i = 0; i < 300; ++i) e.JoinNode("n" + std::to_string(i));
+    e.Step(Ms(10'000 * round + 5));
+  }
+  std::size_t rounds = 0, stores = 0;
+  for (const auto& [key, kv] : e.kv) {
+    rounds += key.starts_with(e.keys.rounds());
+    stores += key.starts_with(e.keys.stores());
+  }
+  CHECK(rounds == static_cast<std::size_t>(crun::etcd::kRoundsKept));
+  CHECK(stores == 0);  // nobody published this run's stores
+  // The end: 300 reports, bound or deleted within one transaction, the rest on later passes.
+  for (int i = 0; i < 300; ++i) {
+    e.Put(e.keys.report(e.Gathering(), "n" + std::to_string(i)),
+          crun::etcd::EncodeReport(Report{true, "", 0, ""}));
+  }
+  for (int i = 0; i < 300; ++i) e.Put(e.keys.refusal("x" + std::to_string(i)), "late, unbound");
+  const crun::etcd::Retention retention{std::chrono::seconds(60), 777};
+  auto end = e.Apply(Decide(e.keys, e.kv, kT0 + Ms(400'000), kWall0 + Ms(400'000), retention));
+  REQUIRE(nlohmann::json::parse(end.job_json)["phase"] == "succeeded");
+  REQUIRE(end.wake_at.has_value());  // more to bind: the next pass comes at once
+  for (int pass = 0; pass < 40; ++pass) {
+    e.Apply(Decide(e.keys, e.kv, kT0 + Ms(400'001 + pass), kWall0 + Ms(400'001 + pass), retention));
+  }
+  for (const auto& [key, kv] : e.kv) {
+    if (!key.starts_with(e.keys.nodes()) && !key.starts_with(e.keys.joins())) {
+      CHECK(kv.lease == 777);
+    }
+  }
 }
