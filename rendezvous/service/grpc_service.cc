@@ -1,8 +1,12 @@
 #include "rendezvous/service/grpc_service.h"
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <future>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -12,13 +16,12 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
 #include "base/endpoint.h"
 #include "base/log_sampling.h"
 #include "base/socket.h"
-#include "base/write_queue.h"
+#include "crun/v1/health.grpc.pb.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "metrics/endpoint.h"
 #include "metrics/registry.h"
@@ -34,7 +37,20 @@ namespace {
 namespace asio = boost::asio;
 using Clock = std::chrono::steady_clock;
 
-class SessionReactor;
+class AsyncSession;
+template <typename Service, typename Request, typename Response>
+class UnaryCall;
+using StacksCall = UnaryCall<v1::Rendezvous::AsyncService, v1::StacksQuery, v1::StacksResult>;
+
+// Every method on gRPC's asynchronous API (AsyncSession, UnaryCall). A callback method would
+// bring gRPC's own threads polling beside the queues' (seven thread switches a heartbeat).
+using ServiceBase = v1::Rendezvous::AsyncService;
+// How long a heartbeat may wait for the engine's thread (Core::Queue).
+constexpr std::chrono::milliseconds kHeartbeatBatch{20};
+// How long Stop waits for the cancelled calls' last operations to come back.
+constexpr std::chrono::seconds kCallsEndWithin{10};
+// Completion queues the sessions are spread over, a thread each (see AsyncSession).
+constexpr int kSessionQueues = 16;
 
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const Security& s) {
   if (!s.tls()) return grpc::InsecureServerCredentials();
@@ -62,20 +78,23 @@ struct Core {
   explicit Core(ServiceOptions o) : options(std::move(o)), timer(io) {}
 
   void SendTo(SessionId id, const msg::ServiceMessage& m);
-  // Messages from the gRPC threads queue in the inbox; the engine's thread is woken only when
-  // it was empty, and then takes everything that arrived meanwhile in one turn (under load, one
-  // wake-up serves many agents). Each message keeps the time it arrived.
+  // Messages from the gRPC threads queue in the inbox, each with the time it arrived; the
+  // engine's thread takes everything queued in one turn. A heartbeat does not wake it: the
+  // heartbeats of kHeartbeatBatch wait for one turn (at 10,000 agents, one wake-up instead of
+  // 200). Anything else wakes it at once and takes the waiting heartbeats along, in order, and
+  // the engine's own deadlines take them first, so no node is judged on a stale beat.
   // A stream's end goes the same way, so it is never handled before its last message.
   // Converted here, on the gRPC thread; a message of no kind the service knows is dropped.
   void Received(SessionId id, const v1::AgentMessage& m, const std::string& peer_ip) {
     auto message = FromProto(m);
     if (!message) return;
     std::string peer = m.has_join() ? peer_ip : std::string();
-    Queue({id, std::move(*message), Clock::now(), false, std::move(peer)});
+    const bool urgent = !std::holds_alternative<msg::Heartbeat>(*message);
+    Queue({id, std::move(*message), Clock::now(), false, std::move(peer)}, urgent);
   }
-  void Closed(SessionId id) { Queue({id, {}, Clock::now(), true, {}}); }
+  void Closed(SessionId id) { Queue({id, {}, Clock::now(), true, {}}, true); }
   // OK when the call carries the job token (or none is needed); else the refusal, logged.
-  grpc::Status Authorize(const grpc::CallbackServerContext* context, const char* call);
+  grpc::Status Authorize(const grpc::ServerContextBase* context, const char* call);
   // Keeps one timer on the engine's next deadline.
   void Rearm() {
     auto wake = engine->NextWake();
@@ -89,6 +108,7 @@ struct Core {
     timer.async_wait([this](const boost::system::error_code& ec) {
       if (ec || !engine) return;
       armed.reset();
+      TakeInbox();
       engine->OnTick(Clock::now());
       Rearm();
     });
@@ -107,20 +127,45 @@ struct Core {
     bool closed;
     std::string peer_ip;  // joins only
   };
-  void Queue(Arrival a) {
-    bool wake = false;
+  void Queue(Arrival a, bool urgent) {
+    bool drain = false;
+    bool batch = false;
     {
       std::lock_guard lock(inbox_mu);
-      wake = inbox.empty();
       inbox.push_back(std::move(a));
+      if (drain_posted) return;
+      if (urgent) {
+        drain = drain_posted = true;
+      } else if (!batch_armed) {
+        batch = batch_armed = true;
+      }
     }
-    if (wake) asio::post(io, [this] { DrainInbox(); });
+    if (drain) asio::post(io, [this] { DrainInbox(); });
+    if (batch) {
+      asio::post(io, [this] {
+        batch_timer.expires_after(kHeartbeatBatch);
+        batch_timer.async_wait([this](const boost::system::error_code& ec) {
+          if (ec) return;
+          {
+            std::lock_guard lock(inbox_mu);
+            batch_armed = false;
+          }
+          DrainInbox();
+        });
+      });
+    }
   }
   void DrainInbox() {
+    TakeInbox();
+    if (engine) Rearm();
+  }
+  // Hands the engine everything queued.
+  void TakeInbox() {
     std::vector<Arrival> batch;
     {
       std::lock_guard lock(inbox_mu);
       batch.swap(inbox);
+      drain_posted = false;
     }
     if (!engine) return;
     for (auto& a : batch) {
@@ -130,27 +175,48 @@ struct Core {
         engine->OnMessage(a.session, a.message, a.at, a.peer_ip);
       }
     }
-    Rearm();
   }
-  std::mutex inbox_mu;
+  std::mutex inbox_mu;  // the three below
   std::vector<Arrival> inbox;
+  bool drain_posted = false;  // a DrainInbox is on its way
+  bool batch_armed = false;   // heartbeats wait for batch_timer
+  asio::steady_timer batch_timer{io};
   // Stacks calls waiting for the engine's answer (the engine's thread only).
-  struct StacksCall {
-    grpc::ServerUnaryReactor* reactor;
-    v1::StacksResult* response;
-  };
-  std::unordered_map<std::uint64_t, StacksCall> stacks_calls;
+  std::unordered_map<std::uint64_t, StacksCall*> stacks_calls;
   std::uint64_t next_stacks_call = 1;
   bool stopping = false;  // no more Stacks calls are taken
-  void EndStacksCalls() {
-    stopping = true;
-    for (auto& [query, call] : stacks_calls) {
-      call.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the service is stopping"));
-    }
-    stacks_calls.clear();
-  }
+  void EndStacksCalls();
   std::mutex mu;
-  std::unordered_map<SessionId, SessionReactor*> streams;
+  std::unordered_map<SessionId, AsyncSession*> streams;
+  void Register(SessionId id, AsyncSession* s) {
+    std::lock_guard lock(mu);
+    streams[id] = s;
+  }
+  void Unregister(SessionId id) {
+    std::lock_guard lock(mu);
+    streams.erase(id);
+  }
+  std::atomic<bool> shutting_down{false};  // no new session is awaited
+  // The calls alive on the queues (Call), awaited before the queues shut down.
+  void CallBegins() {
+    std::lock_guard lock(calls_mu);
+    ++calls;
+  }
+  void CallEnds() {
+    std::lock_guard lock(calls_mu);
+    if (--calls == 0) calls_cv.notify_all();
+  }
+  bool WaitNoCalls(std::chrono::seconds within) {
+    std::unique_lock lock(calls_mu);
+    return calls_cv.wait_for(lock, within, [this] { return calls == 0; });
+  }
+  std::size_t CallsAlive() {
+    std::lock_guard lock(calls_mu);
+    return calls;
+  }
+  std::mutex calls_mu;
+  std::condition_variable calls_cv;
+  std::size_t calls = 0;
   std::atomic<std::uint64_t> refused_calls{0};
   // Prometheus metrics (options.metrics): counted on any thread, the page rendered on the
   // engine's.
@@ -159,7 +225,7 @@ struct Core {
   std::unique_ptr<http::HttpServer> metrics_server;
 };
 
-grpc::Status Core::Authorize(const grpc::CallbackServerContext* context, const char* call) {
+grpc::Status Core::Authorize(const grpc::ServerContextBase* context, const char* call) {
   const std::string& token = options.security.token;
   if (token.empty()) return grpc::Status::OK;
   const auto& md = context->client_metadata();
@@ -180,83 +246,158 @@ grpc::Status Core::Authorize(const grpc::CallbackServerContext* context, const c
                               "the job's token (--token-file, CRUN_TOKEN_FILE or CRUN_TOKEN)");
 }
 
-// A session refused before it started: ends at once with the refusal.
-class RefusedSession final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServiceMessage> {
+// A call on a completion queue: each operation's tag names the call and which operation it
+// was; the queue's thread hands it back with On. Core counts the calls alive: a queue is shut
+// down only once none is left to start an operation on it.
+class Call {
  public:
-  explicit RefusedSession(const grpc::Status& s) { Finish(s); }
-  void OnDone() override { delete this; }
+  struct Tag {
+    Call* call;
+    int op;
+  };
+  explicit Call(Core* core) : core_(core) { core_->CallBegins(); }
+  virtual ~Call() { core_->CallEnds(); }
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+  virtual void On(int op, bool ok) = 0;
+  static void Handle(void* tag, bool ok) {
+    auto* t = static_cast<Tag*>(tag);
+    t->call->On(t->op, ok);
+  }
+
+ protected:
+  Core* core_;
 };
 
-class SessionReactor final : public grpc::ServerBidiReactor<v1::AgentMessage, v1::ServiceMessage> {
+// One agent's Session stream, on gRPC's asynchronous API. The callback API puts every
+// operation of the process on one completion queue, and Debian's gRPC (built without NDEBUG)
+// scans that queue's outstanding operations at each completion: O(agents) per message, 45 % of
+// the daemon's CPU at 30,000 agents. Here the sessions are spread over kSessionQueues queues,
+// each drained by one thread that handles its completions itself (no hand-off to a pool).
+//
+// Each operation has a tag of its own. A read is pending for as long as the stream lasts: its
+// failure is the stream's end, however it came (the agent closed its side, cancelled, or the
+// connection broke). The session then finishes the call once no write is in flight, and lives
+// until the finish is back: one outstanding operation per idle agent.
+// Send comes from the engine's thread (under Core::mu); everything else from the queue's one
+// thread. The session's mutex orders the two.
+class AsyncSession final : public Call {
  public:
-  SessionReactor(Core* core, std::string peer_ip)
-      : core_(core), id_(core->next_session++), peer_ip_(std::move(peer_ip)) {
-    {
-      std::lock_guard lock(core_->mu);
-      core_->streams[id_] = this;
-    }
-    // At once, before any message: the agent then knows its session was open, so that losing
-    // it is a lost service in every phase, gathering too (reconnect_timeout bounds the wait).
-    StartSendInitialMetadata();
-    StartRead(&in_);
+  AsyncSession(Core* core, ServiceBase* service, grpc::ServerCompletionQueue* cq)
+      : Call(core), service_(service), cq_(cq), stream_(&context_) {
+    for (int i = 0; i < kOps; ++i) tags_[i] = {this, i};
   }
+
+  // Waits for the next agent to open a session on this queue.
+  void Request() { service_->RequestSession(&context_, &stream_, cq_, cq_, &tags_[kRequest]); }
 
   void Send(const v1::ServiceMessage& m) {
-    if (const auto* next = writes_.Push(m)) StartWrite(next);
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) {  // the agent closed its side, or the stream broke
-      ReportClosed();
-      finishing_ = true;
-      if (writes_.Close()) FinishOnce();
-      return;
-    }
-    core_->Received(id_, in_, peer_ip_);
-    in_.Clear();
-    StartRead(&in_);
-  }
-
-  void OnWriteDone(bool ok) override {
-    if (!ok) writes_.Close();
-    if (const auto* next = writes_.Done()) {
-      StartWrite(next);
-    } else if (finishing_) {
-      FinishOnce();
-    }
-  }
-
-  void OnCancel() override {
-    ReportClosed();
-    finishing_ = true;
-    if (writes_.Close()) FinishOnce();
-  }
-
-  void OnDone() override {
-    {
-      std::lock_guard lock(core_->mu);
-      core_->streams.erase(id_);
-    }
-    ReportClosed();
-    delete this;
+    std::lock_guard lock(mu_);
+    if (closed_) return;
+    queue_.push_back(m);
+    if (!writing_) WriteNext();
   }
 
  private:
-  void ReportClosed() {
-    if (!closed_reported_.exchange(true)) core_->Closed(id_);
-  }
-  void FinishOnce() {
-    if (!finished_.exchange(true)) Finish(grpc::Status::OK);
+  enum Op { kRequest, kMetadata, kRead, kWrite, kFinish, kOps };
+
+  void On(int op, bool ok) override {
+    if (op == kRequest) return Started(ok);
+    bool ended = false;
+    bool last = false;
+    {
+      std::lock_guard lock(mu_);
+      if (op == kMetadata || op == kWrite) {
+        writing_ = false;
+        if (op == kWrite && !queue_.empty()) queue_.pop_front();
+        if (!ok) Close();
+        if (!queue_.empty() && !closed_) WriteNext();
+      } else if (op == kRead && ok) {
+        core_->Received(id_, in_, peer_ip_);
+        in_.Clear();
+        Read();
+      } else if (op == kRead) {
+        ended = true;
+        Close();
+      }
+      // Closed (so no Send starts a write) before the call is finished.
+      if (closed_ && !writing_ && !finished_) {
+        finished_ = true;
+        ++outstanding_;
+        stream_.Finish(grpc::Status::OK, &tags_[kFinish]);
+      }
+      last = --outstanding_ == 0;
+    }
+    if (ended || last) End();
+    if (last) delete this;
   }
 
-  Core* core_;
-  SessionId id_;
+  // A call arrived (ok), or the server is shutting down (not ok).
+  void Started(bool ok) {
+    if (!ok) {
+      delete this;
+      return;
+    }
+    if (!core_->shutting_down.load()) (new AsyncSession(core_, service_, cq_))->Request();
+    if (core_->engine_metrics) core_->engine_metrics->sessions_total.With().Inc();
+    std::lock_guard lock(mu_);
+    outstanding_ = 0;
+    if (auto s = core_->Authorize(&context_, "Session"); !s.ok()) {
+      closed_ = finished_ = true;
+      ++outstanding_;
+      stream_.Finish(s, &tags_[kFinish]);
+      return;
+    }
+    id_ = core_->next_session++;
+    peer_ip_ = PeerIp(context_.peer());
+    registered_ = true;
+    core_->Register(id_, this);
+    // At once, before any message: the agent then knows its session was open, so that losing
+    // it is a lost service in every phase, gathering too (reconnect_timeout bounds the wait).
+    writing_ = true;
+    ++outstanding_;
+    stream_.SendInitialMetadata(&tags_[kMetadata]);
+    Read();
+  }
+
+  void Read() {
+    ++outstanding_;
+    stream_.Read(&in_, &tags_[kRead]);
+  }
+  void WriteNext() {
+    writing_ = true;
+    ++outstanding_;
+    stream_.Write(queue_.front(), &tags_[kWrite]);
+  }
+  // No more writes: what is queued is dropped (the stream ended or failed).
+  void Close() {
+    closed_ = true;
+    if (!writing_) queue_.clear();
+  }
+  // The stream's end, told once: no Send reaches the session after it, and the engine hears
+  // of the end after the session's last message.
+  void End() {
+    if (!registered_) return;
+    registered_ = false;
+    core_->Unregister(id_);
+    core_->Closed(id_);
+  }
+
+  ServiceBase* service_;
+  grpc::ServerCompletionQueue* cq_;
+  grpc::ServerContext context_;
+  grpc::ServerAsyncReaderWriter<v1::ServiceMessage, v1::AgentMessage> stream_;
+  Tag tags_[kOps];
+  SessionId id_ = 0;
   std::string peer_ip_;
+  bool registered_ = false;  // the queue's thread only
   v1::AgentMessage in_;
-  WriteQueue<v1::ServiceMessage> writes_;
-  std::atomic<bool> finishing_{false};
-  std::atomic<bool> finished_{false};
-  std::atomic<bool> closed_reported_{false};
+  std::mutex mu_;                         // the fields below
+  std::deque<v1::ServiceMessage> queue_;  // the front is being written while writing_
+  bool writing_ = false;
+  bool closed_ = false;
+  bool finished_ = false;
+  int outstanding_ = 1;  // the request
 };
 
 void Core::SendTo(SessionId id, const msg::ServiceMessage& m) {
@@ -265,67 +406,190 @@ void Core::SendTo(SessionId id, const msg::ServiceMessage& m) {
   if (auto it = streams.find(id); it != streams.end()) it->second->Send(wire);
 }
 
-class ServiceImpl final : public v1::Rendezvous::CallbackService {
+// A unary call (Status, Stacks, the health check) on the asynchronous API: rare, answered
+// from the engine's thread. Each arrival puts the next request on the same queue.
+template <typename Service, typename Request, typename Response>
+class UnaryCall final : public Call {
  public:
-  explicit ServiceImpl(Core* core) : core_(core) {}
+  using RequestMethod = void (Service::*)(grpc::ServerContext*, Request*,
+                                          grpc::ServerAsyncResponseWriter<Response>*,
+                                          grpc::CompletionQueue*, grpc::ServerCompletionQueue*,
+                                          void*);
+  // Called on the queue's thread once the call is authorized; it must Answer, on any thread.
+  using Handler = void (*)(Core*, UnaryCall*);
+  struct Method {
+    const char* name;
+    RequestMethod request;
+    Handler handler;
+    bool open = false;  // answered without the job token (health checks)
+  };
 
-  grpc::ServerBidiReactor<v1::AgentMessage, v1::ServiceMessage>* Session(
-      grpc::CallbackServerContext* context) override {
-    if (core_->engine_metrics) core_->engine_metrics->sessions_total.With().Inc();
-    if (auto s = core_->Authorize(context, "Session"); !s.ok()) return new RefusedSession(s);
-    return new SessionReactor(core_, PeerIp(context->peer()));
+  static void Await(Core* core, Service* service, grpc::ServerCompletionQueue* cq,
+                    const Method& method) {
+    auto* call = new UnaryCall(core, service, cq, method);
+    (service->*method.request)(&call->context_, &call->request_, &call->responder_, cq, cq,
+                               &call->tags_[kArrived]);
   }
 
-  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
-                                   const v1::StatusRequest* request,
-                                   v1::StatusResponse* response) override {
-    auto* reactor = context->DefaultReactor();
-    if (auto s = core_->Authorize(context, "Status"); !s.ok()) {
-      reactor->Finish(s);
-      return reactor;
+  const Request& request() const { return request_; }
+  Response* response() { return &response_; }
+  void Answer(const grpc::Status& status) {
+    if (status.ok()) {
+      responder_.Finish(response_, status, &tags_[kAnswered]);
+    } else {
+      responder_.FinishWithError(status, &tags_[kAnswered]);
     }
-    asio::post(core_->io, [this, reactor, request, response] {
-      if (core_->engine)
-        *response = ToProto(core_->engine->Status(request->run_id(), Clock::now()));
-      reactor->Finish(grpc::Status::OK);
-    });
-    return reactor;
-  }
-
-  grpc::ServerUnaryReactor* Stacks(grpc::CallbackServerContext* context,
-                                   const v1::StacksQuery* request,
-                                   v1::StacksResult* response) override {
-    auto* reactor = context->DefaultReactor();
-    if (auto s = core_->Authorize(context, "Stacks"); !s.ok()) {
-      reactor->Finish(s);
-      return reactor;
-    }
-    asio::post(core_->io, [this, reactor, request, response] {
-      if (!core_->engine || core_->stopping) {
-        return reactor->Finish(
-            grpc::Status(grpc::StatusCode::UNAVAILABLE, "the service is stopping"));
-      }
-      const std::uint64_t query = core_->next_stacks_call++;
-      core_->stacks_calls[query] = {reactor, response};
-      const auto asked = core_->engine->AskStacks(request->run_id(), query,
-                                                  Millis(request->timeout_ms()), Clock::now());
-      if (!asked.ok()) {
-        core_->stacks_calls.erase(query);
-        reactor->Finish(grpc::Status(grpc::StatusCode::NOT_FOUND, asked.message()));
-      }
-      core_->Rearm();
-    });
-    return reactor;
   }
 
  private:
-  Core* core_;
+  enum Op { kArrived, kAnswered };
+  UnaryCall(Core* core, Service* service, grpc::ServerCompletionQueue* cq, Method method)
+      : Call(core), service_(service), cq_(cq), method_(method), responder_(&context_) {
+    tags_[kArrived] = {this, kArrived};
+    tags_[kAnswered] = {this, kAnswered};
+  }
+
+  void On(int op, bool ok) override {
+    if (op == kAnswered || !ok) {  // answered, or the server is shutting down
+      delete this;
+      return;
+    }
+    if (!core_->shutting_down.load()) Await(core_, service_, cq_, method_);
+    if (!method_.open) {
+      if (auto s = core_->Authorize(&context_, method_.name); !s.ok()) return Answer(s);
+    }
+    method_.handler(core_, this);
+  }
+
+  Service* service_;
+  grpc::ServerCompletionQueue* cq_;
+  Method method_;
+  grpc::ServerContext context_;
+  Request request_;
+  Response response_;
+  grpc::ServerAsyncResponseWriter<Response> responder_;
+  Tag tags_[2];
 };
+
+using StatusCall = UnaryCall<ServiceBase, v1::StatusRequest, v1::StatusResponse>;
+
+const StatusCall::Method kStatusMethod{"Status", &ServiceBase::RequestStatus,
+                                       [](Core* core, StatusCall* call) {
+                                         asio::post(core->io, [core, call] {
+                                           if (core->engine) {
+                                             *call->response() = ToProto(
+                                                 core->engine->Status(call->request().run_id(),
+                                                                      Clock::now()));
+                                           }
+                                           call->Answer(grpc::Status::OK);
+                                         });
+                                       }};
+
+const StacksCall::Method kStacksMethod{
+    "Stacks", &ServiceBase::RequestStacks, [](Core* core, StacksCall* call) {
+      asio::post(core->io, [core, call] {
+        if (!core->engine || core->stopping) {
+          return call->Answer(
+              grpc::Status(grpc::StatusCode::UNAVAILABLE, "the service is stopping"));
+        }
+        const std::uint64_t query = core->next_stacks_call++;
+        core->stacks_calls[query] = call;
+        const auto& r = call->request();
+        const auto asked =
+            core->engine->AskStacks(r.run_id(), query, Millis(r.timeout_ms()), Clock::now());
+        if (!asked.ok()) {
+          core->stacks_calls.erase(query);
+          call->Answer(grpc::Status(grpc::StatusCode::NOT_FOUND, asked.message()));
+        }
+        core->Rearm();
+      });
+    }};
+
+// The standard health service (proto/crun/v1/health.proto), open to anyone as gRPC's
+// own is (a Kubernetes probe carries no token): SERVING for the server ("") and for
+// crun.v1.Rendezvous until the service stops.
+namespace health = grpc::health::v1;
+using HealthService = health::Health::AsyncService;
+using HealthCall =
+    UnaryCall<HealthService, health::HealthCheckRequest, health::HealthCheckResponse>;
+
+std::optional<health::HealthCheckResponse::ServingStatus> HealthOf(const Core* core,
+                                                                   const std::string& service) {
+  if (!service.empty() && service != v1::Rendezvous::service_full_name()) return std::nullopt;
+  return core->shutting_down.load() ? health::HealthCheckResponse::NOT_SERVING
+                                    : health::HealthCheckResponse::SERVING;
+}
+
+const HealthCall::Method kHealthCheck{"Health/Check", &HealthService::RequestCheck,
+                                      [](Core* core, HealthCall* call) {
+                                        const std::string& name = call->request().service();
+                                        const auto status = HealthOf(core, name);
+                                        if (!status) {
+                                          return call->Answer(
+                                              grpc::Status(grpc::StatusCode::NOT_FOUND,
+                                                           "this server has no service named '" +
+                                                               name + "'"));
+                                        }
+                                        call->response()->set_status(*status);
+                                        call->Answer(grpc::Status::OK);
+                                      },
+                                      true};
+
+// Health/Watch: the status at once (SERVICE_UNKNOWN for a service this server does not have),
+// then the stream is held until the caller ends it or the server stops.
+class HealthWatch final : public Call {
+ public:
+  static void Await(Core* core, HealthService* service, grpc::ServerCompletionQueue* cq) {
+    auto* w = new HealthWatch(core, service, cq);
+    w->context_.AsyncNotifyWhenDone(&w->tags_[kDone]);  // returned only if the call starts
+    service->RequestWatch(&w->context_, &w->request_, &w->writer_, cq, cq, &w->tags_[kArrived]);
+  }
+
+ private:
+  enum Op { kArrived, kWritten, kDone };
+  HealthWatch(Core* core, HealthService* service, grpc::ServerCompletionQueue* cq)
+      : Call(core), service_(service), cq_(cq), writer_(&context_) {
+    for (int i = 0; i <= kDone; ++i) tags_[i] = {this, i};
+  }
+
+  void On(int op, bool ok) override {
+    if (op == kArrived) {
+      if (!ok) {
+        delete this;
+        return;
+      }
+      if (!core_->shutting_down.load()) Await(core_, service_, cq_);
+      outstanding_ = 2;  // the write and the done tag
+      const auto status = HealthOf(core_, request_.service());
+      response_.set_status(status ? *status : health::HealthCheckResponse::SERVICE_UNKNOWN);
+      writer_.Write(response_, &tags_[kWritten]);
+      return;
+    }
+    if (--outstanding_ == 0) delete this;
+  }
+
+  HealthService* service_;
+  grpc::ServerCompletionQueue* cq_;
+  grpc::ServerContext context_;
+  health::HealthCheckRequest request_;
+  health::HealthCheckResponse response_;
+  grpc::ServerAsyncWriter<health::HealthCheckResponse> writer_;
+  Tag tags_[3];
+  int outstanding_ = 0;  // once arrived
+};
+
+void Core::EndStacksCalls() {
+  stopping = true;
+  for (auto& [query, call] : stacks_calls) {
+    call->Answer(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the service is stopping"));
+  }
+  stacks_calls.clear();
+}
 
 class GrpcRendezvousService final : public RendezvousService {
  public:
   explicit GrpcRendezvousService(const ServiceOptions& options)
-      : core_(std::make_unique<Core>(options)), service_(core_.get()) {}
+      : core_(std::make_unique<Core>(options)) {}
   ~GrpcRendezvousService() override { Stop(std::chrono::milliseconds(200)); }
 
   // The engine, then the gRPC server, then the metrics endpoint, then the engine's thread.
@@ -334,14 +598,13 @@ class GrpcRendezvousService final : public RendezvousService {
     CRUN_RETURN_IF_ERROR(Listen());
     if (core_->options.metrics) {
       if (Status s = ServeMetrics(); !s.ok()) {
+        core_->shutting_down = true;
         server_->Shutdown();
         server_->Wait();
+        EndQueues();
         server_.reset();
         return s;
       }
-    }
-    if (auto* health = server_->GetHealthCheckService()) {
-      health->SetServingStatus("crun.v1.Rendezvous", true);
     }
     thread_ = std::thread([this] {
       auto work = asio::make_work_guard(core_->io);
@@ -365,15 +628,19 @@ class GrpcRendezvousService final : public RendezvousService {
       });
       ended.get_future().wait();
     }
+    core_->shutting_down = true;
     if (server_) {
       // Sessions still open after the grace are cancelled; a Status call in flight completes
-      // (the engine's thread keeps running until below).
+      // (the engine's thread keeps running until below). The queues' threads see the
+      // sessions out meanwhile.
       server_->Shutdown(std::chrono::system_clock::now() + grace);
       server_->Wait();
     }
+    EndQueues();
     if (thread_.joinable()) {
       asio::post(core_->io, [this] {
         core_->timer.cancel();
+        core_->batch_timer.cancel();
         core_->engine.reset();  // closes the stores, on their own thread
         core_->io.stop();
       });
@@ -421,8 +688,8 @@ class GrpcRendezvousService final : public RendezvousService {
     hooks.stacks_done = [core](std::uint64_t query, const msg::StacksResult& result) {
       auto it = core->stacks_calls.find(query);
       if (it == core->stacks_calls.end()) return;
-      *it->second.response = ToProto(result);
-      it->second.reactor->Finish(grpc::Status::OK);
+      *it->second->response() = ToProto(result);
+      it->second->Answer(grpc::Status::OK);
       core->stacks_calls.erase(it);
     };
     return hooks;
@@ -457,25 +724,60 @@ class GrpcRendezvousService final : public RendezvousService {
     // gRPC says only "failed" when it cannot listen: find out why first (in use, not an
     // address of this host, no permission), as the store server says it.
     CRUN_RETURN_IF_ERROR(CheckCanListen(o.host, o.port));
-    grpc::EnableDefaultHealthCheckService(true);
     grpc::ServerBuilder builder;
     const std::string address = FormatEndpoint(o.host, o.port);
     int selected = 0;
     builder.AddListeningPort(address, ServerCredentials(o.security), &selected);
     builder.RegisterService(&service_);
+    builder.RegisterService(&health_);
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a second daemon must fail
     // Agents ping to notice a dead service quickly; let them.
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 200);
     builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
     builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    for (int i = 0; i < kSessionQueues; ++i) queues_.push_back(builder.AddCompletionQueue());
     server_ = builder.BuildAndStart();
     if (!server_ || selected == 0) {
       server_.reset();
+      EndQueues();
       return Unavailable("cannot listen on " + address +
                          " (address in use, not an address of this host, or no permission)");
     }
     port_ = static_cast<std::uint16_t>(selected);
+    for (auto& queue : queues_) {
+      (new AsyncSession(core_.get(), &service_, queue.get()))->Request();
+      queue_threads_.emplace_back([q = queue.get()] {
+        void* tag = nullptr;
+        bool ok = false;
+        while (q->Next(&tag, &ok)) Call::Handle(tag, ok);
+      });
+    }
+    StatusCall::Await(core_.get(), &service_, queues_[0].get(), kStatusMethod);
+    StacksCall::Await(core_.get(), &service_, queues_[0].get(), kStacksMethod);
+    HealthCall::Await(core_.get(), &health_, queues_[0].get(), kHealthCheck);
+    HealthWatch::Await(core_.get(), &health_, queues_[0].get());
     return Status::Ok();
+  }
+
+  // After the server's shutdown: each queue ends once its last tag is taken (a queue without
+  // a thread, when the server never started, is drained here).
+  // The server has cancelled every call (Shutdown); their last tags may still be on the way,
+  // and a session's read failing then starts its Finish.
+  void EndQueues() {
+    if (!core_->WaitNoCalls(kCallsEndWithin)) {
+      spdlog::warn("the rendezvous service stops with {} gRPC calls still open after {} s",
+                   core_->CallsAlive(), kCallsEndWithin.count());
+    }
+    for (auto& queue : queues_) queue->Shutdown();
+    for (auto& thread : queue_threads_) thread.join();
+    queue_threads_.clear();
+    if (server_) return;
+    for (auto& queue : queues_) {
+      void* tag = nullptr;
+      bool ok = false;
+      while (queue->Next(&tag, &ok)) {
+      }
+    }
   }
 
   // The /metrics endpoint, with the service's TLS when it has one.
@@ -494,8 +796,11 @@ class GrpcRendezvousService final : public RendezvousService {
   }
 
   std::unique_ptr<Core> core_;
-  ServiceImpl service_;
+  ServiceBase service_;
+  HealthService health_;
+  std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;
   std::unique_ptr<grpc::Server> server_;
+  std::vector<std::thread> queue_threads_;
   std::thread thread_;
   std::uint16_t port_ = 0;
   std::string metrics_url_;

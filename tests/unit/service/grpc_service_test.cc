@@ -7,14 +7,14 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
-
-#include <grpcpp/generic/generic_stub.h>
 
 #include "agent/rendezvous/session_client.h"
 #include "base/security.h"
 #include "base/socket.h"
+#include "crun/v1/health.grpc.pb.h"
 #include "proto/protocol_version.h"
 #include "rendezvous/service/grpc_service.h"
 #include "rendezvous/store/tcp_store_client.h"
@@ -46,7 +46,10 @@ std::unique_ptr<RendezvousService> StartService(const std::string& token = "",
 // One agent's session, with its messages collected for the test to wait on.
 class Agent {
  public:
-  Agent(std::uint16_t port, std::string node, const std::string& token = "")
+  // wait_for_ready: the session waits for a service it cannot reach yet (as crun's agent does);
+  // else it fails at once.
+  Agent(std::uint16_t port, std::string node, const std::string& token = "",
+        bool wait_for_ready = true)
       : node_(std::move(node)),
         channel_(crun::agent::MakeChannel("127.0.0.1:" + std::to_string(port), {})),
         stub_(v1::Rendezvous::NewStub(channel_)) {
@@ -63,7 +66,7 @@ class Agent {
           done_status_ = s;
           cv_.notify_all();
         },
-        crun::agent::CallOptions{token, true});
+        crun::agent::CallOptions{token, wait_for_ready});
   }
 
   void Join(int min = 2, int max = 2, int max_restarts = 1, const std::string& run = "job7") {
@@ -245,39 +248,57 @@ TEST_CASE("grpc service: conflicting settings are refused, naming them", "[grpc]
         "--nnodes differs: this job uses 1:1, the joining agent 1:2");
 }
 
-TEST_CASE("grpc service: the standard health service reports SERVING", "[grpc]") {
-  auto service = StartService();
+TEST_CASE("grpc service: the standard health service answers anyone, Check and Watch", "[grpc]") {
+  namespace health = grpc::health::v1;
+  // A job token does not keep a probe out: Kubernetes' gRPC probes carry none.
+  auto service = StartService(GENERATE(std::string(), std::string("s3cret-token")));
   auto channel = crun::agent::MakeChannel("127.0.0.1:" + std::to_string(service->port()), {});
-  grpc::GenericStub generic(channel);
-  for (const std::string service_name : {"", "crun.v1.Rendezvous"}) {
-    // grpc.health.v1.HealthCheckRequest{service = name}: field 1, length-delimited.
-    std::string request;
-    if (!service_name.empty()) {
-      request = std::string("\x0a", 1) + static_cast<char>(service_name.size()) + service_name;
-    }
-    grpc::Slice slice(request);
-    grpc::ByteBuffer in(&slice, 1), out;
+  auto stub = health::Health::NewStub(channel);
+  const auto deadline = [] { return std::chrono::system_clock::now() + kDeadline; };
+  for (const std::string name : {"", "crun.v1.Rendezvous"}) {
     grpc::ClientContext ctx;
-    std::mutex mu;
-    std::condition_variable cv;
-    bool done = false;
-    grpc::Status status;
-    generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &in, &out,
-                      [&](grpc::Status s) {
-                        std::lock_guard lock(mu);
-                        status = s;
-                        done = true;
-                        cv.notify_all();
-                      });
-    std::unique_lock lock(mu);
-    REQUIRE(cv.wait_for(lock, kDeadline, [&] { return done; }));
-    REQUIRE(status.ok());
-    std::vector<grpc::Slice> slices;
-    REQUIRE(out.Dump(&slices).ok());
-    std::string body;
-    for (const auto& s : slices) body.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    CHECK(body == std::string("\x08\x01", 2));  // status: SERVING
+    ctx.set_deadline(deadline());
+    health::HealthCheckRequest request;
+    request.set_service(name);
+    health::HealthCheckResponse response;
+    const grpc::Status s = stub->Check(&ctx, request, &response);
+    REQUIRE(s.ok());
+    CHECK(response.status() == health::HealthCheckResponse::SERVING);
   }
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    health::HealthCheckRequest request;
+    request.set_service("no.such.Service");
+    health::HealthCheckResponse response;
+    const grpc::Status s = stub->Check(&ctx, request, &response);
+    CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+    CHECK_THAT(s.error_message(), Catch::Contains("no.such.Service"));
+  }
+  for (const auto& [name, want] :
+       {std::pair{std::string("crun.v1.Rendezvous"), health::HealthCheckResponse::SERVING},
+        std::pair{std::string("no.such.Service"), health::HealthCheckResponse::SERVICE_UNKNOWN}}) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    health::HealthCheckRequest request;
+    request.set_service(name);
+    auto reader = stub->Watch(&ctx, request);
+    health::HealthCheckResponse response;
+    REQUIRE(reader->Read(&response));
+    CHECK(response.status() == want);
+    ctx.TryCancel();
+    while (reader->Read(&response)) {
+    }
+  }
+  // A watch still open when the service stops is ended, within the grace.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(deadline());
+  auto reader = stub->Watch(&ctx, health::HealthCheckRequest());
+  health::HealthCheckResponse response;
+  REQUIRE(reader->Read(&response));
+  service->Stop(std::chrono::milliseconds(100));
+  CHECK_FALSE(reader->Read(&response));
+  CHECK(reader->Finish().error_code() != grpc::StatusCode::DEADLINE_EXCEEDED);
 }
 
 TEST_CASE("grpc service: a taken port is an error naming it", "[grpc]") {
@@ -302,6 +323,41 @@ TEST_CASE("grpc service: stopping the service ends every agent's session", "[grp
   REQUIRE(a.Next().has_assignment());
   service->Stop();
   CHECK_FALSE(a.WaitDone().ok());
+}
+
+// Stopping races every operation a session has in flight: its read, a write of the round's
+// assignment, an agent that drops or closes its side at the same moment. Each stop must end
+// every session and return (a queue shut down under a live call aborts the process).
+TEST_CASE("grpc service: stopped while its sessions are busy, 100 times over", "[grpc]") {
+  std::mt19937 rng(20261129);
+  for (int i = 0; i < 100; ++i) {
+    auto service = StartService();
+    std::vector<std::unique_ptr<Agent>> agents;
+    const int n = 2 + static_cast<int>(rng() % 6);
+    for (int k = 0; k < n; ++k) {
+      // Not waiting for the service: a session that had not reached it before the stop fails.
+      agents.push_back(
+          std::make_unique<Agent>(service->port(), "node-" + std::to_string(k), "", false));
+      agents.back()->Join(n, n);
+    }
+    switch (rng() % 4) {
+      case 0:  // stop at once: joins still on their way
+        break;
+      case 1:  // stop as the assignments are written
+        agents[0]->Next();
+        break;
+      case 2:  // one agent drops while the others hear of the round
+        agents[rng() % agents.size()]->Drop();
+        break;
+      default:  // one closes its side, one fails its workers
+        agents[0]->Next();
+        agents[1]->Close();
+        agents[0]->Fail(0, 3);
+        break;
+    }
+    service->Stop(std::chrono::milliseconds(rng() % 3 * 10));
+    for (auto& a : agents) static_cast<void>(a->WaitDone());  // ended, however it ended
+  }
 }
 
 TEST_CASE(
