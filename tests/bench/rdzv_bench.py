@@ -381,8 +381,8 @@ def write(args, launch, restart, sims, etcd_sims, tidy):
         ("daemon CPU per heartbeat",
          lambda r: f"{per_beat_micros(r):.0f} µs"),
         ("daemon RSS idle → sessions open → peak",
-         lambda r: f"{r['service_idle_rss_mib']:.0f} → {r['service_rss_connected_mib']:.0f} → "
-                   f"{r['service_hwm_mib']:.0f} MiB"),
+         lambda r: f"{r['service_idle_rss_mib']:,.0f} → {r['service_rss_connected_mib']:,.0f} → "
+                   f"{r['service_hwm_mib']:,.0f} MiB"),
     ]
     lines += table_rows(rows, [sims[a] for a in SIMULATED])
     lines += [
