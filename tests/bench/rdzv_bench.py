@@ -358,7 +358,8 @@ def write(args, launch, restart, sims, etcd_sims, tidy):
               "3.4), each on this machine's disk (every write is fsynced)."]
     lines += [
         "", "Simulated agents (`tests/bench/rdzv_loadgen.cc`: each a real crun.v1 session, "
-        "16 HTTP/2 connections shared) against one `crun rendezvous` daemon; the run with the "
+        "spread over one process per 3,125 agents, up to 32, and 16 HTTP/2 connections or one "
+        "a process) against one `crun rendezvous` daemon; the run with the "
         f"median formation time of 3 (one run at {ONE_RUN_FROM:,}), a fresh daemon each. "
         "*form*: from the first Join sent to the last assignment received (min = max = N, 8 "
         "workers each). *failure*: one agent reports a failed worker; every agent is told to "

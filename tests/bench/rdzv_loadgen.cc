@@ -9,24 +9,35 @@
 //            re-join, then (each re-joins at once) until every agent holds the next round
 //   finish   every agent reports success: until every agent got the outcome
 //
+// The agents live in --procs processes (shards), forked before any gRPC object exists, each
+// holding every procs-th agent. One process cannot hold 100,000 sessions cheaply: Debian's
+// gRPC is built with its debug checks, and each completion scans the list of every operation
+// outstanding on the completion queue (cq_check_tag), one queue for all callback sessions, so a
+// process's cost grows with the square of its sessions. This process coordinates: it tells the
+// shards each phase over a pipe, and a phase ends when the last shard's last agent reached it
+// (each shard reports the steady-clock time, the same clock in every process).
+//
 // With --service-pid, the service's CPU time (user + system, /proc/PID/stat) over each phase
 // and its RSS are measured too. Prints one JSON object. Exit 1 when a phase does not complete
 // within --phase-timeout-ms, naming it and how many agents were still missing.
 //
 //   rdzv_loadgen --endpoint 127.0.0.1:29400 --agents 10000 [--channels 16] [--nproc 8]
-//                [--service-pid PID] [--run-id bench]
+//                [--procs P] [--service-pid PID] [--run-id bench]
 //
 // With --etcd host:port,... instead of --endpoint, the same phases run through etcd, each
 // agent the agent's own etcd rendezvous (rdzv_loadgen_etcd.h); --service-pid once per member.
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 #include <memory>
-#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -61,6 +72,7 @@ struct Options {
   std::string endpoint;
   int agents = 1000;
   int channels = 16;
+  int procs = 0;  // 0: one for every kAgentsPerProc agents
   int nproc = 8;
   int heartbeat_ms = 1000;
   int steady_ms = 3000;
@@ -69,6 +81,10 @@ struct Options {
   std::string run_id = "bench";
   std::string etcd;  // endpoints: the etcd mode (rdzv_loadgen_etcd.h)
 };
+
+// Sessions a shard holds by default: the scan above stays a small share of a completion.
+constexpr int kAgentsPerProc = 3125;
+constexpr int kMaxProcs = 32;
 
 v1::AgentMessage JoinMessage(const Options& o, int index, const std::string& service_host) {
   v1::AgentMessage m;
@@ -91,6 +107,309 @@ v1::AgentMessage JoinMessage(const Options& o, int index, const std::string& ser
   return m;
 }
 
+std::int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+void WriteLine(int fd, const std::string& line) {
+  const std::string text = line + "\n";
+  for (std::size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the other end is gone: its reader reports that
+    done += static_cast<std::size_t>(n);
+  }
+}
+
+// Whole lines from a pipe, each read bounded by a deadline.
+class LineReader {
+ public:
+  explicit LineReader(int fd) : fd_(fd) {}
+  int fd() const { return fd_; }
+  // False at end of file or when the deadline passed first.
+  bool Read(std::string& line, Clock::time_point deadline) {
+    for (;;) {
+      if (const auto nl = buf_.find('\n'); nl != std::string::npos) {
+        line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return true;
+      }
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{fd_, POLLIN, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return false;
+      char chunk[65536];
+      const ssize_t n = ::read(fd_, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      buf_.append(chunk, static_cast<std::size_t>(n));
+    }
+  }
+
+ private:
+  int fd_;
+  std::string buf_;
+};
+
+// One shard: the agents index % procs == shard, driven by the coordinator's commands.
+//   form            -> "form REACHED T_NS BAD" then "ranks R R ..." (their group ranks)
+//   steady END_NS   -> "steady SENT"
+//   arm             -> "armed" (the failure's tallies reset)
+//   await FAIL      -> "told REACHED T_NS" then "reformed REACHED T_NS WRONG_ROUND"
+//                      (FAIL 1: this shard's first agent reports the failed worker first)
+//   finish          -> "finish REACHED T_NS" then, once every session closed, "errors N"
+int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
+  const std::string service_host = o.endpoint.substr(0, o.endpoint.rfind(':'));
+  const auto limit = std::chrono::milliseconds(o.phase_timeout_ms);
+  const int channels_here = std::max(1, o.channels / o.procs);
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  std::vector<std::unique_ptr<v1::Rendezvous::Stub>> stubs;
+  crun::agent::ChannelOptions co;
+  co.keepalive_interval = std::chrono::milliseconds(10'000);
+  co.keepalive_timeout = std::chrono::milliseconds(30'000);
+  for (int c = 0; c < channels_here; ++c) {
+    channels.push_back(crun::agent::MakeChannel(o.endpoint, co));
+    if (!channels.back()->WaitForConnected(std::chrono::system_clock::now() +
+                                           std::chrono::seconds(10))) {
+      std::fprintf(stderr, "rdzv_loadgen: cannot connect to %s\n", o.endpoint.c_str());
+      return 1;
+    }
+    stubs.push_back(v1::Rendezvous::NewStub(channels.back()));
+  }
+
+  Tally assigned, told, finished;
+  std::atomic<int> errors{0};
+  std::vector<std::unique_ptr<Agent>> agents;
+  for (int i = shard; i < o.agents; i += o.procs) agents.push_back(std::make_unique<Agent>());
+  const int n = static_cast<int>(agents.size());
+  for (int k = 0; k < n; ++k) {
+    Agent* a = agents[static_cast<std::size_t>(k)].get();
+    a->index = shard + k * o.procs;
+    auto on_message = [&, a](v1::ServiceMessage m) {
+      if (m.has_assignment()) {
+        if (a->round.load() < 0) a->assignment = m.assignment();
+        a->round.store(static_cast<int>(m.assignment().round()));
+        assigned.Hit();
+      } else if (m.has_stop_and_rejoin()) {
+        told.Hit();
+        a->session->Send(JoinMessage(o, a->index, service_host));  // re-join at once
+      } else if (m.has_finished()) {
+        finished.Hit();
+      } else if (m.has_refused()) {
+        std::fprintf(stderr, "rdzv_loadgen: agent %d refused: %s\n", a->index,
+                     m.refused().reason().c_str());
+        errors.fetch_add(1);
+      }
+    };
+    auto on_done = [&errors](const crun::Status& s) {
+      if (!s.ok()) errors.fetch_add(1);
+    };
+    a->session =
+        std::make_unique<SessionClient>(*stubs[static_cast<std::size_t>(k % channels_here)],
+                                        on_message, on_done);
+  }
+  WriteLine(reply_fd, "ready");
+
+  LineReader commands(cmd_fd);
+  // The coordinator bounds every phase; a command that never comes means it is gone.
+  const auto next_deadline = [&] { return Clock::now() + std::chrono::hours(1); };
+  for (std::string line; commands.Read(line, next_deadline());) {
+    std::istringstream in(line);
+    std::string cmd;
+    in >> cmd;
+    if (cmd == "form") {
+      assigned.Reset(n);
+      for (auto& a : agents) a->session->Send(JoinMessage(o, a->index, service_host));
+      const int reached = assigned.Wait(limit);
+      const std::int64_t t = NowNs();
+      int bad = 0;
+      std::string ranks = "ranks";
+      for (auto& a : agents) {
+        const auto& as = a->assignment;
+        if (as.group_world_size() != o.agents || as.world_size() != o.agents * o.nproc ||
+            as.base_rank() != as.group_rank() * o.nproc) {
+          if (bad++ == 0) {
+            std::fprintf(stderr,
+                         "rdzv_loadgen: agent %d got a bad assignment: group rank %d of %d, "
+                         "base rank %d of %d\n",
+                         a->index, as.group_rank(), as.group_world_size(), as.base_rank(),
+                         as.world_size());
+          }
+        }
+        ranks += " " + std::to_string(as.group_rank());
+      }
+      WriteLine(reply_fd, "form " + std::to_string(reached) + " " + std::to_string(t) + " " +
+                              std::to_string(bad));
+      WriteLine(reply_fd, ranks);
+    } else if (cmd == "steady") {
+      std::int64_t end_ns = 0;
+      in >> end_ns;
+      const auto end = Clock::time_point(std::chrono::nanoseconds(end_ns));
+      // Heartbeats spread evenly over each interval from one thread.
+      const auto gap = std::chrono::nanoseconds(std::chrono::milliseconds(o.heartbeat_ms)) / n;
+      std::uint64_t seq = 0;
+      auto next = Clock::now();
+      for (std::size_t i = 0; Clock::now() < end; i = (i + 1) % agents.size()) {
+        v1::AgentMessage m;
+        m.mutable_heartbeat()->set_sequence(++seq);
+        agents[i]->session->Send(std::move(m));
+        next += gap;
+        std::this_thread::sleep_until(next);  // pacing the load, not synchronisation
+      }
+      WriteLine(reply_fd, "steady " + std::to_string(seq));
+    } else if (cmd == "arm") {
+      told.Reset(n);
+      assigned.Reset(n);
+      WriteLine(reply_fd, "armed");
+    } else if (cmd == "await") {
+      int fail = 0;
+      in >> fail;
+      if (fail != 0) {
+        v1::AgentMessage m;
+        auto* r = m.mutable_workers_failed();
+        r->set_host("sim-host-" + std::to_string(agents[0]->index));
+        r->set_node_id("sim-" + std::to_string(agents[0]->index));
+        auto* f = r->add_failures();
+        f->set_rank(0);
+        f->set_exit_code(1);
+        f->set_message("rdzv_loadgen: simulated failure");
+        agents[0]->session->Send(std::move(m));
+      }
+      const int t_reached = told.Wait(limit);
+      WriteLine(reply_fd, "told " + std::to_string(t_reached) + " " + std::to_string(NowNs()));
+      const int a_reached = assigned.Wait(limit);
+      const std::int64_t t = NowNs();
+      int wrong = 0;
+      for (auto& a : agents) {
+        if (a->round.load() != static_cast<int>(a->assignment.round()) + 1 && wrong++ == 0) {
+          std::fprintf(stderr, "rdzv_loadgen: agent %d is in round %d after the restart\n",
+                       a->index, a->round.load());
+        }
+      }
+      WriteLine(reply_fd, "reformed " + std::to_string(a_reached) + " " + std::to_string(t) + " " +
+                              std::to_string(wrong));
+    } else if (cmd == "finish") {
+      finished.Reset(n);
+      for (auto& a : agents) {
+        v1::AgentMessage m;
+        m.mutable_workers_succeeded();
+        a->session->Send(std::move(m));
+      }
+      const int reached = finished.Wait(limit);
+      WriteLine(reply_fd, "finish " + std::to_string(reached) + " " + std::to_string(NowNs()));
+      for (auto& a : agents) a->session->Close(std::chrono::milliseconds(2000));
+      WriteLine(reply_fd, "errors " + std::to_string(errors.load()));
+      return 0;
+    }
+  }
+  return 1;  // the coordinator went away
+}
+
+// The coordinator's end of the shards.
+class Shards {
+ public:
+  ~Shards() { Stop(); }
+
+  // Forks `o.procs` shards; false (with why on stderr) when one could not start.
+  bool Start(const Options& o) {
+    std::fflush(nullptr);
+    for (int s = 0; s < o.procs; ++s) {
+      int cmd[2], reply[2];
+      if (::pipe(cmd) != 0 || ::pipe(reply) != 0) {
+        std::fprintf(stderr, "rdzv_loadgen: pipe: %s\n", std::strerror(errno));
+        return false;
+      }
+      const pid_t pid = ::fork();
+      if (pid < 0) {
+        std::fprintf(stderr, "rdzv_loadgen: fork: %s\n", std::strerror(errno));
+        return false;
+      }
+      if (pid == 0) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no shard outlives the coordinator
+        if (::getppid() == 1) ::_exit(1);
+        for (auto& sh : shards_) {
+          ::close(sh.cmd);
+          ::close(sh.reply.fd());
+        }
+        ::close(cmd[1]);
+        ::close(reply[0]);
+        ::_exit(RunShard(o, s, cmd[0], reply[1]));
+      }
+      ::close(cmd[0]);
+      ::close(reply[1]);
+      shards_.push_back({pid, cmd[1], LineReader(reply[0])});
+    }
+    return true;
+  }
+
+  std::size_t size() const { return shards_.size(); }
+
+  void Send(std::size_t s, const std::string& line) { WriteLine(shards_[s].cmd, line); }
+  void SendAll(const std::string& line) {
+    for (auto& sh : shards_) WriteLine(sh.cmd, line);
+  }
+
+  // Shard s's next reply, which must begin with `word`; its other fields in `fields`.
+  bool Expect(std::size_t s, const std::string& word, std::vector<std::int64_t>& fields,
+              Clock::time_point deadline, std::string* rest = nullptr) {
+    std::string line;
+    if (!shards_[s].reply.Read(line, deadline)) {
+      std::fprintf(stderr, "rdzv_loadgen: shard %zu (pid %d) sent no '%s' in time\n", s,
+                   static_cast<int>(shards_[s].pid), word.c_str());
+      return false;
+    }
+    std::istringstream in(line);
+    std::string got;
+    in >> got;
+    if (got != word) {
+      std::fprintf(stderr, "rdzv_loadgen: shard %zu sent '%.80s', not '%s'\n", s, line.c_str(),
+                   word.c_str());
+      return false;
+    }
+    fields.clear();
+    if (rest != nullptr) {
+      std::getline(in, *rest);
+      return true;
+    }
+    for (std::int64_t v; in >> v;) fields.push_back(v);
+    return true;
+  }
+
+  // Ends every shard: a wait for those that said they are done, SIGKILL for the others.
+  void Stop() {
+    for (auto& sh : shards_) {
+      ::close(sh.cmd);
+      ::close(sh.reply.fd());
+    }
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    for (auto& sh : shards_) {
+      for (;;) {
+        const pid_t r = ::waitpid(sh.pid, nullptr, WNOHANG);
+        if (r == sh.pid || (r < 0 && errno != EINTR)) break;
+        if (Clock::now() >= deadline) {
+          ::kill(sh.pid, SIGKILL);
+          ::waitpid(sh.pid, nullptr, 0);
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a child's exit
+      }
+    }
+    shards_.clear();
+  }
+
+ private:
+  struct Shard {
+    pid_t pid;
+    int cmd;
+    LineReader reply;
+  };
+  std::vector<Shard> shards_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,6 +422,9 @@ int main(int argc, char** argv) {
   app.add_option("--agents", o.agents)->check(CLI::Range(1, 1'000'000));
   app.add_option("--channels", o.channels, "HTTP/2 connections the agents share")
       ->check(CLI::Range(1, 4096));
+  app.add_option("--procs", o.procs,
+                 "processes the agents are spread over (default: one per 3,125 agents, up to 32)")
+      ->check(CLI::Range(1, 256));
   app.add_option("--nproc", o.nproc)->check(CLI::Range(1, 1024));
   app.add_option("--heartbeat-ms", o.heartbeat_ms)->check(CLI::Range(10, 60'000));
   app.add_option("--steady-ms", o.steady_ms)->check(CLI::Range(0, 600'000));
@@ -129,72 +451,50 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "rdzv_loadgen: --endpoint or --etcd is required\n");
     return 2;
   }
-  const std::string service_host = o.endpoint.substr(0, o.endpoint.rfind(':'));
+  if (o.procs == 0) {
+    o.procs = std::clamp((o.agents + kAgentsPerProc - 1) / kAgentsPerProc, 1, kMaxProcs);
+  }
+  o.procs = std::min(o.procs, o.agents);
   const auto limit = std::chrono::milliseconds(o.phase_timeout_ms);
-  nlohmann::json out{{"agents", o.agents}, {"channels", o.channels}, {"nproc", o.nproc}};
+  // A shard answers within its phase's limit; the margin covers its checks and its pipe.
+  const auto reply_deadline = [&] { return Clock::now() + limit + std::chrono::seconds(30); };
+  nlohmann::json out{{"agents", o.agents},
+                     {"channels", o.channels},
+                     {"procs", o.procs},
+                     {"nproc", o.nproc}};
   const ProcStat idle = ReadProcs(o.service_pids);
   out["service_idle_rss_mib"] = idle.rss_mib;
 
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  std::vector<std::unique_ptr<v1::Rendezvous::Stub>> stubs;
-  crun::agent::ChannelOptions co;
-  co.keepalive_interval = std::chrono::milliseconds(10'000);
-  co.keepalive_timeout = std::chrono::milliseconds(30'000);
-  for (int c = 0; c < o.channels; ++c) {
-    channels.push_back(crun::agent::MakeChannel(o.endpoint, co));
-    if (!channels.back()->WaitForConnected(std::chrono::system_clock::now() +
-                                           std::chrono::seconds(10))) {
-      std::fprintf(stderr, "rdzv_loadgen: cannot connect to %s\n", o.endpoint.c_str());
-      return 1;
-    }
-    stubs.push_back(v1::Rendezvous::NewStub(channels.back()));
-  }
-
-  Tally assigned, told, finished;
-  std::atomic<int> errors{0};
-  std::vector<std::unique_ptr<Agent>> agents;
-  agents.reserve(static_cast<std::size_t>(o.agents));
-  for (int i = 0; i < o.agents; ++i) agents.push_back(std::make_unique<Agent>());
-  for (int i = 0; i < o.agents; ++i) {
-    Agent* a = agents[static_cast<std::size_t>(i)].get();
-    a->index = i;
-    auto on_message = [&, a](v1::ServiceMessage m) {
-      if (m.has_assignment()) {
-        if (a->round.load() < 0) a->assignment = m.assignment();
-        a->round.store(static_cast<int>(m.assignment().round()));
-        assigned.Hit();
-      } else if (m.has_stop_and_rejoin()) {
-        told.Hit();
-        a->session->Send(JoinMessage(o, a->index, service_host));  // re-join at once
-      } else if (m.has_finished()) {
-        finished.Hit();
-      } else if (m.has_refused()) {
-        std::fprintf(stderr, "rdzv_loadgen: agent %d refused: %s\n", a->index,
-                     m.refused().reason().c_str());
-        errors.fetch_add(1);
-      }
-    };
-    auto on_done = [&errors](const crun::Status& s) {
-      if (!s.ok()) errors.fetch_add(1);
-    };
-    a->session = std::make_unique<SessionClient>(*stubs[static_cast<std::size_t>(i % o.channels)],
-                                                 on_message, on_done);
+  Shards shards;
+  if (!shards.Start(o)) return 1;
+  std::vector<std::int64_t> f;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    if (!shards.Expect(s, "ready", f, reply_deadline())) return 1;
   }
   out["service_rss_connected_mib"] = ReadProcs(o.service_pids).rss_mib;
 
-  auto phase = [&](const char* name, Tally& tally, auto&& start) {
-    tally.Reset(o.agents);
-    const ProcStat before = ReadProcs(o.service_pids);
-    const auto t0 = Clock::now();
-    start();
-    const int reached = tally.Wait(limit);
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    const ProcStat after = ReadProcs(o.service_pids);
+  // Sends `cmd` to every shard and reads each one's `word` reply: the sum of the agents that
+  // reached it, and the time the last of them did. Exits naming the phase when some did not.
+  const auto gather = [&](const char* name, const std::string& word, std::int64_t& last_ns,
+                          std::vector<std::int64_t>* extra) {
+    int reached = 0;
+    last_ns = 0;
+    for (std::size_t s = 0; s < shards.size(); ++s) {
+      if (!shards.Expect(s, word, f, reply_deadline()) || f.size() < 2) std::exit(1);
+      reached += static_cast<int>(f[0]);
+      last_ns = std::max(last_ns, f[1]);
+      if (extra != nullptr) extra->push_back(f.size() > 2 ? f[2] : 0);
+    }
     if (reached < o.agents) {
       std::fprintf(stderr, "rdzv_loadgen: phase '%s': only %d of %d agents within %d ms\n", name,
                    reached, o.agents, o.phase_timeout_ms);
       std::exit(1);
     }
+  };
+  const auto record = [&](const char* name, std::int64_t t0_ns, std::int64_t last_ns,
+                          const ProcStat& before) {
+    const ProcStat after = ReadProcs(o.service_pids);
+    const double ms = static_cast<double>(last_ns - t0_ns) / 1e6;
     out[name] = {{"ms", ms},
                  {"service_cpu_s", after.cpu_s - before.cpu_s},
                  {"service_rss_mib", after.rss_mib}};
@@ -203,94 +503,101 @@ int main(int argc, char** argv) {
                  o.agents, ms, after.cpu_s - before.cpu_s, after.rss_mib);
   };
 
-  phase("form", assigned, [&] {
-    for (auto& a : agents) a->session->Send(JoinMessage(o, a->index, service_host));
-  });
-  // The round is well formed: ranks a permutation, global ranks contiguous per node.
-  {
-    std::vector<int> by_rank(static_cast<std::size_t>(o.agents), -1);
-    for (auto& a : agents) {
-      const auto& as = a->assignment;
-      const auto r = static_cast<std::size_t>(as.group_rank());
-      if (as.group_world_size() != o.agents || r >= by_rank.size() || by_rank[r] != -1 ||
-          as.world_size() != o.agents * o.nproc || as.base_rank() != as.group_rank() * o.nproc) {
-        std::fprintf(stderr,
-                     "rdzv_loadgen: agent %d got a bad assignment: group rank %d of %d, "
-                     "base rank %d of %d\n",
-                     a->index, as.group_rank(), as.group_world_size(), as.base_rank(),
-                     as.world_size());
-        return 1;
-      }
-      by_rank[r] = a->index;
-    }
-  }
-
-  // Steady state: heartbeats spread evenly over each interval from one thread.
+  // Form; the round is well formed: ranks a permutation, global ranks contiguous per node.
   {
     const ProcStat before = ReadProcs(o.service_pids);
-    const auto t0 = Clock::now();
-    const auto end = t0 + std::chrono::milliseconds(o.steady_ms);
-    const auto gap = std::chrono::nanoseconds(std::chrono::milliseconds(o.heartbeat_ms)) / o.agents;
-    std::uint64_t seq = 0;
-    auto next = t0;
-    for (std::size_t i = 0; Clock::now() < end; i = (i + 1) % agents.size()) {
-      v1::AgentMessage m;
-      m.mutable_heartbeat()->set_sequence(++seq);
-      agents[i]->session->Send(std::move(m));
-      next += gap;
-      std::this_thread::sleep_until(next);  // pacing the load, not synchronisation
+    const std::int64_t t0 = NowNs();
+    shards.SendAll("form");
+    int reached = 0, bad = 0;
+    std::int64_t last = 0;
+    std::vector<char> seen(static_cast<std::size_t>(o.agents), 0);
+    for (std::size_t s = 0; s < shards.size(); ++s) {
+      if (!shards.Expect(s, "form", f, reply_deadline()) || f.size() < 3) return 1;
+      reached += static_cast<int>(f[0]);
+      last = std::max(last, f[1]);
+      bad += static_cast<int>(f[2]);
+      std::string ranks;
+      if (!shards.Expect(s, "ranks", f, reply_deadline(), &ranks)) return 1;
+      std::istringstream in(ranks);
+      for (long r; in >> r;) {
+        if (r < 0 || r >= o.agents || seen[static_cast<std::size_t>(r)]++ != 0) ++bad;
+      }
     }
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    const ProcStat after = ReadProcs(o.service_pids);
-    out["steady"] = {{"s", s},
-                     {"heartbeats", seq},
-                     {"service_cpu_percent", s > 0 ? 100 * (after.cpu_s - before.cpu_s) / s : 0},
-                     {"service_rss_mib", after.rss_mib}};
-    std::fprintf(stderr, "rdzv_loadgen: steady   %llu heartbeats in %.1f s: service CPU %.1f%%\n",
-                 static_cast<unsigned long long>(seq), s,
-                 out["steady"]["service_cpu_percent"].get<double>());
-  }
-
-  // A worker fails on one agent: everyone is told, re-joins, and holds the next round.
-  const auto failed_at = Clock::now();
-  phase("told", told, [&] {
-    assigned.Reset(o.agents);
-    v1::AgentMessage m;
-    auto* r = m.mutable_workers_failed();
-    r->set_host("sim-host-0");
-    r->set_node_id("sim-0");
-    auto* f = r->add_failures();
-    f->set_rank(0);
-    f->set_exit_code(1);
-    f->set_message("rdzv_loadgen: simulated failure");
-    agents[0]->session->Send(std::move(m));
-  });
-  if (const int n = assigned.Wait(limit); n < o.agents) {
-    std::fprintf(stderr, "rdzv_loadgen: only %d of %d agents re-assigned\n", n, o.agents);
-    return 1;
-  }
-  const double reformed_ms =
-      std::chrono::duration<double, std::milli>(Clock::now() - failed_at).count();
-  out["reformed"] = {{"ms", reformed_ms}};
-  std::fprintf(stderr, "rdzv_loadgen: failure -> all re-assigned: %.1f ms\n", reformed_ms);
-  for (auto& a : agents) {
-    if (a->round.load() != static_cast<int>(a->assignment.round()) + 1) {
-      std::fprintf(stderr, "rdzv_loadgen: agent %d is in round %d after the restart\n", a->index,
-                   a->round.load());
+    if (reached < o.agents) {
+      std::fprintf(stderr, "rdzv_loadgen: phase 'form': only %d of %d agents within %d ms\n",
+                   reached, o.agents, o.phase_timeout_ms);
+      return 1;
+    }
+    record("form", t0, last, before);
+    if (bad != 0) {
+      std::fprintf(stderr, "rdzv_loadgen: %d agents got a bad assignment or a rank twice\n", bad);
       return 1;
     }
   }
 
-  phase("finish", finished, [&] {
-    for (auto& a : agents) {
-      v1::AgentMessage m;
-      m.mutable_workers_succeeded();
-      a->session->Send(std::move(m));
+  // Steady state: every shard heartbeats its agents until the same moment.
+  {
+    const ProcStat before = ReadProcs(o.service_pids);
+    const auto t0 = Clock::now();
+    const std::int64_t end_ns = NowNs() + std::int64_t{o.steady_ms} * 1'000'000;
+    shards.SendAll("steady " + std::to_string(end_ns));
+    std::uint64_t seq = 0;
+    for (std::size_t s = 0; s < shards.size(); ++s) {
+      if (!shards.Expect(s, "steady", f, reply_deadline()) || f.empty()) return 1;
+      seq += static_cast<std::uint64_t>(f[0]);
     }
-  });
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    const ProcStat after = ReadProcs(o.service_pids);
+    out["steady"] = {{"s", secs},
+                     {"heartbeats", seq},
+                     {"service_cpu_percent",
+                      secs > 0 ? 100 * (after.cpu_s - before.cpu_s) / secs : 0},
+                     {"service_rss_mib", after.rss_mib}};
+    std::fprintf(stderr, "rdzv_loadgen: steady   %llu heartbeats in %.1f s: service CPU %.1f%%\n",
+                 static_cast<unsigned long long>(seq), secs,
+                 out["steady"]["service_cpu_percent"].get<double>());
+  }
+
+  // A worker fails on one agent (shard 0's first, agent 0): everyone is told, re-joins, and
+  // holds the next round.
+  {
+    shards.SendAll("arm");
+    for (std::size_t s = 0; s < shards.size(); ++s) {
+      if (!shards.Expect(s, "armed", f, reply_deadline())) return 1;
+    }
+    const ProcStat before = ReadProcs(o.service_pids);
+    const std::int64_t t0 = NowNs();
+    shards.Send(0, "await 1");
+    for (std::size_t s = 1; s < shards.size(); ++s) shards.Send(s, "await 0");
+    std::int64_t last = 0;
+    gather("told", "told", last, nullptr);
+    record("told", t0, last, before);
+    std::vector<std::int64_t> wrong;
+    gather("reformed", "reformed", last, &wrong);
+    const double reformed_ms = static_cast<double>(last - t0) / 1e6;
+    out["reformed"] = {{"ms", reformed_ms}};
+    std::fprintf(stderr, "rdzv_loadgen: failure -> all re-assigned: %.1f ms\n", reformed_ms);
+    for (const auto w : wrong) {
+      if (w != 0) return 1;  // the shard named the agent
+    }
+  }
+
+  {
+    const ProcStat before = ReadProcs(o.service_pids);
+    const std::int64_t t0 = NowNs();
+    shards.SendAll("finish");
+    std::int64_t last = 0;
+    gather("finish", "finish", last, nullptr);
+    record("finish", t0, last, before);
+  }
   out["service_hwm_mib"] = ReadProcs(o.service_pids).hwm_mib;
-  for (auto& a : agents) a->session->Close(std::chrono::milliseconds(2000));
-  out["errors"] = errors.load();
+  std::int64_t errors = 0;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    if (!shards.Expect(s, "errors", f, reply_deadline()) || f.empty()) return 1;
+    errors += f[0];
+  }
+  shards.Stop();
+  out["errors"] = errors;
   std::printf("%s\n", out.dump().c_str());
-  return errors.load() == 0 ? 0 : 1;
+  return errors == 0 ? 0 : 1;
 }
