@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include <absl/synchronization/mutex.h>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -47,6 +48,8 @@ using StacksCall = UnaryCall<v1::Rendezvous::AsyncService, v1::StacksQuery, v1::
 using ServiceBase = v1::Rendezvous::AsyncService;
 // How long a heartbeat may wait for the engine's thread (Core::Queue).
 constexpr std::chrono::milliseconds kHeartbeatBatch{20};
+// The least time between two of the engine's turns taken for urgent messages (Core::Queue).
+constexpr std::chrono::microseconds kUrgentGap{1000};
 // How long Stop waits for the cancelled calls' last operations to come back.
 constexpr std::chrono::seconds kCallsEndWithin{10};
 // Completion queues the sessions are spread over, a thread each (see AsyncSession).
@@ -81,8 +84,10 @@ struct Core {
   // Messages from the gRPC threads queue in the inbox, each with the time it arrived; the
   // engine's thread takes everything queued in one turn. A heartbeat does not wake it: the
   // heartbeats of kHeartbeatBatch wait for one turn (at 10,000 agents, one wake-up instead of
-  // 200). Anything else wakes it at once and takes the waiting heartbeats along, in order, and
-  // the engine's own deadlines take them first, so no node is judged on a stale beat.
+  // 200). Anything else wakes it at once (within kUrgentGap of its last turn: a storm of
+  // 30,000 joins woke it once a join, a third of its thread switches) and takes the waiting
+  // heartbeats along, in order, and the engine's own deadlines take them first, so no node is
+  // judged on a stale beat.
   // A stream's end goes the same way, so it is never handled before its last message.
   // Converted here, on the gRPC thread; a message of no kind the service knows is dropped.
   void Received(SessionId id, const v1::AgentMessage& m, const std::string& peer_ip) {
@@ -130,17 +135,28 @@ struct Core {
   void Queue(Arrival a, bool urgent) {
     bool drain = false;
     bool batch = false;
+    Clock::time_point drain_at;
     {
       std::lock_guard lock(inbox_mu);
       inbox.push_back(std::move(a));
       if (drain_posted) return;
       if (urgent) {
         drain = drain_posted = true;
+        drain_at = last_turn + kUrgentGap;
       } else if (!batch_armed) {
         batch = batch_armed = true;
       }
     }
-    if (drain) asio::post(io, [this] { DrainInbox(); });
+    if (drain && drain_at <= Clock::now()) {
+      asio::post(io, [this] { DrainInbox(); });
+    } else if (drain) {
+      asio::post(io, [this, drain_at] {
+        urgent_timer.expires_at(drain_at);
+        urgent_timer.async_wait([this](const boost::system::error_code& ec) {
+          if (!ec) DrainInbox();
+        });
+      });
+    }
     if (batch) {
       asio::post(io, [this] {
         batch_timer.expires_after(kHeartbeatBatch);
@@ -166,6 +182,7 @@ struct Core {
       std::lock_guard lock(inbox_mu);
       batch.swap(inbox);
       drain_posted = false;
+      last_turn = Clock::now();
     }
     if (!engine) return;
     for (auto& a : batch) {
@@ -176,11 +193,13 @@ struct Core {
       }
     }
   }
-  std::mutex inbox_mu;  // the three below
+  std::mutex inbox_mu;  // the four below
   std::vector<Arrival> inbox;
-  bool drain_posted = false;  // a DrainInbox is on its way
-  bool batch_armed = false;   // heartbeats wait for batch_timer
+  bool drain_posted = false;    // a DrainInbox is on its way
+  bool batch_armed = false;     // heartbeats wait for batch_timer
+  Clock::time_point last_turn;  // the engine's thread last took the inbox
   asio::steady_timer batch_timer{io};
+  asio::steady_timer urgent_timer{io};  // an urgent message within kUrgentGap of the last turn
   // Stacks calls waiting for the engine's answer (the engine's thread only).
   std::unordered_map<std::uint64_t, StacksCall*> stacks_calls;
   std::uint64_t next_stacks_call = 1;
@@ -641,6 +660,7 @@ class GrpcRendezvousService final : public RendezvousService {
       asio::post(core_->io, [this] {
         core_->timer.cancel();
         core_->batch_timer.cancel();
+        core_->urgent_timer.cancel();
         core_->engine.reset();  // closes the stores, on their own thread
         core_->io.stop();
       });
@@ -724,6 +744,10 @@ class GrpcRendezvousService final : public RendezvousService {
     // gRPC says only "failed" when it cannot listen: find out why first (in use, not an
     // address of this host, no permission), as the store server says it.
     CRUN_RETURN_IF_ERROR(CheckCanListen(o.host, o.port));
+    // Debian's abseil is built without NDEBUG, so every absl::Mutex that gRPC takes also
+    // records the lock order for deadlock detection: ~8 % of the daemon's CPU while 30,000
+    // agents form. A process-wide setting; the service is what this process is busy with.
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
     grpc::ServerBuilder builder;
     const std::string address = FormatEndpoint(o.host, o.port);
     int selected = 0;
