@@ -519,17 +519,18 @@ bool Engine::StartRound(Job& job, const FormRound& round, TimePoint now) {
 void Engine::SendAssignments(Job& job, const FormRound& round) {
   // Every node's address and ports go to every member only where some node reserved ports
   // (--contract): the list is O(nodes) per member, which a job of 10,000 torch nodes must not
-  // pay.
-  std::vector<msg::RoundMember> members;
+  // pay. One list, shared by every member's message and encoded once (Core::Encode).
+  std::shared_ptr<std::vector<msg::RoundMember>> members;
   if (std::any_of(job.state.members.begin(), job.state.members.end(),
                   [](const Member& m) { return !m.node.ports.empty(); })) {
     std::unordered_map<std::string_view, const NodeDescription*> by_id;
     for (const auto& m : job.state.members) by_id.emplace(m.node.node_id, &m.node);
+    members = std::make_shared<std::vector<msg::RoundMember>>();
     for (const auto& a : round.assignments) {
       const auto it = by_id.find(a.node_id);
       if (it == by_id.end()) continue;  // cannot happen: the round's members
       const NodeDescription& n = *it->second;
-      members.push_back({n.host, n.address, n.nproc, n.ports});
+      members->push_back({n.host, n.address, n.nproc, n.ports});
     }
   }
   for (const auto& a : round.assignments) {

@@ -41,11 +41,13 @@ using Clock = std::chrono::steady_clock;
 class AsyncSession;
 template <typename Service, typename Request, typename Response>
 class UnaryCall;
-using StacksCall = UnaryCall<v1::Rendezvous::AsyncService, v1::StacksQuery, v1::StacksResult>;
-
 // Every method on gRPC's asynchronous API (AsyncSession, UnaryCall). A callback method would
 // bring gRPC's own threads polling beside the queues' (seven thread switches a heartbeat).
-using ServiceBase = v1::Rendezvous::AsyncService;
+// Session is raw (bytes both ways): the service encodes each message itself (Core::Encode), a
+// round's member list once for every node.
+using ServiceBase = v1::Rendezvous::WithRawMethod_Session<v1::Rendezvous::WithAsyncMethod_Status<
+    v1::Rendezvous::WithAsyncMethod_Stacks<v1::Rendezvous::Service>>>;
+using StacksCall = UnaryCall<ServiceBase, v1::StacksQuery, v1::StacksResult>;
 // How long a heartbeat may wait for the engine's thread (Core::Queue).
 constexpr std::chrono::milliseconds kHeartbeatBatch{20};
 // The least time between two of the engine's turns taken for urgent messages (Core::Queue).
@@ -81,6 +83,11 @@ struct Core {
   explicit Core(ServiceOptions o) : options(std::move(o)), timer(io) {}
 
   void SendTo(SessionId id, const msg::ServiceMessage& m);
+  // `m` on the wire (the engine's thread). An assignment's member list, the same object for
+  // every node of a round, is encoded once and its bytes shared (reference-counted slices).
+  grpc::ByteBuffer Encode(const msg::ServiceMessage& m);
+  std::shared_ptr<const std::vector<msg::RoundMember>> encoded_members;
+  grpc::Slice encoded_members_bytes;
   // Messages from the gRPC threads queue in the inbox, each with the time it arrived; the
   // engine's thread takes everything queued in one turn. A heartbeat does not wake it: the
   // heartbeats of kHeartbeatBatch wait for one turn (at 10,000 agents, one wake-up instead of
@@ -310,10 +317,10 @@ class AsyncSession final : public Call {
   // Waits for the next agent to open a session on this queue.
   void Request() { service_->RequestSession(&context_, &stream_, cq_, cq_, &tags_[kRequest]); }
 
-  void Send(const v1::ServiceMessage& m) {
+  void Send(const grpc::ByteBuffer& m) {
     std::lock_guard lock(mu_);
     if (closed_) return;
-    queue_.push_back(m);
+    queue_.push_back(m);  // the slices' references, not their bytes
     if (!writing_) WriteNext();
   }
 
@@ -332,7 +339,12 @@ class AsyncSession final : public Call {
         if (!ok) Close();
         if (!queue_.empty() && !closed_) WriteNext();
       } else if (op == kRead && ok) {
-        core_->Received(id_, in_, peer_ip_);
+        v1::AgentMessage m;
+        // Bytes that do not parse are no message the service knows: dropped, as an unknown
+        // kind is (the typed API would have failed the read and ended the session).
+        if (grpc::SerializationTraits<v1::AgentMessage>::Deserialize(&in_, &m).ok()) {
+          core_->Received(id_, m, peer_ip_);
+        }
         in_.Clear();
         Read();
       } else if (op == kRead) {
@@ -405,14 +417,14 @@ class AsyncSession final : public Call {
   ServiceBase* service_;
   grpc::ServerCompletionQueue* cq_;
   grpc::ServerContext context_;
-  grpc::ServerAsyncReaderWriter<v1::ServiceMessage, v1::AgentMessage> stream_;
+  grpc::ServerAsyncReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer> stream_;
   Tag tags_[kOps];
   SessionId id_ = 0;
   std::string peer_ip_;
   bool registered_ = false;  // the queue's thread only
-  v1::AgentMessage in_;
-  std::mutex mu_;                         // the fields below
-  std::deque<v1::ServiceMessage> queue_;  // the front is being written while writing_
+  grpc::ByteBuffer in_;
+  std::mutex mu_;                       // the fields below
+  std::deque<grpc::ByteBuffer> queue_;  // the front is being written while writing_
   bool writing_ = false;
   bool closed_ = false;
   bool finished_ = false;
@@ -420,9 +432,26 @@ class AsyncSession final : public Call {
 };
 
 void Core::SendTo(SessionId id, const msg::ServiceMessage& m) {
-  const v1::ServiceMessage wire = ToProto(m);
+  const grpc::ByteBuffer wire = Encode(m);
   std::lock_guard lock(mu);
   if (auto it = streams.find(id); it != streams.end()) it->second->Send(wire);
+}
+
+grpc::ByteBuffer Core::Encode(const msg::ServiceMessage& m) {
+  const auto* a = std::get_if<msg::Assignment>(&m);
+  if (a == nullptr || !a->members || a->members->empty()) {
+    grpc::ByteBuffer out;
+    bool own = false;
+    (void)grpc::SerializationTraits<v1::ServiceMessage>::Serialize(ToProto(m), &out, &own);
+    return out;
+  }
+  if (a->members != encoded_members) {
+    encoded_members = a->members;
+    encoded_members_bytes = grpc::Slice(EncodeMembers(*a->members));
+  }
+  grpc::Slice pieces[] = {grpc::Slice(EncodeAssignmentHead(*a, encoded_members_bytes.size())),
+                          encoded_members_bytes};
+  return grpc::ByteBuffer(pieces, 2);
 }
 
 // A unary call (Status, Stacks, the health check) on the asynchronous API: rare, answered

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <variant>
@@ -102,8 +103,10 @@ struct Assignment {
   int restart_count = 0;
   bool spare = false;
   bool durable_service = false;
-  bool judges_stragglers = true;     // this service judges slow ranks job-wide (always)
-  std::vector<RoundMember> members;  // group-rank order
+  bool judges_stragglers = true;  // this service judges slow ranks job-wide (always)
+  // Group-rank order; one list shared by every node's assignment of the round (the service
+  // encodes it once, EncodeMembers): null or empty where no node reserved ports.
+  std::shared_ptr<const std::vector<RoundMember>> members;
 };
 
 struct StopAndRejoin {

@@ -1,5 +1,9 @@
 #include "rendezvous/service/proto_messages.h"
 
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+#include <google/protobuf/wire_format_lite.h>
+
 namespace crun::rdzv {
 namespace {
 
@@ -23,6 +27,16 @@ msg::Join JoinFromProto(const v1::Join& j) {
   out.service_host = j.service_host();
   out.unhealthy = j.unhealthy();
   return out;
+}
+
+void MembersToProto(const std::vector<msg::RoundMember>& members, v1::RoundAssignment* r) {
+  for (const auto& m : members) {
+    auto* p = r->add_members();
+    p->set_host(m.host);
+    p->set_address(m.address);
+    p->set_nproc(m.nproc);
+    for (const auto port : m.ports) p->add_ports(port);
+  }
 }
 
 void VerdictToProto(const StragglerChange& c, const std::string& host, v1::StragglerVerdict* out) {
@@ -72,13 +86,7 @@ struct ServiceToProto {
     r->set_spare(a.spare);
     r->set_durable_service(a.durable_service);
     r->set_judges_stragglers(a.judges_stragglers);
-    for (const auto& m : a.members) {
-      auto* p = r->add_members();
-      p->set_host(m.host);
-      p->set_address(m.address);
-      p->set_nproc(m.nproc);
-      for (const auto port : m.ports) p->add_ports(port);
-    }
+    if (a.members) MembersToProto(*a.members, r);
   }
   void operator()(const msg::StopAndRejoin& s) const {
     out.mutable_stop_and_rejoin()->set_reason(s.reason);
@@ -251,6 +259,29 @@ v1::FailureReport ToProto(const msg::FailureReport& r) {
   v1::FailureReport out;
   ReportToProto(r, &out);
   return out;
+}
+
+std::string EncodeMembers(const std::vector<msg::RoundMember>& members) {
+  v1::RoundAssignment only;
+  MembersToProto(members, &only);
+  return only.SerializeAsString();  // field 11's entries, nothing else
+}
+
+std::string EncodeAssignmentHead(const msg::Assignment& a, std::size_t members_bytes) {
+  msg::Assignment rest = a;
+  rest.members.reset();
+  const std::string fields = ToProto(msg::ServiceMessage{rest}).assignment().SerializeAsString();
+  using google::protobuf::internal::WireFormatLite;
+  std::string head;
+  {
+    google::protobuf::io::StringOutputStream stream(&head);
+    google::protobuf::io::CodedOutputStream out(&stream);
+    out.WriteTag(WireFormatLite::MakeTag(v1::ServiceMessage::kAssignmentFieldNumber,
+                                         WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+    out.WriteVarint64(fields.size() + members_bytes);
+    out.WriteString(fields);
+  }
+  return head;
 }
 
 }  // namespace crun::rdzv

@@ -4,7 +4,10 @@
 // service sees protobuf.
 #pragma once
 
+#include <cstddef>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "crun/v1/rendezvous.pb.h"
 #include "rendezvous/service/messages.h"
@@ -19,6 +22,13 @@ Settings FromProto(const v1::Settings& s);
 v1::Settings ToProto(const Settings& s);
 
 v1::ServiceMessage ToProto(const msg::ServiceMessage& m);
+// An assignment on the wire in two pieces whose concatenation is one v1::ServiceMessage, so
+// that a round's member list (O(nodes), the same for every node) is encoded once and shared by
+// every node's message: EncodeMembers(list) once, then for each node
+// EncodeAssignmentHead(its assignment, that piece's size) (protobuf's wire form lets a
+// message's fields be encoded in separate runs). The head ignores the assignment's members.
+std::string EncodeMembers(const std::vector<msg::RoundMember>& members);
+std::string EncodeAssignmentHead(const msg::Assignment& a, std::size_t members_bytes);
 v1::StatusResponse ToProto(const msg::StatusResponse& s);
 v1::StacksResult ToProto(const msg::StacksResult& r);
 // A failure report (rendezvous/report/report.h) on the wire: also what the agent's session

@@ -22,7 +22,7 @@
 // within --phase-timeout-ms, naming it and how many agents were still missing.
 //
 //   rdzv_loadgen --endpoint 127.0.0.1:29400 --agents 10000 [--channels 16] [--nproc 8]
-//                [--procs P] [--service-pid PID] [--run-id bench]
+//                [--procs P] [--service-pid PID] [--run-id bench] [--tensorflow]
 //
 // With --etcd host:port,... instead of --endpoint, the same phases run through etcd, each
 // agent the agent's own etcd rendezvous (rdzv_loadgen_etcd.h); --service-pid once per member.
@@ -49,6 +49,7 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/rendezvous/session_client.h"
+#include "rendezvous/contracts/contract_set.h"
 #include "tests/bench/loadgen_util.h"
 #include "tests/bench/rdzv_loadgen_etcd.h"
 
@@ -80,6 +81,9 @@ struct Options {
   std::vector<int> service_pids;
   std::string run_id = "bench";
   std::string etcd;  // endpoints: the etcd mode (rdzv_loadgen_etcd.h)
+  // --contract tensorflow: each agent reserves a port a worker, and every assignment carries
+  // the round's member list (O(agents) each).
+  bool tensorflow = false;
 };
 
 // Sessions a shard holds by default: the scan above stays a small share of a completion.
@@ -97,6 +101,13 @@ v1::AgentMessage JoinMessage(const Options& o, int index, const std::string& ser
   n->set_host("sim-host-" + std::to_string(index));
   n->set_nproc(o.nproc);
   auto* s = j->mutable_settings();
+  if (o.tensorflow) {
+    crun::ContractSet contracts;
+    contracts.Add(crun::Contract::kTensorflow);
+    s->set_contracts(contracts.bits());
+    const crun::PortLayout layout(contracts, o.nproc);
+    for (int p = 0; p < layout.count(); ++p) n->add_ports(static_cast<std::uint32_t>(20000 + p));
+  }
   s->set_min_nodes(o.agents);
   s->set_max_nodes(o.agents);
   s->set_max_restarts(1);
@@ -432,6 +443,8 @@ int main(int argc, char** argv) {
   app.add_option("--service-pid", o.service_pids,
                  "the service's process (repeat: the sum over etcd's members)");
   app.add_option("--run-id", o.run_id);
+  app.add_flag("--tensorflow", o.tensorflow,
+               "--contract tensorflow: every assignment carries the round's member list");
   CLI11_PARSE(app, argc, argv);
   // The agents' log goes to stderr: spdlog's default logger writes to stdout, where this
   // program's JSON goes (one etcd warning there broke the bench's reading).

@@ -180,8 +180,11 @@ TEST_CASE("engine: every member gets each node's address and reserved ports in r
   h.engine.OnMessage(2, a, T0 + 5ms, "10.0.0.3");
   const std::vector<msg::RoundMember> want{{"node-a", "192.168.1.1", 2, {4000, 4001}},
                                            {"node-b", "10.0.0.2", 3, {5000, 5001, 5002}}};
+  // One list, the same object in every member's assignment: encoded once (Core::Encode).
+  REQUIRE(h.Assignment(1).members != nullptr);
+  CHECK(h.Assignment(1).members == h.Assignment(2).members);
   for (SessionId s : {1, 2}) {
-    const auto& m = h.Assignment(s).members;
+    const auto& m = *h.Assignment(s).members;
     REQUIRE(m.size() == want.size());
     for (std::size_t i = 0; i < m.size(); ++i) {
       CHECK(m[i].host == want[i].host);
@@ -195,8 +198,8 @@ TEST_CASE("engine: every member gets each node's address and reserved ports in r
   Harness plain;
   plain.Join(1, "node-b", T0);
   plain.Join(2, "node-a", T0 + 5ms);
-  CHECK(plain.Assignment(1).members.empty());
-  CHECK(plain.Assignment(2).members.empty());
+  CHECK(plain.Assignment(1).members == nullptr);
+  CHECK(plain.Assignment(2).members == nullptr);
   // Ports that do not fit the node's contracts: refused, naming the counts and the set.
   Harness h2;
   auto c = Harness::JoinMessage("node-c", {.min = 1, .max = 1, .nproc = 1, .contracts = "tf"});

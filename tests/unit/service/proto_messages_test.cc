@@ -21,6 +21,8 @@ namespace {
 
 namespace msg = crun::rdzv::msg;
 namespace v1 = crun::v1;
+using crun::rdzv::EncodeAssignmentHead;
+using crun::rdzv::EncodeMembers;
 using crun::rdzv::FromProto;
 using crun::rdzv::ToProto;
 
@@ -213,7 +215,9 @@ TEST_CASE("the engine's messages reach the wire with every field", "[proto]") {
   assignment.master_port = 29500;
   assignment.restart_count = 1;
   assignment.durable_service = true;
-  assignment.members = {{"node-a", "10.0.0.2", 2, {4000, 4001}}, {"node-b", "fd00::3", 1, {}}};
+  assignment.members = std::make_shared<std::vector<msg::RoundMember>>(
+      std::vector<msg::RoundMember>{{"node-a", "10.0.0.2", 2, {4000, 4001}},
+                                    {"node-b", "fd00::3", 1, {}}});
   const auto a = OverTheWire(ToProto(assignment));
   REQUIRE(a.has_assignment());
   CHECK(a.assignment().round() == 2);
@@ -235,6 +239,16 @@ TEST_CASE("the engine's messages reach the wire with every field", "[proto]") {
         std::vector<std::uint32_t>{4000, 4001});
   CHECK(a.assignment().members(1).address() == "fd00::3");
   CHECK(a.assignment().members(1).ports_size() == 0);
+
+  // The two pieces (the head per node, the member list once) are one message on the wire,
+  // the same as the whole.
+  const std::string members = EncodeMembers(*assignment.members);
+  const std::string split = EncodeAssignmentHead(assignment, members.size()) + members;
+  v1::ServiceMessage parsed;
+  REQUIRE(parsed.ParseFromString(split));
+  CHECK(parsed.SerializeAsString() == ToProto(assignment).SerializeAsString());
+  CHECK(parsed.assignment().members_size() == 2);
+  CHECK(parsed.assignment().group_rank() == 1);
 
   const auto s = OverTheWire(ToProto(msg::StopAndRejoin{"node b was lost", true}));
   REQUIRE(s.has_stop_and_rejoin());
