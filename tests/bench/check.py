@@ -16,7 +16,7 @@ smoke test (tests/bench/CMakeLists.txt) checks that it runs and parses the table
 Runs in a private network namespace (needs root), as store_bench.py and rdzv_bench.py do:
 PyTorch's stores stall where reverse DNS does not answer.
 
-Usage: check.py --crun BIN --store-loadgen BIN --probe BIN --torch2-python PY
+Usage: check.py --crun BIN --store-loadgen BIN --probe BIN --rdzv-loadgen BIN --torch2-python PY
                 [--docs docs/benchmarks.md] [--smoke]
 """
 import argparse
@@ -49,6 +49,12 @@ RESTART_GATED = "restart, 2 workers: crun / crun with a health gate"
 STORE_SET = "store set, 64 clients: crun / libuv"
 STORM = "storm, 20,000 connections: libuv / crun"
 RDZV = "rendezvous, 2 agents: torchrun c10d / crun"
+# How the service's times grow with its agents (rdzv_bench's simulated table): 1.0 is linear
+# (ten times the agents in ten times the time), less grows faster. crun against crun.
+SCALE = (1000, 10000, 30000)
+FORM_10K = "rendezvous form, 1,000 → 10,000 agents: linear / crun"
+FORM_30K = "rendezvous form, 10,000 → 30,000 agents: linear / crun"
+TOLD_30K = "failure → every agent told, 10,000 → 30,000 agents: linear / crun"
 RECOVERY = "recovery, crash → imported, 1 node: torchrun 2.x / crun --warm"
 SNAPSHOT = "save 200 MiB a rank, 2 workers: torch.save /dev/shm / crun_worker.save"
 # torchrun's spare did not take over in any run (docs/benchmarks.md, "Node lost"): the node-lost
@@ -67,8 +73,10 @@ NODE_LOST = "node lost, 200 MiB a rank, loss → first step: crun disk / crun pe
 # catch only a large regression. The torchrun restart ratio moves too far to judge at all.
 # The save's anchor, torch.save to /dev/shm, took 151-228 ms in whole runs of
 # snapshot_bench.py at 75394e5-1af4586 against crun's 27-38 ms: its ratio moved 4.1-6.1.
+# The scale ratios: the load generator shares the two cores with the daemon; 30,000 agents
+# formed in 1.37-1.67 s and were told in 0.75-0.99 s across runs of one build at ea4b53c.
 BAND_FLOORS = {LAUNCH_TORCH: 0.30, RDZV: 0.45, RECOVERY: 0.45, STORE_SET: 0.45, STORM: 0.65,
-               SNAPSHOT: 0.45, NODE_LOST: 0.30}
+               SNAPSHOT: 0.45, NODE_LOST: 0.30, FORM_10K: 0.30, FORM_30K: 0.30, TOLD_30K: 0.30}
 NOT_JUDGED = {RESTART_TORCH}
 
 
@@ -124,6 +132,9 @@ def recorded(docs):
     # The row of PyTorch 2.x (its version is the first cell).
     snap = next([c.strip() for c in line.strip().strip("|").split("|")]
                 for line in snapshots.splitlines() if line.startswith("| 2."))
+    # Cells: figure, then one a simulated agent count (rdzv_bench.SIMULATED's order).
+    form = scale_cells(row(rdzv, "form a round"))
+    told = scale_cells(row(rdzv, "failure → every agent told"))
     # Cells: case, crun, limit, crun / limit, torchrun 2.x, torchrun 1.13, torchrun / crun.
     return {
         LAUNCH_TORCH: (number(two[-1]), commit_of(launch)),
@@ -137,6 +148,9 @@ def recorded(docs):
             (number(row(storm, "PyTorch 2.x libuv")[4]) /
              number(row(storm, "crun (2.x dialect)")[4]), commit_of(store)),
         RDZV: (number(row(rdzv, "2 agents × 1 worker")[-1]), commit_of(rdzv)),
+        FORM_10K: (linearity(form, SCALE[0], SCALE[1]), commit_of(rdzv)),
+        FORM_30K: (linearity(form, SCALE[1], SCALE[2]), commit_of(rdzv)),
+        TOLD_30K: (linearity(told, SCALE[1], SCALE[2]), commit_of(rdzv)),
         # Cells: case, torch, figure, crun cold, crun --warm, torchrun 2.x.
         RECOVERY: (number(crash[5]) / number(crash[4]), commit_of(recovery)),
         # Cells: PyTorch, crun_worker.save, torch.save /dev/shm, torch.save disk, load, goal.
@@ -144,6 +158,16 @@ def recorded(docs):
         NODE_LOST: (number(first[1 + ways.index("disk")]) / number(first[1 + ways.index("peer")]),
                     commit_of(lost)),
     }
+
+
+def scale_cells(cells):
+    """{agents: ms} from a row of the simulated table."""
+    return {n: number(cells[1 + i]) for i, n in enumerate(rdzv_bench.SIMULATED)}
+
+
+def linearity(ms, small, large):
+    """1.0 when `large` agents took large/small times as long as `small` did; less is worse."""
+    return large / small * ms[small] / ms[large]
 
 
 def row_with(text, first_cells):
@@ -246,6 +270,23 @@ def rdzv_checks(args):
     return ratios
 
 
+def scale_checks(args):
+    """The simulated agents of rdzv_bench at 1,000, 10,000 and 30,000 (a tenth of each with
+    --smoke), a fresh daemon each, no steady phase."""
+    sim = argparse.Namespace(**vars(args))
+    sim.loadgen = args.rdzv_loadgen
+    sizes = tuple(n // 10 for n in SCALE) if args.smoke else SCALE
+    ratios = {FORM_10K: [], FORM_30K: [], TOLD_30K: []}
+    for _ in range(rounds_of(args, 3)):
+        runs = {n: rdzv_bench.simulated(sim, n, steady_ms=0) for n in sizes}
+        form = {n: r["form"]["ms"] for n, r in runs.items()}
+        told = {n: r["told"]["ms"] for n, r in runs.items()}
+        ratios[FORM_10K].append(linearity(form, sizes[0], sizes[1]))
+        ratios[FORM_30K].append(linearity(form, sizes[1], sizes[2]))
+        ratios[TOLD_30K].append(linearity(told, sizes[1], sizes[2]))
+    return ratios
+
+
 def recovery_checks(args):
     """One node x 2 stock DDP workers, rank 1 crashing: crash -> every worker of the next
     attempt imported torch, crun --warm and torchrun 2.x taking turns. torchrun's restarts
@@ -327,6 +368,7 @@ def main():
     ap.add_argument("--store-loadgen", required=True, help="the store_loadgen binary")
     ap.add_argument("--probe", required=True, help="the restart_probe binary")
     ap.add_argument("--limit", required=True, help="the spawn_limit binary")
+    ap.add_argument("--rdzv-loadgen", required=True, help="the rdzv_loadgen binary")
     ap.add_argument("--torch2-python", required=True)
     ap.add_argument("--docs", default=os.path.join(HERE, "..", "..", "docs", "benchmarks.md"))
     ap.add_argument("--smoke", action="store_true",
@@ -340,8 +382,8 @@ def main():
         print(f"  {name}: {ratio:,.2f} (at {commit})", file=sys.stderr)
     measured = {}
     # The storm last: it leaves 40,000 closed connections in TIME_WAIT behind it.
-    for checks in (launch_checks, rdzv_checks, recovery_checks, snapshot_checks, node_lost_checks,
-                   store_checks):
+    for checks in (launch_checks, rdzv_checks, scale_checks, recovery_checks, snapshot_checks,
+                   node_lost_checks, store_checks):
         measured.update(checks(args))
     rows, regressed = judge(measured, was)
     print(f"| check | recorded (commit) | this run | noise band | verdict |")

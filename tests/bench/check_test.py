@@ -57,10 +57,20 @@ class Judge(unittest.TestCase):
 class Recorded(unittest.TestCase):
     def test_every_check_has_a_recorded_ratio_and_commit(self):
         was = check.recorded(DOCS)
-        self.assertEqual(len(was), 11)
+        self.assertEqual(len(was), 14)
         for name, (ratio, commit) in was.items():
             self.assertGreater(ratio, 0, name)
             self.assertRegex(commit, r"^[0-9a-f]{7,}$", name)
+
+    def test_the_scale_ratios_come_from_the_simulated_table(self):
+        text = check.section(open(DOCS).read(), "<!-- rdzv-bench:begin -->",
+                             "<!-- rdzv-bench:end -->")
+        cells = check.row(text, "form a round")
+        col = {n: 1 + i for i, n in enumerate(check.rdzv_bench.SIMULATED)}
+        ten, thirty = check.number(cells[col[10000]]), check.number(cells[col[30000]])
+        self.assertAlmostEqual(check.recorded(DOCS)[check.FORM_30K][0], 3 * ten / thirty)
+        self.assertAlmostEqual(check.linearity({1: 10.0, 10: 100.0}, 1, 10), 1.0)
+        self.assertAlmostEqual(check.linearity({1: 10.0, 10: 200.0}, 1, 10), 0.5)
 
     def test_the_health_gate_is_judged_against_the_plain_restart(self):
         text = check.section(open(DOCS).read(), "<!-- launch-bench:begin -->",

@@ -167,12 +167,12 @@ def start_daemon(crun):
     return p, int(line.rsplit(":", 1)[1])
 
 
-def simulated(args, agents):
+def simulated(args, agents, steady_ms=STEADY_MS):
     daemon, port = start_daemon(args.crun)
     try:
         r = subprocess.run([args.loadgen, "--endpoint", f"127.0.0.1:{port}", "--agents",
                             str(agents), "--service-pid", str(daemon.pid), "--steady-ms",
-                            str(STEADY_MS)], capture_output=True, text=True, timeout=LIMIT_S)
+                            str(steady_ms)], capture_output=True, text=True, timeout=LIMIT_S)
     finally:
         daemon.terminate()
         daemon.communicate(timeout=30)
