@@ -179,6 +179,31 @@ def simulated(args, agents, steady_ms=STEADY_MS):
     return loadgen_json(r, f"rdzv_loadgen x{agents}")
 
 
+def bare_baseline(args, agents):
+    """The RSS of a bare gRPC server (bare_session_server.cc) holding `agents` idle sessions of
+    the load generator's, in MiB: the floor under the daemon's memory."""
+    p = subprocess.Popen([args.bare_server, "--port", "0"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([p.stdout], [], [], 30)
+        line = p.stdout.readline() if ready else ""
+        if "listening on" not in line:
+            raise RuntimeError(f"bare_session_server did not start: {line!r}")
+        port = int(line.rsplit(":", 1)[1])
+        r = subprocess.run([args.loadgen, "--endpoint", f"127.0.0.1:{port}", "--agents",
+                            str(agents), "--service-pid", str(p.pid), "--open-only"],
+                           capture_output=True, text=True, timeout=LIMIT_S)
+    finally:
+        p.kill()
+        p.communicate(timeout=30)
+    return loadgen_json(r, f"rdzv_loadgen --open-only x{agents}")["service_rss_connected_mib"]
+
+
+def above_bare_kib(r):
+    """The daemon's memory per agent above the bare server's, heartbeating, in KiB."""
+    return (r["steady"]["service_rss_mib"] - r["bare_rss_mib"]) * 1024 / r["agents"]
+
+
 def per_beat_micros(r):
     """The daemon's CPU per heartbeat while the agents heartbeat, in µs."""
     steady = r["steady"]
@@ -269,6 +294,8 @@ def main():
     ap.add_argument("--crun", required=True)
     ap.add_argument("--probe", required=True, help="the restart_probe binary")
     ap.add_argument("--loadgen", required=True, help="the rdzv_loadgen binary")
+    ap.add_argument("--bare-server", help="the bare_session_server binary (the memory "
+                    "baseline; default: beside the load generator)")
     ap.add_argument("--torch2-python", required=True)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--torch-rounds", type=int, default=3)
@@ -280,6 +307,8 @@ def main():
     args.measured_at = measured_at()  # before the run: the tree may change while it runs
     args.crun, args.probe, args.loadgen = (os.path.abspath(p) for p in
                                            (args.crun, args.probe, args.loadgen))
+    args.bare_server = os.path.abspath(
+        args.bare_server or os.path.join(os.path.dirname(args.loadgen), "bare_session_server"))
 
     ports = {h: (free_port(), free_port()) for h in ("e1", "e2", "e3")}
     etcd_dir = tempfile.mkdtemp(prefix="crun-rdzv-bench-etcd-")
@@ -313,6 +342,9 @@ def run_all(args):
                             "torchrun restart"),
     }
     sims = {a: median_run(lambda n: simulated(args, n), a, "simulated") for a in SIMULATED}
+    for a in SIMULATED:
+        sims[a]["bare_rss_mib"] = bare_baseline(args, a)
+        print(f"bare gRPC server x{a}: {sims[a]['bare_rss_mib']:,.0f} MiB", file=sys.stderr)
     etcd_sims = {a: median_run(lambda n: etcd_simulated(args, n), a, "simulated through etcd")
                  for a in ETCD_SIMULATED}
     tidy = etcd_tidy(args)
@@ -384,6 +416,10 @@ def write(args, launch, restart, sims, etcd_sims, tidy):
         ("daemon RSS idle → sessions open → peak",
          lambda r: f"{r['service_idle_rss_mib']:,.0f} → {r['service_rss_connected_mib']:,.0f} → "
                    f"{r['service_hwm_mib']:,.0f} MiB"),
+        ("bare gRPC server RSS, the same sessions open",
+         lambda r: f"{r['bare_rss_mib']:,.0f} MiB"),
+        ("daemon memory per agent above it, every agent heartbeating",
+         lambda r: f"{above_bare_kib(r):.1f} KiB"),
     ]
     lines += table_rows(rows, [sims[a] for a in SIMULATED])
     lines += [

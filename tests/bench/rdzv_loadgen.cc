@@ -84,6 +84,9 @@ struct Options {
   // --contract tensorflow: each agent reserves a port a worker, and every assignment carries
   // the round's member list (O(agents) each).
   bool tensorflow = false;
+  // Open every session, measure the server's memory, close them: no phase runs (against a
+  // bare gRPC server, the memory baseline: bare_session_server.cc).
+  bool open_only = false;
 };
 
 // Sessions a shard holds by default: the scan above stays a small share of a completion.
@@ -167,6 +170,8 @@ class LineReader {
 };
 
 // One shard: the agents index % procs == shard, driven by the coordinator's commands.
+//   (at start)      -> "ready OPENED" once the server opened every session (or the limit)
+//   close           -> "errors N" once every session closed (--open-only)
 //   form            -> "form REACHED T_NS BAD" then "ranks R R ..." (their group ranks)
 //   steady END_NS   -> "steady SENT"
 //   arm             -> "armed" (the failure's tallies reset)
@@ -192,11 +197,12 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
     stubs.push_back(v1::Rendezvous::NewStub(channels.back()));
   }
 
-  Tally assigned, told, finished;
+  Tally opened, assigned, told, finished;
   std::atomic<int> errors{0};
   std::vector<std::unique_ptr<Agent>> agents;
   for (int i = shard; i < o.agents; i += o.procs) agents.push_back(std::make_unique<Agent>());
   const int n = static_cast<int>(agents.size());
+  opened.Reset(n);
   for (int k = 0; k < n; ++k) {
     Agent* a = agents[static_cast<std::size_t>(k)].get();
     a->index = shard + k * o.procs;
@@ -221,9 +227,11 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
     };
     a->session =
         std::make_unique<SessionClient>(*stubs[static_cast<std::size_t>(k % channels_here)],
-                                        on_message, on_done);
+                                        on_message, on_done, crun::agent::CallOptions{},
+                                        [&opened] { opened.Hit(); });
   }
-  WriteLine(reply_fd, "ready");
+  // Ready once the server opened every session: its memory then holds them all.
+  WriteLine(reply_fd, "ready " + std::to_string(opened.Wait(limit)));
 
   LineReader commands(cmd_fd);
   // The coordinator bounds every phase; a command that never comes means it is gone.
@@ -303,6 +311,10 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
       }
       WriteLine(reply_fd, "reformed " + std::to_string(a_reached) + " " + std::to_string(t) + " " +
                               std::to_string(wrong));
+    } else if (cmd == "close") {
+      for (auto& a : agents) a->session->Close(std::chrono::milliseconds(2000));
+      WriteLine(reply_fd, "errors " + std::to_string(errors.load()));
+      return 0;
     } else if (cmd == "finish") {
       finished.Reset(n);
       for (auto& a : agents) {
@@ -443,6 +455,8 @@ int main(int argc, char** argv) {
   app.add_option("--service-pid", o.service_pids,
                  "the service's process (repeat: the sum over etcd's members)");
   app.add_option("--run-id", o.run_id);
+  app.add_flag("--open-only", o.open_only,
+               "open the sessions, measure the server's memory, close them (no phases)");
   app.add_flag("--tensorflow", o.tensorflow,
                "--contract tensorflow: every assignment carries the round's member list");
   CLI11_PARSE(app, argc, argv);
@@ -481,10 +495,33 @@ int main(int argc, char** argv) {
   Shards shards;
   if (!shards.Start(o)) return 1;
   std::vector<std::int64_t> f;
+  int opened = 0;
   for (std::size_t s = 0; s < shards.size(); ++s) {
-    if (!shards.Expect(s, "ready", f, reply_deadline())) return 1;
+    if (!shards.Expect(s, "ready", f, reply_deadline()) || f.empty()) return 1;
+    opened += static_cast<int>(f[0]);
+  }
+  if (opened < o.agents) {
+    std::fprintf(stderr, "rdzv_loadgen: only %d of %d sessions opened within %d ms\n", opened,
+                 o.agents, o.phase_timeout_ms);
+    return 1;
   }
   out["service_rss_connected_mib"] = ReadProcs(o.service_pids).rss_mib;
+  // Every shard's closing "errors" line, then the figures: the exit status.
+  const auto finish = [&] {
+    std::int64_t errors = 0;
+    for (std::size_t s = 0; s < shards.size(); ++s) {
+      if (!shards.Expect(s, "errors", f, reply_deadline()) || f.empty()) return 1;
+      errors += f[0];
+    }
+    shards.Stop();
+    out["errors"] = errors;
+    std::printf("%s\n", out.dump().c_str());
+    return errors == 0 ? 0 : 1;
+  };
+  if (o.open_only) {
+    shards.SendAll("close");
+    return finish();
+  }
 
   // Sends `cmd` to every shard and reads each one's `word` reply: the sum of the agents that
   // reached it, and the time the last of them did. Exits naming the phase when some did not.
@@ -604,13 +641,5 @@ int main(int argc, char** argv) {
     record("finish", t0, last, before);
   }
   out["service_hwm_mib"] = ReadProcs(o.service_pids).hwm_mib;
-  std::int64_t errors = 0;
-  for (std::size_t s = 0; s < shards.size(); ++s) {
-    if (!shards.Expect(s, "errors", f, reply_deadline()) || f.empty()) return 1;
-    errors += f[0];
-  }
-  shards.Stop();
-  out["errors"] = errors;
-  std::printf("%s\n", out.dump().c_str());
-  return errors == 0 ? 0 : 1;
+  return finish();
 }

@@ -1,6 +1,7 @@
 """Checks that the rendezvous load generator works against a `crun rendezvous` daemon and
 through a 3-member etcd: every simulated agent forms a round, restarts after the failure, and
 gets the outcome (counts, not timings: benchmarks never fail a build on speed)."""
+import argparse
 import json
 import os
 import select
@@ -15,6 +16,9 @@ from etcd_cluster import EtcdCluster, Loopback, missing_programs  # noqa: E402
 from crun_testing import free_port  # noqa: E402
 
 CRUN, LOADGEN = os.environ["CRUN_BIN"], os.environ["RDZV_LOADGEN_BIN"]
+BARE = os.environ["BARE_SERVER_BIN"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rdzv_bench  # noqa: E402
 
 
 class RdzvLoadgenSmoke(unittest.TestCase):
@@ -40,6 +44,15 @@ class RdzvLoadgenSmoke(unittest.TestCase):
             _, err = daemon.communicate(timeout=30)
         self.assertEqual(daemon.returncode, 0, err)
 
+
+    def test_the_memory_baseline_holds_every_session_open(self):
+        # rdzv_bench's baseline: a bare gRPC server with 3,000 of the load generator's sessions
+        # open (each opened by the server before the memory is read), then all closed cleanly.
+        args = argparse.Namespace(bare_server=BARE, loadgen=LOADGEN)
+        small = rdzv_bench.bare_baseline(args, 1)
+        large = rdzv_bench.bare_baseline(args, 3000)
+        self.assertGreater(small, 0)  # /proc was read
+        self.assertGreater(large, small)  # the sessions' memory is there to be measured
 
     @unittest.skipIf(missing_programs(), f"{missing_programs()} not installed")
     def test_100_agents_through_etcd_go_through_every_phase(self):
