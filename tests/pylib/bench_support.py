@@ -1,16 +1,28 @@
 """Helpers shared by the benchmark programs in tests/bench (stdlib only)."""
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import time
 
 
+NETNS_PREFIX = "crun-bench-"
+
+
 def in_private_netns(argv):
     """Re-runs a script (argv[0]) inside a fresh network namespace that has only loopback, with
     CRUN_BENCH_IN_NETNS set; returns its exit code. Needs root. Keeps the host's resolver out of
-    the numbers: PyTorch 2.x's stores reverse-resolve peers and stall where DNS does not answer."""
-    ns = f"crun-bench-{os.getpid()}"
+    the numbers: PyTorch 2.x's stores reverse-resolve peers and stall where DNS does not answer.
+    The namespace goes when the script ends, fails, or this process gets SIGTERM or SIGHUP (the
+    script is killed first); one left by a run killed outright is swept by the next run."""
+    sweep_stale_netns()
+    ns = f"{NETNS_PREFIX}{os.getpid()}"
+
+    def end(signum, _frame):
+        raise SystemExit(128 + signum)  # subprocess.run kills the script, `finally` runs
+
+    before = {sig: signal.signal(sig, end) for sig in (signal.SIGTERM, signal.SIGHUP)}
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
@@ -19,6 +31,28 @@ def in_private_netns(argv):
                               env=env).returncode
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def sweep_stale_netns():
+    """Deletes the namespaces of in_private_netns whose process is gone (SIGKILL runs no
+    cleanup) and that hold no process; returns their names. Another run's, alive, is kept."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    swept = []
+    for line in listed.splitlines():
+        name = line.split(" ", 1)[0]
+        pid = name[len(NETNS_PREFIX):]
+        if not name.startswith(NETNS_PREFIX) or not pid.isdigit():
+            continue
+        if os.path.exists(f"/proc/{pid}"):
+            continue
+        inside = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+        if inside.stdout.strip():
+            continue
+        if subprocess.run(["ip", "netns", "del", name]).returncode == 0:
+            swept.append(name)
+    return swept
 
 
 def timed_run(cmd, env=None, limit=600):
