@@ -7,7 +7,7 @@ constexpr const char* kCauses[] = {kCauseExitCode, kCauseSignal,   kCauseOom,   
                                    kCauseSlow,     kCauseNodeLost, kCauseHeartbeat};
 constexpr const char* kReasons[] = {kRefusedNoToken, kRefusedWrongToken, kRefusedVersion,
                                     kRefusedBadJoin, kRefusedMismatch,   kRefusedDuplicate,
-                                    kRefusedEnded};
+                                    kRefusedEnded,   kRefusedMalformed};
 
 // Seconds from a gathering's start to its round: a millisecond (every node at once) to the
 // join timeout (10 minutes by default).
@@ -46,7 +46,7 @@ EngineMetrics::EngineMetrics(metrics::Registry& r)
           "crun_rendezvous_refused_total",
           "Calls and joins refused, by reason: token_missing, token_wrong, protocol_version, "
           "bad_join (no run or node id, invalid settings), settings_mismatch, duplicate_node, "
-          "job_ended",
+          "job_ended, malformed (a Session message that does not parse)",
           {"reason"})),
       heartbeats_(r.AddCounter("crun_rendezvous_heartbeats_total",
                                "Heartbeats received from the job's agents", {"run_id"},

@@ -39,6 +39,7 @@ inline constexpr char kRefusedBadJoin[] = "bad_join";  // no run/node id, invali
 inline constexpr char kRefusedMismatch[] = "settings_mismatch";
 inline constexpr char kRefusedDuplicate[] = "duplicate_node";
 inline constexpr char kRefusedEnded[] = "job_ended";
+inline constexpr char kRefusedMalformed[] = "malformed";  // a Session message that does not parse
 
 class EngineMetrics {
  public:

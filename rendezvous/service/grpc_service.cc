@@ -244,6 +244,7 @@ struct Core {
   std::condition_variable calls_cv;
   std::size_t calls = 0;
   std::atomic<std::uint64_t> refused_calls{0};
+  std::atomic<std::uint64_t> malformed_messages{0};  // Session messages that did not parse
   // Prometheus metrics (options.metrics): counted on any thread, the page rendered on the
   // engine's.
   metrics::Registry registry;
@@ -340,13 +341,19 @@ class AsyncSession final : public Call {
         if (!queue_.empty() && !closed_) WriteNext();
       } else if (op == kRead && ok) {
         v1::AgentMessage m;
-        // Bytes that do not parse are no message the service knows: dropped, as an unknown
-        // kind is (the typed API would have failed the read and ended the session).
-        if (grpc::SerializationTraits<v1::AgentMessage>::Deserialize(&in_, &m).ok()) {
-          core_->Received(id_, m, peer_ip_);
-        }
+        const bool parsed = grpc::SerializationTraits<v1::AgentMessage>::Deserialize(&in_, &m).ok();
         in_.Clear();
-        Read();
+        if (parsed) {
+          core_->Received(id_, m, peer_ip_);
+          Read();
+        } else {
+          // Bytes that are no AgentMessage: not crun's agent, or a broken one. The stream ends
+          // as a failed read ends it (the typed API would have failed the call), and the
+          // engine hears of a lost session; the peer is told why.
+          Malformed();
+          ended = true;
+          Close();
+        }
       } else if (op == kRead) {
         ended = true;
         Close();
@@ -355,7 +362,7 @@ class AsyncSession final : public Call {
       if (closed_ && !writing_ && !finished_) {
         finished_ = true;
         ++outstanding_;
-        stream_.Finish(grpc::Status::OK, &tags_[kFinish]);
+        stream_.Finish(finish_status_, &tags_[kFinish]);
       }
       last = --outstanding_ == 0;
     }
@@ -400,6 +407,17 @@ class AsyncSession final : public Call {
     ++outstanding_;
     stream_.Write(queue_.front(), &tags_[kWrite]);
   }
+  void Malformed() {
+    const auto n = core_->malformed_messages.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (core_->engine_metrics) core_->engine_metrics->Refused(kRefusedMalformed);
+    if (WorthLogging(n)) {
+      spdlog::warn("ended the session of {} (session {}): message #{} that is no AgentMessage",
+                   peer_ip_, id_, n);
+    }
+    finish_status_ = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                  "a message on the Session stream does not parse as "
+                                  "crun.v1.AgentMessage: the session is ended");
+  }
   // No more writes: what is queued is dropped (the stream ended or failed).
   void Close() {
     closed_ = true;
@@ -428,7 +446,8 @@ class AsyncSession final : public Call {
   bool writing_ = false;
   bool closed_ = false;
   bool finished_ = false;
-  int outstanding_ = 1;  // the request
+  grpc::Status finish_status_;  // OK unless the agent sent what does not parse
+  int outstanding_ = 1;         // the request
 };
 
 void Core::SendTo(SessionId id, const msg::ServiceMessage& m) {

@@ -19,6 +19,7 @@
 #include "rendezvous/service/grpc_service.h"
 #include "rendezvous/store/tcp_store_client.h"
 #include "tests/unit/metrics_page.h"
+#include <grpcpp/generic/generic_stub.h>
 
 namespace {
 
@@ -516,4 +517,80 @@ TEST_CASE("grpc service: /metrics counts sessions, refusals by reason and the jo
   CHECK(SampleValue(page, "crun_rendezvous_failures_total{run_id=\"job7\",cause=\"exit_code\"}") ==
         1);
   CHECK(SampleValue(page, "crun_rendezvous_round_formation_seconds_count") == 2);
+}
+
+// A Session stream whose bytes are no AgentMessage (a stranger's client, a broken agent) is
+// ended with a status that says so, counted, and its node is lost to the job: a round forms
+// without it. Before, the bytes were dropped and the stream lived on.
+TEST_CASE("grpc service: a Session message that does not parse ends the session",
+          "[grpc][security]") {
+  using crun::testing::SampleValue;
+  auto service = StartService("", true);
+  auto channel = crun::agent::MakeChannel("127.0.0.1:" + std::to_string(service->port()), {});
+  grpc::GenericStub stub(channel);
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + kDeadline);
+  auto call = stub.PrepareCall(&ctx, "/crun.v1.Rendezvous/Session", &cq);
+  REQUIRE(call != nullptr);
+  // Each operation in turn: its tag back from the queue, within the deadline.
+  const auto await = [&cq](void* want) {
+    void* tag = nullptr;
+    bool ok = false;
+    REQUIRE(cq.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + kDeadline) ==
+            grpc::CompletionQueue::NextStatus::GOT_EVENT);
+    CHECK(tag == want);
+    return ok;
+  };
+  int tags[5];
+  call->StartCall(&tags[0]);
+  REQUIRE(await(&tags[0]));
+  // A valid join first: the node is in the job's gathering (min 2), then garbage.
+  v1::AgentMessage join;
+  auto* j = join.mutable_join();
+  j->set_protocol_version(1);
+  j->set_run_id("job7");
+  j->set_service_host("127.0.0.1");
+  j->mutable_node()->set_node_id("node-raw");
+  j->mutable_node()->set_host("node-raw");
+  j->mutable_node()->set_nproc(2);
+  j->mutable_settings()->set_min_nodes(2);
+  j->mutable_settings()->set_max_nodes(2);
+  j->mutable_settings()->set_max_restarts(1);
+  j->mutable_settings()->set_last_call_timeout_ms(100);
+  grpc::ByteBuffer bytes;
+  bool own = false;
+  REQUIRE(grpc::SerializationTraits<v1::AgentMessage>::Serialize(join, &bytes, &own).ok());
+  call->Write(bytes, &tags[1]);
+  REQUIRE(await(&tags[1]));
+  // A truncated varint: no protobuf parser takes it.
+  grpc::Slice garbage(std::string("\x0a\xff\xff\xff"));
+  grpc::ByteBuffer bad(&garbage, 1);
+  call->Write(bad, &tags[2]);
+  REQUIRE(await(&tags[2]));
+  grpc::ByteBuffer in;
+  call->Read(&in, &tags[3]);
+  CHECK_FALSE(await(&tags[3]));  // the service ended the stream
+  grpc::Status status;
+  call->Finish(&status, &tags[4]);
+  REQUIRE(await(&tags[4]));
+  CHECK(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK_THAT(status.error_message(), Catch::Contains("does not parse as crun.v1.AgentMessage"));
+  // Its node is gone from the gathering: two others form the round of two.
+  Agent b(service->port(), "node-b"), c(service->port(), "node-c");
+  b.Join();
+  c.Join();
+  for (Agent* agent : {&b, &c}) {
+    const auto m = agent->Next();
+    REQUIRE(m.has_assignment());
+    for (const auto& member : m.assignment().members()) CHECK(member.host() != "node-raw");
+  }
+  const std::string page = Scrape(service->metrics_url());
+  CHECK(SampleValue(page, "crun_rendezvous_refused_total{reason=\"malformed\"}") == 1);
+  CHECK(SampleValue(page, "crun_rendezvous_grpc_sessions") == 2);
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
 }
