@@ -38,6 +38,7 @@ struct RendezvousCommandOptions {
   crun::SecurityFlags security;
   bool insecure = false;
   std::string log_level = "info";
+  std::string udp_heartbeats = "on";
   MetricsFlags metrics;
 };
 
@@ -49,6 +50,7 @@ int RunRendezvous(RendezvousCommandOptions o) {
   }
   o.service.security = std::move(security).value();
   o.service.durable = true;  // it outlives jobs: its agents wait for it across a restart
+  o.service.udp_heartbeats = o.udp_heartbeats == "on";
   if (o.metrics.port) {
     http::HttpServerOptions mo;
     mo.host = o.metrics.host;
@@ -339,6 +341,12 @@ void AddRendezvousCommand(CLI::App& app, int* exit_code) {
       ->capture_default_str();
   cmd->add_option("--log-level", o->log_level, "trace, debug, info, warn, error or off")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
+      ->capture_default_str();
+  cmd->add_option("--udp-heartbeats", o->udp_heartbeats,
+                  "Take agents' heartbeats as datagrams on the same port's UDP (about a tenth "
+                  "of a stream message's CPU; docs/rendezvous.md, \"Heartbeats\"); off: every "
+                  "beat on its gRPC stream")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   AddSecurityFlags(cmd, &o->security);
   cmd->add_flag("--insecure", o->insecure,

@@ -19,6 +19,7 @@ declare -A allowed=(
   [rendezvous/store_server]="base metrics rendezvous/store rendezvous/store_server"
   [rendezvous/channel]="base rendezvous/channel"
   [rendezvous/report]="base rendezvous/report"
+  [rendezvous/beats]="base rendezvous/beats"
   [rendezvous/contracts]="base rendezvous/contracts"
   [rendezvous/service]="base metrics http proto crun/v1 rendezvous"
   [rendezvous/etcd]="base rendezvous/channel rendezvous/service rendezvous/etcd etcd"

@@ -14,6 +14,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
+#include "agent/rendezvous/beat_sender.h"
 #include "agent/rendezvous/session_client.h"
 #include "agent/rendezvous/stacks_proto.h"
 #include "base/backoff.h"
@@ -316,6 +317,8 @@ class ServiceRendezvous final : public Rendezvous {
     call.wait_for_ready =
         !listening || Reconnecting() || (state_ == State::kRetrying && closed_in_a_row_ == 0);
     opened_ = false;
+    beats_.reset();  // a new session gets its own ticket
+    beats_heard_ = false;
     const std::uint64_t session = ++sessions_;
     client_ = std::make_unique<SessionClient>(
         *stub_,
@@ -355,9 +358,46 @@ class ServiceRendezvous final : public Rendezvous {
         }
         x->outbox.clear();
       }
-      client_->Send(std::move(m));
+      SendBeat(std::move(m));
       ArmHeartbeat();
     });
+  }
+
+  // The service's ticket (rendezvous/beats): beats go as datagrams to the address the stream
+  // reached. Until the service says it hears them (BeatsHeard) each beat also goes on the
+  // stream, the datagram then without the figures (judged once); after, on the stream only
+  // when it does not fit a datagram or the socket failed (then for the rest of the session).
+  void StartBeatsOverUdp() {
+    if (!client_) return;
+    const auto ticket = client_->beat_ticket();
+    if (!ticket) {
+      if (const auto why = client_->ticket_error(); !why.empty()) {
+        spdlog::warn("{}: heartbeats go on the gRPC stream", why);
+      }
+      return;
+    }
+    auto socket = BeatSocket::Connect(client_->peer(), ticket->port);
+    if (!socket.ok()) {
+      spdlog::warn("{}: heartbeats go on the gRPC stream", socket.status().message());
+      return;
+    }
+    beats_.emplace(Beats{*ticket, std::move(socket).value()});
+  }
+
+  void SendBeat(v1::AgentMessage m) {
+    if (beats_) {
+      v1::Heartbeat datagram = m.heartbeat();
+      if (!beats_heard_) datagram.clear_compute();
+      const Status sent = beats_->socket.Send(beats_->ticket, datagram);
+      if (sent.ok() && beats_heard_) return;
+      if (!sent.ok() && sent.code() != StatusCode::kInvalidArgument) {
+        spdlog::warn("{}: heartbeats go on the gRPC stream for the rest of this session",
+                     sent.message());
+        beats_.reset();
+        beats_heard_ = false;
+      }
+    }
+    client_->Send(std::move(m));
   }
 
   // The service's slow-rank verdicts, for this node's round only.
@@ -373,6 +413,14 @@ class ServiceRendezvous final : public Rendezvous {
 
   void Handle(const v1::ServiceMessage& m) {
     if (Ended()) return;
+    if (m.has_beats_heard()) {
+      if (beats_ && !beats_heard_) {
+        spdlog::info("heartbeats over {}: the service hears them, the gRPC stream carries none",
+                     beats_->socket.target());
+      }
+      beats_heard_ = beats_.has_value();
+      return;
+    }
     state_ = Reconnecting() ? State::kBack : State::kInJob;
     switch (m.kind_case()) {
       case v1::ServiceMessage::kAssignment: {
@@ -433,6 +481,8 @@ class ServiceRendezvous final : public Rendezvous {
                             RemoteStacksFromProto(m.stacks_result()));
       case v1::ServiceMessage::kStragglers:
         return OnStragglers(m.stragglers());
+      case v1::ServiceMessage::kBeatsHeard:  // above: it says nothing of the job
+        return;
       case v1::ServiceMessage::kRefused:
         return End(1, "the rendezvous service at " + target_ + " refused this node (run '" +
                           o_.run_id + "', node '" + o_.node_id + "'): " + m.refused().reason());
@@ -566,6 +616,7 @@ class ServiceRendezvous final : public Rendezvous {
   // The service opened this session (before it said anything: the round is gathering).
   void OnOpened() {
     opened_ = true;
+    StartBeatsOverUdp();
     if (!gathering_lost_) return;
     gathering_lost_ = false;  // back: a later loss has reconnect_timeout again
     reconnect_timer_.cancel();
@@ -630,6 +681,12 @@ class ServiceRendezvous final : public Rendezvous {
   bool join_pending_ = false;
   bool join_sent_ = false;  // on the current session
   bool probing_ = false;    // a probe connect is in flight
+  struct Beats {
+    rdzv::BeatTicket ticket;
+    BeatSocket socket;
+  };
+  std::optional<Beats> beats_;  // heartbeats over UDP on the current session
+  bool beats_heard_ = false;    // the service said it hears them: the stream carries none
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::string target_;
   RendezvousEvents* events_ = nullptr;

@@ -36,7 +36,36 @@ void SessionClient::ReleaseHold() {
 }
 
 void SessionClient::OnReadInitialMetadataDone(bool ok) {
-  if (ok && on_open_) on_open_();
+  if (!ok) return;
+  {
+    std::lock_guard lock(mu_);
+    peer_ = context_.peer();
+    const auto& md = context_.GetServerInitialMetadata();
+    if (const auto it = md.find(rdzv::kBeatTicketHeader); it != md.end()) {
+      auto t = rdzv::ParseBeatTicket(std::string_view(it->second.data(), it->second.size()));
+      if (t.ok()) {
+        ticket_ = *t;
+      } else {
+        ticket_error_ = t.status().message();
+      }
+    }
+  }
+  if (on_open_) on_open_();
+}
+
+std::optional<rdzv::BeatTicket> SessionClient::beat_ticket() const {
+  std::lock_guard lock(mu_);
+  return ticket_;
+}
+
+std::string SessionClient::ticket_error() const {
+  std::lock_guard lock(mu_);
+  return ticket_error_;
+}
+
+std::string SessionClient::peer() const {
+  std::lock_guard lock(mu_);
+  return peer_;
 }
 
 void SessionClient::OnReadDone(bool ok) {

@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -32,6 +33,7 @@
 #include "base/write_queue.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "proto/protocol_version.h"
+#include "rendezvous/beats/beat_datagram.h"
 #include "rendezvous/channel/channel.h"
 
 namespace crun::agent {
@@ -65,6 +67,12 @@ class SessionClient final : public grpc::ClientBidiReactor<v1::AgentMessage, v1:
   void Close(std::chrono::milliseconds grace = std::chrono::milliseconds(500));
   // Ends the stream now, dropping what is queued.
   void Cancel() { context_.TryCancel(); }
+  // Once open (on_open has run): the service's heartbeat ticket (rendezvous/beats), if it gave
+  // one, and the address the stream reached ("ipv4:10.0.0.1:29400"). A ticket that does not
+  // parse is none (`ticket_error` says why).
+  std::optional<rdzv::BeatTicket> beat_ticket() const;
+  std::string ticket_error() const;
+  std::string peer() const;
 
   void OnReadInitialMetadataDone(bool ok) override;
   void OnReadDone(bool ok) override;
@@ -82,11 +90,14 @@ class SessionClient final : public grpc::ClientBidiReactor<v1::AgentMessage, v1:
   MessageCallback on_message_;
   DoneCallback on_done_;
   OpenCallback on_open_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
   bool closing_ = false;
   bool writes_done_started_ = false;
+  std::optional<rdzv::BeatTicket> ticket_;  // under mu_, from the initial metadata
+  std::string ticket_error_;
+  std::string peer_;
   // Starting operations and releasing the hold exclude each other: after the release, only
   // reactions (OnWriteDone) start operations.
   std::mutex ops_mu_;

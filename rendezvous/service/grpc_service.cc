@@ -1,5 +1,6 @@
 #include "rendezvous/service/grpc_service.h"
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -26,6 +27,8 @@
 #include "crun/v1/rendezvous.grpc.pb.h"
 #include "metrics/endpoint.h"
 #include "metrics/registry.h"
+#include "rendezvous/beats/beat_datagram.h"
+#include "rendezvous/service/beat_receiver.h"
 #include "rendezvous/service/engine.h"
 #include "rendezvous/service/engine_metrics.h"
 #include "rendezvous/service/proto_messages.h"
@@ -245,6 +248,25 @@ struct Core {
   std::size_t calls = 0;
   std::atomic<std::uint64_t> refused_calls{0};
   std::atomic<std::uint64_t> malformed_messages{0};  // Session messages that did not parse
+  // Heartbeats over UDP (options.udp_heartbeats; null when off or not bindable).
+  std::unique_ptr<BeatReceiver> beats;
+  // A datagram taken (the engine's thread): a heartbeat from the session, as on the stream;
+  // the session's first is answered with BeatsHeard, and the agent stops beating on it.
+  void BeatArrived(SessionId id, const v1::Heartbeat& beat, bool first) {
+    v1::AgentMessage m;
+    *m.mutable_heartbeat() = beat;
+    if (auto message = FromProto(m); message && engine) {
+      engine->OnMessage(id, *message, Clock::now(), {});
+    }
+    if (!first) return;
+    v1::ServiceMessage heard;
+    heard.mutable_beats_heard();
+    grpc::ByteBuffer wire;
+    bool own = false;
+    (void)grpc::SerializationTraits<v1::ServiceMessage>::Serialize(heard, &wire, &own);
+    SendWire(id, wire);
+  }
+  void SendWire(SessionId id, const grpc::ByteBuffer& wire);
   // Prometheus metrics (options.metrics): counted on any thread, the page rendered on the
   // engine's.
   metrics::Registry registry;
@@ -390,6 +412,10 @@ class AsyncSession final : public Call {
     peer_ip_ = PeerIp(context_.peer());
     registered_ = true;
     core_->Register(id_, this);
+    if (core_->beats) {
+      const BeatTicket ticket{core_->beats->port(), id_, core_->beats->Add(id_)};
+      context_.AddInitialMetadata(kBeatTicketHeader, FormatBeatTicket(ticket));
+    }
     // At once, before any message: the agent then knows its session was open, so that losing
     // it is a lost service in every phase, gathering too (reconnect_timeout bounds the wait).
     writing_ = true;
@@ -429,6 +455,7 @@ class AsyncSession final : public Call {
     if (!registered_) return;
     registered_ = false;
     core_->Unregister(id_);
+    if (core_->beats) core_->beats->Remove(id_);
     core_->Closed(id_);
   }
 
@@ -450,8 +477,9 @@ class AsyncSession final : public Call {
   int outstanding_ = 1;         // the request
 };
 
-void Core::SendTo(SessionId id, const msg::ServiceMessage& m) {
-  const grpc::ByteBuffer wire = Encode(m);
+void Core::SendTo(SessionId id, const msg::ServiceMessage& m) { SendWire(id, Encode(m)); }
+
+void Core::SendWire(SessionId id, const grpc::ByteBuffer& wire) {
   std::lock_guard lock(mu);
   if (auto it = streams.find(id); it != streams.end()) it->second->Send(wire);
 }
@@ -673,6 +701,11 @@ class GrpcRendezvousService final : public RendezvousService {
         return s;
       }
     }
+    if (Core* core = core_.get(); core->beats) {
+      core->beats->Start([core](std::uint64_t id, const v1::Heartbeat& beat,
+                                bool first) { core->BeatArrived(id, beat, first); },
+                         [core] { core->TakeInbox(); }, [core] { core->Rearm(); });
+    }
     thread_ = std::thread([this] {
       auto work = asio::make_work_guard(core_->io);
       core_->io.run();
@@ -709,6 +742,7 @@ class GrpcRendezvousService final : public RendezvousService {
         core_->timer.cancel();
         core_->batch_timer.cancel();
         core_->urgent_timer.cancel();
+        if (core_->beats) core_->beats->Stop();
         core_->engine.reset();  // closes the stores, on their own thread
         core_->io.stop();
       });
@@ -774,6 +808,28 @@ class GrpcRendezvousService final : public RendezvousService {
     Core* core = core_.get();
     core_->engine_metrics = std::make_unique<EngineMetrics>(core_->registry);
     eo.metrics = core_->engine_metrics.get();
+    // The datagrams' counts live in the receiver; each scrape adds what came since the last.
+    auto& datagrams = core_->registry.AddCounter(
+        "crun_rendezvous_beat_datagrams_total",
+        "Heartbeat datagrams read, by result: taken, forged (not the session key's tag), stale "
+        "(a sequence not above the last taken), unknown_session, malformed",
+        {"result"});
+    auto reported = std::make_shared<std::array<std::uint64_t, 5>>();
+    core_->registry.OnScrape([core, &datagrams, reported] {
+      if (!core->beats) return;
+      const auto& c = core->beats->counts();
+      const std::pair<const char*, const std::atomic<std::uint64_t>*> results[] =
+          {{"taken", &c.taken},
+           {"forged", &c.forged},
+           {"stale", &c.stale},
+           {"unknown_session", &c.unknown},
+           {"malformed", &c.malformed}};
+      for (std::size_t i = 0; i < 5; ++i) {
+        const auto now = results[i].second->load(std::memory_order_relaxed);
+        datagrams.With({results[i].first}).Inc(static_cast<double>(now - (*reported)[i]));
+        (*reported)[i] = now;
+      }
+    });
     core_->registry.OnScrape([core] {  // on the engine's thread, where the page is rendered
       if (core->engine) core->engine->RefreshMetrics();
       std::size_t open = 0;
@@ -816,6 +872,14 @@ class GrpcRendezvousService final : public RendezvousService {
                          " (address in use, not an address of this host, or no permission)");
     }
     port_ = static_cast<std::uint16_t>(selected);
+    if (o.udp_heartbeats) {
+      auto beats = BeatReceiver::Open(core_->io, o.host, port_, kHeartbeatBatch);
+      if (beats.ok()) {
+        core_->beats = std::move(beats).value();
+      } else {
+        spdlog::warn("{}; agents beat on their gRPC streams", beats.status().message());
+      }
+    }
     for (auto& queue : queues_) {
       (new AsyncSession(core_.get(), &service_, queue.get()))->Request();
       queue_threads_.emplace_back([q = queue.get()] {

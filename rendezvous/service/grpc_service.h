@@ -38,6 +38,10 @@ struct ServiceOptions {
   // Prometheus metrics at /metrics (docs/observability.md), served on the engine's thread;
   // TLS with the service's certificate when the service has one.
   std::optional<http::HttpServerOptions> metrics;
+  // Heartbeats over UDP on the same address and port (rendezvous/beats/beat_datagram.h): each
+  // session gets a ticket; an agent beats on its stream until the service hears a datagram.
+  // Off, or UDP not bindable there (said in a warning): every beat comes on the stream.
+  bool udp_heartbeats = true;
 };
 
 struct ServiceStats {

@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -48,6 +49,7 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "agent/rendezvous/beat_sender.h"
 #include "agent/rendezvous/session_client.h"
 #include "rendezvous/contracts/contract_set.h"
 #include "tests/bench/loadgen_util.h"
@@ -65,6 +67,8 @@ namespace v1 = crun::v1;
 struct Agent {
   int index = 0;
   std::unique_ptr<SessionClient> session;
+  std::optional<crun::rdzv::BeatTicket> ticket;  // heartbeats over UDP (the service's ticket)
+  std::atomic<bool> heard{false};                // the service said it hears them
   std::atomic<int> round{-1};
   v1::RoundAssignment assignment;  // of the first round, for the checks
 };
@@ -76,6 +80,7 @@ struct Options {
   int procs = 0;  // 0: one for every kAgentsPerProc agents
   int nproc = 8;
   int heartbeat_ms = 1000;
+  int keepalive_ms = 10'000;  // each channel's HTTP/2 ping (an agent's: its heartbeat interval)
   int steady_ms = 3000;
   int phase_timeout_ms = 120'000;
   std::vector<int> service_pids;
@@ -87,6 +92,7 @@ struct Options {
   // Open every session, measure the server's memory, close them: no phase runs (against a
   // bare gRPC server, the memory baseline: bare_session_server.cc).
   bool open_only = false;
+  bool stream_beats = false;  // beat on the streams even where the service gives a ticket
 };
 
 // Sessions a shard holds by default: the scan above stays a small share of a completion.
@@ -185,7 +191,7 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   std::vector<std::unique_ptr<v1::Rendezvous::Stub>> stubs;
   crun::agent::ChannelOptions co;
-  co.keepalive_interval = std::chrono::milliseconds(10'000);
+  co.keepalive_interval = std::chrono::milliseconds(o.keepalive_ms);
   co.keepalive_timeout = std::chrono::milliseconds(30'000);
   for (int c = 0; c < channels_here; ++c) {
     channels.push_back(crun::agent::MakeChannel(o.endpoint, co));
@@ -207,7 +213,9 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
     Agent* a = agents[static_cast<std::size_t>(k)].get();
     a->index = shard + k * o.procs;
     auto on_message = [&, a](v1::ServiceMessage m) {
-      if (m.has_assignment()) {
+      if (m.has_beats_heard()) {
+        a->heard.store(true);
+      } else if (m.has_assignment()) {
         if (a->round.load() < 0) a->assignment = m.assignment();
         a->round.store(static_cast<int>(m.assignment().round()));
         assigned.Hit();
@@ -232,6 +240,18 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
   }
   // Ready once the server opened every session: its memory then holds them all.
   WriteLine(reply_fd, "ready " + std::to_string(opened.Wait(limit)));
+  // Heartbeats over UDP, as crun's agent sends them: one socket carries this shard's.
+  std::optional<crun::agent::BeatSocket> beat_socket;
+  for (auto& a : agents) {
+    a->ticket = a->session->beat_ticket();
+    if (!a->ticket || o.stream_beats || beat_socket) continue;
+    auto socket = crun::agent::BeatSocket::Connect(a->session->peer(), a->ticket->port);
+    if (!socket.ok()) {
+      std::fprintf(stderr, "rdzv_loadgen: %s\n", socket.status().message().c_str());
+      return 1;
+    }
+    beat_socket.emplace(std::move(socket).value());
+  }
 
   LineReader commands(cmd_fd);
   // The coordinator bounds every phase; a command that never comes means it is gone.
@@ -275,7 +295,13 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
       for (std::size_t i = 0; Clock::now() < end; i = (i + 1) % agents.size()) {
         v1::AgentMessage m;
         m.mutable_heartbeat()->set_sequence(++seq);
-        agents[i]->session->Send(std::move(m));
+        Agent& a = *agents[i];
+        if (beat_socket && a.ticket) {
+          if (!beat_socket->Send(*a.ticket, m.heartbeat()).ok()) errors.fetch_add(1);
+          if (!a.heard.load()) a.session->Send(std::move(m));  // as the agent: until heard
+        } else {
+          a.session->Send(std::move(m));
+        }
         next += gap;
         std::this_thread::sleep_until(next);  // pacing the load, not synchronisation
       }
@@ -449,12 +475,18 @@ int main(int argc, char** argv) {
                  "processes the agents are spread over (default: one per 3,125 agents, up to 32)")
       ->check(CLI::Range(1, 256));
   app.add_option("--nproc", o.nproc)->check(CLI::Range(1, 1024));
-  app.add_option("--heartbeat-ms", o.heartbeat_ms)->check(CLI::Range(10, 60'000));
+  app.add_option("--heartbeat-ms", o.heartbeat_ms)->check(CLI::Range(10, 600'000));
+  app.add_option("--keepalive-ms", o.keepalive_ms,
+                 "each channel's HTTP/2 keepalive ping interval (a real agent pings at its "
+                 "heartbeat interval, on a connection of its own: --channels = --agents)")
+      ->check(CLI::Range(100, 600'000));
   app.add_option("--steady-ms", o.steady_ms)->check(CLI::Range(0, 600'000));
   app.add_option("--phase-timeout-ms", o.phase_timeout_ms)->check(CLI::Range(100, 3'600'000));
   app.add_option("--service-pid", o.service_pids,
                  "the service's process (repeat: the sum over etcd's members)");
   app.add_option("--run-id", o.run_id);
+  app.add_flag("--stream-beats", o.stream_beats,
+               "heartbeats on the gRPC streams even where the service takes them over UDP");
   app.add_flag("--open-only", o.open_only,
                "open the sessions, measure the server's memory, close them (no phases)");
   app.add_flag("--tensorflow", o.tensorflow,
@@ -518,7 +550,32 @@ int main(int argc, char** argv) {
     std::printf("%s\n", out.dump().c_str());
     return errors == 0 ? 0 : 1;
   };
+  // Steady state: every shard heartbeats its agents until the same moment (against the bare
+  // server too: its cost per message is the floor of the daemon's per heartbeat).
+  const auto steady = [&]() -> bool {
+    const ProcStat before = ReadProcs(o.service_pids);
+    const auto t0 = Clock::now();
+    const std::int64_t end_ns = NowNs() + std::int64_t{o.steady_ms} * 1'000'000;
+    shards.SendAll("steady " + std::to_string(end_ns));
+    std::uint64_t seq = 0;
+    for (std::size_t s = 0; s < shards.size(); ++s) {
+      if (!shards.Expect(s, "steady", f, reply_deadline()) || f.empty()) return false;
+      seq += static_cast<std::uint64_t>(f[0]);
+    }
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    const ProcStat after = ReadProcs(o.service_pids);
+    out["steady"] = {{"s", secs},
+                     {"heartbeats", seq},
+                     {"service_cpu_percent",
+                      secs > 0 ? 100 * (after.cpu_s - before.cpu_s) / secs : 0},
+                     {"service_rss_mib", after.rss_mib}};
+    std::fprintf(stderr, "rdzv_loadgen: steady   %llu heartbeats in %.1f s: service CPU %.1f%%\n",
+                 static_cast<unsigned long long>(seq), secs,
+                 out["steady"]["service_cpu_percent"].get<double>());
+    return true;
+  };
   if (o.open_only) {
+    if (o.steady_ms > 0 && !steady()) return 1;
     shards.SendAll("close");
     return finish();
   }
@@ -585,28 +642,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  // Steady state: every shard heartbeats its agents until the same moment.
-  {
-    const ProcStat before = ReadProcs(o.service_pids);
-    const auto t0 = Clock::now();
-    const std::int64_t end_ns = NowNs() + std::int64_t{o.steady_ms} * 1'000'000;
-    shards.SendAll("steady " + std::to_string(end_ns));
-    std::uint64_t seq = 0;
-    for (std::size_t s = 0; s < shards.size(); ++s) {
-      if (!shards.Expect(s, "steady", f, reply_deadline()) || f.empty()) return 1;
-      seq += static_cast<std::uint64_t>(f[0]);
-    }
-    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-    const ProcStat after = ReadProcs(o.service_pids);
-    out["steady"] = {{"s", secs},
-                     {"heartbeats", seq},
-                     {"service_cpu_percent",
-                      secs > 0 ? 100 * (after.cpu_s - before.cpu_s) / secs : 0},
-                     {"service_rss_mib", after.rss_mib}};
-    std::fprintf(stderr, "rdzv_loadgen: steady   %llu heartbeats in %.1f s: service CPU %.1f%%\n",
-                 static_cast<unsigned long long>(seq), secs,
-                 out["steady"]["service_cpu_percent"].get<double>());
-  }
+  if (!steady()) return 1;
 
   // A worker fails on one agent (shard 0's first, agent 0): everyone is told, re-joins, and
   // holds the next round.

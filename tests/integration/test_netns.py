@@ -4,6 +4,7 @@ whose cable is pulled is found out by its missing heartbeats and the others go o
 and a stock PyTorch DDP job (gloo) trains across two hosts. Needs root, as CI runs it."""
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -32,12 +33,12 @@ class AcrossNamespaces(unittest.TestCase):
     def tearDown(self):
         kill_all(self.procs)
 
-    def node(self, fab, host, nnodes, cmd, conf="", nproc=2, env=None):
+    def node(self, fab, host, nnodes, cmd, conf="", nproc=2, env=None, opts=()):
         """crun on `host`, joining the service that host "a" runs (its address is the
         endpoint, so a's crun hosts it). Node ids are left to crun's default."""
         endpoint = f"{fab.addr('a')}:{PORT}"
         args = [CRUN, "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-endpoint",
-                endpoint, "--rdzv-id", "job"]
+                endpoint, "--rdzv-id", "job", *opts]
         if conf:
             args += ["--rdzv-conf", conf]
         env = dict(os.environ, NODE_TAG=host, **(env or {}))
@@ -100,36 +101,66 @@ class AcrossNamespaces(unittest.TestCase):
             self.assertEqual({ev["connected_from"] for ev in self.events()},
                              {fab.addr("a"), fab.addr("b")})
 
-    def test_a_host_whose_link_goes_down_is_lost_by_heartbeat_and_the_rest_re_form(self):
-        timeout_s, interval_s = 1.5, 0.25
-        conf = (f"heartbeat_timeout={timeout_s},heartbeat_interval={interval_s},"
+    HEARTBEAT_TIMEOUT_S = 1.5
+
+    def lose_c(self, fab, lose, what):
+        """Hosts a, b and c in one round (heartbeats every 0.25 s, lost after 1.5 s); then
+        `lose(nodes)` silences c. a and b must find c lost by its missing heartbeats, which
+        were datagrams, and re-form without it. Returns the nodes."""
+        conf = (f"heartbeat_timeout={self.HEARTBEAT_TIMEOUT_S},heartbeat_interval=0.25,"
                 "last_call_timeout=0.1")
         probe = [PROBE, self.dir, "--exit-when-world", "4"]
+        nodes = {h: self.node(fab, h, "2:3", probe, conf=conf, opts=("--log-level", "info"))
+                 for h in ("a", "b", "c")}
+        wait_for(lambda: sum(e["WORLD_SIZE"] == "6" for e in self.events()) == 6,
+                 "a round of three hosts")
+        t0 = time.time()
+        lose(nodes)
+        for h in ("a", "b"):
+            code, _, err = self.finish(nodes[h])
+            self.assertEqual(code, 0, err)
+            self.assertRegex(err, r"re-forming the job: node \S+ \(\S+@10\.77\.0\.3#\d+\) was "
+                                  r"lost: no heartbeat for \d+ ms \(heartbeat_timeout 1500")
+            self.assertIn(f"heartbeats over udp {fab.addr('a')}:{PORT}", err)
+        detected = min(e["t"] for e in self.events() if e["WORLD_SIZE"] == "4") - t0
+        print(f"{what} -> survivors' new workers running: {detected * 1000:.0f} ms "
+              f"(heartbeat_timeout {self.HEARTBEAT_TIMEOUT_S * 1000:.0f} ms)")
+        # Silence is all the service sees (no reset, no FIN), so only the heartbeat deadline
+        # can find it; TCP alone would take minutes. Bounded loosely: CI is shared.
+        self.assertLess(detected, self.HEARTBEAT_TIMEOUT_S + 3.0)
+        self.assertEqual({e["TORCHELASTIC_RESTART_COUNT"] for e in self.events()}, {"0"})
+        return nodes
+
+    def test_a_host_whose_link_goes_down_is_lost_by_heartbeat_and_the_rest_re_form(self):
         with Fabric(["a", "b", "c"]) as fab:
-            nodes = {h: self.node(fab, h, "2:3", probe, conf=conf) for h in ("a", "b", "c")}
-            wait_for(lambda: sum(e["WORLD_SIZE"] == "6" for e in self.events()) == 6,
-                     "a round of three hosts")
+            nodes = self.lose_c(fab, lambda nodes: fab.link_down("c"), "link down")
             c_workers = [e["pid"] for e in self.events() if e["NODE_TAG"] == "c"]
-            pulled = time.time()
-            fab.link_down("c")
-            for h in ("a", "b"):
-                code, _, err = self.finish(nodes[h])
-                self.assertEqual(code, 0, err)
-                self.assertRegex(err, r"re-forming the job: node \S+ \(\S+@10\.77\.0\.3#\d+\) was "
-                                      r"lost: no heartbeat for \d+ ms \(heartbeat_timeout 1500")
-            reformed = min(e["t"] for e in self.events() if e["WORLD_SIZE"] == "4")
-            detected = reformed - pulled
-            print(f"link down -> survivors' new workers running: {detected * 1000:.0f} ms "
-                  f"(heartbeat_timeout {timeout_s * 1000:.0f} ms)")
-            # Silence is all the service sees (no reset, no FIN), so only the heartbeat
-            # deadline can find it; TCP alone would take minutes. Bounded loosely: CI is shared.
-            self.assertLess(detected, timeout_s + 3.0)
-            self.assertEqual({e["TORCHELASTIC_RESTART_COUNT"] for e in self.events()}, {"0"})
             # c cannot reach the service either: it stops its workers and says so.
             code, _, err = self.finish(nodes["c"])
             self.assertNotEqual(code, 0)
             self.assertIn(f"lost the rendezvous service at {fab.addr('a')}:{PORT}", err)
             wait_for(lambda: not any(alive(p) for p in c_workers), "c's workers to be gone")
+
+    def test_a_host_whose_agent_is_stopped_is_lost_by_heartbeat(self):
+        """SIGSTOP: c's crun and workers stop, their sockets stay open (the kernel still
+        answers TCP), so no transport sees anything: only the missing heartbeat datagrams."""
+        stopped = []
+
+        def stop(nodes):
+            stopped.extend([nodes["c"].pid] + [e["pid"] for e in self.events()
+                                               if e["NODE_TAG"] == "c"])
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+
+        with Fabric(["a", "b", "c"]) as fab:
+            try:
+                nodes = self.lose_c(fab, stop, "agent stopped")
+            finally:
+                for pid in stopped:
+                    os.kill(pid, signal.SIGKILL)
+                    os.kill(pid, signal.SIGCONT)
+            nodes["c"].communicate(timeout=LIMIT_S)
+            wait_for(lambda: not any(alive(p) for p in stopped[1:]), "c's workers to be gone")
 
     def test_stock_pytorch_ddp_across_two_hosts(self):
         for python in TORCH_PYTHONS:

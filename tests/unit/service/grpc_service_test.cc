@@ -3,6 +3,10 @@
 // messages arriving (condition variables), never on time.
 #include <catch2/catch.hpp>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -11,6 +15,7 @@
 #include <set>
 #include <thread>
 
+#include "agent/rendezvous/beat_sender.h"
 #include "agent/rendezvous/session_client.h"
 #include "base/security.h"
 #include "base/socket.h"
@@ -70,7 +75,8 @@ class Agent {
         crun::agent::CallOptions{token, wait_for_ready});
   }
 
-  void Join(int min = 2, int max = 2, int max_restarts = 1, const std::string& run = "job7") {
+  void Join(int min = 2, int max = 2, int max_restarts = 1, const std::string& run = "job7",
+            int heartbeat_timeout_ms = 0) {
     v1::AgentMessage m;
     auto* j = m.mutable_join();
     j->set_protocol_version(1);
@@ -83,8 +89,13 @@ class Agent {
     j->mutable_settings()->set_max_nodes(max);
     j->mutable_settings()->set_max_restarts(max_restarts);
     j->mutable_settings()->set_last_call_timeout_ms(100);
+    if (heartbeat_timeout_ms > 0)
+      j->mutable_settings()->set_heartbeat_timeout_ms(heartbeat_timeout_ms);
     client_->Send(m);
   }
+  // The service's heartbeat ticket and the address the stream reached (once a message came).
+  std::optional<crun::rdzv::BeatTicket> ticket() const { return client_->beat_ticket(); }
+  std::string peer() const { return client_->peer(); }
   void Fail(int rank, int code) {
     v1::AgentMessage m;
     m.mutable_workers_failed()->set_host(node_);
@@ -108,6 +119,10 @@ class Agent {
     inbox_.pop_front();
     return m;
   }
+  bool HasMessage() {
+    std::lock_guard lock(mu_);
+    return !inbox_.empty();
+  }
   crun::Status WaitDone() {
     std::unique_lock lock(mu_);
     REQUIRE(cv_.wait_for(lock, kDeadline, [this] { return done_; }));
@@ -128,6 +143,18 @@ class Agent {
   crun::Status done_status_ = crun::Status::Ok();
   std::unique_ptr<SessionClient> client_;  // last: destroyed (and closed) first
 };
+
+// A UDP socket connected to 127.0.0.1:port.
+int UdpTo(std::uint16_t port) {
+  const int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_port = htons(port);
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0);
+  return fd;
+}
 
 // The body of GET `url` ("http://127.0.0.1:PORT/metrics"), over a plain socket.
 std::string Scrape(const std::string& url) {
@@ -593,4 +620,96 @@ TEST_CASE("grpc service: a Session message that does not parse ends the session"
   bool ok = false;
   while (cq.Next(&tag, &ok)) {
   }
+}
+
+// Heartbeats as datagrams (rendezvous/beats): they alone keep a node in the job past its
+// heartbeat_timeout, its first is answered with BeatsHeard, and what is not its session's key's
+// (forged, replayed, unknown, garbage) is counted and keeps nobody alive: a node that stops
+// beating is lost within heartbeat_timeout, as on the stream.
+TEST_CASE("grpc service: heartbeat datagrams keep a node in the job; others are refused",
+          "[grpc][beats]") {
+  using crun::testing::SampleValue;
+  auto service = StartService("", true);
+  Agent a(service->port(), "node-a"), b(service->port(), "node-b");
+  constexpr int kTimeoutMs = 600;
+  a.Join(2, 2, 1, "job7", kTimeoutMs);
+  b.Join(2, 2, 1, "job7", kTimeoutMs);
+  REQUIRE(a.Next().has_assignment());
+  REQUIRE(b.Next().has_assignment());
+  const auto ta = a.ticket(), tb = b.ticket();
+  REQUIRE(ta);
+  REQUIRE(tb);
+  CHECK(ta->session != tb->session);
+  CHECK(ta->key != tb->key);
+  auto socket = crun::agent::BeatSocket::Connect(a.peer(), ta->port);
+  REQUIRE(socket.ok());
+  std::uint64_t seq = 0;
+  crun::v1::Heartbeat beat;
+  const auto beat_both = [&] {
+    beat.set_sequence(++seq);
+    REQUIRE(socket->Send(*ta, beat).ok());
+    REQUIRE(socket->Send(*tb, beat).ok());
+  };
+  beat_both();
+  REQUIRE(a.Next().has_beats_heard());
+  REQUIRE(b.Next().has_beats_heard());
+  // Three timeouts long, beats every 100 ms and none on the streams: both stay in the round.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3 * kTimeoutMs);
+  while (std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // pacing the beats
+    beat_both();
+  }
+  // What keeps nobody alive: another key's tag, a replay, an unknown session, garbage.
+  const auto old = crun::rdzv::SealBeat(*ta, beat.SerializeAsString());  // seq already taken
+  crun::rdzv::BeatTicket wrong = *ta;
+  wrong.key = crun::rdzv::NewBeatKey();
+  crun::rdzv::BeatTicket unknown = *ta;
+  unknown.session = 999'999;
+  crun::v1::Heartbeat later;
+  later.set_sequence(seq + 1000);
+  REQUIRE(socket->Send(wrong, later).ok());
+  REQUIRE(socket->Send(unknown, later).ok());
+  // Through a plain socket: a replay (a taken datagram's bytes again) and garbage.
+  const int fd = UdpTo(ta->port);
+  REQUIRE(send(fd, old.data(), old.size(), 0) == static_cast<ssize_t>(old.size()));
+  REQUIRE(send(fd, "garbage", 7, 0) == 7);
+  close(fd);
+  // b goes on beating; a stops: b is told a was lost.
+  const auto stop_by = std::chrono::steady_clock::now() + kDeadline;
+  bool told = false;
+  while (!told && std::chrono::steady_clock::now() < stop_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // pacing the beats
+    beat.set_sequence(++seq);
+    REQUIRE(socket->Send(*tb, beat).ok());
+    told = b.HasMessage();
+  }
+  REQUIRE(told);
+  const auto m = b.Next();
+  REQUIRE(m.has_stop_and_rejoin());
+  CHECK_THAT(m.stop_and_rejoin().reason(), Catch::Contains("node-a"));
+  CHECK_THAT(m.stop_and_rejoin().reason(), Catch::Contains("no heartbeat"));
+  const std::string page = Scrape(service->metrics_url());
+  const auto count = [&page](const char* result) {
+    return SampleValue(page, std::string("crun_rendezvous_beat_datagrams_total{result=\"") +
+                                 result + "\"}");
+  };
+  CHECK(count("taken") >= 2 * 15);
+  CHECK(count("forged") == 1);
+  CHECK(count("stale") == 1);
+  CHECK(count("unknown_session") == 1);
+  CHECK(count("malformed") == 1);
+}
+
+TEST_CASE("grpc service: without UDP heartbeats a session gets no ticket", "[grpc][beats]") {
+  ServiceOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.log_decisions = false;
+  o.udp_heartbeats = false;
+  auto service = RendezvousService::Start(o);
+  REQUIRE(service.ok());
+  Agent a((*service)->port(), "node-a");
+  a.Join(1, 1);
+  REQUIRE(a.Next().has_assignment());
+  CHECK_FALSE(a.ticket());
 }

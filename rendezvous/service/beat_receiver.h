@@ -1,0 +1,87 @@
+// The service's end of heartbeats over UDP (rendezvous/beats/beat_datagram.h): a socket on the
+// gRPC server's address and port, read on the engine's thread in batches. While any session
+// holds a ticket, the socket is drained (recvmmsg, 64 datagrams a call) every `gap` (the
+// heartbeats' batching, as on the stream): one wake-up per gap however many agents beat, none
+// while no session is open. The socket is not in the event loop's epoll set: there, each
+// datagram would wake the thread (edge-triggered readiness), once a beat.
+//
+// Each session's key is held here from its opening to its end (Add/Remove, any thread). A
+// datagram is taken when its tag is its session's key's and its beat's sequence is above the
+// last one taken: forged, replayed, truncated and unknown-session datagrams are counted and
+// dropped.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "base/status.h"
+#include "crun/v1/rendezvous.pb.h"
+#include "rendezvous/beats/beat_datagram.h"
+
+namespace crun::rdzv {
+
+class BeatReceiver {
+ public:
+  // What happened to the datagrams read (crun_rendezvous_beat_datagrams_total's "result").
+  struct Counts {
+    std::atomic<std::uint64_t> taken{0}, forged{0}, stale{0}, unknown{0}, malformed{0};
+  };
+  // `beat`: a datagram taken, on the engine's thread; `first` for a session's first. `before`
+  // and `after` each batch of taken beats (the service hands the engine its queued stream
+  // messages first, and rearms the engine's timer after).
+  using BeatHandler =
+      std::function<void(std::uint64_t session, const v1::Heartbeat& beat, bool first)>;
+
+  // Binds UDP on host:port; an error names them (the port taken by another program's UDP).
+  ~BeatReceiver();
+  BeatReceiver(const BeatReceiver&) = delete;
+  BeatReceiver& operator=(const BeatReceiver&) = delete;
+  static StatusOr<std::unique_ptr<BeatReceiver>> Open(boost::asio::io_context& io,
+                                                      const std::string& host, std::uint16_t port,
+                                                      std::chrono::milliseconds gap);
+  void Start(BeatHandler beat, std::function<void()> before, std::function<void()> after);
+  // On the engine's thread.
+  void Stop();
+
+  std::uint16_t port() const { return port_; }
+  // A new session's key (any thread): its ticket carries it.
+  BeatKey Add(std::uint64_t session);
+  void Remove(std::uint64_t session);
+  const Counts& counts() const { return counts_; }
+
+ private:
+  BeatReceiver(boost::asio::io_context& io, std::chrono::milliseconds gap);
+  // The engine's thread: drains now and again after each gap while sessions hold tickets.
+  void Poll();
+  void Drain();
+
+  boost::asio::io_context& io_;
+  int fd_ = -1;
+  boost::asio::steady_timer gap_timer_;
+  std::chrono::milliseconds gap_;
+  std::uint16_t port_ = 0;
+  BeatHandler beat_;
+  std::function<void()> before_, after_;
+  struct Entry {
+    BeatKey key;
+    std::uint64_t last_sequence = 0;
+    bool heard = false;
+  };
+  std::mutex mu_;
+  std::unordered_map<std::uint64_t, Entry> sessions_;
+  Counts counts_;
+  bool polling_ = false;  // under mu_: a Poll is scheduled
+  bool started_ = false;  // under mu_
+  bool stopped_ = false;  // under mu_
+};
+
+}  // namespace crun::rdzv
