@@ -55,6 +55,9 @@ SCALE = (1000, 10000, 30000)
 FORM_10K = "rendezvous form, 1,000 → 10,000 agents: linear / crun"
 FORM_30K = "rendezvous form, 10,000 → 30,000 agents: linear / crun"
 TOLD_30K = "failure → every agent told, 10,000 → 30,000 agents: linear / crun"
+# A heartbeat's cost at 10,000 agents beating each second: what a bare gRPC server pays for one
+# stream message (any heartbeat on a stream) against the daemon's per datagram.
+BEATS_10K = "heartbeat, 10,000 agents: bare gRPC message / crun datagram"
 RECOVERY = "recovery, crash → imported, 1 node: torchrun 2.x / crun --warm"
 SNAPSHOT = "save 200 MiB a rank, 2 workers: torch.save /dev/shm / crun_worker.save"
 # torchrun's spare did not take over in any run (docs/benchmarks.md, "Node lost"): the node-lost
@@ -76,7 +79,8 @@ NODE_LOST = "node lost, 200 MiB a rank, loss → first step: crun disk / crun pe
 # The scale ratios: the load generator shares the two cores with the daemon; 30,000 agents
 # formed in 1.37-1.67 s and were told in 0.75-0.99 s across runs of one build at ea4b53c.
 BAND_FLOORS = {LAUNCH_TORCH: 0.30, RDZV: 0.45, RECOVERY: 0.45, STORE_SET: 0.45, STORM: 0.65,
-               SNAPSHOT: 0.45, NODE_LOST: 0.30, FORM_10K: 0.30, FORM_30K: 0.30, TOLD_30K: 0.30}
+               SNAPSHOT: 0.45, NODE_LOST: 0.30, FORM_10K: 0.30, FORM_30K: 0.30, TOLD_30K: 0.30,
+               BEATS_10K: 0.30}
 NOT_JUDGED = {RESTART_TORCH}
 
 
@@ -151,6 +155,8 @@ def recorded(docs):
         FORM_10K: (linearity(form, SCALE[0], SCALE[1]), commit_of(rdzv)),
         FORM_30K: (linearity(form, SCALE[1], SCALE[2]), commit_of(rdzv)),
         TOLD_30K: (linearity(told, SCALE[1], SCALE[2]), commit_of(rdzv)),
+        BEATS_10K: (scale_cells(row(rdzv, rdzv_bench.BARE_BEAT_ROW))[SCALE[1]] /
+                    scale_cells(row(rdzv, rdzv_bench.BEAT_ROW))[SCALE[1]], commit_of(rdzv)),
         # Cells: case, torch, figure, crun cold, crun --warm, torchrun 2.x.
         RECOVERY: (number(crash[5]) / number(crash[4]), commit_of(recovery)),
         # Cells: PyTorch, crun_worker.save, torch.save /dev/shm, torch.save disk, load, goal.
@@ -287,6 +293,23 @@ def scale_checks(args):
     return ratios
 
 
+def beat_checks(args):
+    """10,000 agents beating each second (a tenth with --smoke), 3 s measured: the daemon's CPU
+    per datagram against a bare gRPC server's per stream message, a fresh server each,
+    alternating."""
+    sim = argparse.Namespace(**vars(args))
+    sim.loadgen = args.rdzv_loadgen
+    sim.bare_server = os.path.join(os.path.dirname(args.rdzv_loadgen), "bare_session_server")
+    n = SCALE[1] // 10 if args.smoke else SCALE[1]
+    ratios = {BEATS_10K: []}
+    for _ in range(rounds_of(args, 3)):
+        crun = rdzv_bench.per_beat_micros(rdzv_bench.simulated(sim, n))
+        _, bare = rdzv_bench.bare_baseline(sim, n)
+        # /proc counts CPU in ticks of 10 ms: a tenth of the agents may show none in 3 s.
+        ratios[BEATS_10K].append(bare / max(crun, 0.1))
+    return ratios
+
+
 def recovery_checks(args):
     """One node x 2 stock DDP workers, rank 1 crashing: crash -> every worker of the next
     attempt imported torch, crun --warm and torchrun 2.x taking turns. torchrun's restarts
@@ -382,8 +405,8 @@ def main():
         print(f"  {name}: {ratio:,.2f} (at {commit})", file=sys.stderr)
     measured = {}
     # The storm last: it leaves 40,000 closed connections in TIME_WAIT behind it.
-    for checks in (launch_checks, rdzv_checks, scale_checks, recovery_checks, snapshot_checks,
-                   node_lost_checks, store_checks):
+    for checks in (launch_checks, rdzv_checks, scale_checks, beat_checks, recovery_checks,
+                   snapshot_checks, node_lost_checks, store_checks):
         measured.update(checks(args))
     rows, regressed = judge(measured, was)
     print(f"| check | recorded (commit) | this run | noise band | verdict |")

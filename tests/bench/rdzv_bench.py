@@ -44,6 +44,10 @@ AGENTS = (2, 4, 8, 16, 64)
 SIMULATED = (1000, 10000, 30000, 100000)
 ONE_RUN_FROM = 100000  # one run from here up (about 2 minutes each), else the median of 3
 STEADY_MS = 3000
+# The heartbeat rows that check.py reads (its BEATS_10K check).
+BEAT_ROW = "daemon CPU per heartbeat (a datagram)"
+STREAM_BEAT_ROW = "daemon CPU per heartbeat on its gRPC stream (--stream-beats)"
+BARE_BEAT_ROW = "bare gRPC server CPU per message, the same beats on its streams"
 ETCD_SIMULATED = (100, 1000)
 LIMIT_S = 300
 
@@ -167,21 +171,24 @@ def start_daemon(crun):
     return p, int(line.rsplit(":", 1)[1])
 
 
-def simulated(args, agents, steady_ms=STEADY_MS):
+def simulated(args, agents, steady_ms=STEADY_MS, extra=()):
     daemon, port = start_daemon(args.crun)
     try:
         r = subprocess.run([args.loadgen, "--endpoint", f"127.0.0.1:{port}", "--agents",
                             str(agents), "--service-pid", str(daemon.pid), "--steady-ms",
-                            str(steady_ms)], capture_output=True, text=True, timeout=LIMIT_S)
+                            str(steady_ms), *extra], capture_output=True, text=True,
+                           timeout=LIMIT_S)
     finally:
         daemon.terminate()
         daemon.communicate(timeout=30)
     return loadgen_json(r, f"rdzv_loadgen x{agents}")
 
 
-def bare_baseline(args, agents):
-    """The RSS of a bare gRPC server (bare_session_server.cc) holding `agents` idle sessions of
-    the load generator's, in MiB: the floor under the daemon's memory."""
+def bare_baseline(args, agents, steady_ms=STEADY_MS):
+    """A bare gRPC server (bare_session_server.cc) holding `agents` sessions of the load
+    generator's, which then beat on their streams for `steady_ms`: its RSS with the sessions
+    open, in MiB (the floor under the daemon's memory), and its CPU per message, in µs (what any
+    heartbeat on a stream costs)."""
     p = subprocess.Popen([args.bare_server, "--port", "0"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     try:
@@ -191,12 +198,14 @@ def bare_baseline(args, agents):
             raise RuntimeError(f"bare_session_server did not start: {line!r}")
         port = int(line.rsplit(":", 1)[1])
         r = subprocess.run([args.loadgen, "--endpoint", f"127.0.0.1:{port}", "--agents",
-                            str(agents), "--service-pid", str(p.pid), "--open-only"],
+                            str(agents), "--service-pid", str(p.pid), "--open-only",
+                            "--steady-ms", str(steady_ms)],
                            capture_output=True, text=True, timeout=LIMIT_S)
     finally:
         p.kill()
         p.communicate(timeout=30)
-    return loadgen_json(r, f"rdzv_loadgen --open-only x{agents}")["service_rss_connected_mib"]
+    got = loadgen_json(r, f"rdzv_loadgen --open-only x{agents}")
+    return got["service_rss_connected_mib"], per_beat_micros(got)
 
 
 def above_bare_kib(r):
@@ -343,19 +352,43 @@ def run_all(args):
     }
     sims = {a: median_run(lambda n: simulated(args, n), a, "simulated") for a in SIMULATED}
     for a in SIMULATED:
-        sims[a]["bare_rss_mib"] = bare_baseline(args, a)
-        print(f"bare gRPC server x{a}: {sims[a]['bare_rss_mib']:,.0f} MiB", file=sys.stderr)
+        sims[a]["bare_rss_mib"], sims[a]["bare_beat_us"] = bare_baseline(args, a)
+        sims[a]["stream_beat_us"] = per_beat_micros(
+            simulated(args, a, extra=("--stream-beats",)))
+        print(f"bare gRPC server x{a}: {sims[a]['bare_rss_mib']:,.0f} MiB, "
+              f"{sims[a]['bare_beat_us']:.1f} µs a message; crun's stream beats "
+              f"{sims[a]['stream_beat_us']:.1f} µs", file=sys.stderr)
     etcd_sims = {a: median_run(lambda n: etcd_simulated(args, n), a, "simulated through etcd")
                  for a in ETCD_SIMULATED}
     tidy = etcd_tidy(args)
-    write(args, launch, restart, sims, etcd_sims, tidy)
+    write(args, launch, restart, sims, etcd_sims, tidy, connections(args))
+
+
+# The agents' keepalive pings, which the simulated table leaves out: CONNECTIONS connections
+# (the load generator's most), each pinging every second as an agent's channel does at the
+# default heartbeat interval, carrying 10,000 agents' beats.
+CONNECTIONS = 4096
+CONNECTION_WAYS = (("datagrams", ()), ("on the streams", ("--stream-beats",)),
+                   ("pings alone (no beats)", ("--heartbeat-ms", "600000")))
+
+
+def connections(args):
+    """{way: daemon CPU %} for 10,000 agents on CONNECTIONS connections pinging each second."""
+    got = {}
+    for way, extra in CONNECTION_WAYS:
+        r = simulated(args, 10000, extra=("--channels", str(CONNECTIONS), "--keepalive-ms",
+                                          "1000", *extra))
+        got[way] = r["steady"]["service_cpu_percent"]
+        print(f"10,000 agents on {CONNECTIONS} connections, {way}: {got[way]:.1f} %",
+              file=sys.stderr)
+    return got
 
 
 def cell(v):
     return f"{v:,.1f} ms" if isinstance(v, float) else "failed"
 
 
-def write(args, launch, restart, sims, etcd_sims, tidy):
+def write(args, launch, restart, sims, etcd_sims, tidy, c):
     lines = [
         "## Rendezvous: forming, restarting, scale", "",
         f"`tests/bench/rdzv_bench.py`, on the same machine, in a private network namespace "
@@ -397,7 +430,14 @@ def write(args, launch, restart, sims, etcd_sims, tidy):
         "workers each). *failure*: one agent reports a failed worker; every agent is told to "
         "stop, re-joins at once and holds the next round. CPU is the daemon's (user + system, "
         "/proc), the load generator shares the two cores: where the daemon's CPU is well below "
-        "the wall time, the generator is what limits the figure.", "",
+        "the wall time, the generator is what limits the figure. *Heartbeats*: each agent beats "
+        "once a second, as crun's agent does, as a datagram (docs/rendezvous.md, "
+        "\"Heartbeats\"); the first second is not measured (every agent beats once and the "
+        "daemon says it hears them), then 3 s are. The same beats on the gRPC streams "
+        "(`--stream-beats`, one run) and on the streams of a bare gRPC server that reads and "
+        "drops them (`bare_session_server.cc`, one run) are the comparison: the second is what "
+        "any heartbeat on a stream costs with this gRPC. The agents' own keepalive pings are not "
+        "modelled (16 connections carry them all): see \"Heartbeats over UDP\" below.", "",
         "| | " + " | ".join(f"{a:,} agents" for a in SIMULATED) + " |",
         "|---|" + "---|" * len(SIMULATED)]
     rows = [
@@ -407,12 +447,15 @@ def write(args, launch, restart, sims, etcd_sims, tidy):
         ("failure → every agent in the next round", lambda r: f"{r['reformed']['ms']:,.0f} ms"),
         ("success reports → every agent has the outcome",
          lambda r: f"{r['finish']['ms']:,.0f} ms"),
-        ("daemon CPU, every agent heartbeating each 1 s",
-         lambda r: f"{r['steady']['service_cpu_percent']:.0f} % of a core"),
+        ("daemon CPU, every agent heartbeating each 1 s (datagrams)",
+         lambda r: f"{r['steady']['service_cpu_percent']:.1f} % of a core"),
         (f"heartbeats the generator sent in {STEADY_MS // 1000} s, of those due",
          lambda r: f"{r['steady']['heartbeats']:,} of {r['agents'] * STEADY_MS // 1000:,}"),
-        ("daemon CPU per heartbeat",
-         lambda r: f"{per_beat_micros(r):.0f} µs"),
+        ("agents whose datagrams the daemon heard",
+         lambda r: f"{r['steady']['heard_over_udp']:,}"),
+        (BEAT_ROW, lambda r: f"{per_beat_micros(r):.1f} µs"),
+        (STREAM_BEAT_ROW, lambda r: f"{r['stream_beat_us']:.1f} µs"),
+        (BARE_BEAT_ROW, lambda r: f"{r['bare_beat_us']:.1f} µs"),
         ("daemon RSS idle → sessions open → peak",
          lambda r: f"{r['service_idle_rss_mib']:,.0f} → {r['service_rss_connected_mib']:,.0f} → "
                    f"{r['service_hwm_mib']:,.0f} MiB"),
@@ -422,6 +465,13 @@ def write(args, launch, restart, sims, etcd_sims, tidy):
          lambda r: f"{above_bare_kib(r):.1f} KiB"),
     ]
     lines += table_rows(rows, [sims[a] for a in SIMULATED])
+    lines += [
+        "", f"**Heartbeats over UDP, with the agents' pings.** 10,000 agents on {CONNECTIONS:,} "
+        "HTTP/2 connections (one an agent, as far as the load generator goes), each pinging "
+        "every second, as an agent's channel does at the default heartbeat interval; one run "
+        "each, 3 s measured:", "",
+        "| every agent beating each 1 s | daemon CPU |", "|---|---|"]
+    lines += [f"| {way} | {c[way]:.1f} % of a core |" for way, _ in CONNECTION_WAYS]
     lines += [
         "", "Through etcd (`rdzv_loadgen --etcd`): each simulated agent is the agent's own etcd "
         "rendezvous (`agent/rendezvous/etcd_rendezvous.cc`: its lease, node key, watch and client), all in "

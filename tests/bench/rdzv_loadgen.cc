@@ -4,7 +4,10 @@
 //
 //   form     every agent sends Join (min = max = N): until every agent holds its assignment
 //            (group ranks a permutation of 0..N-1, base ranks contiguous, one store)
-//   steady   every agent heartbeats each --heartbeat-ms for --steady-ms: the service's CPU
+//   steady   every agent heartbeats each --heartbeat-ms for one interval, then --steady-ms
+//            more, measured: the service's CPU. As crun's agent does, a beat is a datagram
+//            where the service gave a ticket (and also on the stream until the service says
+//            it hears them: the unmeasured interval); --stream-beats keeps them on the stream
 //   failure  one agent reports a failed worker: until every agent was told to stop and
 //            re-join, then (each re-joins at once) until every agent holds the next round
 //   finish   every agent reports success: until every agent got the outcome
@@ -285,9 +288,11 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
                               std::to_string(bad));
       WriteLine(reply_fd, ranks);
     } else if (cmd == "steady") {
-      std::int64_t end_ns = 0;
-      in >> end_ns;
+      std::int64_t from_ns = 0, end_ns = 0;
+      in >> from_ns >> end_ns;
+      const auto from = Clock::time_point(std::chrono::nanoseconds(from_ns));
       const auto end = Clock::time_point(std::chrono::nanoseconds(end_ns));
+      std::uint64_t counted = 0;  // sent from `from` on
       // Heartbeats spread evenly over each interval from one thread.
       const auto gap = std::chrono::nanoseconds(std::chrono::milliseconds(o.heartbeat_ms)) / n;
       std::uint64_t seq = 0;
@@ -302,10 +307,13 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
         } else {
           a.session->Send(std::move(m));
         }
+        if (Clock::now() >= from) ++counted;
         next += gap;
         std::this_thread::sleep_until(next);  // pacing the load, not synchronisation
       }
-      WriteLine(reply_fd, "steady " + std::to_string(seq));
+      std::size_t heard = 0;
+      for (const auto& a : agents) heard += a->heard.load() ? 1 : 0;
+      WriteLine(reply_fd, "steady " + std::to_string(counted) + " " + std::to_string(heard));
     } else if (cmd == "arm") {
       told.Reset(n);
       assigned.Reset(n);
@@ -552,20 +560,26 @@ int main(int argc, char** argv) {
   };
   // Steady state: every shard heartbeats its agents until the same moment (against the bare
   // server too: its cost per message is the floor of the daemon's per heartbeat).
+  // The first interval is not measured: every agent beats once first, and where the service
+  // takes datagrams, it says so (BeatsHeard) and the streams fall silent.
   const auto steady = [&]() -> bool {
+    const std::int64_t from_ns = NowNs() + std::int64_t{o.heartbeat_ms} * 1'000'000;
+    const std::int64_t end_ns = from_ns + std::int64_t{o.steady_ms} * 1'000'000;
+    shards.SendAll("steady " + std::to_string(from_ns) + " " + std::to_string(end_ns));
+    const auto t0 = Clock::time_point(std::chrono::nanoseconds(from_ns));
+    std::this_thread::sleep_until(t0);  // the measured window's start, not synchronisation
     const ProcStat before = ReadProcs(o.service_pids);
-    const auto t0 = Clock::now();
-    const std::int64_t end_ns = NowNs() + std::int64_t{o.steady_ms} * 1'000'000;
-    shards.SendAll("steady " + std::to_string(end_ns));
-    std::uint64_t seq = 0;
+    std::uint64_t seq = 0, heard = 0;
     for (std::size_t s = 0; s < shards.size(); ++s) {
-      if (!shards.Expect(s, "steady", f, reply_deadline()) || f.empty()) return false;
+      if (!shards.Expect(s, "steady", f, reply_deadline()) || f.size() < 2) return false;
       seq += static_cast<std::uint64_t>(f[0]);
+      heard += static_cast<std::uint64_t>(f[1]);
     }
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     const ProcStat after = ReadProcs(o.service_pids);
     out["steady"] = {{"s", secs},
                      {"heartbeats", seq},
+                     {"heard_over_udp", heard},
                      {"service_cpu_percent",
                       secs > 0 ? 100 * (after.cpu_s - before.cpu_s) / secs : 0},
                      {"service_rss_mib", after.rss_mib}};

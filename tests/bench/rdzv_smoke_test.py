@@ -23,6 +23,12 @@ import rdzv_bench  # noqa: E402
 
 class RdzvLoadgenSmoke(unittest.TestCase):
     def test_200_agents_go_through_every_phase(self):
+        # Heartbeats as datagrams (every agent heard), and on the streams when told.
+        for extra, heard in (((), 200), (("--stream-beats",), 0)):
+            with self.subTest(extra=extra):
+                self.run_200(extra, heard)
+
+    def run_200(self, extra, heard):
         daemon = subprocess.Popen([CRUN, "rendezvous", "--host", "127.0.0.1", "--port", "0"],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
@@ -31,28 +37,30 @@ class RdzvLoadgenSmoke(unittest.TestCase):
             port = daemon.stdout.readline().rsplit(":", 1)[1].strip()
             r = subprocess.run([LOADGEN, "--endpoint", f"127.0.0.1:{port}", "--agents", "200",
                                 "--channels", "4", "--steady-ms", "200", "--service-pid",
-                                str(daemon.pid)], capture_output=True, text=True, timeout=120)
+                                str(daemon.pid), *extra], capture_output=True, text=True,
+                               timeout=120)
             self.assertEqual(r.returncode, 0, r.stderr)
             out = json.loads(r.stdout)
             self.assertEqual(out["errors"], 0)
             for phase in ("form", "told", "reformed", "finish"):
                 self.assertIn("ms", out[phase])
             self.assertGreater(out["steady"]["heartbeats"], 0)
+            self.assertEqual(out["steady"]["heard_over_udp"], heard)
             self.assertGreater(out["service_rss_connected_mib"], 0)  # /proc was read
         finally:
             daemon.terminate()
             _, err = daemon.communicate(timeout=30)
         self.assertEqual(daemon.returncode, 0, err)
 
-
     def test_the_memory_baseline_holds_every_session_open(self):
         # rdzv_bench's baseline: a bare gRPC server with 3,000 of the load generator's sessions
         # open (each opened by the server before the memory is read), then all closed cleanly.
         args = argparse.Namespace(bare_server=BARE, loadgen=LOADGEN)
-        small = rdzv_bench.bare_baseline(args, 1)
-        large = rdzv_bench.bare_baseline(args, 3000)
+        small, _ = rdzv_bench.bare_baseline(args, 1, steady_ms=200)
+        large, per_message = rdzv_bench.bare_baseline(args, 3000, steady_ms=500)
         self.assertGreater(small, 0)  # /proc was read
         self.assertGreater(large, small)  # the sessions' memory is there to be measured
+        self.assertGreater(per_message, 0)  # its beats were read, at a cost
 
     @unittest.skipIf(missing_programs(), f"{missing_programs()} not installed")
     def test_100_agents_through_etcd_go_through_every_phase(self):
