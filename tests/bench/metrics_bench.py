@@ -107,13 +107,13 @@ def measure(args, agents, jobs=0):
             if r.returncode != 0:
                 raise RuntimeError(f"rdzv_loadgen job-{i}: {r.stderr[-600:]}")
         if agents:
-            # A steady phase long enough for both windows; the loadgen says when the round
-            # has formed, and every agent heartbeats from then on.
+            # A steady phase long enough for both windows; the loadgen says when its measured
+            # part begins: every agent has beaten once and beats as datagrams from then on.
             loadgen = subprocess.Popen(
                 [args.loadgen, "--endpoint", f"127.0.0.1:{port}", "--agents", str(agents),
                  "--steady-ms", str(int(args.window_s * 2000 + 30000))],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            read_line(loadgen.stderr, "rdzv_loadgen: form")
+            read_line(loadgen.stderr, "rdzv_loadgen: steady   measured from now")
         base = quiet_window(daemon.pid, args.window_s)
         latencies, cpu, wall, page = scrape_window(daemon.pid, metrics_port, args.scrapes,
                                                    agents, jobs)

@@ -4,10 +4,10 @@
 //
 //   form     every agent sends Join (min = max = N): until every agent holds its assignment
 //            (group ranks a permutation of 0..N-1, base ranks contiguous, one store)
-//   steady   every agent heartbeats each --heartbeat-ms for one interval, then --steady-ms
-//            more, measured: the service's CPU. As crun's agent does, a beat is a datagram
-//            where the service gave a ticket (and also on the stream until the service says
-//            it hears them: the unmeasured interval); --stream-beats keeps them on the stream
+//   steady   every agent heartbeats each --heartbeat-ms for one interval (2 s at most), then
+//            --steady-ms more, measured: the service's CPU. As crun's agent does, a beat is a
+//            datagram where the service gave a ticket (and also on the stream until the service
+//            says it hears them: the unmeasured interval); --stream-beats keeps them on the stream
 //   failure  one agent reports a failed worker: until every agent was told to stop and
 //            re-join, then (each re-joins at once) until every agent holds the next round
 //   finish   every agent reports success: until every agent got the outcome
@@ -35,6 +35,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -560,15 +561,17 @@ int main(int argc, char** argv) {
   };
   // Steady state: every shard heartbeats its agents until the same moment (against the bare
   // server too: its cost per message is the floor of the daemon's per heartbeat).
-  // The first interval is not measured: every agent beats once first, and where the service
-  // takes datagrams, it says so (BeatsHeard) and the streams fall silent.
+  // The first interval (2 s at most) is not measured: every agent beats once first, and where
+  // the service takes datagrams, it says so (BeatsHeard) and the streams fall silent.
   const auto steady = [&]() -> bool {
-    const std::int64_t from_ns = NowNs() + std::int64_t{o.heartbeat_ms} * 1'000'000;
+    const std::int64_t warm_ms = std::min(o.heartbeat_ms, 2000);
+    const std::int64_t from_ns = NowNs() + warm_ms * 1'000'000;
     const std::int64_t end_ns = from_ns + std::int64_t{o.steady_ms} * 1'000'000;
     shards.SendAll("steady " + std::to_string(from_ns) + " " + std::to_string(end_ns));
     const auto t0 = Clock::time_point(std::chrono::nanoseconds(from_ns));
     std::this_thread::sleep_until(t0);  // the measured window's start, not synchronisation
     const ProcStat before = ReadProcs(o.service_pids);
+    std::fprintf(stderr, "rdzv_loadgen: steady   measured from now\n");
     std::uint64_t seq = 0, heard = 0;
     for (std::size_t s = 0; s < shards.size(); ++s) {
       if (!shards.Expect(s, "steady", f, reply_deadline()) || f.size() < 2) return false;
