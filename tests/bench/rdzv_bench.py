@@ -398,7 +398,7 @@ def cell(v):
     return f"{v:,.1f} ms" if isinstance(v, float) else "failed"
 
 
-def write(args, launch, restart, sims, etcd_sims, tidy, c):
+def write(args, launch, restart, sims, etcd_sims, tidy, conns):
     lines = [
         "## Rendezvous: forming, restarting, scale", "",
         f"`tests/bench/rdzv_bench.py`, on the same machine, in a private network namespace "
@@ -483,7 +483,7 @@ def write(args, launch, restart, sims, etcd_sims, tidy, c):
         "every second, as an agent's channel does at the default heartbeat interval; one run "
         "each, 3 s measured:", "",
         "| every agent beating each 1 s | daemon CPU |", "|---|---|"]
-    lines += [f"| {way} | {c[way]:.1f} % of a core |" for way, _ in CONNECTION_WAYS]
+    lines += [f"| {way} | {conns[way]:.1f} % of a core |" for way, _ in CONNECTION_WAYS]
     lines += [
         "", "Through etcd (`rdzv_loadgen --etcd`): each simulated agent is the agent's own etcd "
         "rendezvous (`agent/rendezvous/etcd_rendezvous.cc`: its lease, node key, watch and client), all in "
