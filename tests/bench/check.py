@@ -139,6 +139,7 @@ def recorded(docs):
     # Cells: figure, then one a simulated agent count (rdzv_bench.SIMULATED's order).
     form = scale_cells(row(rdzv, "form a round"))
     told = scale_cells(row(rdzv, "failure → every agent told"))
+    ten_k = 1 + rdzv_bench.SIMULATED.index(SCALE[1])  # the heartbeat rows' cell at 10,000
     # Cells: case, crun, limit, crun / limit, torchrun 2.x, torchrun 1.13, torchrun / crun.
     return {
         LAUNCH_TORCH: (number(two[-1]), commit_of(launch)),
@@ -155,8 +156,8 @@ def recorded(docs):
         FORM_10K: (linearity(form, SCALE[0], SCALE[1]), commit_of(rdzv)),
         FORM_30K: (linearity(form, SCALE[1], SCALE[2]), commit_of(rdzv)),
         TOLD_30K: (linearity(told, SCALE[1], SCALE[2]), commit_of(rdzv)),
-        BEATS_10K: (scale_cells(row(rdzv, rdzv_bench.BARE_BEAT_ROW))[SCALE[1]] /
-                    scale_cells(row(rdzv, rdzv_bench.BEAT_ROW))[SCALE[1]], commit_of(rdzv)),
+        BEATS_10K: (number(row(rdzv, rdzv_bench.BARE_BEAT_ROW)[ten_k]) /
+                    number(row(rdzv, rdzv_bench.BEAT_ROW)[ten_k]), commit_of(rdzv)),
         # Cells: case, torch, figure, crun cold, crun --warm, torchrun 2.x.
         RECOVERY: (number(crash[5]) / number(crash[4]), commit_of(recovery)),
         # Cells: PyTorch, crun_worker.save, torch.save /dev/shm, torch.save disk, load, goal.
