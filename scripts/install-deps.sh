@@ -11,7 +11,7 @@ $SUDO apt-get install -y -q \
   libabsl-dev libssl-dev libc-ares-dev libre2-dev zlib1g-dev \
   libspdlog-dev libcli11-dev nlohmann-json3-dev catch2 libgloo-dev libtorch-dev libxxhash-dev \
   python3 python3-venv python3-torch python3-wheel dpkg-dev \
-  iproute2 procps time openssl elfutils gdb \
+  iproute2 nftables procps time openssl elfutils gdb \
   slurmctld slurmd slurm-client munge \
   etcd-server etcd-client golang-etcd-server-dev \
   clang libclang-rt-14-dev clang-format-14

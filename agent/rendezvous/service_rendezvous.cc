@@ -318,7 +318,6 @@ class ServiceRendezvous final : public Rendezvous {
         !listening || Reconnecting() || (state_ == State::kRetrying && closed_in_a_row_ == 0);
     opened_ = false;
     beats_.reset();  // a new session gets its own ticket
-    beats_heard_ = false;
     const std::uint64_t session = ++sessions_;
     client_ = std::make_unique<SessionClient>(
         *stub_,
@@ -364,9 +363,9 @@ class ServiceRendezvous final : public Rendezvous {
   }
 
   // The service's ticket (rendezvous/beats): beats go as datagrams to the address the stream
-  // reached. Until the service says it hears them (BeatsHeard) each beat also goes on the
-  // stream, the datagram then without the figures (judged once); after, on the stream only
-  // when it does not fit a datagram or the socket failed (then for the rest of the session).
+  // reached, and the service acks each one it takes. A beat goes on the stream too when the
+  // acks say the service may not have heard this node for long enough (AckWatch), the datagram
+  // then without the figures (judged once); for the rest of the session when the socket failed.
   void StartBeatsOverUdp() {
     if (!client_) return;
     const auto ticket = client_->beat_ticket();
@@ -381,20 +380,53 @@ class ServiceRendezvous final : public Rendezvous {
       spdlog::warn("{}: heartbeats go on the gRPC stream", socket.status().message());
       return;
     }
-    beats_.emplace(Beats{*ticket, std::move(socket).value()});
+    beats_.emplace(Beats{*ticket, std::move(socket).value(),
+                         AckWatch(o_.heartbeat_interval, o_.settings.heartbeat_timeout,
+                                  std::chrono::steady_clock::now())});
+  }
+
+  // The acks that came since the last beat; says when the service began or stopped answering.
+  void TakeAcks(std::chrono::steady_clock::time_point now) {
+    auto& b = *beats_;
+    const bool was_heard = b.watch.heard();
+    b.socket.Receive([&b](std::string_view d) {
+      if (const auto ack = rdzv::OpenAck(b.ticket.key, d);
+          ack && ack->session == b.ticket.session) {
+        b.watch.Acked(ack->sequence);
+      }
+    });
+    const bool streaming = b.watch.StreamToo(now);
+    if (!was_heard && b.watch.heard()) {
+      spdlog::info("heartbeats over {}: the service hears them, the gRPC stream carries none",
+                   b.socket.target());
+    } else if (b.watch.heard() && streaming != b.streaming) {
+      if (streaming) {
+        spdlog::warn(
+            "heartbeats over {}: the service has not answered lately; beats go on the "
+            "gRPC stream too until it does",
+            b.socket.target());
+      } else {
+        spdlog::info("heartbeats over {}: the service answers again, the gRPC stream carries none",
+                     b.socket.target());
+      }
+    }
+    b.streaming = streaming;
   }
 
   void SendBeat(v1::AgentMessage m) {
     if (beats_) {
+      const auto now = std::chrono::steady_clock::now();
+      TakeAcks(now);
       v1::Heartbeat datagram = m.heartbeat();
-      if (!beats_heard_) datagram.clear_compute();
+      if (beats_->streaming) datagram.clear_compute();
       const Status sent = beats_->socket.Send(beats_->ticket, datagram);
-      if (sent.ok() && beats_heard_) return;
-      if (!sent.ok() && sent.code() != StatusCode::kInvalidArgument) {
+      if (sent.ok()) {
+        beats_->watch.Sent(datagram.sequence(), now);
+        if (!beats_->streaming) return;
+      } else if (sent.code() != StatusCode::kInvalidArgument) {
         spdlog::warn("{}: heartbeats go on the gRPC stream for the rest of this session",
                      sent.message());
         beats_.reset();
-        beats_heard_ = false;
       }
     }
     client_->Send(std::move(m));
@@ -413,14 +445,6 @@ class ServiceRendezvous final : public Rendezvous {
 
   void Handle(const v1::ServiceMessage& m) {
     if (Ended()) return;
-    if (m.has_beats_heard()) {
-      if (beats_ && !beats_heard_) {
-        spdlog::info("heartbeats over {}: the service hears them, the gRPC stream carries none",
-                     beats_->socket.target());
-      }
-      beats_heard_ = beats_.has_value();
-      return;
-    }
     state_ = Reconnecting() ? State::kBack : State::kInJob;
     switch (m.kind_case()) {
       case v1::ServiceMessage::kAssignment: {
@@ -481,8 +505,6 @@ class ServiceRendezvous final : public Rendezvous {
                             RemoteStacksFromProto(m.stacks_result()));
       case v1::ServiceMessage::kStragglers:
         return OnStragglers(m.stragglers());
-      case v1::ServiceMessage::kBeatsHeard:  // above: it says nothing of the job
-        return;
       case v1::ServiceMessage::kRefused:
         return End(1, "the rendezvous service at " + target_ + " refused this node (run '" +
                           o_.run_id + "', node '" + o_.node_id + "'): " + m.refused().reason());
@@ -684,9 +706,10 @@ class ServiceRendezvous final : public Rendezvous {
   struct Beats {
     rdzv::BeatTicket ticket;
     BeatSocket socket;
+    AckWatch watch;
+    bool streaming = false;  // the last beat went on the stream too
   };
   std::optional<Beats> beats_;  // heartbeats over UDP on the current session
-  bool beats_heard_ = false;    // the service said it hears them: the stream carries none
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::string target_;
   RendezvousEvents* events_ = nullptr;

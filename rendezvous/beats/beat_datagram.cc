@@ -14,6 +14,7 @@ namespace crun::rdzv {
 namespace {
 
 constexpr char kMagic[4] = {'C', 'R', 'B', '1'};
+constexpr char kAckMagic[4] = {'C', 'R', 'A', '1'};
 constexpr std::size_t kTag = 16;
 
 // One HMAC-SHA256 context a thread, fetched once: the one-shot HMAC() looks the algorithm up
@@ -56,6 +57,16 @@ class Mac {
 std::array<unsigned char, kTag> Tag(const BeatKey& key, std::string_view data) {
   static thread_local Mac mac;
   return mac.Tag(key, data);
+}
+
+void PutU64(char* out, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((v >> (56 - 8 * i)) & 0xff);
+}
+
+std::uint64_t GetU64(const char* in) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v = (v << 8) | static_cast<unsigned char>(in[i]);
+  return v;
 }
 
 template <typename T>
@@ -117,9 +128,8 @@ std::string SealBeat(const BeatTicket& t, std::string_view payload) {
   std::string d;
   d.reserve(kBeatOverhead + payload.size());
   d.append(kMagic, sizeof kMagic);
-  for (int shift = 56; shift >= 0; shift -= 8) {
-    d.push_back(static_cast<char>((t.session >> shift) & 0xff));
-  }
+  d.resize(12);
+  PutU64(d.data() + 4, t.session);
   d.append(payload);
   const auto tag = Tag(t.key, d);
   d.append(reinterpret_cast<const char*>(tag.data()), tag.size());
@@ -130,11 +140,7 @@ std::optional<std::uint64_t> BeatSession(std::string_view datagram) {
   if (datagram.size() < kBeatOverhead || datagram.substr(0, 4) != std::string_view(kMagic, 4)) {
     return std::nullopt;
   }
-  std::uint64_t session = 0;
-  for (std::size_t i = 4; i < 12; ++i) {
-    session = (session << 8) | static_cast<unsigned char>(datagram[i]);
-  }
-  return session;
+  return GetU64(datagram.data() + 4);
 }
 
 std::optional<std::string_view> OpenBeat(const BeatKey& key, std::string_view datagram) {
@@ -143,6 +149,34 @@ std::optional<std::string_view> OpenBeat(const BeatKey& key, std::string_view da
   const auto tag = Tag(key, body);
   if (CRYPTO_memcmp(tag.data(), datagram.data() + body.size(), kTag) != 0) return std::nullopt;
   return body.substr(12);
+}
+
+BeatAckDatagram SealAck(const BeatKey& key, std::uint64_t session, std::uint64_t sequence) {
+  BeatAckDatagram d{};
+  std::memcpy(d.data(), kAckMagic, sizeof kAckMagic);
+  PutU64(d.data() + 4, session);
+  PutU64(d.data() + 12, sequence);
+  const auto tag = Tag(key, std::string_view(d.data(), kBeatAckSize - kTag));
+  std::memcpy(d.data() + kBeatAckSize - kTag, tag.data(), kTag);
+  return d;
+}
+
+std::optional<std::uint64_t> AckSession(std::string_view datagram) {
+  if (datagram.size() != kBeatAckSize ||
+      datagram.substr(0, 4) != std::string_view(kAckMagic, sizeof kAckMagic)) {
+    return std::nullopt;
+  }
+  return GetU64(datagram.data() + 4);
+}
+
+std::optional<BeatAck> OpenAck(const BeatKey& key, std::string_view datagram) {
+  const auto session = AckSession(datagram);
+  if (!session) return std::nullopt;
+  const auto tag = Tag(key, datagram.substr(0, kBeatAckSize - kTag));
+  if (CRYPTO_memcmp(tag.data(), datagram.data() + kBeatAckSize - kTag, kTag) != 0) {
+    return std::nullopt;
+  }
+  return BeatAck{*session, GetU64(datagram.data() + 12)};
 }
 
 }  // namespace crun::rdzv

@@ -9,6 +9,11 @@
 // where the tag is the first 16 bytes of HMAC-SHA256(key, everything before it): a datagram
 // is taken only from whoever holds the session's key (the ticket travels in the stream, under
 // its TLS when it has TLS), and the payload's sequence, which only grows, refuses a replay.
+//
+// The service answers each beat it takes with an ack to the address the beat came from:
+//   "CRA1" | session id (8 bytes) | the beat's sequence (8 bytes, big-endian) | tag
+// under the same key, so that only the service can say a beat was heard. An agent whose beats
+// go unanswered beats on its stream too (agent/rendezvous/beat_sender.h, AckWatch).
 // Plain C++ and OpenSSL; shared by the service (rendezvous/service) and the agent.
 #pragma once
 
@@ -44,11 +49,25 @@ std::string FormatBeatTicket(const BeatTicket& t);
 // The value above; an error names what is wrong with it.
 StatusOr<BeatTicket> ParseBeatTicket(std::string_view text);
 
+inline constexpr std::size_t kBeatAckSize = 4 + 8 + 8 + 16;
+using BeatAckDatagram = std::array<char, kBeatAckSize>;
+struct BeatAck {
+  std::uint64_t session = 0;
+  std::uint64_t sequence = 0;
+};
+
 // The datagram for `payload` under the ticket (payload: at most kMaxBeatPayload bytes).
 std::string SealBeat(const BeatTicket& t, std::string_view payload);
 // The session a datagram claims, when it has the shape of one (not yet its key's proof).
 std::optional<std::uint64_t> BeatSession(std::string_view datagram);
 // The payload, when the datagram's tag is the key's (compared in constant time).
 std::optional<std::string_view> OpenBeat(const BeatKey& key, std::string_view datagram);
+
+// The service's answer to the beat `sequence` of `session`.
+BeatAckDatagram SealAck(const BeatKey& key, std::uint64_t session, std::uint64_t sequence);
+// The session an ack claims, when it has the shape of one (not yet its key's proof).
+std::optional<std::uint64_t> AckSession(std::string_view datagram);
+// The ack, when its tag is the key's.
+std::optional<BeatAck> OpenAck(const BeatKey& key, std::string_view datagram);
 
 }  // namespace crun::rdzv

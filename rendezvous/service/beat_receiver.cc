@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 
 namespace crun::rdzv {
@@ -23,14 +24,15 @@ constexpr int kReceiveBuffer = 8 << 20;
 
 }  // namespace
 
-BeatReceiver::BeatReceiver(asio::io_context& io, std::chrono::milliseconds gap)
-    : io_(io), gap_timer_(io), gap_(gap) {}
+BeatReceiver::BeatReceiver(asio::io_context& engine, std::chrono::milliseconds gap)
+    : engine_(engine), gap_timer_(io_), gap_(gap) {}
 
 BeatReceiver::~BeatReceiver() {
+  Stop();
   if (fd_ >= 0) close(fd_);
 }
 
-StatusOr<std::unique_ptr<BeatReceiver>> BeatReceiver::Open(asio::io_context& io,
+StatusOr<std::unique_ptr<BeatReceiver>> BeatReceiver::Open(asio::io_context& engine,
                                                            const std::string& host,
                                                            std::uint16_t port,
                                                            std::chrono::milliseconds gap) {
@@ -46,7 +48,7 @@ StatusOr<std::unique_ptr<BeatReceiver>> BeatReceiver::Open(asio::io_context& io,
       rc != 0) {
     return InvalidArgument(what + ": " + gai_strerror(rc));
   }
-  std::unique_ptr<BeatReceiver> r(new BeatReceiver(io, gap));
+  std::unique_ptr<BeatReceiver> r(new BeatReceiver(engine, gap));
   r->fd_ = socket(found->ai_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   const int err = r->fd_ < 0 || bind(r->fd_, found->ai_addr, found->ai_addrlen) != 0 ? errno : 0;
   freeaddrinfo(found);
@@ -68,12 +70,18 @@ void BeatReceiver::Start(BeatHandler beat, std::function<void()> before,
   beat_ = std::move(beat);
   before_ = std::move(before);
   after_ = std::move(after);
-  std::lock_guard lock(mu_);
-  started_ = true;
-  if (!sessions_.empty() && !polling_) {
-    polling_ = true;
-    asio::post(io_, [this] { Poll(); });
+  {
+    std::lock_guard lock(mu_);
+    started_ = true;
+    if (!sessions_.empty() && !polling_) {
+      polling_ = true;
+      asio::post(io_, [this] { Poll(); });
+    }
   }
+  thread_ = std::thread([this] {
+    auto work = asio::make_work_guard(io_);
+    io_.run();
+  });
 }
 
 void BeatReceiver::Stop() {
@@ -81,13 +89,14 @@ void BeatReceiver::Stop() {
     std::lock_guard lock(mu_);
     stopped_ = true;
   }
-  gap_timer_.cancel();
+  io_.stop();
+  if (thread_.joinable()) thread_.join();
 }
 
 BeatKey BeatReceiver::Add(std::uint64_t session) {
   const BeatKey key = NewBeatKey();
   std::lock_guard lock(mu_);
-  sessions_[session] = Entry{key, 0, false};
+  sessions_[session] = Entry{key, 0};
   if (started_ && !stopped_ && !polling_) {
     polling_ = true;
     asio::post(io_, [this] { Poll(); });
@@ -125,24 +134,35 @@ void BeatReceiver::Drain() {
   constexpr std::size_t kSize = kMaxBeatPayload + kBeatOverhead + 1;  // +1: an oversize one shows
   static thread_local std::vector<std::array<char, kSize>> buffers(kBatch);
   std::array<iovec, kBatch> iov{};
+  std::array<sockaddr_storage, kBatch> from{};
   std::array<mmsghdr, kBatch> headers{};
+  // The acks of one batch: sealed outside the lock with a copy of the key.
+  struct Ack {
+    BeatKey key;
+    std::uint64_t session = 0, sequence = 0;
+    std::size_t from = 0;
+  };
+  std::array<Ack, kBatch> acks{};
+  std::array<BeatAckDatagram, kBatch> sealed{};
+  std::array<iovec, kBatch> ack_iov{};
+  std::array<mmsghdr, kBatch> ack_headers{};
   struct Taken {
     std::uint64_t session = 0;
     v1::Heartbeat beat;
-    bool first = false;
   };
-  std::vector<Taken> taken;
-  taken.reserve(kBatch);
+  auto taken = std::make_shared<std::vector<Taken>>();
   while (true) {
     for (std::size_t i = 0; i < kBatch; ++i) {
       iov[i] = {buffers[i].data(), kSize};
       headers[i] = {};
       headers[i].msg_hdr.msg_iov = &iov[i];
       headers[i].msg_hdr.msg_iovlen = 1;
+      headers[i].msg_hdr.msg_name = &from[i];
+      headers[i].msg_hdr.msg_namelen = sizeof from[i];
     }
     const int n = recvmmsg(fd_, headers.data(), kBatch, MSG_DONTWAIT, nullptr);
     if (n <= 0) break;  // EAGAIN: drained
-    taken.clear();
+    std::size_t acked = 0;
     {
       std::lock_guard lock(mu_);
       for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
@@ -165,32 +185,59 @@ void BeatReceiver::Drain() {
           counts_.forged.fetch_add(1, std::memory_order_relaxed);
           continue;
         }
-        auto& t = taken.emplace_back();
+        auto& t = taken->emplace_back();
         if (!t.beat.ParseFromArray(payload->data(), static_cast<int>(payload->size()))) {
-          taken.pop_back();
+          taken->pop_back();
           counts_.malformed.fetch_add(1, std::memory_order_relaxed);
           continue;
         }
         if (t.beat.sequence() <= it->second.last_sequence) {
-          taken.pop_back();
+          taken->pop_back();
           counts_.stale.fetch_add(1, std::memory_order_relaxed);
           continue;
         }
         it->second.last_sequence = t.beat.sequence();
         t.session = *session;
-        t.first = !it->second.heard;
-        it->second.heard = true;
+        acks[acked++] = Ack{it->second.key, *session, t.beat.sequence(), i};
+        counts_.taken.fetch_add(1, std::memory_order_relaxed);
       }
     }
-    // Outside the lock: the handler reaches the engine, which may send to sessions.
-    counts_.taken.fetch_add(taken.size(), std::memory_order_relaxed);
-    if (!taken.empty()) {
-      if (before_) before_();
-      for (const auto& t : taken) beat_(t.session, t.beat, t.first);
-      if (after_) after_();
+    for (std::size_t k = 0; k < acked; ++k) {
+      const auto& a = acks[k];
+      sealed[k] = SealAck(a.key, a.session, a.sequence);
+      ack_iov[k] = {sealed[k].data(), sealed[k].size()};
+      ack_headers[k] = {};
+      ack_headers[k].msg_hdr.msg_iov = &ack_iov[k];
+      ack_headers[k].msg_hdr.msg_iovlen = 1;
+      ack_headers[k].msg_hdr.msg_name = &from[a.from];
+      ack_headers[k].msg_hdr.msg_namelen = headers[a.from].msg_hdr.msg_namelen;
+    }
+    // An ack that does not go (a full send buffer, an agent gone) is not retried: the agent
+    // counts it as unanswered and, after a few, beats on its stream too.
+    for (std::size_t sent = 0; sent < acked;) {
+      const int m = sendmmsg(fd_, ack_headers.data() + sent, static_cast<unsigned>(acked - sent),
+                             MSG_DONTWAIT);
+      if (m <= 0) {
+        if (m < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+          // One address refused (ICMP on a previous ack, or none to route to): skip it.
+          counts_.acks_unsent.fetch_add(1, std::memory_order_relaxed);
+          ++sent;
+          continue;
+        }
+        counts_.acks_unsent.fetch_add(acked - sent, std::memory_order_relaxed);
+        break;
+      }
+      sent += static_cast<std::size_t>(m);
     }
     if (n < kBatch) break;
   }
+  if (taken->empty()) return;
+  // One post a drain: the engine wakes once for every beat of the gap.
+  asio::post(engine_, [this, taken] {
+    if (before_) before_();
+    for (const auto& t : *taken) beat_(t.session, t.beat);
+    if (after_) after_();
+  });
 }
 
 }  // namespace crun::rdzv

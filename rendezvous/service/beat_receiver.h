@@ -1,14 +1,17 @@
 // The service's end of heartbeats over UDP (rendezvous/beats/beat_datagram.h): a socket on the
-// gRPC server's address and port, read on the engine's thread in batches. While any session
+// gRPC server's address and port, read in batches on a thread of its own. While any session
 // holds a ticket, the socket is drained (recvmmsg, 64 datagrams a call) every `gap` (the
 // heartbeats' batching, as on the stream): one wake-up per gap however many agents beat, none
-// while no session is open. The socket is not in the event loop's epoll set: there, each
+// while no session is open. The socket is not in an event loop's epoll set: there, each
 // datagram would wake the thread (edge-triggered readiness), once a beat.
 //
 // Each session's key is held here from its opening to its end (Add/Remove, any thread). A
 // datagram is taken when its tag is its session's key's and its beat's sequence is above the
 // last one taken: forged, replayed, truncated and unknown-session datagrams are counted and
-// dropped.
+// dropped. Each beat taken is acked at once to the address it came from (sendmmsg, a batch a
+// call), and the drain's beats are handed to the engine's thread in one post. The acks come
+// from this thread, not the engine's: an engine busy forming a round of 100,000 does not
+// leave beats unanswered, which would send every agent's next beat to its stream too.
 #pragma once
 
 #include <atomic>
@@ -18,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 
 #include <boost/asio/io_context.hpp>
@@ -34,22 +38,22 @@ class BeatReceiver {
   // What happened to the datagrams read (crun_rendezvous_beat_datagrams_total's "result").
   struct Counts {
     std::atomic<std::uint64_t> taken{0}, forged{0}, stale{0}, unknown{0}, malformed{0};
+    std::atomic<std::uint64_t> acks_unsent{0};  // the socket's send buffer was full
   };
-  // `beat`: a datagram taken, on the engine's thread; `first` for a session's first. `before`
-  // and `after` each batch of taken beats (the service hands the engine its queued stream
-  // messages first, and rearms the engine's timer after).
-  using BeatHandler =
-      std::function<void(std::uint64_t session, const v1::Heartbeat& beat, bool first)>;
+  // `beat`: a datagram taken, on the engine's thread (`engine`). `before` and `after` each
+  // drain's taken beats (the service hands the engine its queued stream messages first, and
+  // rearms the engine's timer after).
+  using BeatHandler = std::function<void(std::uint64_t session, const v1::Heartbeat& beat)>;
 
   // Binds UDP on host:port; an error names them (the port taken by another program's UDP).
   ~BeatReceiver();
   BeatReceiver(const BeatReceiver&) = delete;
   BeatReceiver& operator=(const BeatReceiver&) = delete;
-  static StatusOr<std::unique_ptr<BeatReceiver>> Open(boost::asio::io_context& io,
+  static StatusOr<std::unique_ptr<BeatReceiver>> Open(boost::asio::io_context& engine,
                                                       const std::string& host, std::uint16_t port,
                                                       std::chrono::milliseconds gap);
   void Start(BeatHandler beat, std::function<void()> before, std::function<void()> after);
-  // On the engine's thread.
+  // Any thread but the receiver's: no handler is posted to the engine after it returns.
   void Stop();
 
   std::uint16_t port() const { return port_; }
@@ -59,12 +63,14 @@ class BeatReceiver {
   const Counts& counts() const { return counts_; }
 
  private:
-  BeatReceiver(boost::asio::io_context& io, std::chrono::milliseconds gap);
-  // The engine's thread: drains now and again after each gap while sessions hold tickets.
+  BeatReceiver(boost::asio::io_context& engine, std::chrono::milliseconds gap);
+  // The receiver's thread: drains now and again after each gap while sessions hold tickets.
   void Poll();
   void Drain();
 
-  boost::asio::io_context& io_;
+  boost::asio::io_context& engine_;
+  boost::asio::io_context io_;  // the receiver's thread's
+  std::thread thread_;
   int fd_ = -1;
   boost::asio::steady_timer gap_timer_;
   std::chrono::milliseconds gap_;
@@ -74,7 +80,6 @@ class BeatReceiver {
   struct Entry {
     BeatKey key;
     std::uint64_t last_sequence = 0;
-    bool heard = false;
   };
   std::mutex mu_;
   std::unordered_map<std::uint64_t, Entry> sessions_;

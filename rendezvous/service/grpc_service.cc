@@ -250,21 +250,14 @@ struct Core {
   std::atomic<std::uint64_t> malformed_messages{0};  // Session messages that did not parse
   // Heartbeats over UDP (options.udp_heartbeats; null when off or not bindable).
   std::unique_ptr<BeatReceiver> beats;
-  // A datagram taken (the engine's thread): a heartbeat from the session, as on the stream;
-  // the session's first is answered with BeatsHeard, and the agent stops beating on it.
-  void BeatArrived(SessionId id, const v1::Heartbeat& beat, bool first) {
+  // A datagram taken (the engine's thread): a heartbeat from the session, as on the stream (the
+  // receiver has acked it already).
+  void BeatArrived(SessionId id, const v1::Heartbeat& beat) {
     v1::AgentMessage m;
     *m.mutable_heartbeat() = beat;
     if (auto message = FromProto(m); message && engine) {
       engine->OnMessage(id, *message, Clock::now(), {});
     }
-    if (!first) return;
-    v1::ServiceMessage heard;
-    heard.mutable_beats_heard();
-    grpc::ByteBuffer wire;
-    bool own = false;
-    (void)grpc::SerializationTraits<v1::ServiceMessage>::Serialize(heard, &wire, &own);
-    SendWire(id, wire);
   }
   void SendWire(SessionId id, const grpc::ByteBuffer& wire);
   // Prometheus metrics (options.metrics): counted on any thread, the page rendered on the
@@ -702,8 +695,8 @@ class GrpcRendezvousService final : public RendezvousService {
       }
     }
     if (Core* core = core_.get(); core->beats) {
-      core->beats->Start([core](std::uint64_t id, const v1::Heartbeat& beat,
-                                bool first) { core->BeatArrived(id, beat, first); },
+      core->beats->Start([core](std::uint64_t id,
+                                const v1::Heartbeat& beat) { core->BeatArrived(id, beat); },
                          [core] { core->TakeInbox(); }, [core] { core->Rearm(); });
     }
     thread_ = std::thread([this] {
@@ -814,19 +807,26 @@ class GrpcRendezvousService final : public RendezvousService {
         "Heartbeat datagrams read, by result: taken, forged (not the session key's tag), stale "
         "(a sequence not above the last taken), unknown_session, malformed",
         {"result"});
-    auto reported = std::make_shared<std::array<std::uint64_t, 5>>();
-    core_->registry.OnScrape([core, &datagrams, reported] {
+    auto& unsent = core_->registry.AddCounter(
+        "crun_rendezvous_beat_acks_unsent_total",
+        "Heartbeat acks not sent: the UDP socket's send buffer was full (the agent counts the "
+        "beat as unanswered)");
+    auto reported = std::make_shared<std::array<std::uint64_t, 6>>();
+    core_->registry.OnScrape([core, &datagrams, &unsent, reported] {
       if (!core->beats) return;
       const auto& c = core->beats->counts();
       const std::pair<const char*, const std::atomic<std::uint64_t>*> results[] =
-          {{"taken", &c.taken},
-           {"forged", &c.forged},
-           {"stale", &c.stale},
-           {"unknown_session", &c.unknown},
-           {"malformed", &c.malformed}};
-      for (std::size_t i = 0; i < 5; ++i) {
+          {{"taken", &c.taken},         {"forged", &c.forged},
+           {"stale", &c.stale},         {"unknown_session", &c.unknown},
+           {"malformed", &c.malformed}, {nullptr, &c.acks_unsent}};
+      for (std::size_t i = 0; i < std::size(results); ++i) {
         const auto now = results[i].second->load(std::memory_order_relaxed);
-        datagrams.With({results[i].first}).Inc(static_cast<double>(now - (*reported)[i]));
+        const auto add = static_cast<double>(now - (*reported)[i]);
+        if (results[i].first != nullptr) {
+          datagrams.With({results[i].first}).Inc(add);
+        } else {
+          unsent.With().Inc(add);
+        }
         (*reported)[i] = now;
       }
     });

@@ -6,8 +6,8 @@
 //            (group ranks a permutation of 0..N-1, base ranks contiguous, one store)
 //   steady   every agent heartbeats each --heartbeat-ms for one interval (2 s at most), then
 //            --steady-ms more, measured: the service's CPU. As crun's agent does, a beat is a
-//            datagram where the service gave a ticket (and also on the stream until the service
-//            says it hears them: the unmeasured interval); --stream-beats keeps them on the stream
+//            datagram where the service gave a ticket, read the service's acks and beat on the
+//            stream too when they say so (AckWatch); --stream-beats keeps them on the stream
 //   failure  one agent reports a failed worker: until every agent was told to stop and
 //            re-join, then (each re-joins at once) until every agent holds the next round
 //   finish   every agent reports success: until every agent got the outcome
@@ -45,7 +45,9 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -56,6 +58,7 @@
 #include "agent/rendezvous/beat_sender.h"
 #include "agent/rendezvous/session_client.h"
 #include "rendezvous/contracts/contract_set.h"
+#include "rendezvous/service/rules.h"
 #include "tests/bench/loadgen_util.h"
 #include "tests/bench/rdzv_loadgen_etcd.h"
 
@@ -72,7 +75,7 @@ struct Agent {
   int index = 0;
   std::unique_ptr<SessionClient> session;
   std::optional<crun::rdzv::BeatTicket> ticket;  // heartbeats over UDP (the service's ticket)
-  std::atomic<bool> heard{false};                // the service said it hears them
+  std::optional<crun::agent::AckWatch> watch;    // its acks, from the steady phase's start
   std::atomic<int> round{-1};
   v1::RoundAssignment assignment;  // of the first round, for the checks
 };
@@ -217,9 +220,7 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
     Agent* a = agents[static_cast<std::size_t>(k)].get();
     a->index = shard + k * o.procs;
     auto on_message = [&, a](v1::ServiceMessage m) {
-      if (m.has_beats_heard()) {
-        a->heard.store(true);
-      } else if (m.has_assignment()) {
+      if (m.has_assignment()) {
         if (a->round.load() < 0) a->assignment = m.assignment();
         a->round.store(static_cast<int>(m.assignment().round()));
         assigned.Hit();
@@ -293,28 +294,57 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
       in >> from_ns >> end_ns;
       const auto from = Clock::time_point(std::chrono::nanoseconds(from_ns));
       const auto end = Clock::time_point(std::chrono::nanoseconds(end_ns));
-      std::uint64_t counted = 0;  // sent from `from` on
+      std::uint64_t counted = 0;   // sent from `from` on
+      std::uint64_t streamed = 0;  // of those, also on the stream (acks missing)
       // Heartbeats spread evenly over each interval from one thread.
       const auto gap = std::chrono::nanoseconds(std::chrono::milliseconds(o.heartbeat_ms)) / n;
+      std::unordered_map<std::uint64_t, Agent*> by_session;
+      for (auto& a : agents) {
+        if (!a->ticket) continue;
+        by_session[a->ticket->session] = a.get();
+        // As a session just opened: the service's heartbeat_timeout is the default.
+        a->watch.emplace(std::chrono::milliseconds(o.heartbeat_ms),
+                         crun::rdzv::kDefaultHeartbeatTimeout, Clock::now());
+      }
+      const auto take_acks = [&] {
+        beat_socket->Receive([&](std::string_view d) {
+          const auto session = crun::rdzv::AckSession(d);
+          const auto it = session ? by_session.find(*session) : by_session.end();
+          if (it == by_session.end()) return;
+          if (const auto ack = crun::rdzv::OpenAck(it->second->ticket->key, d)) {
+            it->second->watch->Acked(ack->sequence);
+          }
+        });
+      };
       std::uint64_t seq = 0;
       auto next = Clock::now();
       for (std::size_t i = 0; Clock::now() < end; i = (i + 1) % agents.size()) {
         v1::AgentMessage m;
         m.mutable_heartbeat()->set_sequence(++seq);
         Agent& a = *agents[i];
+        const auto now = Clock::now();
+        const bool measured = now >= from;
         if (beat_socket && a.ticket) {
+          if (i % 16 == 0) take_acks();
+          const bool stream_too = a.watch->StreamToo(now);
           if (!beat_socket->Send(*a.ticket, m.heartbeat()).ok()) errors.fetch_add(1);
-          if (!a.heard.load()) a.session->Send(std::move(m));  // as the agent: until heard
+          a.watch->Sent(seq, now);
+          if (stream_too) {
+            a.session->Send(std::move(m));  // as the agent: the acks say the service may not hear
+            if (measured) ++streamed;
+          }
         } else {
           a.session->Send(std::move(m));
         }
-        if (Clock::now() >= from) ++counted;
+        if (measured) ++counted;
         next += gap;
         std::this_thread::sleep_until(next);  // pacing the load, not synchronisation
       }
+      if (beat_socket) take_acks();
       std::size_t heard = 0;
-      for (const auto& a : agents) heard += a->heard.load() ? 1 : 0;
-      WriteLine(reply_fd, "steady " + std::to_string(counted) + " " + std::to_string(heard));
+      for (const auto& a : agents) heard += a->watch && a->watch->heard() ? 1 : 0;
+      WriteLine(reply_fd, "steady " + std::to_string(counted) + " " + std::to_string(heard) + " " +
+                              std::to_string(streamed));
     } else if (cmd == "arm") {
       told.Reset(n);
       assigned.Reset(n);
@@ -562,7 +592,7 @@ int main(int argc, char** argv) {
   // Steady state: every shard heartbeats its agents until the same moment (against the bare
   // server too: its cost per message is the floor of the daemon's per heartbeat).
   // The first interval (2 s at most) is not measured: every agent beats once first, and where
-  // the service takes datagrams, it says so (BeatsHeard) and the streams fall silent.
+  // the service takes datagrams its acks start coming.
   const auto steady = [&]() -> bool {
     const std::int64_t warm_ms = std::min(o.heartbeat_ms, 2000);
     const std::int64_t from_ns = NowNs() + warm_ms * 1'000'000;
@@ -572,17 +602,19 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_until(t0);  // the measured window's start, not synchronisation
     const ProcStat before = ReadProcs(o.service_pids);
     std::fprintf(stderr, "rdzv_loadgen: steady   measured from now\n");
-    std::uint64_t seq = 0, heard = 0;
+    std::uint64_t seq = 0, heard = 0, streamed = 0;
     for (std::size_t s = 0; s < shards.size(); ++s) {
-      if (!shards.Expect(s, "steady", f, reply_deadline()) || f.size() < 2) return false;
+      if (!shards.Expect(s, "steady", f, reply_deadline()) || f.size() < 3) return false;
       seq += static_cast<std::uint64_t>(f[0]);
       heard += static_cast<std::uint64_t>(f[1]);
+      streamed += static_cast<std::uint64_t>(f[2]);
     }
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     const ProcStat after = ReadProcs(o.service_pids);
     out["steady"] = {{"s", secs},
                      {"heartbeats", seq},
                      {"heard_over_udp", heard},
+                     {"streamed_too", streamed},
                      {"service_cpu_percent",
                       secs > 0 ? 100 * (after.cpu_s - before.cpu_s) / secs : 0},
                      {"service_rss_mib", after.rss_mib}};

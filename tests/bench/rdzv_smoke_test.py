@@ -23,7 +23,7 @@ import rdzv_bench  # noqa: E402
 
 class RdzvLoadgenSmoke(unittest.TestCase):
     def test_200_agents_go_through_every_phase(self):
-        # Heartbeats as datagrams (every agent heard), and on the streams when told.
+        # Heartbeats as datagrams (every agent's acked), and on the streams when told.
         for extra, heard in (((), 200), (("--stream-beats",), 0)):
             with self.subTest(extra=extra):
                 self.run_200(extra, heard)
@@ -46,6 +46,8 @@ class RdzvLoadgenSmoke(unittest.TestCase):
                 self.assertIn("ms", out[phase])
             self.assertGreater(out["steady"]["heartbeats"], 0)
             self.assertEqual(out["steady"]["heard_over_udp"], heard)
+            # Acked in time: no datagram beat had to go on its stream too.
+            self.assertEqual(out["steady"]["streamed_too"], 0)
             self.assertGreater(out["service_rss_connected_mib"], 0)  # /proc was read
         finally:
             daemon.terminate()

@@ -21,7 +21,7 @@ PORT = 29400
 LIMIT_S = 120
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import alive, kill_all, probe_events, wait_for  # noqa: E402
+from crun_testing import alive, kill_all, probe_events, wait_for, whole_lines  # noqa: E402
 from fabric import Fabric  # noqa: E402
 
 
@@ -161,6 +161,57 @@ class AcrossNamespaces(unittest.TestCase):
                     os.kill(pid, signal.SIGCONT)
             nodes["c"].communicate(timeout=LIMIT_S)
             wait_for(lambda: not any(alive(p) for p in stopped[1:]), "c's workers to be gone")
+
+    def test_a_path_that_drops_udp_sends_the_beats_to_the_stream_and_back(self):
+        """a's host starts dropping UDP from the wire (a firewall, silently: no ICMP): b's beats
+        go unacked, so b beats on its stream too and stays in the job for four
+        heartbeat_timeouts; once UDP passes again, the acks come back and b's stream falls
+        silent. The round never re-forms."""
+        conf = (f"heartbeat_timeout={self.HEARTBEAT_TIMEOUT_S},heartbeat_interval=0.25,"
+                "last_call_timeout=0.1")
+        probe = [PROBE, self.dir, "--until", "done"]
+        logs = {h: os.path.join(self.dir, f"{h}.log") for h in ("a", "b")}
+
+        def log_has(host, text):
+            return any(text in line for line in whole_lines(logs[host]))
+
+        def log_text(host):
+            with open(logs[host]) as f:
+                return f.read()
+
+        with Fabric(["a", "b"]) as fab:
+            endpoint = f"{fab.addr('a')}:{PORT}"
+            nodes = {}
+            for h in ("a", "b"):
+                with open(logs[h], "w") as log:
+                    nodes[h] = fab.popen(h, [CRUN, "--nnodes", "2", "--nproc-per-node", "2",
+                                             "--rdzv-endpoint", endpoint, "--rdzv-id", "job",
+                                             "--rdzv-conf", conf, "--log-level", "info",
+                                             *probe],
+                                         stdout=subprocess.DEVNULL, stderr=log,
+                                         env=dict(os.environ, NODE_TAG=h))
+                self.procs.append(nodes[h])
+            wait_for(lambda: len(self.events()) == 4, "a round of two hosts")
+            wait_for(lambda: log_has("b", "the service hears them"), "b's first ack")
+            drop = ["nft", "-f", "-"]
+            rules = ("table inet crun_test {\n chain in {\n"
+                     "  type filter hook input priority 0;\n"
+                     '  iifname "eth0" meta l4proto udp drop\n }\n}\n')
+            subprocess.run(fab.command("a", drop), input=rules, text=True, check=True)
+            wait_for(lambda: log_has("b", "has not answered lately"), "b's beats to the stream")
+            # The duration checked, not synchronisation: without its stream beats, b would be
+            # lost after one heartbeat_timeout.
+            time.sleep(4 * self.HEARTBEAT_TIMEOUT_S)
+            self.assertEqual(len(self.events()), 4)
+            subprocess.run(fab.command("a", ["nft", "delete", "table", "inet", "crun_test"]),
+                           check=True)
+            wait_for(lambda: log_has("b", "the service answers again"), "b's acks again")
+            open(os.path.join(self.dir, "done"), "w").close()
+            for h in ("a", "b"):
+                self.assertEqual(nodes[h].wait(timeout=LIMIT_S), 0, log_text(h))
+        self.assertEqual(len(self.events()), 4)
+        self.assertEqual({e["TORCHELASTIC_RESTART_COUNT"] for e in self.events()}, {"0"})
+        self.assertNotIn("was lost", log_text("a"))
 
     def test_stock_pytorch_ddp_across_two_hosts(self):
         for python in TORCH_PYTHONS:

@@ -1,14 +1,20 @@
 // Heartbeat datagrams (rendezvous/beats/beat_datagram.h) and the agent's socket for them
 // (agent/rendezvous/beat_sender.h): a datagram opens only under its session's key, whole; a
 // ticket that is not the service's is refused naming what is wrong; a port nobody serves
-// comes back as an error naming the address.
+// comes back as an error naming the address. The service's acks open only under the session's
+// key, and AckWatch sends a beat to the stream exactly when the acks leave the service's
+// heartbeat_timeout at risk.
 #include <catch2/catch.hpp>
 
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "agent/rendezvous/beat_sender.h"
 #include "rendezvous/beats/beat_datagram.h"
@@ -120,4 +126,134 @@ TEST_CASE("beat socket: a port nobody serves is an error naming it", "[beats]") 
   const auto big = ok->Send(t, beat);
   CHECK(big.code() == crun::StatusCode::kInvalidArgument);
   CHECK_THAT(big.message(), Catch::Contains("does not fit a datagram"));
+}
+
+TEST_CASE("beat ack: sealed and opened under the session's key, nothing else opens", "[beats]") {
+  const auto key = crun::rdzv::NewBeatKey();
+  const auto d = crun::rdzv::SealAck(key, 0x0a0b0c0d0e0f1011ULL, 42);
+  const std::string_view view(d.data(), d.size());
+  REQUIRE(crun::rdzv::AckSession(view) == 0x0a0b0c0d0e0f1011ULL);
+  const auto ack = crun::rdzv::OpenAck(key, view);
+  REQUIRE(ack);
+  CHECK(ack->session == 0x0a0b0c0d0e0f1011ULL);
+  CHECK(ack->sequence == 42);
+  CHECK_FALSE(crun::rdzv::OpenAck(crun::rdzv::NewBeatKey(), view));
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    std::string bad(view);
+    bad[i] = static_cast<char>(bad[i] ^ 0x01);
+    INFO("byte " << i);
+    CHECK_FALSE(crun::rdzv::OpenAck(key, bad));
+  }
+  CHECK_FALSE(crun::rdzv::OpenAck(key, view.substr(0, view.size() - 1)));
+  CHECK_FALSE(crun::rdzv::OpenAck(key, std::string(view) + "x"));
+  // A beat is not an ack, nor an ack a beat.
+  const BeatTicket t{29400, 5, key};
+  CHECK_FALSE(crun::rdzv::AckSession(SealBeat(t, std::string(8, 'x'))));
+  CHECK_FALSE(BeatSession(view));
+}
+
+namespace {
+
+using crun::agent::AckWatch;
+using std::chrono::milliseconds;
+
+// One tick of the agent's heartbeat: acks that came since the last, then the beat.
+struct Tick {
+  std::vector<std::uint64_t> acks;  // sequences the service acked before this tick
+  bool stream_too;                  // what the beat due at this tick must do
+};
+
+// Beats every `interval` from the session's opening at 0, sequence = tick number.
+void Play(milliseconds interval, milliseconds timeout, const std::vector<Tick>& ticks) {
+  const AckWatch::Clock::time_point t0{};
+  AckWatch w(interval, timeout, t0);
+  for (std::size_t i = 0; i < ticks.size(); ++i) {
+    const auto now = t0 + interval * static_cast<int>(i + 1);
+    for (const auto s : ticks[i].acks) w.Acked(s);
+    INFO("tick " << i + 1);
+    CHECK(w.StreamToo(now) == ticks[i].stream_too);
+    w.Sent(i + 1, now);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("ack watch: a beat goes on the stream when the acks put the timeout at risk", "[beats]") {
+  const milliseconds s1(1'000), s3(3'000);
+  SECTION("acked every time: never") {
+    Play(s1, s3, {{{}, false}, {{1}, false}, {{2}, false}, {{3}, false}, {{4}, false}});
+  }
+  SECTION("never acked (UDP blocked): from the second beat on, every beat") {
+    // The opening counts as heard; the second beat, at 2 s, is the last that reaches the
+    // service before 3 s when the first went unheard.
+    Play(s1, s3, {{{}, false}, {{}, true}, {{}, true}, {{}, true}});
+  }
+  SECTION("one ack lost: one stream beat; then back") {
+    Play(s1, s3, {{{}, false}, {{1}, false}, {{}, true}, {{3}, false}, {{4}, false}});
+  }
+  SECTION("acks that come late still count, for the beat they answer") {
+    Play(s1, s3, {{{}, false}, {{}, true}, {{1, 2}, false}, {{3}, false}});
+  }
+  SECTION("UDP cut mid-session: stream until acks come again") {
+    Play(s1, s3, {{{}, false}, {{1}, false}, {{}, true}, {{}, true}, {{}, true}, {{5}, false}});
+  }
+  SECTION("a long timeout tolerates more silence") {
+    // 10 s: the newest ack may be 8.5 s old before a beat must go on the stream.
+    Play(s1, milliseconds(10'000),
+         {{{}, false},
+          {{1}, false},
+          {{}, false},
+          {{}, false},
+          {{}, false},
+          {{}, false},
+          {{}, false},
+          {{}, false},
+          {{}, false},
+          {{}, true},
+          {{}, true}});
+  }
+  SECTION("a timeout with no slack: every beat") {
+    Play(s1, milliseconds(1'500), {{{}, true}, {{1}, true}, {{2}, true}});
+  }
+  SECTION("acks of beats never sent, or stale, say nothing") {
+    Play(s1, s3, {{{}, false}, {{1}, false}, {{99}, true}, {{1}, true}, {{0}, true}, {{5}, false}});
+  }
+}
+
+// Whatever order acks arrive in, duplicated or lost: the watch asks for the stream exactly when
+// the newest beat acked was sent so long ago that the next one would come after the timeout.
+TEST_CASE("ack watch: random ack orders agree with the rule", "[beats]") {
+  std::mt19937 rng(20261129);
+  const milliseconds interval(1'000), timeout(3'000);
+  for (int round = 0; round < 200; ++round) {
+    const AckWatch::Clock::time_point t0{};
+    AckWatch w(interval, timeout, t0);
+    std::vector<std::uint64_t> in_flight;
+    std::uint64_t newest_heard = 0;  // the model: the newest sequence acked (0: the opening)
+    for (std::uint64_t tick = 1; tick <= 30; ++tick) {
+      std::shuffle(in_flight.begin(), in_flight.end(), rng);
+      std::vector<std::uint64_t> kept;
+      for (const auto s : in_flight) {
+        if (tick - s > 4) continue;  // lost: the watch remembers the last 8 beats only
+        switch (rng() % 4) {
+          case 0:  // lost
+            break;
+          case 1:  // later
+            kept.push_back(s);
+            break;
+          default:  // now, sometimes twice
+            w.Acked(s);
+            if (rng() % 5 == 0) w.Acked(s);
+            newest_heard = std::max(newest_heard, s);
+        }
+      }
+      in_flight = kept;
+      const auto now = t0 + interval * static_cast<int>(tick);
+      const auto heard_at = t0 + interval * static_cast<int>(newest_heard);
+      INFO("round " << round << " tick " << tick);
+      REQUIRE(w.StreamToo(now) == (now - heard_at + interval + interval / 2 >= timeout));
+      w.Sent(tick, now);
+      in_flight.push_back(tick);
+    }
+  }
 }

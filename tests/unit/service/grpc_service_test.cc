@@ -623,7 +623,7 @@ TEST_CASE("grpc service: a Session message that does not parse ends the session"
 }
 
 // Heartbeats as datagrams (rendezvous/beats): they alone keep a node in the job past its
-// heartbeat_timeout, its first is answered with BeatsHeard, and what is not its session's key's
+// heartbeat_timeout, each is acked under its session's key, and what is not its session's key's
 // (forged, replayed, unknown, garbage) is counted and keeps nobody alive: a node that stops
 // beating is lost within heartbeat_timeout, as on the stream.
 TEST_CASE("grpc service: heartbeat datagrams keep a node in the job; others are refused",
@@ -651,8 +651,20 @@ TEST_CASE("grpc service: heartbeat datagrams keep a node in the job; others are 
     REQUIRE(socket->Send(*tb, beat).ok());
   };
   beat_both();
-  REQUIRE(a.Next().has_beats_heard());
-  REQUIRE(b.Next().has_beats_heard());
+  // Both acked, each under its own key, to the socket the beats came from.
+  std::set<std::uint64_t> acked;
+  const auto ack_by = std::chrono::steady_clock::now() + kDeadline;
+  while (acked.size() < 2 && std::chrono::steady_clock::now() < ack_by) {
+    socket->Receive(
+        [&](std::string_view d) {
+          for (const auto* t : {&*ta, &*tb}) {
+            const auto ack = crun::rdzv::OpenAck(t->key, d);
+            if (ack && ack->session == t->session && ack->sequence == seq) acked.insert(t->session);
+          }
+        },
+        std::chrono::milliseconds(100));
+  }
+  REQUIRE(acked == std::set<std::uint64_t>{ta->session, tb->session});
   // Three timeouts long, beats every 100 ms and none on the streams: both stay in the round.
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(3 * kTimeoutMs);
   while (std::chrono::steady_clock::now() < until) {
@@ -698,6 +710,7 @@ TEST_CASE("grpc service: heartbeat datagrams keep a node in the job; others are 
   CHECK(count("stale") == 1);
   CHECK(count("unknown_session") == 1);
   CHECK(count("malformed") == 1);
+  CHECK(SampleValue(page, "crun_rendezvous_beat_acks_unsent_total") == 0);
 }
 
 TEST_CASE("grpc service: without UDP heartbeats a session gets no ticket", "[grpc][beats]") {
