@@ -157,6 +157,89 @@ Status ListenError(std::string_view where, int err) {
   }
 }
 
+namespace {
+
+using AddrList = std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)>;
+
+StatusOr<AddrList> ResolveUdp(const std::string& host, std::uint16_t port, int flags,
+                              const std::string& what) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = flags | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(),
+                                   std::to_string(port).c_str(), &hints, &found);
+      rc != 0) {
+    return InvalidArgument(what + ": " + ::gai_strerror(rc));
+  }
+  return AddrList(found, &::freeaddrinfo);
+}
+
+}  // namespace
+
+std::uint16_t LocalPort(int fd) {
+  sockaddr_storage bound{};
+  socklen_t len = sizeof bound;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len) != 0) return 0;
+  return ntohs(bound.ss_family == AF_INET6
+                   ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
+                   : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+}
+
+StatusOr<std::vector<UniqueFd>> BindUdp(const std::string& host, std::uint16_t port) {
+  const std::string where = "udp " + FormatEndpoint(host.empty() ? "*" : host, port);
+  CRUN_ASSIGN_OR_RETURN(auto list, ResolveUdp(host, port, AI_PASSIVE, "cannot bind " + where));
+  bool v4 = false, v6 = false;
+  for (const addrinfo* ai = list.get(); ai != nullptr; ai = ai->ai_next) {
+    v4 = v4 || ai->ai_family == AF_INET;
+    v6 = v6 || ai->ai_family == AF_INET6;
+  }
+  std::vector<UniqueFd> fds;
+  Status skipped = Status::Ok();  // an address this host lacks (no IPv6): the others serve
+  for (const addrinfo* ai = list.get(); ai != nullptr; ai = ai->ai_next) {
+    UniqueFd fd(::socket(ai->ai_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd.valid() && errno == EAFNOSUPPORT) {
+      skipped = PosixError("cannot bind " + where, errno);
+      continue;
+    }
+    if (!fd.valid()) return PosixError("cannot bind " + where, errno);
+    if (ai->ai_family == AF_INET6 && v4) {
+      const int on = 1;
+      (void)::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof on);
+    }
+    // Port 0: every socket on the port the first one got.
+    if (!fds.empty() && port == 0) {
+      const std::uint16_t first = LocalPort(fds.front().get());
+      if (ai->ai_family == AF_INET6) {
+        reinterpret_cast<sockaddr_in6*>(ai->ai_addr)->sin6_port = htons(first);
+      } else {
+        reinterpret_cast<sockaddr_in*>(ai->ai_addr)->sin_port = htons(first);
+      }
+    }
+    if (::bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
+      if (errno != EADDRNOTAVAIL) return ListenError(where, errno);
+      skipped = ListenError(where, errno);
+      continue;
+    }
+    fds.push_back(std::move(fd));
+  }
+  if (fds.empty()) {
+    return skipped.ok() ? InvalidArgument("cannot bind " + where + ": no address") : skipped;
+  }
+  return fds;
+}
+
+StatusOr<UniqueFd> ConnectUdp(const std::string& host, std::uint16_t port) {
+  const std::string where = "udp " + FormatEndpoint(host, port);
+  CRUN_ASSIGN_OR_RETURN(auto list, ResolveUdp(host, port, AI_NUMERICHOST, where));
+  UniqueFd fd(::socket(list->ai_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid() || ::connect(fd.get(), list->ai_addr, list->ai_addrlen) != 0) {
+    return PosixError(where, errno);
+  }
+  return fd;
+}
+
 Status CheckCanListen(const std::string& host, std::uint16_t port) {
   sockaddr_storage addr{};
   socklen_t len = 0;

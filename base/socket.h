@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/endpoint.h"
 #include "base/status.h"
@@ -59,6 +60,20 @@ Status ListenError(std::string_view where, int err);
 // it: Ok, or ListenError. For servers whose own library says no more than "failed" (gRPC). A
 // host that is not an IP literal is not checked (Ok).
 Status CheckCanListen(const std::string& host, std::uint16_t port);
+
+// Non-blocking, close-on-exec UDP sockets bound on `port`, one for each address `host` resolves
+// to (a name such as "localhost" may give an IPv4 and an IPv6 one, as a TCP server on it
+// listens on both; an IPv6 socket beside an IPv4 one is IPv6-only). An address this host does
+// not have is skipped while another binds, as gRPC skips it. Port 0: the kernel picks
+// the first's, and the others take the same. Errors name "udp HOST:PORT" (ListenError).
+StatusOr<std::vector<UniqueFd>> BindUdp(const std::string& host, std::uint16_t port);
+
+// A non-blocking, close-on-exec UDP socket connected to host:port (an IP literal), so that a
+// port that refuses (ICMP) comes back as an error on a later send or receive.
+StatusOr<UniqueFd> ConnectUdp(const std::string& host, std::uint16_t port);
+
+// The port a bound socket has.
+std::uint16_t LocalPort(int fd);
 
 // Deadline `timeout` from now; a zero timeout means "no deadline" (c10d's kNoTimeout).
 SteadyClock::time_point DeadlineAfter(std::chrono::milliseconds timeout);

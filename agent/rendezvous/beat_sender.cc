@@ -1,6 +1,5 @@
 #include "agent/rendezvous/beat_sender.h"
 
-#include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -12,29 +11,17 @@
 
 #include "base/endpoint.h"
 #include "base/security.h"
+#include "base/socket.h"
 
 namespace crun::agent {
 
 StatusOr<BeatSocket> BeatSocket::Connect(const std::string& ip, std::uint16_t port) {
   const std::string host = PeerIp(ip);
-  const std::string target = "udp " + FormatEndpoint(host, port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (const int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found);
-      rc != 0) {
-    return InvalidArgument("heartbeats over " + target + ": " + gai_strerror(rc));
+  auto fd = ConnectUdp(host, port);
+  if (!fd.ok()) {
+    return Status(fd.status().code(), "heartbeats over " + fd.status().message());
   }
-  const int fd = socket(found->ai_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  const int err = fd < 0 || connect(fd, found->ai_addr, found->ai_addrlen) != 0 ? errno : 0;
-  freeaddrinfo(found);
-  if (err != 0) {
-    if (fd >= 0) close(fd);
-    return Unavailable("heartbeats over " + target + ": " + std::strerror(err));
-  }
-  return BeatSocket(fd, target);
+  return BeatSocket(fd->release(), "udp " + FormatEndpoint(host, port));
 }
 
 BeatSocket::BeatSocket(BeatSocket&& other) noexcept

@@ -1,6 +1,5 @@
 #include "rendezvous/service/beat_receiver.h"
 
-#include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -27,41 +26,30 @@ constexpr int kReceiveBuffer = 8 << 20;
 BeatReceiver::BeatReceiver(asio::io_context& engine, std::chrono::milliseconds gap)
     : engine_(engine), gap_timer_(io_), gap_(gap) {}
 
-BeatReceiver::~BeatReceiver() {
-  Stop();
-  if (fd_ >= 0) close(fd_);
-}
+BeatReceiver::~BeatReceiver() { Stop(); }
 
 StatusOr<std::unique_ptr<BeatReceiver>> BeatReceiver::Open(asio::io_context& engine,
                                                            const std::string& host,
                                                            std::uint16_t port,
                                                            std::chrono::milliseconds gap) {
-  const std::string what =
-      "heartbeats over UDP: cannot bind udp " + host + ":" + std::to_string(port);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(),
-                                 std::to_string(port).c_str(), &hints, &found);
-      rc != 0) {
-    return InvalidArgument(what + ": " + gai_strerror(rc));
+  auto fds = BindUdp(host, port);
+  if (!fds.ok()) {
+    return Status(fds.status().code(), "heartbeats over UDP: " + fds.status().message());
   }
   std::unique_ptr<BeatReceiver> r(new BeatReceiver(engine, gap));
-  r->fd_ = socket(found->ai_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  const int err = r->fd_ < 0 || bind(r->fd_, found->ai_addr, found->ai_addrlen) != 0 ? errno : 0;
-  freeaddrinfo(found);
-  if (err != 0) return Unavailable(what + ": " + std::strerror(err));
-  if (setsockopt(r->fd_, SOL_SOCKET, SO_RCVBUFFORCE, &kReceiveBuffer, sizeof kReceiveBuffer) != 0) {
-    (void)setsockopt(r->fd_, SOL_SOCKET, SO_RCVBUF, &kReceiveBuffer, sizeof kReceiveBuffer);
+  r->fds_ = std::move(fds).value();
+  for (const auto& fd : r->fds_) {
+    if (setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUFFORCE, &kReceiveBuffer, sizeof kReceiveBuffer) !=
+        0) {
+      (void)setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUF, &kReceiveBuffer, sizeof kReceiveBuffer);
+    }
+    // Each datagram read carries the socket's count of those the kernel dropped (a full
+    // receive buffer): counts_.dropped.
+    const int on = 1;
+    (void)setsockopt(fd.get(), SOL_SOCKET, SO_RXQ_OVFL, &on, sizeof on);
   }
-  sockaddr_storage bound{};
-  socklen_t len = sizeof bound;
-  (void)getsockname(r->fd_, reinterpret_cast<sockaddr*>(&bound), &len);
-  r->port_ =
-      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
-                                        : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
+  r->dropped_seen_.assign(r->fds_.size(), 0);
+  r->port_ = LocalPort(r->fds_.front().get());
   return r;
 }
 
@@ -109,8 +97,19 @@ void BeatReceiver::Remove(std::uint64_t session) {
   sessions_.erase(session);
 }
 
+void BeatReceiver::NoteDrops(std::size_t index, const msghdr& h) {
+  for (const cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr;
+       c = CMSG_NXTHDR(const_cast<msghdr*>(&h), const_cast<cmsghdr*>(c))) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SO_RXQ_OVFL) continue;
+    std::uint32_t total = 0;  // since the socket opened; it wraps at 2^32
+    std::memcpy(&total, CMSG_DATA(c), sizeof total);
+    counts_.dropped.fetch_add(total - dropped_seen_[index], std::memory_order_relaxed);
+    dropped_seen_[index] = total;
+  }
+}
+
 void BeatReceiver::Poll() {
-  Drain();
+  for (std::size_t i = 0; i < fds_.size(); ++i) Drain(i);
   {
     std::lock_guard lock(mu_);
     // No session left: no more wake-ups until one is added (its datagrams wait in the socket).
@@ -130,12 +129,16 @@ void BeatReceiver::Poll() {
   });
 }
 
-void BeatReceiver::Drain() {
+void BeatReceiver::Drain(std::size_t index) {
+  const int fd = fds_[index].get();
   constexpr std::size_t kSize = kMaxBeatPayload + kBeatOverhead + 1;  // +1: an oversize one shows
   static thread_local std::vector<std::array<char, kSize>> buffers(kBatch);
   std::array<iovec, kBatch> iov{};
   std::array<sockaddr_storage, kBatch> from{};
   std::array<mmsghdr, kBatch> headers{};
+  // Room for SO_RXQ_OVFL's count on each datagram.
+  using Control = std::array<char, CMSG_SPACE(sizeof(std::uint32_t))>;
+  std::array<Control, kBatch> control{};
   // The acks of one batch: sealed outside the lock with a copy of the key.
   struct Ack {
     BeatKey key;
@@ -159,9 +162,12 @@ void BeatReceiver::Drain() {
       headers[i].msg_hdr.msg_iovlen = 1;
       headers[i].msg_hdr.msg_name = &from[i];
       headers[i].msg_hdr.msg_namelen = sizeof from[i];
+      headers[i].msg_hdr.msg_control = control[i].data();
+      headers[i].msg_hdr.msg_controllen = control[i].size();
     }
-    const int n = recvmmsg(fd_, headers.data(), kBatch, MSG_DONTWAIT, nullptr);
+    const int n = recvmmsg(fd, headers.data(), kBatch, MSG_DONTWAIT, nullptr);
     if (n <= 0) break;  // EAGAIN: drained
+    NoteDrops(index, headers[static_cast<std::size_t>(n - 1)].msg_hdr);
     std::size_t acked = 0;
     {
       std::lock_guard lock(mu_);
@@ -215,7 +221,7 @@ void BeatReceiver::Drain() {
     // An ack that does not go (a full send buffer, an agent gone) is not retried: the agent
     // counts it as unanswered and, after a few, beats on its stream too.
     for (std::size_t sent = 0; sent < acked;) {
-      const int m = sendmmsg(fd_, ack_headers.data() + sent, static_cast<unsigned>(acked - sent),
+      const int m = sendmmsg(fd, ack_headers.data() + sent, static_cast<unsigned>(acked - sent),
                              MSG_DONTWAIT);
       if (m <= 0) {
         if (m < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {

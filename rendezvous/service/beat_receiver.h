@@ -14,6 +14,8 @@
 // leave beats unanswered, which would send every agent's next beat to its stream too.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -23,10 +25,12 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "base/socket.h"
 #include "base/status.h"
 #include "crun/v1/rendezvous.pb.h"
 #include "rendezvous/beats/beat_datagram.h"
@@ -39,13 +43,15 @@ class BeatReceiver {
   struct Counts {
     std::atomic<std::uint64_t> taken{0}, forged{0}, stale{0}, unknown{0}, malformed{0};
     std::atomic<std::uint64_t> acks_unsent{0};  // the socket's send buffer was full
+    std::atomic<std::uint64_t> dropped{0};      // by the kernel, never read: the buffer was full
   };
   // `beat`: a datagram taken, on the engine's thread (`engine`). `before` and `after` each
   // drain's taken beats (the service hands the engine its queued stream messages first, and
   // rearms the engine's timer after).
   using BeatHandler = std::function<void(std::uint64_t session, const v1::Heartbeat& beat)>;
 
-  // Binds UDP on host:port; an error names them (the port taken by another program's UDP).
+  // Binds UDP on host:port, every address it resolves to; an error names them (the port taken
+  // by another program's UDP).
   ~BeatReceiver();
   BeatReceiver(const BeatReceiver&) = delete;
   BeatReceiver& operator=(const BeatReceiver&) = delete;
@@ -66,12 +72,16 @@ class BeatReceiver {
   BeatReceiver(boost::asio::io_context& engine, std::chrono::milliseconds gap);
   // The receiver's thread: drains now and again after each gap while sessions hold tickets.
   void Poll();
-  void Drain();
+  // fds_[index]'s datagrams, acked on it.
+  void Drain(std::size_t index);
+  // The kernel's drop count on a datagram read from fds_[index] (SO_RXQ_OVFL).
+  void NoteDrops(std::size_t index, const msghdr& h);
 
   boost::asio::io_context& engine_;
   boost::asio::io_context io_;  // the receiver's thread's
   std::thread thread_;
-  int fd_ = -1;
+  std::vector<UniqueFd> fds_;                // one an address the host resolves to
+  std::vector<std::uint32_t> dropped_seen_;  // each socket's drop count, last read
   boost::asio::steady_timer gap_timer_;
   std::chrono::milliseconds gap_;
   std::uint16_t port_ = 0;

@@ -112,6 +112,7 @@ struct Core {
   grpc::Status Authorize(const grpc::ServerContextBase* context, const char* call);
   // Keeps one timer on the engine's next deadline.
   void Rearm() {
+    if (!engine) return;  // stopping: the engine is gone, and so is every deadline
     auto wake = engine->NextWake();
     if (wake == armed) return;
     armed = wake;
@@ -811,23 +812,32 @@ class GrpcRendezvousService final : public RendezvousService {
         "crun_rendezvous_beat_acks_unsent_total",
         "Heartbeat acks not sent: the UDP socket's send buffer was full (the agent counts the "
         "beat as unanswered)");
-    auto reported = std::make_shared<std::array<std::uint64_t, 6>>();
-    core_->registry.OnScrape([core, &datagrams, &unsent, reported] {
+    auto& dropped = core_->registry.AddCounter(
+        "crun_rendezvous_beat_datagrams_dropped_total",
+        "Heartbeat datagrams the kernel dropped unread: the UDP socket's receive buffer was full");
+    struct Source {
+      metrics::Counter* counter;
+      const std::atomic<std::uint64_t>* count;
+      std::uint64_t reported = 0;
+    };
+    // The receiver opens after the engine (Listen): its counts are found at the first scrape.
+    auto sources = std::make_shared<std::vector<Source>>();
+    core_->registry.OnScrape([core, &datagrams, &unsent, &dropped, sources] {
       if (!core->beats) return;
-      const auto& c = core->beats->counts();
-      const std::pair<const char*, const std::atomic<std::uint64_t>*> results[] =
-          {{"taken", &c.taken},         {"forged", &c.forged},
-           {"stale", &c.stale},         {"unknown_session", &c.unknown},
-           {"malformed", &c.malformed}, {nullptr, &c.acks_unsent}};
-      for (std::size_t i = 0; i < std::size(results); ++i) {
-        const auto now = results[i].second->load(std::memory_order_relaxed);
-        const auto add = static_cast<double>(now - (*reported)[i]);
-        if (results[i].first != nullptr) {
-          datagrams.With({results[i].first}).Inc(add);
-        } else {
-          unsent.With().Inc(add);
-        }
-        (*reported)[i] = now;
+      if (sources->empty()) {
+        const auto& c = core->beats->counts();
+        *sources = {{&datagrams.With({"taken"}), &c.taken},
+                    {&datagrams.With({"forged"}), &c.forged},
+                    {&datagrams.With({"stale"}), &c.stale},
+                    {&datagrams.With({"unknown_session"}), &c.unknown},
+                    {&datagrams.With({"malformed"}), &c.malformed},
+                    {&unsent.With(), &c.acks_unsent},
+                    {&dropped.With(), &c.dropped}};
+      }
+      for (auto& s : *sources) {
+        const auto now = s.count->load(std::memory_order_relaxed);
+        s.counter->Inc(static_cast<double>(now - s.reported));
+        s.reported = now;
       }
     });
     core_->registry.OnScrape([core] {  // on the engine's thread, where the page is rendered

@@ -371,7 +371,7 @@ def run_all(args):
     etcd_sims = {a: median_run(lambda n: etcd_simulated(args, n), a, "simulated through etcd")
                  for a in ETCD_SIMULATED}
     tidy = etcd_tidy(args)
-    write(args, launch, restart, sims, etcd_sims, tidy, connections(args))
+    write(args, launch, restart, sims, etcd_sims, tidy, connections(args), many_jobs(args))
 
 
 # The agents' keepalive pings, which the simulated table leaves out: CONNECTIONS connections
@@ -394,11 +394,27 @@ def connections(args):
     return got
 
 
+# Many jobs on one daemon, forming at once: (jobs, agents each).
+JOBS = ((10, 1000), (100, 1000))
+
+
+def many_jobs(args):
+    """{jobs: rdzv_loadgen's figures} for JOBS, one run each, no heartbeats."""
+    got = {}
+    for jobs, each in JOBS:
+        got[jobs] = simulated(args, jobs * each, steady_ms=0, extra=("--jobs", str(jobs)))
+        j = got[jobs]["jobs"]
+        print(f"{jobs} jobs of {each:,}: all formed in {got[jobs]['form']['ms']:,.0f} ms, each "
+              f"{j['form_ms_min']:,.0f} / {j['form_ms_median']:,.0f} / {j['form_ms_max']:,.0f} "
+              "ms (min / median / max)", file=sys.stderr)
+    return got
+
+
 def cell(v):
     return f"{v:,.1f} ms" if isinstance(v, float) else "failed"
 
 
-def write(args, launch, restart, sims, etcd_sims, tidy, conns):
+def write(args, launch, restart, sims, etcd_sims, tidy, conns, jobs):
     lines = [
         "## Rendezvous: forming, restarting, scale", "",
         f"`tests/bench/rdzv_bench.py`, on the same machine, in a private network namespace "
@@ -442,8 +458,9 @@ def write(args, launch, restart, sims, etcd_sims, tidy, conns):
         "/proc), the load generator shares the two cores: where the daemon's CPU is well below "
         "the wall time, the generator is what limits the figure. *Heartbeats*: each agent beats "
         "once a second, as crun's agent does, as a datagram (docs/rendezvous.md, "
-        "\"Heartbeats\"); the first second is not measured (every agent beats once and the "
-        "daemon says it hears them), then 3 s are. The same beats on the gRPC streams "
+        "\"Heartbeats\"), reading the daemon's acks and beating on its stream too when they "
+        "are missing; the first second is not measured (every agent beats once and its acks "
+        "start coming), then 3 s are. The same beats on the gRPC streams "
         "(`--stream-beats`, one run) and on the streams of a bare gRPC server that reads and "
         "drops them (`bare_session_server.cc`, one run) are the comparison: the second is what "
         "any heartbeat on a stream costs with this gRPC. Not at "
@@ -463,8 +480,10 @@ def write(args, launch, restart, sims, etcd_sims, tidy, conns):
          lambda r: f"{r['steady']['service_cpu_percent']:.1f} % of a core"),
         (f"heartbeats the generator sent in {STEADY_MS // 1000} s, of those due",
          lambda r: f"{r['steady']['heartbeats']:,} of {r['agents'] * STEADY_MS // 1000:,}"),
-        ("agents whose datagrams the daemon heard",
+        ("agents whose datagrams the daemon acked",
          lambda r: f"{r['steady']['heard_over_udp']:,}"),
+        ("of the beats sent, also on the stream (acks missing)",
+         lambda r: f"{r['steady']['streamed_too']:,}"),
         (BEAT_ROW, lambda r: f"{per_beat_micros(r):.1f} µs"),
         (STREAM_BEAT_ROW, lambda r: micros(r["stream_beat_us"])),
         (BARE_BEAT_ROW, lambda r: micros(r["bare_beat_us"])),
@@ -484,6 +503,27 @@ def write(args, launch, restart, sims, etcd_sims, tidy, conns):
         "each, 3 s measured:", "",
         "| every agent beating each 1 s | daemon CPU |", "|---|---|"]
     lines += [f"| {way} | {conns[way]:.1f} % of a core |" for way, _ in CONNECTION_WAYS]
+    one = sims[1000]
+    lines += [
+        "", "**Many jobs on one daemon.** The simulated agents as jobs of 1,000 (run ids "
+        "`bench-0` …, agent i in job i mod J), every job forming at once on one daemon; one run "
+        "each. A job's time is its last agent's assignment, from the first Join sent; one job "
+        "of 1,000 alone is the 1,000 column above, from the same run.", "",
+        "| | one job of 1,000 | " + " | ".join(f"{j} jobs of {e:,}" for j, e in JOBS) + " |",
+        "|---|---|" + "---|" * len(JOBS),
+        "| each job formed: min · median · max | "
+        f"{one['form']['ms']:,.0f} ms | " + " | ".join(
+            f"{jobs[j]['jobs']['form_ms_min']:,.0f} · {jobs[j]['jobs']['form_ms_median']:,.0f} · "
+            f"{jobs[j]['jobs']['form_ms_max']:,.0f} ms" for j, _ in JOBS) + " |",
+        "| daemon CPU while forming, per job | "
+        f"{one['form']['service_cpu_s'] * 1000:,.0f} ms | " + " | ".join(
+            f"{jobs[j]['form']['service_cpu_s'] * 1000 / j:,.0f} ms" for j, _ in JOBS) + " |",
+        "| success reports → every agent of every job has the outcome | "
+        f"{one['finish']['ms']:,.0f} ms | " + " | ".join(
+            f"{jobs[j]['finish']['ms']:,.0f} ms" for j, _ in JOBS) + " |",
+        "| daemon RSS, peak | "
+        f"{one['service_hwm_mib']:,.0f} MiB | " + " | ".join(
+            f"{jobs[j]['service_hwm_mib']:,.0f} MiB" for j, _ in JOBS) + " |"]
     lines += [
         "", "Through etcd (`rdzv_loadgen --etcd`): each simulated agent is the agent's own etcd "
         "rendezvous (`agent/rendezvous/etcd_rendezvous.cc`: its lease, node key, watch and client), all in "

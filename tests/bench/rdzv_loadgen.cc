@@ -12,6 +12,11 @@
 //            re-join, then (each re-joins at once) until every agent holds the next round
 //   finish   every agent reports success: until every agent got the outcome
 //
+// With --jobs J, the agents form J jobs of N/J each (run ids RUN-0 … RUN-(J-1), agent i in job
+// i % J), all at once on the one service: "form" is until the last agent of every job holds its
+// assignment, and each job's own time (its last agent's) is reported too. No failure phase
+// then: a failure concerns one job.
+//
 // The agents live in --procs processes (shards), forked before any gRPC object exists, each
 // holding every procs-th agent. One process cannot hold 100,000 sessions cheaply: Debian's
 // gRPC is built with its debug checks, and each completion scans the list of every operation
@@ -78,6 +83,7 @@ struct Agent {
   std::optional<crun::agent::AckWatch> watch;    // its acks, from the steady phase's start
   std::atomic<int> round{-1};
   v1::RoundAssignment assignment;  // of the first round, for the checks
+  std::int64_t assigned_ns = 0;    // when the first round's assignment came
 };
 
 struct Options {
@@ -92,6 +98,7 @@ struct Options {
   int phase_timeout_ms = 120'000;
   std::vector<int> service_pids;
   std::string run_id = "bench";
+  int jobs = 1;      // the agents form this many jobs of agents / jobs each
   std::string etcd;  // endpoints: the etcd mode (rdzv_loadgen_etcd.h)
   // --contract tensorflow: each agent reserves a port a worker, and every assignment carries
   // the round's member list (O(agents) each).
@@ -106,11 +113,16 @@ struct Options {
 constexpr int kAgentsPerProc = 3125;
 constexpr int kMaxProcs = 32;
 
+std::int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
 v1::AgentMessage JoinMessage(const Options& o, int index, const std::string& service_host) {
   v1::AgentMessage m;
   auto* j = m.mutable_join();
   j->set_protocol_version(crun::kProtocolVersion);
-  j->set_run_id(o.run_id);
+  j->set_run_id(o.jobs > 1 ? o.run_id + "-" + std::to_string(index % o.jobs) : o.run_id);
   j->set_service_host(service_host);
   auto* n = j->mutable_node();
   n->set_node_id("sim-" + std::to_string(index));
@@ -124,19 +136,14 @@ v1::AgentMessage JoinMessage(const Options& o, int index, const std::string& ser
     const crun::PortLayout layout(contracts, o.nproc);
     for (int p = 0; p < layout.count(); ++p) n->add_ports(static_cast<std::uint32_t>(20000 + p));
   }
-  s->set_min_nodes(o.agents);
-  s->set_max_nodes(o.agents);
+  s->set_min_nodes(o.agents / o.jobs);
+  s->set_max_nodes(o.agents / o.jobs);
   s->set_max_restarts(1);
   s->set_join_timeout_ms(o.phase_timeout_ms);
   s->set_last_call_timeout_ms(1000);
   // Generous: the load generator shares two cores with the service.
   s->set_heartbeat_timeout_ms(std::max(30'000, 10 * o.heartbeat_ms));
   return m;
-}
-
-std::int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-      .count();
 }
 
 void WriteLine(int fd, const std::string& line) {
@@ -185,7 +192,9 @@ class LineReader {
 // One shard: the agents index % procs == shard, driven by the coordinator's commands.
 //   (at start)      -> "ready OPENED" once the server opened every session (or the limit)
 //   close           -> "errors N" once every session closed (--open-only)
-//   form            -> "form REACHED T_NS BAD" then "ranks R R ..." (their group ranks)
+//   form            -> "form REACHED T_NS BAD" then "ranks R R ..." (their group ranks, each
+//                      job's offset by its index times its size), then with --jobs "jobs T_NS
+//                      ..." (each job's last assignment in this shard, 0 for none)
 //   steady END_NS   -> "steady SENT"
 //   arm             -> "armed" (the failure's tallies reset)
 //   await FAIL      -> "told REACHED T_NS" then "reformed REACHED T_NS WRONG_ROUND"
@@ -221,7 +230,10 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
     a->index = shard + k * o.procs;
     auto on_message = [&, a](v1::ServiceMessage m) {
       if (m.has_assignment()) {
-        if (a->round.load() < 0) a->assignment = m.assignment();
+        if (a->round.load() < 0) {
+          a->assignment = m.assignment();
+          a->assigned_ns = NowNs();
+        }
         a->round.store(static_cast<int>(m.assignment().round()));
         assigned.Hit();
       } else if (m.has_stop_and_rejoin()) {
@@ -272,9 +284,13 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
       const std::int64_t t = NowNs();
       int bad = 0;
       std::string ranks = "ranks";
+      const int size = o.agents / o.jobs;
+      std::vector<std::int64_t> job_ns(static_cast<std::size_t>(o.jobs), 0);
       for (auto& a : agents) {
         const auto& as = a->assignment;
-        if (as.group_world_size() != o.agents || as.world_size() != o.agents * o.nproc ||
+        auto& last = job_ns[static_cast<std::size_t>(a->index % o.jobs)];
+        last = std::max(last, a->assigned_ns);
+        if (as.group_world_size() != size || as.world_size() != size * o.nproc ||
             as.base_rank() != as.group_rank() * o.nproc) {
           if (bad++ == 0) {
             std::fprintf(stderr,
@@ -284,11 +300,16 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
                          as.world_size());
           }
         }
-        ranks += " " + std::to_string(as.group_rank());
+        ranks += " " + std::to_string((a->index % o.jobs) * size + as.group_rank());
       }
       WriteLine(reply_fd, "form " + std::to_string(reached) + " " + std::to_string(t) + " " +
                               std::to_string(bad));
       WriteLine(reply_fd, ranks);
+      if (o.jobs > 1) {
+        std::string times = "jobs";
+        for (const auto ns : job_ns) times += " " + std::to_string(ns);
+        WriteLine(reply_fd, times);
+      }
     } else if (cmd == "steady") {
       std::int64_t from_ns = 0, end_ns = 0;
       in >> from_ns >> end_ns;
@@ -524,6 +545,10 @@ int main(int argc, char** argv) {
   app.add_option("--service-pid", o.service_pids,
                  "the service's process (repeat: the sum over etcd's members)");
   app.add_option("--run-id", o.run_id);
+  app.add_option("--jobs", o.jobs,
+                 "the agents form this many jobs at once (run ids RUN-0 ...; --agents must be a "
+                 "multiple): each job's forming time is reported; no failure phase")
+      ->check(CLI::Range(1, 100'000));
   app.add_flag("--stream-beats", o.stream_beats,
                "heartbeats on the gRPC streams even where the service takes them over UDP");
   app.add_flag("--open-only", o.open_only,
@@ -547,6 +572,11 @@ int main(int argc, char** argv) {
   }
   if (o.endpoint.empty()) {
     std::fprintf(stderr, "rdzv_loadgen: --endpoint or --etcd is required\n");
+    return 2;
+  }
+  if (o.agents % o.jobs != 0) {
+    std::fprintf(stderr, "rdzv_loadgen: --agents %d is not a multiple of --jobs %d\n", o.agents,
+                 o.jobs);
     return 2;
   }
   if (o.procs == 0) {
@@ -667,6 +697,7 @@ int main(int argc, char** argv) {
     int reached = 0, bad = 0;
     std::int64_t last = 0;
     std::vector<char> seen(static_cast<std::size_t>(o.agents), 0);
+    std::vector<std::int64_t> job_ns(static_cast<std::size_t>(o.jobs), 0);
     for (std::size_t s = 0; s < shards.size(); ++s) {
       if (!shards.Expect(s, "form", f, reply_deadline()) || f.size() < 3) return 1;
       reached += static_cast<int>(f[0]);
@@ -677,6 +708,10 @@ int main(int argc, char** argv) {
       std::istringstream in(ranks);
       for (long r; in >> r;) {
         if (r < 0 || r >= o.agents || seen[static_cast<std::size_t>(r)]++ != 0) ++bad;
+      }
+      if (o.jobs > 1) {
+        if (!shards.Expect(s, "jobs", f, reply_deadline()) || f.size() != job_ns.size()) return 1;
+        for (std::size_t j = 0; j < job_ns.size(); ++j) job_ns[j] = std::max(job_ns[j], f[j]);
       }
     }
     if (reached < o.agents) {
@@ -689,13 +724,27 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "rdzv_loadgen: %d agents got a bad assignment or a rank twice\n", bad);
       return 1;
     }
+    if (o.jobs > 1) {
+      std::vector<double> ms;
+      for (const auto ns : job_ns) ms.push_back(static_cast<double>(ns - t0) / 1e6);
+      std::sort(ms.begin(), ms.end());
+      out["jobs"] = {{"count", o.jobs},
+                     {"agents_each", o.agents / o.jobs},
+                     {"form_ms_min", ms.front()},
+                     {"form_ms_median", ms[ms.size() / 2]},
+                     {"form_ms_max", ms.back()}};
+      std::fprintf(stderr,
+                   "rdzv_loadgen: %d jobs of %d: each formed in %.1f ms (median), "
+                   "%.1f to %.1f ms\n",
+                   o.jobs, o.agents / o.jobs, ms[ms.size() / 2], ms.front(), ms.back());
+    }
   }
 
   if (o.steady_ms > 0 && !steady()) return 1;
 
   // A worker fails on one agent (shard 0's first, agent 0): everyone is told, re-joins, and
-  // holds the next round.
-  {
+  // holds the next round. With several jobs, a failure concerns one: none.
+  if (o.jobs == 1) {
     shards.SendAll("arm");
     for (std::size_t s = 0; s < shards.size(); ++s) {
       if (!shards.Expect(s, "armed", f, reply_deadline())) return 1;

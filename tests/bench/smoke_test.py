@@ -40,6 +40,32 @@ class LoadgenSmoke(unittest.TestCase):
         r = self.run_gen("--storm", "200", "--source", "127.0.0.2", stdin="")
         self.assertEqual((r["held"], r["refused"], r["pending"]), (200, 0, 0))
 
+    def test_a_barrier_storm_registers_every_client_and_wakes_each(self):
+        # store_scale_bench's run: two generators on one shared key, the first sets it.
+        gens = [subprocess.Popen([LOADGEN, "--port", self.port, "--dialect", dialect, "--storm",
+                                  "150", "--barrier", "/smoke/go", "--source", source],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+                for dialect, source in (("modern", "127.0.0.2"), ("modern", "127.0.0.3"))]
+        try:
+            storms = [json.loads(g.stdout.readline()) for g in gens]
+            self.assertEqual([(s["held"], s["refused"]) for s in storms], [(150, 0)] * 2)
+            for g in gens:
+                self.assertEqual(g.stdout.readline().strip(), "READY")
+            # Nobody is woken before the key is set: the second generator goes first.
+            gens[1].stdin.write("go\n")
+            gens[1].stdin.flush()
+            gens[0].stdin.write("go set\n")
+            gens[0].stdin.flush()
+            goes = [json.loads(g.stdout.readline()) for g in gens]
+            self.assertEqual([(x["woken"], x["held"]) for x in goes], [(150, 150)] * 2)
+        finally:
+            for g in gens:
+                g.stdin.close()
+                g.wait(timeout=60)
+                g.stdout.close()
+                g.stderr.close()
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

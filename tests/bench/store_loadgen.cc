@@ -11,6 +11,11 @@
 // Storm: opens --storm connections at once (spread over --sources addresses), each doing one
 // handshake round trip, reports how many were held or refused and how long it took, prints
 // "READY", and holds them until stdin closes (so the caller can measure the server).
+// With --barrier, as ranks meet at a store: each connection sets a key of its own and waits on
+// one shared key (WAIT, then GETNUMKEYS: its answer says the wait is registered), and counts
+// as held once registered. Then, on "go" from stdin (several generators go together; the one
+// told "go set" sets the shared key from one more connection): the time until every held
+// connection was woken (STOP_WAITING) is the fan-out, reported in a second JSON line.
 //
 // Output: one JSON object on stdout.
 #include <arpa/inet.h>
@@ -52,6 +57,8 @@ struct Options {
   int storm = 0;
   int storm_timeout_ms = 60000;
   std::vector<std::string> sources;
+  bool barrier = false;
+  std::string barrier_key;  // the shared key (the same for every generator of a run)
 };
 
 [[noreturn]] void Die(const std::string& what) {
@@ -75,7 +82,8 @@ struct Conn {
   std::uint64_t seq = 0;
   int partner = -1;  // wait mode: the setter of a waiter
   bool connected = false;
-  bool done = false;  // storm: resolved (held or refused)
+  bool done = false;   // storm: resolved (held or refused)
+  bool woken = false;  // barrier: STOP_WAITING came
 };
 
 class LoadGen {
@@ -125,11 +133,33 @@ class LoadGen {
     std::fflush(stdout);
     std::string line;
     while (std::getline(std::cin, line)) {
+      if (o_.barrier && (line == "go" || line == "go set")) {
+        Go(line == "go set", Clock::now() + std::chrono::milliseconds(o_.storm_timeout_ms));
+      }
     }
     return 0;
   }
 
  private:
+  // Barrier, on "go": every held connection must be woken, timed from now; on "go set", one
+  // more connection sets the shared key first (one generator of a run does).
+  void Go(bool set, Clock::time_point deadline) {
+    const auto t0 = Clock::now();
+    if (set) {
+      const int setter = static_cast<int>(conns_.size());
+      conns_.emplace_back();
+      ConnectBlocking(setter);
+      crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kSet, {o_.barrier_key, "go"}),
+                                &conns_.back().out);
+      Flush(setter);
+    }
+    Loop([&] { return woken_ == held_; }, deadline);
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    std::printf("{\"mode\":\"go\",\"woken\":%d,\"held\":%d,\"seconds\":%.4f}\n", woken_, held_,
+                seconds);
+    std::fflush(stdout);
+  }
+
   void SetCommon(int fd) {
     const int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -183,7 +213,22 @@ class LoadGen {
       return;
     }
     // The handshake goes out once connected: one round trip proves the server serves us.
-    if (o_.dialect == Dialect::kModern) {
+    if (o_.barrier) {
+      if (o_.dialect == Dialect::kModern) {
+        Request v = MakeRequest(Command::kValidate);
+        v.nonce = crun::wire::kValidationMagic;
+        crun::wire::EncodeRequest(o_.dialect, v, &c.out);
+      }
+      crun::wire::EncodeRequest(o_.dialect,
+                                MakeRequest(Command::kSet,
+                                            {"/storm/" + run_tag_ + "/" + std::to_string(i),
+                                             value_}),
+                                &c.out);
+      crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kWait, {o_.barrier_key}), &c.out);
+      crun::wire::EncodeRequest(o_.dialect, MakeRequest(Command::kGetNumKeys), &c.out);
+      c.expect.push_back({Reply::kFixed, 8, true});   // registered: held
+      c.expect.push_back({Reply::kFixed, 1, false});  // woken
+    } else if (o_.dialect == Dialect::kModern) {
       Request v = MakeRequest(Command::kValidate);
       v.nonce = crun::wire::kValidationMagic;
       crun::wire::EncodeRequest(o_.dialect, v, &c.out);
@@ -296,6 +341,7 @@ class LoadGen {
     ++resolved_;
     if (held) {
       ++held_;
+      if (o_.barrier) return;  // still read: its wake-up comes later
       epoll_event ev{};
       ::epoll_ctl(epfd_, EPOLL_CTL_DEL, c.fd, &ev);
     } else {
@@ -318,10 +364,11 @@ class LoadGen {
         continue;
       }
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-      if (o_.storm > 0) {
+      if (o_.storm > 0 && !c.done) {
         Resolve(i, false);
         return;
       }
+      if (o_.barrier) Die("barrier: the server closed held connection " + std::to_string(i));
       Die("server closed connection " + std::to_string(i) +
           (n == 0 ? std::string(" (EOF)") : ": " + std::string(std::strerror(errno))));
     }
@@ -336,6 +383,12 @@ class LoadGen {
       if (c.in.size() - pos < need) break;
       pos += need;
       c.expect.pop_front();
+      if (o_.barrier && !e.ends_op) {
+        if (c.in[pos - 1] != 0) Die("barrier: expected STOP_WAITING (0)");
+        c.woken = true;
+        ++woken_;
+        continue;
+      }
       if (o_.storm > 0) {
         Resolve(i, true);
         continue;
@@ -372,7 +425,7 @@ class LoadGen {
       for (int k = 0; k < n; ++k) {
         const int i = static_cast<int>(events[static_cast<std::size_t>(k)].data.u32);
         auto& c = conns_[static_cast<std::size_t>(i)];
-        if (c.done || c.fd < 0) continue;
+        if (c.fd < 0 || (c.done && !o_.barrier)) continue;
         const auto ev = events[static_cast<std::size_t>(k)].events;
         if (ev & EPOLLOUT) {
           if (!c.connected) {
@@ -392,7 +445,8 @@ class LoadGen {
           ::epoll_ctl(epfd_, EPOLL_CTL_MOD, c.fd, &mod);
           Flush(i);
         }
-        if (!c.done && c.fd >= 0 && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLERR | EPOLLHUP))) {
+        if ((!c.done || o_.barrier) && c.fd >= 0 &&
+            (ev & (EPOLLIN | EPOLLRDHUP | EPOLLERR | EPOLLHUP))) {
           OnReadable(i);
         }
       }
@@ -423,7 +477,7 @@ class LoadGen {
   std::uint64_t ops_ = 0;
   std::uint64_t total_ops_ = 0;  // warm-up included
   std::vector<std::uint32_t> lat_us_;
-  int resolved_ = 0, held_ = 0, refused_ = 0, connect_errors_ = 0;
+  int resolved_ = 0, held_ = 0, refused_ = 0, connect_errors_ = 0, woken_ = 0;
 };
 
 }  // namespace
@@ -464,7 +518,10 @@ int main(int argc, char** argv) {
       o.storm_timeout_ms = std::stoi(next());
     else if (a == "--source")
       o.sources.push_back(next());
-    else
+    else if (a == "--barrier") {
+      o.barrier_key = next();
+      o.barrier = true;
+    } else
       Die("unknown argument " + a);
   }
   if (o.port <= 0 || o.port > 65535) Die("--port must be 1..65535");

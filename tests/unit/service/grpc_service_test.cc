@@ -711,6 +711,7 @@ TEST_CASE("grpc service: heartbeat datagrams keep a node in the job; others are 
   CHECK(count("unknown_session") == 1);
   CHECK(count("malformed") == 1);
   CHECK(SampleValue(page, "crun_rendezvous_beat_acks_unsent_total") == 0);
+  CHECK(SampleValue(page, "crun_rendezvous_beat_datagrams_dropped_total") == 0);
 }
 
 TEST_CASE("grpc service: without UDP heartbeats a session gets no ticket", "[grpc][beats]") {
