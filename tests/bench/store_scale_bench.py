@@ -94,8 +94,9 @@ def run_once(args, kind, clients):
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                 preexec_fn=limit_nofile(n + 4096)))
         storms = [json.loads(read_line(g, "a generator's storm")) for g in gens]
-        for g in gens:
-            read_line(g, "a generator's READY")
+        for g in gens:  # printed with the line above: already in the pipe's buffer
+            if g.stdout.readline().strip() != "READY":
+                raise RuntimeError("a generator did not say READY")
         held_kib, cpu1 = proc_figures(server.pid)
         held = sum(s["held"] for s in storms)
         if held < clients:
