@@ -196,6 +196,10 @@ class LoadGen {
     c.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (c.fd < 0) Die(std::string("socket: ") + std::strerror(errno));
     if (!o_.sources.empty()) {
+      // The port is picked at connect, for the whole address pair: a source port still in
+      // TIME_WAIT from an earlier run (to another server port) may serve again.
+      const int one = 1;
+      ::setsockopt(c.fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
       sockaddr_in src{};
       src.sin_family = AF_INET;
       ::inet_pton(AF_INET, o_.sources[static_cast<std::size_t>(i) % o_.sources.size()].c_str(),

@@ -58,6 +58,8 @@ SPARE_FDS = 256
 def read_line(proc, what, timeout=LIMIT_S):
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     line = proc.stdout.readline() if ready else ""
+    if not line and proc.poll() is not None:
+        raise RuntimeError(f"{what}: exited {proc.returncode}: {proc.stderr.read()[-300:]}")
     if not line:
         raise RuntimeError(f"{what}: nothing within {timeout} s")
     return line
