@@ -17,7 +17,7 @@ woken counts as failed, with what was missing. Writes the store-scale-bench sect
 docs/benchmarks.md. Runs in a private network namespace (needs root).
 
 Usage: store_scale_bench.py --crun BIN --loadgen BIN --torch2-python PY
-                            [--clients 10000,30000,100000] [--rounds 1] [--out FILE]
+                            [--clients 10000,30000,100000] [--rounds 3] [--out FILE]
 """
 import argparse
 import json
@@ -158,7 +158,7 @@ def main():
     ap.add_argument("--clients", default=f"10000,{hard_nofile() - SPARE_FDS - 744},30000,100000",
                     help="client counts (default: 10,000, the most this machine's descriptor "
                          "limit allows, 30,000 and 100,000)")
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="docs/benchmarks.md")
     ap.add_argument("--no-write", action="store_true", help="print, leave the docs alone")
     args = ap.parse_args()
