@@ -161,11 +161,13 @@ class EtcdRendezvous final : public Rendezvous {
                         client.status().message() + "; nothing was started");
     }
     client_ = std::move(client).value();
-    auto layout = client_->Get(keys_.layout(), Deadline());
-    if (!layout.ok()) return End(1, layout.status().message());
-    if (!layout->kvs.empty() && layout->kvs.front().value != etcd::kLayout) {
-      return End(1, where + ": " + keys_.layout() + " is '" + layout->kvs.front().value +
-                        "', this crun reads '" + etcd::kLayout +
+    // The layout and what this node watches, in one read; then its lease, its key and (when
+    // the agent is ready) its join in one write: each agent costs etcd little at 1,000 nodes.
+    std::string layout;
+    if (!LoadMirror(&layout)) return;
+    if (!layout.empty() && layout != etcd::kLayout) {
+      return End(1, where + ": " + keys_.layout() + " is '" + layout + "', this crun reads '" +
+                        etcd::kLayout +
                         "': the run's keys were written by another crun version; use another "
                         "--rdzv-id or --rdzv-conf etcd_prefix, or remove " +
                         keys_.prefix + " if that job is over");
@@ -173,17 +175,25 @@ class EtcdRendezvous final : public Rendezvous {
     ttl_ = std::chrono::seconds(
         std::max<long long>(1, static_cast<long long>(
                                    std::ceil(o_.settings.heartbeat_timeout.count() / 1000.0))));
-    if (!Register() || !LoadMirror()) return;
+    const bool join = want_join_;
+    const int gathering = CurrentGathering();
+    if (!Register(join ? std::vector<etcd::Op>{{etcd::Op::Kind::kPut, keys_.join(o_.node_id),
+                                                etcd::EncodeJoin({gathering, ports_}), 0}}
+                       : std::vector<etcd::Op>{})) {
+      return;
+    }
+    if (join) joined_gathering_ = gathering;
     StartWatch();
     ArmKeepAlive();
     ready_ = true;
     last_contact_ = Clock::now();
-    if (want_join_) WriteJoin();
+    if (want_join_ && !join) WriteJoin();
     Changed();
   }
 
-  // This node's lease and key (etcd/node_lease.h); false when that failed (the job ends here).
-  bool Register() {
+  // This node's lease and key (etcd/node_lease.h), with `with` in the same write; false when
+  // that failed (the job ends here).
+  bool Register(const std::vector<etcd::Op>& with = {}) {
     etcd::NodeRecord record;
     record.node.node_id = o_.node_id;
     record.node.host = o_.host;
@@ -196,7 +206,7 @@ class EtcdRendezvous final : public Rendezvous {
     membership_ = std::make_unique<EtcdNodeLease>(client_, keys_, o_.run_id, record, ttl_);
     const Status s =
         membership_->Register([this] { return Deadline(); },
-                              Clock::now() + o_.settings.heartbeat_timeout + Millis(2'000));
+                              Clock::now() + o_.settings.heartbeat_timeout + Millis(2'000), with);
     if (!s.ok()) {
       End(1, s.message());
       return false;
@@ -247,16 +257,20 @@ class EtcdRendezvous final : public Rendezvous {
   // on (job.h).
   std::string WatchedPrefix() const { return watch_all_ ? keys_.prefix : keys_.announce(); }
 
-  // What this node watches, read at one revision; false when etcd did not answer (the job ends
-  // here).
-  bool LoadMirror() {
-    auto all = client_->GetPrefix(WatchedPrefix(), Deadline());
+  // What this node watches, read at one revision, and the run's layout key (`layout`, when
+  // given: empty when there is none); false when etcd did not answer (the job ends here).
+  bool LoadMirror(std::string* layout = nullptr) {
+    auto all = client_->Txn({},
+                            {{etcd::Op::Kind::kGetPrefix, WatchedPrefix(), "", 0},
+                             {etcd::Op::Kind::kGet, keys_.layout(), "", 0}},
+                            {}, Deadline());
     if (!all.ok()) {
       End(1, all.status().message());
       return false;
     }
     mirror_.clear();
-    for (auto& kv : all->kvs) mirror_[kv.key] = std::move(kv);
+    for (auto& kv : all->reads.at(0)) mirror_[kv.key] = std::move(kv);
+    if (layout != nullptr && !all->reads.at(1).empty()) *layout = all->reads.at(1).front().value;
     revision_ = all->revision;
     return true;
   }
@@ -371,7 +385,7 @@ class EtcdRendezvous final : public Rendezvous {
   void JudgeFigures() {
     auto queued = std::exchange(figures_, {});
     if (queued.empty() || etcd::Decider(keys_, mirror_) != o_.node_id) return;
-    auto job = mirror_.find(keys_.job());
+    auto job = mirror_.find(keys_.state());  // with the members, which a/job may leave out
     if (job == mirror_.end()) return;
     auto doc =
         etcd::DecodeJob(job->second.value, rdzv::TimePoint::clock::now(), etcd::WallClock::now());
@@ -465,12 +479,14 @@ class EtcdRendezvous final : public Rendezvous {
   }
 
   void MaybeAssign(const etcd::JobDoc& doc) {
-    auto assigned = EtcdAssignment(doc, self_);
+    auto place = ReadPlace(doc);
+    if (!place) return;
+    auto assigned = EtcdAssignment(doc, *place, self_);
     if (!assigned) return;  // not in this round: the decider will see our join
     GroupAssignment& g = *assigned;
     const int round = doc.state.round;
     if (!g.spare) {
-      if (HostsRoundStore(g) && !HostStore(doc)) return;
+      if (HostsRoundStore(g) && !HostStore(round)) return;
       auto store = mirror_.find(keys_.store(round));
       if (store == mirror_.end()) return;  // its host has not written it yet
       auto endpoint = ParseEndpoint(store->second.value, 0);
@@ -494,32 +510,78 @@ class EtcdRendezvous final : public Rendezvous {
     });
   }
 
+  // This node's ranks/ record of the decision `doc` announces: read once per decision (the
+  // decider's is in its mirror). Nothing while the record is another decision's (this node is
+  // not in the round, or a newer decision is on its way) or etcd did not answer (a pass comes
+  // with the next change); a record that cannot be read ends the job.
+  std::optional<etcd::RankRecord> ReadPlace(const etcd::JobDoc& doc) {
+    if (place_ && place_->token == doc.ranks_token) return place_;
+    std::optional<etcd::KeyValue> kv;
+    if (auto it = mirror_.find(keys_.rank(o_.node_id)); watch_all_ && it != mirror_.end()) {
+      kv = it->second;
+    } else {
+      auto read = client_->Get(keys_.rank(o_.node_id), Deadline());
+      if (!read.ok()) {
+        spdlog::warn("etcd rendezvous: cannot read this node's place in round {}: {}",
+                     doc.state.round, read.status().message());
+        return std::nullopt;
+      }
+      if (!read->kvs.empty()) kv = std::move(read->kvs.front());
+    }
+    if (!kv) return std::nullopt;
+    auto place = etcd::DecodeRank(o_.node_id, kv->value);
+    if (!place.ok()) {
+      End(1, kv->key + " cannot be read: " + place.status().message());
+      return std::nullopt;
+    }
+    if (place->token != doc.ranks_token) return std::nullopt;
+    place_ = *place;
+    return place_;
+  }
+
   // Group rank 0 serves the round's store and says where; false when that failed (the job
   // ends here).
-  bool HostStore(const etcd::JobDoc& doc) {
+  bool HostStore(int round) {
     if (!round_store_) {
       round_store_ =
           std::make_unique<EtcdRoundStore>(client_, keys_,
                                            o_.advertise_addr.empty() ? o_.host : o_.advertise_addr);
     }
-    if (round_store_->serving(doc.state.round)) return true;
-    // The members' addresses: in the mirror of the decider, read once per round by another.
+    if (round_store_->serving(round)) return true;
+    // Who the members are (rounds/<round>) and their addresses (nodes/): in the decider's
+    // mirror, read once per round, in one transaction, by another.
     etcd::Mirror read;
     if (!watch_all_) {
-      auto nodes = client_->GetPrefix(keys_.nodes(), Deadline());
-      if (!nodes.ok()) {
-        End(1, "cannot read the members' addresses for round " + std::to_string(doc.state.round) +
-                   "'s store: " + nodes.status().message());
+      auto both = client_->Txn({},
+                               {{etcd::Op::Kind::kGetPrefix, keys_.nodes(), "", 0},
+                                {etcd::Op::Kind::kGet, keys_.round(round), "", 0}},
+                               {}, Deadline());
+      if (!both.ok()) {
+        End(1, "cannot read the members' addresses for round " + std::to_string(round) +
+                   "'s store: " + both.status().message());
         return false;
       }
-      for (auto& kv : nodes->kvs) read[kv.key] = std::move(kv);
+      for (auto& kvs : both->reads) {
+        for (auto& kv : kvs) read[kv.key] = std::move(kv);
+      }
     }
-    auto endpoint = round_store_->Serve(doc, watch_all_ ? mirror_ : read, lease_, Deadline());
+    const etcd::Mirror& records = watch_all_ ? mirror_ : read;
+    auto history_kv = records.find(keys_.round(round));
+    if (history_kv == records.end()) {
+      End(1, keys_.round(round) + " is missing: the round's members are not known");
+      return false;
+    }
+    auto history = etcd::DecodeRound(history_kv->second.value);
+    if (!history.ok()) {
+      End(1, keys_.round(round) + " cannot be read: " + history.status().message());
+      return false;
+    }
+    auto endpoint = round_store_->Serve(*history, records, lease_, Deadline());
     if (!endpoint.ok()) {
       End(1, endpoint.status().message());
       return false;
     }
-    mirror_[keys_.store(doc.state.round)].value = *endpoint;
+    mirror_[keys_.store(round)].value = *endpoint;
     return true;
   }
 
@@ -552,8 +614,8 @@ class EtcdRendezvous final : public Rendezvous {
     if (etcd::Decider(keys_, mirror_) != o_.node_id) return;
     // The last transaction's revision not seen yet: the watch brings it, and a pass follows.
     if (revision_ < seen_needed_) return;
-    auto d = DecideAndWrite(*client_, keys_, mirror_, rdzv::TimePoint::clock::now(), Deadline(),
-                            o_.retention);
+    auto d = DecideAndWrite(*client_, keys_, mirror_, o_.node_id, rdzv::TimePoint::clock::now(),
+                            Deadline(), o_.retention);
     if (!d.error.ok()) return End(1, d.error.message());
     if (!d.unanswered.ok()) spdlog::warn("etcd rendezvous: deciding: {}", d.unanswered.message());
     if (d.written_revision != 0) seen_needed_ = d.written_revision;
@@ -649,8 +711,9 @@ class EtcdRendezvous final : public Rendezvous {
   bool ready_ = false;
   bool want_join_ = false;
   std::optional<int> joined_gathering_;
-  std::optional<Round> round_;        // the round whose assignment the agent has
-  std::vector<std::uint16_t> ports_;  // this node's for the next round, sent with its join
+  std::optional<Round> round_;             // the round whose assignment the agent has
+  std::optional<etcd::RankRecord> place_;  // this node's ranks/ record, last read
+  std::vector<std::uint16_t> ports_;       // this node's for the next round, sent with its join
   std::unique_ptr<EtcdRoundStore> round_store_;  // when this node serves a round's store
   bool ended_ = false;
   bool left_ = false;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <set>
 #include <stdexcept>
 #include <variant>
@@ -182,6 +183,45 @@ StatusOr<JoinRecord> DecodeJoin(const std::string& id, const std::string& text) 
   });
 }
 
+std::string EncodeRank(const RankRecord& r) {
+  json j = {{"token", r.token}, {"round", r.round}, {"group_world_size", r.group_world_size}};
+  if (r.spare) {
+    j["spare"] = true;
+  } else {
+    j["group_rank"] = r.group_rank;
+    j["base_rank"] = r.base_rank;
+  }
+  return j.dump();
+}
+
+StatusOr<RankRecord> DecodeRank(const std::string& id, const std::string& text) {
+  return Guarded("rank record of '" + id + "'", [&]() -> StatusOr<RankRecord> {
+    const json j = json::parse(text);
+    RankRecord r;
+    r.token = j.at("token").get<std::string>();
+    r.round = j.at("round").get<int>();
+    r.spare = j.value("spare", false);
+    r.group_world_size = j.at("group_world_size").get<int>();
+    if (!r.spare) {
+      r.group_rank = j.at("group_rank").get<int>();
+      r.base_rank = j.at("base_rank").get<int>();
+    }
+    return r;
+  });
+}
+
+StatusOr<RoundHistory> DecodeRound(const std::string& text) {
+  return Guarded("round history", [&]() -> StatusOr<RoundHistory> {
+    const json j = json::parse(text);
+    RoundHistory h;
+    h.round = j.at("round").get<int>();
+    h.world_size = j.at("world_size").get<int>();
+    h.nodes = j.value("nodes", std::vector<std::string>{});
+    h.spares = j.value("spares", std::vector<std::string>{});
+    return h;
+  });
+}
+
 std::string EncodeReport(const Report& r) {
   json j = {{"success", r.success}};
   if (!r.success) {
@@ -265,6 +305,7 @@ std::string EncodeJob(const JobDoc& d, TimePoint now, WallClock::time_point wall
             {"world_size", d.world_size},
             {"judges_stragglers", true}};
   if (d.retention_lease != 0) j["retention_lease"] = d.retention_lease;
+  if (!d.ranks_token.empty()) j["ranks_token"] = d.ranks_token;
   if (d.outcome) {
     j["outcome"] = {{"success", d.outcome->success},
                     {"exit_code", d.outcome->exit_code},
@@ -330,6 +371,7 @@ StatusOr<JobDoc> DecodeJob(const std::string& text, TimePoint now, WallClock::ti
     d.world_size = j.value("world_size", 0);
     d.judges_stragglers = j.value("judges_stragglers", false);
     d.retention_lease = j.value("retention_lease", std::int64_t{0});
+    d.ranks_token = j.value("ranks_token", std::string());
     if (j.contains("outcome") && !j["outcome"].is_null()) {
       const auto& o = j["outcome"];
       Outcome out;
@@ -350,6 +392,12 @@ std::string EncodePublicJob(const JobDoc& doc, TimePoint now, WallClock::time_po
   pub.state.join_deadline.reset();
   pub.state.last_call_deadline.reset();
   pub.state.round_times.clear();
+  // Each node reads its place from ranks/ (RankRecord): the list goes to every node only where
+  // their workers need every node's address and ports (--contract).
+  if (std::none_of(pub.state.members.begin(), pub.state.members.end(),
+                   [](const rdzv::Member& m) { return !m.node.ports.empty(); })) {
+    pub.state.members.clear();
+  }
   for (auto& m : pub.state.members) m.succeeded = false;
   return EncodeJob(pub, now, wall);
 }
@@ -583,6 +631,10 @@ class Deciding {
       } else if (std::holds_alternative<rdzv::SucceedJob>(action)) {
         doc_.outcome = Outcome{true, 0, "all workers succeeded", {}, {}};
         out_.log.push_back("job succeeded");
+      } else if (auto* spare = std::get_if<rdzv::KeepAsSpare>(&action)) {
+        // Its place in the running round; a/job's spares change, which wakes it to read it.
+        PutRank(spare->node_id, {doc_.ranks_token, spare->round, true, 0,
+                                 static_cast<int>(doc_.state.members.size()), 0});
       } else if (auto* refuse = std::get_if<rdzv::RefuseJoin>(&action)) {
         auto n = nodes_.find(refuse->node_id);
         const std::int64_t lease = n == nodes_.end() ? 0 : n->second.kv->lease;
@@ -601,6 +653,7 @@ class Deciding {
                     {"gathering", doc_.gathering}};
     for (const auto& a : round.assignments) history["nodes"].push_back(a.node_id);
     history["spares"] = round.spares;
+    RankRecords(round, history);
     out_.ops.push_back({Op::Kind::kPut, keys_.round(round.round), history.dump(), 0});
     // The history keeps the last kRoundsKept rounds; the stores of earlier rounds are gone
     // (kMaxTidied of each a round: a run of an older crun may have hundreds).
@@ -619,6 +672,35 @@ class Deciding {
                        " formed: " + std::to_string(round.assignments.size()) + " nodes, " +
                        std::to_string(doc_.world_size) + " workers, restart count " +
                        std::to_string(round.restart_count));
+  }
+
+  // Every node's place in the round, named by a token of the decision's content (two deciders'
+  // different rounds cannot share one), each record bound to its node's lease.
+  void RankRecords(const rdzv::FormRound& round, const json& history) {
+    std::string content = history.dump();
+    for (const auto& a : round.assignments) {
+      content += "|" + a.node_id + ":" + std::to_string(a.base_rank);
+    }
+    content += "|job " + std::to_string(doc_.job) + " gathering " + std::to_string(doc_.gathering);
+    char token[24];
+    std::snprintf(token, sizeof token, "%016zx", std::hash<std::string>{}(content));
+    doc_.ranks_token = token;
+    out_.rank_ops.clear();  // an earlier round of this same decision is not announced
+    for (const auto& a : round.assignments) {
+      PutRank(a.node_id, {doc_.ranks_token, round.round, false, a.group_rank, a.group_world_size,
+                          a.base_rank});
+    }
+    const int nodes = static_cast<int>(round.assignments.size());
+    for (const auto& id : round.spares) {
+      PutRank(id, {doc_.ranks_token, round.round, true, 0, nodes, 0});
+    }
+  }
+
+  // A node's ranks/ record, bound to its lease.
+  void PutRank(const std::string& id, const RankRecord& r) {
+    auto n = nodes_.find(id);
+    const std::int64_t lease = n == nodes_.end() ? 0 : n->second.kv->lease;
+    out_.rank_ops.push_back({Op::Kind::kPut, keys_.rank(id), EncodeRank(r), lease});
   }
 
   void FailJob(const rdzv::FailJob& fail) {

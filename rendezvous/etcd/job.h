@@ -1,7 +1,7 @@
 // The etcd rendezvous's keys and what they hold (docs/rendezvous.md, "On etcd"): one prefix per
 // run id, JSON values that an operator can read with etcdctl, and the decisions taken on them.
 //
-//   <root>/<run id>/layout              "crun-etcd-rendezvous/2": written once; another value
+//   <root>/<run id>/layout              "crun-etcd-rendezvous/3": written once; another value
 //                                       is a layout of another crun version, and agents refuse it
 //   <root>/<run id>/state               the decider's document: the rules' state (rules.h) with
 //                                       wall-clock deadlines, who has joined, the gathering
@@ -17,9 +17,12 @@
 //                                       deleted by the decider
 //   <root>/<run id>/rounds/<round>      history: when each round formed, with whom; the last
 //                                       kRoundsKept only
+//   <root>/<run id>/ranks/<node id>     this node's place in the last round formed with it
+//                                       (RankRecord), bound to its lease
 //   <root>/<run id>/last_failure        the report that spent the last restart or ended the job
 //   <root>/<run id>/a/job               what every agent acts on: the state without what only
-//                                       the decider needs (who has joined, deadlines)
+//                                       the decider needs (who has joined, deadlines) and, unless
+//                                       a member reserved ports, without the member list
 //   <root>/<run id>/a/decider           the node id that decides (bound to its lease)
 //   <root>/<run id>/a/stores/<round>    the round's c10d store, written by its group rank 0;
 //                                       deleted once a later round forms
@@ -33,6 +36,10 @@
 // whole prefix; every other agent watches a/ only, so that a join or a node's key reaches one
 // watcher, not all of them, and a/job changes only when the agents must act (a round formed,
 // stop and rejoin, the outcome): N agents cost O(N) watch events per round, not O(N^2).
+// a/job stays O(1) bytes as well: each node reads its own place from ranks/<id>, which the
+// decider writes before it announces the round (Decision::rank_ops), so a round costs O(N)
+// bytes in all. Only with --contract, where every worker needs every node's address and ports,
+// does a/job list the members (O(N) to each node), as the service sends them.
 //
 // Tidy: the keys of a job do not grow with its rounds (rounds/ keeps the last kRoundsKept,
 // a/stores/ the current round's), and once it has an outcome every key of the run is bound to one
@@ -56,7 +63,7 @@
 
 namespace crun::etcd {
 
-inline constexpr char kLayout[] = "crun-etcd-rendezvous/2";
+inline constexpr char kLayout[] = "crun-etcd-rendezvous/3";
 inline constexpr char kDefaultRoot[] = "/crun/rdzv";
 inline constexpr int kRoundsKept = 10;  // rounds/ history kept for operators
 // etcd refuses a transaction of more operations than its --max-txn-ops (128 by default): one
@@ -86,6 +93,8 @@ struct Keys {
   std::string store(int round) const { return stores() + std::to_string(round); }
   std::string unhealthy() const { return prefix + "unhealthy/"; }
   std::string unhealthy(const std::string& id) const { return unhealthy() + id; }
+  std::string ranks() const { return prefix + "ranks/"; }
+  std::string rank(const std::string& id) const { return ranks() + id; }
   std::string rounds() const { return prefix + "rounds/"; }
   std::string round(int n) const;  // zero-padded, so that keys sort by round
   std::string last_failure() const { return prefix + "last_failure"; }
@@ -137,6 +146,28 @@ StatusOr<Report> DecodeReport(const std::string& json);
 std::string EncodeUnhealthy(const rdzv::UnhealthyNode& u);
 StatusOr<rdzv::UnhealthyNode> DecodeUnhealthy(const std::string& id, const std::string& json);
 
+// ranks/<node id>: a node's place in a round, as the decider's rules assigned it. `token` names
+// the decision (JobDoc::ranks_token): a record of another decision is not this round's.
+struct RankRecord {
+  std::string token;
+  int round = 0;
+  bool spare = false;
+  int group_rank = 0;
+  int group_world_size = 0;
+  int base_rank = 0;
+};
+std::string EncodeRank(const RankRecord& r);
+StatusOr<RankRecord> DecodeRank(const std::string& id, const std::string& text);
+
+// rounds/<round>: who formed it, node ids in group-rank order.
+struct RoundHistory {
+  int round = 0;
+  int world_size = 0;
+  std::vector<std::string> nodes;
+  std::vector<std::string> spares;
+};
+StatusOr<RoundHistory> DecodeRound(const std::string& text);
+
 struct Outcome {
   bool success = false;
   int exit_code = 0;
@@ -160,6 +191,9 @@ struct JobDoc {
   // The lease that every key of the run is bound to once the job has its outcome (Retention);
   // 0: none yet, or retention off.
   std::int64_t retention_lease = 0;
+  // The decision that formed the running round, as its ranks/ records name it; empty in a
+  // document of a crun before them.
+  std::string ranks_token;
 };
 // Times are written as wall-clock milliseconds and read back against this machine's clocks
 // (`now` and `wall` taken together): agents on different hosts agree to within their clocks'
@@ -172,7 +206,9 @@ StatusOr<JobDoc> DecodeJob(const std::string& json, rdzv::TimePoint now,
 using Mirror = std::map<std::string, KeyValue>;
 
 // What agents other than the decider read (a/job): `doc` without who has joined, the deadlines
-// and who has succeeded, so that it stays the same while a round gathers or ends.
+// and who has succeeded, so that it stays the same while a round gathers or ends, and without
+// the members unless one of them reserved ports (--contract). The spares stay: a node kept as
+// one while the round runs learns it when they change.
 std::string EncodePublicJob(const JobDoc& doc, rdzv::TimePoint now, WallClock::time_point wall);
 
 // How long a finished job's keys outlive it (--rdzv-conf etcd_retention; 0: until removed by
@@ -190,7 +226,11 @@ struct Decision {
   // The job has ended and no retention lease was given: grant one of Retention.ttl and decide
   // again with it (this decision binds nothing).
   bool needs_lease = false;
-  std::vector<Op> ops;                     // to apply in the same transaction
+  std::vector<Op> ops;  // to apply in the same transaction
+  // A round formed: each node's ranks/ record, to write before that transaction (in
+  // transactions of at most kMaxTxnOps, each only while the state is still at
+  // job_mod_revision), so that a node that reads a/job's new round finds its own.
+  std::vector<Op> rank_ops;
   std::vector<std::string> log;            // what was decided, one line each
   std::optional<rdzv::TimePoint> wake_at;  // decide again then (a deadline), if nothing else
   Status error = Status::Ok();  // the mirror cannot be decided on (the layout, a corrupt doc)

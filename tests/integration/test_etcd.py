@@ -380,7 +380,7 @@ class EtcdRendezvous(unittest.TestCase):
             p = self.crun(fab, "a", "1", probe, etcd.endpoints(), run_id="old")
             code, _, err = self.finish(p)
             self.assertNotEqual(code, 0)
-            self.assertIn("'crun-etcd-rendezvous/0', this crun reads 'crun-etcd-rendezvous/2'",
+            self.assertIn("'crun-etcd-rendezvous/0', this crun reads 'crun-etcd-rendezvous/3'",
                           err)
             # etcd's v2 backend is named and refused before anything starts.
             r = subprocess.run([CRUN, "--rdzv-backend", "etcd-v2", "--rdzv-endpoint",

@@ -1,27 +1,13 @@
 #include "agent/rendezvous/etcd/assignment.h"
 
-#include <algorithm>
-#include <vector>
-
-#include "rendezvous/service/rules.h"
-
 namespace crun::agent {
 
-std::optional<GroupAssignment> EtcdAssignment(const etcd::JobDoc& doc, const EtcdSelf& self) {
+std::optional<GroupAssignment> EtcdAssignment(const etcd::JobDoc& doc,
+                                              const etcd::RankRecord& place, const EtcdSelf& self) {
   const auto& s = doc.state;
-  std::vector<rdzv::NodeDescription> nodes;
-  for (const auto& m : s.members) nodes.push_back(m.node);
-  int rank = -1;
-  int base = 0;
-  for (const auto& a : rdzv::AssignRanks(nodes)) {
-    if (a.node_id != self.node_id) continue;
-    rank = a.group_rank;
-    base = a.base_rank;
-    break;
+  if (doc.ranks_token.empty() || place.token != doc.ranks_token || place.round != s.round) {
+    return std::nullopt;
   }
-  const bool spare = std::any_of(s.spares.begin(), s.spares.end(),
-                                 [&](const auto& n) { return n.node_id == self.node_id; });
-  if (rank < 0 && !spare) return std::nullopt;
   GroupAssignment g;
   g.run_id = self.run_id;
   g.role = self.role;
@@ -30,18 +16,17 @@ std::optional<GroupAssignment> EtcdAssignment(const etcd::JobDoc& doc, const Etc
   g.max_restarts = self.max_restarts;
   g.round = s.round;
   g.virtual_local_rank = self.virtual_local_rank;
-  g.group_world_size = static_cast<int>(s.members.size());
+  g.group_world_size = place.group_world_size;
   for (const auto& m : s.members) {
     g.members.push_back({m.node.host, m.node.address, m.node.nproc, m.node.ports});
   }
   g.world_size = doc.world_size;
   g.role_world_size = doc.world_size;
-  if (spare) {
-    g.spare = true;
-  } else {
-    g.group_rank = rank;
-    g.base_rank = base;
-    g.base_role_rank = base;
+  g.spare = place.spare;
+  if (!place.spare) {
+    g.group_rank = place.group_rank;
+    g.base_rank = place.base_rank;
+    g.base_role_rank = place.base_rank;
   }
   return g;
 }

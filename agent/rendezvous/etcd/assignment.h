@@ -1,7 +1,7 @@
 // The etcd rendezvous's assignment role: what a node makes of the job document the decider
-// publishes (rendezvous/etcd/job.h). Pure: the document and who this node is in, its group
-// assignment for the round out (ranks as the decider's rules assign them from the members), or
-// nothing when the round does not include it.
+// publishes (rendezvous/etcd/job.h) and of its own ranks/ record. Pure: the document, the
+// record and who this node is in, its group assignment for the round out, or nothing when the
+// record is not of the round the document announces.
 #pragma once
 
 #include <optional>
@@ -22,10 +22,13 @@ struct EtcdSelf {
   bool virtual_local_rank = false;
 };
 
-// This node's assignment in `doc`'s round, a spare's when it waits outside it, without the
-// store's address (the round's group rank 0 serves it: HostsRoundStore). Nothing when this node
-// is neither a member nor a spare: the decider has not taken its join yet.
-std::optional<GroupAssignment> EtcdAssignment(const etcd::JobDoc& doc, const EtcdSelf& self);
+// This node's assignment in `doc`'s round (`place`: its ranks/ record), a spare's when it waits
+// outside it, without the store's address (the round's group rank 0 serves it:
+// HostsRoundStore); every member's address and ports where the document lists them
+// (--contract). Nothing when `place` is another decision's: the decider has not taken this
+// node's join yet, or a newer round is on its way.
+std::optional<GroupAssignment> EtcdAssignment(const etcd::JobDoc& doc,
+                                              const etcd::RankRecord& place, const EtcdSelf& self);
 
 // Whether `g`'s node serves the round's store: group rank 0 of the round, not a spare.
 inline bool HostsRoundStore(const GroupAssignment& g) { return !g.spare && g.group_rank == 0; }

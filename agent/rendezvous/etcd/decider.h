@@ -26,12 +26,13 @@ struct DecideResult {
   Status unanswered;  // etcd did not take the write (an outage): wake_at is soon
 };
 
-// One decision on `mirror` at `now`, written if the document changed.
+// One decision on `mirror` at `now` by the node `self` (a/decider), written if the document
+// changed; a round's ranks/ records first (etcd/job.h, Decision::rank_ops).
 // A job that ended gets its retention lease here (etcd/job.h, Retention), granted with
 // `retention`'s TTL.
 DecideResult DecideAndWrite(etcd::Client& client, const etcd::Keys& keys,
-                            const etcd::Mirror& mirror, rdzv::TimePoint now,
-                            etcd::Clock::time_point deadline,
+                            const etcd::Mirror& mirror, const std::string& self,
+                            rdzv::TimePoint now, etcd::Clock::time_point deadline,
                             std::chrono::seconds retention = etcd::kDefaultRetention);
 
 }  // namespace crun::agent

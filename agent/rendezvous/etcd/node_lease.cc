@@ -16,15 +16,20 @@ EtcdNodeLease::EtcdNodeLease(std::shared_ptr<etcd::Client> client, etcd::Keys ke
       ttl_(ttl) {}
 
 Status EtcdNodeLease::Register(const std::function<etcd::Clock::time_point()>& deadline,
-                               etcd::Clock::time_point wait_until) {
+                               etcd::Clock::time_point wait_until,
+                               const std::vector<etcd::Op>& with) {
   CRUN_ASSIGN_OR_RETURN(id_, client_->Grant(ttl_, deadline()));
   const std::string& node_id = record_.node.node_id;
   const std::string key = keys_.node(node_id);
+  std::vector<etcd::Op> ops{{etcd::Op::Kind::kPut, key, etcd::EncodeNode(record_), id_},
+                            {etcd::Op::Kind::kDelete, keys_.refusal(node_id), "", 0}};
+  for (auto op : with) {
+    op.lease = id_;
+    ops.push_back(std::move(op));
+  }
   while (true) {
     CRUN_ASSIGN_OR_RETURN(const auto txn,
-                          client_->Txn({{key, etcd::Compare::Target::kCreateRevision, 0, ""}},
-                                       {{etcd::Op::Kind::kPut, key, etcd::EncodeNode(record_), id_},
-                                        {etcd::Op::Kind::kDelete, keys_.refusal(node_id), "", 0}},
+                          client_->Txn({{key, etcd::Compare::Target::kCreateRevision, 0, ""}}, ops,
                                        {{etcd::Op::Kind::kGet, key, "", 0}}, deadline()));
     if (txn.succeeded) {
       node_revision_ = txn.revision;

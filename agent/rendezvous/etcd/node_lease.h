@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "rendezvous/etcd/client.h"
@@ -24,9 +25,10 @@ class EtcdNodeLease {
   // A fresh lease and this node's key bound to it (any refusal of an earlier try removed). A
   // key of the same node id still held by an earlier agent (a crun restarted on this node
   // before its lease ran out) is looked at again until `wait_until`; then the error names the
-  // node id, the run and the key. `deadline` gives each call's deadline.
+  // node id, the run and the key. `deadline` gives each call's deadline. `with`: puts to make
+  // in the same transaction, bound to the new lease (the node's join: one write, not two).
   Status Register(const std::function<etcd::Clock::time_point()>& deadline,
-                  etcd::Clock::time_point wait_until);
+                  etcd::Clock::time_point wait_until, const std::vector<etcd::Op>& with = {});
 
   enum class Beat {
     kAlive,       // etcd refreshed the lease

@@ -6,16 +6,17 @@
 
 namespace crun::agent {
 
-StatusOr<std::string> EtcdRoundStore::Serve(const etcd::JobDoc& doc, const etcd::Mirror& records,
-                                            std::int64_t lease, etcd::Clock::time_point deadline) {
-  const int round = doc.state.round;
+StatusOr<std::string> EtcdRoundStore::Serve(const etcd::RoundHistory& history,
+                                            const etcd::Mirror& records, std::int64_t lease,
+                                            etcd::Clock::time_point deadline) {
+  const int round = history.round;
   if (serving(round)) return published_;
   RoundStoreSpec spec;
-  spec.world_size = doc.world_size;
-  for (const auto& m : doc.state.members) {
-    auto kv = records.find(keys_.node(m.node.node_id));
+  spec.world_size = history.world_size;
+  for (const auto& id : history.nodes) {
+    auto kv = records.find(keys_.node(id));
     if (kv == records.end()) continue;
-    auto record = etcd::DecodeNode(m.node.node_id, kv->second.value);
+    auto record = etcd::DecodeNode(id, kv->second.value);
     spec.members.push_back(record.ok() ? record->addresses : std::vector<std::string>{});
   }
   auto port = host_.Serve(round, spec);

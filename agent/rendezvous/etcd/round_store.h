@@ -21,10 +21,10 @@ class EtcdRoundStore {
   EtcdRoundStore(std::shared_ptr<etcd::Client> client, etcd::Keys keys, std::string advertise)
       : client_(std::move(client)), keys_(std::move(keys)), advertise_(std::move(advertise)) {}
 
-  // Serves the store of `doc`'s round, unless it does already, and publishes it bound to
-  // `lease`: "host:port". `records`: the members' node records (nodes/<id>), as read from etcd.
-  // The error names the round and what failed.
-  StatusOr<std::string> Serve(const etcd::JobDoc& doc, const etcd::Mirror& records,
+  // Serves the store of `round` (its history: rounds/<round>), unless it does already, and
+  // publishes it bound to `lease`: "host:port". `records`: the members' node records
+  // (nodes/<id>), as read from etcd. The error names the round and what failed.
+  StatusOr<std::string> Serve(const etcd::RoundHistory& round, const etcd::Mirror& records,
                               std::int64_t lease, etcd::Clock::time_point deadline);
   void Stop() { host_.Stop(); }
   bool serving(int round) const { return host_.serving() && host_.round() == round; }

@@ -4,6 +4,8 @@
 // publishes.
 #include <catch2/catch.hpp>
 
+#include <set>
+
 #include "agent/rendezvous/etcd/assignment.h"
 #include "agent/rendezvous/etcd/decider.h"
 #include "agent/rendezvous/etcd/election.h"
@@ -94,21 +96,30 @@ struct Etcd {
 
 }  // namespace
 
-TEST_CASE("etcd roles: a node's assignment from the job document", "[etcd_roles]") {
-  const auto doc = Round3();
+TEST_CASE("etcd roles: a node's assignment from the job document and its ranks/ record",
+          "[etcd_roles]") {
+  auto doc = Round3();
+  doc.ranks_token = "t3";
   struct Row {
     std::string node;
     int nproc;
+    crun::etcd::RankRecord place;
     bool in_round, spare;
     int group_rank, base_rank;
     bool hosts_store;
   };
-  for (const Row& row :
-       {Row{"a", 2, true, false, 0, 0, true}, Row{"b", 3, true, false, 1, 2, false},
-        Row{"c", 1, true, false, 2, 5, false}, Row{"d", 2, true, true, 0, 0, false},
-        Row{"x", 2, false, false, 0, 0, false}}) {
+  for (const Row& row : {
+           Row{"a", 2, {"t3", 3, false, 0, 3, 0}, true, false, 0, 0, true},
+           Row{"b", 3, {"t3", 3, false, 1, 3, 2}, true, false, 1, 2, false},
+           Row{"c", 1, {"t3", 3, false, 2, 3, 5}, true, false, 2, 5, false},
+           Row{"d", 2, {"t3", 3, true, 0, 3, 0}, true, true, 0, 0, false},
+           // Another decision's record (a newer round on its way, or this node's join not
+           // taken yet), or another round's: not this round's place.
+           Row{"x", 2, {"t2", 3, false, 1, 3, 2}, false, false, 0, 0, false},
+           Row{"y", 2, {"t3", 2, false, 1, 3, 2}, false, false, 0, 0, false},
+       }) {
     INFO(row.node);
-    const auto g = EtcdAssignment(doc, Self(row.node, row.nproc));
+    const auto g = EtcdAssignment(doc, row.place, Self(row.node, row.nproc));
     REQUIRE(g.has_value() == row.in_round);
     if (!g) continue;
     CHECK(g->spare == row.spare);
@@ -128,6 +139,15 @@ TEST_CASE("etcd roles: a node's assignment from the job document", "[etcd_roles]
     CHECK(g->members[1].ports == std::vector<std::uint16_t>{30003});
     CHECK(g->master_port == 0);  // the store's address is its host's to publish
   }
+  // Without ports a/job lists no members: the assignment has none (as from the service).
+  doc.state.members.clear();
+  const auto g = EtcdAssignment(doc, {"t3", 3, false, 1, 3, 2}, Self("b", 3));
+  REQUIRE(g.has_value());
+  CHECK(g->members.empty());
+  CHECK(g->group_world_size == 3);
+  // A document of a crun before ranks/ records names no decision: nothing is taken from it.
+  doc.ranks_token.clear();
+  CHECK_FALSE(EtcdAssignment(doc, {"", 3, false, 1, 3, 2}, Self("b", 3)).has_value());
 }
 
 TEST_CASE("etcd roles: this node's lease and key", "[etcd_roles]") {
@@ -178,7 +198,7 @@ TEST_CASE("etcd roles: group rank 0 serves the round's store and publishes it", 
     records[keys.node(id)].value = crun::etcd::EncodeNode(Record(id, {"127.0.0.1"}));
   }
   EtcdRoundStore store(client, keys, "127.0.0.1");
-  auto doc = Round3();
+  crun::etcd::RoundHistory doc{3, 6, {"a", "b", "c"}, {"d"}};
   auto endpoint = store.Serve(doc, records, lease.id(), Clock::now() + Ms(5000));
   REQUIRE(endpoint.ok());
   CHECK(store.serving(3));
@@ -200,7 +220,7 @@ TEST_CASE("etcd roles: group rank 0 serves the round's store and publishes it", 
 
   // The same round again: the same store. The next: a new one, published under its round.
   CHECK(*store.Serve(doc, records, lease.id(), Clock::now() + Ms(5000)) == *endpoint);
-  doc.state.round = 4;
+  doc.round = 4;
   auto next = store.Serve(doc, records, lease.id(), Clock::now() + Ms(5000));
   REQUIRE(next.ok());
   CHECK(store.serving(4));
@@ -211,7 +231,7 @@ TEST_CASE("etcd roles: group rank 0 serves the round's store and publishes it", 
 
   // A lease etcd no longer knows: the store is not published, and the error names the round.
   REQUIRE(lease.Revoke(Clock::now() + Ms(5000)).ok());
-  doc.state.round = 5;
+  doc.round = 5;
   auto refused = store.Serve(doc, records, lease.id(), Clock::now() + Ms(5000));
   REQUIRE_FALSE(refused.ok());
   CHECK_THAT(refused.status().message(), Catch::Contains("cannot publish round 5's store"));
@@ -265,9 +285,12 @@ TEST_CASE("etcd roles: the decider writes the job only over the revision it read
                 .ok());
   }
   auto read = [&] { return ReadAll(*client, keys); };
-  const auto before = read();
   const auto now = crun::rdzv::TimePoint::clock::now();
-  auto first = crun::agent::DecideAndWrite(*client, keys, before, now, Clock::now() + Ms(5000));
+  REQUIRE(crun::agent::StandAsDecider(*client, keys, "a", leases[0]->id(), Clock::now() + Ms(5000))
+              .ok());
+  const auto before = read();
+  auto first =
+      crun::agent::DecideAndWrite(*client, keys, before, "a", now, Clock::now() + Ms(5000));
   REQUIRE(first.error.ok());
   REQUIRE(first.unanswered.ok());
   CHECK(first.written_revision > 0);  // both joined, max reached: a round formed
@@ -277,14 +300,69 @@ TEST_CASE("etcd roles: the decider writes the job only over the revision it read
   CHECK(after.at(keys.state()).mod_revision == first.written_revision);
 
   // A decider that has not seen that write (its mirror is the one before) cannot overwrite it.
-  auto stale = crun::agent::DecideAndWrite(*client, keys, before, now, Clock::now() + Ms(5000));
+  auto stale =
+      crun::agent::DecideAndWrite(*client, keys, before, "a", now, Clock::now() + Ms(5000));
   CHECK(stale.error.ok());
   CHECK(stale.written_revision == 0);
   CHECK(read().at(keys.state()).mod_revision == first.written_revision);
 
   // A document this crun cannot read ends the job rather than being overwritten.
   REQUIRE(client->Put(keys.state(), "{not json", 0, Clock::now() + Ms(5000)).ok());
-  auto corrupt = crun::agent::DecideAndWrite(*client, keys, read(), now, Clock::now() + Ms(5000));
+  auto corrupt =
+      crun::agent::DecideAndWrite(*client, keys, read(), "a", now, Clock::now() + Ms(5000));
   CHECK_FALSE(corrupt.error.ok());
   CHECK(corrupt.written_revision == 0);
+}
+
+TEST_CASE("etcd roles: each node's place is written in transactions etcd takes, by the decider",
+          "[etcd_roles]") {
+  // 200 nodes (more than etcd's 128 operations a transaction), all on one lease here.
+  Etcd etcd;
+  auto& client = etcd.client;
+  const auto& keys = etcd.keys;
+  auto lease = client->Grant(std::chrono::seconds(30), Clock::now() + Ms(5000));
+  REQUIRE(lease.ok());
+  constexpr int kNodes = 200;
+  auto id = [](int i) { return "n" + std::to_string(1000 + i); };
+  for (int i = 0; i < kNodes; ++i) {
+    auto r = Record(id(i), {"127.0.0.1"});
+    r.settings.min_nodes = kNodes;
+    r.settings.max_nodes = kNodes;
+    REQUIRE(client->Put(keys.node(id(i)), crun::etcd::EncodeNode(r), *lease, In(Ms(5000))()).ok());
+    REQUIRE(client->Put(keys.join(id(i)), crun::etcd::EncodeJoin({0, {}}), *lease, In(Ms(5000))())
+                .ok());
+  }
+  REQUIRE(crun::agent::StandAsDecider(*client, keys, id(0), *lease, In(Ms(5000))()).ok());
+  const auto now = crun::rdzv::TimePoint::clock::now();
+  // A node that does not decide (it lost its place, say) writes no record and no job.
+  auto intruder = crun::agent::DecideAndWrite(*client, keys, ReadAll(*client, keys), id(7), now,
+                                              In(Ms(5000))());
+  CHECK(intruder.written_revision == 0);
+  auto none = client->GetPrefix(keys.ranks(), In(Ms(5000))());
+  REQUIRE(none.ok());
+  CHECK(none->kvs.empty());
+  CHECK(ReadAll(*client, keys).count(keys.state()) == 0);
+
+  auto decided = crun::agent::DecideAndWrite(*client, keys, ReadAll(*client, keys), id(0), now,
+                                             In(Ms(5000))());
+  REQUIRE(decided.unanswered.ok());
+  REQUIRE(decided.written_revision > 0);
+  const auto all = ReadAll(*client, keys);
+  auto job = crun::etcd::DecodeJob(all.at(keys.job()).value, now, crun::etcd::WallClock::now());
+  REQUIRE(job.ok());
+  CHECK(job->state.phase == crun::rdzv::Phase::kRunning);
+  CHECK(job->state.members.empty());  // no ports: each node reads its own record
+  std::set<int> ranks;
+  for (int i = 0; i < kNodes; ++i) {
+    const auto& kv = all.at(keys.rank(id(i)));
+    CHECK(kv.lease == *lease);
+    CHECK(kv.mod_revision < all.at(keys.job()).mod_revision);  // before the round is announced
+    auto place = crun::etcd::DecodeRank(id(i), kv.value);
+    REQUIRE(place.ok());
+    const auto g = EtcdAssignment(*job, *place, Self(id(i), 1));
+    REQUIRE(g.has_value());
+    CHECK(g->group_world_size == kNodes);
+    ranks.insert(g->group_rank);
+  }
+  CHECK(ranks.size() == static_cast<std::size_t>(kNodes));
 }

@@ -324,7 +324,7 @@ TEST_CASE("HangWatch counts a stopped worker as making no progress, and says it 
   ::kill(child.pid, SIGCONT);
 }
 
-TEST_CASE("HangWatch: an expired timer is a hang at once; Stop ends the watch") {
+TEST_CASE("HangWatch: an expired timer is a hang at once, Stop ends the watch") {
   asio::io_context io;
   Child a({"sleep", "60"});
   Child b({"sleep", "60"});

@@ -194,7 +194,7 @@ TEST_CASE("a clean run: the attempt ends after its exits, its streams and its ed
   CHECK(s.exit_code == 0);
 }
 
-TEST_CASE("a failure stops the others; the restart waits for the edge", "[lifecycle]") {
+TEST_CASE("a failure stops the others, the restart waits for the edge", "[lifecycle]") {
   RunTable(Running2() + std::vector<Row>{
                             {Exit{0, 1, Code(7)},
                              {"exited 0 lr1 exit code 7 failure stops", "report-failure 0",
@@ -419,7 +419,7 @@ TEST_CASE("a hang records the hung ranks, stops the group, and keeps how they en
   CHECK(s.failures[1].exit.success());
 }
 
-TEST_CASE("a spare waits; a round while running is not acted on", "[lifecycle]") {
+TEST_CASE("a spare waits, a round while running is not acted on", "[lifecycle]") {
   RunTable({
       {Assign{0, true}, {"spare 0"}},
       {Assign{1}, {"start 0 round 1"}},

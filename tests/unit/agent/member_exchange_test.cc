@@ -196,7 +196,7 @@ TEST_CASE("every participant gets the same members, in whatever order they publi
   }
 }
 
-TEST_CASE("an exchange whose peers never publish times out naming them; a stop ends it") {
+TEST_CASE("an exchange whose peers never publish times out naming them, a stop ends it") {
   crun::MemoryStore store;
   ExchangeOptions e;
   e.contracts = kTf;  // one port a worker
@@ -231,7 +231,7 @@ TEST_CASE("a round's keys are its own: an earlier round's words are not read") {
   CHECK_THAT(got.status().message(), Catch::Contains("round 1: no ports from node 1"));
 }
 
-TEST_CASE("a crun watching its round hears who began the next; a stop ends the watch") {
+TEST_CASE("a crun watching its round hears who began the next, a stop ends the watch") {
   crun::MemoryStore store;
   std::atomic<bool> stop{false};
   crun::StatusOr<int> heard = crun::InternalError("not run");

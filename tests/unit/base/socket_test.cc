@@ -66,7 +66,7 @@ TEST_CASE("CheckCanListen binds to find out, and leaves nothing bound", "[socket
 // UDP as the rendezvous service's heartbeats use it: a name bound on every address it resolves
 // to, all on one port; a connected socket reaches each; a port taken or an address not this
 // host's is an error naming "udp HOST:PORT".
-TEST_CASE("BindUdp binds every address of a name on one port; ConnectUdp reaches each",
+TEST_CASE("BindUdp binds every address of a name on one port, ConnectUdp reaches each",
           "[socket]") {
   auto bound = crun::BindUdp("localhost", 0);
   REQUIRE(bound.ok());

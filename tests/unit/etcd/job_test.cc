@@ -103,6 +103,10 @@ struct Etcd {
     auto job = kv.find(keys.state());
     const std::int64_t current = job == kv.end() ? 0 : job->second.mod_revision;
     REQUIRE(current == d.job_mod_revision);
+    for (const auto& op : d.rank_ops) {  // first, as DecideAndWrite writes them
+      REQUIRE(op.kind == Op::Kind::kPut);
+      Put(op.key, op.value, op.lease);
+    }
     Put(keys.state(), d.job_json, d.job_lease);
     for (const auto& op : d.ops) {
       switch (op.kind) {
@@ -143,7 +147,7 @@ std::string FailedAnotherWay(int n) {
 
 }  // namespace
 
-TEST_CASE("etcd job: the first node's settings make the job; a round forms when max nodes join") {
+TEST_CASE("etcd job: the first node's settings make the job, a round forms when max nodes join") {
   Etcd e;
   e.AddNode("n-b", "host-b", 2, 2, 2);
   e.AddNode("n-a", "host-a", 3, 2, 2);
@@ -173,7 +177,7 @@ TEST_CASE("etcd job: the first node's settings make the job; a round forms when 
   CHECK_FALSE(e.Step(Ms(20)).write);
 }
 
-TEST_CASE("etcd job: joins carry the ports a node reserved; members carry them to every agent") {
+TEST_CASE("etcd job: joins carry the ports a node reserved, members carry them to every agent") {
   // --contract jax,horovod: two ports a node (JAX's and Horovod's), whatever its workers.
   Etcd e;
   e.AddNode("n-a", "host-a", 2, 2, 2, 0, 100, "jax,horovod");
@@ -315,7 +319,8 @@ TEST_CASE("etcd job: what every agent watches (a/job) changes only when they mus
   e.Step(Ms(10));
   CHECK(e.kv.at(e.keys.job()).mod_revision > published);
   CHECK(e.Public()["phase"] == "running");
-  CHECK(e.Public()["members"].size() == 3);
+  CHECK(e.Public()["members"].empty());  // each node reads its own place: ranks/<id>
+  CHECK(e.Job()["members"].size() == 3);
   CHECK(e.Public()["world_size"] == 3);
   // Successes: the state counts them, a/job waits for the outcome.
   const auto running = e.kv.at(e.keys.job()).mod_revision;
@@ -328,7 +333,7 @@ TEST_CASE("etcd job: what every agent watches (a/job) changes only when they mus
   CHECK(e.Public()["outcome"]["success"] == true);
 }
 
-TEST_CASE("etcd job: a node whose lease ended is lost; the others re-form without a restart") {
+TEST_CASE("etcd job: a node whose lease ended is lost, the others re-form without a restart") {
   Etcd e;
   e.AddNode("a", "host-a", 1, 1, 3);
   e.AddNode("b", "host-b", 1, 1, 3);
@@ -421,10 +426,10 @@ TEST_CASE("etcd job: a layout written by another version is refused, naming both
   auto d = Decide(e.keys, e.kv, kT0, kWall0);
   CHECK_FALSE(d.error.ok());
   CHECK(d.error.message().find("'crun-etcd-rendezvous/9', this crun writes "
-                               "'crun-etcd-rendezvous/2'") != std::string::npos);
+                               "'crun-etcd-rendezvous/3'") != std::string::npos);
 }
 
-TEST_CASE("etcd job: deadlines survive another host's clocks; a corrupt document is an error") {
+TEST_CASE("etcd job: deadlines survive another host's clocks, a corrupt document is an error") {
   crun::etcd::JobDoc doc;
   doc.state.settings.min_nodes = 1;
   doc.state.settings.max_nodes = 2;
@@ -485,7 +490,8 @@ crun::etcd::JobDoc RunningRound(Etcd& e) {
   e.JoinNode("n-a");
   e.JoinNode("n-b");
   e.Step(Ms(0));
-  auto doc = crun::etcd::DecodeJob(e.kv.at(e.keys.job()).value, kT0, kWall0);
+  // The decider's document: with the members, which a/job leaves out.
+  auto doc = crun::etcd::DecodeJob(e.kv.at(e.keys.state()).value, kT0, kWall0);
   REQUIRE(doc.ok());
   REQUIRE(doc->state.phase == crun::rdzv::Phase::kRunning);
   CHECK(doc->judges_stragglers);
@@ -719,7 +725,8 @@ TEST_CASE("etcd job: tidying never makes a transaction larger than etcd takes") 
   std::size_t before = e.kv.size();
   e.Step(Ms(0));  // Apply requires every decision to fit a transaction
   REQUIRE(e.Job()["phase"] == "running");
-  CHECK(e.kv.size() < before + 4);  // some old keys went, within the limit
+  // Some old keys went, within the limit (and each node's ranks/ record came).
+  CHECK(e.kv.size() < before + 4 + 300);
   // Each later round takes kMaxTidied more of them until only the last ones are left.
   for (int round = 1; round < 30; ++round) {
     e.Put(e.keys.report(e.Gathering(), "n0"), FailedAnotherWay(round));
@@ -748,8 +755,72 @@ TEST_CASE("etcd job: tidying never makes a transaction larger than etcd takes") 
     e.Apply(Decide(e.keys, e.kv, kT0 + Ms(400'001 + pass), kWall0 + Ms(400'001 + pass), retention));
   }
   for (const auto& [key, kv] : e.kv) {
-    if (!key.starts_with(e.keys.nodes()) && !key.starts_with(e.keys.joins())) {
+    // A node's own keys go with its lease.
+    if (!key.starts_with(e.keys.nodes()) && !key.starts_with(e.keys.joins()) &&
+        !key.starts_with(e.keys.ranks())) {
       CHECK(kv.lease == 777);
     }
+  }
+}
+
+TEST_CASE("etcd job: each node's place is its own key, a/job does not grow with the nodes") {
+  // 3 nodes, then 300 (more than one transaction of ranks/ records), 2 workers each, and 7
+  // spares (taken after the round formed): the same a/job, and each node's record names its
+  // own place.
+  std::size_t public_bytes_of_3 = 0;
+  for (const int n : {3, 300}) {
+    INFO(n << " nodes");
+    Etcd e;
+    auto id = [](int i) {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, "n%04d", i);
+      return std::string(buf);
+    };
+    for (int i = 0; i < n + 7; ++i) {
+      e.AddNode(id(i), "host-" + id(i), 2, n, n, 1, 1000 + i);
+      e.JoinNode(id(i));
+    }
+    const auto d = e.Step(Ms(0));
+    REQUIRE(e.Public()["phase"] == "running");
+    CHECK(d.rank_ops.size() == static_cast<std::size_t>(n + 7));
+    const std::string token = e.Public().at("ranks_token").get<std::string>();
+    CHECK_FALSE(token.empty());
+    CHECK(e.Job().at("ranks_token") == token);
+    std::set<int> ranks;
+    int spares = 0;
+    for (int i = 0; i < n + 7; ++i) {
+      const auto& kv = e.kv.at(e.keys.rank(id(i)));
+      CHECK(kv.lease == 1000 + i);  // gone with its node
+      auto r = crun::etcd::DecodeRank(id(i), kv.value);
+      REQUIRE(r.ok());
+      CHECK(r->token == token);
+      CHECK(r->round == 0);
+      CHECK(r->group_world_size == n);
+      if (r->spare) {
+        ++spares;
+        continue;
+      }
+      CHECK(r->base_rank == 2 * r->group_rank);
+      ranks.insert(r->group_rank);
+    }
+    CHECK(spares == 7);
+    CHECK(ranks.size() == static_cast<std::size_t>(n));
+    CHECK(*ranks.rbegin() == n - 1);
+    CHECK(e.Public()["members"].empty());
+    const auto bytes = e.kv.at(e.keys.job()).value.size();
+    if (n == 3) public_bytes_of_3 = bytes;
+    // O(spares): the members are in the state only; 300 nodes add digits to sizes alone.
+    CHECK(bytes <= public_bytes_of_3 + 8);
+    // Records of an earlier decision are not this one's: the next round has a new token.
+    e.Put(e.keys.report(e.Gathering(), id(0)), FailureReport("rank 0 failed", 1));
+    e.Step(Ms(10));
+    for (int i = 0; i < n + 7; ++i) e.JoinNode(id(i));
+    e.Step(Ms(20));
+    REQUIRE(e.Public()["phase"] == "running");
+    CHECK(e.Public()["ranks_token"] != token);
+    auto again = crun::etcd::DecodeRank(id(1), e.kv.at(e.keys.rank(id(1))).value);
+    REQUIRE(again.ok());
+    CHECK(again->token == e.Public()["ranks_token"]);
+    CHECK(again->round == 1);
   }
 }

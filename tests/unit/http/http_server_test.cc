@@ -118,7 +118,7 @@ TEST_CASE("metrics endpoint: garbage and oversized requests get 400 (a body 413)
   CHECK(s.scrapes == 0);
 }
 
-TEST_CASE("metrics endpoint: an idle client is closed at the deadline; the full server refuses") {
+TEST_CASE("metrics endpoint: an idle client is closed at the deadline, the full server refuses") {
   HttpServerOptions o;
   o.io_timeout = 300ms;
   o.max_connections = 2;

@@ -97,7 +97,7 @@ TEST_CASE("metrics: a histogram's buckets are cumulative, with +Inf, sum and cou
         "crun_round_formation_seconds_count{run_id=\"j\"} 5\n");
 }
 
-TEST_CASE("metrics: cardinality is bounded; ended jobs' series are removed") {
+TEST_CASE("metrics: cardinality is bounded, ended jobs' series are removed") {
   Registry r;
   auto& restarts = r.AddCounter("crun_restarts_total", "Restarts", {"run_id"}, 3);
   for (int i = 0; i < 5; ++i) restarts.With({"job" + std::to_string(i)}).Inc();
@@ -113,7 +113,7 @@ TEST_CASE("metrics: cardinality is bounded; ended jobs' series are removed") {
   CHECK(r.Render().find("crun_restarts_total{run_id=\"job9\"} 1\n") != std::string::npos);
 }
 
-TEST_CASE("metrics: updates from many threads are all counted; OnScrape runs at each render") {
+TEST_CASE("metrics: updates from many threads are all counted, OnScrape runs at each render") {
   Registry r;
   auto& c = r.AddCounter("crun_heartbeats_received_total", "Heartbeats");
   auto& h = r.AddHistogram("crun_x_seconds", "x", {}, {1});

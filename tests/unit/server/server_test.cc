@@ -515,7 +515,7 @@ TEST_CASE("client: a store that goes away breaks the client with a clear error",
   CHECK_THAT(again.status().message(), Catch::Contains("unusable after an earlier failure"));
 }
 
-TEST_CASE("an allow-list admits its addresses only; a stranger is closed, counted, harmless",
+TEST_CASE("an allow-list admits its addresses only, a stranger is closed, counted, harmless",
           "[server]") {
   crun::StoreServerOptions options;
   options.host = "127.0.0.1";
@@ -555,7 +555,7 @@ TEST_CASE("an allow-list entry that is not an address is refused with the value 
   CHECK_THAT(s.status().message(), Catch::Contains("'node-a'"));
 }
 
-TEST_CASE("connections per address are bounded; other addresses and freed slots go on",
+TEST_CASE("connections per address are bounded, other addresses and freed slots go on",
           "[server]") {
   crun::StoreServerOptions options;
   options.max_connections_per_peer = 2;
@@ -575,7 +575,7 @@ TEST_CASE("connections per address are bounded; other addresses and freed slots 
   CHECK(server->stats().refused_per_peer == 1);
 }
 
-TEST_CASE("waits held per connection and in total are bounded; others carry on", "[server]") {
+TEST_CASE("waits held per connection and in total are bounded, others carry on", "[server]") {
   crun::StoreServerOptions options;
   options.limits.max_waits_per_connection = 3;
   options.limits.max_pending_waits = 5;

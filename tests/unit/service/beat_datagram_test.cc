@@ -67,7 +67,7 @@ TEST_CASE("beat datagram: another key, a flipped bit or a cut one does not open"
   CHECK_FALSE(OpenBeat(t.key, moved));
 }
 
-TEST_CASE("beat ticket: round trip; a bad one names what is wrong", "[beats]") {
+TEST_CASE("beat ticket: round trip, a bad one names what is wrong", "[beats]") {
   const auto t = Ticket(123456789);
   const auto parsed = crun::rdzv::ParseBeatTicket(crun::rdzv::FormatBeatTicket(t));
   REQUIRE(parsed.ok());

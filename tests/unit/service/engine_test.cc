@@ -217,7 +217,7 @@ TEST_CASE("engine: MASTER_ADDR is the advertised address when one is set", "[eng
   CHECK(h.Assignment(1).master_addr == "192.168.7.7");
 }
 
-TEST_CASE("engine: the last call forms a round at MIN; a late node scales up", "[engine]") {
+TEST_CASE("engine: the last call forms a round at MIN, a late node scales up", "[engine]") {
   Harness h;
   h.Join(1, "a", T0, {.max = 3});
   h.Join(2, "b", T0 + 10ms, {.max = 3});
@@ -591,7 +591,7 @@ TEST_CASE("engine: nodes that do not answer by the deadline are named missing",
 }
 
 TEST_CASE(
-    "engine: stacks of an unknown or gathering job are refused at once; answers past the "
+    "engine: stacks of an unknown or gathering job are refused at once, answers past the "
     "size bound are named missing",
     "[engine][stacks]") {
   Harness h;
@@ -705,7 +705,7 @@ TEST_CASE("engine: metrics count rounds, failures by cause, refusals and outcome
   CHECK(value("crun_rendezvous_failures_total{run_id=\"job8\",cause=\"node_lost\"}") == 0);
 }
 
-TEST_CASE("engine: a forgotten job's series go; a reused run id counts from 0", "[engine]") {
+TEST_CASE("engine: a forgotten job's series go, a reused run id counts from 0", "[engine]") {
   using crun::testing::SampleValue;
   Metered m;
   auto& registry = m.registry;

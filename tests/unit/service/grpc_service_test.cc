@@ -212,7 +212,7 @@ TEST_CASE("grpc service: a round forms and its worker store is reachable", "[grp
   CHECK(service->stats().sessions == 2);
 }
 
-TEST_CASE("grpc service: a failure is pushed to every node; a dropped agent is lost", "[grpc]") {
+TEST_CASE("grpc service: a failure is pushed to every node, a dropped agent is lost", "[grpc]") {
   auto service = StartService();
   Agent a(service->port(), "node-a"), b(service->port(), "node-b"), c(service->port(), "node-c");
   a.Join(2, 3);
@@ -426,7 +426,7 @@ TEST_CASE("grpc service: Status needs the job token too", "[grpc][security]") {
   CHECK(stub->Status(&ctx, req, &resp).ok());
 }
 
-TEST_CASE("grpc service: the Stacks call gathers every node's answer; needs the token",
+TEST_CASE("grpc service: the Stacks call gathers every node's answer, needs the token",
           "[grpc][stacks]") {
   auto service = StartService("s3cret-token");
   Agent a(service->port(), "node-a", "s3cret-token"), b(service->port(), "node-b", "s3cret-token");
@@ -626,7 +626,7 @@ TEST_CASE("grpc service: a Session message that does not parse ends the session"
 // heartbeat_timeout, each is acked under its session's key, and what is not its session's key's
 // (forged, replayed, unknown, garbage) is counted and keeps nobody alive: a node that stops
 // beating is lost within heartbeat_timeout, as on the stream.
-TEST_CASE("grpc service: heartbeat datagrams keep a node in the job; others are refused",
+TEST_CASE("grpc service: heartbeat datagrams keep a node in the job, others are refused",
           "[grpc][beats]") {
   using crun::testing::SampleValue;
   auto service = StartService("", true);

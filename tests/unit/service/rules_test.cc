@@ -312,7 +312,7 @@ State Rejoin(State st, TimePoint now, std::initializer_list<const char*> hosts) 
   return OnTick(st, now + 1s).state;
 }
 
-TEST_CASE("a worker failure stops every node; the re-formed round carries the restart count",
+TEST_CASE("a worker failure stops every node, the re-formed round carries the restart count",
           "[rules]") {
   State st = Running(/*max_restarts=*/1);
   auto t = OnWorkerFailed(st, "b#1", Said("rank 3 on b: exit code 7"), T0 + 10s);

@@ -120,7 +120,7 @@ TEST_CASE("a barrier releases every arriver once the count is reached", "[kv]") 
   CHECK(*s.Get("bar") == "3");
 }
 
-TEST_CASE("QUEUE_PUSH wakes one waiter; pops are FIFO", "[kv]") {
+TEST_CASE("QUEUE_PUSH wakes one waiter, pops are FIFO", "[kv]") {
   KvState s(kBig);
   Recorder a, b;
   REQUIRE_FALSE(s.Wait({"q"}, &a));

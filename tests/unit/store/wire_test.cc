@@ -303,7 +303,7 @@ TEST_CASE("malformed streams are refused with a message naming the value", "[wir
   }
 }
 
-TEST_CASE("on_request can stop the parse; the rest is kept for later", "[wire]") {
+TEST_CASE("on_request can stop the parse, the rest is kept for later", "[wire]") {
   std::string s = ModernPrelude();
   EncodeRequest(Dialect::kModern, MakeRequest(Command::kGetNumKeys), &s);
   EncodeRequest(Dialect::kModern, MakeRequest(Command::kGet, {"/k"}), &s);
