@@ -154,17 +154,19 @@ class EtcdRendezvous final : public Rendezvous {
     co.user = o_.user;
     co.password = o_.password;
     co.keepalive_timeout = std::max(Millis(1'000), o_.settings.heartbeat_timeout);
+    co.probe = false;  // the first read below proves that a member answers
+    auto cannot_use = [&](const Status& why) {
+      End(1, "cannot use " + where + " for run '" + o_.run_id + "' within " +
+                 std::to_string(o_.connect_timeout.count()) +
+                 " ms (connect_timeout): " + why.message() + "; nothing was started");
+    };
     auto client = etcd::Client::Connect(co, Clock::now() + o_.connect_timeout);
-    if (!client.ok()) {
-      return End(1, "cannot use " + where + " for run '" + o_.run_id + "' within " +
-                        std::to_string(o_.connect_timeout.count()) + " ms (connect_timeout): " +
-                        client.status().message() + "; nothing was started");
-    }
+    if (!client.ok()) return cannot_use(client.status());
     client_ = std::move(client).value();
     // The layout and what this node watches, in one read; then its lease, its key and (when
     // the agent is ready) its join in one write: each agent costs etcd little at 1,000 nodes.
     std::string layout;
-    if (!LoadMirror(&layout)) return;
+    if (Status read = LoadMirror(&layout); !read.ok()) return cannot_use(read);
     if (!layout.empty() && layout != etcd::kLayout) {
       return End(1, where + ": " + keys_.layout() + " is '" + layout + "', this crun reads '" +
                         etcd::kLayout +
@@ -248,7 +250,7 @@ class EtcdRendezvous final : public Rendezvous {
   // The watch fell behind etcd's compaction: read everything again and watch from there.
   void Resync() {
     watch_.reset();
-    if (!LoadMirror()) return;
+    if (Status read = LoadMirror(); !read.ok()) return End(1, read.message());
     StartWatch();
     Changed();
   }
@@ -258,21 +260,18 @@ class EtcdRendezvous final : public Rendezvous {
   std::string WatchedPrefix() const { return watch_all_ ? keys_.prefix : keys_.announce(); }
 
   // What this node watches, read at one revision, and the run's layout key (`layout`, when
-  // given: empty when there is none); false when etcd did not answer (the job ends here).
-  bool LoadMirror(std::string* layout = nullptr) {
+  // given: empty when there is none); an error when etcd did not answer.
+  Status LoadMirror(std::string* layout = nullptr) {
     auto all = client_->Txn({},
                             {{etcd::Op::Kind::kGetPrefix, WatchedPrefix(), "", 0},
                              {etcd::Op::Kind::kGet, keys_.layout(), "", 0}},
                             {}, Deadline());
-    if (!all.ok()) {
-      End(1, all.status().message());
-      return false;
-    }
+    if (!all.ok()) return all.status();
     mirror_.clear();
     for (auto& kv : all->reads.at(0)) mirror_[kv.key] = std::move(kv);
     if (layout != nullptr && !all->reads.at(1).empty()) *layout = all->reads.at(1).front().value;
     revision_ = all->revision;
-    return true;
+    return Status::Ok();
   }
 
   void ArmKeepAlive() {

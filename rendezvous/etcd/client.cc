@@ -261,6 +261,7 @@ StatusOr<std::shared_ptr<Client>> Client::Connect(ClientOptions options,
   }
   std::shared_ptr<Client> client(new Client(std::move(impl)));
   // A read proves a member with quorum answers, with our credentials.
+  if (!client->impl_->o.probe) return client;
   auto probe = client->Get("crun-connect-probe", deadline);
   if (!probe.ok()) return probe.status();
   return client;
@@ -331,8 +332,9 @@ StatusOr<TxnResult> Client::Txn(const std::vector<Compare>& compares, const std:
   for (const auto& op : then) FillOp(op, req.add_success());
   for (const auto& op : otherwise) FillOp(op, req.add_failure());
   pb::TxnResponse resp;
-  const std::string what =
-      "a transaction on " + (compares.empty() ? std::string("keys") : compares.front().key);
+  const std::string what = "a transaction on " + (!compares.empty() ? compares.front().key
+                                                  : !then.empty()   ? then.front().key
+                                                                    : std::string("keys"));
   CRUN_RETURN_IF_ERROR(impl_->Call(what, deadline, [&](std::size_t m, auto& ctx) {
     return impl_->kv[m]->Txn(&ctx, req, &resp);
   }));

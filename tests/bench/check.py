@@ -58,6 +58,10 @@ TOLD_30K = "failure → every agent told, 10,000 → 30,000 agents: linear / cru
 # A heartbeat's cost at 10,000 agents beating each second: what a bare gRPC server pays for one
 # stream message (any heartbeat on a stream) against the daemon's per datagram.
 BEATS_10K = "heartbeat, 10,000 agents: bare gRPC message / crun datagram"
+# How forming through etcd grows (rdzv_bench's etcd table): each agent reading its own ranks/
+# key keeps a round O(agents); a/job listing every member again would fall well below 1.0.
+ETCD_SCALE = rdzv_bench.ETCD_SIMULATED
+ETCD_FORM = "etcd form, 100 → 1,000 agents: linear / crun"
 RECOVERY = "recovery, crash → imported, 1 node: torchrun 2.x / crun --warm"
 SNAPSHOT = "save 200 MiB a rank, 2 workers: torch.save /dev/shm / crun_worker.save"
 # torchrun's spare did not take over in any run (docs/benchmarks.md, "Node lost"): the node-lost
@@ -140,6 +144,8 @@ def recorded(docs):
     form = scale_cells(row(rdzv, "form a round"))
     told = scale_cells(row(rdzv, "failure → every agent told"))
     ten_k = 1 + rdzv_bench.SIMULATED.index(SCALE[1])  # the heartbeat rows' cell at 10,000
+    etcd_cells = row(rdzv, rdzv_bench.ETCD_FORM_ROW)
+    etcd_form = {n: number(etcd_cells[1 + i]) for i, n in enumerate(ETCD_SCALE)}
     # Cells: case, crun, limit, crun / limit, torchrun 2.x, torchrun 1.13, torchrun / crun.
     return {
         LAUNCH_TORCH: (number(two[-1]), commit_of(launch)),
@@ -156,6 +162,7 @@ def recorded(docs):
         FORM_10K: (linearity(form, SCALE[0], SCALE[1]), commit_of(rdzv)),
         FORM_30K: (linearity(form, SCALE[1], SCALE[2]), commit_of(rdzv)),
         TOLD_30K: (linearity(told, SCALE[1], SCALE[2]), commit_of(rdzv)),
+        ETCD_FORM: (linearity(etcd_form, *ETCD_SCALE), commit_of(rdzv)),
         BEATS_10K: (number(row(rdzv, rdzv_bench.BARE_BEAT_ROW)[ten_k]) /
                     number(row(rdzv, rdzv_bench.BEAT_ROW)[ten_k]), commit_of(rdzv)),
         # Cells: case, torch, figure, crun cold, crun --warm, torchrun 2.x.
@@ -294,6 +301,19 @@ def scale_checks(args):
     return ratios
 
 
+def etcd_checks(args):
+    """rdzv_bench's simulated agents through a fresh 3-member etcd at 100 and 1,000 (10 and 100
+    with --smoke)."""
+    sim = argparse.Namespace(**vars(args))
+    sim.loadgen = args.rdzv_loadgen
+    sizes = tuple(n // 10 for n in ETCD_SCALE) if args.smoke else ETCD_SCALE
+    ratios = {ETCD_FORM: []}
+    for _ in range(rounds_of(args, 3)):
+        form = {n: rdzv_bench.etcd_simulated(sim, n, steady_ms=0)["form"]["ms"] for n in sizes}
+        ratios[ETCD_FORM].append(linearity(form, *sizes))
+    return ratios
+
+
 def beat_checks(args):
     """10,000 agents beating each second (a tenth with --smoke), 3 s measured: the daemon's CPU
     per datagram against a bare gRPC server's per stream message, a fresh server each,
@@ -406,8 +426,8 @@ def main():
         print(f"  {name}: {ratio:,.2f} (at {commit})", file=sys.stderr)
     measured = {}
     # The storm last: it leaves 40,000 closed connections in TIME_WAIT behind it.
-    for checks in (launch_checks, rdzv_checks, scale_checks, beat_checks, recovery_checks,
-                   snapshot_checks, node_lost_checks, store_checks):
+    for checks in (launch_checks, rdzv_checks, scale_checks, etcd_checks, beat_checks,
+                   recovery_checks, snapshot_checks, node_lost_checks, store_checks):
         measured.update(checks(args))
     rows, regressed = judge(measured, was)
     print(f"| check | recorded (commit) | this run | noise band | verdict |")

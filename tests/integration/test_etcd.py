@@ -351,7 +351,7 @@ class EtcdRendezvous(unittest.TestCase):
                 # nothing started.
                 cases = [
                     (client, FAST + f",etcd_user=root,etcd_password_file={bad}",
-                     "refused a read of crun-connect-probe"),
+                     "refused a transaction on /crun/rdzv/refused/"),
                     (client, FAST, "no etcd user given"),
                     ([], FAST + auth, "if etcd uses TLS, give --tls-ca"),
                 ]
