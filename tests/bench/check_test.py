@@ -57,7 +57,7 @@ class Judge(unittest.TestCase):
 class Recorded(unittest.TestCase):
     def test_every_check_has_a_recorded_ratio_and_commit(self):
         was = check.recorded(DOCS)
-        self.assertEqual(len(was), 15)
+        self.assertEqual(len(was), 16)
         for name, (ratio, commit) in was.items():
             self.assertGreater(ratio, 0, name)
             self.assertRegex(commit, r"^[0-9a-f]{7,}$", name)
@@ -71,6 +71,14 @@ class Recorded(unittest.TestCase):
         self.assertAlmostEqual(check.recorded(DOCS)[check.FORM_30K][0], 3 * ten / thirty)
         self.assertAlmostEqual(check.linearity({1: 10.0, 10: 100.0}, 1, 10), 1.0)
         self.assertAlmostEqual(check.linearity({1: 10.0, 10: 200.0}, 1, 10), 0.5)
+
+    def test_the_etcd_ratio_is_how_forming_through_etcd_grows_from_100_to_1000(self):
+        text = check.section(open(DOCS).read(), "<!-- rdzv-bench:begin -->",
+                             "<!-- rdzv-bench:end -->")
+        cells = check.row(text, check.rdzv_bench.ETCD_FORM_ROW)
+        small, large = check.number(cells[1]), check.number(cells[2])
+        self.assertEqual(check.ETCD_SCALE, (100, 1000))
+        self.assertAlmostEqual(check.recorded(DOCS)[check.ETCD_FORM][0], 10 * small / large)
 
     def test_the_beat_ratio_is_the_bare_message_over_the_datagram_at_10k(self):
         text = check.section(open(DOCS).read(), "<!-- rdzv-bench:begin -->",
