@@ -47,6 +47,7 @@ class EtcdRendezvous final : public Rendezvous {
         agent_work_(asio::make_work_guard(io)),
         work_(asio::make_work_guard(eio_)),
         decide_timer_(eio_),
+        retry_timer_(eio_),
         keepalive_timer_(eio_),
         judge_(o_.straggler_settings),
         thread_([this] { eio_.run(); }) {}
@@ -179,9 +180,7 @@ class EtcdRendezvous final : public Rendezvous {
                                    std::ceil(o_.settings.heartbeat_timeout.count() / 1000.0))));
     const bool join = want_join_;
     const int gathering = CurrentGathering();
-    if (!Register(join ? std::vector<etcd::Op>{{etcd::Op::Kind::kPut, keys_.join(o_.node_id),
-                                                etcd::EncodeJoin({gathering, ports_}), 0}}
-                       : std::vector<etcd::Op>{})) {
+    if (!Register(join ? std::vector<etcd::Op>{JoinOp(gathering, 0)} : std::vector<etcd::Op>{})) {
       return;
     }
     if (join) joined_gathering_ = gathering;
@@ -330,10 +329,16 @@ class EtcdRendezvous final : public Rendezvous {
     }
   }
 
+  // This node's join of `gathering`, with the ports it reserved, bound to `lease`.
+  etcd::Op JoinOp(int gathering, std::int64_t lease) const {
+    return {etcd::Op::Kind::kPut, keys_.join(o_.node_id), etcd::EncodeJoin({gathering, ports_}),
+            lease};
+  }
+
   void WriteJoin() {
     const int gathering = CurrentGathering();
-    auto put = client_->Put(keys_.join(o_.node_id), etcd::EncodeJoin({gathering, ports_}), lease_,
-                            Deadline());
+    const etcd::Op join = JoinOp(gathering, lease_);
+    auto put = client_->Put(join.key, join.value, join.lease, Deadline());
     if (put.status().code() == StatusCode::kNotFound) return LeaseLost();  // "lease not found"
     if (!put.ok()) return End(1, "cannot join run '" + o_.run_id + "': " + put.status().message());
     joined_gathering_ = gathering;
@@ -511,8 +516,8 @@ class EtcdRendezvous final : public Rendezvous {
 
   // This node's ranks/ record of the decision `doc` announces: read once per decision (the
   // decider's is in its mirror). Nothing while the record is another decision's (this node is
-  // not in the round, or a newer decision is on its way) or etcd did not answer (a pass comes
-  // with the next change); a record that cannot be read ends the job.
+  // not in the round, or a newer decision is on its way: a change of a/job follows) or etcd did
+  // not answer (read again in 500 ms); a record that cannot be read ends the job.
   std::optional<etcd::RankRecord> ReadPlace(const etcd::JobDoc& doc) {
     if (place_ && place_->token == doc.ranks_token) return place_;
     std::optional<etcd::KeyValue> kv;
@@ -523,6 +528,10 @@ class EtcdRendezvous final : public Rendezvous {
       if (!read.ok()) {
         spdlog::warn("etcd rendezvous: cannot read this node's place in round {}: {}",
                      doc.state.round, read.status().message());
+        retry_timer_.expires_after(Millis(500));
+        retry_timer_.async_wait([this](const boost::system::error_code& ec) {
+          if (!ec) Changed();
+        });
         return std::nullopt;
       }
       if (!read->kvs.empty()) kv = std::move(read->kvs.front());
@@ -665,6 +674,7 @@ class EtcdRendezvous final : public Rendezvous {
   void StopAll() {
     watch_.reset();
     decide_timer_.cancel();
+    retry_timer_.cancel();
     keepalive_timer_.cancel();
   }
 
@@ -696,6 +706,7 @@ class EtcdRendezvous final : public Rendezvous {
   asio::io_context eio_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   asio::steady_timer decide_timer_;
+  asio::steady_timer retry_timer_;  // a read of this node's place that etcd did not answer
   asio::steady_timer keepalive_timer_;
   std::shared_ptr<etcd::Client> client_;
   std::unique_ptr<etcd::Client::Watch> watch_;
