@@ -156,6 +156,9 @@ class EtcdRendezvous final : public Rendezvous {
     co.password = o_.password;
     co.keepalive_timeout = std::max(Millis(1'000), o_.settings.heartbeat_timeout);
     co.probe = false;  // the first read below proves that a member answers
+    // Each node starts at a member of its own (its node id's hash): a thousand agents do not
+    // all connect to, and queue on, the first endpoint.
+    co.first_member = std::hash<std::string>{}(o_.node_id);
     auto cannot_use = [&](const Status& why) {
       End(1, "cannot use " + where + " for run '" + o_.run_id + "' within " +
                  std::to_string(o_.connect_timeout.count()) +

@@ -21,6 +21,8 @@ struct ChannelOptions {
   // after a failed one. A server that accepts connections before it serves them (etcd while
   // it boots) needs a floor longer than its start.
   std::chrono::milliseconds min_connect{100};
+  // The longest pause between connection attempts (they start 20 ms apart and grow).
+  std::chrono::milliseconds max_backoff{1'000};
   // Pings also while no call is open. etcd refuses that by default (its servers answer a
   // client that pings an idle connection, or more often than every 5 s, with GOAWAY
   // "too_many_pings").

@@ -14,7 +14,11 @@ namespace {
 namespace pb = etcdserverpb;
 
 // One member gets at most this long per attempt, so that a silent one is left for the next.
+// Each attempt that runs out of time doubles the next one's, up to kMaxAttempt: a cluster too
+// busy to answer within 2 s (thousands of agents starting at once) is given longer, instead of
+// being sent the same work again every 2 s.
 constexpr Millis kAttempt{2'000};
+constexpr Millis kMaxAttempt{16'000};
 
 // gRPC takes deadlines on the system clock.
 std::chrono::system_clock::time_point SystemDeadline(Clock::time_point deadline) {
@@ -24,6 +28,13 @@ std::chrono::system_clock::time_point SystemDeadline(Clock::time_point deadline)
 
 KeyValue FromPb(const mvccpb::KeyValue& kv) {
   return {kv.key(), kv.value(), kv.create_revision(), kv.mod_revision(), kv.lease()};
+}
+
+// The member took longer than the attempt's deadline (the client's, or etcd's own).
+bool TimedOut(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         s.error_message().find("deadline exceeded") != std::string::npos ||
+         s.error_message().find("timed out") != std::string::npos;
 }
 
 // Failures that another member, or the same one a moment later, may not have.
@@ -37,8 +48,8 @@ bool Retryable(const grpc::Status& s) {
       break;
   }
   const std::string& m = s.error_message();
-  for (const char* sign :
-       {"no leader", "leader changed", "request timed out", "not capable", "timed out"}) {
+  for (const char* sign : {"no leader", "leader changed", "request timed out", "not capable",
+                           "timed out", "context deadline exceeded", "too many requests"}) {
     if (m.find(sign) != std::string::npos) return true;
   }
   return false;
@@ -170,11 +181,12 @@ struct Client::Impl {
     std::string last;
     std::size_t failures = 0;
     Millis pause{20};
+    Millis attempt_time = kAttempt;
     while (true) {
       const auto now = Clock::now();
       if (now >= deadline) break;
       const std::size_t m = current.load();
-      const auto until = std::min(deadline, now + kAttempt);
+      const auto until = std::min(deadline, now + attempt_time);
       grpc::Status s;
       {
         std::unique_lock lock(token_mu);
@@ -211,11 +223,16 @@ struct Client::Impl {
         return InternalError(where + ": " + what + " failed: " + s.error_message());
       }
       last = where + ": " + s.error_message();
+      // Timed out, or etcd's own back-pressure (its log's apply is far behind): the next try
+      // gets longer, and the pause between passes grows to kMaxAttempt / 4.
+      const bool busy =
+          TimedOut(s) || s.error_message().find("too many requests") != std::string::npos;
+      if (busy) attempt_time = std::min(attempt_time * 2, kMaxAttempt);
       Rotate(m);
       if (++failures % o.endpoints.size() == 0) {
         // Every member failed once: wait a little before the next pass (bounded by deadline).
         std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
-        pause = std::min(pause * 2, Millis(500));
+        pause = std::min(pause * 2, busy ? kMaxAttempt / 4 : Millis(500));
       }
     }
     std::string hint;
@@ -236,11 +253,14 @@ Client::~Client() = default;
 
 std::string Client::endpoints() const { return impl_->Endpoints(); }
 
+std::size_t Client::member() const { return impl_->current.load(); }
+
 StatusOr<std::shared_ptr<Client>> Client::Connect(ClientOptions options,
                                                   Clock::time_point deadline) {
   if (options.endpoints.empty()) return InvalidArgument("no etcd endpoint given");
   auto impl = std::make_unique<Impl>();
   impl->o = std::move(options);
+  impl->current = impl->o.first_member % impl->o.endpoints.size();
   rdzv::ChannelOptions co;
   co.keepalive_timeout = impl->o.keepalive_timeout;
   // etcd's servers refuse pings more often than every 5 s (--grpc-keepalive-min-time) and
@@ -248,7 +268,11 @@ StatusOr<std::shared_ptr<Client>> Client::Connect(ClientOptions options,
   // the calls' own deadlines (kAttempt), and the watch leaves it with them (Rotate).
   co.keepalive_interval = std::chrono::seconds(10);
   co.ping_when_idle = false;
-  co.min_connect = kAttempt;
+  // A connection gets gRPC's own 20 s to come up: a client too busy to finish its handshakes
+  // within 2 s (a process of thousands of agents) cut them off and dialled again, and none
+  // ever came up. A member that does not answer is left by the calls' deadlines, not this.
+  co.min_connect = std::chrono::seconds(20);
+  co.max_backoff = kAttempt;
   co.security = impl->o.security;
   for (const auto& e : impl->o.endpoints) {
     auto ch = rdzv::MakeChannel(e, co);

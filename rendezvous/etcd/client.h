@@ -6,7 +6,11 @@
 // * Several endpoints (the cluster's members): a call that fails because its member is down,
 //   cut off or without a leader ("etcdserver: no leader") is retried on the next member until
 //   the deadline. Reads are linearizable (etcd's default): a member without quorum cannot
-//   answer them, so a minority member is never believed.
+//   answer them, so a minority member is never believed. A call that timed out is tried again
+//   with twice the time (2 s, then up to 16 s). A write that timed out may have come through
+//   all the same, so the rendezvous writes only transactions whose compare fails on their own
+//   earlier success (a node key's create revision, the job state's revision), then reads what
+//   is there: its own node key, by its lease (agent/rendezvous/etcd/node_lease.cc).
 // * TLS (--tls-ca, --tls-cert, --tls-key, base/security.h) and etcd's user/password auth: the
 //   token etcd hands out is sent with every call, and fetched again when etcd says it expired.
 // * Errors name the endpoint(s) and say what to check.
@@ -39,6 +43,10 @@ struct ClientOptions {
   // Connect reads a key to prove that a member with quorum answers; false: the caller's first
   // call proves it (one call fewer for each of a thousand agents), and words the error.
   bool probe = true;
+  // The member tried first (an index into `endpoints`); the calls stay there until it fails.
+  // Thousands of agents given the same list spread their connections over the members
+  // instead of all landing on the first.
+  std::size_t first_member = 0;
 };
 
 struct KeyValue {
@@ -109,6 +117,8 @@ class Client : public std::enable_shared_from_this<Client> {
 
   // "h1:2379,h2:2379", for messages.
   std::string endpoints() const;
+  // The member the calls go to now: an index into the endpoints.
+  std::size_t member() const;
 
   // Watches every key under `prefix` from `start_revision` on, on a thread of its own:
   // `on_events` gets each batch in revision order with the revision it brings the view to.

@@ -60,7 +60,7 @@ TOLD_30K = "failure → every agent told, 10,000 → 30,000 agents: linear / cru
 BEATS_10K = "heartbeat, 10,000 agents: bare gRPC message / crun datagram"
 # How forming through etcd grows (rdzv_bench's etcd table): each agent reading its own ranks/
 # key keeps a round O(agents); a/job listing every member again would fall well below 1.0.
-ETCD_SCALE = rdzv_bench.ETCD_SIMULATED
+ETCD_SCALE = rdzv_bench.ETCD_SIMULATED[:2]  # 100 and 1,000: the table's first two columns
 ETCD_FORM = "etcd form, 100 → 1,000 agents: linear / crun"
 RECOVERY = "recovery, crash → imported, 1 node: torchrun 2.x / crun --warm"
 SNAPSHOT = "save 200 MiB a rank, 2 workers: torch.save /dev/shm / crun_worker.save"

@@ -23,9 +23,11 @@ Usage: rdzv_bench.py --crun BIN --probe BIN --loadgen BIN --torch2-python PY
                      [--rounds 5] [--torch-rounds 3] [--out FILE]
 """
 import argparse
+import collections
 import glob
 import json
 import os
+import re
 import select
 import shutil
 import statistics
@@ -48,7 +50,9 @@ STEADY_MS = 3000
 BEAT_ROW = "daemon CPU per heartbeat (a datagram)"
 STREAM_BEAT_ROW = "daemon CPU per heartbeat on its gRPC stream (--stream-beats)"
 BARE_BEAT_ROW = "bare gRPC server CPU per message, the same beats on its streams"
-ETCD_SIMULATED = (100, 1000)
+ETCD_SIMULATED = (100, 1000, 3000, 10000)
+ETCD_ONE_RUN_FROM = 3000  # one run from here up (10,000: minutes), else the median of 3
+ETCD_PHASE_MS = 600_000  # a phase's limit through etcd (10,000 agents form in minutes here)
 ETCD_FORM_ROW = "form a round (each agent: lease, node key with its join, its ranks/ key)"  # check.py
 LIMIT_S = 300
 
@@ -245,11 +249,32 @@ def etcd_simulated(args, agents, steady_ms=3000):
         with EtcdCluster(Loopback(), ["e1", "e2", "e3"], root, ports=ports) as etcd:
             pids = [a for p in etcd.procs.values() for a in ("--service-pid", str(p.pid))]
             r = subprocess.run([args.loadgen, "--etcd", etcd.endpoints(), "--agents",
-                                str(agents), "--steady-ms", str(steady_ms), *pids],
-                               capture_output=True, text=True, timeout=LIMIT_S)
+                                str(agents), "--steady-ms", str(steady_ms),
+                                "--phase-timeout-ms", str(ETCD_PHASE_MS), *pids],
+                               capture_output=True, text=True,
+                               timeout=4 * ETCD_PHASE_MS / 1000 + LIMIT_S)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    if r.returncode != 0 and agents >= ETCD_ONE_RUN_FROM:
+        return etcd_failure(agents, r.stderr)
     return loadgen_json(r, f"rdzv_loadgen --etcd x{agents}")
+
+
+def etcd_failure(agents, stderr):
+    """A size tried through etcd that did not get through every phase, as a figure: the phase,
+    how many agents reached it, and the agents' most common reason to give up."""
+    m = re.search(r"phase '(\w+)': only (\d+) of (\d+) agents within (\d+) ms", stderr)
+    if not m:
+        raise RuntimeError(f"rdzv_loadgen --etcd x{agents}: {stderr[-600:]}")
+    reasons = collections.Counter(
+        re.sub(r"\d+(\.\d+)*(:\d+)?", "N", line.split(": the job ended: ", 1)[1])[:160]
+        for line in stderr.splitlines() if ": the job ended: " in line)
+    reason, count = reasons.most_common(1)[0] if reasons else ("none given", 0)
+    print(f"  etcd x{agents}: {m.group(0)}; {count} agents ended: {reason}", file=sys.stderr)
+    return {"agents": agents, "failed": {"phase": m.group(1), "reached": int(m.group(2)),
+                                         "limit_s": int(m.group(4)) / 1000,
+                                         "ended": sum(reasons.values()),
+                                         "reason": reason, "reason_count": count}}
 
 
 TIDY_RESTARTS = 500
@@ -286,8 +311,10 @@ def etcd_tidy(args):
     return {"keys": len(after), "rounds": rounds, "stores": stores, "gone_s": gone_s}
 
 
-def median_run(fn, agents, what):
-    runs = [fn(agents) for _ in range(1 if agents >= ONE_RUN_FROM else 3)]
+def median_run(fn, agents, what, one_run_from=ONE_RUN_FROM):
+    runs = [fn(agents) for _ in range(1 if agents >= one_run_from else 3)]
+    if "failed" in runs[0]:
+        return runs[0]
     runs.sort(key=lambda r: r["form"]["ms"])
     median = runs[len(runs) // 2]  # the run with the median formation time
     print(f"  {what} x{agents}: form {median['form']['ms']:.0f} ms", file=sys.stderr)
@@ -369,7 +396,8 @@ def run_all(args):
         print(f"bare gRPC server x{a}: {sims[a]['bare_rss_mib']:,.0f} MiB, "
               f"{micros(bare_us)} a message; crun's stream beats "
               f"{micros(sims[a]['stream_beat_us'])}", file=sys.stderr)
-    etcd_sims = {a: median_run(lambda n: etcd_simulated(args, n), a, "simulated through etcd")
+    etcd_sims = {a: median_run(lambda n: etcd_simulated(args, n), a, "simulated through etcd",
+                               ETCD_ONE_RUN_FROM)
                  for a in ETCD_SIMULATED}
     tidy = etcd_tidy(args)
     write(args, launch, restart, sims, etcd_sims, tidy, connections(args), many_jobs(args))
@@ -527,16 +555,26 @@ def write(args, launch, restart, sims, etcd_sims, tidy, conns, jobs):
             f"{jobs[j]['service_hwm_mib']:,.0f} MiB" for j, _ in JOBS) + " |"]
     lines += [
         "", "Through etcd (`rdzv_loadgen --etcd`): each simulated agent is the agent's own etcd "
-        "rendezvous (`agent/rendezvous/etcd_rendezvous.cc`: its lease, node key, watch and client), all in "
-        "one process, against a fresh 3-member etcd on loopback each run (Debian's etcd-server "
-        "3.4, every write fsynced to this machine's disk); the run with the median formation "
-        "time of 3. Same phases; heartbeats are the leases' keep-alives (TTL 30 s, one each "
-        "10 s). CPU and RSS are the three members' together; etcd, its members and the 1,000 "
-        "agents share the two cores.", "",
+        "rendezvous (`agent/rendezvous/etcd_rendezvous.cc`: its lease, node key, watch and client), in "
+        "the load generator's shards (3,125 agents a process), against a fresh 3-member etcd on "
+        "loopback each run (Debian's etcd-server 3.4, every write fsynced to this machine's "
+        f"disk); the run with the median formation time of 3 (one run from "
+        f"{ETCD_ONE_RUN_FROM:,}). Same phases; heartbeats are the leases' keep-alives (TTL 30 s, "
+        "one each 10 s). CPU and RSS are the three members' together; etcd and every agent "
+        "share the two cores.", "",
         "| | " + " | ".join(f"{a:,} agents" for a in ETCD_SIMULATED) + " |",
         "|---|" + "---|" * len(ETCD_SIMULATED)]
-    etcd_rows = [
-        (ETCD_FORM_ROW, lambda r: f"{r['form']['ms']:,.0f} ms"),
+    def tried(fmt):
+        return lambda r: "—" if "failed" in r else fmt(r)
+
+    def formed(r):
+        if "failed" not in r:
+            return f"{r['form']['ms']:,.0f} ms"
+        f = r["failed"]
+        return (f"not within {f['limit_s']:,.0f} s ('{f['phase']}': {f['reached']:,} of "
+                f"{r['agents']:,})")
+
+    etcd_rows = [(ETCD_FORM_ROW, formed)] + [(label, tried(fmt)) for label, fmt in [
         ("etcd CPU while forming", lambda r: f"{r['form']['service_cpu_s'] * 1000:,.0f} ms"),
         ("the agents' CPU while forming (all on this machine)",
          lambda r: f"{r['form']['agents_cpu_s'] * 1000:,.0f} ms"),
@@ -554,9 +592,9 @@ def write(args, launch, restart, sims, etcd_sims, tidy, conns, jobs):
          lambda r: f"{r['service_idle_rss_mib']:.0f} → {r['service_hwm_mib']:.0f} MiB"),
         ("load generator RSS (every agent's client and watch)",
          lambda r: f"{r['loadgen_rss_mib']:.0f} MiB"),
-    ]
+    ]]
     lines += table_rows(etcd_rows, [etcd_sims[a] for a in ETCD_SIMULATED])
-    big = etcd_sims[ETCD_SIMULATED[-1]]
+    big = [etcd_sims[a] for a in ETCD_SIMULATED if "failed" not in etcd_sims[a]][-1]
     cpu = big["form"]["service_cpu_s"] + big["form"]["agents_cpu_s"]
     lines += ["", f"What limits it: each agent costs etcd one read (the layout and a/), a lease, "
               f"one write (its node key and join) and a watch, and reads its own ranks/ key "
@@ -568,9 +606,20 @@ def write(args, launch, restart, sims, etcd_sims, tidy, conns, jobs):
               f"({big['form']['service_cpu_s']:.1f} s) and half the agents' "
               f"({big['form']['agents_cpu_s']:.1f} s), which a real job spreads over its "
               "machines. Joins, reports and lost leases reach the decider alone (it alone "
-              "watches the whole prefix). 10,000 agents cannot be simulated in one process "
-              "here: each holds a few descriptors (its client's connection, its loops' epoll "
-              "and eventfd) and this container's hard limit is 20,000."]
+              "watches the whole prefix). Before 3,000 agents formed here (at all: none did in "
+              "5 minutes), each etcd client gave a connection 2 s to come up; thousands of "
+              "agents' handshakes in one busy process took longer, were cut off and dialled "
+              "again, and none ever came up. A connection now gets gRPC's own 20 s (the calls' "
+              "deadlines still pass a silent member over), a call that timed out is tried again "
+              "with twice the time (to 16 s), each agent starts at a member of its own (a hash "
+              "of its node id) instead of all at the first, and a registration whose answer "
+              "was lost recognises its own key (by its lease) when the client sends it again."]
+    for r in (etcd_sims[a] for a in ETCD_SIMULATED if "failed" in etcd_sims[a]):
+        f = r["failed"]
+        lines += ["", f"{r['agents']:,} agents were tried and did not get through '{f['phase']}' "
+                  f"within {f['limit_s']:,.0f} s ({f['reached']:,} reached it); {f['ended']:,} "
+                  f"agents gave up, {f['reason_count']:,} of them with: `{f['reason']}`. etcd "
+                  "and every simulated agent share two cores here."]
     lines += ["", f"etcd's keys for one job (one real agent, the 3 members above, "
               f"`--max-restarts {TIDY_RESTARTS}`, `--rdzv-conf etcd_retention="
               f"{TIDY_RETENTION_S}`): after {TIDY_RESTARTS} restarts the job's prefix holds "

@@ -33,19 +33,15 @@
 //                [--procs P] [--service-pid PID] [--run-id bench] [--tensorflow]
 //
 // With --etcd host:port,... instead of --endpoint, the same phases run through etcd, each
-// agent the agent's own etcd rendezvous (rdzv_loadgen_etcd.h); --service-pid once per member.
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
+// agent the agent's own etcd rendezvous (rdzv_loadgen_etcd.h) in the same shards (a few
+// descriptors an agent: 10,000 do not fit one process's 20,000 here); --service-pid once per
+// member. The shards' own CPU (the agents') is reported for each phase too.
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -64,6 +60,7 @@
 #include "agent/rendezvous/session_client.h"
 #include "rendezvous/contracts/contract_set.h"
 #include "rendezvous/service/rules.h"
+#include "tests/bench/loadgen_shards.h"
 #include "tests/bench/loadgen_util.h"
 #include "tests/bench/rdzv_loadgen_etcd.h"
 
@@ -71,9 +68,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using crun::agent::SessionClient;
+using crun::bench::Commands;
+using crun::bench::NowNs;
 using crun::bench::ProcStat;
 using crun::bench::ReadProcs;
+using crun::bench::Shards;
 using crun::bench::Tally;
+using crun::bench::WriteLine;
 namespace v1 = crun::v1;
 
 struct Agent {
@@ -113,11 +114,6 @@ struct Options {
 constexpr int kAgentsPerProc = 3125;
 constexpr int kMaxProcs = 32;
 
-std::int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-      .count();
-}
-
 v1::AgentMessage JoinMessage(const Options& o, int index, const std::string& service_host) {
   v1::AgentMessage m;
   auto* j = m.mutable_join();
@@ -146,56 +142,14 @@ v1::AgentMessage JoinMessage(const Options& o, int index, const std::string& ser
   return m;
 }
 
-void WriteLine(int fd, const std::string& line) {
-  const std::string text = line + "\n";
-  for (std::size_t done = 0; done < text.size();) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // the other end is gone: its reader reports that
-    done += static_cast<std::size_t>(n);
-  }
-}
-
-// Whole lines from a pipe, each read bounded by a deadline.
-class LineReader {
- public:
-  explicit LineReader(int fd) : fd_(fd) {}
-  int fd() const { return fd_; }
-  // False at end of file or when the deadline passed first.
-  bool Read(std::string& line, Clock::time_point deadline) {
-    for (;;) {
-      if (const auto nl = buf_.find('\n'); nl != std::string::npos) {
-        line = buf_.substr(0, nl);
-        buf_.erase(0, nl + 1);
-        return true;
-      }
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (left.count() <= 0) return false;
-      pollfd p{fd_, POLLIN, 0};
-      const int r = ::poll(&p, 1, static_cast<int>(left.count()));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) return false;
-      char chunk[65536];
-      const ssize_t n = ::read(fd_, chunk, sizeof chunk);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return false;
-      buf_.append(chunk, static_cast<std::size_t>(n));
-    }
-  }
-
- private:
-  int fd_;
-  std::string buf_;
-};
-
 // One shard: the agents index % procs == shard, driven by the coordinator's commands.
 //   (at start)      -> "ready OPENED" once the server opened every session (or the limit)
 //   close           -> "errors N" once every session closed (--open-only)
 //   form            -> "form REACHED T_NS BAD" then "ranks R R ..." (their group ranks, each
-//                      job's offset by its index times its size), then with --jobs "jobs T_NS
-//                      ..." (each job's last assignment in this shard, 0 for none)
-//   steady END_NS   -> "steady SENT"
+//                      job's offset by its index times its size), "store HOST:PORT" (its first
+//                      agent's), then with --jobs "jobs T_NS ..." (each job's last assignment
+//                      in this shard, 0 for none)
+//   steady FROM END -> "steady SENT HEARD STREAMED" (SENT from FROM on, until END)
 //   arm             -> "armed" (the failure's tallies reset)
 //   await FAIL      -> "told REACHED T_NS" then "reformed REACHED T_NS WRONG_ROUND"
 //                      (FAIL 1: this shard's first agent reports the failed worker first)
@@ -270,13 +224,9 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
     beat_socket.emplace(std::move(socket).value());
   }
 
-  LineReader commands(cmd_fd);
-  // The coordinator bounds every phase; a command that never comes means it is gone.
-  const auto next_deadline = [&] { return Clock::now() + std::chrono::hours(1); };
-  for (std::string line; commands.Read(line, next_deadline());) {
-    std::istringstream in(line);
-    std::string cmd;
-    in >> cmd;
+  Commands commands(cmd_fd);
+  std::string cmd;
+  for (std::istringstream in; commands.Next(cmd, in);) {
     if (cmd == "form") {
       assigned.Reset(n);
       for (auto& a : agents) a->session->Send(JoinMessage(o, a->index, service_host));
@@ -286,12 +236,16 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
       std::string ranks = "ranks";
       const int size = o.agents / o.jobs;
       std::vector<std::int64_t> job_ns(static_cast<std::size_t>(o.jobs), 0);
+      const auto store_of = [](const v1::RoundAssignment& as) {
+        return as.master_addr() + ":" + std::to_string(as.master_port());
+      };
+      const std::string store = store_of(agents.front()->assignment);
       for (auto& a : agents) {
         const auto& as = a->assignment;
         auto& last = job_ns[static_cast<std::size_t>(a->index % o.jobs)];
         last = std::max(last, a->assigned_ns);
         if (as.group_world_size() != size || as.world_size() != size * o.nproc ||
-            as.base_rank() != as.group_rank() * o.nproc) {
+            as.base_rank() != as.group_rank() * o.nproc || (o.jobs == 1 && store_of(as) != store)) {
           if (bad++ == 0) {
             std::fprintf(stderr,
                          "rdzv_loadgen: agent %d got a bad assignment: group rank %d of %d, "
@@ -305,6 +259,7 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
       WriteLine(reply_fd, "form " + std::to_string(reached) + " " + std::to_string(t) + " " +
                               std::to_string(bad));
       WriteLine(reply_fd, ranks);
+      WriteLine(reply_fd, "store " + store);
       if (o.jobs > 1) {
         std::string times = "jobs";
         for (const auto ns : job_ns) times += " " + std::to_string(ns);
@@ -384,19 +339,9 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
         f->set_message("rdzv_loadgen: simulated failure");
         agents[0]->session->Send(std::move(m));
       }
-      const int t_reached = told.Wait(limit);
-      WriteLine(reply_fd, "told " + std::to_string(t_reached) + " " + std::to_string(NowNs()));
-      const int a_reached = assigned.Wait(limit);
-      const std::int64_t t = NowNs();
-      int wrong = 0;
-      for (auto& a : agents) {
-        if (a->round.load() != static_cast<int>(a->assignment.round()) + 1 && wrong++ == 0) {
-          std::fprintf(stderr, "rdzv_loadgen: agent %d is in round %d after the restart\n",
-                       a->index, a->round.load());
-        }
-      }
-      WriteLine(reply_fd, "reformed " + std::to_string(a_reached) + " " + std::to_string(t) + " " +
-                              std::to_string(wrong));
+      crun::bench::ReplyRestarted(
+          reply_fd, told, assigned, limit, agents, [](const Agent& a) { return a.round.load(); },
+          [](const Agent& a) { return static_cast<int>(a.assignment.round()); });
     } else if (cmd == "close") {
       for (auto& a : agents) a->session->Close(std::chrono::milliseconds(2000));
       WriteLine(reply_fd, "errors " + std::to_string(errors.load()));
@@ -417,107 +362,6 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
   }
   return 1;  // the coordinator went away
 }
-
-// The coordinator's end of the shards.
-class Shards {
- public:
-  ~Shards() { Stop(); }
-
-  // Forks `o.procs` shards; false (with why on stderr) when one could not start.
-  bool Start(const Options& o) {
-    std::fflush(nullptr);
-    for (int s = 0; s < o.procs; ++s) {
-      int cmd[2], reply[2];
-      if (::pipe(cmd) != 0 || ::pipe(reply) != 0) {
-        std::fprintf(stderr, "rdzv_loadgen: pipe: %s\n", std::strerror(errno));
-        return false;
-      }
-      const pid_t pid = ::fork();
-      if (pid < 0) {
-        std::fprintf(stderr, "rdzv_loadgen: fork: %s\n", std::strerror(errno));
-        return false;
-      }
-      if (pid == 0) {
-        ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // no shard outlives the coordinator
-        if (::getppid() == 1) ::_exit(1);
-        for (auto& sh : shards_) {
-          ::close(sh.cmd);
-          ::close(sh.reply.fd());
-        }
-        ::close(cmd[1]);
-        ::close(reply[0]);
-        ::_exit(RunShard(o, s, cmd[0], reply[1]));
-      }
-      ::close(cmd[0]);
-      ::close(reply[1]);
-      shards_.push_back({pid, cmd[1], LineReader(reply[0])});
-    }
-    return true;
-  }
-
-  std::size_t size() const { return shards_.size(); }
-
-  void Send(std::size_t s, const std::string& line) { WriteLine(shards_[s].cmd, line); }
-  void SendAll(const std::string& line) {
-    for (auto& sh : shards_) WriteLine(sh.cmd, line);
-  }
-
-  // Shard s's next reply, which must begin with `word`; its other fields in `fields`.
-  bool Expect(std::size_t s, const std::string& word, std::vector<std::int64_t>& fields,
-              Clock::time_point deadline, std::string* rest = nullptr) {
-    std::string line;
-    if (!shards_[s].reply.Read(line, deadline)) {
-      std::fprintf(stderr, "rdzv_loadgen: shard %zu (pid %d) sent no '%s' in time\n", s,
-                   static_cast<int>(shards_[s].pid), word.c_str());
-      return false;
-    }
-    std::istringstream in(line);
-    std::string got;
-    in >> got;
-    if (got != word) {
-      std::fprintf(stderr, "rdzv_loadgen: shard %zu sent '%.80s', not '%s'\n", s, line.c_str(),
-                   word.c_str());
-      return false;
-    }
-    fields.clear();
-    if (rest != nullptr) {
-      std::getline(in, *rest);
-      return true;
-    }
-    for (std::int64_t v; in >> v;) fields.push_back(v);
-    return true;
-  }
-
-  // Ends every shard: a wait for those that said they are done, SIGKILL for the others.
-  void Stop() {
-    for (auto& sh : shards_) {
-      ::close(sh.cmd);
-      ::close(sh.reply.fd());
-    }
-    const auto deadline = Clock::now() + std::chrono::seconds(10);
-    for (auto& sh : shards_) {
-      for (;;) {
-        const pid_t r = ::waitpid(sh.pid, nullptr, WNOHANG);
-        if (r == sh.pid || (r < 0 && errno != EINTR)) break;
-        if (Clock::now() >= deadline) {
-          ::kill(sh.pid, SIGKILL);
-          ::waitpid(sh.pid, nullptr, 0);
-          break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a child's exit
-      }
-    }
-    shards_.clear();
-  }
-
- private:
-  struct Shard {
-    pid_t pid;
-    int cmd;
-    LineReader reply;
-  };
-  std::vector<Shard> shards_;
-};
 
 }  // namespace
 
@@ -559,19 +403,13 @@ int main(int argc, char** argv) {
   // The agents' log goes to stderr: spdlog's default logger writes to stdout, where this
   // program's JSON goes (one etcd warning there broke the bench's reading).
   spdlog::set_default_logger(spdlog::stderr_logger_mt("rdzv_loadgen"));
-  if (!o.etcd.empty()) {
-    crun::bench::EtcdLoad e;
-    e.endpoints = o.etcd;
-    e.agents = o.agents;
-    e.nproc = o.nproc;
-    e.steady_ms = o.steady_ms;
-    e.phase_timeout_ms = o.phase_timeout_ms;
-    e.service_pids = o.service_pids;
-    e.run_id = o.run_id;
-    return crun::bench::RunEtcdLoad(e);
-  }
-  if (o.endpoint.empty()) {
+  const bool etcd = !o.etcd.empty();
+  if (!etcd && o.endpoint.empty()) {
     std::fprintf(stderr, "rdzv_loadgen: --endpoint or --etcd is required\n");
+    return 2;
+  }
+  if (etcd && (o.jobs != 1 || o.tensorflow || o.open_only)) {
+    std::fprintf(stderr, "rdzv_loadgen: --etcd takes none of --jobs, --tensorflow, --open-only\n");
     return 2;
   }
   if (o.agents % o.jobs != 0) {
@@ -586,15 +424,32 @@ int main(int argc, char** argv) {
   const auto limit = std::chrono::milliseconds(o.phase_timeout_ms);
   // A shard answers within its phase's limit; the margin covers its checks and its pipe.
   const auto reply_deadline = [&] { return Clock::now() + limit + std::chrono::seconds(30); };
-  nlohmann::json out{{"agents", o.agents},
-                     {"channels", o.channels},
-                     {"procs", o.procs},
-                     {"nproc", o.nproc}};
+  nlohmann::json out{{"agents", o.agents}, {"procs", o.procs}, {"nproc", o.nproc}};
+  if (etcd) {
+    out["backend"] = "etcd-v3";
+    out["etcd_members"] = std::count(o.etcd.begin(), o.etcd.end(), ',') + 1;
+  } else {
+    out["channels"] = o.channels;
+  }
   const ProcStat idle = ReadProcs(o.service_pids);
   out["service_idle_rss_mib"] = idle.rss_mib;
 
+  crun::bench::EtcdLoad etcd_load;
+  etcd_load.endpoints = o.etcd;
+  etcd_load.agents = o.agents;
+  etcd_load.procs = o.procs;
+  etcd_load.nproc = o.nproc;
+  etcd_load.phase_timeout_ms = o.phase_timeout_ms;
+  etcd_load.run_id = o.run_id;
   Shards shards;
-  if (!shards.Start(o)) return 1;
+  const bool started = shards.Start(o.procs, [&](int shard, int cmd, int reply) {
+    return etcd ? crun::bench::RunEtcdShard(etcd_load, shard, cmd, reply)
+                : RunShard(o, shard, cmd, reply);
+  });
+  if (!started) return 1;
+  // etcd: the coordinator's own watch of a/job (its gRPC objects after the fork).
+  std::unique_ptr<crun::bench::JobDocWatch> job_watch;
+  if (etcd && !(job_watch = crun::bench::JobDocWatch::Open(etcd_load))) return 1;
   std::vector<std::int64_t> f;
   int opened = 0;
   for (std::size_t s = 0; s < shards.size(); ++s) {
@@ -607,6 +462,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   out["service_rss_connected_mib"] = ReadProcs(o.service_pids).rss_mib;
+  out["loadgen_rss_ready_mib"] = ReadProcs(shards.pids()).rss_mib;
   // Every shard's closing "errors" line, then the figures: the exit status.
   const auto finish = [&] {
     std::int64_t errors = 0;
@@ -615,6 +471,7 @@ int main(int argc, char** argv) {
       errors += f[0];
     }
     shards.Stop();
+    if (job_watch) job_watch->Record(out, o.agents);
     out["errors"] = errors;
     std::printf("%s\n", out.dump().c_str());
     return errors == 0 ? 0 : 1;
@@ -622,9 +479,10 @@ int main(int argc, char** argv) {
   // Steady state: every shard heartbeats its agents until the same moment (against the bare
   // server too: its cost per message is the floor of the daemon's per heartbeat).
   // The first interval (2 s at most) is not measured: every agent beats once first, and where
-  // the service takes datagrams its acks start coming.
+  // the service takes datagrams its acks start coming. Through etcd the agents keep their
+  // leases alive on their own: the shards only wait.
   const auto steady = [&]() -> bool {
-    const std::int64_t warm_ms = std::min(o.heartbeat_ms, 2000);
+    const std::int64_t warm_ms = etcd ? 0 : std::min(o.heartbeat_ms, 2000);
     const std::int64_t from_ns = NowNs() + warm_ms * 1'000'000;
     const std::int64_t end_ns = from_ns + std::int64_t{o.steady_ms} * 1'000'000;
     shards.SendAll("steady " + std::to_string(from_ns) + " " + std::to_string(end_ns));
@@ -642,14 +500,16 @@ int main(int argc, char** argv) {
     const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
     const ProcStat after = ReadProcs(o.service_pids);
     out["steady"] = {{"s", secs},
-                     {"heartbeats", seq},
-                     {"heard_over_udp", heard},
-                     {"streamed_too", streamed},
                      {"service_cpu_percent",
                       secs > 0 ? 100 * (after.cpu_s - before.cpu_s) / secs : 0},
                      {"service_rss_mib", after.rss_mib}};
-    std::fprintf(stderr, "rdzv_loadgen: steady   %llu heartbeats in %.1f s: service CPU %.1f%%\n",
-                 static_cast<unsigned long long>(seq), secs,
+    if (!etcd) {
+      out["steady"]["heartbeats"] = seq;
+      out["steady"]["heard_over_udp"] = heard;
+      out["steady"]["streamed_too"] = streamed;
+    }
+    std::fprintf(stderr, "rdzv_loadgen: steady   %llu heartbeats in %.1f s: %s CPU %.1f%%\n",
+                 static_cast<unsigned long long>(seq), secs, etcd ? "etcd" : "service",
                  out["steady"]["service_cpu_percent"].get<double>());
     return true;
   };
@@ -677,27 +537,39 @@ int main(int argc, char** argv) {
       std::exit(1);
     }
   };
+  // The service's and the agents' (the shards') CPU and memory, at a phase's start and end.
+  struct Usage {
+    ProcStat service, agents;
+  };
+  const auto usage = [&] { return Usage{ReadProcs(o.service_pids), ReadProcs(shards.pids())}; };
   const auto record = [&](const char* name, std::int64_t t0_ns, std::int64_t last_ns,
-                          const ProcStat& before) {
-    const ProcStat after = ReadProcs(o.service_pids);
+                          const Usage& before) {
+    const Usage after = usage();
     const double ms = static_cast<double>(last_ns - t0_ns) / 1e6;
+    const double service_cpu = after.service.cpu_s - before.service.cpu_s;
+    // The agents' CPU: on one machine here, where a real job has one agent a machine.
+    const double agents_cpu = after.agents.cpu_s - before.agents.cpu_s;
     out[name] = {{"ms", ms},
-                 {"service_cpu_s", after.cpu_s - before.cpu_s},
-                 {"service_rss_mib", after.rss_mib}};
+                 {"service_cpu_s", service_cpu},
+                 {"agents_cpu_s", agents_cpu},
+                 {"service_rss_mib", after.service.rss_mib}};
     std::fprintf(stderr,
-                 "rdzv_loadgen: %-8s %d agents: %.1f ms (service CPU %.3f s, RSS %.1f MiB)\n", name,
-                 o.agents, ms, after.cpu_s - before.cpu_s, after.rss_mib);
+                 "rdzv_loadgen: %-8s %d agents: %.1f ms (%s CPU %.3f s, RSS %.1f MiB; the "
+                 "agents' CPU %.3f s)\n",
+                 name, o.agents, ms, etcd ? "etcd" : "service", service_cpu, after.service.rss_mib,
+                 agents_cpu);
   };
 
   // Form; the round is well formed: ranks a permutation, global ranks contiguous per node.
   {
-    const ProcStat before = ReadProcs(o.service_pids);
+    const Usage before = usage();
     const std::int64_t t0 = NowNs();
     shards.SendAll("form");
     int reached = 0, bad = 0;
     std::int64_t last = 0;
     std::vector<char> seen(static_cast<std::size_t>(o.agents), 0);
     std::vector<std::int64_t> job_ns(static_cast<std::size_t>(o.jobs), 0);
+    std::vector<std::string> stores;  // each shard's (one job: the same everywhere)
     for (std::size_t s = 0; s < shards.size(); ++s) {
       if (!shards.Expect(s, "form", f, reply_deadline()) || f.size() < 3) return 1;
       reached += static_cast<int>(f[0]);
@@ -709,6 +581,10 @@ int main(int argc, char** argv) {
       for (long r; in >> r;) {
         if (r < 0 || r >= o.agents || seen[static_cast<std::size_t>(r)]++ != 0) ++bad;
       }
+      std::string store;
+      if (!shards.Expect(s, "store", f, reply_deadline(), &store)) return 1;
+      if (o.jobs == 1 && !stores.empty() && store != stores.front()) ++bad;
+      stores.push_back(store);
       if (o.jobs > 1) {
         if (!shards.Expect(s, "jobs", f, reply_deadline()) || f.size() != job_ns.size()) return 1;
         for (std::size_t j = 0; j < job_ns.size(); ++j) job_ns[j] = std::max(job_ns[j], f[j]);
@@ -721,7 +597,10 @@ int main(int argc, char** argv) {
     }
     record("form", t0, last, before);
     if (bad != 0) {
-      std::fprintf(stderr, "rdzv_loadgen: %d agents got a bad assignment or a rank twice\n", bad);
+      std::fprintf(stderr,
+                   "rdzv_loadgen: %d agents got a bad assignment, a rank twice or another "
+                   "store\n",
+                   bad);
       return 1;
     }
     if (o.jobs > 1) {
@@ -749,7 +628,7 @@ int main(int argc, char** argv) {
     for (std::size_t s = 0; s < shards.size(); ++s) {
       if (!shards.Expect(s, "armed", f, reply_deadline())) return 1;
     }
-    const ProcStat before = ReadProcs(o.service_pids);
+    const Usage before = usage();
     const std::int64_t t0 = NowNs();
     shards.Send(0, "await 1");
     for (std::size_t s = 1; s < shards.size(); ++s) shards.Send(s, "await 0");
@@ -767,7 +646,7 @@ int main(int argc, char** argv) {
   }
 
   {
-    const ProcStat before = ReadProcs(o.service_pids);
+    const Usage before = usage();
     const std::int64_t t0 = NowNs();
     shards.SendAll("finish");
     std::int64_t last = 0;
@@ -775,5 +654,6 @@ int main(int argc, char** argv) {
     record("finish", t0, last, before);
   }
   out["service_hwm_mib"] = ReadProcs(o.service_pids).hwm_mib;
+  out["loadgen_rss_mib"] = ReadProcs(shards.pids()).rss_mib;
   return finish();
 }

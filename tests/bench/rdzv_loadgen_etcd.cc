@@ -4,30 +4,22 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <memory>
-#include <mutex>
-#include <set>
 #include <sstream>
 #include <thread>
 
-#include <unistd.h>
-
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "agent/failures/report_format.h"
 #include "agent/rendezvous/etcd_rendezvous.h"
-#include "rendezvous/etcd/client.h"
 #include "rendezvous/etcd/job.h"
+#include "tests/bench/loadgen_shards.h"
 #include "tests/bench/loadgen_util.h"
 
 namespace crun::bench {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using Millis = std::chrono::milliseconds;
 namespace asio = boost::asio;
 
@@ -40,12 +32,12 @@ struct SimAgent final : agent::RendezvousEvents {
   std::atomic<int>* errors = nullptr;
   std::atomic<int> round{-1};
   agent::GroupAssignment first;  // of the first round, for the checks
-  bool has_first = false;
+  std::atomic<bool> has_first{false};
 
   void OnAssignment(const agent::GroupAssignment& g) override {
-    if (!has_first) {
+    if (!has_first.load()) {
       first = g;
-      has_first = true;
+      has_first.store(true);
     }
     round.store(g.round);
     assigned->Hit();
@@ -74,57 +66,12 @@ std::vector<std::string> Split(const std::string& s) {
   return out;
 }
 
-// Counts the decider's writes of the job document and their sizes, from a watch of its own.
-struct JobWatch {
-  std::mutex mu;
-  int writes = 0;
-  std::size_t max_bytes = 0;
-  std::size_t total_bytes = 0;
-};
-
 }  // namespace
 
-int RunEtcdLoad(const EtcdLoad& load) {
+int RunEtcdShard(const EtcdLoad& load, int shard, int cmd_fd, int reply_fd) {
   spdlog::set_level(spdlog::level::warn);  // a thousand agents' "round 0 (group rank 7)" lines
   const auto limit = Millis(load.phase_timeout_ms);
   const auto endpoints = Split(load.endpoints);
-  nlohmann::json out{{"agents", load.agents},
-                     {"nproc", load.nproc},
-                     {"etcd_members", endpoints.size()},
-                     {"backend", "etcd-v3"}};
-  out["service_idle_rss_mib"] = ReadProcs(load.service_pids).rss_mib;
-
-  etcd::ClientOptions co;
-  co.endpoints = endpoints;
-  auto observer = etcd::Client::Connect(co, Clock::now() + Millis(10'000));
-  if (!observer.ok()) {
-    std::fprintf(stderr, "rdzv_loadgen: %s\n", observer.status().message().c_str());
-    return 1;
-  }
-  const etcd::Keys keys(etcd::kDefaultRoot, load.run_id);
-  auto existing = (*observer)->GetPrefix(keys.prefix, Clock::now() + Millis(10'000));
-  if (!existing.ok() || !existing->kvs.empty()) {
-    std::fprintf(stderr, "rdzv_loadgen: run '%s' already has keys under %s: use a fresh run id\n",
-                 load.run_id.c_str(), keys.prefix.c_str());
-    return 1;
-  }
-  JobWatch jobs;
-  auto job_watch = (*observer)->WatchPrefix(
-      keys.job(), existing->revision + 1,
-      [&jobs](std::vector<etcd::WatchEvent> events, std::int64_t) {
-        std::lock_guard lock(jobs.mu);
-        for (const auto& e : events) {
-          if (e.deleted) continue;
-          ++jobs.writes;
-          jobs.max_bytes = std::max(jobs.max_bytes, e.kv.value.size());
-          jobs.total_bytes += e.kv.value.size();
-        }
-      },
-      [](const Status& s) {
-        std::fprintf(stderr, "rdzv_loadgen: the job watch ended: %s\n", s.message().c_str());
-      },
-      Millis(60'000));
-
   asio::io_context io;
   auto work = asio::make_work_guard(io);
   std::vector<std::thread> loop;
@@ -133,7 +80,7 @@ int RunEtcdLoad(const EtcdLoad& load) {
   Tally assigned, told, finished;
   std::atomic<int> errors{0};
   std::vector<std::unique_ptr<SimAgent>> agents;
-  for (int i = 0; i < load.agents; ++i) {
+  for (int i = shard; i < load.agents; i += load.procs) {
     auto a = std::make_unique<SimAgent>();
     a->index = i;
     a->assigned = &assigned;
@@ -160,121 +107,9 @@ int RunEtcdLoad(const EtcdLoad& load) {
     a->rdzv = agent::MakeEtcdRendezvous(io, o);
     agents.push_back(std::move(a));
   }
-  const auto self = ReadProc(static_cast<int>(::getpid()));
-
-  auto phase = [&](const char* name, Tally& tally, auto&& start) {
-    tally.Reset(load.agents);
-    const ProcStat before = ReadProcs(load.service_pids);
-    const ProcStat agents_before = ReadProc(static_cast<int>(::getpid()));
-    const auto t0 = Clock::now();
-    start();
-    const int reached = tally.Wait(limit);
-    const double ms = std::chrono::duration<double, Millis::period>(Clock::now() - t0).count();
-    const ProcStat after = ReadProcs(load.service_pids);
-    const double agents_cpu_s = ReadProc(static_cast<int>(::getpid())).cpu_s - agents_before.cpu_s;
-    if (reached < load.agents) {
-      std::fprintf(stderr, "rdzv_loadgen: phase '%s': only %d of %d agents within %d ms\n", name,
-                   reached, load.agents, load.phase_timeout_ms);
-      std::fflush(stderr);
-      std::_Exit(1);  // a thousand agents' threads are not worth unwinding here
-    }
-    // The agents' CPU: on one machine here, where a real job has one agent a machine.
-    out[name] = {{"ms", ms},
-                 {"service_cpu_s", after.cpu_s - before.cpu_s},
-                 {"agents_cpu_s", agents_cpu_s},
-                 {"service_rss_mib", after.rss_mib}};
-    std::fprintf(stderr,
-                 "rdzv_loadgen: %-8s %d agents: %.1f ms (etcd CPU %.3f s, RSS %.1f MiB; the "
-                 "agents' CPU %.3f s)\n",
-                 name, load.agents, ms, after.cpu_s - before.cpu_s, after.rss_mib, agents_cpu_s);
-  };
-
-  // Every agent starts (connects, takes its lease, writes its node key, reads the prefix,
-  // watches it) and joins at once, as crun does.
-  phase("form", assigned, [&] {
-    for (auto& a : agents) {
-      a->rdzv->Start(a.get());
-      a->rdzv->Join({});
-    }
-  });
-  {
-    std::vector<int> by_rank(static_cast<std::size_t>(load.agents), -1);
-    std::set<std::string> stores;
-    for (auto& a : agents) {
-      const auto& g = a->first;
-      const auto r = static_cast<std::size_t>(g.group_rank);
-      if (g.group_world_size != load.agents || r >= by_rank.size() || by_rank[r] != -1 ||
-          g.world_size != load.agents * load.nproc || g.base_rank != g.group_rank * load.nproc) {
-        std::fprintf(stderr, "rdzv_loadgen: agent %d got a bad assignment (group rank %d of %d)\n",
-                     a->index, g.group_rank, g.group_world_size);
-        std::_Exit(1);
-      }
-      by_rank[r] = a->index;
-      stores.insert(g.master_addr + ":" + std::to_string(g.master_port));
-    }
-    if (stores.size() != 1) {
-      std::fprintf(stderr, "rdzv_loadgen: the agents were given %zu stores\n", stores.size());
-      std::_Exit(1);
-    }
-  }
-
-  // Steady state: the agents keep their leases alive (TTL / 3) and nothing else happens.
-  {
-    const ProcStat before = ReadProcs(load.service_pids);
-    const auto t0 = Clock::now();
-    std::this_thread::sleep_for(Millis(load.steady_ms));  // measuring an interval
-    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
-    const ProcStat after = ReadProcs(load.service_pids);
-    out["steady"] = {{"s", s},
-                     {"service_cpu_percent", s > 0 ? 100 * (after.cpu_s - before.cpu_s) / s : 0},
-                     {"service_rss_mib", after.rss_mib}};
-    std::fprintf(stderr, "rdzv_loadgen: steady   %.1f s: etcd CPU %.1f%%\n", s,
-                 out["steady"]["service_cpu_percent"].get<double>());
-  }
-
-  const auto failed_at = Clock::now();
-  phase("told", told, [&] {
-    assigned.Reset(load.agents);
-    crun::report::FailureReport r;
-    r.host = "sim-host-0";
-    auto& f = r.failures.emplace_back();
-    f.exit_code = 1;
-    f.time_unix_ms = agent::NowUnixMs();
-    agents[0]->rdzv->ReportFailure(r);
-  });
-  if (const int n = assigned.Wait(limit); n < load.agents) {
-    std::fprintf(stderr, "rdzv_loadgen: only %d of %d agents re-assigned\n", n, load.agents);
-    std::_Exit(1);
-  }
-  const double reformed_ms =
-      std::chrono::duration<double, Millis::period>(Clock::now() - failed_at).count();
-  out["reformed"] = {{"ms", reformed_ms}};
-  std::fprintf(stderr, "rdzv_loadgen: failure -> all re-assigned: %.1f ms\n", reformed_ms);
-  for (auto& a : agents) {
-    if (a->round.load() != a->first.round + 1) {
-      std::fprintf(stderr, "rdzv_loadgen: agent %d is in round %d after the restart\n", a->index,
-                   a->round.load());
-      std::_Exit(1);
-    }
-  }
-
-  phase("finish", finished, [&] {
-    for (auto& a : agents) a->rdzv->ReportSuccess();
-  });
-  out["service_hwm_mib"] = ReadProcs(load.service_pids).hwm_mib;
-  out["loadgen_rss_mib"] = ReadProc(static_cast<int>(::getpid())).rss_mib;
-  out["loadgen_rss_before_start_mib"] = self.rss_mib;
-  {
-    std::lock_guard lock(jobs.mu);
-    out["job_writes"] = jobs.writes;
-    out["job_max_bytes"] = jobs.max_bytes;
-    // Every agent's watch receives every write of the document.
-    out["job_bytes_to_watchers"] = jobs.total_bytes * static_cast<std::size_t>(load.agents);
-  }
-  job_watch.reset();
-
-  // Each agent leaves (revokes its lease) from a few threads at once.
-  {
+  const int n = static_cast<int>(agents.size());
+  // Each agent leaves (revokes its lease), from a few threads at once.
+  const auto leave = [&] {
     std::atomic<std::size_t> next{0};
     std::vector<std::thread> leavers;
     for (int t = 0; t < 8; ++t) {
@@ -283,12 +118,138 @@ int RunEtcdLoad(const EtcdLoad& load) {
       });
     }
     for (auto& t : leavers) t.join();
+    work.reset();
+    for (auto& t : loop) t.join();
+  };
+  WriteLine(reply_fd, "ready " + std::to_string(n));
+
+  Commands commands(cmd_fd);
+  std::string cmd;
+  for (std::istringstream in; commands.Next(cmd, in);) {
+    if (cmd == "form") {
+      // Every agent starts (connects, takes its lease, writes its node key with its join,
+      // reads what it needs, watches the prefix) and joins at once, as crun does.
+      assigned.Reset(n);
+      for (auto& a : agents) {
+        a->rdzv->Start(a.get());
+        a->rdzv->Join({});
+      }
+      const int reached = assigned.Wait(limit);
+      const std::int64_t t = NowNs();
+      int bad = 0;
+      std::string ranks = "ranks";
+      const agent::GroupAssignment* store_of = nullptr;
+      for (auto& a : agents) {
+        if (!a->has_first.load()) continue;  // counted as not reached
+        const auto& g = a->first;
+        const bool other_store = store_of != nullptr && (g.master_addr != store_of->master_addr ||
+                                                         g.master_port != store_of->master_port);
+        if (store_of == nullptr) store_of = &g;
+        if (g.group_world_size != load.agents || g.world_size != load.agents * load.nproc ||
+            g.base_rank != g.group_rank * load.nproc || other_store) {
+          if (bad++ == 0) {
+            std::fprintf(stderr,
+                         "rdzv_loadgen: agent %d got a bad assignment: group rank %d of %d, "
+                         "base rank %d of %d, store %s:%d\n",
+                         a->index, g.group_rank, g.group_world_size, g.base_rank, g.world_size,
+                         g.master_addr.c_str(), g.master_port);
+          }
+        }
+        ranks += " " + std::to_string(g.group_rank);
+      }
+      WriteLine(reply_fd, "form " + std::to_string(reached) + " " + std::to_string(t) + " " +
+                              std::to_string(bad));
+      WriteLine(reply_fd, ranks);
+      WriteLine(reply_fd,
+                "store " + (store_of == nullptr ? std::string("-")
+                                                : store_of->master_addr + ":" +
+                                                      std::to_string(store_of->master_port)));
+    } else if (cmd == "steady") {
+      // The agents keep their leases alive (TTL / 3) on their own: nothing to send.
+      std::int64_t from_ns = 0, end_ns = 0;
+      in >> from_ns >> end_ns;
+      std::this_thread::sleep_until(LoadClock::time_point(std::chrono::nanoseconds(end_ns)));
+      WriteLine(reply_fd, "steady 0 0 0");
+    } else if (cmd == "arm") {
+      told.Reset(n);
+      assigned.Reset(n);
+      WriteLine(reply_fd, "armed");
+    } else if (cmd == "await") {
+      int fail = 0;
+      in >> fail;
+      if (fail != 0) {
+        crun::report::FailureReport r;
+        r.host = "sim-host-" + std::to_string(agents[0]->index);
+        auto& f = r.failures.emplace_back();
+        f.exit_code = 1;
+        f.time_unix_ms = agent::NowUnixMs();
+        agents[0]->rdzv->ReportFailure(r);
+      }
+      ReplyRestarted(
+          reply_fd, told, assigned, limit, agents, [](const SimAgent& a) { return a.round.load(); },
+          [](const SimAgent& a) { return a.first.round; });
+    } else if (cmd == "finish") {
+      finished.Reset(n);
+      for (auto& a : agents) a->rdzv->ReportSuccess();
+      const int reached = finished.Wait(limit);
+      WriteLine(reply_fd, "finish " + std::to_string(reached) + " " + std::to_string(NowNs()));
+      leave();
+      WriteLine(reply_fd, "errors " + std::to_string(errors.load()));
+      return 0;
+    }
   }
-  work.reset();
-  for (auto& t : loop) t.join();
-  out["errors"] = errors.load();
-  std::printf("%s\n", out.dump().c_str());
-  return errors.load() == 0 ? 0 : 1;
+  std::_Exit(1);  // the coordinator went away: a thousand agents' threads are not worth unwinding
+}
+
+std::unique_ptr<JobDocWatch> JobDocWatch::Open(const EtcdLoad& load) {
+  const auto deadline = [] { return LoadClock::now() + Millis(10'000); };
+  etcd::ClientOptions co;
+  co.endpoints = Split(load.endpoints);
+  auto client = etcd::Client::Connect(co, deadline());
+  if (!client.ok()) {
+    std::fprintf(stderr, "rdzv_loadgen: %s\n", client.status().message().c_str());
+    return nullptr;
+  }
+  const etcd::Keys keys(etcd::kDefaultRoot, load.run_id);
+  auto existing = (*client)->GetPrefix(keys.prefix, deadline());
+  if (!existing.ok()) {
+    std::fprintf(stderr, "rdzv_loadgen: %s\n", existing.status().message().c_str());
+    return nullptr;
+  }
+  if (!existing->kvs.empty()) {
+    std::fprintf(stderr, "rdzv_loadgen: run '%s' already has keys under %s: use a fresh run id\n",
+                 load.run_id.c_str(), keys.prefix.c_str());
+    return nullptr;
+  }
+  std::unique_ptr<JobDocWatch> w(new JobDocWatch());
+  w->client_ = std::move(client).value();
+  JobDocWatch* self = w.get();
+  w->watch_ = w->client_->WatchPrefix(
+      keys.job(), existing->revision + 1,
+      [self](std::vector<etcd::WatchEvent> events, std::int64_t) {
+        std::lock_guard lock(self->mu_);
+        for (const auto& e : events) {
+          if (e.deleted) continue;
+          ++self->writes_;
+          self->max_bytes_ = std::max(self->max_bytes_, e.kv.value.size());
+          self->total_bytes_ += e.kv.value.size();
+        }
+      },
+      [](const Status& s) {
+        std::fprintf(stderr, "rdzv_loadgen: the job watch ended: %s\n", s.message().c_str());
+      },
+      Millis(60'000));
+  return w;
+}
+
+JobDocWatch::~JobDocWatch() = default;
+
+void JobDocWatch::Record(nlohmann::json& out, int agents) {
+  watch_.reset();
+  std::lock_guard lock(mu_);
+  out["job_writes"] = writes_;
+  out["job_max_bytes"] = max_bytes_;
+  out["job_bytes_to_watchers"] = total_bytes_ * static_cast<std::size_t>(agents);
 }
 
 }  // namespace crun::bench

@@ -65,20 +65,22 @@ class RdzvLoadgenSmoke(unittest.TestCase):
         self.assertGreater(per_message, 0)  # its beats were read, at a cost
 
     @unittest.skipIf(missing_programs(), f"{missing_programs()} not installed")
-    def test_100_agents_through_etcd_go_through_every_phase(self):
+    def test_100_agents_through_etcd_in_three_shards_go_through_every_phase(self):
         root = tempfile.mkdtemp(prefix="crun-rdzv-smoke-etcd-")
         ports = {h: (free_port(), free_port()) for h in ("e1", "e2", "e3")}
         try:
             with EtcdCluster(Loopback(), ["e1", "e2", "e3"], root, ports=ports) as etcd:
                 pids = [a for p in etcd.procs.values() for a in ("--service-pid", str(p.pid))]
                 r = subprocess.run([LOADGEN, "--etcd", etcd.endpoints(), "--agents", "100",
-                                    "--steady-ms", "200", *pids],
+                                    "--procs", "3", "--steady-ms", "200", *pids],
                                    capture_output=True, text=True, timeout=120)
                 self.assertEqual(r.returncode, 0, r.stderr)
                 out = json.loads(r.stdout)
                 self.assertEqual(out["errors"], 0)
                 for phase in ("form", "told", "reformed", "finish"):
                     self.assertIn("ms", out[phase])
+                self.assertEqual(out["procs"], 3)
+                self.assertGreater(out["form"]["agents_cpu_s"], 0)  # the shards' /proc read
                 self.assertGreater(out["service_idle_rss_mib"], 0)  # every member's /proc read
                 # a/job changed for the round, the stop, the next round and the outcome; not
                 # for each of the 100 joins.

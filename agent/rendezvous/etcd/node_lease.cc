@@ -7,6 +7,11 @@ namespace crun::agent {
 
 using Millis = std::chrono::milliseconds;
 
+namespace {
+// Leases one registration takes at most: each after the last ran out before the write came.
+constexpr int kMaxGrants = 3;
+}  // namespace
+
 EtcdNodeLease::EtcdNodeLease(std::shared_ptr<etcd::Client> client, etcd::Keys keys,
                              std::string run_id, etcd::NodeRecord record, std::chrono::seconds ttl)
     : client_(std::move(client)),
@@ -15,24 +20,47 @@ EtcdNodeLease::EtcdNodeLease(std::shared_ptr<etcd::Client> client, etcd::Keys ke
       record_(std::move(record)),
       ttl_(ttl) {}
 
+bool RegisteredEarlier(const etcd::TxnResult& failed, std::int64_t lease) {
+  return !failed.succeeded && lease != 0 && !failed.reads.empty() &&
+         !failed.reads.front().empty() && failed.reads.front().front().lease == lease;
+}
+
 Status EtcdNodeLease::Register(const std::function<etcd::Clock::time_point()>& deadline,
                                etcd::Clock::time_point wait_until,
                                const std::vector<etcd::Op>& with) {
-  CRUN_ASSIGN_OR_RETURN(id_, client_->Grant(ttl_, deadline()));
   const std::string& node_id = record_.node.node_id;
   const std::string key = keys_.node(node_id);
-  std::vector<etcd::Op> ops{{etcd::Op::Kind::kPut, key, etcd::EncodeNode(record_), id_},
-                            {etcd::Op::Kind::kDelete, keys_.refusal(node_id), "", 0}};
-  for (auto op : with) {
-    op.lease = id_;
-    ops.push_back(std::move(op));
-  }
+  std::vector<etcd::Op> ops;
+  const auto grant = [&]() -> Status {
+    CRUN_ASSIGN_OR_RETURN(id_, client_->Grant(ttl_, deadline()));
+    ops = {{etcd::Op::Kind::kPut, key, etcd::EncodeNode(record_), id_},
+           {etcd::Op::Kind::kDelete, keys_.refusal(node_id), "", 0}};
+    for (auto op : with) {
+      op.lease = id_;
+      ops.push_back(std::move(op));
+    }
+    return Status::Ok();
+  };
+  CRUN_RETURN_IF_ERROR(grant());
+  int grants = 1;
   while (true) {
-    CRUN_ASSIGN_OR_RETURN(const auto txn,
-                          client_->Txn({{key, etcd::Compare::Target::kCreateRevision, 0, ""}}, ops,
-                                       {{etcd::Op::Kind::kGet, key, "", 0}}, deadline()));
-    if (txn.succeeded) {
-      node_revision_ = txn.revision;
+    auto txn = client_->Txn({{key, etcd::Compare::Target::kCreateRevision, 0, ""}}, ops,
+                            {{etcd::Op::Kind::kGet, key, "", 0}}, deadline());
+    if (!txn.ok() && txn.status().code() == StatusCode::kNotFound && grants < kMaxGrants) {
+      // The lease ran out before the write came through (etcd too busy to answer within its
+      // TTL): a new one, and the write again.
+      CRUN_RETURN_IF_ERROR(grant());
+      ++grants;
+      continue;
+    }
+    CRUN_RETURN_IF_ERROR(txn.status());
+    if (txn->succeeded) {
+      node_revision_ = txn->revision;
+      return Status::Ok();
+    }
+    if (RegisteredEarlier(*txn, id_)) {
+      // The key, and everything written with it in the one transaction, is this node's.
+      node_revision_ = txn->reads.front().front().create_revision;
       return Status::Ok();
     }
     if (etcd::Clock::now() >= wait_until) {

@@ -17,6 +17,12 @@
 
 namespace crun::agent {
 
+// Whether a registration's transaction that found the node key already there found this very
+// registration's earlier try: the key is bound to `lease`, the lease the try wrote it with (a
+// try whose answer was lost to a timeout, and which the client sent again). `failed` is the
+// transaction's answer, its read of the key.
+bool RegisteredEarlier(const etcd::TxnResult& failed, std::int64_t lease);
+
 class EtcdNodeLease {
  public:
   EtcdNodeLease(std::shared_ptr<etcd::Client> client, etcd::Keys keys, std::string run_id,

@@ -165,6 +165,20 @@ TEST_CASE("etcd roles: this node's lease and key", "[etcd_roles]") {
   CHECK(key->kvs[0].create_revision == first.node_revision());
   CHECK(first.KeepAlive(Clock::now() + Ms(5000), nullptr) == EtcdNodeLease::Beat::kAlive);
 
+  // The registration's write sent again after a lost answer finds the key there: bound to its
+  // own lease, it is its own earlier try (done); bound to another, another agent's.
+  const auto again =
+      client->Txn({{keys.node("n1"), crun::etcd::Compare::Target::kCreateRevision, 0, ""}},
+                  {{crun::etcd::Op::Kind::kPut, keys.node("n1"), "x", first.id()}},
+                  {{crun::etcd::Op::Kind::kGet, keys.node("n1"), "", 0}}, Clock::now() + Ms(5000));
+  REQUIRE(again.ok());
+  CHECK(crun::agent::RegisteredEarlier(*again, first.id()));
+  CHECK_FALSE(crun::agent::RegisteredEarlier(*again, first.id() + 1));
+  CHECK_FALSE(crun::agent::RegisteredEarlier(*again, 0));
+  crun::etcd::TxnResult none;  // the key was gone: nothing read
+  none.reads.emplace_back();
+  CHECK_FALSE(crun::agent::RegisteredEarlier(none, first.id()));
+
   // Another agent with the same node id waits for the key, then is refused, naming it.
   EtcdNodeLease second(client, keys, "run7", Record("n1"), std::chrono::seconds(5));
   const auto start = Clock::now();

@@ -152,6 +152,26 @@ TEST_CASE("etcd client: a dead member is passed over for the next one") {
   CHECK(c->GetPrefix("/d/", In(Ms(5000)))->kvs.size() == 3);
 }
 
+TEST_CASE("etcd client: the calls start at the member given, modulo the members") {
+  // Two separate etcds tell the members apart: a key is written to the second only.
+  crun::testing::EtcdProcess first, second;
+  {
+    auto b = Connect({second.endpoint()});
+    REQUIRE(b->Put("/m/only-second", "v", 0, In(Ms(5000))).ok());
+  }
+  for (const std::size_t given : {std::size_t{0}, std::size_t{1}, std::size_t{3}}) {
+    crun::etcd::ClientOptions o;
+    o.endpoints = {first.endpoint(), second.endpoint()};
+    o.first_member = given;
+    auto c = crun::etcd::Client::Connect(o, In(Ms(20'000)));
+    REQUIRE(c.ok());
+    CHECK((*c)->member() == given % 2);
+    auto got = (*c)->Get("/m/only-second", In(Ms(5000)));
+    REQUIRE(got.ok());
+    CHECK(got->kvs.size() == (given % 2 == 1 ? 1U : 0U));
+  }
+}
+
 TEST_CASE("etcd client: nobody there, or not etcd there: an error naming the endpoint in time") {
   const std::string dead = "127.0.0.1:" + std::to_string(crun::testing::FreePort());
   crun::etcd::ClientOptions o;
