@@ -52,7 +52,7 @@ STREAM_BEAT_ROW = "daemon CPU per heartbeat on its gRPC stream (--stream-beats)"
 BARE_BEAT_ROW = "bare gRPC server CPU per message, the same beats on its streams"
 ETCD_SIMULATED = (100, 1000, 3000, 10000)
 ETCD_ONE_RUN_FROM = 3000  # one run from here up (10,000: minutes), else the median of 3
-ETCD_PHASE_MS = 420_000  # a phase's limit through etcd (10,000 agents form in minutes here)
+ETCD_PHASE_MS = 300_000  # a phase's limit through etcd (10,000 agents form in minutes here)
 ETCD_FORM_ROW = "form a round (each agent: lease, node key with its join, its ranks/ key)"  # check.py
 LIMIT_S = 300
 

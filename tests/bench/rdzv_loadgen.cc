@@ -201,8 +201,11 @@ int RunShard(const Options& o, int shard, int cmd_fd, int reply_fd) {
         errors.fetch_add(1);
       }
     };
-    auto on_done = [&errors](const crun::Status& s) {
-      if (!s.ok()) errors.fetch_add(1);
+    auto on_done = [&errors, index = a->index](const crun::Status& s) {
+      if (!s.ok() && errors.fetch_add(1) == 0) {
+        std::fprintf(stderr, "rdzv_loadgen: agent %d's session ended: %s\n", index,
+                     s.message().c_str());  // the first of this shard's
+      }
     };
     a->session =
         std::make_unique<SessionClient>(*stubs[static_cast<std::size_t>(k % channels_here)],
