@@ -616,9 +616,11 @@ def write(args, launch, restart, sims, etcd_sims, tidy, conns, jobs):
               "was lost recognises its own key (by its lease) when the client sends it again."]
     for r in (etcd_sims[a] for a in ETCD_SIMULATED if "failed" in etcd_sims[a]):
         f = r["failed"]
+        gave_up = (f"{f['ended']:,} agents gave up, {f['reason_count']:,} of them with: "
+                   f"`{f['reason']}`" if f["ended"] else
+                   "none gave up (each was still trying when the limit came)")
         lines += ["", f"{r['agents']:,} agents were tried and did not get through '{f['phase']}' "
-                  f"within {f['limit_s']:,.0f} s ({f['reached']:,} reached it); {f['ended']:,} "
-                  f"agents gave up, {f['reason_count']:,} of them with: `{f['reason']}`. etcd "
+                  f"within {f['limit_s']:,.0f} s ({f['reached']:,} reached it); {gave_up}. etcd "
                   "and every simulated agent share two cores here."]
     lines += ["", f"etcd's keys for one job (one real agent, the 3 members above, "
               f"`--max-restarts {TIDY_RESTARTS}`, `--rdzv-conf etcd_retention="
