@@ -68,18 +68,16 @@ void AttemptFailures::Hung(const Worker& w, int rank) {
   f.pid = w.pid;
   f.error_file = w.error_file;
   if (auto slow = slow_.find(w.local_rank); slow != slow_.end()) {
-    f.slow = slow->second.why;
+    f.slow = slow->second.why;  // stopped as slow (--straggler-action restart), not hung
     f.time_unix_ms = slow->second.when_ms;
-    report_.failures.push_back(std::move(f));
-    SortByTime();
-    return;
-  }
-  if (hang_) {
-    for (const auto& r : hang_->ranks) {
-      if (r.local_rank == w.local_rank) f.hang = r.cause;
+  } else {
+    if (hang_) {
+      for (const auto& r : hang_->ranks) {
+        if (r.local_rank == w.local_rank) f.hang = r.cause;
+      }
     }
+    if (f.hang.empty()) f.hang = "hung";
   }
-  if (f.hang.empty()) f.hang = "hung";
   report_.failures.push_back(std::move(f));
   SortByTime();
 }

@@ -37,19 +37,18 @@ bool TimedOut(const grpc::Status& s) {
          s.error_message().find("timed out") != std::string::npos;
 }
 
+// The member is too busy to answer in time: it ran past the attempt's deadline, or refused with
+// etcd's own back-pressure ("etcdserver: too many requests": its log's apply is far behind).
+bool Busy(const grpc::Status& s) {
+  return TimedOut(s) || s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+         s.error_message().find("too many requests") != std::string::npos;
+}
+
 // Failures that another member, or the same one a moment later, may not have.
 bool Retryable(const grpc::Status& s) {
-  switch (s.error_code()) {
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:  // "etcdserver: too many requests"
-      return true;
-    default:
-      break;
-  }
+  if (Busy(s) || s.error_code() == grpc::StatusCode::UNAVAILABLE) return true;
   const std::string& m = s.error_message();
-  for (const char* sign : {"no leader", "leader changed", "request timed out", "not capable",
-                           "timed out", "context deadline exceeded", "too many requests"}) {
+  for (const char* sign : {"no leader", "leader changed", "not capable"}) {
     if (m.find(sign) != std::string::npos) return true;
   }
   return false;
@@ -223,10 +222,9 @@ struct Client::Impl {
         return InternalError(where + ": " + what + " failed: " + s.error_message());
       }
       last = where + ": " + s.error_message();
-      // Timed out, or etcd's own back-pressure (its log's apply is far behind): the next try
-      // gets longer, and the pause between passes grows to kMaxAttempt / 4.
-      const bool busy =
-          TimedOut(s) || s.error_message().find("too many requests") != std::string::npos;
+      // A busy member: the next try gets longer, and the pause between passes grows to
+      // kMaxAttempt / 4.
+      const bool busy = Busy(s);
       if (busy) attempt_time = std::min(attempt_time * 2, kMaxAttempt);
       Rotate(m);
       if (++failures % o.endpoints.size() == 0) {

@@ -8,9 +8,11 @@
 //   the deadline. Reads are linearizable (etcd's default): a member without quorum cannot
 //   answer them, so a minority member is never believed. A call that timed out is tried again
 //   with twice the time (2 s, then up to 16 s). A write that timed out may have come through
-//   all the same, so the rendezvous writes only transactions whose compare fails on their own
-//   earlier success (a node key's create revision, the job state's revision), then reads what
-//   is there: its own node key, by its lease (agent/rendezvous/etcd/node_lease.cc).
+//   all the same and be sent again, so every write the rendezvous makes is safe to repeat:
+//   plain puts of a value that a second time leaves as it was (a join, a report, a round's
+//   store address), or transactions whose compare fails on their own earlier success (a node
+//   key's create revision, the job state's revision), after which the caller reads what is
+//   there: its own node key, recognised by its lease (agent/rendezvous/etcd/node_lease.cc).
 // * TLS (--tls-ca, --tls-cert, --tls-key, base/security.h) and etcd's user/password auth: the
 //   token etcd hands out is sent with every call, and fetched again when etcd says it expired.
 // * Errors name the endpoint(s) and say what to check.
