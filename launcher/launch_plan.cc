@@ -21,6 +21,7 @@
 #include "base/host_addresses.h"
 #include "base/text.h"
 #include "launcher/devices.h"
+#include "launcher/kubernetes.h"
 #include "launcher/numa_binding.h"
 #include "launcher/worker_command.h"
 
@@ -340,14 +341,44 @@ std::set<std::string> GivenFlags(const CLI::App& app) {
   return given;
 }
 
+namespace {
+
+// In a Kubernetes pod (kubernetes.h): the node rank from the pod's index, and an older
+// PyTorchJob's MASTER_ADDR and MASTER_PORT.
+Status PlanPod(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& given,
+               const MachineFacts& facts) {
+  GivenPlacement g;
+  g.node_rank = given.count("--node-rank") || facts.Env("PET_NODE_RANK").has_value();
+  g.nnodes = given.count("--nnodes") > 0;
+  g.master_addr = given.count("--master-addr") > 0;
+  g.master_port = given.count("--master-port") > 0;
+  g.endpoint = !o.rdzv_endpoint.empty();
+  g.standalone = o.standalone;
+  CRUN_ASSIGN_OR_RETURN(PodPlacement pod, ReadPodPlacement(g, facts.getenv));
+  if (pod.node_rank) {
+    p.node_rank = *pod.node_rank;
+    p.node_rank_from = pod.node_rank_from;
+    p.node_rank_given = true;
+  }
+  if (pod.master_addr) o.master_addr = *pod.master_addr;
+  if (pod.master_port) {
+    CRUN_ASSIGN_OR_RETURN(p.master_port, ParseFlagInt("MASTER_PORT", *pod.master_port, 1, 65535));
+  }
+  for (auto& note : pod.notes) p.notes.push_back(std::move(note));
+  return Status::Ok();
+}
+
+}  // namespace
+
 StatusOr<LaunchPlan> PlanLaunch(LaunchOptions o, const std::set<std::string>& given,
                                 const MachineFacts& facts, const Backends& backends) {
   LaunchPlan p;
   CRUN_ASSIGN_OR_RETURN(p.values,
                         ParseLaunchValues(o, given, facts.getenv, BackendConfKeys(backends)));
   CRUN_RETURN_IF_ERROR(PlanSlurm(p, o, given, facts));
-  // Whether this node's rank is imposed: --node-rank, PET_NODE_RANK or Slurm.
-  p.node_rank_given =
+  if (!p.slurm && !p.slurm_task) CRUN_RETURN_IF_ERROR(PlanPod(p, o, given, facts));
+  // Whether this node's rank is imposed: --node-rank, PET_NODE_RANK, Slurm or the pod.
+  p.node_rank_given |=
       given.count("--node-rank") || facts.Env("PET_NODE_RANK").has_value() || p.slurm.has_value();
   CRUN_ASSIGN_OR_RETURN(const Backend* backend, PlanBackend(o, backends));
   p.backend = backend->name;

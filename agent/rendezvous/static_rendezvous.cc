@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <random>
 #include <thread>
 
 #include <boost/asio/post.hpp>
@@ -16,6 +17,12 @@
 
 namespace crun::agent {
 namespace {
+
+// Tells this crun's claim of a node rank from an earlier one's on the same host.
+std::string RandomClaimId() {
+  std::random_device rd;
+  return std::to_string(rd()) + "-" + std::to_string(rd());
+}
 
 class StaticRendezvous final : public Rendezvous {
  public:
@@ -84,6 +91,8 @@ class StaticRendezvous final : public Rendezvous {
       g.members = {RoundMember{options_.host, options_.store_host, options_.nproc, ports}};
     } else if (!ports.empty() || options_.wait_for_all) {
       return Exchange(std::move(g), ports);
+    } else if (MustClaim()) {
+      return ClaimThenAssign(std::move(g));
     }
     Post([this, g] { events_->OnAssignment(g); });
   }
@@ -156,6 +165,60 @@ class StaticRendezvous final : public Rendezvous {
     return c;
   }
 
+  // A node of a static job of several, before its first workers start: it claims its rank on
+  // the job's store, so that two nodes given one rank (two pods with one index) do not both run
+  // as it. Slurm's tasks have theirs from Slurm.
+  bool MustClaim() const {
+    return joins_ == 1 && options_.static_store && !options_.fixed_group && Participants() > 1;
+  }
+
+  // Claims this node's rank under /crun/node/<rank> on the store at the address every node
+  // names (not loopback: a second node 0 hosts a store of its own, which would not know the
+  // first). Another host's claim is an error naming both; this host's is an earlier crun of
+  // it (a pod replaced keeps its host name), whose claim this one takes over.
+  Status ClaimRank() {
+    TcpStoreClientOptions c;
+    c.host = options_.store_host;
+    c.port = options_.store_port;
+    c.connect_timeout = options_.exchange_timeout;
+    c.timeout = options_.exchange_timeout;
+    auto client =
+        ConnectWhile(c, std::chrono::milliseconds(250), [this] { return !stop_exchange_; });
+    if (!client.ok()) return client.status();
+    const std::string key = "/crun/node/" + std::to_string(options_.node_rank);
+    const std::string mine = options_.host + "\n" + claim_id_;
+    auto held = (*client)->CompareSet(key, "", mine);
+    if (!held.ok()) return held.status();
+    if (*held == mine) return Status::Ok();
+    const std::string holder = held->substr(0, held->find('\n'));
+    if (holder != options_.host) {
+      return InvalidArgument("node rank " + std::to_string(options_.node_rank) +
+                             " is claimed twice: by host " + holder + " (in the job) and by host " +
+                             options_.host +
+                             "; give each node its own (--node-rank, PET_NODE_RANK, "
+                             "JOB_COMPLETION_INDEX)");
+    }
+    spdlog::info("node rank {}: taking over the claim of an earlier crun on this host",
+                 options_.node_rank);
+    return (*client)->Set(key, mine);
+  }
+
+  // The first round of a node that must claim its rank: the claim, then the round, off the
+  // event loop (which serves the store on node 0); a refused claim ends the job.
+  void ClaimThenAssign(GroupAssignment g) {
+    exchange_thread_ = std::thread([this, g = std::move(g)] {
+      const Status claimed = ClaimRank();
+      if (claimed.code() == StatusCode::kAborted) return;
+      if (!claimed.ok()) {
+        JobOutcome o;
+        o.exit_code = 1;
+        o.reason = claimed.message();
+        return Post([this, o] { events_->OnFinished(o); });
+      }
+      Post([this, g] { events_->OnAssignment(g); });
+    });
+  }
+
   // Publishes this crun's address and reserved ports on the shared store and gives the round
   // once every participant has (member_exchange.h); an exchange that fails ends the job.
   void Exchange(GroupAssignment g, const std::vector<std::uint16_t>& ports) {
@@ -183,11 +246,14 @@ class StaticRendezvous final : public Rendezvous {
                  FormatEndpoint(c.host, c.port));
     // The last round's thread watches for this round to begin: it ends once this one says so.
     std::thread last = std::move(exchange_thread_);
+    const bool claim = MustClaim();
     exchange_thread_ =
-        std::thread([this, g = std::move(g), self, e, c, last = std::move(last)]() mutable {
+        std::thread([this, g = std::move(g), self, e, c, claim, last = std::move(last)]() mutable {
           // In short tries, so that a stopping agent is not held up by a store not up yet.
-          auto client =
-              ConnectWhile(c, std::chrono::milliseconds(250), [this] { return !stop_exchange_; });
+          const Status claimed = claim ? ClaimRank() : Status::Ok();
+          auto client = claimed.ok() ? ConnectWhile(c, std::chrono::milliseconds(250),
+                                                    [this] { return !stop_exchange_; })
+                                     : StatusOr<std::unique_ptr<TcpStoreClient>>(claimed);
           StatusOr<std::vector<RoundMember>> members =
               client.ok() ? ExchangeMembers(**client, self, e) : client.status();
           if (last.joinable()) last.join();
@@ -280,6 +346,7 @@ class StaticRendezvous final : public Rendezvous {
   std::thread exchange_thread_;  // the round's Exchange(), then its watch for the next round
   std::atomic<bool> stop_exchange_{false};
   bool concluded_ = false;
+  const std::string claim_id_ = RandomClaimId();  // this crun's, in its rank's claim
 };
 
 }  // namespace

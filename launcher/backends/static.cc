@@ -92,6 +92,12 @@ Status PlanStandalone(LaunchPlan& p, const LaunchOptions& o) {
   return Status::Ok();
 }
 
+// "--node-rank 2", or "JOB_COMPLETION_INDEX=2" when the pod gave it.
+std::string NodeRankFrom(const LaunchPlan& p) {
+  if (p.node_rank_from != "--node-rank") return p.node_rank_from;
+  return "--node-rank " + std::to_string(p.node_rank);
+}
+
 // torchrun's static backend: a fixed number of nodes, each with its rank, and the store's port.
 Status PlanStaticNodes(const LaunchPlan& p, const LaunchOptions& o) {
   if (p.nodes.min != p.nodes.max) {
@@ -100,8 +106,8 @@ Status PlanStaticNodes(const LaunchPlan& p, const LaunchOptions& o) {
                            "number of nodes (use --rdzv-endpoint for an elastic range)");
   }
   if (p.node_rank >= p.nodes.max) {
-    return InvalidArgument("--node-rank " + std::to_string(p.node_rank) +
-                           " is not below --nnodes " + std::to_string(p.nodes.max));
+    return InvalidArgument(NodeRankFrom(p) + " is not below --nnodes " +
+                           std::to_string(p.nodes.max));
   }
   if (p.master_port <= 0) {
     return InvalidArgument("the static backend needs --master-port (the store node 0 hosts)");
@@ -116,7 +122,7 @@ StatusOr<std::unique_ptr<BackendRun>> Plan(LaunchPlan& p, const PlanInputs& in) 
   if (multi_node) {
     CRUN_RETURN_IF_ERROR(PlanStaticNodes(p, o));
   } else if (p.node_rank != 0) {
-    return InvalidArgument("--node-rank " + std::to_string(p.node_rank) + " on a one-node job");
+    return InvalidArgument(NodeRankFrom(p) + " on a one-node job");
   }
   for (const char* flag : {"--token-file", "--tls-cert", "--tls-key", "--tls-ca"}) {
     if (in.given.count(flag)) {

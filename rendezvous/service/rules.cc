@@ -217,6 +217,31 @@ std::vector<NodeDescription> RankOrder(std::vector<NodeDescription> nodes) {
   return nodes;
 }
 
+namespace {
+
+// Another host's node that was given the same rank as `node` (by --node-rank, a pod's index
+// or Slurm): two nodes that would both run as that rank. The same host's is its earlier agent,
+// restarted (a pod the controller restarted keeps its host name): it may wait as a spare.
+// Scans only for a node with an imposed rank.
+const NodeDescription* RankClaimedElsewhere(const State& s, const NodeDescription& node) {
+  if (!node.requested_rank) return nullptr;
+  auto other = [&](const NodeDescription& d) {
+    return d.requested_rank == node.requested_rank && d.host != node.host;
+  };
+  for (const auto& d : s.joined) {
+    if (other(d)) return &d;
+  }
+  for (const auto& m : s.members) {
+    if (other(m.node)) return &m.node;
+  }
+  for (const auto& d : s.spares) {
+    if (other(d)) return &d;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 Transition OnJoin(State s, const NodeDescription& node, const Settings& its_settings,
                   TimePoint now) {
   using Kind = RefuseJoin::Kind;
@@ -231,6 +256,14 @@ Transition OnJoin(State s, const NodeDescription& node, const Settings& its_sett
   if (s.phase == Phase::kSucceeded) return refuse("the job has already finished", Kind::kJobEnded);
   if (s.present.count(node.node_id) != 0) {
     return refuse("another agent already joined as node '" + node.node_id + "'",
+                  Kind::kDuplicateNode);
+  }
+  if (const NodeDescription* holder = RankClaimedElsewhere(s, node)) {
+    return refuse("node rank " + std::to_string(*node.requested_rank) +
+                      " is claimed twice: by host " + holder->host + " (in the job) and by host " +
+                      node.host +
+                      "; give each node its own (--node-rank, PET_NODE_RANK, "
+                      "JOB_COMPLETION_INDEX)",
                   Kind::kDuplicateNode);
   }
   if (node.nproc < 1 || node.nproc > kMaxNprocPerNode) {

@@ -25,12 +25,13 @@ class Fabric:
         self.tag = f"crun{os.getpid()}"
         self.switch = f"{self.tag}-sw"
         self.created = []
+        self.moved = {}  # host -> its address once replug() gave it a new one
 
     def ns(self, host):
         return f"{self.tag}-{host}"
 
     def addr(self, host):
-        return f"{SUBNET}.{self.hosts.index(host) + 1}"
+        return self.moved.get(host, f"{SUBNET}.{self.hosts.index(host) + 1}")
 
     def port_name(self, host):
         return f"p{self.hosts.index(host)}"  # the host's cable end on the switch
@@ -56,15 +57,29 @@ class Fabric:
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "br0", "up")
         for host in self.hosts:
-            ns = self.ns(host)
-            self._add_ns(ns)
-            port = self.port_name(host)
-            _ip("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0",
-                "netns", ns)
-            _ip("-n", self.switch, "link", "set", port, "master", "br0")
-            _ip("-n", self.switch, "link", "set", port, "up")
-            _ip("-n", ns, "addr", "add", f"{self.addr(host)}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
+            self._plug(host)
+
+    def _plug(self, host):
+        ns = self.ns(host)
+        self._add_ns(ns)
+        port = self.port_name(host)
+        _ip("-n", self.switch, "link", "add", port, "type", "veth", "peer", "name", "eth0",
+            "netns", ns)
+        _ip("-n", self.switch, "link", "set", port, "master", "br0")
+        _ip("-n", self.switch, "link", "set", port, "up")
+        _ip("-n", ns, "addr", "add", f"{self.addr(host)}/24", "dev", "eth0")
+        _ip("-n", ns, "link", "set", "eth0", "up")
+
+    def replug(self, host, index):
+        """`host` comes back as a new machine with the same name and address SUBNET.index: its
+        namespace is made anew (a pod that its controller replaced). Every process of the old
+        one must have exited: the old namespace, and its cable, go with the last of them."""
+        ns = self.ns(host)
+        _ip("-n", self.switch, "link", "del", self.port_name(host))  # both ends of the cable
+        _ip("netns", "del", ns)
+        self.created.remove(ns)
+        self.moved[host] = f"{SUBNET}.{index}"
+        self._plug(host)
 
     def close(self):
         for name in reversed(self.created):

@@ -217,6 +217,57 @@ TEST_CASE("joins that cannot be accepted are refused with the reason", "[rules]"
   }
 }
 
+// Issue 52: two pods with the same index (a JobSet whose pods all read index 0) must not both
+// run as that rank. Another host's claim is refused naming both hosts, in each place a node
+// waits: gathering, in the round, as a spare. The same host's new agent (a pod the controller
+// restarted keeps its host name) is not refused: it waits until the old one is gone.
+TEST_CASE("a node rank claimed by two hosts is refused naming both", "[rules]") {
+  const auto claim = [](const std::string& host, int rank, int agent = 1) {
+    NodeDescription n = Node(host, 2, rank);
+    n.node_id = host + "#" + std::to_string(agent);
+    return n;
+  };
+  const Settings s = Nodes(2, 3);
+  State gathering = OnJoin(Start(s), claim("pod-0", 0), s, T0).state;
+  State running = OnJoin(gathering, claim("pod-1", 1), s, T0).state;
+  running = OnJoin(running, claim("pod-2", 2), s, T0).state;  // the third: the round forms
+  REQUIRE(running.phase == Phase::kRunning);
+  State with_spare = OnJoin(running, claim("spare-a", 7), s, T0).state;
+  REQUIRE(with_spare.spares.size() == 1);
+  struct Row {
+    const char* where;
+    const State& state;
+    NodeDescription node;
+    const char* holder;  // nullptr: accepted
+  };
+  for (const auto& row : std::vector<Row>{
+           {"gathering", gathering, claim("pod-9", 0), "pod-0"},
+           {"gathering, restarted", gathering, claim("pod-0", 0, 2), nullptr},
+           {"gathering, its own rank", gathering, claim("pod-9", 1), nullptr},
+           {"in the round", running, claim("pod-9", 1), "pod-1"},
+           {"in the round, restarted", running, claim("pod-1", 1, 2), nullptr},
+           {"a spare", with_spare, claim("spare-b", 7), "spare-a"},
+           {"no rank imposed", with_spare, Node("free"), nullptr},
+       }) {
+    INFO(row.where);
+    const auto t = OnJoin(row.state, row.node, s, T0 + 1s);
+    const auto* refused = t.actions.size() == 1 ? std::get_if<RefuseJoin>(&t.actions[0]) : nullptr;
+    if (row.holder == nullptr) {
+      CHECK(refused == nullptr);
+      CHECK(t.state.present.count(row.node.node_id) == 1);
+      continue;
+    }
+    REQUIRE(refused != nullptr);
+    CHECK(refused->kind == RefuseJoin::Kind::kDuplicateNode);
+    CHECK(refused->reason == "node rank " + std::to_string(*row.node.requested_rank) +
+                                 " is claimed twice: by host " + row.holder +
+                                 " (in the job) and by host " + row.node.host +
+                                 "; give each node its own (--node-rank, PET_NODE_RANK, "
+                                 "JOB_COMPLETION_INDEX)");
+    CHECK(t.state.present.count(row.node.node_id) == 0);
+  }
+}
+
 // Every contract set with 1 to 3 workers a node: a node that reserved what the set's port layout
 // says joins; one port more or fewer is refused naming the counts and the set; a node that runs
 // another set is refused naming both (issue 46: three contracts used to be refused as "at most
