@@ -3,8 +3,9 @@ network namespace with its own address and host name, and a resolver for the hea
 Service's names (tests/pylib/pods.py). Each pod's environment is exactly what its controller
 sets (the table in docs/kubernetes.md, from the controllers' source), and the container's
 command is `crun probe.py ...` with no flags. Covered: each controller's variables forming a
-job of two pods, two pods that claim one index, and a pod that its controller replaced (same
-name, new address) rejoining the running job. Needs root, as CI runs it."""
+job of two pods, two pods that claim one index, an index without a node count, a pod that its
+controller replaced (same name, new address) rejoining the running job, and crun as PID 1 of
+the pod's PID namespace. Needs root, as CI runs it."""
 import os
 import shutil
 import signal
@@ -20,7 +21,7 @@ PORT = 29400
 LIMIT_S = 120
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import kill_all, probe_events, wait_for  # noqa: E402
+from crun_testing import kill_all, probe_events, proc_files, proc_state, wait_for  # noqa: E402
 from pods import Pods  # noqa: E402
 
 # What the kubelet sets in every pod.
@@ -148,6 +149,79 @@ class Kubernetes(unittest.TestCase):
                 self.assertNotIn(refused, {e["host"] for e in probe_events(out)})
                 procs[other].send_signal(signal.SIGTERM)
                 self.finish(procs[other])
+
+    def test_crun_as_pid_1_reaps_orphans_and_exits_143_on_sigterm(self):
+        """The container's command as PID 1 of the pod's PID namespace (a pod without a shared
+        process namespace): every orphan of the workers is re-parented to crun and must be
+        reaped by it, and the runtime's SIGTERM to it stops the workers and makes it exit 143.
+        When PID 1 ends, the kernel kills whatever is left in the namespace."""
+        name = "train-0"
+        worker = os.path.join(self.dir, "orphaning.sh")
+        with open(worker, "w") as f:
+            # An orphan (its parent subshell exits at once) that exits when the test says:
+            # unreaped, a zombie for as long as PID 1 lives.
+            f.write('#!/bin/sh\n'
+                    'cat /proc/1/comm > "$1/pid1_$RANK"\n'
+                    '( exec sh -c \'echo $$ > "$1/orphan_$2.pid"\n'
+                    '  while [ ! -e "$1/release" ]; do sleep 0.01; done\' sh "$1" "$RANK" & )\n'
+                    'exec sleep 600\n')
+        os.chmod(worker, 0o755)
+        with Pods([name], "train") as pods:
+            unshare, pid1 = self.pod_pid1(pods, name,
+                                          ["--standalone", "--no-python", worker, self.dir])
+            def read(name):
+                path = os.path.join(self.dir, name)
+                if not os.path.exists(path):
+                    return ""
+                with open(path) as f:
+                    return f.read()
+            orphans = [f"orphan_{r}.pid" for r in (0, 1)]
+            wait_for(lambda: all(read(o).endswith("\n") for o in orphans), "both orphans' pids")
+            for r in (0, 1):
+                self.assertEqual(read(f"pid1_{r}").strip(), "crun")
+            ns = os.readlink(f"/proc/{pid1}/ns/pid")
+            hosts = [self.host_pid(ns, int(read(o))) for o in orphans]
+            self.assertNotIn(None, hosts)
+            open(os.path.join(self.dir, "release"), "w").close()
+            # Gone entirely, not a zombie: crun reaped them.
+            wait_for(lambda: all(proc_state(h) is None for h in hosts),
+                     "the orphans reaped by PID 1")
+            os.kill(pid1, signal.SIGTERM)
+            out, err = unshare.communicate(timeout=LIMIT_S)
+            self.assertEqual(unshare.returncode, 143, err)
+            self.assertIn("received SIGTERM: forwarding it to 2 workers", err)
+
+    def pod_pid1(self, pods, name, args):
+        """`crun <args>` as PID 1 of a new PID namespace in pod `name`: (the unshare process,
+        crun's pid as this test sees it)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
+        env.update(KUBELET, PYTHON_EXEC=sys.executable, PET_NPROC_PER_NODE="2")
+        p = pods.popen(name, ["unshare", "--pid", "--fork", "--mount-proc", CRUN, *args],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.procs.append(p)
+
+        def child():
+            for pid, stat in proc_files("stat"):
+                fields = stat.rsplit(b")", 1)[1].split()
+                if int(fields[1]) == p.pid:
+                    return pid
+            return None
+        wait_for(lambda: child() is not None, "crun started by unshare")
+        return p, child()
+
+    @staticmethod
+    def host_pid(ns, ns_pid):
+        """The pid this test sees of the process that is `ns_pid` in PID namespace `ns`, or None
+        once it is gone."""
+        for pid, status in proc_files("status"):
+            for line in status.decode(errors="replace").splitlines():
+                if line.startswith("NSpid:") and line.split()[-1] == str(ns_pid):
+                    try:
+                        if os.readlink(f"/proc/{pid}/ns/pid") == ns:
+                            return pid
+                    except OSError:
+                        pass
+        return None
 
     def test_an_index_without_a_node_count_exits_2_naming_the_variable(self):
         """An Indexed Job whose manifest forgot PET_NNODES: refused before anything starts."""
