@@ -40,6 +40,12 @@ struct PodPlacement {
   std::vector<std::string> notes;
 };
 
+// --shutdown-timeout's default in a pod. The kubelet sends SIGTERM, then SIGKILL once the pod's
+// terminationGracePeriodSeconds (30 s unless set) have passed. crun's stop may take its
+// workers' grace and, on the node that hosts a static job's store, as long again for the other
+// nodes (StaticRendezvousOptions::store_linger): 2 x 14 s, and crun's report, fit in 30 s.
+inline constexpr double kPodShutdownSeconds = 14;
+
 // True inside a Kubernetes pod (KUBERNETES_SERVICE_HOST, which the kubelet sets in every one).
 bool InPod(const Getenv& getenv = {});
 

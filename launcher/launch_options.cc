@@ -158,7 +158,7 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->group("Restarts and shutdown");
   app.add_option("--shutdown-timeout,--shutdown_timeout", o.shutdown_timeout,
                  "Seconds between the stop signal and SIGKILL (default: "
-                 "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)")
+                 "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30; 14 in a Kubernetes pod)")
       ->envname(pet("SHUTDOWN_TIMEOUT"))
       ->type_name("SECONDS")
       ->group("Restarts and shutdown");

@@ -66,7 +66,7 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   std::string master_port;  // empty: a fresh free port per attempt
   std::string node_rank = "0";
-  std::string shutdown_timeout;    // empty: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s
+  std::string shutdown_timeout;    // empty: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s (14 in a pod)
   std::string hang_timeout = "0";  // seconds without progress; 0: hangs are not watched
   std::string signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   std::string log_level = "warn";

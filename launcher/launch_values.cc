@@ -7,6 +7,7 @@
 #include "base/numbers.h"
 #include "base/spelling.h"
 #include "base/text.h"
+#include "launcher/kubernetes.h"
 
 namespace crun::launcher {
 namespace {
@@ -68,9 +69,10 @@ Status ParseNumbers(LaunchValues& v, const LaunchOptions& o) {
   return Status::Ok();
 }
 
-// --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s; --hang-timeout.
+// --shutdown-timeout, else TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s (14 s in a Kubernetes pod:
+// kubernetes.h); --hang-timeout.
 Status ParseDurations(LaunchValues& v, const LaunchOptions& o, const Getenv& getenv) {
-  double seconds = 30;
+  double seconds = InPod(getenv) ? kPodShutdownSeconds : 30;
   if (!o.shutdown_timeout.empty()) {
     CRUN_ASSIGN_OR_RETURN(seconds, ParseFlagSeconds("--shutdown-timeout", o.shutdown_timeout));
   } else if (auto env = Env(getenv, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) {

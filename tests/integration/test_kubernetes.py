@@ -4,8 +4,9 @@ Service's names (tests/pylib/pods.py). Each pod's environment is exactly what it
 sets (the table in docs/kubernetes.md, from the controllers' source), and the container's
 command is `crun probe.py ...` with no flags. Covered: each controller's variables forming a
 job of two pods, two pods that claim one index, an index without a node count, a pod that its
-controller replaced (same name, new address) rejoining the running job, and crun as PID 1 of
-the pod's PID namespace. Needs root, as CI runs it."""
+controller replaced (same name, new address) rejoining the running job, a job deleted within
+the default grace period, and crun as PID 1 of the pod's PID namespace. Needs root, as CI runs
+it."""
 import os
 import shutil
 import signal
@@ -19,6 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PROBE = os.path.join(HERE, "..", "workers", "node_probe.py")
 PORT = 29400
 LIMIT_S = 120
+GRACE_S = 30  # a pod's terminationGracePeriodSeconds unless it sets one
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from crun_testing import kill_all, probe_events, proc_files, proc_state, wait_for  # noqa: E402
@@ -149,6 +151,35 @@ class Kubernetes(unittest.TestCase):
                 self.assertNotIn(refused, {e["host"] for e in probe_events(out)})
                 procs[other].send_signal(signal.SIGTERM)
                 self.finish(procs[other])
+
+    def test_a_deleted_job_stops_within_the_default_grace_period(self):
+        """Every pod of a static job deleted at once, with workers that ignore SIGTERM: the
+        kubelet sends SIGTERM and SIGKILLs what still runs GRACE_S later. Each crun must stop its
+        workers (SIGKILL after its grace in a pod, 14 s), say why, and exit 143 before then, pod
+        0's included, which keeps the job's store up until the other node is done."""
+        names = ["train-0", "train-1"]
+        worker = os.path.join(self.dir, "ignore_term.sh")
+        with open(worker, "w") as f:
+            f.write('#!/bin/sh\ntrap "" TERM\ntouch "$1/ready_$RANK"\nexec sleep 600\n')
+        os.chmod(worker, 0o755)
+        with Pods(names, "train") as pods:
+            procs = [self.pod(pods, name, indexed_job(pods, i),
+                              ["--no-python", worker, self.dir])
+                     for i, name in enumerate(names)]
+            wait_for(lambda: all(os.path.exists(os.path.join(self.dir, f"ready_{r}"))
+                                 for r in range(4)), "the 4 workers")
+            for p in procs:
+                p.send_signal(signal.SIGTERM)
+            for name, p in zip(names, procs):
+                try:
+                    out, err = p.communicate(timeout=GRACE_S)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    out, err = p.communicate()
+                    self.fail(f"{name}: crun still ran when the kubelet's SIGKILL came: {err}")
+                self.assertEqual(p.returncode, 143, err)
+                self.assertIn("still running 14000 ms after the stop signal: SIGKILL", err)
+                self.assertIn("the workers stopped after SIGTERM", err)
 
     def test_crun_as_pid_1_reaps_orphans_and_exits_143_on_sigterm(self):
         """The container's command as PID 1 of the pod's PID namespace (a pod without a shared

@@ -233,3 +233,20 @@ TEST_CASE("what crun took from the pod is said in one line", "[kubernetes]") {
         "from the pod's environment: node rank 1 from RANK=1, node 0's store at "
         "MASTER_ADDR=job-master-0, MASTER_PORT=23456");
 }
+
+// The kubelet's SIGKILL comes 30 s after its SIGTERM unless the pod says otherwise: crun's stop
+// (its workers' grace, and as long again on a static job's store host) must fit inside.
+TEST_CASE("in a pod the workers' grace period fits Kubernetes' default", "[kubernetes]") {
+  auto pod = PlanInPod(kPod, {"--standalone"});
+  REQUIRE(pod.ok());
+  CHECK(pod->agent.shutdown_timeout == std::chrono::milliseconds(14'000));
+  auto given = PlanInPod(kPod, {"--standalone", "--shutdown-timeout", "5"});
+  REQUIRE(given.ok());
+  CHECK(given->agent.shutdown_timeout == std::chrono::milliseconds(5'000));
+  auto env = PlanInPod(InPod({{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "20"}}), {"--standalone"});
+  REQUIRE(env.ok());
+  CHECK(env->agent.shutdown_timeout == std::chrono::milliseconds(20'000));
+  auto outside = PlanInPod({}, {"--standalone"});
+  REQUIRE(outside.ok());
+  CHECK(outside->agent.shutdown_timeout == std::chrono::milliseconds(30'000));
+}
