@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace crun::launcher {
@@ -14,6 +15,13 @@ using Getenv = std::function<const char*(const char*)>;
 // getenv(name), or the process's environment when `getenv` is empty.
 inline const char* Lookup(const Getenv& getenv, const char* name) {
   return getenv ? getenv(name) : std::getenv(name);
+}
+
+// The variable's value, or nothing when it is unset (set and empty is a value).
+inline std::optional<std::string> EnvValue(const Getenv& getenv, const char* name) {
+  const char* v = Lookup(getenv, name);
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
 }
 
 // A fixed table as the environment.

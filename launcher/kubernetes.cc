@@ -1,28 +1,20 @@
 #include "launcher/kubernetes.h"
 
 #include "base/numbers.h"
+#include "launcher/launch_values.h"
 
 namespace crun::launcher {
 namespace {
 
-// The largest node rank crun takes (--node-rank's limit).
-constexpr int kMaxNodeRank = 100'000;
-
-std::optional<std::string> Get(const Getenv& getenv, const char* name) {
-  const char* v = Lookup(getenv, name);
-  if (v == nullptr) return std::nullopt;
-  return std::string(v);
-}
-
 // A crun started by another launcher's worker: its RANK and MASTER_ADDR are that worker's.
 bool InWorker(const Getenv& getenv) {
-  return Get(getenv, "TORCHELASTIC_RUN_ID") || Get(getenv, "LOCAL_RANK");
+  return EnvValue(getenv, "TORCHELASTIC_RUN_ID") || EnvValue(getenv, "LOCAL_RANK");
 }
 
 }  // namespace
 
 bool InPod(const Getenv& getenv) {
-  auto host = Get(getenv, "KUBERNETES_SERVICE_HOST");
+  auto host = EnvValue(getenv, "KUBERNETES_SERVICE_HOST");
   return host && !host->empty();
 }
 
@@ -31,7 +23,7 @@ StatusOr<PodPlacement> ReadPodPlacement(const GivenPlacement& given, const Geten
   const bool in_pod = InPod(getenv);
   if (InWorker(getenv) || given.standalone) return pod;
   if (in_pod) {
-    if (auto v = Get(getenv, "PET_N_PROC_PER_NODE")) {
+    if (auto v = EnvValue(getenv, "PET_N_PROC_PER_NODE")) {
       pod.notes.push_back("PET_N_PROC_PER_NODE=" + *v +
                           " is not read (an older PyTorchJob's spelling, which torchrun never "
                           "read either): crun reads PET_NPROC_PER_NODE");
@@ -40,10 +32,10 @@ StatusOr<PodPlacement> ReadPodPlacement(const GivenPlacement& given, const Geten
   if (!given.node_rank) {
     std::string from;
     std::optional<std::string> value;
-    if (auto index = Get(getenv, "JOB_COMPLETION_INDEX")) {
+    if (auto index = EnvValue(getenv, "JOB_COMPLETION_INDEX")) {
       from = "JOB_COMPLETION_INDEX";
       value = index;
-    } else if (auto rank = in_pod ? Get(getenv, "RANK") : std::nullopt) {
+    } else if (auto rank = in_pod ? EnvValue(getenv, "RANK") : std::nullopt) {
       from = "RANK";
       value = rank;
     }
@@ -65,8 +57,8 @@ StatusOr<PodPlacement> ReadPodPlacement(const GivenPlacement& given, const Geten
   // PyTorchJob's MASTER_ADDR and MASTER_PORT (it sets no PET_ spelling of them): node 0's store,
   // for a job of several nodes that names it no other way.
   if (in_pod && given.nnodes && !given.endpoint) {
-    if (!given.master_addr) pod.master_addr = Get(getenv, "MASTER_ADDR");
-    if (!given.master_port) pod.master_port = Get(getenv, "MASTER_PORT");
+    if (!given.master_addr) pod.master_addr = EnvValue(getenv, "MASTER_ADDR");
+    if (!given.master_port) pod.master_port = EnvValue(getenv, "MASTER_PORT");
   }
   if (!pod.node_rank && !pod.master_addr && !pod.master_port) return pod;
   if (pod.node_rank && !given.endpoint && !given.master_addr && !pod.master_addr) {

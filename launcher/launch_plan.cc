@@ -326,9 +326,7 @@ MachineFacts MachineFacts::OfThisMachine() {
 }
 
 std::optional<std::string> MachineFacts::Env(const char* name) const {
-  const char* v = Lookup(getenv, name);
-  if (v == nullptr) return std::nullopt;
-  return std::string(v);
+  return EnvValue(getenv, name);
 }
 
 std::set<std::string> GivenFlags(const CLI::App& app) {

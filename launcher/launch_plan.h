@@ -48,8 +48,8 @@ struct LaunchPlan {
   int max_restarts = 0;
   int node_rank = 0;
   bool node_rank_given = false;
-  std::string node_rank_from = "--node-rank";   // where node_rank came from, for messages
-  int master_port = -1;                         // -1: a fresh free port per attempt
+  std::string node_rank_from;  // "JOB_COMPLETION_INDEX=2" when a pod gave it; empty: the flag
+  int master_port = -1;        // -1: a fresh free port per attempt
   std::optional<SlurmNodeSettings> slurm;       // one crun per node of a Slurm step
   std::optional<SlurmTaskSettings> slurm_task;  // one crun per Slurm task
   RdzvConf conf;

@@ -12,12 +12,6 @@
 namespace crun::launcher {
 namespace {
 
-std::optional<std::string> Env(const Getenv& getenv, const char* name) {
-  const char* v = Lookup(getenv, name);
-  if (v == nullptr) return std::nullopt;
-  return std::string(v);
-}
-
 // The checks of values that need nothing else: a flag given empty (an unset shell variable,
 // not "default"), the run id, torchrun's options whose other values name Python plugins.
 Status CheckPlainValues(const LaunchOptions& o, const std::set<std::string>& given) {
@@ -62,7 +56,7 @@ Status ParseNumbers(LaunchValues& v, const LaunchOptions& o) {
   CRUN_ASSIGN_OR_RETURN(v.max_restarts_without_progress,
                         ParseFlagInt("--max-restarts-without-progress",
                                      o.max_restarts_without_progress, 0, 1'000'000));
-  CRUN_ASSIGN_OR_RETURN(v.node_rank, ParseFlagInt("--node-rank", o.node_rank, 0, 100'000));
+  CRUN_ASSIGN_OR_RETURN(v.node_rank, ParseFlagInt("--node-rank", o.node_rank, 0, kMaxNodeRank));
   if (!o.master_port.empty()) {
     CRUN_ASSIGN_OR_RETURN(v.master_port, ParseFlagInt("--master-port", o.master_port, 0, 65535));
   }
@@ -75,7 +69,7 @@ Status ParseDurations(LaunchValues& v, const LaunchOptions& o, const Getenv& get
   double seconds = InPod(getenv) ? kPodShutdownSeconds : 30;
   if (!o.shutdown_timeout.empty()) {
     CRUN_ASSIGN_OR_RETURN(seconds, ParseFlagSeconds("--shutdown-timeout", o.shutdown_timeout));
-  } else if (auto env = Env(getenv, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) {
+  } else if (auto env = EnvValue(getenv, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")) {
     CRUN_ASSIGN_OR_RETURN(seconds, ParseFlagSeconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", *env));
   }
   v.shutdown_timeout = Millis(seconds);
@@ -144,7 +138,7 @@ Status ParseOutput(LaunchValues& v, const LaunchOptions& o, const Getenv& getenv
   v.stdout_filters = ParseFilters(o.duplicate_stdout_filters);
   v.stderr_filters = ParseFilters(o.duplicate_stderr_filters);
   v.torchelastic_events = o.event_log_handler == "console";
-  const auto prefix = Env(getenv, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+  const auto prefix = EnvValue(getenv, "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
   if (!o.log_line_prefix_template.empty()) {
     v.prefix_template = o.log_line_prefix_template;
   } else if (prefix && !prefix->empty()) {

@@ -23,6 +23,9 @@
 
 namespace crun::launcher {
 
+// The largest node rank crun takes, from --node-rank or a pod's index.
+inline constexpr int kMaxNodeRank = 100'000;
+
 struct LaunchValues {
   NodeRange nnodes;
   int max_restarts = 0;

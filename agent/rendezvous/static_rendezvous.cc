@@ -192,11 +192,7 @@ class StaticRendezvous final : public Rendezvous {
     if (*held == mine) return Status::Ok();
     const std::string holder = held->substr(0, held->find('\n'));
     if (holder != options_.host) {
-      return InvalidArgument("node rank " + std::to_string(options_.node_rank) +
-                             " is claimed twice: by host " + holder + " (in the job) and by host " +
-                             options_.host +
-                             "; give each node its own (--node-rank, PET_NODE_RANK, "
-                             "JOB_COMPLETION_INDEX)");
+      return InvalidArgument(rdzv::RankClaimedTwice(options_.node_rank, holder, options_.host));
     }
     spdlog::info("node rank {}: taking over the claim of an earlier crun on this host",
                  options_.node_rank);

@@ -94,7 +94,7 @@ Status PlanStandalone(LaunchPlan& p, const LaunchOptions& o) {
 
 // "--node-rank 2", or "JOB_COMPLETION_INDEX=2" when the pod gave it.
 std::string NodeRankFrom(const LaunchPlan& p) {
-  if (p.node_rank_from != "--node-rank") return p.node_rank_from;
+  if (!p.node_rank_from.empty()) return p.node_rank_from;
   return "--node-rank " + std::to_string(p.node_rank);
 }
 

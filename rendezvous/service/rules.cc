@@ -217,6 +217,12 @@ std::vector<NodeDescription> RankOrder(std::vector<NodeDescription> nodes) {
   return nodes;
 }
 
+std::string RankClaimedTwice(int rank, const std::string& holder, const std::string& claimant) {
+  return "node rank " + std::to_string(rank) + " is claimed twice: by host " + holder +
+         " (in the job) and by host " + claimant +
+         "; give each node its own (--node-rank, PET_NODE_RANK, JOB_COMPLETION_INDEX)";
+}
+
 namespace {
 
 // Another host's node that was given the same rank as `node` (by --node-rank, a pod's index
@@ -259,11 +265,7 @@ Transition OnJoin(State s, const NodeDescription& node, const Settings& its_sett
                   Kind::kDuplicateNode);
   }
   if (const NodeDescription* holder = RankClaimedElsewhere(s, node)) {
-    return refuse("node rank " + std::to_string(*node.requested_rank) +
-                      " is claimed twice: by host " + holder->host + " (in the job) and by host " +
-                      node.host +
-                      "; give each node its own (--node-rank, PET_NODE_RANK, "
-                      "JOB_COMPLETION_INDEX)",
+    return refuse(RankClaimedTwice(*node.requested_rank, holder->host, node.host),
                   Kind::kDuplicateNode);
   }
   if (node.nproc < 1 || node.nproc > kMaxNprocPerNode) {

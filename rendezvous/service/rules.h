@@ -123,6 +123,10 @@ struct Assignment {
 // workers of the nodes before it.
 std::vector<Assignment> AssignRanks(const std::vector<NodeDescription>& nodes);
 
+// The refusal of a second node that claims `rank`, naming the host that holds it and the one
+// refused: the same words on every backend.
+std::string RankClaimedTwice(int rank, const std::string& holder, const std::string& claimant);
+
 // Actions the engine carries out.
 struct FormRound {
   int round = 0;
