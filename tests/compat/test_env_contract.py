@@ -7,10 +7,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from crun_testing import scratch_dir  # noqa: E402
 
 CRUN = os.environ["CRUN_BIN"]
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -80,8 +82,8 @@ class EnvContract(unittest.TestCase):
             with self.subTest(config=" ".join(config)):
                 torchrun = [sys.executable, os.path.join(HERE, "torchrun_fixed.py")]
                 theirs = run(torchrun + (underscored(config) if TORCH_1 else config),
-                             tempfile.mkdtemp())
-                ours = run([CRUN, *config], tempfile.mkdtemp())
+                             scratch_dir(self, "crun-env-torchrun-"))
+                ours = run([CRUN, *config], scratch_dir(self, "crun-env-crun-"))
                 for rank in range(2):
                     t, c = theirs[rank], without_sdk_dir(ours[rank], rank)
                     missing = set(t) - set(c) - inherited - TORCHRUN_ONLY - IGNORED

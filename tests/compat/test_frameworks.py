@@ -7,8 +7,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from crun_testing import scratch_dir  # noqa: E402
 
 CRUN = os.environ["CRUN_BIN"]
 WORKERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers")
@@ -17,7 +19,7 @@ LIMIT_S = 300
 
 class Frameworks(unittest.TestCase):
     def launch(self, worker, prefix):
-        out = tempfile.mkdtemp(prefix="crun-frameworks-")
+        out = scratch_dir(self, "crun-frameworks-")
         env = dict(os.environ, PYTHON_EXEC=sys.executable)
         p = subprocess.Popen([CRUN, "--standalone", "--nproc-per-node", "2",
                               os.path.join(WORKERS, worker), out],

@@ -4,10 +4,12 @@ starts the workers with (PYTHON_EXEC), so the suite runs once per PyTorch versio
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
 
 import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from crun_testing import scratch_dir  # noqa: E402
 
 CRUN = os.environ["CRUN_BIN"]
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers", "ddp_train.py")
@@ -15,7 +17,7 @@ SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers
 
 class DdpUnderCrun(unittest.TestCase):
     def test_ddp_trains_to_identical_parameters(self):
-        out = tempfile.mkdtemp(prefix="crun-ddp-")
+        out = scratch_dir(self, "crun-ddp-")
         env = dict(os.environ, PYTHON_EXEC=sys.executable)
         r = subprocess.run([CRUN, "--standalone", "--nproc-per-node", "2", SCRIPT, out],
                            capture_output=True, text=True, timeout=300, env=env)

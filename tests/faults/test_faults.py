@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -28,7 +27,7 @@ FAST = "heartbeat_timeout=1.5,heartbeat_interval=0.25,last_call_timeout=0.1"
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from bench_support import measured_at  # noqa: E402
 from crun_testing import (alive, commands_mentioning, kill_all, probe_events,  # noqa: E402
-                          proc_state, wait_for)
+                          proc_state, scratch_dir, wait_for)
 
 MEASURED_AT = measured_at()  # before the run: the tree may change while it runs
 from fabric import Fabric  # noqa: E402
@@ -42,7 +41,7 @@ def ms(seconds):
 
 class Faults(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="crun-faults-")
+        self.dir = scratch_dir(self, "crun-faults-")
         self.procs = []
 
     def tearDown(self):

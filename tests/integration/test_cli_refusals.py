@@ -4,7 +4,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -12,13 +11,13 @@ CRUN = os.environ["CRUN_BIN"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENV_DUMP = os.path.join(HERE, "..", "workers", "env_dump.py")
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import free_port  # noqa: E402
+from crun_testing import free_port, scratch_dir  # noqa: E402
 LIMIT_S = 60
 
 
 class CliRefusals(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="crun-refusals-")
+        self.dir = scratch_dir(self, "crun-refusals-")
         self.tmp = os.path.join(self.dir, "tmp")
         os.mkdir(self.tmp)
 
@@ -108,7 +107,7 @@ class HeldEndpoint(unittest.TestCase):
                                           text=True)
                 try:
                     self.assertEqual(holder.stdout.readline().strip(), "ready")
-                    out = tempfile.mkdtemp(prefix="crun-held-")
+                    out = scratch_dir(self, "crun-held-")
                     t0 = time.monotonic()
                     r = subprocess.run(
                         [CRUN, "--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",

@@ -29,7 +29,7 @@ SKIPPED = 77
 KILLED_RANK_1 = r"rank 1 \(local rank \d\) on \S+ failed with signal 9 \(SIGKILL\)"
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import free_port, processes_mentioning  # noqa: E402
+from crun_testing import free_port, processes_mentioning, scratch_dir  # noqa: E402
 from etcd_cluster import EtcdCluster, missing_programs  # noqa: E402
 from fabric import Fabric  # noqa: E402
 
@@ -39,7 +39,7 @@ class Contract(unittest.TestCase):
     worker = None
 
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="crun-contract-")
+        self.dir = scratch_dir(self, "crun-contract-")
 
     def outdir(self):
         return tempfile.mkdtemp(dir=self.dir)
@@ -381,7 +381,7 @@ class Refusals(unittest.TestCase):
     """Bad input: a clear error naming the value, exit 2, nothing created or left running."""
 
     def refused(self, *args, says):
-        d = tempfile.mkdtemp(prefix="crun-contract-")
+        d = scratch_dir(self, "crun-contract-")
         r = subprocess.run([CRUN, *args, "--log-dir", os.path.join(d, "logs"), "--no-python",
                             "true"], capture_output=True, text=True, timeout=60, cwd=d)
         self.assertEqual(r.returncode, 2, r.stderr)
@@ -394,7 +394,7 @@ class Refusals(unittest.TestCase):
         self.refused("--contract", "jax,mxnet", "--standalone", says="unknown contract 'mxnet'")
 
     def test_the_pet_variable_is_read(self):
-        d = tempfile.mkdtemp(prefix="crun-contract-")
+        d = scratch_dir(self, "crun-contract-")
         r = subprocess.run([CRUN, "--standalone", "--no-python", "true"], capture_output=True,
                            text=True, timeout=60, cwd=d, env=dict(os.environ, PET_CONTRACT="jx"))
         self.assertEqual(r.returncode, 2, r.stderr)
@@ -403,7 +403,7 @@ class Refusals(unittest.TestCase):
     def test_a_static_node_whose_peer_never_comes_gives_up_naming_it(self):
         """Node 0 of two, alone: its round waits join_timeout for node 1's ports, then ends
         naming node 1, with nothing left running."""
-        d = tempfile.mkdtemp(prefix="crun-contract-")
+        d = scratch_dir(self, "crun-contract-")
         r = subprocess.run([CRUN, "--contract", "tensorflow", "--nnodes", "2", "--node-rank", "0",
                             "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                             "--rdzv-conf", "join_timeout=2", "--log-dir",
@@ -416,7 +416,7 @@ class Refusals(unittest.TestCase):
     def test_a_sigterm_while_waiting_for_the_other_nodes_ends_crun(self):
         """Node 1 of two, its store (node 0's) never up: a SIGTERM ends its wait for the
         other nodes' ports, rather than the join timeout (600 s)."""
-        d = tempfile.mkdtemp(prefix="crun-contract-")
+        d = scratch_dir(self, "crun-contract-")
         p = subprocess.Popen([CRUN, "--contract", "jax", "--nnodes", "2", "--node-rank", "1",
                               "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                               "--log-level", "info", "--log-dir", os.path.join(d, "logs"),

@@ -20,7 +20,7 @@ AFFINITY = os.path.join(WORKERS, "affinity_probe.py")
 LIMIT_S = 60
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import free_port, kill_all  # noqa: E402
+from crun_testing import free_port, kill_all, scratch_dir  # noqa: E402
 
 
 def write(path, text=""):
@@ -31,7 +31,7 @@ def write(path, text=""):
 
 class FirstHour(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="crun-first-hour-")
+        self.dir = scratch_dir(self, "crun-first-hour-")
         self.procs = []
 
     def tearDown(self):

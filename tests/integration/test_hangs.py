@@ -23,13 +23,13 @@ TORCH2 = os.environ.get("TORCH2_PYTHON")
 LIMIT_S = 240
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import alive, kill_all, wait_for  # noqa: E402
+from crun_testing import alive, kill_all, scratch_dir, wait_for  # noqa: E402
 from fabric import Fabric  # noqa: E402
 
 
 class Hangs(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="crun-hangs-")
+        self.dir = scratch_dir(self, "crun-hangs-")
         self.logs = os.path.join(self.dir, "logs")
 
     def env(self, python=None, **extra):
@@ -271,7 +271,7 @@ class AcrossHosts(unittest.TestCase):
     the report holds all four ranks, and `crun stacks --rdzv-endpoint` reads them too."""
 
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="crun-hangs-hosts-")
+        self.dir = scratch_dir(self, "crun-hangs-hosts-")
         self.procs = []
 
     def tearDown(self):
@@ -362,7 +362,7 @@ class OomKiller(unittest.TestCase):
             self.skipTest("no writable memory cgroup (v1 or v2) on this machine")
         version, parent = found
         cg = tempfile.mkdtemp(prefix="crun-oom-", dir=parent)
-        d = tempfile.mkdtemp(prefix="crun-oom-")
+        d = scratch_dir(self, "crun-oom-")
         try:
             limit = str(96 << 20)
             if version == "v1":

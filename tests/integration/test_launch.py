@@ -15,12 +15,12 @@ SIGNAL_PROBE = os.path.join(os.path.dirname(WORKER), "signal_probe.py")
 LIMIT_S = 60
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from crun_testing import alive, proc_state, signal_events, wait_for  # noqa: E402
+from crun_testing import alive, proc_state, scratch_dir, signal_events, wait_for  # noqa: E402
 
 
 class Launch(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="crun-launch-")
+        self.dir = scratch_dir(self, "crun-launch-")
 
     def crun(self, *args, nproc=2, worker_args=(), **kw):
         cmd = [CRUN, "--nproc-per-node", str(nproc), *args, WORKER, self.dir, *worker_args]

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import unittest
 
 CRUN = os.environ["CRUN_BIN"]
@@ -16,7 +15,8 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers
 LIMIT_S = 60
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from crun_testing import alive, free_port, kill_all, probe_events, wait_for  # noqa: E402
+from crun_testing import (alive, free_port, kill_all, probe_events, scratch_dir,  # noqa: E402
+                          wait_for)
 
 
 def root_cause(stderr):
@@ -26,7 +26,7 @@ def root_cause(stderr):
 
 class MultiNode(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="crun-multinode-")
+        self.dir = scratch_dir(self, "crun-multinode-")
         self.port = free_port()
         self.procs = []
 

@@ -7,7 +7,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -21,13 +20,14 @@ PORT = 29400
 LIMIT_S = 120
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import alive, kill_all, probe_events, wait_for, whole_lines  # noqa: E402
+from crun_testing import (alive, kill_all, probe_events, scratch_dir, wait_for,  # noqa: E402
+                          whole_lines)
 from fabric import Fabric  # noqa: E402
 
 
 class AcrossNamespaces(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="crun-netns-")
+        self.dir = scratch_dir(self, "crun-netns-")
         self.procs = []
 
     def tearDown(self):
@@ -216,7 +216,7 @@ class AcrossNamespaces(unittest.TestCase):
     def test_stock_pytorch_ddp_across_two_hosts(self):
         for python in TORCH_PYTHONS:
             with self.subTest(python=python), Fabric(["a", "b"]) as fab:
-                out = tempfile.mkdtemp(prefix="crun-netns-ddp-")
+                out = scratch_dir(self, "crun-netns-ddp-")
                 # gloo binds to the interface named here, as users set it on real clusters.
                 env = {"PYTHON_EXEC": python, "GLOO_SOCKET_IFNAME": "eth0"}
                 a = self.node(fab, "a", "2", [DDP, out], env=env)

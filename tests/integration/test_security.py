@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import unittest
 
 CRUN = os.environ["CRUN_BIN"]
@@ -21,7 +20,7 @@ GRPC_LOG_LINE = r"(?m)^[EWID]\d{4} "
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
 from crun_testing import (VALIDATE, free_port, kill_all, make_certificates,  # noqa: E402
-                          probe_events, raw_add, wait_for)
+                          probe_events, raw_add, scratch_dir, wait_for)
 
 
 def listening_addresses(port):
@@ -46,7 +45,7 @@ def listening_addresses(port):
 
 class Security(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="crun-security-")
+        self.dir = scratch_dir(self, "crun-security-")
         self.token_file = os.path.join(self.dir, "token")
         with open(os.open(self.token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             f.write("correct-horse-battery-staple\n")

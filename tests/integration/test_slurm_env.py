@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import unittest
 
 CRUN = os.environ["CRUN_BIN"]
@@ -19,7 +18,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "workers
 LIMIT_S = 60
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from crun_testing import free_port, kill_all, probe_events, wait_for  # noqa: E402
+from crun_testing import free_port, kill_all, probe_events, scratch_dir, wait_for  # noqa: E402
 
 
 TORCH_PYTHON = os.environ.get("TORCH_PYTHON", "/usr/bin/python3")
@@ -38,7 +37,7 @@ def step_env(node, **extra):
 
 class OneCrunPerNode(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="crun-slurm-env-")
+        self.dir = scratch_dir(self, "crun-slurm-env-")
         self.procs = []
 
     def tearDown(self):
@@ -120,7 +119,7 @@ def task_env(proc, **extra):
 
 class OneCrunPerTask(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="crun-slurm-direct-")
+        self.dir = scratch_dir(self, "crun-slurm-direct-")
         self.port = free_port()
         self.procs = []
 

@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DDP = os.path.join(HERE, "..", "workers", "ddp_snapshot.py")
 REPLICA = os.path.join(HERE, "..", "workers", "replica_worker.py")
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import free_port, make_certificates  # noqa: E402
+from crun_testing import free_port, make_certificates, scratch_dir  # noqa: E402
 
 PYTHONS = [p for p in os.environ.get("TORCH_PYTHONS", "python3").split(",") if p]
 
@@ -84,7 +84,7 @@ class SmallTmpfs:
 
 class Snapshots(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="crun-snapshots-")
+        self.dir = scratch_dir(self, "crun-snapshots-")
 
     def tmpfs(self, size):
         t = SmallTmpfs(size)

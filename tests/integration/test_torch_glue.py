@@ -5,11 +5,14 @@ weights as a run that was never interrupted."""
 import json
 import os
 import subprocess
-import tempfile
+import sys
 import unittest
 
 CRUN = os.environ["CRUN_BIN"]
 WORKER = os.environ["TORCH_WORKER"]
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+from crun_testing import scratch_dir  # noqa: E402
 
 
 def load(path):
@@ -25,7 +28,7 @@ class TorchGlue(unittest.TestCase):
         return r
 
     def check_gradients(self, nproc):
-        out = tempfile.mkdtemp(prefix=f"crun-torch-grad-{nproc}-")
+        out = scratch_dir(self, f"crun-torch-grad-{nproc}-")
         r = self.crun(nproc, "gradcheck", out)
         self.assertEqual(r.returncode, 0, r.stderr[-4000:])
         reps = [load(os.path.join(out, f"rank{k}.json")) for k in range(nproc)]
@@ -47,7 +50,7 @@ class TorchGlue(unittest.TestCase):
         """FusedSgdStep (torch's _foreach kernels) against SGD::step(): three parameter groups
         (Nesterov and weight decay; dampening; plain), twenty steps, parameters and momentum
         buffers."""
-        out = tempfile.mkdtemp(prefix="crun-torch-fused-")
+        out = scratch_dir(self, "crun-torch-fused-")
         r = subprocess.run([WORKER, "fusedsgd", out], capture_output=True, text=True,
                            timeout=300)
         self.assertEqual(r.returncode, 0, r.stderr[-4000:])
@@ -58,7 +61,7 @@ class TorchGlue(unittest.TestCase):
         self.assertEqual(rep["fused_steps"], 19, rep)  # all but the first, which makes buffers
 
     def run_resume(self, kill_at):
-        out = tempfile.mkdtemp(prefix="crun-torch-resume-")
+        out = scratch_dir(self, "crun-torch-resume-")
         ckpt = os.path.join(out, "ckpt")
         r = self.crun(2, "resume", out, ckpt, "10", str(kill_at), restarts=1)
         self.assertEqual(r.returncode, 0, r.stderr[-4000:])

@@ -22,7 +22,8 @@ PYTHONS = [p for p in os.environ.get("TORCH_PYTHONS", "python3").split(",") if p
 LIMIT_S = 180
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
-from crun_testing import alive, processes_mentioning, wait_for, whole_lines  # noqa: E402
+from crun_testing import (alive, processes_mentioning, scratch_dir, wait_for,  # noqa: E402
+                          whole_lines)
 
 # What names one process or one descriptor, and may differ between any two starts.
 PER_PROCESS = {"pid", "ppid", "sid", "started_ns", "cgroup", "fd_count", "warm"}
@@ -59,7 +60,7 @@ def without_module_dir(report):
 
 class Warm(unittest.TestCase):
     def setUp(self):
-        self.dir = tempfile.mkdtemp(prefix="crun-warm-")
+        self.dir = scratch_dir(self, "crun-warm-")
 
     def crun(self, python, *args, warm=True, worker=(PROBE,), cwd=None, nproc=2, stdin=None,
              env=None):

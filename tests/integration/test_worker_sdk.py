@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import unittest
 
 CRUN = os.environ["CRUN_BIN"]
@@ -16,7 +15,7 @@ WORKER = os.environ["GLOO_WORKER"]
 MIB = 1 << 20
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
-from crun_testing import kill_all, proc_state, start_store, stop_store  # noqa: E402
+from crun_testing import kill_all, proc_state, scratch_dir, start_store, stop_store  # noqa: E402
 
 
 def report(out, rank):
@@ -34,7 +33,7 @@ def transport_env(shm):
 
 class GlooUnderCrun(unittest.TestCase):
     def run_check(self, nproc, max_bytes, shm=True):
-        out = tempfile.mkdtemp(prefix=f"crun-gloo-{nproc}-")
+        out = scratch_dir(self, f"crun-gloo-{nproc}-")
         r = subprocess.run([CRUN, "--standalone", "--nproc-per-node", str(nproc), WORKER, "check",
                             out, str(max_bytes)], capture_output=True, text=True, timeout=500,
                            env=transport_env(shm))
@@ -85,7 +84,7 @@ class RankLostMidCollective(unittest.TestCase):
     shm = True
 
     def launch(self, world, victim, mode, timeout_ms):
-        out = tempfile.mkdtemp(prefix=f"crun-gloo-{mode}-")
+        out = scratch_dir(self, f"crun-gloo-{mode}-")
         store, port = start_store(CRUN)
         self.addCleanup(stop_store, store)
         procs = []

@@ -4,10 +4,12 @@ import json
 import os
 import random
 import select
+import shutil
 import signal
 import socket
 import struct
 import subprocess
+import tempfile
 import time
 
 
@@ -18,6 +20,16 @@ def wait_for(predicate, what, limit=60):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+def scratch_dir(test, prefix):
+    """A new directory under $TMPDIR for `test`, removed with all in it when the test ends,
+    passed or failed, after its tearDown has stopped its processes. CRUN_KEEP_TEST_DIRS=1 keeps
+    it, to look at after a failure."""
+    d = tempfile.mkdtemp(prefix=prefix)
+    if os.environ.get("CRUN_KEEP_TEST_DIRS") != "1":
+        test.addCleanup(shutil.rmtree, d, ignore_errors=True)
+    return d
 
 
 def run_checked(cmd, timeout=600, **kw):
