@@ -10,7 +10,7 @@ $SUDO apt-get install -y -q \
   libboost-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libabsl-dev libssl-dev libc-ares-dev libre2-dev zlib1g-dev \
   libspdlog-dev libcli11-dev nlohmann-json3-dev catch2 libgloo-dev libtorch-dev libxxhash-dev \
-  python3 python3-venv python3-torch python3-wheel dpkg-dev \
+  python3 python3-venv python3-torch python3-wheel python3-yaml dpkg-dev \
   iproute2 nftables procps time openssl elfutils gdb \
   slurmctld slurmd slurm-client munge \
   etcd-server etcd-client golang-etcd-server-dev \

@@ -8,6 +8,8 @@ every lookup, so a rewrite is what the next lookup sees (a pod replaced with a n
     with Pods(["train-0", "train-1"], service="train") as pods:
         pods.popen("train-1", [...], env=...)   # in pod train-1: its address, name, resolver
         pods.replace("train-1")                  # the controller's new pod: same name, new IP
+
+`service` may instead map each pod to its Service: {"etcd-0": "etcd", "train-0": "train"}.
 """
 import os
 import shutil
@@ -25,7 +27,8 @@ class Pods(Fabric):
         self.etc = []  # the /etc/netns/<ns> directories made here
 
     def fqdn(self, pod):
-        return f"{pod}.{self.service}"
+        service = self.service if isinstance(self.service, str) else self.service[pod]
+        return f"{pod}.{service}"
 
     def __enter__(self):
         super().__enter__()
