@@ -177,23 +177,31 @@ bool HoldsSocket(const std::string& pid, const std::vector<std::uint64_t>& inode
 
 }  // namespace
 
-std::string TcpPortHolders(std::uint16_t port) {
+std::vector<PortHolder> TcpPortHolderList(std::uint16_t port) {
   std::vector<std::uint64_t> inodes = SocketInodesOnPort(ReadAll("/proc/net/tcp"), port);
   for (auto i : SocketInodesOnPort(ReadAll("/proc/net/tcp6"), port)) inodes.push_back(i);
-  if (inodes.empty()) return {};
-  std::string out;
+  std::vector<PortHolder> out;
+  if (inodes.empty()) return out;
   DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return {};
+  if (proc == nullptr) return out;
   while (const dirent* e = ::readdir(proc)) {
     const std::string pid = e->d_name;
     if (pid.empty() || !std::all_of(pid.begin(), pid.end(), ::isdigit)) continue;
     if (!HoldsSocket(pid, inodes)) continue;
     std::string comm = ReadAll("/proc/" + pid + "/comm");
     while (!comm.empty() && comm.back() == '\n') comm.pop_back();
-    if (!out.empty()) out += ", ";
-    out += "pid " + pid + " (" + comm + ")";
+    out.push_back({static_cast<pid_t>(std::stol(pid)), std::move(comm)});
   }
   ::closedir(proc);
+  return out;
+}
+
+std::string TcpPortHolders(std::uint16_t port) {
+  std::string out;
+  for (const PortHolder& h : TcpPortHolderList(port)) {
+    if (!out.empty()) out += ", ";
+    out += "pid " + std::to_string(h.pid) + " (" + h.name + ")";
+  }
   return out;
 }
 

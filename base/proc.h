@@ -42,9 +42,17 @@ struct Mapping {
 };
 std::vector<Mapping> ReleasableMappings(std::string_view smaps);
 
-// Who holds TCP `port` in this network namespace, for a message: "pid 123 (python3)" for each
-// process this user can see with a socket on that local port, listening or connected, joined
-// by ", "; empty when none is visible (another user's process, or nobody).
+// A process with a socket on a TCP port: its pid and its command name (/proc/<pid>/comm).
+struct PortHolder {
+  pid_t pid = 0;
+  std::string name;
+};
+
+// The processes this user can see with a socket on TCP `port` in this network namespace,
+// listening or connected; empty when none is visible (another user's process, or nobody).
+std::vector<PortHolder> TcpPortHolderList(std::uint16_t port);
+
+// The same for a message: "pid 123 (python3)" for each, joined by ", "; empty when none.
 std::string TcpPortHolders(std::uint16_t port);
 
 // The socket inodes of the lines of a /proc/net/tcp or tcp6 text whose local port is `port`.

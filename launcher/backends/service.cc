@@ -1,6 +1,9 @@
 #include "launcher/backends/service.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
+#include <string_view>
 
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
@@ -18,34 +21,120 @@ namespace crun::launcher {
 namespace {
 
 // Asks the service at `target` for the status of `run_id` (empty: every job), within `timeout`.
+// With `wait_for_ready`, gRPC keeps connecting until the deadline instead of failing at the
+// first connection that breaks.
 grpc::Status AskStatus(const std::string& target, const Security& security,
                        std::chrono::milliseconds timeout, const std::string& run_id,
-                       v1::StatusResponse* resp) {
+                       v1::StatusResponse* resp, bool wait_for_ready = false) {
   agent::ChannelOptions co;
   co.security = security;
   auto stub = v1::Rendezvous::NewStub(agent::MakeChannel(target, co));
   grpc::ClientContext ctx;
   if (!security.token.empty()) ctx.AddMetadata(kTokenHeader, security.token);
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  ctx.set_wait_for_ready(wait_for_ready);
   v1::StatusRequest req;
   req.set_run_id(run_id);
   return stub->Status(&ctx, req, resp);
 }
 
 // Who answers on a port this node could not listen on.
-enum class Holder { kCrun, kGone, kOther };
+enum class Holder {
+  kCrun,    // crun's service answered
+  kGone,    // nobody listens now: the holder let go
+  kOther,   // proven not crun's service: it answered, and not as crun's service does
+  kSilent,  // it accepts and says nothing yet: crun's service, stopped or slow, or a stranger
+};
 struct Probe {
   Holder holder = Holder::kOther;
   std::string answer;  // what it said, for a message
 };
 
-// Asks whatever holds the endpoint for the service's status, within `timeout`. Any answer of
-// crun's service (the status, an unknown job, a wrong token, stopping) is crun's; nothing
-// listening is "gone" (the holder let go: try to host again); anything else, a server that is
-// not crun's (another gRPC service, a process that accepts and says nothing, garbage).
-Probe ProbeService(const Endpoint& e, const Security& security, std::chrono::milliseconds timeout) {
+// What the first bytes a server sends back to an HTTP/2 client preface say of it: an HTTP/2
+// frame (gRPC's server answers with its SETTINGS), a TLS record (a TLS server, which may be
+// crun's with TLS), or something else (an HTTP/1 reply, a banner, garbage).
+enum class FirstBytes { kHttp2, kTls, kOther };
+FirstBytes Classify(std::string_view b) {
+  if (b.size() >= 9 && b[3] == 0x04 && b.substr(5, 4) == std::string_view("\0\0\0\0", 4)) {
+    return FirstBytes::kHttp2;  // a SETTINGS frame on stream 0
+  }
+  if (b.size() >= 2 && b[0] >= 0x14 && b[0] <= 0x17 && b[1] == 0x03) return FirstBytes::kTls;
+  return FirstBytes::kOther;
+}
+
+// Whether one of the processes holding `port` could be crun's service: it is a crun, or it is
+// stopped (SIGSTOP, a tracer: whatever it is, it cannot answer now), or none is visible
+// (another user's, or another PID namespace's: nothing is proven then).
+bool MaybeCrun(std::uint16_t port) {
+  const std::vector<PortHolder> holders = TcpPortHolderList(port);
+  return holders.empty() || std::any_of(holders.begin(), holders.end(), [](const PortHolder& h) {
+           const std::optional<char> state = ProcessState(h.pid);
+           return h.name == "crun" || state == 'T' || state == 't';
+         });
+}
+
+// Connects to the endpoint and listens to what the holder says, for up to `wait`. In cleartext
+// it is sent HTTP/2's client preface first, which crun's service answers with its SETTINGS;
+// with TLS it is sent nothing (the job's service would wait for a ClientHello), so only a
+// holder that speaks first or closes is told apart. Only a connection refused is "gone": a
+// connection that times out (a stopped holder whose accept queue is full) is silent.
+Probe ListenToHolder(const Endpoint& e, const Security& security, std::chrono::milliseconds wait) {
+  auto fd = ConnectTcp(e.host, e.port, DeadlineAfter(std::chrono::milliseconds(500)));
+  if (!fd.ok()) {
+    if (fd.status().code() == StatusCode::kTimeout) return {Holder::kSilent, {}};
+    return {Holder::kGone, fd.status().message()};
+  }
+  const std::string peer = "the holder of port " + std::to_string(e.port);
+  const auto deadline = DeadlineAfter(wait);
+  // A connection closed or reset unanswered: a stranger, unless a crun may hold the port (a
+  // service shutting down resets what waited in its queue): then try again.
+  const Probe closed = MaybeCrun(e.port)
+                           ? Probe{Holder::kGone, "it closed the connection; a crun stopping?"}
+                           : Probe{Holder::kOther, "it closed the connection without a word"};
+  if (!security.tls()) {
+    static constexpr std::string_view
+        kPreface("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0", 33);
+    if (!SendAll(fd->get(), kPreface, deadline, peer).ok()) return closed;
+  }
+  // A frame header is 9 bytes: read until there are that many, the holder closes or time is up.
+  char buf[64];
+  std::size_t n = 0;
+  while (n < 9) {
+    auto got = RecvSome(fd->get(), buf + n, 1, sizeof buf - n, deadline, peer);
+    if (!got.ok()) {
+      if (got.status().code() == StatusCode::kTimeout) return {Holder::kSilent, {}};
+      if (n == 0) return closed;
+      break;  // it said a few bytes and closed: judged on those
+    }
+    n += *got;
+  }
+  const std::string_view said(buf, n);
+  switch (Classify(said)) {
+    case FirstBytes::kHttp2:
+    case FirstBytes::kTls:
+      return {Holder::kSilent, {}};  // a server of the right kind: ask it again, as gRPC
+    case FirstBytes::kOther:
+      break;
+  }
+  std::string shown;
+  for (char c : said) shown += std::isprint(static_cast<unsigned char>(c)) ? c : '.';
+  return {Holder::kOther, "it answered \"" + shown + "\", which is not HTTP/2"};
+}
+
+// Asks whatever holds the endpoint for the service's status. Any answer of crun's service (the
+// status, an unknown job, a wrong token, stopping) is crun's; nothing listening is "gone" (the
+// holder let go: try to host again). A holder is a stranger only when that is proven: it
+// answers, and not as crun's service (bytes that are not HTTP/2, a gRPC server without crun's
+// Status call); or, given the whole timeout, it said nothing while every process holding the
+// port is visibly a running process that is not crun. A crun service that is stopped (SIGSTOP,
+// a paused VM) or slow is silent: the caller waits for it within join_timeout. gRPC gives up on
+// a connection that does not send its SETTINGS within 100 ms (rdzv::ChannelOptions::
+// min_connect), so a slow service first fails here and is heard by listening to it directly.
+Probe ProbeService(const Endpoint& e, const Security& security, std::chrono::milliseconds timeout,
+                   bool wait_for_ready = false) {
   v1::StatusResponse resp;
-  const grpc::Status s = AskStatus(FormatEndpoint(e.host, e.port), security, timeout, "", &resp);
+  const grpc::Status s =
+      AskStatus(FormatEndpoint(e.host, e.port), security, timeout, "", &resp, wait_for_ready);
   using grpc::StatusCode;
   switch (s.error_code()) {
     case StatusCode::OK:
@@ -53,15 +142,22 @@ Probe ProbeService(const Endpoint& e, const Security& security, std::chrono::mil
     case StatusCode::UNAUTHENTICATED:
     case StatusCode::PERMISSION_DENIED:
       return {Holder::kCrun, {}};
-    case StatusCode::UNAVAILABLE: {
-      if (s.error_message() == "the service is stopping") return {Holder::kCrun, {}};
-      auto fd = ConnectTcp(e.host, e.port, DeadlineAfter(std::chrono::milliseconds(500)));
-      if (!fd.ok()) return {Holder::kGone, fd.status().message()};
-      return {Holder::kOther, s.error_message()};
-    }
+    case StatusCode::UNIMPLEMENTED:
+      return {Holder::kOther, s.error_message()};  // a gRPC server without crun's service
     default:
-      return {Holder::kOther, s.error_message()};
+      break;
   }
+  if (s.error_message() == "the service is stopping") return {Holder::kCrun, {}};
+  // Unavailable, a deadline, or an error of the connection: nothing is proven yet.
+  Probe heard = ListenToHolder(e, security, std::chrono::milliseconds(300));
+  if (heard.holder != Holder::kSilent) return heard;
+  // It speaks HTTP/2 or TLS, or nothing yet: give it the whole timeout to answer as gRPC.
+  if (!wait_for_ready) return ProbeService(e, security, timeout, true);
+  if (!MaybeCrun(e.port)) {
+    return {Holder::kOther, "it accepted and said nothing for " + std::to_string(timeout.count()) +
+                                " ms, and no process holding the port is a crun"};
+  }
+  return {Holder::kSilent, s.error_message()};
 }
 
 class ServiceRun final : public BackendRun {
@@ -142,16 +238,33 @@ class ServiceRun final : public BackendRun {
                      e.port);
         return Status::Ok();
       }
+      if (probe.holder == Holder::kSilent) return JoinSilent(p, probe);
       if (probe.holder == Holder::kOther) break;
       spdlog::info("port {} was in use, but nobody serves it now ({}): hosting again", e.port,
                    probe.answer);
     }
+    // kOther, or in use at every try while nobody serves it (bound and not listening).
     const std::string holders = TcpPortHolders(e.port);
+    const std::string what = probe.holder == Holder::kGone
+                                 ? ", which does not serve it ("
+                                 : ", which is not a crun rendezvous service (";
     return Unavailable("port " + std::to_string(e.port) + " of --rdzv-endpoint " +
                        p.o.rdzv_endpoint + " is held by " +
                        (holders.empty() ? std::string("a process crun cannot see") : holders) +
-                       ", which is not a crun rendezvous service (" + probe.answer +
-                       "): stop it or choose another port");
+                       what + probe.answer + "): stop it or choose another port");
+  }
+
+  // Proven neither crun's nor a stranger: a crun service stopped for a moment (a loaded machine,
+  // a paused VM) is joined and waited for like one that is not up yet, within join_timeout.
+  Status JoinSilent(const LaunchPlan& p, const Probe& probe) const {
+    const Endpoint& e = plan_.endpoint;
+    const std::string holders = TcpPortHolders(e.port);
+    spdlog::warn(
+        "port {} of --rdzv-endpoint {} is held by {}, which does not answer yet ({}): joining "
+        "it as the rendezvous service, waiting for it up to join_timeout ({} ms)",
+        e.port, p.o.rdzv_endpoint, holders.empty() ? "a process crun cannot see" : holders,
+        probe.answer.empty() ? "no word" : probe.answer, p.settings.join_timeout.count());
+    return Status::Ok();
   }
 
   void Hosting(const LaunchPlan& p, std::unique_ptr<crun::rdzv::RendezvousService> service) {

@@ -27,7 +27,7 @@ FAST = "heartbeat_timeout=1.5,heartbeat_interval=0.25,last_call_timeout=0.1"
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from bench_support import measured_at  # noqa: E402
 from crun_testing import (alive, commands_mentioning, kill_all, probe_events,  # noqa: E402
-                          proc_state, scratch_dir, wait_for)
+                          proc_state, scratch_dir, wait_for, whole_lines)
 
 MEASURED_AT = measured_at()  # before the run: the tree may change while it runs
 from fabric import Fabric  # noqa: E402
@@ -413,6 +413,65 @@ class Faults(unittest.TestCase):
         self.record("`crun rendezvous` daemon SIGSTOPped for 5 s while the agents gather (a "
                     "joined, b joining)", "nothing fails: both agents keep trying (join_timeout "
                     "600 s), the round forms when the daemon runs again; one round; exit 0",
+                    f"all 4 workers running {ms(started)} after SIGCONT")
+
+    def backlog(self, d):
+        """Connections waiting in the accept queue of daemon `d`'s listening socket: for a
+        listening socket, /proc/net/tcp's rx_queue field is that queue's length. gRPC listens
+        on an IPv6 socket that takes IPv4 too: tcp6 holds it."""
+        rows = [line.split() for table in ("tcp", "tcp6")
+                for line in whole_lines(f"/proc/{d.pid}/net/{table}")[1:]]
+        return sum(int(r[4].split(":")[1], 16) for r in rows
+                   if r[3] == "0A" and int(r[1].split(":")[1], 16) == PORT)
+
+    def daemon_stalled_while_its_hosts_node_connects(self, stall_s):
+        """A `crun rendezvous` daemon on a stops answering (SIGSTOP) for `stall_s` while a's own
+        crun, which tries to host the endpoint first and finds the port taken, connects to it;
+        then it runs again (SIGCONT). Issue 17's case: the daemon is crun's own, only slow for
+        a moment, and must be waited for within join_timeout, not called a stranger. Returns
+        a's stderr and how long after SIGCONT the last worker started."""
+        conf = FAST + ",join_timeout=30"
+        with Fabric(["a", "b"]) as fab:
+            d = self.daemon(fab)
+            d.send_signal(signal.SIGSTOP)
+            wait_for(lambda: proc_state(d.pid) == "T", "the daemon stopped")
+            a = self.node(fab, "a", conf=conf)  # the endpoint names a: it tries to host first
+            # Only a connects before SIGCONT: a connection in the queue is a's.
+            wait_for(lambda: self.backlog(d) >= 1, "a's connection in the stopped daemon's queue")
+            time.sleep(stall_s)  # the fault itself: the daemon does nothing for stall_s
+            t0 = time.time()
+            d.send_signal(signal.SIGCONT)
+            b = self.node(fab, "b", conf=conf)
+            started = self.all_running(4, t0, a, b, d)
+            ea, _ = self.go_and_succeed(a, b)
+            self.assertNotIn("not a crun rendezvous service", ea)
+            self.assertEqual(sorted(int(e["RANK"]) for e in self.events()), [0, 1, 2, 3])
+            self.stop_daemon(d)
+        self.assertNothingLeft()
+        return ea, started
+
+    def test_a_daemon_stalled_0_3_s_while_its_hosts_node_connects_is_waited_for(self):
+        self.stalled_row(0.3)
+
+    def test_a_daemon_stalled_1_s_while_its_hosts_node_connects_is_waited_for(self):
+        self.stalled_row(1)
+
+    def test_a_daemon_stalled_5_s_while_its_hosts_node_connects_is_waited_for(self):
+        self.stalled_row(5)
+
+    def stalled_row(self, stall_s):
+        ea, started = self.daemon_stalled_while_its_hosts_node_connects(stall_s)
+        # Which way a went: a short stall ends while a's probe still waits for an answer (3 s),
+        # and a joins a service that answered; a long one is joined unanswered, with a warning
+        # naming the holder, and waited for by the join itself.
+        if stall_s > 3:
+            self.assertIn("which does not answer yet", ea)
+        else:
+            self.assertNotIn("which does not answer yet", ea)
+        self.record(f"`crun rendezvous` daemon SIGSTOPped for {stall_s} s while the crun on its "
+                    "own host connects (it finds the port taken and asks who holds it)",
+                    "the daemon is crun's, only silent: a waits for it as for a service not up "
+                    "yet (join_timeout 30 s) and joins; one round of all 4 ranks; exit 0",
                     f"all 4 workers running {ms(started)} after SIGCONT")
 
     def test_a_daemon_killed_and_restarted_while_agents_gather_is_rejoined(self):
