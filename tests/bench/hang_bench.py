@@ -93,21 +93,50 @@ def report_timing(crun, cmd, env, timeout_s, d):
     return h["timing"], tools
 
 
+def stop(p, limit_s=30):
+    """Ends `p` if it still runs: SIGTERM (crun then stops its workers), SIGKILL after
+    `limit_s`."""
+    if p.poll() is None:
+        p.terminate()
+        try:
+            p.wait(timeout=limit_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=limit_s)
+
+
+def end_session(p, script):
+    """Kills what is left of `p`'s session (started with start_new_session) and every process
+    still running `script`: however the run ended, nothing of it outlives it."""
+    for kill, pid in [(os.killpg, p.pid)] + [(os.kill, q) for q in running_script(script)]:
+        try:
+            kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    p.wait(timeout=30)
+
+
 def two_hosts_timing(crun, parked, env, d):
     """2 ranks on each of 2 hosts, all parked: both nodes declare the hang and read all 4
     ranks (the other host's through the service). The first complete report's timing (the
     other node may be stopped by it before its own request is answered)."""
     with Fabric(["a", "b"]) as fab:
         procs, logs = [], []
-        for host in ("a", "b"):
-            logs.append(tempfile.mkdtemp(dir=d))
-            procs.append(fab.popen(host, [crun, "--nnodes", "2", "--nproc-per-node", "2",
-                                          "--rdzv-endpoint", f"{fab.addr('a')}:29400",
-                                          "--rdzv-id", "bench", "--hang-timeout", "3",
-                                          "--log-dir", logs[-1], parked],
-                                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                   text=True))
-        errs = [p.communicate(timeout=300)[1] for p in procs]
+        try:
+            for host in ("a", "b"):
+                logs.append(tempfile.mkdtemp(dir=d))
+                procs.append(fab.popen(host, [crun, "--nnodes", "2", "--nproc-per-node", "2",
+                                              "--rdzv-endpoint", f"{fab.addr('a')}:29400",
+                                              "--rdzv-id", "bench", "--hang-timeout", "3",
+                                              "--log-dir", logs[-1], parked],
+                                       env=env, stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE, text=True))
+            errs = [p.communicate(timeout=300)[1] for p in procs]
+        finally:
+            # Deleting a namespace ends none of its processes: a node that did not end (or
+            # one started before the other failed to start) is stopped here.
+            for p in procs:
+                stop(p)
     best = None
     for log, err in zip(logs, errs):
         found = glob.glob(f"{log}/*/*/attempt_0/hang.json")
@@ -194,17 +223,18 @@ def main():
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL, start_new_session=True)
             try:
-                code = p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                raise SystemExit(f"{who} did not end within 60 s of the timer's expiry")
-            ended = time.time()
-            if code == 0:
-                raise SystemExit(f"{who}: the job did not fail on the expired timer")
-            ended_by[who] = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
-            orphans = running_script(timer_script)
-            left[who] = max(left[who], len(orphans))
-            for pid in orphans:
-                os.kill(pid, signal.SIGKILL)
+                try:
+                    code = p.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    raise SystemExit(f"{who} did not end within 60 s of the timer's expiry")
+                ended = time.time()
+                if code == 0:
+                    raise SystemExit(f"{who}: the job did not fail on the expired timer")
+                ended_by[who] = (f"killed by {signal.Signals(-code).name}" if code < 0
+                                 else f"exit {code}")
+                left[who] = max(left[who], len(running_script(timer_script)))
+            finally:
+                end_session(p, timer_script)  # what it left is counted above, ended here
             with open(stamp) as f:
                 times.append(1000 * (ended - float(f.read())))
         expiry[who] = statistics.median(times)

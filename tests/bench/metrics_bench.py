@@ -134,10 +134,16 @@ def measure(args, agents, jobs=0):
               f"{result['cpu_per_scrape_ms']:.3f} ms CPU, {series} series", file=sys.stderr)
         return result
     finally:
+        # Each is ended on its own: one that ignores SIGTERM is killed, and does not keep the
+        # other running.
         for p in (loadgen, daemon):
             if p is not None and p.poll() is None:
                 p.terminate()
-                p.communicate(timeout=60)
+                try:
+                    p.communicate(timeout=60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.communicate(timeout=60)
 
 
 def scenario(r):

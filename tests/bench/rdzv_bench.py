@@ -81,13 +81,27 @@ def start_agents(args, launcher, n, nproc, probe_args, max_restarts=0, nnodes=No
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", LOGLEVEL="WARNING")
     t0 = time.time_ns()
-    procs = [subprocess.Popen([*agent_cmd(args, launcher, n, i, port, nproc, max_restarts,
-                                          nnodes),
-                               "--no-python", args.probe, out, *probe_args],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                              env=env)
-             for i in range(n)]
+    procs = []
+    try:
+        for i in range(n):
+            procs.append(subprocess.Popen(
+                [*agent_cmd(args, launcher, n, i, port, nproc, max_restarts, nnodes),
+                 "--no-python", args.probe, out, *probe_args],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env))
+    except BaseException:
+        kill_agents(procs)  # the agents started before one failed to start
+        raise
     return t0, out, procs
+
+
+def kill_agents(procs):
+    """SIGKILLs and reaps the agents; their pipes are not read (a worker that outlived its
+    agent may hold one open for as long as it runs)."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    for p in procs:
+        p.wait(timeout=30)
 
 
 def run_agents(args, launcher, n, nproc, probe_args, max_restarts=0):
@@ -98,8 +112,7 @@ def run_agents(args, launcher, n, nproc, probe_args, max_restarts=0):
         try:
             _, err = p.communicate(timeout=LIMIT_S)
         except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
+            kill_agents(procs)
             raise RuntimeError(f"{launcher}: {n} agents did not finish within {LIMIT_S} s")
         if p.returncode != 0:
             failed.append(f"agent {i} exited {p.returncode}: {err[-400:]}")
@@ -172,6 +185,7 @@ def start_daemon(crun):
     line = p.stdout.readline() if ready else ""
     if "listening on" not in line:
         p.kill()
+        p.communicate(timeout=30)
         raise RuntimeError(f"crun rendezvous did not start: {line!r}")
     return p, int(line.rsplit(":", 1)[1])
 
@@ -185,7 +199,11 @@ def simulated(args, agents, steady_ms=STEADY_MS, extra=()):
                            timeout=LIMIT_S)
     finally:
         daemon.terminate()
-        daemon.communicate(timeout=30)
+        try:
+            daemon.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.communicate(timeout=30)
     return loadgen_json(r, f"rdzv_loadgen x{agents}")
 
 

@@ -51,7 +51,11 @@ class RdzvLoadgenSmoke(unittest.TestCase):
             self.assertGreater(out["service_rss_connected_mib"], 0)  # /proc was read
         finally:
             daemon.terminate()
-            _, err = daemon.communicate(timeout=30)
+            try:
+                _, err = daemon.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()  # not left running; the assertion below then fails
+                _, err = daemon.communicate(timeout=30)
         self.assertEqual(daemon.returncode, 0, err)
 
     def test_the_memory_baseline_holds_every_session_open(self):

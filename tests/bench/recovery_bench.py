@@ -89,12 +89,13 @@ def run_once(args, launcher, python, nodes, scenario):
     logs = [os.path.join(out, f"agent-{i}.err") for i in range(nodes)]
     t0 = time.time_ns()
     procs = []
-    for cmd, log in zip(launcher_cmds(args, launcher, python, nodes, port), logs):
-        with open(log, "w") as err:
-            procs.append(subprocess.Popen([*cmd, *worker_args], stdout=subprocess.DEVNULL,
-                                          stderr=err, env=env))
-    deadline = time.monotonic() + LIMIT_S
     try:
+        # Started inside the try: a node that fails to start ends the ones started before it.
+        for cmd, log in zip(launcher_cmds(args, launcher, python, nodes, port), logs):
+            with open(log, "w") as err:
+                procs.append(subprocess.Popen([*cmd, *worker_args], stdout=subprocess.DEVNULL,
+                                              stderr=err, env=env))
+        deadline = time.monotonic() + LIMIT_S
         errors = []
         for i, (p, log) in enumerate(zip(procs, logs)):
             try:

@@ -42,12 +42,14 @@ class LoadgenSmoke(unittest.TestCase):
 
     def test_a_barrier_storm_registers_every_client_and_wakes_each(self):
         # store_scale_bench's run: two generators on one shared key, the first sets it.
-        gens = [subprocess.Popen([LOADGEN, "--port", self.port, "--dialect", dialect, "--storm",
-                                  "150", "--barrier", "/smoke/go", "--source", source],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
-                for dialect, source in (("modern", "127.0.0.2"), ("modern", "127.0.0.3"))]
+        gens = []
         try:
+            for source in ("127.0.0.2", "127.0.0.3"):
+                gens.append(subprocess.Popen(
+                    [LOADGEN, "--port", self.port, "--dialect", "modern", "--storm", "150",
+                     "--barrier", "/smoke/go", "--source", source],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    text=True))
             storms = [json.loads(g.stdout.readline()) for g in gens]
             self.assertEqual([(s["held"], s["refused"]) for s in storms], [(150, 0)] * 2)
             for g in gens:
@@ -60,11 +62,12 @@ class LoadgenSmoke(unittest.TestCase):
             goes = [json.loads(g.stdout.readline()) for g in gens]
             self.assertEqual([(x["woken"], x["held"]) for x in goes], [(150, 150)] * 2)
         finally:
-            for g in gens:
-                g.stdin.close()
-                g.wait(timeout=60)
-                g.stdout.close()
-                g.stderr.close()
+            for g in gens:  # each ended, even when one before it would not end
+                try:
+                    g.communicate(timeout=60)  # closes its stdin: it lets its clients go
+                except subprocess.TimeoutExpired:
+                    g.kill()
+                    g.communicate(timeout=60)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,15 @@ PyTorch 2.x's servers stall: they reverse-resolve every accepted peer address on
 thread (seen here with gdb: `res_context_query("1.0.0.127.in-addr.arpa")`, 5 s each), which
 would measure the resolver, not the store. `--no-netns` runs on the host anyway.
 
+Every server and load generator it starts is stopped however the run ends (a later server
+failing to start included). The 2.x servers need a TCPStore that takes `use_libuv` (PyTorch
+2.1 and later): a --torch2-python whose torch lacks it is refused by name before anything
+starts.
+
 Usage: store_bench.py --crun BIN --loadgen BIN --torch2-python PY [--quick] [--out FILE]
 """
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -25,6 +31,28 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
 from bench_support import in_private_netns, measured_at  # noqa: E402
+
+# What a python's torch offers, read without starting a server: its version, and whether its
+# TCPStore takes use_libuv (pybind11 writes every constructor's signature into its docstring).
+TORCH_PROBE = r"""
+import torch
+try:
+    import torch.distributed as d
+    doc = (d.TCPStore.__doc__ or "") + (d.TCPStore.__init__.__doc__ or "")
+except (ImportError, AttributeError):
+    doc = ""
+print(torch.__version__)
+print("use_libuv" in doc)
+"""
+PROBE_LIMIT_S = 120
+SERVER_START_LIMIT_S = 120
+STOP_LIMIT_S = 30
+# A storm generator reports by its --storm-timeout-ms; this much later it is taken as hung.
+STORM_REPORT_GRACE_S = 60
+# How long a generator may take to let its connections go once its stdin closes.
+GENERATOR_END_LIMIT_S = 60
+# The servers whose script passes use_libuv (SERVER_SCRIPT).
+NEEDS_USE_LIBUV = ("torch2-libuv", "torch2-classic")
 
 SERVER_SCRIPT = r"""
 import datetime, sys, torch.distributed as d
@@ -41,20 +69,73 @@ sys.stdin.read()
 NOTES_MARKER = "<!-- Analysis: hand-written; store_bench.py keeps everything from here on. -->"
 
 
+class UnsupportedPython(RuntimeError):
+    """A python whose torch cannot run the servers asked of it."""
+
+
+def torch_of(python):
+    """(torch version, whether its TCPStore takes use_libuv) of `python`; starts no server."""
+    try:
+        r = subprocess.run([python, "-c", TORCH_PROBE], capture_output=True, text=True,
+                           timeout=PROBE_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        raise UnsupportedPython(f"{python}: importing torch took over {PROBE_LIMIT_S} s") \
+            from None
+    except OSError as e:
+        raise UnsupportedPython(f"{python}: cannot run it: {e}") from None
+    lines = r.stdout.strip().splitlines()
+    if r.returncode != 0 or len(lines) < 2:
+        raise UnsupportedPython(f"{python}: cannot import torch (exit {r.returncode}): "
+                                f"{r.stderr.strip()[-300:]}")
+    return lines[-2].strip(), lines[-1].strip() == "True"
+
+
+def require_use_libuv(python):
+    """`python`'s torch version, or UnsupportedPython naming it when its TCPStore has no
+    use_libuv (PyTorch 2.0's has not: the 2.x servers would fail to start)."""
+    version, use_libuv = torch_of(python)
+    if not use_libuv:
+        raise UnsupportedPython(
+            f"{python}: its torch {version} has a TCPStore without use_libuv (PyTorch 2.1 and "
+            f"later have it), which the PyTorch 2.x servers need; nothing was started. Pass a "
+            f"newer PyTorch as --torch2-python (bash scripts/setup-torch2.sh)")
+    return version
+
+
 class Server:
+    """A store server process; a context manager that stops it. The constructor returns once
+    the server says where it listens, or stops it and raises."""
+
     def __init__(self, name, cmd, dialect):
         self.name, self.dialect = name, dialect
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE)
-        ready, _, _ = select.select([self.proc.stdout], [], [], 120)
+        try:
+            self.port = self._port()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _port(self):
+        ready, _, _ = select.select([self.proc.stdout], [], [], SERVER_START_LIMIT_S)
         if not ready:
-            self.proc.kill()
-            raise RuntimeError(f"{name}: no address within 120 s")
+            raise RuntimeError(f"{self.name}: no address within {SERVER_START_LIMIT_S} s")
         line = self.proc.stdout.readline().decode()
         if "listening on" not in line:
-            raise RuntimeError(f"{name}: unexpected output {line!r}: "
-                               f"{self.proc.stderr.read().decode()[-2000:]}")
-        self.port = int(line.rsplit(":", 1)[1])
+            self.stop()  # then its stderr ends: read it to the end
+            try:
+                _, err = self.proc.communicate(timeout=STOP_LIMIT_S)
+            except subprocess.TimeoutExpired:
+                err = b"(its stderr still open)"
+            raise RuntimeError(f"{self.name}: unexpected output {line!r}: "
+                               f"{err.decode(errors='replace')[-2000:]}")
+        return int(line.rsplit(":", 1)[1])
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
 
     def rss_kib(self):
         with open(f"/proc/{self.proc.pid}/status") as f:
@@ -77,10 +158,10 @@ class Server:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=STOP_LIMIT_S)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-                self.proc.wait()
+                self.proc.wait(timeout=STOP_LIMIT_S)
 
 
 def start_server(kind, args):
@@ -100,6 +181,14 @@ def start_server(kind, args):
         return Server("PyTorch 1.13 classic", [args.torch1_python, "-c", SERVER_SCRIPT,
                                                 "default"], "legacy")
     raise ValueError(kind)
+
+
+@contextlib.contextmanager
+def running_servers(kinds, args):
+    """{kind: Server} of every kind, started in order; each one started is stopped when the
+    block ends, or when a later one fails to start."""
+    with contextlib.ExitStack() as started:
+        yield {k: started.enter_context(start_server(k, args)) for k in kinds}
 
 
 def loadgen(args, server, op, clients):
@@ -130,29 +219,25 @@ def storm(args, server, total, processes):
                    text=True, timeout=60)
     idle = server.rss_kib()
     gens = []
-    t0 = time.monotonic()
-    for p in range(processes):
-        cmd = [args.loadgen, "--port", str(server.port), "--dialect", server.dialect,
-               "--storm", str(per), "--storm-timeout-ms", str(args.storm_timeout_ms),
-               "--source", f"127.0.0.{p + 2}"]
-        gens.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True))
-    reports = []
-    for g in gens:
-        line = g.stdout.readline()
-        try:
-            reports.append(json.loads(line))
-        except json.JSONDecodeError:
-            reports.append({"error": line + g.stderr.read()[-300:]})
-    wall = time.monotonic() - t0
-    held_rss = server.rss_kib() if server.alive() else 0
-    alive = server.alive()
-    for g in gens:
-        try:
-            g.stdin.close()
-            g.wait(timeout=60)
-        except Exception:
-            g.kill()
+    try:
+        t0 = time.monotonic()
+        for p in range(processes):
+            cmd = [args.loadgen, "--port", str(server.port), "--dialect", server.dialect,
+                   "--storm", str(per), "--storm-timeout-ms", str(args.storm_timeout_ms),
+                   "--source", f"127.0.0.{p + 2}"]
+            gens.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True))
+        deadline = time.monotonic() + args.storm_timeout_ms / 1000 + STORM_REPORT_GRACE_S
+        reports = [storm_report(g, deadline) for g in gens]
+        wall = time.monotonic() - t0
+        held_rss = server.rss_kib() if server.alive() else 0
+        alive = server.alive()
+    finally:
+        # Each holds its connections until its stdin closes; each is ended, however we got here.
+        errs = [end_generator(g) for g in gens]
+    for r, err in zip(reports, errs):
+        if "error" in r:
+            r["error"] += err[-300:]
     held = sum(r.get("held", 0) for r in reports)
     refused = sum(r.get("refused", 0) for r in reports)
     pending = sum(r.get("pending", 0) for r in reports)
@@ -160,6 +245,27 @@ def storm(args, server, total, processes):
     return {"attempted": per * processes, "held": held, "refused": refused, "pending": pending,
             "seconds": slowest, "wall": wall, "idle_kib": idle, "held_kib": held_rss,
             "server_alive": alive}
+
+
+def storm_report(gen, deadline):
+    """A storm generator's JSON report line, or {"error": ...} when it has none by `deadline`."""
+    ready, _, _ = select.select([gen.stdout], [], [], max(0.0, deadline - time.monotonic()))
+    line = gen.stdout.readline() if ready else ""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return {"error": line or "no report by the storm's deadline; "}
+
+
+def end_generator(gen):
+    """Closes a generator's stdin (it then lets its connections go and exits), kills it if it
+    has not exited within GENERATOR_END_LIMIT_S; its stderr."""
+    try:
+        _, err = gen.communicate(timeout=GENERATOR_END_LIMIT_S)
+    except subprocess.TimeoutExpired:
+        gen.kill()
+        _, err = gen.communicate(timeout=STOP_LIMIT_S)
+    return err or ""
 
 
 def median_sample(samples):
@@ -214,50 +320,52 @@ def main():
     if args.clients:
         clients = [int(c) for c in args.clients.split(",")]
 
-    versions = {}
-    for name, py in [("torch1", args.torch1_python), ("torch2", args.torch2_python)]:
-        versions[name] = subprocess.run(
-            [py, "-c", "import torch; print(torch.__version__)"], capture_output=True,
-            text=True, timeout=120).stdout.strip().splitlines()[-1]
-
     groups = [("2.x wire dialect", ["crun-2x", "torch2-libuv", "torch2-classic"]),
               ("1.13 wire dialect", ["crun-1.13", "torch1.13"])]
     if args.servers:
         # A partial run prints its numbers and leaves docs/benchmarks.md alone.
         groups = [(t, [k for k in kinds if k in args.servers.split(",")]) for t, kinds in groups]
         groups = [(t, kinds) for t, kinds in groups if kinds]
+    kinds_run = {k for _, kinds in groups for k in kinds}
+    # Before any server starts: a torch that cannot run them is refused by name.
+    versions = {}
+    try:
+        if kinds_run & set(NEEDS_USE_LIBUV):
+            versions["torch2"] = require_use_libuv(args.torch2_python)
+        if "torch1.13" in kinds_run:
+            versions["torch1"] = torch_of(args.torch1_python)[0]
+    except UnsupportedPython as e:
+        print(f"store_bench.py: {e}", file=sys.stderr)
+        sys.exit(2)
     results = {}
     storms = {}
     names = {}
     for _, kinds in groups:
         # All servers of a group run at once (an idle one uses no CPU) and are driven in turn,
         # round after round, so that drift in the machine's speed hits each of them alike.
-        servers = {k: start_server(k, args) for k in kinds}
-        for k, server in servers.items():
-            names[k] = server.name
-            print(f"== {server.name} on port {server.port}", file=sys.stderr)
-        for op in ops:
-            for n in clients:
-                samples = {k: [] for k in kinds}
-                for _ in range(args.rounds):
+        with running_servers(kinds, args) as servers:
+            for k, server in servers.items():
+                names[k] = server.name
+                print(f"== {server.name} on port {server.port}", file=sys.stderr)
+            for op in ops:
+                for n in clients:
+                    samples = {k: [] for k in kinds}
+                    for _ in range(args.rounds):
+                        for k in kinds:
+                            if servers[k].alive():
+                                samples[k].append(loadgen(args, servers[k], op, n))
                     for k in kinds:
-                        if servers[k].alive():
-                            samples[k].append(loadgen(args, servers[k], op, n))
-                for k in kinds:
-                    results[(k, op, n)] = median_sample(samples[k])
-                    print(f"   {names[k]:22} {op:4} x{n:<5} {fmt_rate(results[(k, op, n)])}",
-                          file=sys.stderr)
-        for server in servers.values():
-            server.stop()
+                        results[(k, op, n)] = median_sample(samples[k])
+                        print(f"   {names[k]:22} {op:4} x{n:<5} "
+                              f"{fmt_rate(results[(k, op, n)])}", file=sys.stderr)
         if args.no_storm:
             continue
         for kind in kinds:
             # The storm gets a fresh server: its memory then reflects connections only.
-            server = start_server(kind, args)
-            s = storm(args, server, storm_total, 4)
+            with start_server(kind, args) as server:
+                s = storm(args, server, storm_total, 4)
             storms[kind] = s
             print(f"   {names[kind]} storm {s}", file=sys.stderr)
-            server.stop()
 
     if args.servers or args.ops or args.clients or args.no_storm:
         print("partial run: docs not written", file=sys.stderr)

@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 sys.path.insert(0, HERE)
 from bench_support import in_private_netns, measured_at, write_section  # noqa: E402
-from store_bench import SERVER_SCRIPT  # noqa: E402
+from store_bench import SERVER_SCRIPT, UnsupportedPython, require_use_libuv  # noqa: E402
 
 PER_GENERATOR = 12500
 LIMIT_S = 300  # one phase of one run
@@ -82,11 +82,15 @@ def start_server(args, kind, clients):
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True,
                          preexec_fn=limit_nofile(clients + 4096))
-    line = read_line(p, f"{kind} store start", 120)
-    if "listening on" not in line:
-        p.kill()
-        raise RuntimeError(f"{kind} store: {line!r}")
-    return p, int(line.rsplit(":", 1)[1])
+    try:
+        line = read_line(p, f"{kind} store start", 120)
+        if "listening on" not in line:
+            raise RuntimeError(f"{kind} store: {line!r}")
+        return p, int(line.rsplit(":", 1)[1])
+    except BaseException:
+        p.kill()  # a server that did not say where it listens is not left running
+        p.wait(timeout=30)
+        raise
 
 
 def run_once(args, kind, clients):
@@ -162,6 +166,11 @@ def main():
     ap.add_argument("--out", default="docs/benchmarks.md")
     ap.add_argument("--no-write", action="store_true", help="print, leave the docs alone")
     args = ap.parse_args()
+    try:
+        require_use_libuv(args.torch2_python)  # its libuv server: refused before anything starts
+    except UnsupportedPython as e:
+        print(f"store_scale_bench.py: {e}", file=sys.stderr)
+        sys.exit(2)
     args.measured_at = measured_at()
     counts = [int(c) for c in args.clients.split(",")]
     results = {}
