@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Configures and builds crun into ./build (Ninja, two jobs: the machines have two cores).
-# Extra arguments go to the CMake configure step.
+# Configures and builds crun into ./build, or $CRUN_BUILD_DIR (Ninja, two jobs: the machines
+# have two cores). Extra arguments go to the CMake configure step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The worker SDK's NCCL backend builds wherever the CUDA toolkit with NCCL is installed (it
@@ -14,6 +14,7 @@ if [ -z "$nccl" ]; then
     echo "build.sh: no CUDA toolkit found: building without the NCCL backend" >&2
   fi
 fi
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRUN_WERROR=ON \
+dir="${CRUN_BUILD_DIR:-build}"
+cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRUN_WERROR=ON \
   -DCRUN_WITH_NCCL="$nccl" "$@"
-cmake --build build -j2
+cmake --build "$dir" -j2

@@ -8,6 +8,12 @@
 # driver shortly after its process ends), at most 15 s.
 _gpu_idle() {
   local apps used i
+  # Without nvidia-smi (the rehearsal on a machine without a GPU) there is nothing to poll:
+  # the same verdict, not idle, at once rather than after 15 s.
+  if ! command -v nvidia-smi > /dev/null; then
+    echo "compute apps: [unknown: no nvidia-smi], memory.used unknown"
+    return 1
+  fi
   for ((i = 0; i < 30; i++)); do
     apps=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>&1)
     used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>&1 | head -1)

@@ -2,7 +2,9 @@
 # Makes (once) the virtual environments of the frameworks crun launches besides PyTorch
 # (docs/frameworks.md), each from PyPI, each in its own venv under ~/.cache/crun so later runs
 # on the same machine reuse them. Prints `NAME=PYTHON` per framework on stdout.
-#   scripts/setup-frameworks.sh [tf] [jax] [deepspeed] [horovod]     (default: all four)
+#   scripts/setup-frameworks.sh [--paths] [tf] [jax] [deepspeed] [horovod]  (default: all four)
+# --paths prints where each python will be and installs nothing (scripts/test.sh configures the
+# build with them while the venvs are made).
 # DeepSpeed goes into the PyTorch 2.x venv (scripts/setup-torch2.sh): it is a PyTorch library.
 # Horovod is built from PyPI's source distribution (it has no wheels), with its Gloo controller
 # and PyTorch, against torch 2.0.1: it does not compile against torch >= 2.1 (C++17; fixed on
@@ -17,11 +19,15 @@ HOROVOD_TORCH_VERSION="2.0.1"
 CACHE="$HOME/.cache/crun"
 pip_q=(-q --disable-pip-version-check)
 
+paths_only=0
+if [ "${1:-}" = "--paths" ]; then paths_only=1; shift; fi
+
 # venv NAME CHECK PACKAGES...: the venv's python, made or mended until CHECK passes.
 venv() {
   local name=$1 check=$2
   shift 2
   local dir="$CACHE/venv-$name" py="$CACHE/venv-$name/bin/python"
+  if [ $paths_only = 1 ]; then echo "$py"; return; fi
   if ! { [ -x "$py" ] && "$py" -c "$check" 2>/dev/null; }; then
     echo "setup-frameworks: installing $* into $dir" >&2
     rm -rf "$dir"
@@ -50,8 +56,12 @@ for w in "${wanted[@]}"; do
         "jax==$JAX_VERSION" "jaxlib==$JAX_VERSION")
       ;;
     deepspeed)
-      py=$(bash scripts/setup-torch2.sh)
-      if ! "$py" -c "$(has deepspeed $DEEPSPEED_VERSION)" 2>/dev/null; then
+      if [ $paths_only = 1 ]; then
+        py=$(bash scripts/setup-torch2.sh --path)
+      else
+        py=$(bash scripts/setup-torch2.sh)
+      fi
+      if [ $paths_only = 0 ] && ! "$py" -c "$(has deepspeed $DEEPSPEED_VERSION)" 2>/dev/null; then
         echo "setup-frameworks: installing deepspeed==$DEEPSPEED_VERSION beside torch" >&2
         # No compiled ops (DS_BUILD_OPS=0, the default): its launcher, init_distributed and
         # collectives are Python over torch.distributed.
@@ -62,7 +72,7 @@ for w in "${wanted[@]}"; do
       dir="$CACHE/venv-horovod-$HOROVOD_VERSION"
       check="$(has horovod $HOROVOD_VERSION); import horovod.torch"
       py="$dir/bin/python"
-      if ! { [ -x "$py" ] && "$py" -c "$check" 2>/dev/null; }; then
+      if [ $paths_only = 0 ] && ! { [ -x "$py" ] && "$py" -c "$check" 2>/dev/null; }; then
         echo "setup-frameworks: building horovod==$HOROVOD_VERSION (Gloo, PyTorch" \
           "$HOROVOD_TORCH_VERSION) into $dir" >&2
         rm -rf "$dir"

@@ -4,6 +4,7 @@
 # runs under crun (PyTorch Lightning, Hugging Face accelerate). Prints the environment's python
 # on stdout. The environment lives outside the checkout so later runs on the same machine
 # reuse it; one made before a framework was added gets it installed.
+#   scripts/setup-torch2.sh [--path]    --path: print where its python will be; install nothing
 set -euo pipefail
 TORCH2_VERSION="${CRUN_TORCH2_VERSION:-2.15.0}"
 LIGHTNING_VERSION="2.6.6"
@@ -11,6 +12,7 @@ ACCELERATE_VERSION="1.15.0"
 PY_SPY_VERSION="0.4.3"
 VENV="${CRUN_TORCH2_VENV:-$HOME/.cache/crun/venv-torch-$TORCH2_VERSION}"
 PY="$VENV/bin/python"
+if [ "${1:-}" = "--path" ]; then echo "$PY"; exit 0; fi
 if ! { [ -x "$PY" ] && "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH2_VERSION')" 2>/dev/null; }; then
   echo "setup-torch2: installing torch==$TORCH2_VERSION from PyPI into $VENV" >&2
   rm -rf "$VENV"

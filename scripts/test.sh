@@ -1,15 +1,116 @@
 #!/usr/bin/env bash
 # Installs everything, builds, and runs every test (unit, integration, PyTorch 1.13 and 2.x
-# compatibility). Ends with ctest's summary line; fails when a test fails or none ran.
+# compatibility, the frameworks, Slurm, etcd, Kubernetes). Ends with ctest's summary line; fails
+# when a test fails or none ran.
+#   scripts/test.sh                        everything (what CI runs)
+#   scripts/test.sh --quick                the unit tests and one smoke test per area, for the
+#                                          edit loop (ctest label `quick`)
+#   scripts/test.sh --sanitize address     ASan and UBSan in build-asan/: the unit tests and the
+#                                          suites that drive the agent, the store server, the
+#                                          rendezvous service and the snapshot server (label
+#                                          `sanitize`)
+#   scripts/test.sh --sanitize thread      TSan in build-tsan/: the unit tests of crun's own
+#                                          threaded code (label `tsan`; tests/tsan.supp)
+# Extra arguments after `--` go to ctest (-R, -E, --repeat ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=full
+sanitize=""
+ctest_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) mode=quick ;;
+    --sanitize)
+      sanitize="${2:-}"
+      case "$sanitize" in
+        address | thread) ;;
+        *)
+          echo "test.sh: --sanitize takes 'address' or 'thread', not '$sanitize'" >&2
+          exit 2
+          ;;
+      esac
+      shift
+      ;;
+    --)
+      shift
+      ctest_args=("$@")
+      break
+      ;;
+    *)
+      echo "test.sh: unknown option '$1' (expected --quick, --sanitize address|thread, -- ARGS)" >&2
+      exit 2
+      ;;
+  esac
+  shift
+done
+
+t0=$(date +%s)
+phase() { echo "test.sh: $1 ($(($(date +%s) - t0)) s since start)" >&2; }
+
 bash scripts/install-deps.sh
-TORCH2_PYTHON="$(bash scripts/setup-torch2.sh)"
-# TensorFlow, JAX, DeepSpeed and Horovod for --contract's suites: tf=..., jax=..., ...
-frameworks=$(bash scripts/setup-frameworks.sh)
+phase "Debian packages installed"
+
+# The sanitizer builds need no PyPI venv: their suites run crun's own code and Debian's python.
+if [ -n "$sanitize" ]; then
+  if [ "$sanitize" = address ]; then
+    dir=build-asan
+    flags="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+    label=sanitize
+    # Leaks: crun's processes exit through _exit in places on purpose (a forked child that
+    # failed to exec); LeakSanitizer's report is not what this run judges.
+    export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:strict_string_checks=1"
+    export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+  else
+    dir=build-tsan
+    flags="-fsanitize=thread -fno-omit-frame-pointer"
+    label=tsan
+    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
+  fi
+  # Without libtorch (train, the SDK's torch glue) and NCCL: not what these suites drive, and
+  # half the build. Dynamic: the sanitizer's runtime must come first, before the C++ runtime.
+  CRUN_BUILD_DIR=$dir bash scripts/build.sh -DCRUN_BUILD_TESTS=ON -DCRUN_WITHOUT_TORCH2=ON \
+    -DCRUN_WITH_NCCL=OFF -DCRUN_WITH_TORCH=OFF -DCRUN_STATIC_DEPS=OFF -DCRUN_WERROR=OFF \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \
+    -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags"
+  phase "built with -fsanitize=$sanitize"
+  phase "ctest starts"
+  exec ctest --test-dir "$dir" --output-on-failure --no-tests=error -L "^$label\$" -j4 \
+    "${ctest_args[@]}"
+fi
+
+# The PyPI venvs (~/.cache/crun) are made while crun builds: they download and unpack, the
+# build compiles. Their paths are known before they exist, so the build is configured at once.
+TORCH2_PYTHON="$(bash scripts/setup-torch2.sh --path)"
 declare -A FRAMEWORK
-while IFS== read -r name py; do FRAMEWORK[$name]=$py; done <<< "$frameworks"
+while IFS== read -r name py; do FRAMEWORK[$name]=$py; done <<< "$(bash scripts/setup-frameworks.sh --paths)"
+venv_log="$(mktemp -t crun-venvs.XXXXXX)"
+setsid bash -c 'bash scripts/setup-torch2.sh > /dev/null && bash scripts/setup-frameworks.sh > /dev/null' \
+  > "$venv_log" 2>&1 &
+venvs=$!
+# The venvs' job (its own process group: pip and its compilers) ends with this script, on
+# every path.
+trap 'kill -- -"$venvs" 2> /dev/null || true; rm -f "$venv_log"' EXIT
+
 bash scripts/build.sh -DCRUN_BUILD_TESTS=ON -DCRUN_TORCH2_PYTHON="$TORCH2_PYTHON" \
   -DCRUN_TF_PYTHON="${FRAMEWORK[tf]}" -DCRUN_JAX_PYTHON="${FRAMEWORK[jax]}" \
   -DCRUN_DEEPSPEED_PYTHON="${FRAMEWORK[deepspeed]}" -DCRUN_HOROVOD_PYTHON="${FRAMEWORK[horovod]}"
-ctest --test-dir build --output-on-failure --no-tests=error -j2
+phase "crun built"
+if ! wait "$venvs"; then
+  cat "$venv_log" >&2
+  echo "test.sh: making the PyPI venvs failed (above)" >&2
+  exit 1
+fi
+cat "$venv_log" >&2
+phase "PyPI venvs ready"
+
+# ctest runs more tests at once than the machine has cores: most integration suites wait on
+# processes, sockets and timeouts rather than compute. Each test's PROCESSORS (its share of
+# these slots) and RESOURCE_LOCKs keep the CPU-bound and the timing-sensitive ones apart
+# (tests/budget.cmake).
+jobs="${CRUN_TEST_JOBS:-6}"
+label=(-LE '^quick-only$')  # the smoke tests: each also runs in its area's suite
+if [ "$mode" = quick ]; then label=(-L '^quick$'); fi
+phase "ctest starts"
+ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs" "${label[@]}" \
+  "${ctest_args[@]}"

@@ -25,9 +25,10 @@ processes over a generated table of dimensions, not hand-picked cases.
             no other rank is; a slow node is named where the comparison is job-wide (the
             service, etcd) and, where a node's ranks are compared among themselves (static, one
             node), nobody is. With restart, the rank named is stopped as failed, one restart is
-            spent and the job ends well in the second attempt. With exclude, the node whose rank is named leaves with exit 87 and
-            a spare runs its ranks to the end (service, etcd); the backends that cannot go on
-            without a node (--standalone, static) refuse exclude at parse time, starting nothing
+            spent and the job ends well in the second attempt. With exclude, the node whose
+            rank is named leaves with exit 87 and a spare runs its ranks to the end (service,
+            etcd); the backends that cannot go on without a node (--standalone, static) refuse
+            exclude at parse time, starting nothing
 
 Each case checks that every crun exits 0, every rank's environment (ranks unique and complete,
 TF_CONFIG of the world's size with the rank's own index, one JAX coordinator, Horovod's ranks
@@ -35,13 +36,33 @@ and sizes, DeepSpeed's and the MPI-style ones, and no variable of a contract not
 how each worker started (warm or cold, by tests/pylib/warm_witness) and that nothing is left
 running.
 
-  test_matrix.py [-k PATTERN] [--families F,...] [--list]
+Two covers. `full` runs each family as listed above: the product of its dimensions (the
+pairwise family: its 40 cases); tests/bench/matrix_bench.py runs it and records the run in
+docs/reliability.md. `ci` (the default; every CI run) runs, for each family, a pairwise cover
+of that family's own dimensions (the same greedy pairwise(), ties going to the cheaper case:
+the same every run), checked to meet every pair, plus a seeded random sample of K more cases
+from the rest of the family's product. The seed changes each run unless given; the first line
+of output names it and the command that runs the sampled cases again, and each sampled case's
+name ends in _seed<SEED>.
+
+Protocol timeouts are short here, through the flags users have (--rdzv-conf): the cases prove
+the features on every backend, not crun's defaults, which are each proven once elsewhere (see
+FAST_CONF).
+
+  test_matrix.py [-k PATTERN] [--families F,...] [--cover ci|full] [--sample K] [--seed N]
+                 [--list]
       --families runs those families' cases only (ctest runs the straggler family, the longest,
-      as a test of its own); --list prints the cases and the pairs they cover"""
+      as a test of its own); --sample K: K sampled cases a family (2; ci only); --seed N
+      (else $CRUN_MATRIX_SEED, else a random one); --list prints each family's case counts
+      and estimated seconds, and the cover's cases and the pairs they meet (every one, or it
+      exits 1), with the sample of that seed under ci"""
 import itertools
 import json
 import os
+import random
 import re
+import secrets
+import shlex
 import shutil
 import subprocess
 import sys
@@ -84,6 +105,20 @@ JOB_WIDE = ("service", "etcd")  # the backends whose slow ranks are judged among
 STRAGGLER_ACTIONS = ("warn", "restart", "exclude")
 NAMED = re.compile(r"slow rank on \S+ \(local rank (\d+)\): rank (\d+): [\d.]+x the others' ")
 PAIRWISE_DIMS = (BACKENDS, CONTRACT_SETS, NPROCS, STARTS, CGROUPS, SNAPSHOTS)
+COVERS = ("ci", "full")
+DEFAULT_SAMPLE = 2  # sampled cases a family, beyond the ci cover
+SEED_VARIABLE = "CRUN_MATRIX_SEED"
+# Protocol timeouts through --rdzv-conf, the flag users have, where a case waits on one. The
+# slow ranks' figures and verdicts travel with the heartbeats: every 250 ms on the service
+# (heartbeat_timeout stays at its 3 s default), and with the etcd lease's keep-alive, a third
+# of its TTL (heartbeat_timeout=2: every 667 ms). The static health case waits join_timeout
+# for the node that stayed out: 1 s. Each default is proven once elsewhere: the service's
+# heartbeats at their defaults carrying slow ranks' figures by test_stragglers.py (AcrossHosts);
+# etcd's lease at its default TTL by every other etcd case here; the last call's default (1 s)
+# by the health family's failing cases on the service and etcd, which keep it; join_timeout's
+# (600 s, not waited on) by tests/unit/service/proto_messages_test.cc and rules_test.cc.
+FAST_CONF = {"service": "heartbeat_interval=0.25", "etcd": "heartbeat_timeout=2"}
+STATIC_JOIN_TIMEOUT_S = 1
 
 # The variables each contract adds (agent/frameworks/contracts.cc, docs/frameworks.md): a case checks
 # that those of a contract not asked for are absent.
@@ -96,10 +131,11 @@ CONTRACT_VARIABLES = {
 }
 
 
-def pairwise(dims):
+def pairwise(dims, cost=None):
     """Cases (tuples, one value a dimension) in which every pair of values of any two dimensions
     appears at least once: greedy, each step the combination that covers the most pairs not yet
-    covered (ties: the first in product order), so the list is the same every run."""
+    covered (ties: the cheaper by `cost`, a case's estimated time, when given; then the first in
+    product order), so the list is the same every run."""
     def pairs_of(case):
         return {(i, case[i], j, case[j]) for i, j in itertools.combinations(range(len(dims)), 2)}
 
@@ -109,10 +145,19 @@ def pairwise(dims):
     candidates = list(itertools.product(*dims))
     cases = []
     while uncovered:
-        best = max(candidates, key=lambda c: len(pairs_of(c) & uncovered))
+        best = max(candidates, key=lambda c: (len(pairs_of(c) & uncovered),
+                                              -cost(c) if cost else 0))
         cases.append(best)
         uncovered -= pairs_of(best)
     return cases
+
+
+def unmet_pairs(dims, cases):
+    """The pairs (dimension i, value, dimension j, value) that no case of `cases` meets."""
+    met = {(i, c[i], j, c[j]) for c in cases
+           for i, j in itertools.combinations(range(len(dims)), 2)}
+    return [(i, a, j, b) for i, j in itertools.combinations(range(len(dims)), 2)
+            for a in dims[i] for b in dims[j] if (i, a, j, b) not in met]
 
 
 def full_cases():
@@ -136,6 +181,14 @@ def case_name(kind, case):
     if kind == "snapshot":
         words = [kind, backend, start, snapshots.replace("-", "_")]
     return "test_" + "_".join(words)
+
+
+def with_conf(cmd, item):
+    """`cmd` with `item` (key=value) added to its --rdzv-conf, which stays one flag."""
+    if "--rdzv-conf" in cmd:
+        i = cmd.index("--rdzv-conf") + 1
+        return cmd[:i] + [f"{cmd[i]},{item}"] + cmd[i + 1:]
+    return cmd[:1] + ["--rdzv-conf", item] + cmd[1:]
 
 
 def read_envs(out):
@@ -241,6 +294,18 @@ class Matrix(unittest.TestCase):
             log.close()
         return texts
 
+    @staticmethod
+    def mark_when_said(log, words, marker, procs, deadline):
+        """Creates the file `marker` once `words` are in `log` (a crun's, polled), so that the
+        workers started from then on run their later steps; gives up, harmlessly (they run
+        their first count again), when the processes end or `deadline` passes first."""
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            with open(log.name, errors="replace") as f:
+                if words in f.read():
+                    open(marker, "w").close()
+                    return
+            time.sleep(0.01)
+
     def run_cruns(self, cmds, out, env):
         """Runs a case's crun processes to their end (CASE_LIMIT_S at most): their texts."""
         procs, logs = self.start_cruns(cmds, out, env)
@@ -305,11 +370,9 @@ class Matrix(unittest.TestCase):
                 cmds = [[("1:2" if a == "2" and c[i - 1] == "--nnodes" else a)
                          for i, a in enumerate(c)] for c in cmds]
             if backend == "service":  # the healthy node hosts the service
-                for i, c in enumerate(cmds):
-                    c[1:1] = ["--rdzv-conf", f"is_host={int(i != sick)}"]
+                cmds = [with_conf(c, f"is_host={int(i != sick)}") for i, c in enumerate(cmds)]
             if backend == "static":
-                for c in cmds:
-                    c[1:1] = ["--rdzv-conf", "join_timeout=3"]
+                cmds = [with_conf(c, f"join_timeout={STATIC_JOIN_TIMEOUT_S}") for c in cmds]
         if start == "warm":
             cmds = [c[:1] + ["--warm"] + c[1:] for c in cmds]
         procs, texts = self.run_cruns(cmds, out, env)
@@ -327,8 +390,8 @@ class Matrix(unittest.TestCase):
             self.assertEqual(envs, {})
         elif backend == "static":  # waits for the node that stayed out, then says so
             self.assertEqual(procs[1].returncode, 1, texts[1])
-            self.assertIn("round 0: node 1 did not join within 3.0 s (did its health check keep "
-                          "it out?", texts[1])
+            self.assertIn(f"round 0: node 1 did not join within {STATIC_JOIN_TIMEOUT_S:.1f} s "
+                          "(did its health check keep it out?", texts[1])
             self.assertEqual(envs, {})
         else:  # a round of the healthy node alone
             self.assertEqual(procs[1].returncode, 0, texts[1])
@@ -354,6 +417,8 @@ class Matrix(unittest.TestCase):
                              restarts=1 if action == "restart" else 0,
                              extra=("--straggler-action", action))
         cmds = [c[:-1] for c in cmds]  # the worker takes no arguments
+        if backend in FAST_CONF:
+            cmds = [with_conf(c, FAST_CONF[backend]) for c in cmds]
         env = dict(os.environ, PYTHON_EXEC=PYTHON)
         env.pop("PET_WARM", None)
         if start == "warm":
@@ -387,17 +452,21 @@ class Matrix(unittest.TestCase):
         world = 2 * len(cmds)
         slow_ranks = [world - 1] if slow == "rank" else [world - 2, world - 1]
         finished = os.path.join(out, "finished")
+        unnamed = slow == "node" and not (backend in JOB_WIDE and len(cmds) > 1)
         # 300 steps: the fast ranks (6 s) are still running when the slow one is named (50 of
-        # its steps, 2.5 s).
+        # its steps, 2.5 s). The second attempt runs 120 (2.4 s): long enough for the rank,
+        # fast now, to be named again were a verdict of the first attempt kept. A slow node
+        # nobody can name runs 120 steps (6 s at 2.5 times), as in the warn case.
         env = dict(env, STRAGGLER_SLOW=",".join(map(str, slow_ranks)), STRAGGLER_ATTEMPTS="0",
-                   STRAGGLER_STEPS="300", STRAGGLER_LOG=finished)
+                   STRAGGLER_STEPS="120" if unnamed else "300", STRAGGLER_LATER_STEPS="120",
+                   STRAGGLER_LOG=finished)
         procs, texts = self.run_cruns(cmds, out, env)
         self.assertEqual(processes_mentioning(out), [], "processes left running")
         for p, text in zip(procs, texts):
             self.assertEqual(p.returncode, 0, f"{' '.join(p.args)}:\n{text}")
         # "RANK NODE_TAG RESTART_COUNT" lines, NODE_TAG empty here
         done = sorted((int(w[0]), int(w[-1])) for w in map(str.split, whole_lines(finished)))
-        if slow == "node" and not (backend in JOB_WIDE and len(cmds) > 1):
+        if unnamed:
             self.assertEqual(done, [(r, 0) for r in range(world)], "\n".join(texts))
             self.assertNotIn("--straggler-action restart", "\n".join(texts))
             return
@@ -437,12 +506,17 @@ class Matrix(unittest.TestCase):
             self.assertEqual(processes_mentioning(out), [], "processes left running")
             return
         finished = os.path.join(out, "finished")
-        env = dict(env, STRAGGLER_STEPS="600", STRAGGLER_LOG=finished)
+        later = os.path.join(out, "later")
+        # 600 steps: the fast node's first ranks (12 s) are still running when the slow node is
+        # named (50 of its steps, 2.5 s) and leaves. The round of fast and spare, which starts
+        # once `later` exists, runs 120 (2.4 s): long enough for the spare to be named, were the
+        # slowness its ranks' rather than the slow node's.
+        env = dict(env, STRAGGLER_STEPS="600", STRAGGLER_LOG=finished, STRAGGLER_LATER_IF=later,
+                   STRAGGLER_LATER_STEPS="120")
         roles = ("fast", "slow", "spare")
         cmds = [cmds[0], cmds[1], list(cmds[1])]
         if backend == "service":  # the fast node hosts the service: it stays to the end
-            for role, c in zip(roles, cmds):
-                c[1:1] = ["--rdzv-conf", f"is_host={int(role == 'fast')}"]
+            cmds = [with_conf(c, f"is_host={int(role == 'fast')}") for role, c in zip(roles, cmds)]
         envs = [dict(env, NODE_TAG=role) for role in roles]
         envs[1]["STRAGGLER_SLOW_LOCAL"] = "1" if slow == "rank" else "0,1"
         deadline = time.monotonic() + CASE_LIMIT_S
@@ -454,6 +528,7 @@ class Matrix(unittest.TestCase):
             kill_all(procs)
             raise
         spare, spare_log = self.start_cruns(cmds[2:], out, envs[2:], first=2)
+        self.mark_when_said(logs[1], "leaves the job", later, procs + spare, deadline)
         texts = self.wait_cruns(procs + spare, logs + spare_log, deadline)
         procs += spare
         self.assertEqual(processes_mentioning(out), [], "processes left running")
@@ -574,71 +649,268 @@ def straggler_cases():
     return list(itertools.product(BACKENDS, STARTS, SLOW, STRAGGLER_ACTIONS))
 
 
-FAMILIES = ("full", "pairwise", "snapshot", "crashloop", "health", "straggler")
+def nodes_of(backend):
+    return 1 if backend == "local" else 2
+
+
+def full_case(combo):
+    backend, contracts, nproc = combo
+    return (backend, contracts, nproc, "cold", "cgroup", "default")
+
+
+def snapshot_case(combo):
+    backend, start, snapshots = combo
+    return (backend, "torch", 2, start, "cgroup", snapshots)
+
+
+def straggler_seconds(combo):
+    backend, _, slow, action = combo
+    if action == "exclude":
+        return 0.5 if backend in ("local", "static") else 7.5  # refused at parse time, or run
+    if action == "restart":
+        return 7.5 if slow == "node" and backend in ("local", "static") else 7.0
+    return 6.8
+
+
+class Family:
+    """One family: its dimensions (names, values), the cases `full` runs (combinations of those
+    values), how a combination runs and is named, and a case's estimated seconds on the 2-core
+    CI machine (the ci cover's ties go to the cheaper case; --list sums them). The estimates
+    apportion the CI run's 288 s (integration_matrix) and 466 s (the straggler family) by case,
+    with the straggler family's per-action times of bc4c491 less what the shorter runs save."""
+
+    def __init__(self, name, dims, full, run, name_of, seconds):
+        self.name = name
+        self.dim_names = tuple(d for d, _ in dims)
+        self.values = tuple(v for _, v in dims)
+        self.full = full
+        self.run = run
+        self.name_of = name_of
+        self.seconds = seconds
+        self._covers = {}  # cover -> its cases, computed once
+
+    def product(self):
+        return list(itertools.product(*self.values))
+
+    def cover(self, cover):
+        """The cases of `cover`: `full` as listed in the docstring; `ci` the pairwise cover of
+        this family's dimensions, which must meet every pair of them."""
+        if cover not in self._covers:
+            cases = self.full() if cover == "full" else pairwise(self.values, self.seconds)
+            unmet = unmet_pairs(self.values, cases)
+            if cover == "ci" and unmet:
+                raise AssertionError(f"the {self.name} family's ci cover misses {len(unmet)} "
+                                     f"pairs, first {self.describe_pair(unmet[0])}")
+            self._covers[cover] = cases
+        return list(self._covers[cover])
+
+    def sample(self, cover_cases, k, seed):
+        """`k` cases of the family's product outside `cover_cases`, drawn with a generator seeded
+        by (seed, family): the same seed gives the same cases, whatever families run beside."""
+        taken = set(cover_cases)
+        rest = [c for c in self.product() if c not in taken]
+        picked = set(random.Random(f"{seed}/{self.name}").sample(rest, min(k, len(rest))))
+        return [c for c in rest if c in picked]
+
+    def describe_pair(self, pair):
+        i, a, j, b = pair
+        return f"{self.dim_names[i]}={a} with {self.dim_names[j]}={b}"
+
+
+def _pairwise_seconds(combo):
+    backend, _, nproc, _, _, snapshots = combo
+    # A snapshot case imports torch in every worker of both attempts.
+    return 0.16 * nodes_of(backend) * nproc * (10 if snapshots == "snapshots" else 1)
+
+
+FAMILIES = {f.name: f for f in (
+    Family("full", (("backend", BACKENDS), ("contracts", CONTRACT_SETS), ("workers", NPROCS)),
+           lambda: list(itertools.product(BACKENDS, CONTRACT_SETS, NPROCS)),
+           lambda self, c: self.run_case(full_case(c), python=False),
+           lambda c: case_name("full", full_case(c)),
+           lambda c: 0.1 + 0.02 * nodes_of(c[0]) * c[2]),
+    Family("pairwise", (("backend", BACKENDS), ("contracts", CONTRACT_SETS), ("workers", NPROCS),
+                        ("start", STARTS), ("cgroups", CGROUPS), ("snapshots", SNAPSHOTS)),
+           lambda: pairwise(PAIRWISE_DIMS),  # today's 40 cases, ties to product order
+           lambda self, c: self.run_case(c, python=True),
+           lambda c: case_name("pairwise", c),
+           _pairwise_seconds),
+    Family("snapshot", (("backend", BACKENDS), ("start", STARTS), ("snapshots", SNAPSHOTS)),
+           lambda: [(b, st, sn) for b, _, _, st, _, sn in snapshot_cases()],
+           lambda self, c: self.run_case(snapshot_case(c), python=True),
+           lambda c: case_name("snapshot", snapshot_case(c)),
+           lambda c: _pairwise_seconds(snapshot_case(c))),
+    Family("crashloop", (("backend", BACKENDS), ("start", STARTS), ("failure", CRASH_MODES)),
+           crash_cases, lambda self, c: self.run_crash_case(c),
+           lambda c: "test_crashloop_" + "_".join(c),
+           lambda c: 1.6 if c[2] == "import" else 2.9),
+    Family("health", (("backend", BACKENDS), ("start", STARTS), ("verdict", HEALTH_VERDICTS)),
+           health_cases, lambda self, c: self.run_health_case(c),
+           lambda c: "test_health_" + "_".join(c),
+           lambda c: 1.0 if c[2] == "passes" or c[0] == "local" else 2.0),
+    Family("straggler", (("backend", BACKENDS), ("start", STARTS), ("slow", SLOW),
+                         ("action", STRAGGLER_ACTIONS)),
+           straggler_cases, lambda self, c: self.run_straggler_case(c),
+           lambda c: "test_straggler_" + "_".join(c),
+           straggler_seconds),
+)}
+
+
+def take_option(argv, flag, check, default):
+    """The value of `flag` (taken out of argv, so that unittest does not see it), checked by
+    `check` (which returns it converted, or None when it is no good), else `default`."""
+    if flag not in argv:
+        return default
+    i = argv.index(flag)
+    value = argv[i + 1] if i + 1 < len(argv) else None
+    converted = check(value) if value is not None else None
+    if converted is None:
+        sys.exit(f"test_matrix.py: {flag} {value or ''}: expected {check.__doc__}")
+    del argv[i:i + 2]
+    return converted
 
 
 def take_families(argv):
-    """The families named by --families (taken out of argv, so that unittest does not see it);
-    every one when it is not given. A name that is no family is refused, naming it."""
-    if "--families" not in argv:
-        return set(FAMILIES)
-    i = argv.index("--families")
-    if i + 1 >= len(argv):
-        sys.exit("test_matrix.py: --families needs a value: some of " + ",".join(FAMILIES))
-    names = set(argv[i + 1].split(","))
-    del argv[i:i + 2]
-    unknown = sorted(names - set(FAMILIES))
-    if unknown:
-        sys.exit(f"test_matrix.py: --families: no family {','.join(unknown)} (there are "
-                 + ",".join(FAMILIES) + ")")
-    return names
+    """The families named by --families; every one when it is not given. A name that is no
+    family is refused, naming it."""
+    def families(value):
+        names = set(value.split(","))
+        unknown = sorted(names - set(FAMILIES))
+        if unknown:
+            sys.exit(f"test_matrix.py: --families: no family {','.join(unknown)} (there are "
+                     + ",".join(FAMILIES) + ")")
+        return names
+    families.__doc__ = "some of " + ",".join(FAMILIES)
+    return take_option(argv, "--families", families, set(FAMILIES))
+
+
+def cover_value(value):
+    """ci or full"""
+    return value if value in COVERS else None
+
+
+def count_value(value):
+    """a whole number, 0 or more"""
+    return int(value) if value.isdigit() else None
+
+
+def chosen_seed(argv):
+    """--seed, else $CRUN_MATRIX_SEED, else a fresh random one."""
+    given = take_option(argv, "--seed", count_value, None)
+    if given is None and os.environ.get(SEED_VARIABLE, "").isdigit():
+        given = int(os.environ[SEED_VARIABLE])
+    return given if given is not None else secrets.randbelow(10 ** 6)
+
+
+SELECTED = take_families(sys.argv)
+COVER = take_option(sys.argv, "--cover", cover_value, "ci")
+SAMPLE = take_option(sys.argv, "--sample", count_value, DEFAULT_SAMPLE)
+SEED = chosen_seed(sys.argv)
+
+
+def planned_cases(family, cover=None, sample=None, seed=None):
+    """(test name, combination, sampled) of `family` under the cover, sample and seed chosen
+    (those of the command line unless given); `full` samples nothing (it runs the family's
+    whole list)."""
+    cover, sample, seed = cover or COVER, SAMPLE if sample is None else sample, seed or SEED
+    fam = FAMILIES[family]
+    cases = fam.cover(cover)
+    planned = [(fam.name_of(c), c, False) for c in cases]
+    if cover == "ci":
+        planned += [(f"{fam.name_of(c)}_seed{seed}", c, True)
+                    for c in fam.sample(cases, sample, seed)]
+    return planned
 
 
 def add_cases(families):
-    for kind, cases, python in (("full", full_cases(), False),
-                                ("pairwise", pairwise(PAIRWISE_DIMS), True),
-                                ("snapshot", snapshot_cases(), True)):
-        for case in cases if kind in families else ():
-            def test(self, case=case, python=python):
-                self.run_case(case, python)
-            setattr(Matrix, case_name(kind, case), test)
-    for family, cases, run in (("crashloop", crash_cases(), Matrix.run_crash_case),
-                               ("health", health_cases(), Matrix.run_health_case),
-                               ("straggler", straggler_cases(), Matrix.run_straggler_case)):
-        for case in cases if family in families else ():
-            def test(self, case=case, run=run):
-                run(self, case)
-            setattr(Matrix, f"test_{family}_" + "_".join(case), test)
+    for family in FAMILIES:
+        if family not in families:
+            continue
+        run = FAMILIES[family].run
+        for name, combo, _ in planned_cases(family):
+            def test(self, combo=combo, run=run):
+                run(self, combo)
+            setattr(Matrix, name, test)
 
 
-add_cases(take_families(sys.argv))
+add_cases(SELECTED)
+
+
+class Covers(unittest.TestCase):
+    """The covers themselves (no crun): every family's ci cover meets every pair of its
+    dimensions, and a seed's sample lies outside the cover, inside the product, the same for
+    the same seed whichever families run."""
+
+    def test_every_ci_cover_meets_every_pair_of_its_family(self):
+        for fam in FAMILIES.values():
+            with self.subTest(family=fam.name):
+                cases = fam.cover("ci")
+                self.assertEqual(unmet_pairs(fam.values, cases), [])
+                self.assertLessEqual(len(cases), len(fam.full()))
+
+    def test_a_seed_gives_the_same_sample_outside_the_cover(self):
+        for fam in FAMILIES.values():
+            with self.subTest(family=fam.name):
+                cover = fam.cover("ci")
+                first, again = fam.sample(cover, 2, 1234), fam.sample(cover, 2, 1234)
+                self.assertEqual(first, again)
+                self.assertEqual(set(first) & set(cover), set())
+                self.assertTrue(set(first) <= set(fam.product()))
+
+
+def rerun_command():
+    """The command that runs this run's sampled cases again, here."""
+    root = os.path.normpath(os.path.join(HERE, "..", ".."))
+    script = os.path.relpath(os.path.abspath(__file__), root)
+    return (f"cd {shlex.quote(root)} && CRUN_BIN={shlex.quote(CRUN)} "
+            f"PYTHON_EXEC={shlex.quote(PYTHON)} python3 {script} --families "
+            f"{','.join(f for f in FAMILIES if f in SELECTED)} --cover ci --sample {SAMPLE} "
+            f"--seed {SEED} -k _seed{SEED}")
+
+
+def headline():
+    """The first line of output: the cover, and for ci the seed and the command that runs its
+    sample again."""
+    counts = {f: len(planned_cases(f)) for f in FAMILIES if f in SELECTED}
+    listed = ", ".join(f"{f} {n}" for f, n in counts.items())
+    if COVER == "full":
+        return f"test_matrix.py: cover full: {listed} cases"
+    return (f"test_matrix.py: cover ci, seed {SEED}: {listed} cases, {SAMPLE} a family sampled "
+            f"(their names end _seed{SEED}); run the sampled cases again: {rerun_command()}")
 
 
 def describe():
-    """The cases and, for the pairwise set, the pairs of dimensions it covers."""
-    names = ("backend", "contracts", "workers", "start", "cgroups", "snapshots")
-    cases = pairwise(PAIRWISE_DIMS)
-    print(f"full: {len(full_cases())} cases ({len(BACKENDS)} backends x {len(CONTRACT_SETS)} "
-          f"contract sets x {len(NPROCS)} worker counts), shell worker, cold")
-    print(f"pairwise: {len(cases)} cases, Python worker, covering every pair of values of:")
-    for i, j in itertools.combinations(range(len(names)), 2):
-        met = {(c[i], c[j]) for c in cases}
-        print(f"  {names[i]} x {names[j]}: {len(met)} of "
-              f"{len(PAIRWISE_DIMS[i]) * len(PAIRWISE_DIMS[j])} pairs")
-    for c in cases:
-        print("   ", case_name("pairwise", c))
-    print(f"snapshot: {len(snapshot_cases())} cases (backend x start x snapshot store, in full), "
-          "Python worker, 2 workers a node")
-    print(f"crashloop: {len(crash_cases())} cases (backend x start x how the worker fails, in "
-          "full), Python worker, 2 workers a node")
-    print(f"health: {len(health_cases())} cases (backend x start x the gate's verdict, in "
-          "full), Python worker, 2 workers a node")
-    print(f"straggler: {len(straggler_cases())} cases (backend x start x which ranks are slow x "
-          "action, in full), Python worker, 2 workers a node")
+    """Each family: its dimensions, its full and ci case counts with their estimated seconds,
+    and for the cover chosen (--cover) the pairs it meets (every one, or exit status 1) and its
+    cases, with the sample of this seed under ci."""
+    missing = 0
+    for fam in FAMILIES.values():
+        full, ci = fam.full(), fam.cover("ci")
+        sampled = fam.sample(ci, SAMPLE, SEED)
+        est = lambda cases: sum(map(fam.seconds, cases))  # noqa: E731
+        print(f"{fam.name}: {' x '.join(fam.dim_names)} "
+              f"({' x '.join(str(len(v)) for v in fam.values)} = {len(fam.product())}): "
+              f"full {len(full)} cases (est. {est(full):.0f} s), ci {len(ci)} + {len(sampled)} "
+              f"sampled (est. {est(ci) + est(sampled):.0f} s)")
+        listed = fam.cover(COVER)
+        for i, j in itertools.combinations(range(len(fam.values)), 2):
+            met = {(c[i], c[j]) for c in listed}
+            total = len(fam.values[i]) * len(fam.values[j])
+            print(f"  {COVER} meets {fam.dim_names[i]} x {fam.dim_names[j]}: {len(met)} of "
+                  f"{total} pairs")
+        unmet = unmet_pairs(fam.values, listed)
+        missing += len(unmet)
+        print(f"  every pair met: {'yes' if not unmet else 'NO: ' + fam.describe_pair(unmet[0])}")
+        for c in listed:
+            print("   ", fam.name_of(c))
+        for c in sampled if COVER == "ci" else ():
+            print("   ", f"{fam.name_of(c)}_seed{SEED}", "(sampled)")
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":
     if "--list" in sys.argv:
-        describe()
-        sys.exit(0)
+        print(f"seed {SEED} (--seed, or ${SEED_VARIABLE}), {SAMPLE} sampled a family")
+        sys.exit(describe())
+    print(headline(), flush=True)
     unittest.main()

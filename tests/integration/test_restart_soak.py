@@ -9,7 +9,11 @@ words crun used and what is left (nothing) are checked.
 Configurations: standalone with crun's cgroups and without them (CRUN_CGROUP=0), standalone
 with a health gate before every join (docs/health.md), two agents on
 the rendezvous service, two agents on a real etcd, and two nodes of the static backend that
-exchange --contract's ports over node 0's store (each restarting with the other). SOAK_SCALE scales every N (RESTARTS)."""
+exchange --contract's ports over node 0's store (each restarting with the other).
+
+How many restarts: SOAK_COUNTS picks a table, `ci` (the default: every CI run) or `full` (the
+bench, tests/bench/matrix_bench.py, whose last run docs/reliability.md records); SOAK_SCALE
+(1) scales it."""
 import os
 import re
 import shutil
@@ -32,11 +36,24 @@ PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
 SHELL_WORKER = os.path.join(HERE, "..", "workers", "soak_worker.sh")
 PY_WORKER = os.path.join(HERE, "..", "workers", "soak_worker.py")
 SCALE = float(os.environ.get("SOAK_SCALE", "1"))
-# Restarts per run. One node: 200, and 100 for the cold DataLoader's, which import torch in every
-# worker of every attempt (about 1 s an attempt alone; beside other suites, 200 each took 1,269 s
-# of a fresh-clone CI run here). Two nodes: what fits in about 60 s on a 2-core machine (15.0
-# and 11.9 restarts/s through the service and etcd at the commit docs/reliability.md names).
-RESTARTS = {"one": 200, "dataloader": 100, "service": 800, "etcd": 600, "static": 400}
+# Restarts per run, by table. `full`: one node 200 (every worker kind, warm DataLoader workers
+# too), the cold DataLoader's 200 (torch imported in every worker of every attempt: about 1 s an
+# attempt alone; beside other suites, 200 each took 1,269 s of a fresh-clone CI run here); two
+# nodes what fits in about 60 s on a 2-core machine (15.0 and 11.9 restarts/s through the
+# service and etcd at the commit docs/reliability.md names). `ci`: a quarter to a half of those
+# where an attempt is cheap (25-100 ms: 1,450 restarts in all, a hundred or more a case, but 50
+# for SIGTERM-ignoring workers, whose every attempt waits out the 0.1 s grace), and 20 for each
+# cold DataLoader case (about 13 s each; its warm twin runs 100).
+COUNTS = {
+    "full": {"one": 200, "ignore-term": 200, "dataloader": 200, "service": 800, "etcd": 600,
+             "static": 400},
+    "ci": {"one": 100, "ignore-term": 50, "dataloader": 10, "service": 200, "etcd": 150,
+           "static": 100},
+}
+COUNTS_NAME = os.environ.get("SOAK_COUNTS", "ci")
+if COUNTS_NAME not in COUNTS:
+    sys.exit(f"test_restart_soak.py: SOAK_COUNTS={COUNTS_NAME}: expected ci or full")
+RESTARTS = COUNTS[COUNTS_NAME]
 LIMIT_S = 600
 # A DataLoader attempt imports torch in 2 workers, each with 2 loader children: 200 attempts took
 # 170 s at 62858bf, and more than 600 s on a machine half as fast. They have a ctest entry of their
@@ -170,6 +187,7 @@ class RestartSoak(unittest.TestCase):
         if warm:
             command = (f"python3 tests/warm_variant.py -- {command} -k multiprocessing "
                        f"-k dataloader")
+        command = f"SOAK_COUNTS={COUNTS_NAME} {command}"
         rows = [f"`CRUN_SOAK_DOC=docs/reliability.md {command}`{scale}. {MEASURED_AT}", "",
                 "| case | restarts | workers | time | restarts/s | processes left |",
                 "|---|---|---|---|---|---|"]
@@ -181,7 +199,8 @@ class RestartSoak(unittest.TestCase):
 
     def one_node(self, kind, cgroup=True):
         cold_torch = kind == "dataloader" and os.environ.get("PET_WARM") != "1"
-        last = restarts("dataloader" if cold_torch else "one")
+        last = restarts("dataloader" if cold_torch else
+                        "ignore-term" if kind == "ignore-term" else "one")
         env = () if cgroup else (("CRUN_CGROUP", "0"),)
         p = self.crun("n", ["--standalone", "--nproc-per-node", "2"], kind, last, env)
         self.finish([p], last, 2, kind)

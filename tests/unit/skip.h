@@ -1,6 +1,8 @@
 // Skipping a unit-test case that cannot run on this machine (no GPU, no name server): the
-// process ends with kSkipped, which ctest reports as skipped (crun_unit_test's SKIPPABLE sets
-// SKIP_RETURN_CODE), never as passed. Under ctest each case runs in a process of its own.
+// process ends with kSkipped, which ctest reports as skipped, never as passed. A case that may
+// skip carries the tag [may-skip]: crun_unit_test (tests/CMakeLists.txt) runs each such case
+// in a process of its own with SKIP_RETURN_CODE, and the others together in one entry a
+// binary, which fails (exit 77 is not a pass there) if an untagged case skips.
 #pragma once
 
 #include <cstdio>

@@ -11,6 +11,14 @@ computes (sleeps) then sends its step record, as crun_worker.step does.
   STRAGGLER_ATTEMPTS  the attempts (TORCHELASTIC_RESTART_COUNT), comma-separated, in which the
                    slow ranks are slow ("" for every one)
   STRAGGLER_STEPS  steps to run (120)
+  STRAGGLER_LATER_STEPS  steps to run in a later run of the rank (STRAGGLER_STEPS): an attempt
+                   after the first (TORCHELASTIC_RESTART_COUNT above 0), or one that starts
+                   once the file STRAGGLER_LATER_IF exists (a test creates it when the first
+                   round is over: a round re-formed around a spare need not be a restart).
+                   Read once, at the rank's start: a rank already running keeps its count.
+  STRAGGLER_STOP_IF  a file: once it exists, an explicit-mode rank ends after its current step
+                   as if its steps were done ("": run every step). DDP ranks ignore it (they
+                   must agree on their steps)
   STRAGGLER_MS     a step's compute, ms (20); the slow rank's is 2.5 times it
   STRAGGLER_LOG    a file each rank appends "RANK NODE_TAG RESTART_COUNT" to when done ("")
   STRAGGLER_JITTER every rank's compute times a random factor in [1 - J, 1 + J] (0)
@@ -31,6 +39,10 @@ attempts = [a for a in os.environ.get("STRAGGLER_ATTEMPTS", "").split(",") if a]
 if attempts and os.environ["TORCHELASTIC_RESTART_COUNT"] not in attempts:
     slow = set()
 steps = int(os.environ.get("STRAGGLER_STEPS", "120"))
+later_if = os.environ.get("STRAGGLER_LATER_IF", "")
+if os.environ["TORCHELASTIC_RESTART_COUNT"] != "0" or (later_if and os.path.exists(later_if)):
+    steps = int(os.environ.get("STRAGGLER_LATER_STEPS", str(steps)))
+stop_if = os.environ.get("STRAGGLER_STOP_IF", "")
 base = float(os.environ.get("STRAGGLER_MS", "20")) / 1000
 jitter = float(os.environ.get("STRAGGLER_JITTER", "0"))
 spikes = float(os.environ.get("STRAGGLER_SPIKES", "0"))
@@ -72,6 +84,8 @@ else:
         t = time.monotonic()
         time.sleep(compute_seconds(step))
         crun_worker.step(step, compute_seconds=time.monotonic() - t)
+        if stop_if and os.path.exists(stop_if):
+            break
 
 if os.environ.get("STRAGGLER_LOG"):
     with open(os.environ["STRAGGLER_LOG"], "a") as f:

@@ -142,7 +142,7 @@ TEST_CASE("edge: a worker's child and daemonised grandchild are ended and reaped
   CheckEnded(EndAttempt(nullptr));
 }
 
-TEST_CASE("edge: the same in the attempt's own cgroup, which is removed", "[edge]") {
+TEST_CASE("edge: the same in the attempt's own cgroup, which is removed", "[edge][may-skip]") {
   auto parent = WorkerCgroupOrSkip();
   auto attempt = AttemptCgroup::Create(*parent, 0);
   REQUIRE(attempt.ok());
@@ -151,7 +151,8 @@ TEST_CASE("edge: the same in the attempt's own cgroup, which is removed", "[edge
   CHECK(::access(dir.c_str(), F_OK) != 0);
 }
 
-TEST_CASE("edge: a child started into a cgroup that was killed once still starts", "[edge]") {
+TEST_CASE("edge: a child started into a cgroup that was killed once still starts",
+          "[edge][may-skip]") {
   auto parent = WorkerCgroupOrSkip();
   auto attempt = AttemptCgroup::Create(*parent, 0);
   REQUIRE(attempt.ok());
@@ -170,7 +171,8 @@ TEST_CASE("edge: a child started into a cgroup that was killed once still starts
   }
 }
 
-TEST_CASE("edge: crun's cgroup goes with every cgroup below it, whatever made it", "[edge]") {
+TEST_CASE("edge: crun's cgroup goes with every cgroup below it, whatever made it",
+          "[edge][may-skip]") {
   // The warm template's cgroup ("warm") and one a worker made below its attempt's: each holds
   // a live process when crun's cgroup is removed (a leftover "warm" was crun's leak).
   auto parent = WorkerCgroupOrSkip();

@@ -30,7 +30,7 @@ TEST_CASE("host addresses: loopback is local, literals bind as themselves", "[ho
   CHECK(crun::LocalAddressToward("127.0.0.1", 9) == "127.0.0.1");
 }
 
-TEST_CASE("host addresses: a name that does not exist is refused naming it", "[host]") {
+TEST_CASE("host addresses: a name that does not exist is refused naming it", "[host][may-skip]") {
   CHECK(crun::CheckResolvable("127.0.0.1").ok());
   CHECK(crun::CheckResolvable("localhost").ok());
   // With no name server answering (the GPU machines have none), the lookup fails with

@@ -1,0 +1,80 @@
+"""tests/budget_check.py's rules as tables: rows parsed and judged, sums against the ceiling."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from budget_check import (BUDGET_S, budget_problems, parse_ceiling, parse_table,  # noqa: E402
+                          row_problems)
+
+
+class Table(unittest.TestCase):
+    def test_rows_and_their_why(self):
+        rows = parse_table("# a comment\n\n"
+                           "a   10  20  1  -     unit,quick\n"
+                           "b  100 200  2  etcd  -     waits for leases to end\n")
+        self.assertEqual(rows["a"], (10.0, 20.0, 1, "-", "unit,quick", ""))
+        self.assertEqual(rows["b"], (100.0, 200.0, 2, "etcd", "-", "waits for leases to end"))
+
+    def test_malformed_rows_are_named(self):
+        for text, words in [("a 10 20 1 -\n", "line 1: 'a 10 20 1 -' has 5 columns"),
+                            ("a ten 20 1 - -\n", "measured and timeout are seconds"),
+                            ("a 1 20 1 - -\na 1 20 1 - -\n", "line 2: 'a' has a row already")]:
+            with self.subTest(text=text), self.assertRaises(ValueError) as e:
+                parse_table(text)
+            self.assertIn(words, str(e.exception))
+
+    def test_ceiling(self):
+        self.assertEqual(parse_ceiling("# ceiling: 4000 s\na 1 10 1 - -\n"), 4000)
+        self.assertEqual(parse_ceiling("a 1 10 1 - -\n"), BUDGET_S)
+
+
+class Rows(unittest.TestCase):
+    def test_about_twice_the_measured_time(self):
+        for measured, timeout, ok in [(100, 200, True), (100, 150, True), (100, 250, True),
+                                      (100, 140, False), (100, 260, False),
+                                      (1, 10, True), (1, 9, False), (4, 10, True),
+                                      (8, 20, True), (8, 21, False)]:
+            with self.subTest(measured=measured, timeout=timeout):
+                why = "it waits" if measured > 60 else ""
+                problems = row_problems({"t": (measured, timeout, 1, "-", "-", why)})
+                self.assertEqual(problems == [], ok, problems)
+
+    def test_a_long_test_says_why(self):
+        self.assertEqual(row_problems({"t": (61, 122, 1, "-", "-", "")}),
+                         ["t: measured 61 s, over 60 s, without saying why"])
+        self.assertEqual(row_problems({"t": (61, 122, 1, "-", "-", "two venvs")}), [])
+        self.assertEqual(row_problems({"t": (60, 120, 1, "-", "-", "")}), [])
+
+
+class Sum(unittest.TestCase):
+    def test_within_the_budget(self):
+        problems, total = budget_problems({"a": (1000.0, ["unit"]), "b": (1400.0, [])})
+        self.assertEqual((problems, total), ([], 2400.0))
+
+    def test_over_the_budget_names_the_largest(self):
+        problems, total = budget_problems({"a": (1000.0, []), "b": (1401.0, []),
+                                           "c": (5.0, [])})
+        self.assertEqual(total, 2406.0)
+        self.assertEqual(len(problems), 1)
+        self.assertIn("2406 s, over the limit of 2400 s", problems[0])
+        self.assertIn("the largest: b 1401 s, a 1000 s, c 5 s", problems[0])
+
+    def test_an_entry_without_a_timeout_is_named(self):
+        problems, _ = budget_problems({"a": (None, []), "b": (10.0, [])})
+        self.assertEqual(problems, ["a: no TIMEOUT (give it a row in tests/budget.txt)"])
+
+    def test_quick_only_entries_are_not_counted(self):
+        problems, total = budget_problems({"a": (2400.0, []), "q": (600.0, ["quick-only"])})
+        self.assertEqual((problems, total), ([], 2400.0))
+
+    def test_the_ceiling_holds_until_the_budget_is_met_then_must_go(self):
+        over = {"a": (3000.0, [])}
+        self.assertEqual(budget_problems(over, 3000)[0], [])
+        self.assertIn("over the limit of 2999 s", budget_problems(over, 2999)[0][0])
+        within = {"a": (2000.0, [])}
+        self.assertIn("take the ceiling of 3000 s out", budget_problems(within, 3000)[0][0])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
