@@ -77,6 +77,12 @@ bool ReadHeader(const std::string& path, snap::BufferHeader* h) {
   return n == static_cast<ssize_t>(sizeof *h) && snap::HasMagic(*h);
 }
 
+// Whether the pid written in a file's name is a process of this host no longer.
+bool PidGone(std::string_view text) {
+  const auto pid = ParseInteger(text, 1, INT32_MAX);
+  return pid && ::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH;
+}
+
 // Removes what a crun killed in the middle of a write left: "<file>.tmp-<pid>" whose pid is
 // gone.
 void RemoveStaleTemporaries(const std::string& dir) {
@@ -88,10 +94,7 @@ void RemoveStaleTemporaries(const std::string& dir) {
       const std::string name = f.path().filename().string();
       const auto at = name.rfind(".tmp-");
       if (at == std::string::npos) continue;
-      const auto pid = ParseInteger(std::string_view(name).substr(at + 5), 1, INT32_MAX);
-      if (pid && ::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH) {
-        ::unlink(f.path().c_str());
-      }
+      if (PidGone(std::string_view(name).substr(at + 5))) ::unlink(f.path().c_str());
     }
     ::rmdir(step.path().c_str());  // only when nothing else is left in it
   }
@@ -107,9 +110,27 @@ std::string ReadSmallFile(int fd) {
   return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
 }
 
+// A draft ("<draft prefix><host>-<pid>-<n>") is a claim still being written: its crun may not
+// hold the lock yet, so a lock probe proves nothing (and would take the lock from under it).
+// It is removed only when its crun ran on this host and is gone.
+void RemoveDeadDraft(const fs::path& path, std::string_view host) {
+  const std::string name = path.filename().string();
+  const std::string_view rest = std::string_view(name).substr(kClaimDraft.size());
+  const auto n_at = rest.rfind('-');
+  if (n_at == std::string_view::npos || n_at == 0) return;
+  const auto pid_at = rest.rfind('-', n_at - 1);
+  if (pid_at == std::string_view::npos || rest.substr(0, pid_at) != host) return;
+  if (PidGone(rest.substr(pid_at + 1, n_at - pid_at - 1))) ::unlink(path.c_str());
+}
+
 // Another crun's claim on the directory, when it is alive (holds its lock): "pid P on host H
 // (job J)". Dead claims and drafts are removed.
-std::optional<std::string> LiveClaim(const fs::path& path, const std::string& job) {
+std::optional<std::string> LiveClaim(const fs::path& path, const std::string& job,
+                                     std::string_view host) {
+  if (path.filename().string().rfind(kClaimDraft, 0) == 0) {
+    RemoveDeadDraft(path, host);
+    return std::nullopt;
+  }
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return std::nullopt;
   std::optional<std::string> live;
@@ -120,8 +141,7 @@ std::optional<std::string> LiveClaim(const fs::path& path, const std::string& jo
     const auto nl = text.find('\n');
     const std::string who = text.substr(0, nl),
                       their_job = nl == std::string::npos ? std::string() : text.substr(nl + 1);
-    const bool draft = path.filename().string().rfind(kClaimDraft, 0) == 0;
-    if (!draft && (job.empty() || their_job != job)) {
+    if (job.empty() || their_job != job) {
       live = who + " (" + (their_job.empty() ? "a job of its own" : "job " + their_job) + ")";
     }
   }
@@ -207,7 +227,7 @@ Status DiskSnapshots::Claim() {
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     if (name.rfind(kClaimPrefix, 0) != 0 || e.path() == path) continue;
-    if (auto other = LiveClaim(e.path(), options_.job)) {
+    if (auto other = LiveClaim(e.path(), options_.job, host)) {
       ::unlink(claim_.c_str());
       ::close(std::exchange(claim_fd_, -1));
       return Status(StatusCode::kInvalidArgument,

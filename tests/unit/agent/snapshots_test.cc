@@ -2,9 +2,11 @@
 // (sizing, sealing, checking, the room check), and the SDK saving and loading through a real
 // server in this process.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -316,6 +318,33 @@ TEST_CASE("a checkpoint directory is claimed by one job at a time") {
   DiskSnapshots node2(options("10.0.0.1:29400 job7"));
   REQUIRE(node2.Prepare().ok());
   CHECK_FALSE(std::filesystem::exists(stale));
+  // A draft is a claim still being written, perhaps not locked yet: another crun neither takes
+  // its lock (its writer would then fail to) nor removes it while its writer lives; one whose
+  // crun on this host is gone is removed.
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string draft = tmp.path + "/ck/.crun-claim-draft-" + host + "-" +
+                            std::to_string(::getpid()) + "-99";
+  { std::ofstream(draft) << ""; }
+  pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  REQUIRE(gone > 0);
+  REQUIRE(::waitpid(gone, nullptr, 0) == gone);
+  const std::string dead = tmp.path + "/ck/.crun-claim-draft-" + host + "-" +
+                           std::to_string(gone) + "-0";
+  const std::string elsewhere = tmp.path + "/ck/.crun-claim-draft-elsewhere-" +
+                                std::to_string(gone) + "-0";
+  { std::ofstream(dead) << ""; }
+  { std::ofstream(elsewhere) << ""; }
+  DiskSnapshots node3(options("10.0.0.1:29400 job7"));
+  REQUIRE(node3.Prepare().ok());
+  CHECK(std::filesystem::exists(draft));
+  const int fd = ::open(draft.c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  CHECK(::flock(fd, LOCK_EX | LOCK_NB) == 0);  // still free for its writer
+  ::close(fd);
+  CHECK_FALSE(std::filesystem::exists(dead));
+  CHECK(std::filesystem::exists(elsewhere));  // another host's pid proves nothing here
 }
 
 TEST_CASE("the room check names the size and the limit") {
