@@ -1,6 +1,7 @@
 #include "agent/snapshots/replicas.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
