@@ -67,6 +67,19 @@ for w in "${wanted[@]}"; do
         # collectives are Python over torch.distributed.
         "$(dirname "$py")/pip" install "${pip_q[@]}" "deepspeed==$DEEPSPEED_VERSION" >&2
       fi
+      # On CPU, DeepSpeed compiles its shared-memory collectives (deepspeed_shm_comm, C++ over
+      # torch's headers) at a job's first init_distributed: about a minute alone, minutes on a
+      # loaded machine, inside a test's time, and a build killed half way leaves a lock that
+      # makes the next one wait for good. It is compiled here, once, into the venv; the tests
+      # point TORCH_EXTENSIONS_DIR at it (tests/integration/CMakeLists.txt).
+      ext="$(dirname "$(dirname "$py")")/torch_extensions"
+      if [ $paths_only = 0 ] && [ ! -e "$ext/deepspeed_shm_comm/deepspeed_shm_comm.so" ]; then
+        echo "setup-frameworks: compiling DeepSpeed's CPU op deepspeed_shm_comm into $ext" >&2
+        rm -rf "$ext"
+        TORCH_EXTENSIONS_DIR="$ext" "$py" -c 'from deepspeed.accelerator import get_accelerator
+get_accelerator().create_op_builder("ShareMemCommBuilder").load()' > /dev/null 2>&1 ||
+          { echo "setup-frameworks: compiling deepspeed_shm_comm failed" >&2; exit 1; }
+      fi
       ;;
     horovod)
       dir="$CACHE/venv-horovod-$HOROVOD_VERSION"

@@ -1,5 +1,7 @@
 #include "agent/rendezvous/service_rendezvous.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -19,6 +21,8 @@
 #include "agent/rendezvous/stacks_proto.h"
 #include "base/backoff.h"
 #include "base/endpoint.h"
+#include "base/host_addresses.h"
+#include "base/proc.h"
 #include "base/security.h"
 #include "rendezvous/service/proto_messages.h"
 
@@ -583,10 +587,24 @@ class ServiceRendezvous final : public Rendezvous {
   }
 
   void EndUnreachable() {
+    // On this host, who holds the port says more than a guess: a process that accepts and
+    // never answers (a stopped or hung daemon, or a stranger) is named.
+    std::string holders;
+    if (NamesThisHost(o_.endpoint_host)) {
+      for (const PortHolder& h : TcpPortHolderList(o_.endpoint_port)) {
+        if (h.pid == ::getpid()) continue;  // this crun's own (a self-connect): says nothing
+        holders +=
+            (holders.empty() ? "pid " : ", pid ") + std::to_string(h.pid) + " (" + h.name + ")";
+      }
+    }
+    const std::string why =
+        holders.empty()
+            ? "is `crun rendezvous` or the host node's crun running there, and is the port open?"
+            : "port " + std::to_string(o_.endpoint_port) + " on this host is held by " + holders +
+                  ", which never answered as the service: is it stopped (SIGSTOP), hung, or "
+                  "not crun?";
     End(1, "cannot reach the rendezvous service at " + target_ + " within " +
-               std::to_string(o_.settings.join_timeout.count()) +
-               " ms (join_timeout): is `crun rendezvous` or the host node's crun running "
-               "there, and is the port open?" +
+               std::to_string(o_.settings.join_timeout.count()) + " ms (join_timeout): " + why +
                (last_error_.empty() ? std::string() : " Last error: " + last_error_));
   }
 

@@ -474,6 +474,29 @@ class Faults(unittest.TestCase):
                     "yet (join_timeout 30 s) and joins; one round of all 4 ranks; exit 0",
                     f"all 4 workers running {ms(started)} after SIGCONT")
 
+    def test_a_daemon_stopped_for_good_is_named_when_join_timeout_passes(self):
+        """The silent holder waited for above, silent for good: when join_timeout passes, the
+        crun on its host names the process that holds the port, not a guess."""
+        with Fabric(["a", "b"]) as fab:
+            d = self.daemon(fab)
+            d.send_signal(signal.SIGSTOP)
+            wait_for(lambda: proc_state(d.pid) == "T", "the daemon stopped")
+            t0 = time.time()
+            a = self.node(fab, "a", conf=FAST + ",join_timeout=4")
+            ca, ea = self.finish(a)
+            done = time.time() - t0
+            self.assertEqual(ca, 1, ea)
+            self.assertIn("within 4000 ms (join_timeout): port 29400 on this host is held by "
+                          f"pid {d.pid} (crun), which never answered as the service", ea)
+            self.assertNotIn("is the port open?", ea)
+            d.send_signal(signal.SIGCONT)
+            self.stop_daemon(d)
+        self.assertNothingLeft()
+        self.record("`crun rendezvous` daemon SIGSTOPped for good while the crun on its own host "
+                    "joins (`join_timeout=4`)",
+                    "a waits for it (3 s probe, then join_timeout) and exits 1 naming the pid "
+                    "that holds the port and never answered", f"a exited {ms(done)} after it started")
+
     def test_a_daemon_killed_and_restarted_while_agents_gather_is_rejoined(self):
         with Fabric(["a", "b"]) as fab:
             d = self.daemon(fab)

@@ -77,7 +77,7 @@ class Hangs(unittest.TestCase):
             self.assertTrue(os.path.exists(os.path.join(h["stacks_dir"], f"rank_{s['rank']}.txt")))
 
     def test_ddp_hang_torch_1_13_without_py_spy(self):
-        r = self.crun("--hang-timeout", "15", "--max-restarts", "1", WORKER, "block", nproc=3,
+        r = self.crun("--hang-timeout", "5", "--max-restarts", "1", WORKER, "block", nproc=3,
                       python=TORCH1)
         # The hung rank (in time.sleep) answers crun's hook at a safe point; the others are
         # blocked in gloo's C++ and answer from the signal handler.
@@ -88,7 +88,7 @@ class Hangs(unittest.TestCase):
             self.skipTest("no PyTorch 2.x environment (scripts/setup-torch2.sh)")
         self.assertTrue(os.access(os.path.join(os.path.dirname(TORCH2), "py-spy"), os.X_OK),
                         "scripts/setup-torch2.sh installs py-spy beside the interpreter")
-        r = self.crun("--hang-timeout", "15", "--max-restarts", "1", WORKER, "block",
+        r = self.crun("--hang-timeout", "5", "--max-restarts", "1", WORKER, "block",
                       python=TORCH2)
         self.check_ddp_hang(r, 2, "py-spy")
 
@@ -107,7 +107,7 @@ class Hangs(unittest.TestCase):
         self.assertEqual(glob.glob(f"{self.logs}/*/*/timer.pipe"), [])  # removed at the end
 
     def test_sigstopped_worker(self):
-        r = self.crun("--hang-timeout", "15", "--max-restarts", "1", WORKER, "stop",
+        r = self.crun("--hang-timeout", "5", "--max-restarts", "1", WORKER, "stop",
                       python=TORCH1)
         self.assertEqual(r.returncode, 0, r.stderr[-5000:])
         self.assertIn("stopped (T: SIGSTOP or SIGTSTP)", r.stderr)

@@ -33,18 +33,83 @@ from crun_testing import probe_events, signal_events, wait_for, whole_lines  # n
 from slurm_cluster import SlurmCluster  # noqa: E402
 
 
+LIMIT_TEST = "test_the_warning_signal_and_the_time_limit_reach_the_workers"
+
+
+def tests_of(suite):
+    for t in suite:
+        yield from tests_of(t) if isinstance(t, unittest.TestSuite) else [t]
+
+
+def load_tests(loader, tests, pattern):
+    # unittest calls this with the tests `-k` selected: the time-limit job starts with the
+    # cluster only when its test is among them.
+    RealSlurm.start_limit_job = any(t.id().endswith(LIMIT_TEST) for t in tests_of(tests))
+    return tests
+
+
+def job_pids(pids, job):
+    """Those of `pids` that belong to Slurm job `job`: a process or one of its ancestors is the
+    job's slurmstepd ("slurmstepd: [JOB.STEP]" or "[JOB.batch]")."""
+    def cmdline(pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def parent(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return 0
+
+    mine = set()
+    for pid in pids:
+        p = pid
+        while p > 1:
+            if cmdline(p).startswith(f"slurmstepd: [{job}."):
+                mine.add(pid)
+                break
+            p = parent(p)
+    return mine
+
+
+def job_script(body, python=sys.executable, path_dirs=()):
+    """A batch script running `body` (bash), with crun's workers started by `python`."""
+    path = ":".join([*path_dirs, os.environ["PATH"]])
+    return f"#!/bin/bash\nexport PYTHON_EXEC={python} PATH={path}\n{body}\n"
+
+
 class RealSlurm(unittest.TestCase):
     cluster = None
+    start_limit_job = True
+    limit_job = None  # the time-limit job, while it may still run beside the other tests
 
     @classmethod
     def setUpClass(cls):
         # A ClusterError here fails every test of the class with its reason.
-        cls.cluster = SlurmCluster(NODES, cpus_per_node=4, kill_wait_s=30).__enter__()
+        # Five CPUs a node: the time-limit job's one beside the whole node (four) that the
+        # scripts of docs/slurm.md ask for.
+        cls.cluster = SlurmCluster(NODES, cpus_per_node=5, kill_wait_s=30).__enter__()
+        cls.addClassCleanup(cls.cluster.close)  # also when what follows fails
+        if cls.start_limit_job:
+            # Its minute idles on purpose: it runs beside the others, and its test, last in
+            # unittest's order, checks it.
+            cls.limit_out = cls.cluster.path("jobs", "time-limit-job")
+            os.makedirs(cls.limit_out)
+            os.chmod(cls.limit_out, 0o777)
+            cls.limit_job = cls.cluster.sbatch(
+                job_script(f"srun {CRUN} --nproc-per-node 2 {SIGNAL_PROBE} {cls.limit_out} "
+                           "--save-s 1"),
+                "--nodes=2", "--ntasks-per-node=1", "--time=1", "--signal=USR1@55")
 
     @classmethod
     def tearDownClass(cls):
-        if cls.cluster is not None:
-            cls.cluster.close()
+        if cls.limit_job is not None:  # its test did not run to the end
+            cls.cluster.scancel(cls.limit_job)
+            cls.cluster.wait_job(cls.limit_job)
 
     def setUp(self):
         self.c = self.cluster
@@ -53,18 +118,21 @@ class RealSlurm(unittest.TestCase):
         os.chmod(self.out, 0o777)
 
     def tearDown(self):
-        # Whatever the job was, nothing of it may outlive it on any node: only slurmd is left.
+        # Whatever the job was, nothing of it may outlive it on any node: only slurmd is left,
+        # beside the time-limit job while it runs (its own test then checks all of it).
+        limit = type(self).limit_job
         for node in NODES:
             daemon = self.c.daemons[f"slurmd-{node}"].pid
-            wait_for(lambda: self.c.host_pids(node) == [daemon],
-                     f"{node} to run nothing but slurmd (it runs "
-                     f"{self.c.host_pids(node)})", limit=60)
+
+            def others():
+                pids = self.c.host_pids(node)
+                return sorted(set(pids) - job_pids(pids, limit)) if limit else pids
+            wait_for(lambda: others() == [daemon],
+                     f"{node} to run nothing but slurmd (it runs {others()})", limit=60)
 
     def submit(self, body, *sbatch_args, python=sys.executable, path_dirs=()):
         """sbatch a script running `body` (bash), with crun's workers started by `python`."""
-        path = ":".join([*path_dirs, os.environ["PATH"]])
-        script = (f"#!/bin/bash\nexport PYTHON_EXEC={python} PATH={path}\n{body}\n")
-        return self.c.sbatch(script, *sbatch_args)
+        return self.c.sbatch(job_script(body, python, path_dirs), *sbatch_args)
 
     def output(self, job):
         with open(self.c.path("jobs", f"slurm-{job}.out"), errors="replace") as f:
@@ -226,19 +294,22 @@ class RealSlurm(unittest.TestCase):
         # time-limit check (every 30 s), then SIGTERM at the limit. crun, which Slurm signals
         # too, passes the warning on as a notice and goes on; at the limit the workers get
         # SIGTERM and the grace period to save.
-        job = self.submit(f"srun {CRUN} --nproc-per-node 2 {SIGNAL_PROBE} {self.out} --save-s 1",
-                          "--nodes=2", "--ntasks-per-node=1", "--time=1", "--signal=USR1@55")
-        self.finished(job, "TIMEOUT", "0:15", limit=180)
+        # Submitted with the cluster (setUpClass): its minute ran beside the other tests.
+        job, out_dir = self.limit_job, self.limit_out
+        try:
+            self.finished(job, "TIMEOUT", "0:15", limit=180)
+        finally:
+            type(self).limit_job = None  # ended, or failed: every later tearDown sees all
         for rank in range(4):
-            got = [e["sig"] for e in signal_events(self.out, "signal")
+            got = [e["sig"] for e in signal_events(out_dir, "signal")
                    if e["rank"] == rank and e["sig"] != "SIGCONT"]
             # Each may come twice: Slurm signals every process of the step, and crun passes
             # its own copy on (docs/slurm.md, "Signals").
             order = [sig for i, sig in enumerate(got) if i == 0 or got[i - 1] != sig]
             self.assertEqual(order, ["SIGUSR1", "SIGTERM"], f"rank {rank}: {got}")
         out = self.output(job)
-        self.assertEqual(len(signal_events(self.out, "saved")), 4,
-                         f"{signal_events(self.out)}\n{out[-3000:]}")
+        self.assertEqual(len(signal_events(out_dir, "saved")), 4,
+                         f"{signal_events(out_dir)}\n{out[-3000:]}")
         self.assertIn("received SIGUSR1: passing it on to 2 workers", out)
         self.assertIn("DUE TO TIME LIMIT", out)
 

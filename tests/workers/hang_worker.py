@@ -1,6 +1,9 @@
 """A stock PyTorch DDP job (gloo, env://) that hangs on purpose in its first attempt, for crun's
 hang detection (tests/integration/test_hangs.py, docs/hangs.md). Each step prints a line, which
-crun counts as progress.
+crun counts as progress; until the model is built (imports, the process group, DDP: seconds on
+a loaded machine), a child prints one every 0.5 s, as docs/hangs.md advises for a slow start, so
+that the hang timeouts need only cover the steps. It is gone before step 1: the hang itself is
+as silent as ever.
 
     crun --hang-timeout S hang_worker.py MODE [STEPS]
 
@@ -15,10 +18,23 @@ The restarted attempt trains STEPS (default 5) steps and exits 0.
 """
 import os
 import signal
+import subprocess
 import sys
 import time
 
 print(f"rank {os.environ['RANK']}: importing torch", flush=True)
+# A process, not a thread: `import torch` holds the GIL for seconds at a time. It ends when
+# the model is built, or with this worker, or after 60 s of starting: a start that hangs is
+# still a hang.
+STARTING = subprocess.Popen(
+    ["sh", "-c", f"i=0; while kill -0 {os.getpid()} 2>/dev/null && [ $i -lt 120 ]; do "
+     f"echo 'rank {os.environ['RANK']}: starting'; sleep 0.5; i=$((i+1)); done"])
+
+
+def started():
+    if STARTING.poll() is None:
+        STARTING.kill()
+    STARTING.wait()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -44,14 +60,17 @@ def main():
     mode = sys.argv[1]
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    dist.init_process_group("gloo", init_method="env://")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    hangs_here = attempt == 0 and rank == world - 1 and mode != "none"
-    if mode == "timer" and hangs_here:
-        from torch.distributed.elastic import timer
-        timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
-    torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Linear(8, 1))
+    try:
+        dist.init_process_group("gloo", init_method="env://")
+        rank, world = dist.get_rank(), dist.get_world_size()
+        hangs_here = attempt == 0 and rank == world - 1 and mode != "none"
+        if mode == "timer" and hangs_here:
+            from torch.distributed.elastic import timer
+            timer.configure(timer.FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"]))
+        torch.manual_seed(0)
+        model = DistributedDataParallel(torch.nn.Linear(8, 1))
+    finally:
+        started()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for step in range(1, steps + 1):
         x = torch.randn(16, 8)

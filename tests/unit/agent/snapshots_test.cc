@@ -323,17 +323,17 @@ TEST_CASE("a checkpoint directory is claimed by one job at a time") {
   // crun on this host is gone is removed.
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  const std::string draft = tmp.path + "/ck/.crun-claim-draft-" + host + "-" +
-                            std::to_string(::getpid()) + "-99";
+  const std::string draft =
+      tmp.path + "/ck/.crun-claim-draft-" + host + "-" + std::to_string(::getpid()) + "-99";
   { std::ofstream(draft) << ""; }
   pid_t gone = ::fork();
   if (gone == 0) ::_exit(0);
   REQUIRE(gone > 0);
   REQUIRE(::waitpid(gone, nullptr, 0) == gone);
-  const std::string dead = tmp.path + "/ck/.crun-claim-draft-" + host + "-" +
-                           std::to_string(gone) + "-0";
-  const std::string elsewhere = tmp.path + "/ck/.crun-claim-draft-elsewhere-" +
-                                std::to_string(gone) + "-0";
+  const std::string dead =
+      tmp.path + "/ck/.crun-claim-draft-" + host + "-" + std::to_string(gone) + "-0";
+  const std::string elsewhere =
+      tmp.path + "/ck/.crun-claim-draft-elsewhere-" + std::to_string(gone) + "-0";
   { std::ofstream(dead) << ""; }
   { std::ofstream(elsewhere) << ""; }
   DiskSnapshots node3(options("10.0.0.1:29400 job7"));
