@@ -17,4 +17,7 @@ fi
 dir="${CRUN_BUILD_DIR:-build}"
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCRUN_WERROR=ON \
   -DCRUN_WITH_NCCL="$nccl" "$@"
-cmake --build "$dir" -j2
+# CRUN_BUILD_TARGETS="a b": only those targets (and what they need), not everything.
+targets=()
+for t in ${CRUN_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$dir" -j2 "${targets[@]}"

@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "base/endpoint.h"
+#include "base/handoff.h"
 #include "base/log_sampling.h"
 #include "base/small_fifo.h"
 #include "base/socket.h"
@@ -304,11 +305,19 @@ class Call {
   Call& operator=(const Call&) = delete;
   virtual void On(int op, bool ok) = 0;
   static void Handle(void* tag, bool ok) {
+    Taken(tag);
     auto* t = static_cast<Tag*>(tag);
     t->call->On(t->op, ok);
   }
 
  protected:
+  // The tag of an operation handed to gRPC now: what this thread wrote of the call is seen by
+  // the thread that takes the tag back (base/handoff.h: for ThreadSanitizer's sake).
+  Tag* Issue(Tag* tag) {
+    Handed(tag);
+    return tag;
+  }
+
   Core* core_;
 };
 
@@ -332,7 +341,9 @@ class AsyncSession final : public Call {
   }
 
   // Waits for the next agent to open a session on this queue.
-  void Request() { service_->RequestSession(&context_, &stream_, cq_, cq_, &tags_[kRequest]); }
+  void Request() {
+    service_->RequestSession(&context_, &stream_, cq_, cq_, Issue(&tags_[kRequest]));
+  }
 
   void Send(const grpc::ByteBuffer& m) {
     std::lock_guard lock(mu_);
@@ -378,7 +389,7 @@ class AsyncSession final : public Call {
       if (closed_ && !writing_ && !finished_) {
         finished_ = true;
         ++outstanding_;
-        stream_.Finish(finish_status_, &tags_[kFinish]);
+        stream_.Finish(finish_status_, Issue(&tags_[kFinish]));
       }
       last = --outstanding_ == 0;
     }
@@ -394,38 +405,45 @@ class AsyncSession final : public Call {
     }
     if (!core_->shutting_down.load()) (new AsyncSession(core_, service_, cq_))->Request();
     if (core_->engine_metrics) core_->engine_metrics->sessions_total.With().Inc();
-    std::lock_guard lock(mu_);
-    outstanding_ = 0;
-    if (auto s = core_->Authorize(&context_, "Session"); !s.ok()) {
-      closed_ = finished_ = true;
+    {
+      std::lock_guard lock(mu_);
+      outstanding_ = 0;
+      if (auto s = core_->Authorize(&context_, "Session"); !s.ok()) {
+        closed_ = finished_ = true;
+        ++outstanding_;
+        stream_.Finish(s, Issue(&tags_[kFinish]));
+        return;
+      }
+      id_ = core_->next_session++;
+      peer_ip_ = PeerIp(context_.peer());
+      registered_ = true;
+      if (core_->beats) {
+        const BeatTicket ticket{core_->beats->port(), id_, core_->beats->Add(id_)};
+        context_.AddInitialMetadata(kBeatTicketHeader, FormatBeatTicket(ticket));
+      }
+      // At once, before any message: the agent then knows its session was open, so that
+      // losing it is a lost service in every phase, gathering too (reconnect_timeout bounds
+      // the wait).
+      writing_ = true;
       ++outstanding_;
-      stream_.Finish(s, &tags_[kFinish]);
-      return;
+      stream_.SendInitialMetadata(Issue(&tags_[kMetadata]));
+      Read();
     }
-    id_ = core_->next_session++;
-    peer_ip_ = PeerIp(context_.peer());
-    registered_ = true;
+    // Visible to the engine's Send only now, outside the session's mutex: Send runs under
+    // Core::mu and then takes the session's, so taking Core::mu under the session's would
+    // invert that order (ThreadSanitizer: lock-order inversion). Nothing of this session
+    // completes meanwhile: its operations complete on this same thread, after Started.
     core_->Register(id_, this);
-    if (core_->beats) {
-      const BeatTicket ticket{core_->beats->port(), id_, core_->beats->Add(id_)};
-      context_.AddInitialMetadata(kBeatTicketHeader, FormatBeatTicket(ticket));
-    }
-    // At once, before any message: the agent then knows its session was open, so that losing
-    // it is a lost service in every phase, gathering too (reconnect_timeout bounds the wait).
-    writing_ = true;
-    ++outstanding_;
-    stream_.SendInitialMetadata(&tags_[kMetadata]);
-    Read();
   }
 
   void Read() {
     ++outstanding_;
-    stream_.Read(&in_, &tags_[kRead]);
+    stream_.Read(&in_, Issue(&tags_[kRead]));
   }
   void WriteNext() {
     writing_ = true;
     ++outstanding_;
-    stream_.Write(queue_.front(), &tags_[kWrite]);
+    stream_.Write(queue_.front(), Issue(&tags_[kWrite]));
   }
   void Malformed() {
     const auto n = core_->malformed_messages.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -520,16 +538,16 @@ class UnaryCall final : public Call {
                     const Method& method) {
     auto* call = new UnaryCall(core, service, cq, method);
     (service->*method.request)(&call->context_, &call->request_, &call->responder_, cq, cq,
-                               &call->tags_[kArrived]);
+                               call->Issue(&call->tags_[kArrived]));
   }
 
   const Request& request() const { return request_; }
   Response* response() { return &response_; }
   void Answer(const grpc::Status& status) {
     if (status.ok()) {
-      responder_.Finish(response_, status, &tags_[kAnswered]);
+      responder_.Finish(response_, status, Issue(&tags_[kAnswered]));
     } else {
-      responder_.FinishWithError(status, &tags_[kAnswered]);
+      responder_.FinishWithError(status, Issue(&tags_[kAnswered]));
     }
   }
 
@@ -633,8 +651,10 @@ class HealthWatch final : public Call {
  public:
   static void Await(Core* core, HealthService* service, grpc::ServerCompletionQueue* cq) {
     auto* w = new HealthWatch(core, service, cq);
-    w->context_.AsyncNotifyWhenDone(&w->tags_[kDone]);  // returned only if the call starts
-    service->RequestWatch(&w->context_, &w->request_, &w->writer_, cq, cq, &w->tags_[kArrived]);
+    // Returned only if the call starts.
+    w->context_.AsyncNotifyWhenDone(w->Issue(&w->tags_[kDone]));
+    service->RequestWatch(&w->context_, &w->request_, &w->writer_, cq, cq,
+                          w->Issue(&w->tags_[kArrived]));
   }
 
  private:
@@ -654,7 +674,7 @@ class HealthWatch final : public Call {
       outstanding_ = 2;  // the write and the done tag
       const auto status = HealthOf(core_, request_.service());
       response_.set_status(status ? *status : health::HealthCheckResponse::SERVICE_UNKNOWN);
-      writer_.Write(response_, &tags_[kWritten]);
+      writer_.Write(response_, Issue(&tags_[kWritten]));
       return;
     }
     if (--outstanding_ == 0) delete this;

@@ -609,7 +609,11 @@ class Faults(unittest.TestCase):
     def daemon_pids(self, out):
         paths = [os.path.join(out, f"daemon_{rank}.pid") for rank in range(2)]
         wait_for(lambda: all(os.path.exists(path) for path in paths), "the daemons' pids")
-        return [int(open(path).read()) for path in paths]
+        pids = []
+        for path in paths:
+            with open(path) as f:
+                pids.append(int(f.read()))
+        return pids
 
     def test_daemonised_grandchildren_end_with_the_job_and_with_a_sigkilled_crun(self):
         # Each worker double-forks a grandchild into a new session (tests/workers/daemonize.py).

@@ -264,6 +264,12 @@ class StoreCli(unittest.TestCase):
                 again.send_signal(signal.SIGTERM)
                 self.assertEqual(finish(again)[0], 0)
 
+    # UBSan's vptr check (scripts/test.sh --sanitize address) reads an object it has not seen
+    # before through a pipe of its own; at the descriptor limit, which this case reaches on
+    # purpose, pipe() fails and it calls the valid StoreServer "invalid vptr" and aborts. The
+    # ordinary build (CI) runs the case.
+    @unittest.skipIf(os.environ.get("CRUN_SANITIZER") == "address",
+                     "UBSan's vptr check needs descriptors of its own, and this case has none")
     def test_descriptor_limit_refuses_cleanly_and_recovers(self):
         """At RLIMIT_NOFILE the store holds what it can, closes the rest at once (no client
         left hanging in the backlog), stays up, and serves again when descriptors free up."""

@@ -866,10 +866,12 @@ TEST_CASE("a TLS session's binding is the same on both ends and differs between 
     CHECK(server.Binding() == client.Binding());
     // Bytes both ways, larger than one TLS record.
     const std::string big(3 << 20, 'z');
-    std::thread w([&] { CHECK(client.Send(big, deadline, "server").ok()); });
+    bool sent = false;  // Catch2's assertions are not thread-safe: checked after the join
+    std::thread w([&] { sent = client.Send(big, deadline, "server").ok(); });
     std::string got(big.size(), '\0');
     CHECK(server.Recv(got.data(), got.size(), got.size(), deadline, "client").ok());
     w.join();
+    CHECK(sent);
     CHECK(got == big);
     return server.Binding();
   };
