@@ -5,12 +5,14 @@ crun must exit 0, none may die of a signal, and nothing may be left running.
 
 Found by it: a round's store stopped while a client still waited in it was freed before its
 sessions' last handlers ran, and the service's crun died of a corrupted heap in about one job of
-twenty (rendezvous/store_server/session.h). SHORT_JOBS scales the count."""
+twenty (rendezvous/store_server/session.h). SHORT_JOBS scales the count, SHORT_JOBS_LANES how
+many run at once (3)."""
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -20,6 +22,7 @@ from crun_testing import free_port, kill_all, processes_mentioning  # noqa: E402
 
 CRUN = os.environ["CRUN_BIN"]
 JOBS = int(os.environ.get("SHORT_JOBS", "300"))
+LANES = int(os.environ.get("SHORT_JOBS_LANES", "3"))
 LIMIT_S = 60  # one job
 
 
@@ -32,27 +35,64 @@ class ShortJobs(unittest.TestCase):
         kill_all(self.procs)
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def logs(self, i):
+        """Job i's log directory: jobs that run at once write apart."""
+        return os.path.join(self.dir, f"job{i}")
+
     def run_jobs(self, commands):
-        """Runs JOBS jobs, one after another; `commands(i, port)` gives a job's crun lines."""
+        """Runs JOBS jobs, LANES at a time (each lane one job after another, on ports of its
+        own); `commands(i, port)` gives a job's crun lines. Jobs that overlap also race each
+        other's starts and ends on one machine, as a busy cluster's do."""
         t0 = time.monotonic()
-        for i in range(JOBS):
-            port = free_port()
-            procs = [subprocess.Popen([*cmd, "--no-python", "true"], stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                      text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-                     for cmd in commands(i, port)]
-            self.procs = procs
-            outs = [p.communicate(timeout=LIMIT_S)[1] for p in procs]
-            for p, err in zip(procs, outs):
-                self.assertEqual(p.returncode, 0, f"job {i}: {' '.join(p.args)}\n{err[-3000:]}")
+        failures = []
+        lock = threading.Lock()
+        ports = set()  # the ports of the jobs running now
+
+        def lane(first):
+            for i in range(first, JOBS, LANES):
+                if failures:
+                    return
+                with lock:  # no two lanes' jobs on one port at once
+                    port = free_port()
+                    while port in ports:
+                        port = free_port()
+                    ports.add(port)
+                procs = [subprocess.Popen([*cmd, "--no-python", "true"],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True,
+                                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+                         for cmd in commands(i, port)]
+                with lock:
+                    self.procs += procs
+                try:
+                    outs = [p.communicate(timeout=LIMIT_S)[1] for p in procs]
+                except subprocess.TimeoutExpired:
+                    failures.append(f"job {i}: not done in {LIMIT_S} s: "
+                                    f"{' '.join(procs[0].args)}")
+                    return
+                with lock:
+                    ports.discard(port)
+                for p, err in zip(procs, outs):
+                    if p.returncode != 0:
+                        failures.append(f"job {i}: exit {p.returncode}: {' '.join(p.args)}\n"
+                                        f"{err[-3000:]}")
+
+        lanes = [threading.Thread(target=lane, args=(k,)) for k in range(LANES)]
+        for t in lanes:
+            t.start()
+        for t in lanes:
+            t.join(timeout=LIMIT_S * JOBS)
+        self.assertFalse(any(t.is_alive() for t in lanes), "a lane never ended")
+        self.assertEqual(failures, [])
         self.assertEqual(processes_mentioning(self.dir), [])
         took = time.monotonic() - t0
-        print(f"{self.id().rsplit('.', 1)[-1]}: {JOBS} jobs in {took:.1f} s", file=sys.stderr)
+        print(f"{self.id().rsplit('.', 1)[-1]}: {JOBS} jobs, {LANES} at a time, in {took:.1f} s",
+              file=sys.stderr)
 
     def test_two_agents_on_the_rendezvous_service(self):
         def commands(i, port):
             return [[CRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint",
-                     f"127.0.0.1:{port}", "--rdzv-id", f"short{i}", "--log-dir", self.dir,
+                     f"127.0.0.1:{port}", "--rdzv-id", f"short{i}", "--log-dir", self.logs(i),
                      "--rdzv-conf", f"is_host={int(n == 0)},node_id=n{n}"] for n in range(2)]
         self.run_jobs(commands)
 
@@ -60,7 +100,7 @@ class ShortJobs(unittest.TestCase):
         def commands(i, port):
             return [[CRUN, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(n),
                      "--master-addr", "127.0.0.1", "--master-port", str(port), "--log-dir",
-                     self.dir] for n in (1, 0)]
+                     self.logs(i)] for n in (1, 0)]
         self.run_jobs(commands)
 
 

@@ -322,15 +322,18 @@ class Snapshots(unittest.TestCase):
         """The same job with mutual TLS (every node with a certificate from the job's CA): the
         copies travel over TLS, and a's replica server refuses a plaintext stranger and a TLS
         one without a certificate, naming them."""
-        self.spare_loads_from_peer(tls="mutual")
+        self.spare_loads_from_peer(tls="mutual", warm=True)
 
     def test_over_tls_without_node_certificates_the_token_proves_peers(self):
         """TLS with the CA alone on the nodes: each crun makes a certificate of its own for its
         copies, which travel over TLS; a plaintext stranger is refused, and a TLS one that
         cannot prove the token too."""
-        self.spare_loads_from_peer(tls="ca")
+        self.spare_loads_from_peer(tls="ca", warm=True)
 
-    def spare_loads_from_peer(self, tls):
+    def spare_loads_from_peer(self, tls, warm=False):
+        """The spare-node job; `warm`: its workers forked from templates that imported torch
+        once a node (the TLS variants: the plaintext one keeps cold starts), about five imports
+        of torch fewer."""
         import socket
         import ssl
         token = os.path.join(self.dir, "token")
@@ -365,7 +368,7 @@ class Snapshots(unittest.TestCase):
                     return subprocess.Popen(
                         [CRUN, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint",
                          endpoint, "--rdzv-id", "replicas", "--max-restarts", "0",
-                         "--log-level", "info", *node_tls,
+                         "--log-level", "info", *node_tls, *(["--warm"] if warm else []),
                          "--rdzv-conf", f"node_id={tag},is_host=0", REPLICA, out],
                         stdout=log, stderr=subprocess.STDOUT, env=env,
                         start_new_session=True)

@@ -10,6 +10,7 @@ import socket
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 
 
@@ -100,6 +101,10 @@ def _ephemeral_range():
         return 32768, 60999
 
 
+_GIVEN = set()  # the ports free_port() has handed out in this process
+_GIVEN_LOCK = threading.Lock()
+
+
 def free_port():
     """A TCP port free on loopback right now, from below the kernel's ephemeral range.
 
@@ -111,11 +116,15 @@ def free_port():
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(1000):
         port = rng.randrange(10000, max(low, 10001))
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
+        with _GIVEN_LOCK:  # never the same port twice in one process (cases run at once)
+            if port in _GIVEN:
                 continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _GIVEN.add(port)
             return port
     with socket.socket() as s:  # a crowded machine: any port, as before
         s.bind(("127.0.0.1", 0))

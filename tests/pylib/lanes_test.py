@@ -1,0 +1,110 @@
+"""tests/pylib/lanes.py: tests of a class run `lanes` at a time, set up once, and a failure, an
+error, a skip or a failed setUpClass reach the exit status and the output as unittest's do."""
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_suite(body, lanes, *args):
+    """Runs a generated test module under lanes.main(lanes): (exit status, its output)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "suite.py")
+        with open(path, "w") as f:
+            f.write(f"import sys, threading, unittest\nsys.path.insert(0, {HERE!r})\n"
+                    "import lanes\n" + textwrap.dedent(body) +
+                    f"\nif __name__ == '__main__':\n    lanes.main({lanes})\n")
+        r = subprocess.run([sys.executable, path, *args], capture_output=True, text=True,
+                           timeout=60)
+        return r.returncode, r.stdout + r.stderr
+
+
+class Lanes(unittest.TestCase):
+    def test_three_lanes_run_three_tests_at_once_after_one_class_setup(self):
+        # Each test waits at a barrier of three: one after another, none would pass it.
+        rc, out = run_suite("""
+            class T(unittest.TestCase):
+                setups = []
+                @classmethod
+                def setUpClass(cls):
+                    cls.setups.append(1)
+                    cls.barrier = threading.Barrier(3, timeout=10)
+                @classmethod
+                def tearDownClass(cls):
+                    print("setups", len(cls.setups), file=sys.stderr)
+                def test_a(self): self.barrier.wait()
+                def test_b(self): self.barrier.wait()
+                def test_c(self): self.barrier.wait()
+            """, 3)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("setups 1", out)
+        self.assertRegex(out, r"test_a \(T\) \.\.\. ok \(\d+\.\d s\)")
+        self.assertIn("Ran 3 tests", out)
+        self.assertIn("3 at a time", out)
+
+    def test_one_lane_runs_them_one_after_another(self):
+        rc, out = run_suite("""
+            class T(unittest.TestCase):
+                running = []
+                def check(self):
+                    self.running.append(1)
+                    self.assertEqual(len(self.running), 1)
+                    self.running.pop()
+                def test_a(self): self.check()
+                def test_b(self): self.check()
+            """, 1)
+        self.assertEqual(rc, 0, out)
+
+    def test_failures_errors_and_skips_are_reported_and_fail_the_run(self):
+        rc, out = run_suite("""
+            class T(unittest.TestCase):
+                def test_fails(self): self.assertEqual(1, 2, "one is not two")
+                def test_errs(self): raise RuntimeError("broken on purpose")
+                @unittest.skip("not here")
+                def test_skipped(self): pass
+                def test_passes(self): pass
+                def test_sub(self):
+                    for i in range(2):
+                        with self.subTest(i=i):
+                            self.assertEqual(i, 0)
+            """, 2)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("test_fails (T) ... FAIL", out)
+        self.assertIn("test_errs (T) ... ERROR", out)
+        self.assertIn("test_skipped (T) ... skipped 'not here'", out)
+        self.assertIn("test_passes (T) ... ok", out)
+        self.assertIn("one is not two", out)
+        self.assertIn("RuntimeError: broken on purpose", out)
+        self.assertIn("(i=1)", out)
+        self.assertIn("FAILED (failures=2, errors=1)", out)
+
+    def test_a_failed_class_setup_fails_the_run_and_runs_no_test(self):
+        rc, out = run_suite("""
+            class T(unittest.TestCase):
+                @classmethod
+                def setUpClass(cls): raise RuntimeError("no cluster")
+                def test_a(self): print("ran", file=sys.stderr)
+            """, 2)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("RuntimeError: no cluster", out)
+        self.assertNotIn("ran", out.replace("Ran ", ""))
+
+    def test_k_selects_and_nothing_selected_is_an_error(self):
+        body = """
+            class T(unittest.TestCase):
+                def test_alpha(self): pass
+                def test_beta(self): pass
+            """
+        rc, out = run_suite(body, 2, "-k", "alpha")
+        self.assertEqual(rc, 0, out)
+        self.assertIn("Ran 1 tests", out)
+        rc, out = run_suite(body, 2, "-k", "gamma")
+        self.assertEqual(rc, 5, out)
+
+
+if __name__ == "__main__":
+    unittest.main()
