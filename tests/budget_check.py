@@ -3,8 +3,9 @@ its measured time, and the TIMEOUTs together stay within 40 minutes. This is a b
 timing: it reads the TIMEOUT each entry was given, never how long anything took here, so it
 does not depend on the machine's speed. Later work spends from it; its closing note says how
 much. Until the suite is within the 40 minutes, the limit is the ceiling the table's first
-line sets (`# ceiling: N s`), which may only come down towards the target: the suite cannot
-grow while it is cut. Entries labelled quick-only (scripts/test.sh --quick's smoke tests, which
+line sets (`# ceiling: N s`), which comes down towards the target with every cut; it rises
+only when a full run measured entries beyond their rows (the commit names them), never for a
+new test, which spends from it: the suite cannot grow while it is cut. Entries labelled quick-only (scripts/test.sh --quick's smoke tests, which
 the full run leaves out) need a TIMEOUT but are not counted.
 
   budget_check.py --ctest CTEST --build-dir DIR --table tests/budget.txt
