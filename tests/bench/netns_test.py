@@ -1,6 +1,7 @@
 """The benchmarks' private network namespace (bench_support.in_private_netns) does not outlive
 its run: gone after SIGTERM to the benchmark, and one left by a benchmark killed with SIGKILL
-is swept by the next run, while a live run's is kept. Needs root and iproute2."""
+is swept by the next run, while a live run's is kept; the same for the test hosts of
+tests/pylib/fabric.py left by a test that ctest's TIMEOUT killed. Needs root and iproute2."""
 import os
 import shutil
 import subprocess
@@ -67,6 +68,23 @@ class PrivateNetns(unittest.TestCase):
         self.assertNotIn(live, swept)
         self.assertNotIn(stale, namespaces())
         self.assertIn(live, namespaces())
+
+    def test_a_killed_tests_fabric_is_swept_when_the_next_one_starts(self):
+        """tests/pylib/fabric.py's hosts (crun<pid>-<host>) left by a test that ctest's TIMEOUT
+        killed go when the next Fabric starts; a live test's are kept."""
+        import fabric
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        stale = [f"crun{dead.pid}-sw", f"crun{dead.pid}-a"]
+        live = f"crun{os.getppid()}-a"  # a process that is alive: this test's parent
+        for ns in (*stale, live):
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+            self.addCleanup(subprocess.run, ["ip", "netns", "del", ns], capture_output=True)
+        with fabric.Fabric(["a"]) as fab:
+            self.assertIn(fab.ns("a"), namespaces())
+            self.assertEqual([ns for ns in stale if ns in namespaces()], [])
+            self.assertIn(live, namespaces())
+        self.assertNotIn(fab.ns("a"), namespaces())
 
 
 if __name__ == "__main__":

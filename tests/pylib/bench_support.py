@@ -35,15 +35,17 @@ def in_private_netns(argv):
             signal.signal(sig, handler)
 
 
-def sweep_stale_netns():
-    """Deletes the namespaces of in_private_netns whose process is gone (SIGKILL runs no
-    cleanup) and that hold no process; returns their names. Another run's, alive, is kept."""
+def sweep_stale_netns(prefix=NETNS_PREFIX):
+    """Deletes the namespaces named `prefix`PID (in_private_netns's) or `prefix`PID-HOST
+    (tests/pylib/fabric.py's, prefix "crun") whose process PID is gone (SIGKILL, or ctest's
+    TIMEOUT, runs no cleanup) and that hold no process; returns their names. Another run's,
+    alive, is kept."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     swept = []
     for line in listed.splitlines():
         name = line.split(" ", 1)[0]
-        pid = name[len(NETNS_PREFIX):]
-        if not name.startswith(NETNS_PREFIX) or not pid.isdigit():
+        pid = name[len(prefix):].split("-", 1)[0]
+        if not name.startswith(prefix) or not pid.isdigit():
             continue
         if os.path.exists(f"/proc/{pid}"):
             continue

@@ -10,6 +10,8 @@ its own loopback; nothing is routed anywhere else. Needs root (CAP_NET_ADMIN) an
 import os
 import subprocess
 
+import bench_support
+
 SUBNET = "10.77.0"
 
 
@@ -37,6 +39,9 @@ class Fabric:
         return f"p{self.hosts.index(host)}"  # the host's cable end on the switch
 
     def __enter__(self):
+        # Hosts a Fabric of a killed test left behind (ctest's TIMEOUT kills outright, and no
+        # cleanup runs) go first: their processes are gone, their names are this module's.
+        bench_support.sweep_stale_netns(prefix="crun")
         try:
             self._build()
         except Exception:
