@@ -7,14 +7,23 @@
 // in every other build they are nothing at all.
 #pragma once
 
+// GCC says -fsanitize=thread with __SANITIZE_THREAD__, clang with __has_feature.
 #if defined(__SANITIZE_THREAD__)
+#define CRUN_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CRUN_TSAN 1
+#endif
+#endif
+
+#if defined(CRUN_TSAN)
 #include <sanitizer/tsan_interface.h>
 #endif
 
 namespace crun {
 
 inline void Handed(void* p) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(CRUN_TSAN)
   __tsan_release(p);
 #else
   (void)p;
@@ -22,7 +31,7 @@ inline void Handed(void* p) {
 }
 
 inline void Taken(void* p) {
-#if defined(__SANITIZE_THREAD__)
+#if defined(CRUN_TSAN)
   __tsan_acquire(p);
 #else
   (void)p;

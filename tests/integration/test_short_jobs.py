@@ -22,7 +22,7 @@ from crun_testing import free_port, kill_all, processes_mentioning  # noqa: E402
 
 CRUN = os.environ["CRUN_BIN"]
 JOBS = int(os.environ.get("SHORT_JOBS", "300"))
-LANES = int(os.environ.get("SHORT_JOBS_LANES", "3"))
+LANES = max(1, int(os.environ.get("SHORT_JOBS_LANES", "3")))
 LIMIT_S = 60  # one job
 
 
@@ -49,33 +49,45 @@ class ShortJobs(unittest.TestCase):
         ports = set()  # the ports of the jobs running now
 
         def lane(first):
-            for i in range(first, JOBS, LANES):
-                if failures:
-                    return
-                with lock:  # no two lanes' jobs on one port at once
-                    port = free_port()
-                    while port in ports:
-                        port = free_port()
-                    ports.add(port)
-                procs = [subprocess.Popen([*cmd, "--no-python", "true"],
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, text=True,
-                                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-                         for cmd in commands(i, port)]
-                with lock:
-                    self.procs += procs
-                try:
-                    outs = [p.communicate(timeout=LIMIT_S)[1] for p in procs]
-                except subprocess.TimeoutExpired:
-                    failures.append(f"job {i}: not done in {LIMIT_S} s: "
-                                    f"{' '.join(procs[0].args)}")
-                    return
+            try:
+                for i in range(first, JOBS, LANES):
+                    if failures:
+                        return
+                    run_job(i)
+            except BaseException as e:  # noqa: BLE001 (any end of a lane is a failure)
+                failures.append(f"lane {first}: {type(e).__name__}: {e}")
+
+        def run_job(i):
+            with lock:  # no two lanes' jobs on one port at once
+                port = free_port()
+                ports.add(port)
+            procs = []
+            try:
+                for cmd in commands(i, port):
+                    p = subprocess.Popen([*cmd, "--no-python", "true"],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.PIPE, text=True, errors="replace",
+                                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+                    procs.append(p)
+                    with lock:
+                        self.procs.append(p)
+                deadline = time.monotonic() + LIMIT_S
+                outs = []
+                for p in procs:
+                    try:
+                        outs.append(p.communicate(timeout=max(0.1, deadline -
+                                                              time.monotonic()))[1])
+                    except subprocess.TimeoutExpired:
+                        failures.append(f"job {i}: not done in {LIMIT_S} s: {' '.join(p.args)}")
+                        return
+            finally:
+                kill_all(procs)
                 with lock:
                     ports.discard(port)
-                for p, err in zip(procs, outs):
-                    if p.returncode != 0:
-                        failures.append(f"job {i}: exit {p.returncode}: {' '.join(p.args)}\n"
-                                        f"{err[-3000:]}")
+            for p, err in zip(procs, outs):
+                if p.returncode != 0:
+                    failures.append(f"job {i}: exit {p.returncode}: {' '.join(p.args)}\n"
+                                    f"{err[-3000:]}")
 
         lanes = [threading.Thread(target=lane, args=(k,)) for k in range(LANES)]
         for t in lanes:

@@ -45,6 +45,8 @@ class _Lanes:
         took = time.monotonic() - t0
         if result.errors or result.failures:
             verdict = "ERROR" if result.errors else "FAIL"
+        elif result.unexpectedSuccesses:
+            verdict = "unexpected success"
         elif result.skipped:
             verdict = f"skipped {result.skipped[0][1]!r}"
         else:
@@ -54,6 +56,11 @@ class _Lanes:
         return result
 
     def run_class(self, cls, tests, total):
+        if getattr(cls, "__unittest_skip__", False):  # as unittest: no class setup at all
+            why = getattr(cls, "__unittest_skip_why__", "")
+            self.say(f"{cls.__name__}: skipped {why!r}")
+            total.skipped += [(t, why) for t in tests]
+            return
         try:
             cls.setUpClass()
         except unittest.SkipTest as e:
@@ -64,6 +71,8 @@ class _Lanes:
             total.errors.append((tests[0], traceback.format_exc()))
             self.say(f"setUpClass ({cls.__name__}) ... ERROR")
             cls.doClassCleanups()
+            total.errors += [(tests[0], traceback.format_exception(*e)) for e in
+                             getattr(cls, "tearDown_exceptions", [])]
             return
         try:
             with concurrent.futures.ThreadPoolExecutor(self.lanes) as pool:

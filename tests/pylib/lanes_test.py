@@ -93,6 +93,22 @@ class Lanes(unittest.TestCase):
         self.assertIn("RuntimeError: no cluster", out)
         self.assertNotIn("ran", out.replace("Ran ", ""))
 
+    def test_a_skipped_class_is_not_set_up_and_an_unexpected_success_fails(self):
+        rc, out = run_suite("""
+            @unittest.skip("no cluster here")
+            class Skipped(unittest.TestCase):
+                @classmethod
+                def setUpClass(cls): raise RuntimeError("set up anyway")
+                def test_a(self): pass
+            class T(unittest.TestCase):
+                @unittest.expectedFailure
+                def test_passes_unexpectedly(self): pass
+            """, 2)
+        self.assertEqual(rc, 1, out)
+        self.assertIn("Skipped: skipped 'no cluster here'", out)
+        self.assertNotIn("set up anyway", out)
+        self.assertIn("test_passes_unexpectedly (T) ... unexpected success", out)
+
     def test_k_selects_and_nothing_selected_is_an_error(self):
         body = """
             class T(unittest.TestCase):
