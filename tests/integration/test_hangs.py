@@ -172,15 +172,16 @@ class Hangs(unittest.TestCase):
         script = os.path.join(self.dir, "busy.py")
         with open(script, "w") as f:
             f.write("import time\n"
-                    "for i in range(80):\n"
+                    "for i in range(200):\n"
                     "    print('step', i, flush=True)\n"
                     "    time.sleep(0.05)\n")
-        # Steps every 50 ms for twice the timeout; the timeout leaves its start and a starved
-        # machine (ctest -j2) room.
-        r = self.crun("--hang-timeout", "2", script, python=TORCH1)
+        # Steps every 50 ms for twice the timeout; the timeout leaves a warm worker's start and
+        # exit room on a starved machine (2 s did not: both ranks were called hung at once,
+        # one still in torch's set-up, one in its exit handlers, beside the loaded suite).
+        r = self.crun("--hang-timeout", "5", script, python=TORCH1)
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertNotIn("hung", r.stderr)
-        self.assertEqual(r.stdout.count("step 79"), 2)
+        self.assertEqual(r.stdout.count("step 199"), 2)
 
     def test_crun_stacks_on_a_running_job(self):
         p = subprocess.Popen([CRUN, "--nproc-per-node", "2", "--log-dir", self.logs, WORKER,
