@@ -47,6 +47,14 @@ done
 t0=$(date +%s)
 phase() { echo "test.sh: $1 ($(($(date +%s) - t0)) s since start)" >&2; }
 
+# Every entry's temporary files (crun's default log folders crun_XXXXXX, Python's pymp-*, the
+# suites' own) go to one folder of this run, removed with it on every path: thousands a run
+# would otherwise stay in /tmp. Short, under /tmp: Unix socket paths there must stay within
+# 108 bytes. What else must end with the run joins `cleanup`.
+suite_tmp="$(mktemp -d /tmp/crun-suite.XXXXXX)"
+cleanup=("rm -rf '$suite_tmp'")
+trap 'for c in "${cleanup[@]}"; do eval "$c"; done' EXIT
+
 bash scripts/install-deps.sh
 phase "Debian packages installed"
 
@@ -97,8 +105,9 @@ for t in json.load(sys.stdin)["tests"]:
   CRUN_BUILD_TARGETS="$targets" CRUN_BUILD_DIR=$dir bash scripts/build.sh "${configure[@]}"
   phase "built with -fsanitize=$sanitize"
   phase "ctest starts"
-  exec ctest --test-dir "$dir" --output-on-failure --no-tests=error -L "^$label\$" -j4 \
-    "${ctest_args[@]}"
+  TMPDIR="$suite_tmp" ctest --test-dir "$dir" --output-on-failure --no-tests=error \
+    -L "^$label\$" -j4 "${ctest_args[@]}"
+  exit
 fi
 
 # The PyPI venvs (~/.cache/crun) are made while crun builds: they download and unpack, the
@@ -112,7 +121,7 @@ setsid bash -c 'bash scripts/setup-torch2.sh > /dev/null && bash scripts/setup-f
 venvs=$!
 # The venvs' job (its own process group: pip and its compilers) ends with this script, on
 # every path.
-trap 'kill -- -"$venvs" 2> /dev/null || true; rm -f "$venv_log"' EXIT
+cleanup+=("kill -- -$venvs 2> /dev/null || true" "rm -f '$venv_log'")
 
 bash scripts/build.sh -DCRUN_BUILD_TESTS=ON -DCRUN_TORCH2_PYTHON="$TORCH2_PYTHON" \
   -DCRUN_TF_PYTHON="${FRAMEWORK[tf]}" -DCRUN_JAX_PYTHON="${FRAMEWORK[jax]}" \
@@ -134,5 +143,5 @@ jobs="${CRUN_TEST_JOBS:-6}"
 label=(-LE '^quick-only$')  # the smoke tests: each also runs in its area's suite
 if [ "$mode" = quick ]; then label=(-L '^quick$'); fi
 phase "ctest starts"
-ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs" "${label[@]}" \
-  "${ctest_args[@]}"
+TMPDIR="$suite_tmp" ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs" \
+  "${label[@]}" "${ctest_args[@]}"

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Where the suite's CPU goes: each ctest entry's CPU-seconds, its whole process tree counted
+(orphans too), and what it left running.
+
+  python3 scripts/suite-cpu.py [--out FILE.jsonl] [--top 25] -- bash scripts/test.sh [ARGS]
+
+Runs the command. Every process that a ctest run started directly (one ctest entry) is put,
+as soon as it is seen, into a cpuacct group of its own (cgroup v1, /sys/fs/cgroup/cpuacct:
+root only); what it forks stays there, reparented or not. When the entry ends, its group's CPU
+time is read, and any process still in it is reported as left behind. crun's own cgroups are
+cgroup2's, so these groups do not touch what the suites test. An entry is recognised by its
+command line (ctest --show-only=json-v1 of the build folder). Writes one JSON line an entry to
+--out and prints the entries with the most CPU and the sum.
+
+The suite on two cores is CPU-bound (docs/reliability.md): an entry's wall time is its share of
+the cores, its CPU time what it costs."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = "/sys/fs/cgroup/cpuacct"
+POLL_S = 0.01
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def children(pid):
+    kids = []
+    try:
+        for t in os.listdir(f"/proc/{pid}/task"):
+            kids += [int(x) for x in read(f"/proc/{pid}/task/{t}/children").split()]
+    except OSError:
+        pass
+    return kids
+
+
+def ctest_pids(below):
+    """ctest processes in the tree under `below`."""
+    found, todo = [], [below]
+    while todo:
+        p = todo.pop()
+        try:
+            if read(f"/proc/{p}/comm").strip() == "ctest":
+                found.append(p)
+                continue  # its children are entries, not more ctests
+        except OSError:
+            continue
+        todo += children(p)
+    return found
+
+
+def build_dir_of(ctest):
+    """The build folder a ctest process runs (it runs there, --test-dir or not)."""
+    try:
+        return os.readlink(f"/proc/{ctest}/cwd")
+    except OSError:
+        return ""
+
+
+def entries(build_dir):
+    """Every entry of build_dir: (name, command, environment it sets)."""
+    try:
+        r = subprocess.run(["ctest", "--test-dir", build_dir, "--show-only=json-v1"],
+                           capture_output=True, text=True, timeout=120)
+        tests = json.loads(r.stdout)["tests"]
+    except (OSError, ValueError, KeyError, subprocess.TimeoutExpired):
+        return []
+    found = []
+    for t in tests:
+        if "command" not in t:
+            continue
+        env = {}
+        for prop in t.get("properties", []):
+            if prop["name"] == "ENVIRONMENT":
+                env = dict(v.split("=", 1) for v in prop["value"] if "=" in v)
+        found.append((t["name"], t["command"], env))
+    return found
+
+
+def name_of(known, cmd, env):
+    """The entry whose command `cmd` runs (an interpreter may have been resolved through a
+    shim: then the arguments decide) and whose environment `env` has."""
+    def same(command):
+        return command == cmd or (len(command) > 1 and command[1:] == cmd[-(len(command) - 1):]
+                                  and os.path.basename(command[0]).startswith(
+                                      os.path.basename(cmd[0])[:6]))
+    fits = [n for n, command, e in known if same(command)]
+    if len(fits) > 1:
+        fits = [n for n, command, e in known
+                if same(command) and all(env.get(k) == v for k, v in e.items())] or fits
+    return fits[0] if len(fits) == 1 else " ".join(cmd)[:120]
+
+
+class Watcher(threading.Thread):
+    def __init__(self, top_pid, group, out):
+        super().__init__(daemon=True)
+        self.top, self.group, self.out = top_pid, group, out
+        self.done = threading.Event()
+        self.rows = []
+        self.known = {}  # build folder -> its entries
+
+    def name_of(self, e):
+        if e["build"] not in self.known:
+            self.known[e["build"]] = entries(e["build"])
+        return name_of(self.known[e["build"]], e.get("cmd") or [], e.get("env") or {})
+
+    def finish(self, e):
+        g = e["group"]
+        stat = dict(line.split() for line in read(f"{g}/cpuacct.stat").splitlines())
+        hz = os.sysconf("SC_CLK_TCK")
+        left = read(f"{g}/cgroup.procs").split()
+        row = {"name": self.name_of(e), "command": e.get("cmd"), "wall_s": round(time.time() - e["start"], 1),
+               "cpu_s": round(int(read(f"{g}/cpuacct.usage")) / 1e9, 1),
+               "user_s": round(int(stat["user"]) / hz, 1),
+               "sys_s": round(int(stat["system"]) / hz, 1),
+               "left": [f"{p} {read(f'/proc/{p}/cmdline').replace(chr(0), ' ')[:100]}"
+                        for p in left if os.path.exists(f"/proc/{p}")]}
+        self.rows.append(row)
+        self.out.write(json.dumps(row) + "\n")
+        self.out.flush()
+        if not left:
+            os.rmdir(g)
+
+    def run(self):
+        live = {}
+        while not (self.done.is_set() and not live):
+            kids = set()
+            for c in ctest_pids(self.top):
+                build = build_dir_of(c)
+                for k in children(c):
+                    kids.add(k)
+                    if k in live:
+                        continue
+                    g = f"{self.group}/{k}"
+                    os.makedirs(g, exist_ok=True)
+                    try:
+                        with open(f"{g}/cgroup.procs", "w") as f:
+                            f.write(str(k))
+                    except OSError:  # gone already: too short to matter
+                        os.rmdir(g)
+                        continue
+                    live[k] = {"start": time.time(), "group": g, "cmd": None, "build": build,
+                               "env": None}
+            for k, e in list(live.items()):
+                try:
+                    cmd = read(f"/proc/{k}/cmdline").split("\0")[:-1]
+                    if cmd and os.path.basename(cmd[0]) != "ctest":  # exec'd
+                        e["cmd"] = cmd
+                        if e.get("env") is None:
+                            e["env"] = dict(v.split("=", 1) for v in
+                                            read(f"/proc/{k}/environ").split("\0") if "=" in v)
+                except OSError:
+                    pass
+                if k not in kids:
+                    del live[k]
+                    self.finish(e)
+            time.sleep(POLL_S)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.devnull)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("command", nargs=argparse.REMAINDER)
+    a = ap.parse_args()
+    command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not command:
+        ap.error("no command: suite-cpu.py -- bash scripts/test.sh")
+    if not os.access(ROOT, os.W_OK):
+        sys.exit(f"suite-cpu.py: {ROOT} is not writable (cgroup v1 cpuacct, root): cannot count")
+    group = f"{ROOT}/crun-suite-cpu-{os.getpid()}"
+    os.makedirs(group)
+    with open(a.out, "a") as out:
+        proc = subprocess.Popen(command)
+        w = Watcher(proc.pid, group, out)
+        w.start()
+        rc = proc.wait()
+        w.done.set()
+        w.join(timeout=60)
+    rows = sorted(w.rows, key=lambda r: -r["cpu_s"])
+    total = sum(r["cpu_s"] for r in rows)
+    print(f"\n{'entry':45} {'cpu s':>8} {'wall s':>8}")
+    for r in rows[:a.top]:
+        print(f"{r['name'][:45]:45} {r['cpu_s']:8.1f} {r['wall_s']:8.1f}")
+    print(f"{'all ' + str(len(rows)) + ' entries':45} {total:8.1f} "
+          f"{sum(r['wall_s'] for r in rows):8.1f}")
+    for r in rows:
+        for p in r["left"]:
+            print(f"suite-cpu.py: {r['name']} left running: {p}")
+    try:
+        os.rmdir(group)
+    except OSError:
+        pass
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
