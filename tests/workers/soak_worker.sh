@@ -22,15 +22,33 @@ say() { printf '%s\n' "$*" >>"$EV"; }
 
 if [ "$LOCAL_RANK" = 0 ]; then
   # Every process of this test and node carries SOAK_TAG and SOAK_NODE, and the attempt it
-  # belongs to in TORCHELASTIC_RESTART_COUNT. Zombies have no environment and are skipped.
-  for f in $(grep -l -a -s "SOAK_TAG=$SOAK_TAG" /proc/[0-9]*/environ); do
-    env=$( { tr '\0' '\n' <"$f"; } 2>/dev/null) || continue  # gone meanwhile
-    printf '%s\n' "$env" | grep -qx "SOAK_NODE=$SOAK_NODE" || continue
-    a=$(printf '%s\n' "$env" | sed -n 's/^TORCHELASTIC_RESTART_COUNT=//p')
-    p=${f#/proc/}
-    p=${p%/environ}
-    if [ -n "$a" ] && [ "$a" -lt "$A" ]; then say "overlap $A $R $p"; fi
-  done
+  # belongs to in TORCHELASTIC_RESTART_COUNT. One grep reads every process's environment
+  # (zombies have none) and prints those three as "/proc/PID/environ:NAME=VALUE", a process's
+  # lines together; the shell's builtins judge them. (A few programs a process, forked each
+  # attempt, were most of the soak's CPU.)
+  grep -a -s -z -H -E "^(SOAK_TAG|SOAK_NODE|TORCHELASTIC_RESTART_COUNT)=" /proc/[0-9]*/environ |
+    tr '\0' '\n' | {
+    f="" tag="" node="" a=""
+    judge() {
+      if [ "$tag" = "$SOAK_TAG" ] && [ "$node" = "$SOAK_NODE" ] && [ -n "$a" ] &&
+        [ "$a" -lt "$A" ]; then
+        p=${f#/proc/}
+        say "overlap $A $R ${p%/environ}"
+      fi
+    }
+    while IFS= read -r line; do
+      if [ "${line%%:*}" != "$f" ]; then
+        judge
+        f=${line%%:*} tag="" node="" a=""
+      fi
+      case "${line#*:}" in
+        SOAK_TAG=*) tag=${line#*:SOAK_TAG=} ;;
+        SOAK_NODE=*) node=${line#*:SOAK_NODE=} ;;
+        TORCHELASTIC_RESTART_COUNT=*) a=${line#*:TORCHELASTIC_RESTART_COUNT=} ;;
+      esac
+    done
+    judge
+  }
 fi
 
 case "$SOAK_KIND" in
