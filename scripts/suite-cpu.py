@@ -4,19 +4,21 @@
 
   python3 scripts/suite-cpu.py [--out FILE.jsonl] [--top 25] -- bash scripts/test.sh [ARGS]
 
-Runs the command. Every process that a ctest run started directly (one ctest entry) is put,
-as soon as it is seen, into a cpuacct group of its own (cgroup v1, /sys/fs/cgroup/cpuacct:
-root only); what it forks stays there, reparented or not. When the entry ends, its group's CPU
-time is read, and any process still in it is reported as left behind. crun's own cgroups are
-cgroup2's, so these groups do not touch what the suites test. An entry is recognised by its
-command line (ctest --show-only=json-v1 of the build folder). Writes one JSON line an entry to
---out and prints the entries with the most CPU and the sum.
+Runs the command. Every process that a ctest run starts (one ctest entry) is put, as soon as
+it is seen (a poll every 10 ms), into a cpuacct group of its own (cgroup v1,
+/sys/fs/cgroup/cpuacct: root only), with what it forked before; what it forks later stays
+there, reparented or not. When the entry ends, its group's CPU time is read, and any process
+still in it is reported as left behind. crun's own cgroups are cgroup2's, so these groups do
+not touch what the suites test. Entries are named by their command line and environment (ctest
+--show-only=json-v1 of the build folder), after the run. Writes one JSON line an entry to
+--out and prints the entries with the most CPU and the sum; exits as the command did.
 
 The suite on two cores is CPU-bound (docs/reliability.md): an entry's wall time is its share of
 the cores, its CPU time what it costs."""
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -98,69 +100,91 @@ def name_of(known, cmd, env):
     return fits[0] if len(fits) == 1 else " ".join(cmd)[:120]
 
 
+def parent_of(pid):
+    try:
+        return int(read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def descendants(pid):
+    found, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
 class Watcher(threading.Thread):
+    """Polls every POLL_S: a new child of a ctest goes into a group of its own, with whatever it
+    forked before it was seen; an entry ends when its process is gone or no longer ctest's.
+    Processes forked and ended within one poll before their entry was moved are not counted
+    (a few milliseconds of a start). Errors are counted and reported, never the end of it."""
+
     def __init__(self, top_pid, group, out):
         super().__init__(daemon=True)
         self.top, self.group, self.out = top_pid, group, out
         self.done = threading.Event()
-        self.rows = []
-        self.known = {}  # build folder -> its entries
-
-    def name_of(self, e):
-        if e["build"] not in self.known:
-            self.known[e["build"]] = entries(e["build"])
-        return name_of(self.known[e["build"]], e.get("cmd") or [], e.get("env") or {})
+        self.ended = []  # finished entries, named at the end (ctest --show-only is slow)
+        self.errors = []
+        self.seq = 0
 
     def finish(self, e):
         g = e["group"]
         stat = dict(line.split() for line in read(f"{g}/cpuacct.stat").splitlines())
         hz = os.sysconf("SC_CLK_TCK")
-        left = read(f"{g}/cgroup.procs").split()
-        row = {"name": self.name_of(e), "command": e.get("cmd"), "wall_s": round(time.time() - e["start"], 1),
-               "cpu_s": round(int(read(f"{g}/cpuacct.usage")) / 1e9, 1),
-               "user_s": round(int(stat["user"]) / hz, 1),
-               "sys_s": round(int(stat["system"]) / hz, 1),
-               "left": [f"{p} {read(f'/proc/{p}/cmdline').replace(chr(0), ' ')[:100]}"
-                        for p in left if os.path.exists(f"/proc/{p}")]}
-        self.rows.append(row)
-        self.out.write(json.dumps(row) + "\n")
-        self.out.flush()
+        left = []
+        for p in read(f"{g}/cgroup.procs").split():
+            try:
+                left.append(f"{p} {read(f'/proc/{p}/cmdline').replace(chr(0), ' ')[:100]}")
+            except OSError:
+                pass
+        e.update(wall_s=round(time.time() - e["start"], 1),
+                 cpu_s=round(int(read(f"{g}/cpuacct.usage")) / 1e9, 1),
+                 user_s=round(int(stat["user"]) / hz, 1),
+                 sys_s=round(int(stat["system"]) / hz, 1), left=left)
+        self.ended.append(e)
         if not left:
             os.rmdir(g)
+
+    def adopt(self, k, ctest, live):
+        self.seq += 1
+        g = f"{self.group}/{self.seq}-{k}"  # pids wrap: a sequence number keeps groups apart
+        os.makedirs(g)
+        for pid in [k] + descendants(k):
+            try:
+                with open(f"{g}/cgroup.procs", "w") as f:
+                    f.write(str(pid))
+            except OSError:  # gone already
+                pass
+        live[k] = {"start": time.time(), "group": g, "cmd": None, "build": build_dir_of(ctest),
+                   "env": None, "ctest": ctest}
 
     def run(self):
         live = {}
         while not (self.done.is_set() and not live):
-            kids = set()
-            for c in ctest_pids(self.top):
-                build = build_dir_of(c)
-                for k in children(c):
-                    kids.add(k)
-                    if k in live:
-                        continue
-                    g = f"{self.group}/{k}"
-                    os.makedirs(g, exist_ok=True)
+            try:
+                for c in ctest_pids(self.top):
+                    for k in children(c):
+                        if k not in live:
+                            self.adopt(k, c, live)
+                for k, e in list(live.items()):
                     try:
-                        with open(f"{g}/cgroup.procs", "w") as f:
-                            f.write(str(k))
-                    except OSError:  # gone already: too short to matter
-                        os.rmdir(g)
-                        continue
-                    live[k] = {"start": time.time(), "group": g, "cmd": None, "build": build,
-                               "env": None}
-            for k, e in list(live.items()):
-                try:
-                    cmd = read(f"/proc/{k}/cmdline").split("\0")[:-1]
-                    if cmd and os.path.basename(cmd[0]) != "ctest":  # exec'd
-                        e["cmd"] = cmd
-                        if e.get("env") is None:
-                            e["env"] = dict(v.split("=", 1) for v in
-                                            read(f"/proc/{k}/environ").split("\0") if "=" in v)
-                except OSError:
-                    pass
-                if k not in kids:
-                    del live[k]
-                    self.finish(e)
+                        cmd = read(f"/proc/{k}/cmdline").split("\0")[:-1]
+                        if cmd and os.path.basename(cmd[0]) != "ctest":  # exec'd
+                            e["cmd"] = cmd
+                            if e["env"] is None:
+                                e["env"] = dict(v.split("=", 1) for v in
+                                                read(f"/proc/{k}/environ").split("\0")
+                                                if "=" in v)
+                    except OSError:
+                        pass
+                    if parent_of(k) != e["ctest"]:  # gone, or not ctest's any more
+                        del live[k]
+                        self.finish(e)
+            except (OSError, ValueError, KeyError) as err:
+                self.errors.append(repr(err))
             time.sleep(POLL_S)
 
 
@@ -175,16 +199,32 @@ def main():
         ap.error("no command: suite-cpu.py -- bash scripts/test.sh")
     if not os.access(ROOT, os.W_OK):
         sys.exit(f"suite-cpu.py: {ROOT} is not writable (cgroup v1 cpuacct, root): cannot count")
+    if "cpu," in os.path.realpath(ROOT):
+        print(f"suite-cpu.py: {ROOT} is mounted with the cpu controller: each entry becomes a "
+              "scheduling group of its own, which changes its wall time", file=sys.stderr)
     group = f"{ROOT}/crun-suite-cpu-{os.getpid()}"
     os.makedirs(group)
+    proc = subprocess.Popen(command)
+    # Signals that would stop this script go to the command, which ends as it ends on them.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda s, _: proc.send_signal(s))
+    w = Watcher(proc.pid, group, None)
+    w.start()
+    rc = proc.wait()
+    w.done.set()
+    w.join(timeout=60)
+    known = {}
+    rows = []
+    for e in list(w.ended):
+        if e["build"] not in known:
+            known[e["build"]] = entries(e["build"])
+        rows.append({"name": name_of(known[e["build"]], e["cmd"] or [], e["env"] or {}),
+                     "command": e["cmd"],
+                     **{k: e[k] for k in ("wall_s", "cpu_s", "user_s", "sys_s", "left")}})
     with open(a.out, "a") as out:
-        proc = subprocess.Popen(command)
-        w = Watcher(proc.pid, group, out)
-        w.start()
-        rc = proc.wait()
-        w.done.set()
-        w.join(timeout=60)
-    rows = sorted(w.rows, key=lambda r: -r["cpu_s"])
+        for r in rows:
+            out.write(json.dumps(r) + "\n")
+    rows.sort(key=lambda r: -r["cpu_s"])
     total = sum(r["cpu_s"] for r in rows)
     print(f"\n{'entry':45} {'cpu s':>8} {'wall s':>8}")
     for r in rows[:a.top]:
@@ -194,11 +234,15 @@ def main():
     for r in rows:
         for p in r["left"]:
             print(f"suite-cpu.py: {r['name']} left running: {p}")
+    for err in w.errors[:10]:
+        print(f"suite-cpu.py: while counting: {err}", file=sys.stderr)
+    if w.is_alive():
+        print("suite-cpu.py: the counting did not end within 60 s of the command", file=sys.stderr)
     try:
         os.rmdir(group)
     except OSError:
         pass
-    return rc
+    return 128 - rc if rc < 0 else rc
 
 
 if __name__ == "__main__":

@@ -50,10 +50,27 @@ phase() { echo "test.sh: $1 ($(($(date +%s) - t0)) s since start)" >&2; }
 # Every entry's temporary files (crun's default log folders crun_XXXXXX, Python's pymp-*, the
 # suites' own) go to one folder of this run, removed with it on every path: thousands a run
 # would otherwise stay in /tmp. Short, under /tmp: Unix socket paths there must stay within
-# 108 bytes. What else must end with the run joins `cleanup`.
+# 108 bytes. What else must end with the run joins `cleanup` (run first to last, each whatever
+# the others do; the script's exit status stays its own).
 suite_tmp="$(mktemp -d /tmp/crun-suite.XXXXXX)"
-cleanup=("rm -rf '$suite_tmp'")
-trap 'for c in "${cleanup[@]}"; do eval "$c"; done' EXIT
+cleanup=()
+finish() {
+  finish_rc=$?  # globals: `local` fails where a signal's trap exits inside a function
+  set +e
+  for finish_c in "${cleanup[@]}"; do eval "$finish_c"; done
+  rm -rf "$suite_tmp"
+  exit "$finish_rc"
+}
+trap finish EXIT
+
+# ctest in the background and waited for, so that a signal that stops this script (CI's
+# timeout, ^C) stops ctest and the tests too, before the folder they write to goes.
+run_ctest() {
+  TMPDIR="$suite_tmp" ctest "$@" &
+  ctest_pid=$!
+  trap 'kill -TERM "$ctest_pid" 2> /dev/null; wait "$ctest_pid"; exit 143' TERM INT HUP
+  wait "$ctest_pid"
+}
 
 bash scripts/install-deps.sh
 phase "Debian packages installed"
@@ -105,8 +122,8 @@ for t in json.load(sys.stdin)["tests"]:
   CRUN_BUILD_TARGETS="$targets" CRUN_BUILD_DIR=$dir bash scripts/build.sh "${configure[@]}"
   phase "built with -fsanitize=$sanitize"
   phase "ctest starts"
-  TMPDIR="$suite_tmp" ctest --test-dir "$dir" --output-on-failure --no-tests=error \
-    -L "^$label\$" -j4 "${ctest_args[@]}"
+  run_ctest --test-dir "$dir" --output-on-failure --no-tests=error -L "^$label\$" -j4 \
+    "${ctest_args[@]}"
   exit
 fi
 
@@ -121,7 +138,8 @@ setsid bash -c 'bash scripts/setup-torch2.sh > /dev/null && bash scripts/setup-f
 venvs=$!
 # The venvs' job (its own process group: pip and its compilers) ends with this script, on
 # every path.
-cleanup+=("kill -- -$venvs 2> /dev/null || true" "rm -f '$venv_log'")
+printf -v rm_log 'rm -f %q' "$venv_log"
+cleanup+=("[ -z \"\${venvs:-}\" ] || kill -- -\"\$venvs\" 2> /dev/null" "$rm_log")
 
 bash scripts/build.sh -DCRUN_BUILD_TESTS=ON -DCRUN_TORCH2_PYTHON="$TORCH2_PYTHON" \
   -DCRUN_TF_PYTHON="${FRAMEWORK[tf]}" -DCRUN_JAX_PYTHON="${FRAMEWORK[jax]}" \
@@ -133,6 +151,7 @@ if ! wait "$venvs"; then
   exit 1
 fi
 cat "$venv_log" >&2
+venvs=""  # ended: its group id may belong to another process by the end
 phase "PyPI venvs ready"
 
 # ctest runs more tests at once than the machine has cores: most integration suites wait on
@@ -143,5 +162,5 @@ jobs="${CRUN_TEST_JOBS:-6}"
 label=(-LE '^quick-only$')  # the smoke tests: each also runs in its area's suite
 if [ "$mode" = quick ]; then label=(-L '^quick$'); fi
 phase "ctest starts"
-TMPDIR="$suite_tmp" ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs" \
-  "${label[@]}" "${ctest_args[@]}"
+run_ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs" "${label[@]}" \
+  "${ctest_args[@]}"
