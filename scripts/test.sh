@@ -141,7 +141,11 @@ venvs=$!
 printf -v rm_log 'rm -f %q' "$venv_log"
 cleanup+=("[ -z \"\${venvs:-}\" ] || kill -- -\"\$venvs\" 2> /dev/null" "$rm_log")
 
-bash scripts/build.sh -DCRUN_BUILD_TESTS=ON -DCRUN_TORCH2_PYTHON="$TORCH2_PYTHON" \
+# -g1: function names and line tables, what the suites' stacks (crun stacks, the hang reports,
+# the sanitizers' traces) name; not the locals' and types' records of -g, a quarter of the
+# build's time (docs/reliability.md). A developer's own build (scripts/build.sh) keeps -g.
+bash scripts/build.sh -DCRUN_BUILD_TESTS=ON -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCRUN_TORCH2_PYTHON="$TORCH2_PYTHON" \
   -DCRUN_TF_PYTHON="${FRAMEWORK[tf]}" -DCRUN_JAX_PYTHON="${FRAMEWORK[jax]}" \
   -DCRUN_DEEPSPEED_PYTHON="${FRAMEWORK[deepspeed]}" -DCRUN_HOROVOD_PYTHON="${FRAMEWORK[horovod]}"
 phase "crun built"
