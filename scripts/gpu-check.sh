@@ -102,7 +102,10 @@ case "${1:-}" in
       prefix="$prefix;$PWD/.gpu/nlohmann;$($py -c 'import torch; print(torch.utils.cmake_prefix_path)')"
       with_torch=ON
     fi
-    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCRUN_WERROR=ON \
+    # CRUN_GPU_BUILD_TYPE: the rehearsal here (tests/integration/test_gpu_check.py) compiles
+    # with "None" (no flags: -O0, no debug information); the build it rehearses
+    # is the same otherwise, and crun's own build compiles these sources with -O2 and -Werror.
+    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE="${CRUN_GPU_BUILD_TYPE:-Release}" -DCRUN_WERROR=ON \
       -DCRUN_WORKER_SDK_ONLY=ON -DCRUN_WITH_GLOO=OFF -DCRUN_WITH_TORCH=$with_torch \
       -DCRUN_WITH_NCCL=ON -DNCCL_ROOT="$nccl_root" -DCMAKE_PREFIX_PATH="$prefix" \
       -DCMAKE_POLICY_VERSION_MINIMUM=3.5 > "$out/configure-$mode.log" 2>&1 ||

@@ -11,7 +11,7 @@ ran at, into docs/reliability.md (between the matrix-bench markers).
   soak-warm         the same suite's Python workers warm (tests/warm_variant.py), SOAK_COUNTS=full
                     (the soak-warm markers)
   stragglers-noisy  test_stragglers.py's noisy job at 9000 steps (3 minutes): the evidence
-                    for the slow-rank detector's defaults, 1500 steps in CI
+                    for the slow-rank detector's defaults, 800 steps in CI
 
 Each part runs as a process group of its own with a tag in its environment, which everything
 it starts inherits (crun, workers, etcd). However the part ends (passed, failed, past the

@@ -40,15 +40,16 @@ SCALE = float(os.environ.get("SOAK_SCALE", "1"))
 # too), the cold DataLoader's 200 (torch imported in every worker of every attempt: about 1 s an
 # attempt alone; beside other suites, 200 each took 1,269 s of a fresh-clone CI run here); two
 # nodes what fits in about 60 s on a 2-core machine (15.0 and 11.9 restarts/s through the
-# service and etcd at the commit docs/reliability.md names). `ci`: a quarter to a half of those
-# where an attempt is cheap (25-100 ms: 1,450 restarts in all, a hundred or more a case, but 50
-# for SIGTERM-ignoring workers, whose every attempt waits out the 0.1 s grace), and 20 for each
-# cold DataLoader case (about 13 s each; its warm twin runs 100).
+# service and etcd at the commit docs/reliability.md names). `ci`: an eighth to a quarter of those
+# where an attempt is cheap (25-100 ms: 725 restarts in all, 50 or more a case, but 25 for
+# SIGTERM-ignoring workers, whose every attempt waits out the 0.1 s grace; a leak that every
+# restart adds shows within 50: e6381e4's failed every cgroup case by then), and 10 for each cold
+# DataLoader case (about 13 s each; its warm twin runs 50).
 COUNTS = {
     "full": {"one": 200, "ignore-term": 200, "dataloader": 200, "service": 800, "etcd": 600,
              "static": 400},
-    "ci": {"one": 100, "ignore-term": 50, "dataloader": 10, "service": 200, "etcd": 150,
-           "static": 100},
+    "ci": {"one": 50, "ignore-term": 25, "dataloader": 10, "service": 100, "etcd": 75,
+           "static": 50},
 }
 COUNTS_NAME = os.environ.get("SOAK_COUNTS", "ci")
 if COUNTS_NAME not in COUNTS:

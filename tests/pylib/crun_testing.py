@@ -3,6 +3,7 @@ and speak the 2.x wire protocol over a raw socket."""
 import json
 import os
 import random
+import re
 import select
 import shutil
 import signal
@@ -140,6 +141,19 @@ def whole_lines(path):
     except FileNotFoundError:
         return []
     return text.split("\n")[:-1]
+
+
+def ddp_digests(text, world):
+    """{rank: the SHA-256 of its final parameters} that tests/workers/ddp_train.py printed in
+    TEXT (its ranks' output, from every node). Raises AssertionError, with TEXT's end, unless
+    every rank of WORLD printed one."""
+    got = {int(r): d for r, d in
+           re.findall(rf"\brank (\d+)/{world} \(torch [^)]*\) done, .*params sha256 (\w+)$",
+                      text, re.M)}
+    if sorted(got) != list(range(world)):
+        raise AssertionError(f"ranks {sorted(got)} of {world} printed their parameters' digest:"
+                             f"\n{text[-3000:]}")
+    return got
 
 
 def probe_events(out_dir):

@@ -1,7 +1,8 @@
 """A stock PyTorch DDP program, as a user would run it under torchrun: gloo, env:// (the
 launcher's MASTER_ADDR/MASTER_PORT store), DistributedSampler, a few epochs of SGD on a small
-synthetic regression problem. Each rank saves its final parameters to OUT_DIR (if given) so a
-test can check they are identical on every rank.
+synthetic regression problem. Each rank saves its final parameters to OUT_DIR (if given) and
+prints their SHA-256 (of every value's repr, exact), so a test can check they are identical on
+every rank without importing torch itself (tests/pylib/crun_testing.py's ddp_digests).
 
     crun --standalone --nproc-per-node 2 ddp_train.py [OUT_DIR] [--nccl] [--die-once]
 
@@ -10,6 +11,7 @@ test can check they are identical on every rank.
 after the first epoch, so the launcher's restart is exercised.
 """
 import gc
+import hashlib
 import os
 import signal
 import sys
@@ -57,8 +59,9 @@ def main():
     flat = torch.cat([p.detach().flatten() for p in model.parameters()]).cpu()
     if args:
         torch.save(flat, os.path.join(args[0], f"params_{rank}.pt"))
+    digest = hashlib.sha256(repr(flat.tolist()).encode()).hexdigest()
     print(f"rank {rank}/{world} (torch {torch.__version__}) done, params[:3] = "
-          f"{flat[:3].tolist()}", flush=True)
+          f"{flat[:3].tolist()}, params sha256 {digest}", flush=True)
     # DDP's reducer holds the process group: dropped first, the group's threads are joined in
     # destroy_process_group, not at interpreter exit (where PyTorch 2.15 sometimes aborts with
     # "terminate called without an active exception", seen under Slurm in CI).
