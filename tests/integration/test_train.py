@@ -73,17 +73,18 @@ class Train(unittest.TestCase):
 
     def test_two_workers_learn_far_above_chance_with_identical_parameters(self):
         t0 = time.monotonic()
-        r = subprocess.run(self.cmd(2, 8000, 3), capture_output=True, text=True, timeout=900)
+        r = subprocess.run(self.cmd(2, 5000, 3), capture_output=True, text=True, timeout=900)
         self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
         m = self.metrics_json()
         self.assertEqual(m["world_size"], 2)
         self.assertEqual(len(m["test_accuracy"]), 3)
-        self.assertGreater(m["test_accuracy"][-1], 0.6)       # chance is 0.1
+        # Chance is 0.1; 5000 images reach 0.93 here (8000 reach 0.997, 4000 only 0.64).
+        self.assertGreater(m["test_accuracy"][-1], 0.6)
         self.assertTrue(m["parameters_identical"])
         self.assertEqual(len(set(m["parameter_hashes"])), 1)
         self.assertIn("test accuracy", r.stdout)
         self.assertIn("parameters identical on all ranks: yes", r.stdout)
-        print(f"\n  2 workers, 8000 images, 3 epochs: test accuracy {m['test_accuracy']} "
+        print(f"\n  2 workers, 5000 images, 3 epochs: test accuracy {m['test_accuracy']} "
               f"in {time.monotonic() - t0:.1f} s")
 
     def test_killed_worker_is_restarted_and_resumes_from_the_checkpoint(self):
