@@ -11,22 +11,24 @@ from budget_check import (BUDGET_S, budget_problems, parse_ceiling, parse_table,
 class Table(unittest.TestCase):
     def test_rows_and_their_why(self):
         rows = parse_table("# a comment\n\n"
-                           "a   10  20  1  -     unit,quick\n"
-                           "b  100 200  2  etcd  -     waits for leases to end\n")
-        self.assertEqual(rows["a"], (10.0, 20.0, 1, "-", "unit,quick", ""))
-        self.assertEqual(rows["b"], (100.0, 200.0, 2, "etcd", "-", "waits for leases to end"))
+                           "a   10  12  20  1  -     unit,quick\n"
+                           "b  100 150 200  2  etcd  -     waits for leases to end\n")
+        self.assertEqual(rows["a"], (10.0, 12.0, 20.0, 1, "-", "unit,quick", ""))
+        self.assertEqual(rows["b"], (100.0, 150.0, 200.0, 2, "etcd", "-",
+                                     "waits for leases to end"))
 
     def test_malformed_rows_are_named(self):
-        for text, words in [("a 10 20 1 -\n", "line 1: 'a 10 20 1 -' has 5 columns"),
-                            ("a ten 20 1 - -\n", "measured and timeout are seconds"),
-                            ("a 1 20 1 - -\na 1 20 1 - -\n", "line 2: 'a' has a row already")]:
+        for text, words in [("a 10 12 20 1 -\n", "line 1: 'a 10 12 20 1 -' has 6 columns"),
+                            ("a ten 12 20 1 - -\n", "measured, beside and timeout are seconds"),
+                            ("a 1 1 20 1 - -\na 1 1 20 1 - -\n",
+                             "line 2: 'a' has a row already")]:
             with self.subTest(text=text), self.assertRaises(ValueError) as e:
                 parse_table(text)
             self.assertIn(words, str(e.exception))
 
     def test_ceiling(self):
-        self.assertEqual(parse_ceiling("# ceiling: 4000 s\na 1 10 1 - -\n"), 4000)
-        self.assertEqual(parse_ceiling("a 1 10 1 - -\n"), BUDGET_S)
+        self.assertEqual(parse_ceiling("# ceiling: 4000 s\na 1 1 10 1 - -\n"), 4000)
+        self.assertEqual(parse_ceiling("a 1 1 10 1 - -\n"), BUDGET_S)
 
 
 class Rows(unittest.TestCase):
@@ -34,17 +36,27 @@ class Rows(unittest.TestCase):
         for measured, timeout, ok in [(100, 200, True), (100, 150, True), (100, 250, True),
                                       (100, 140, False), (100, 260, False),
                                       (1, 10, True), (1, 9, False), (4, 10, True),
-                                      (8, 20, True), (8, 21, False)]:
+                                      (1, 20, True), (1, 21, False), (8, 20, True),
+                                      (8, 21, False), (10, 25, True), (10, 26, False)]:
             with self.subTest(measured=measured, timeout=timeout):
                 why = "it waits" if measured > 60 else ""
-                problems = row_problems({"t": (measured, timeout, 1, "-", "-", why)})
+                problems = row_problems({"t": (measured, measured, timeout, 1, "-", "-", why)})
                 self.assertEqual(problems == [], ok, problems)
 
+    def test_room_above_the_time_beside_the_others(self):
+        for beside, ok in [(50, True), (80, True), (81, False)]:
+            with self.subTest(beside=beside):
+                problems = row_problems({"t": (50, beside, 100, 1, "-", "-", "")})
+                self.assertEqual(problems == [], ok, problems)
+        self.assertIn("t: TIMEOUT 100 s leaves too little room above the 81 s it took beside "
+                      "the others (at least 1.25x: 101.25 s)",
+                      row_problems({"t": (50, 81, 100, 1, "-", "-", "")})[0])
+
     def test_a_long_test_says_why(self):
-        self.assertEqual(row_problems({"t": (61, 122, 1, "-", "-", "")}),
+        self.assertEqual(row_problems({"t": (61, 61, 122, 1, "-", "-", "")}),
                          ["t: measured 61 s, over 60 s, without saying why"])
-        self.assertEqual(row_problems({"t": (61, 122, 1, "-", "-", "two venvs")}), [])
-        self.assertEqual(row_problems({"t": (60, 120, 1, "-", "-", "")}), [])
+        self.assertEqual(row_problems({"t": (61, 61, 122, 1, "-", "-", "two venvs")}), [])
+        self.assertEqual(row_problems({"t": (60, 60, 120, 1, "-", "-", "")}), [])
 
 
 class Sum(unittest.TestCase):
