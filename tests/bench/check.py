@@ -30,8 +30,10 @@ import contextlib
 import math
 import os
 import re
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -604,7 +606,15 @@ def measure_all(args, budget):
 
 def main():
     if "CRUN_BENCH_IN_NETNS" not in os.environ:
-        sys.exit(in_private_netns([os.path.abspath(__file__), *sys.argv[1:]]))
+        # What the checks write (crun's default log folders, the benchmarks' own temporary
+        # folders) goes into one folder of this run, removed with it.
+        tmp = tempfile.mkdtemp(prefix="crun-check-")
+        os.environ["TMPDIR"] = tmp
+        try:
+            rc = in_private_netns([os.path.abspath(__file__), *sys.argv[1:]])
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        sys.exit(rc)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--crun", required=True)
     ap.add_argument("--store-loadgen", required=True, help="the store_loadgen binary")

@@ -16,6 +16,7 @@ Usage: launch_bench.py --crun BIN --probe BIN --limit BIN --torch2-python PY [--
 """
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -59,19 +60,23 @@ def peak_rss_kib(cmd, env=None):
 
 def restart_latency(cmd, nproc, probe):
     out = tempfile.mkdtemp(prefix="crun-restart-")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    r = subprocess.run([*cmd, "--nproc_per_node", str(nproc), "--max_restarts", "1",
-                        "--no_python", probe, out], capture_output=True, text=True,
-                       timeout=600, env=env)
-    if r.returncode != 0:
-        raise RuntimeError(f"{cmd[:3]} restart run exited {r.returncode}: {r.stderr[-500:]}")
-    with open(os.path.join(out, "crash")) as f:
-        crash = int(f.read())
-    starts = []
-    for lr in range(nproc):
-        with open(os.path.join(out, f"start_{lr}")) as f:
-            starts.append(int(f.read()))
-    return (max(starts) - crash) / 1e6  # ms
+    try:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        r = subprocess.run([*cmd, "--nproc_per_node", str(nproc), "--max_restarts", "1",
+                            "--no_python", probe, out], capture_output=True, text=True,
+                           timeout=600, env=env)
+        if r.returncode != 0:
+            raise RuntimeError(f"{cmd[:3]} restart run exited {r.returncode}: "
+                               f"{r.stderr[-500:]}")
+        with open(os.path.join(out, "crash")) as f:
+            crash = int(f.read())
+        starts = []
+        for lr in range(nproc):
+            with open(os.path.join(out, f"start_{lr}")) as f:
+                starts.append(int(f.read()))
+        return (max(starts) - crash) / 1e6  # ms
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def limit_rows(args, env):

@@ -14,6 +14,7 @@ Usage: nccl_bench.py --bench BIN (--crun BIN | --torchrun PY) [--torch-python PY
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,13 +37,17 @@ def launch(a, native, argv):
 
 
 def run(a, native, argv, sizes):
-    out = os.path.join(tempfile.mkdtemp(prefix="crun-nccl-"), "bench.json")
-    cmd = launch(a, native, [*argv, out, ",".join(map(str, sizes))])
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    with open(out) as f:
-        return json.load(f)
+    tmp = tempfile.mkdtemp(prefix="crun-nccl-")
+    try:
+        out = os.path.join(tmp, "bench.json")
+        cmd = launch(a, native, [*argv, out, ",".join(map(str, sizes))])
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        if r.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+        with open(out) as f:
+            return json.load(f)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def main():

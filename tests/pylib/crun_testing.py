@@ -146,11 +146,12 @@ def whole_lines(path):
 def ddp_digests(text, world):
     """{rank: the SHA-256 of its final parameters} that tests/workers/ddp_train.py printed in
     TEXT (its ranks' output, from every node). Raises AssertionError, with TEXT's end, unless
-    every rank of WORLD printed one. A rank's record may follow another's unended line (Slurm's
-    output file interleaves its tasks' writes, an unbuffered print's text and newline apart)."""
+    every rank of WORLD printed one. A rank's record may follow another's on the same line:
+    an unbuffered print writes its text and its newline apart, and the ranks' writes
+    interleave (in crun's output and in Slurm's output file alike)."""
     got = {int(r): d for r, d in
-           re.findall(rf"rank (\d+)/{world} \(torch [^)]*\) done, .*params sha256 (\w+)$",
-                      text, re.M)}
+           re.findall(rf"rank (\d+)/{world} \(torch [^)]*\) done, [^\n]*?params sha256 "
+                      r"([0-9a-f]{64})", text)}
     if sorted(got) != list(range(world)):
         raise AssertionError(f"ranks {sorted(got)} of {world} printed their parameters' digest:"
                              f"\n{text[-3000:]}")
