@@ -52,6 +52,12 @@ class Rows(unittest.TestCase):
                       "the others (at least 1.25x: 101.25 s)",
                       row_problems({"t": (50, 81, 100, 1, "-", "-", "")})[0])
 
+    def test_where_the_room_needs_more_than_2_5x_exactly_that(self):
+        for timeout, ok in [(74, False), (75, True), (76, False)]:
+            with self.subTest(timeout=timeout):
+                problems = row_problems({"t": (20, 60, timeout, 1, "-", "-", "")})
+                self.assertEqual(problems == [], ok, problems)
+
     def test_a_long_test_says_why(self):
         self.assertEqual(row_problems({"t": (61, 61, 122, 1, "-", "-", "")}),
                          ["t: measured 61 s, over 60 s, without saying why"])
