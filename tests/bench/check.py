@@ -16,6 +16,7 @@ recorded one by more than its band is reported as a regression and makes the exi
 one that rose is reported too (the tables are then out of date in crun's favour). Not part of
 ctest: timing is not a test. Its smoke test (tests/bench/CMakeLists.txt) checks that it runs
 and parses the tables; its unit test (check_test.py) the band, the verdicts and the rounds.
+--smoke judges nothing, so its groups run in two lanes at once (SMOKE_LANES).
 
 Runs in a private network namespace (needs root), as store_bench.py and rdzv_bench.py do:
 PyTorch's stores stall where reverse DNS does not answer.
@@ -34,6 +35,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -586,22 +588,67 @@ GROUPS = (
 )
 
 
+# --smoke's lanes: each lane's groups in turn, the two lanes at once. Nothing is timed against
+# anything in a smoke run, and no two groups share a port (the kernel's or free_port's), a
+# folder or a process. The groups whose jobs are several PyTorch workers (recovery, snapshot,
+# node lost) share a lane, so that one of them at a time holds its memory; the two lanes take
+# about as long.
+SMOKE_LANES = (("recovery", "snapshot", "node lost"),
+               ("launch", "rendezvous", "scale", "etcd", "heartbeats", "store set", "storm"))
+SMOKE_LIMIT_S = 600  # both lanes ended by then, or the run fails
+
+
+def measure_group(args, group, budget):
+    """One group's rounds; {check: [pair ratio]}."""
+    rounds = Rounds(1, 1) if args.smoke else Rounds(group.first, ROUNDS_CAP)
+    t = budget.clock()
+    with group.session(args) as state:
+        pairs = run_group(lambda want, r: group.measure(args, want, r, state), group.checks,
+                          rounds, budget)
+    counts = [len(v) for v in pairs.values()]
+    # One write: the other lane's lines do not cut into it.
+    print(f"{group.name}: {max(counts)} rounds in {budget.clock() - t:.0f} s (pairs: "
+          f"{', '.join(map(str, counts))})"
+          f"{'; cut short by the run budget' if min(counts) < rounds.first else ''}\n",
+          end="", file=sys.stderr)
+    return pairs
+
+
 def measure_all(args, budget):
-    """Every group's rounds; {check: [pair ratio]}."""
+    """Every group's rounds, one group after another; {check: [pair ratio]}."""
     measured = {}
     for group in GROUPS:
-        rounds = Rounds(1, 1) if args.smoke else Rounds(group.first, ROUNDS_CAP)
-        t = budget.clock()
-        with group.session(args) as state:
-            pairs = run_group(lambda want, r: group.measure(args, want, r, state), group.checks,
-                              rounds, budget)
-        counts = [len(v) for v in pairs.values()]
-        print(f"{group.name}: {max(counts)} rounds in {budget.clock() - t:.0f} s (pairs: "
-              f"{', '.join(map(str, counts))})"
-              f"{'; cut short by the run budget' if min(counts) < rounds.first else ''}",
-              file=sys.stderr)
-        measured.update(pairs)
+        measured.update(measure_group(args, group, budget))
     return measured
+
+
+def measure_lanes(args, budget, groups=GROUPS, lanes=SMOKE_LANES, limit_s=SMOKE_LIMIT_S):
+    """Every group's rounds, the lanes at once (a thread each: a group waits on its processes),
+    each group with its own copy of `args` (a group sets its sizes there); {check: [pair
+    ratio]} in `groups`' order. A group that fails fails the run once both lanes have ended; a
+    lane still running after `limit_s` fails it then."""
+    by_name = {g.name: g for g in groups}
+    measured, failed = {}, []
+
+    def lane(names):
+        try:
+            for name in names:
+                measured.update(measure_group(argparse.Namespace(**vars(args)), by_name[name],
+                                              budget))
+        except Exception as e:  # raised again below, in the main thread
+            failed.append(e)
+
+    threads = [threading.Thread(target=lane, args=(names,), daemon=True) for names in lanes]
+    deadline = time.monotonic() + limit_s
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        raise RuntimeError(f"a lane of groups still ran after {limit_s} s")
+    if failed:
+        raise failed[0]
+    return {c: measured[c] for g in groups for c in g.checks}
 
 
 def main():
@@ -643,7 +690,8 @@ def main():
     print("recorded in docs/benchmarks.md:", file=sys.stderr)
     for name, (ratio, commit) in was.items():
         print(f"  {name}: {ratio:,.2f} (at {commit})", file=sys.stderr)
-    rows, regressed = judge(measure_all(args, budget), was)
+    measured = measure_lanes(args, budget) if args.smoke else measure_all(args, budget)
+    rows, regressed = judge(measured, was)
     print("| check | recorded (commit) | this run | noise band (pairs) | verdict |")
     print("|---|---|---|---|---|")
     for row in rows:

@@ -2,10 +2,13 @@
 timing anything: the band is a confidence interval of the median pair ratio; a check is judged
 only within ±20 % over enough pairs, and reported (saying why) otherwise; rounds are added to
 the checks that can still be judged, up to a cap and within the time budget, on a fake clock
-with scripted measurements. The recorded ratios come from the real tables with their commits."""
+with scripted measurements; --smoke's lanes run at once and hold every group once. The
+recorded ratios come from the real tables with their commits."""
+import argparse
 import math
 import os
 import sys
+import threading
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -229,6 +232,51 @@ class RunGroup(unittest.TestCase):
         pairs, _, _ = self.run_group(script, total_s=10 ** 6, extra_s=10 ** 6,
                                      rounds=check.Rounds(3, 12))
         self.assertEqual(len(pairs["noisy"]), 12)
+
+
+class Lanes(unittest.TestCase):
+    """measure_lanes on scripted groups: no process is started, nothing is timed."""
+
+    def lanes(self, groups, lanes):
+        args = argparse.Namespace(smoke=True)
+        return check.measure_lanes(args, check.Budget(100.0, 0.0), groups, lanes, limit_s=60)
+
+    def test_every_group_is_in_one_smoke_lane(self):
+        names = [name for lane in check.SMOKE_LANES for name in lane]
+        self.assertEqual(sorted(names), sorted(g.name for g in check.GROUPS))
+        self.assertEqual(len(names), len(set(names)))
+
+    def test_the_lanes_run_at_once_each_in_turn(self):
+        # The first group of each lane waits for the other's: lanes taken in turn would not
+        # meet, and the barrier's deadline would fail the run.
+        met = threading.Barrier(2, timeout=30)
+        order = []
+
+        def meets(args, want, r, _):
+            met.wait()
+            order.append(sorted(want))
+            return {c: 2.0 for c in want}
+
+        def after(args, want, r, _):
+            order.append(sorted(want))
+            return {c: 3.0 for c in want}
+
+        groups = (check.Group("a", ("ca",), meets), check.Group("b", ("cb",), meets),
+                  check.Group("c", ("cc",), after))
+        got = self.lanes(groups, (("a",), ("b", "c")))
+        self.assertEqual(list(got.items()), [("ca", [2.0]), ("cb", [2.0]), ("cc", [3.0])])
+        self.assertLess(order.index(["cb"]), order.index(["cc"]))
+
+    def test_a_groups_failure_is_the_runs(self):
+        def fails(args, want, r, _):
+            raise RuntimeError("crun exited 1")
+
+        def works(args, want, r, _):
+            return {c: 1.0 for c in want}
+
+        groups = (check.Group("a", ("ca",), fails), check.Group("b", ("cb",), works))
+        with self.assertRaisesRegex(RuntimeError, "crun exited 1"):
+            self.lanes(groups, (("a",), ("b",)))
 
 
 class Recorded(unittest.TestCase):

@@ -11,20 +11,36 @@ Usage: ddp_cifar.py DATA_DIR EPOCHS BATCH METRICS_JSON [--model resnet-small|res
 --ceiling (GPU): the model's ceiling for train's GPU table. The same model, optimizer, loss,
 autocast, memory format and batch in PyTorch eager (no torch.compile), one process, no DDP,
 with every batch already on the GPU: the images are normalised there once and each epoch's
-shuffled copy is made before its clock starts, so the loop only slices, trains and steps."""
+shuffled copy is made before its clock starts, so the loop only slices, trains and steps.
+
+--device cuda on a host without a GPU (no /dev/nvidia0, ...: the rehearsal of
+scripts/gpu-check.sh, tests/integration/test_gpu_check.py) fails at once, before importing
+torch, which would cost over a second of CPU only to fail at the first CUDA call."""
 import argparse
+import glob
 import json
 import os
 import sys
 import time
 
-import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DistributedSampler
+
+def cuda_without_a_gpu(argv):
+    """Whether the arguments ask for --device cuda on a host without a GPU."""
+    cuda = any(a == "--device=cuda" or (a == "--device" and argv[i + 1:i + 2] == ["cuda"])
+               for i, a in enumerate(argv))
+    return cuda and not glob.glob("/dev/nvidia[0-9]*")
+
+
+if __name__ == "__main__" and cuda_without_a_gpu(sys.argv[1:]):
+    sys.exit("ddp_cifar.py: --device cuda: no GPU on this host (no /dev/nvidia[0-9]* device)")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+from torch.utils.data import DistributedSampler  # noqa: E402
 
 MEAN = torch.tensor([0.4914, 0.4822, 0.4465]).view(1, 3, 1, 1)
 STD = torch.tensor([0.2470, 0.2435, 0.2616]).view(1, 3, 1, 1)

@@ -70,13 +70,13 @@ class PrivateNetns(unittest.TestCase):
         self.assertIn(live, namespaces())
 
     def test_a_killed_tests_fabric_is_swept_when_the_next_one_starts(self):
-        """tests/pylib/fabric.py's hosts (crun<pid>-<host>) left by a test that ctest's TIMEOUT
+        """tests/pylib/fabric.py's hosts (crun<pid>-<n>-<host>) left by a test that ctest's TIMEOUT
         killed go when the next Fabric starts; a live test's are kept."""
         import fabric
         dead = subprocess.Popen(["true"])
         dead.wait()
-        stale = [f"crun{dead.pid}-sw", f"crun{dead.pid}-a"]
-        live = f"crun{os.getppid()}-a"  # a process that is alive: this test's parent
+        stale = [f"crun{dead.pid}-0-sw", f"crun{dead.pid}-0-a"]
+        live = f"crun{os.getppid()}-0-a"  # a process that is alive: this test's parent
         for ns in (*stale, live):
             subprocess.run(["ip", "netns", "add", ns], check=True)
             self.addCleanup(subprocess.run, ["ip", "netns", "del", ns], capture_output=True)

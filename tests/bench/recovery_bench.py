@@ -338,6 +338,9 @@ def table(args, measured):
 
 
 LAUNCHERS = (("crun cold", "crun"), ("crun --warm", "crun-warm"), ("torchrun 2.x", "torchrun"))
+# --smoke's: crun --warm and torchrun 2.x run this same case (one node, a crash) through
+# run_once in bench_check_smoke (check.py's recovery group: crun's must succeed whole).
+SMOKE_LAUNCHERS = LAUNCHERS[:1]
 # What the template imports (agent/warm/warm_template.cc, DefaultWarmModules), in its order.
 TEMPLATE_IMPORTS = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 
@@ -423,7 +426,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--ckpt-mb", type=int, default=200)
     ap.add_argument("--out", default=os.path.join(HERE, "..", "..", "docs", "benchmarks.md"))
-    ap.add_argument("--smoke", action="store_true", help="one case, one round, no table")
+    ap.add_argument("--smoke", action="store_true", help="one case, one round, crun cold, no table")
     ap.add_argument("--imports", action="store_true",
                     help="only where a worker's own start goes (python -X importtime)")
     args = ap.parse_args()
@@ -444,7 +447,8 @@ def main():
     measured = []
     for case in cases(args):
         print(f"{case['label']} (torch {case['torch']})", file=sys.stderr)
-        measured.append((case, measure(args, case, LAUNCHERS)))
+        measured.append((case, measure(args, case,
+                                       SMOKE_LAUNCHERS if args.smoke else LAUNCHERS)))
     lines = table(args, measured)
     if not args.smoke:
         lines += ["", *memory_table(args)]

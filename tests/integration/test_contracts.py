@@ -171,25 +171,19 @@ class Tf(Contract):
         again = self.check_trained(out, 2, attempt=1)[0]["cluster"]
         self.assertNotEqual(first, again, "the restart kept the first round's ports")
 
-    def test_a_killed_worker_restarts_the_group_with_new_ports(self):
-        # Also what a standalone job of two workers must do: train to identical weights (its
-        # second attempt's, from scratch).
-        code, text, out = self.standalone("tensorflow", "--die-once",
-                                          extra=("--max-restarts", "1"))
-        self.assertEqual(code, 0, text)
-        self.assertRegex(text, r"restarting the worker group \(restart 1 of at most 1\): "
-                         + KILLED_RANK_1)
-        first = self.tf_config(out, 0, 0)["cluster"]["worker"]
-        again = self.check_trained(out, 2, attempt=1)[0]["cluster"]
-        self.assertNotEqual(first, again, "the restart kept the first attempt's ports")
-
-    def test_a_port_taken_before_the_worker_binds_fails_it_and_restarts(self):
+    def test_a_port_taken_before_the_worker_binds_fails_it_and_restarts_with_new_ports(self):
+        # Also what a standalone job of two workers must do after any failure: restart with
+        # new ports and train to identical weights (its second attempt's, from scratch). A
+        # SIGKILLed TensorFlow worker: test_two_static_nodes_share_one_cluster_and_restart_together.
         code, text, out = self.standalone("tensorflow", "--take-port-once",
                                           extra=("--max-restarts", "1", "--shutdown-timeout", "5"))
         self.assertEqual(code, 0, text)
         self.assertIn("Could not start gRPC server", text)
         self.assertRegex(text, r"rank 0 \(local rank 0\) on \S+ failed with exit code 1")
-        self.check_trained(out, 2, attempt=1)
+        self.assertIn("restarting the worker group (restart 1 of at most 1)", text)
+        first = self.tf_config(out, 0, 0)["cluster"]["worker"]
+        again = self.check_trained(out, 2, attempt=1)[0]["cluster"]
+        self.assertNotEqual(first, again, "the restart kept the first attempt's ports")
 
 
 class Jax(Contract):
@@ -248,20 +242,15 @@ class DeepSpeed(Contract):
         self.addCleanup(lambda: [os.unlink(f) for f in
                                  set(glob.glob("/dev/shm/deepspeed_allreduce_buffer_*")) - before])
 
-    def test_a_killed_worker_restarts(self):
-        code, text, out = self.standalone("deepspeed", "--local_rank=${local_rank}",
-                                          "--die-once", extra=("--max-restarts", "1"))
+    def test_a_restarted_group_gets_what_its_own_launcher_gives(self):
+        """A worker SIGKILLed restarts the group; the restarted workers' init_distributed with
+        --local_rank, and every variable DeepSpeed's launcher gives a worker, crun gives with the
+        same value, but for the differences docs/environment.md lists."""
+        code, text, ours = self.standalone("deepspeed", "--local_rank=${local_rank}",
+                                           "--die-once", extra=("--max-restarts", "1"))
         self.assertEqual(code, 0, text)
         self.assertRegex(text, KILLED_RANK_1)
-        self.ok_results(out, "ds", 2, attempt=1)
-
-    def test_init_distributed_with_local_rank_argument_as_its_own_launcher_does(self):
-        """init_distributed with --local_rank, and every variable DeepSpeed's launcher gives a
-        worker, crun gives with the same value, but for the differences docs/environment.md
-        lists."""
-        code, text, ours = self.standalone("deepspeed", "--local_rank=${local_rank}")
-        self.assertEqual(code, 0, text)
-        for x in self.ok_results(ours, "ds", 2):
+        for x in self.ok_results(ours, "ds", 2, attempt=1):
             self.assertEqual(x["env"]["LOCAL_SIZE"], "2")
             self.assertEqual(x["env"]["CROSS_RANK"], "0")
             self.assertEqual(x["env"]["CROSS_SIZE"], "1")
@@ -274,7 +263,7 @@ class DeepSpeed(Contract):
         # CUDA_VISIBLE_DEVICES: its launcher lists its devices even on the CPU; MASTER_PORT:
         # its default 29500 against the port of crun's store; PATH, PWD: the test's.
         explained = {"CUDA_VISIBLE_DEVICES", "MASTER_PORT", "PATH", "PWD"}
-        for a, b in zip(self.results(ours, "ds", 2), self.results(theirs, "ds", 2)):
+        for a, b in zip(self.results(ours, "ds", 2, attempt=1), self.results(theirs, "ds", 2)):
             added = {k: v for k, v in b["env"].items()
                      if os.environ.get(k) != v and k not in explained}
             self.assertTrue({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK",
@@ -307,21 +296,18 @@ class Horovod(Contract):
     def test_two_static_nodes_meet_on_node_0_s_rendezvous(self):
         self.check_two_nodes(*self.two_static_nodes("horovod"))
 
-    def test_a_killed_worker_restarts_on_a_fresh_rendezvous(self):
-        code, text, out = self.standalone("horovod", "--die-once", extra=("--max-restarts", "1"))
+    def test_a_restarted_group_gets_a_fresh_rendezvous_and_what_horovodrun_gives(self):
+        """A worker SIGKILLed restarts the group on a fresh rendezvous; the restarted workers'
+        standalone all-reduce and broadcast, and every HOROVOD_ variable horovodrun --gloo
+        gives a worker on this host, crun gives them with the same value, but for the
+        differences docs/environment.md lists."""
+        code, text, ours = self.standalone("horovod", "--die-once", extra=("--max-restarts", "1"))
         self.assertEqual(code, 0, text)
         self.assertRegex(text, KILLED_RANK_1)
-        first = open(os.path.join(out, "hvd_port_0_0")).read()
-        again = self.check_ran(out, 2, attempt=1)[0]["env"]["HOROVOD_GLOO_RENDEZVOUS_PORT"]
+        first = open(os.path.join(ours, "hvd_port_0_0")).read()
+        again = self.check_ran(ours, 2, attempt=1)[0]["env"]["HOROVOD_GLOO_RENDEZVOUS_PORT"]
         self.assertNotEqual(first, again, "the restart reused the first round's rendezvous")
-
-    def test_standalone_allreduce_and_broadcast_as_horovodrun_gives(self):
-        """Standalone all-reduce and broadcast, and every HOROVOD_ variable horovodrun --gloo
-        gives a worker on this host, crun gives with the same value, but for the differences
-        docs/environment.md lists."""
-        code, text, ours = self.standalone("horovod")
-        self.assertEqual(code, 0, text)
-        for x in self.check_ran(ours, 2):
+        for x in self.check_ran(ours, 2, attempt=1):
             self.assertEqual((x["local_size"], x["cross_rank"], x["cross_size"]), (2, 0, 1))
         theirs = self.outdir()
         bin_dir = os.path.dirname(self.python)
@@ -333,7 +319,7 @@ class Horovod(Contract):
         # HOROVOD_GLOO_IFACE: horovodrun's pick of a common interface (crun leaves gloo to
         # the host name); the rendezvous port; HOROVOD_HOSTNAME: -H's name against the host's.
         explained = {"HOROVOD_GLOO_IFACE", "HOROVOD_GLOO_RENDEZVOUS_PORT", "HOROVOD_HOSTNAME"}
-        for a, b in zip(self.check_ran(ours, 2), self.check_ran(theirs, 2)):
+        for a, b in zip(self.check_ran(ours, 2, attempt=1), self.check_ran(theirs, 2)):
             self.assertEqual({k: v for k, v in a["env"].items() if k not in explained},
                              {k: v for k, v in b["env"].items() if k not in explained})
             self.assertEqual(set(b["env"]) - set(a["env"]), {"HOROVOD_GLOO_IFACE"})

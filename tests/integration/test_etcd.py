@@ -2,7 +2,11 @@
 (Debian's etcd-server) across network namespaces (tests/pylib/fabric.py): every host runs one
 etcd member and one crun, as a fleet that keeps its own etcd would. The job survives the loss
 of any one machine: an etcd member, the host serving the round's store, a partitioned agent.
-Needs root, as CI runs it."""
+The tests that leave etcd's members alone share one cluster (setUpClass), each under a run id
+of its own; those that kill members, and the one with TLS and users, start their own. The
+tests run three at a time (tests/pylib/lanes.py): each mostly waits out leases, outages and
+its cluster's start. Needs root, as CI runs it."""
+import contextlib
 import json
 import os
 import shutil
@@ -27,16 +31,31 @@ from crun_testing import (alive, commands_mentioning, kill_all, make_certificate
                           probe_events, wait_for)
 from etcd_cluster import EtcdCluster, missing_programs  # noqa: E402
 from fabric import Fabric  # noqa: E402
+import lanes  # noqa: E402
 
 
 class EtcdRendezvous(unittest.TestCase):
-    def setUp(self):
+    @classmethod
+    def setUpClass(cls):
         missing = missing_programs()
         if missing:
-            self.fail(f"{', '.join(missing)} not found: install etcd-server and etcd-client "
-                      "(scripts/install-deps.sh)")
+            raise AssertionError(f"{', '.join(missing)} not found: install etcd-server and "
+                                 "etcd-client (scripts/install-deps.sh)")
+        # The shared cluster: members on a, b and c; d is the host a test partitions, e one
+        # where nobody listens. Its data goes with the class.
+        root = tempfile.mkdtemp(prefix="crun-etcd-shared-")
+        cls.addClassCleanup(shutil.rmtree, root, ignore_errors=True)
+        cls.fab = Fabric(["a", "b", "c", "d", "e"]).__enter__()
+        cls.addClassCleanup(cls.fab.close)
+        cls.etcd = EtcdCluster(cls.fab, ["a", "b", "c"], root + "/etcd").__enter__()
+        cls.addClassCleanup(cls.etcd.close)
+
+    def setUp(self):
         self.dir = tempfile.mkdtemp(prefix="crun-etcd-")
         self.procs = []
+        # The run's keys are /crun/rdzv/<run id>/: each test's own on the shared cluster.
+        self.run_id = self._testMethodName[len("test_"):]
+        self.prefix = f"/crun/rdzv/{self.run_id}/"
 
     def tearDown(self):
         kill_all(self.procs)
@@ -50,10 +69,17 @@ class EtcdRendezvous(unittest.TestCase):
     def leftovers(self):
         return [f"{pid}: {cmdline[:200]}" for pid, cmdline in commands_mentioning(self.dir)]
 
-    def crun(self, fab, host, nnodes, cmd, endpoints, conf=FAST, extra=(), run_id="job",
+    @contextlib.contextmanager
+    def shared_cluster(self):
+        """The class's fabric and etcd, for a test that leaves the members, and the hosts that
+        other tests use, as it found them."""
+        yield self.fab, self.etcd
+
+    def crun(self, fab, host, nnodes, cmd, endpoints, conf=FAST, extra=(), run_id=None,
              nproc=2):
         args = [CRUN, "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-backend",
-                "etcd-v3", "--rdzv-endpoint", endpoints, "--rdzv-id", run_id, *extra]
+                "etcd-v3", "--rdzv-endpoint", endpoints, "--rdzv-id", run_id or self.run_id,
+                *extra]
         if conf:
             args += ["--rdzv-conf", conf]
         env = dict(os.environ, NODE_TAG=host)
@@ -69,10 +95,10 @@ class EtcdRendezvous(unittest.TestCase):
     def events(self):
         return probe_events(self.dir)
 
-    def status(self, fab, etcd, host="a", run_id="job"):
+    def status(self, fab, etcd, host="a"):
         r = subprocess.run(fab.command(host, [CRUN, "status", "--rdzv-backend", "etcd-v3",
                                               "--rdzv-endpoint", etcd.endpoints(), "--rdzv-id",
-                                              run_id, "--json"]),
+                                              self.run_id, "--json"]),
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stderr)
         return json.loads(r.stdout)[0]
@@ -94,8 +120,7 @@ class EtcdRendezvous(unittest.TestCase):
         wait_for(lambda: not any(alive(p) for p in pids), "every worker to be gone")
 
     def test_two_hosts_form_fail_restart_and_finish_with_the_count_in_etcd(self):
-        with Fabric(["a", "b", "c"]) as fab, \
-                EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
+        with self.shared_cluster() as (fab, etcd):
             probe = [PROBE, self.dir, "--connect-master", "--fail-rank", "1", "--fail-restart",
                      "0", "--code", "3", "--fail-when-all-started"]
             nodes = [self.crun(fab, h, "2", probe, etcd.endpoints(), extra=["--max-restarts",
@@ -121,13 +146,10 @@ class EtcdRendezvous(unittest.TestCase):
             self.assertEqual(job["restarts_used"], 1)
             self.assertIn("exit code 3", job["last_failure"])
             # The job's keys, as an operator reads them with etcdctl.
-            r = etcd.etcdctl("get", "--prefix", "--keys-only", "/crun/rdzv/job/")
+            r = etcd.etcdctl("get", "--prefix", "--keys-only", self.prefix)
             keys = set(r.stdout.split())
-            self.assertIn("/crun/rdzv/job/state", keys)
-            self.assertIn("/crun/rdzv/job/a/job", keys)
-            self.assertIn("/crun/rdzv/job/layout", keys)
-            self.assertIn("/crun/rdzv/job/rounds/00000001", keys)
-            self.assertIn("/crun/rdzv/job/last_failure", keys)
+            for key in ("state", "a/job", "layout", "rounds/00000001", "last_failure"):
+                self.assertIn(self.prefix + key, keys)
             # Leases revoked: every agent's key, and the decider's, went with them.
             self.assertFalse([k for k in keys if "/nodes/" in k or k.endswith("/decider")], keys)
             self.no_crun_left(fab)
@@ -136,8 +158,7 @@ class EtcdRendezvous(unittest.TestCase):
         restarts = 3 * 10 + 2  # three times the rounds kept (rendezvous/etcd/job.h)
         worker = ["-c", "import os, sys; sys.exit(0 if os.environ['TORCHELASTIC_RESTART_COUNT'] "
                         f"== '{restarts}' else 3)"]
-        with Fabric(["a", "b", "c"]) as fab, \
-                EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
+        with self.shared_cluster() as (fab, etcd):
             p = self.crun(fab, "a", "1", worker, etcd.endpoints(), nproc=1,
                           conf=FAST + ",etcd_retention=3",
                           extra=["--max-restarts", str(restarts),
@@ -146,21 +167,20 @@ class EtcdRendezvous(unittest.TestCase):
             self.assertEqual(code, 0, err)
             job = self.status(fab, etcd)
             self.assertEqual((job["phase"], job["restarts_used"]), ("succeeded", restarts))
-            keys = etcd.etcdctl("get", "--prefix", "--keys-only", "/crun/rdzv/job/").stdout.split()
+            keys = etcd.etcdctl("get", "--prefix", "--keys-only", self.prefix).stdout.split()
             rounds = sorted(k for k in keys if "/rounds/" in k)
-            self.assertEqual(rounds, [f"/crun/rdzv/job/rounds/{n:08d}"
+            self.assertEqual(rounds, [f"{self.prefix}rounds/{n:08d}"
                                       for n in range(restarts - 9, restarts + 1)])
             self.assertEqual([k for k in keys if "/a/stores/" in k], [])  # its host left
             self.assertLess(len(keys), 20, keys)
             # Every key of the run is bound to the retention lease: etcd deletes them with it.
             wait_for(lambda: etcd.etcdctl("get", "--prefix", "--keys-only",
-                                          "/crun/rdzv/job/").stdout.split() == [],
-                     "the job's keys to go after etcd_retention", limit=30)
+                                          self.prefix).stdout.split() == [],
+                     "the job's keys to go after etcd_retention", limit=30, every=0.2)
             self.no_crun_left(fab)
 
     def test_scale_up_from_two_to_three_hosts_of_at_most_four(self):
-        with Fabric(["a", "b", "c"]) as fab, \
-                EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
+        with self.shared_cluster() as (fab, etcd):
             probe = [PROBE, self.dir, "--exit-when-world", "6"]
             a = self.crun(fab, "a", "2:4", probe, etcd.endpoints())
             b = self.crun(fab, "b", "2:4", probe, etcd.endpoints())
@@ -255,8 +275,7 @@ class EtcdRendezvous(unittest.TestCase):
             self.no_crun_left(fab)
 
     def test_the_deciders_machine_lost_another_agent_decides(self):
-        with Fabric(["a", "b", "c"]) as fab, \
-                EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
+        with self.shared_cluster() as (fab, etcd):
             probe = [PROBE, self.dir, "--until", "go"]
             nodes = {h: self.crun(fab, h, "2:3", probe, etcd.endpoints(),
                                   conf=FAST + f",node_id={h}", extra=["--max-restarts", "1"])
@@ -265,7 +284,7 @@ class EtcdRendezvous(unittest.TestCase):
                      "a round of three hosts")
 
             def decider():
-                r = etcd.etcdctl("get", "--print-value-only", "/crun/rdzv/job/a/decider")
+                r = etcd.etcdctl("get", "--print-value-only", self.prefix + "a/decider")
                 return r.stdout.strip()
             first = decider()
             self.assertIn(first, nodes)
@@ -275,7 +294,7 @@ class EtcdRendezvous(unittest.TestCase):
             wait_for(lambda: sum(e["WORLD_SIZE"] == "4" for e in self.events()) == 4,
                      "the survivors to re-form", limit=30)
             survivors = [h for h in nodes if h != first]
-            wait_for(lambda: decider() in survivors, "a survivor to decide")
+            wait_for(lambda: decider() in survivors, "a survivor to decide", every=0.2)
             open(os.path.join(self.dir, "go"), "w").close()
             for h in survivors:
                 code, _, err = self.finish(nodes[h])
@@ -288,8 +307,7 @@ class EtcdRendezvous(unittest.TestCase):
             self.no_crun_left(fab)
 
     def test_a_partitioned_agent_is_replaced_and_rejoins_as_a_new_member(self):
-        with Fabric(["a", "b", "c", "d"]) as fab, \
-                EtcdCluster(fab, ["a", "b", "c"], self.dir + "/etcd") as etcd:
+        with self.shared_cluster() as (fab, etcd):
             probe = [PROBE, self.dir, "--until", "go"]
             conf = FAST + ",reconnect_timeout=60"
             nodes = {h: self.crun(fab, h, "2:3", probe, etcd.endpoints(), conf=conf)
@@ -341,12 +359,12 @@ class EtcdRendezvous(unittest.TestCase):
                 # Status through TLS and auth: the same JSON as against the daemon.
                 r = subprocess.run(fab.command("c", [
                     CRUN, "status", "--rdzv-backend", "etcd-v3", "--rdzv-endpoint",
-                    etcd.endpoints(), "--rdzv-id", "job", "--etcd-user", "root",
+                    etcd.endpoints(), "--rdzv-id", self.run_id, "--etcd-user", "root",
                     "--etcd-password-file", good, *client]), capture_output=True, text=True,
                     timeout=60)
                 self.assertEqual(r.returncode, 0, r.stderr)
-                self.assertRegex(r.stdout, r"job job: succeeded, round 0, nodes 2:2, world size "
-                                           r"4, restarts 0 of 0")
+                self.assertRegex(r.stdout, rf"job {self.run_id}: succeeded, round 0, nodes 2:2, "
+                                           r"world size 4, restarts 0 of 0")
                 # A wrong password, no password, and plaintext against TLS: refused, named,
                 # nothing started.
                 cases = [
@@ -366,18 +384,18 @@ class EtcdRendezvous(unittest.TestCase):
             self.no_crun_left(fab)
 
     def test_bad_endpoints_and_layouts_are_refused_with_nothing_started(self):
-        with Fabric(["a", "b"]) as fab, EtcdCluster(fab, ["a"], self.dir + "/etcd") as etcd:
+        with self.shared_cluster() as (fab, etcd):
             probe = [PROBE, self.dir]
             # Nobody there.
-            dead = f"{fab.addr('b')}:2379"
+            dead = f"{fab.addr('e')}:2379"
             p = self.crun(fab, "a", "1", probe, dead, conf="connect_timeout=2")
             code, _, err = self.finish(p)
             self.assertNotEqual(code, 0)
             self.assertIn(f"cannot use etcd at {dead}", err)
             self.assertIn("nothing was started", err)
             # Keys of another layout under the run's prefix.
-            etcd.etcdctl("put", "/crun/rdzv/old/layout", "crun-etcd-rendezvous/0")
-            p = self.crun(fab, "a", "1", probe, etcd.endpoints(), run_id="old")
+            etcd.etcdctl("put", self.prefix + "layout", "crun-etcd-rendezvous/0")
+            p = self.crun(fab, "a", "1", probe, etcd.endpoints())
             code, _, err = self.finish(p)
             self.assertNotEqual(code, 0)
             self.assertIn("'crun-etcd-rendezvous/0', this crun reads 'crun-etcd-rendezvous/3'",
@@ -393,4 +411,4 @@ class EtcdRendezvous(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    lanes.main(3)

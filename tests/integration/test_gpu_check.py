@@ -4,7 +4,10 @@ time on the GPU and not on the script. In a copy of the source tree: `prepare` p
 tarball from this build; `run` unpacks it, picks PyTorch's own NCCL, builds the SDK alone with
 NCCL, runs its tests (the GPU case skipped) and starts DDP and the benchmark under the
 tarball's crun, which refuse for want of a GPU; `train` builds train against PyTorch 2.x's
-libtorch and NCCL and starts it under crun, which refuses for the same reason.
+libtorch and NCCL and starts it under crun, which refuses for the same reason. The Python GPU
+workers (tests/workers/cuda_worker.py, tests/bench/ddp_cifar.py --device cuda) stop before
+importing torch on a host without a GPU: over a second of CPU each, sixteen of them in
+`faults`.
 
 Skipped (exit 77) where the rehearsal cannot run: a GPU is present (run the script itself), no
 CUDA toolkit, or no PyTorch 2.x with its NCCL wheel (CRUN_TORCH2_PYTHON)."""
@@ -131,6 +134,11 @@ class GpuCheckRehearsal(unittest.TestCase):
                      "row fp16 ceiling", "all done"]:
             self.assertRegex(log, r"gpu-faults: (PASS|FAIL|INFO) " + step, step)
         self.assertIn("FAIL hang_spin exit", log)  # no GPU: the worker fails, it does not hang
+        # The Python workers stopped before importing torch.
+        with open(os.path.join(self.faults_out, "oom.log")) as f:
+            self.assertIn("cuda_worker.py oom: no GPU on this host", f.read())
+        with open(os.path.join(self.faults_out, "train.log")) as f:
+            self.assertIn("ddp_cifar.py: --device cuda: no GPU on this host", f.read())
         self.assertIn("SKIPPED: no GPU here", open(os.path.join(self.faults_out,
                                                                 "nccl_tests.log")).read())
 

@@ -3,7 +3,12 @@ one rank blocks in a function with a distinctive name while the others wait in a
 PyTorch 1.13 (Debian's python: no py-spy, so crun's faulthandler hook) and 2.x (py-spy beside
 its python); a native SDK worker whose only progress is its heartbeat (eu-stack); torchelastic's
 file timer; a SIGSTOPped worker; `crun stacks` on a running job; and bad input. Each time crun
-must name the hung rank and where every rank was, then restart the group and finish."""
+must name the hung rank and where every rank was, then restart the group and finish.
+
+Two at a time (tests/pylib/lanes.py): the cases whose workers import PyTorch one after another
+in a lane of their own (TorchWorkers), and beside them, one after another, those whose workers
+import nothing heavy (QuietWorkers, OomKiller): two PyTorch imports at once have kept a
+healthy rank in uninterruptible sleep (D: no progress) past a 5 s hang timeout."""
 import glob
 import json
 import os
@@ -23,14 +28,22 @@ TORCH2 = os.environ.get("TORCH2_PYTHON")
 LIMIT_S = 240
 
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
+import lanes  # noqa: E402
 from crun_testing import alive, kill_all, scratch_dir, wait_for  # noqa: E402
 from fabric import Fabric  # noqa: E402
 
 
-class Hangs(unittest.TestCase):
+class Case(unittest.TestCase):
+    """What the cases share: a scratch directory, crun with a log directory there, the
+    hang report's checks."""
+
     def setUp(self):
         self.dir = scratch_dir(self, "crun-hangs-")
         self.logs = os.path.join(self.dir, "logs")
+        self.procs = []
+
+    def tearDown(self):
+        kill_all(self.procs)
 
     def env(self, python=None, **extra):
         e = dict(os.environ)
@@ -76,6 +89,17 @@ class Hangs(unittest.TestCase):
             self.assertEqual(s["tool"], tool if isinstance(tool, str) else tool[s["rank"] == hung])
             self.assertTrue(os.path.exists(os.path.join(h["stacks_dir"], f"rank_{s['rank']}.txt")))
 
+    def stacks(self, pid):
+        self.last = subprocess.run([CRUN, "stacks", str(pid)], capture_output=True, text=True,
+                                   timeout=LIMIT_S)
+        return self.last
+
+
+class TorchWorkers(Case):
+    """Workers that import PyTorch while crun watches them (cold; warm, their template imported
+    it before): one at a time, in a lane of their own."""
+    own_lane = True
+
     def test_ddp_hang_torch_1_13_without_py_spy(self):
         r = self.crun("--hang-timeout", "5", "--max-restarts", "1", WORKER, "block", nproc=3,
                       python=TORCH1)
@@ -117,72 +141,6 @@ class Hangs(unittest.TestCase):
         self.assertTrue(stopped[0]["hung"])
         self.assertIn("rank 1 attempt 1 done", r.stdout)
 
-    def test_nccl_flight_recorder_is_asked_to_dump_on_every_rank(self):
-        # PyTorch's side needs NCCL (a GPU); fr_listener.py listens on the same pipes the same
-        # way, so that what crun does is checked here: it writes to every rank's pipe before
-        # anything is stopped, waits for the traces to be written, says where they are, and
-        # names a rank without a pipe.
-        prefix = os.path.join(self.dir, "fr_")
-        listener = os.path.join(HERE, "..", "workers", "fr_listener.py")
-        env = self.env(TORCH1, TORCH_NCCL_DEBUG_INFO_PIPE_FILE=prefix,
-                       TORCH_NCCL_DEBUG_INFO_TEMP_FILE=os.path.join(self.dir, "trace_"))
-        r = self.crun("--hang-timeout", "2", listener, self.dir, "--no-pipe-on-rank", "2",
-                      env=env, nproc=3)
-        self.assertNotEqual(r.returncode, 0)
-        for rank in (0, 1):
-            with open(os.path.join(self.dir, f"trace_{rank}")) as f:
-                self.assertEqual(f.read(), "asked with '1\\n'\nthe rest of the trace\n")
-        self.assertFalse(os.path.exists(os.path.join(self.dir, "trace_2")))
-        self.assertIn("NCCL flight recorder: every trace written (2 files)", r.stderr)
-        self.assertIn(f"NCCL flight recorder: dump asked of ranks 0-1 (written to {prefix}<rank>.pipe);"
-                      f" PyTorch writes it to {os.path.join(self.dir, 'trace_')}<rank>", r.stderr)
-        self.assertIn(f"NCCL flight recorder: ranks 2 have no open {prefix}<rank>.pipe", r.stderr)
-        self.assertIn("parked_for_the_trigger", r.stderr)
-
-    def test_native_worker_heartbeats(self):
-        # Silent but for its heartbeats: never hung while it works (attempt 1: 300 steps), hung
-        # at once when rank 2 stops beating.
-        r = self.crun("--hang-timeout", "3", "--max-restarts", "1", NATIVE, "300", nproc=3)
-        self.assertEqual(r.returncode, 0, r.stderr[-5000:])
-        self.assertIn("rank 2: in `StuckInLoadBatch` <- `main`", r.stderr)
-        self.assertIn("ranks 0-1: in `crun::worker::", r.stderr)
-        self.assertRegex(r.stderr, r"by (eu-stack|gdb)")
-        self.assertEqual(r.stderr.count("is hung"), 3)  # the first attempt only
-        self.assertRegex(r.stderr, r"restarting the worker group \(restart 1 of at most 1\): "
-                         r"rank 2 \(local rank 2\) on \S+ failed with a hang")
-        for rank in range(3):
-            self.assertIn(f"rank {rank} attempt 1 done", r.stdout)
-
-    def test_hang_with_no_restart_left_is_the_jobs_failure(self):
-        r = self.crun("--hang-timeout", "2", NATIVE, "5")
-        self.assertEqual(r.returncode, 128 + signal.SIGTERM, r.stderr[-5000:])
-        self.assertIn("Root cause (first failure):", r.stderr)
-        self.assertIn("  hang      : no progress for", r.stderr)
-        self.assertIn("(stopped by crun)", r.stderr)
-        found = glob.glob(f"{self.logs}/*/*/failure.json")
-        self.assertEqual(len(found), 1)
-        with open(found[0]) as f:
-            report = json.load(f)
-        self.assertEqual(report["failures"][0]["rank"], 1)
-        self.assertTrue(report["failures"][0]["hang"].startswith("no progress for"))
-        self.assertEqual(report["hang"]["summary"][0],
-                         "rank 1: in `StuckInLoadBatch` <- `main` <- `__libc_start_call_main`")
-
-    def test_busy_worker_is_not_hung(self):
-        script = os.path.join(self.dir, "busy.py")
-        with open(script, "w") as f:
-            f.write("import time\n"
-                    "for i in range(200):\n"
-                    "    print('step', i, flush=True)\n"
-                    "    time.sleep(0.05)\n")
-        # Steps every 50 ms for twice the timeout; the timeout leaves a warm worker's start and
-        # exit room on a starved machine (2 s did not: both ranks were called hung at once,
-        # one still in torch's set-up, one in its exit handlers, beside the loaded suite).
-        r = self.crun("--hang-timeout", "5", script, python=TORCH1)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertNotIn("hung", r.stderr)
-        self.assertEqual(r.stdout.count("step 199"), 2)
-
     def test_crun_stacks_on_a_running_job(self):
         p = subprocess.Popen([CRUN, "--nproc-per-node", "2", "--log-dir", self.logs, WORKER,
                               "block"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -216,78 +174,23 @@ class Hangs(unittest.TestCase):
         self.assertEqual(gone.returncode, 1)
         self.assertIn(f"crun (pid {p.pid}) is not running here", gone.stderr)
 
-    def stacks(self, pid):
-        self.last = subprocess.run([CRUN, "stacks", str(pid)], capture_output=True, text=True,
-                                   timeout=LIMIT_S)
-        return self.last
-
-    def test_bad_input(self):
-        for value in ("abc", "-1", "1e12"):
-            r = self.crun("--hang-timeout", value, NATIVE, "5")
-            self.assertNotEqual(r.returncode, 0, r.stderr)
-            self.assertIn(f"--hang-timeout '{value}'", r.stderr)
-        precious = os.path.join(self.dir, "precious.txt")
-        with open(precious, "w") as f:
-            f.write("someone's data\n")
-        env = self.env(TORCHELASTIC_ENABLE_FILE_TIMER="1", TORCHELASTIC_TIMER_FILE=precious)
-        r = self.crun(NATIVE, "5", env=env)
-        self.assertEqual(r.returncode, 1, r.stderr)
-        self.assertIn(f"TORCHELASTIC_TIMER_FILE={precious} exists and is not a named pipe",
-                      r.stderr)
-        with open(precious) as f:
-            self.assertEqual(f.read(), "someone's data\n")
-        for bad in (["stacks"], ["stacks", "12x"], ["stacks", "--log-dir", "/nonexistent"],
-                    ["stacks", "1", "--log-dir", self.dir]):
-            r = subprocess.run([CRUN, *bad], capture_output=True, text=True, timeout=LIMIT_S)
-            self.assertEqual(r.returncode, 2, (bad, r.stderr))
-            self.assertIn("crun stacks:", r.stderr)
-
-
-def memory_cgroup_parent():
-    """Where this process may make a memory-limited cgroup: ("v2", dir) when cgroup v2 has the
-    memory controller, ("v1", dir) for a v1 memory hierarchy, else None."""
-    with open("/proc/self/cgroup") as f:
-        lines = [line.strip().split(":", 2) for line in f]
-    for _, controllers, path in lines:
-        if "memory" in controllers.split(","):
-            d = "/sys/fs/cgroup/memory" + path
-            if os.path.isdir(d) and os.access(d, os.W_OK):
-                return "v1", d
-    for _, controllers, path in lines:
-        if controllers == "":
-            d = "/sys/fs/cgroup" + path
-            try:
-                with open("/sys/fs/cgroup/cgroup.controllers") as f:
-                    has_memory = "memory" in f.read().split()
-            except OSError:
-                has_memory = False
-            if has_memory and os.access(d, os.W_OK):
-                return "v2", d
-    return None
-
-
-class AcrossHosts(unittest.TestCase):
-    """Two hosts (network namespaces, tests/pylib/fabric.py), two ranks each, stock PyTorch 1.13
-    DDP over gloo: rank 3 blocks; every node's stacks are read through the rendezvous service,
-    the report holds all four ranks, and `crun stacks --rdzv-endpoint` reads them too."""
-
-    def setUp(self):
-        self.dir = scratch_dir(self, "crun-hangs-hosts-")
-        self.procs = []
-
-    def tearDown(self):
-        kill_all(self.procs)
-
     def test_a_hang_on_one_host_shows_every_hosts_ranks(self):
+        """Two hosts (network namespaces, tests/pylib/fabric.py), two ranks each, stock PyTorch
+        1.13 DDP over gloo: rank 3 blocks; every node's stacks are read through the rendezvous
+        service, the report holds all four ranks, and `crun stacks --rdzv-endpoint` reads them
+        too."""
+        release = os.path.join(self.dir, "release")
         with Fabric(["a", "b"]) as fab:
             endpoint = f"{fab.addr('a')}:29400"
-            # gloo binds to the interface named here, as users set it on real clusters.
+            # gloo binds to the interface named here, as users set it on real clusters. The
+            # workers' output goes on through the hang until `release` exists (hang_worker.py's
+            # HANG_WORKER_HOLD): crun's hang timeout starts to run once the stacks are read.
             env = dict(os.environ, PATH="/usr/bin:/bin", PYTHON_EXEC=TORCH1,
-                       GLOO_SOCKET_IFNAME="eth0")
+                       GLOO_SOCKET_IFNAME="eth0", HANG_WORKER_HOLD=release)
             for host in ("a", "b"):
                 self.procs.append(fab.popen(
                     host, [CRUN, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint",
-                           endpoint, "--rdzv-id", "job", "--hang-timeout", "20",
+                           endpoint, "--rdzv-id", "job", "--hang-timeout", "5",
                            "--max-restarts", "1", "--log-dir", os.path.join(self.dir, host),
                            WORKER, "block"],
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
@@ -308,6 +211,9 @@ class AcrossHosts(unittest.TestCase):
             except AssertionError as e:
                 raise AssertionError(f"{e}; last answer: {last['r'].stdout[-3000:]}"
                                      f"{last['r'].stderr[-2000:]}") from None
+            finally:
+                with open(release, "w"):
+                    pass  # the hang's silence starts now
             self.assertIn("4 ranks on 2 nodes", last["r"].stdout)
             out = {}
             for host, p in zip(("a", "b"), self.procs):
@@ -335,6 +241,103 @@ class AcrossHosts(unittest.TestCase):
             self.assertTrue(m.group(1) == "rank 3" or "it waits for rank 3 on " in m.group(2),
                             m.group(0))
 
+
+class QuietWorkers(Case):
+    """Workers that import nothing heavy (native SDK workers, stdlib Python; warm, their
+    template imports PyTorch before crun watches them): beside TorchWorkers."""
+
+    def test_nccl_flight_recorder_is_asked_to_dump_on_every_rank(self):
+        # PyTorch's side needs NCCL (a GPU); fr_listener.py listens on the same pipes the same
+        # way, so that what crun does is checked here: it writes to every rank's pipe before
+        # anything is stopped, waits for the traces to be written, says where they are, and
+        # names a rank without a pipe.
+        prefix = os.path.join(self.dir, "fr_")
+        listener = os.path.join(HERE, "..", "workers", "fr_listener.py")
+        env = self.env(TORCH1, TORCH_NCCL_DEBUG_INFO_PIPE_FILE=prefix,
+                       TORCH_NCCL_DEBUG_INFO_TEMP_FILE=os.path.join(self.dir, "trace_"))
+        # 3 s: every rank must have made its pipe before the hang (their starts run beside
+        # TorchWorkers' imports).
+        r = self.crun("--hang-timeout", "3", listener, self.dir, "--no-pipe-on-rank", "2",
+                      env=env, nproc=3)
+        self.assertNotEqual(r.returncode, 0)
+        for rank in (0, 1):
+            with open(os.path.join(self.dir, f"trace_{rank}")) as f:
+                self.assertEqual(f.read(), "asked with '1\\n'\nthe rest of the trace\n")
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "trace_2")))
+        self.assertIn("NCCL flight recorder: every trace written (2 files)", r.stderr)
+        self.assertIn(f"NCCL flight recorder: dump asked of ranks 0-1 (written to {prefix}<rank>.pipe);"
+                      f" PyTorch writes it to {os.path.join(self.dir, 'trace_')}<rank>", r.stderr)
+        self.assertIn(f"NCCL flight recorder: ranks 2 have no open {prefix}<rank>.pipe", r.stderr)
+        self.assertIn("parked_for_the_trigger", r.stderr)
+
+    def test_native_worker_heartbeats(self):
+        # Silent but for its heartbeats: never hung while it works (attempt 1: 300 steps), hung
+        # at once when rank 2 stops beating. 5 s, as the PyTorch cases: its start, silent until
+        # the first step's heartbeat, runs beside TorchWorkers' imports.
+        r = self.crun("--hang-timeout", "5", "--max-restarts", "1", NATIVE, "300", nproc=3)
+        self.assertEqual(r.returncode, 0, r.stderr[-5000:])
+        self.assertIn("rank 2: in `StuckInLoadBatch` <- `main`", r.stderr)
+        self.assertIn("ranks 0-1: in `crun::worker::", r.stderr)
+        self.assertRegex(r.stderr, r"by (eu-stack|gdb)")
+        self.assertEqual(r.stderr.count("is hung"), 3)  # the first attempt only
+        self.assertRegex(r.stderr, r"restarting the worker group \(restart 1 of at most 1\): "
+                         r"rank 2 \(local rank 2\) on \S+ failed with a hang")
+        for rank in range(3):
+            self.assertIn(f"rank {rank} attempt 1 done", r.stdout)
+
+    def test_hang_with_no_restart_left_is_the_jobs_failure(self):
+        # 3 s: rank 0 must not be silent that long before rank 1 blocks (its start runs beside
+        # TorchWorkers' imports).
+        r = self.crun("--hang-timeout", "3", NATIVE, "5")
+        self.assertEqual(r.returncode, 128 + signal.SIGTERM, r.stderr[-5000:])
+        self.assertIn("Root cause (first failure):", r.stderr)
+        self.assertIn("  hang      : no progress for", r.stderr)
+        self.assertIn("(stopped by crun)", r.stderr)
+        found = glob.glob(f"{self.logs}/*/*/failure.json")
+        self.assertEqual(len(found), 1)
+        with open(found[0]) as f:
+            report = json.load(f)
+        self.assertEqual(report["failures"][0]["rank"], 1)
+        self.assertTrue(report["failures"][0]["hang"].startswith("no progress for"))
+        self.assertEqual(report["hang"]["summary"][0],
+                         "rank 1: in `StuckInLoadBatch` <- `main` <- `__libc_start_call_main`")
+
+    def test_busy_worker_is_not_hung(self):
+        script = os.path.join(self.dir, "busy.py")
+        with open(script, "w") as f:
+            f.write("import time\n"
+                    "for i in range(200):\n"
+                    "    print('step', i, flush=True)\n"
+                    "    time.sleep(0.05)\n")
+        # Steps every 50 ms for twice the timeout; the timeout leaves a warm worker's start and
+        # exit room on a starved machine (2 s did not: both ranks were called hung at once,
+        # one still in torch's set-up, one in its exit handlers, beside the loaded suite).
+        r = self.crun("--hang-timeout", "5", script, python=TORCH1)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("hung", r.stderr)
+        self.assertEqual(r.stdout.count("step 199"), 2)
+
+    def test_bad_input(self):
+        for value in ("abc", "-1", "1e12"):
+            r = self.crun("--hang-timeout", value, NATIVE, "5")
+            self.assertNotEqual(r.returncode, 0, r.stderr)
+            self.assertIn(f"--hang-timeout '{value}'", r.stderr)
+        precious = os.path.join(self.dir, "precious.txt")
+        with open(precious, "w") as f:
+            f.write("someone's data\n")
+        env = self.env(TORCHELASTIC_ENABLE_FILE_TIMER="1", TORCHELASTIC_TIMER_FILE=precious)
+        r = self.crun(NATIVE, "5", env=env)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn(f"TORCHELASTIC_TIMER_FILE={precious} exists and is not a named pipe",
+                      r.stderr)
+        with open(precious) as f:
+            self.assertEqual(f.read(), "someone's data\n")
+        for bad in (["stacks"], ["stacks", "12x"], ["stacks", "--log-dir", "/nonexistent"],
+                    ["stacks", "1", "--log-dir", self.dir]):
+            r = subprocess.run([CRUN, *bad], capture_output=True, text=True, timeout=LIMIT_S)
+            self.assertEqual(r.returncode, 2, (bad, r.stderr))
+            self.assertIn("crun stacks:", r.stderr)
+
     def test_crun_stacks_refusals_through_the_service(self):
         with Fabric(["a"]) as fab:
             def stacks(*args):
@@ -351,6 +354,29 @@ class AcrossHosts(unittest.TestCase):
             r = stacks("--rdzv-endpoint", "no such host:1", "--rdzv-id", "job")
             self.assertEqual(r.returncode, 2)
             self.assertIn("no such host:1", r.stderr)
+
+
+def memory_cgroup_parent():
+    """Where this process may make a memory-limited cgroup: ("v2", dir) when cgroup v2 has the
+    memory controller, ("v1", dir) for a v1 memory hierarchy, else None."""
+    with open("/proc/self/cgroup") as f:
+        lines = [line.strip().split(":", 2) for line in f]
+    for _, controllers, path in lines:
+        if "memory" in controllers.split(","):
+            d = "/sys/fs/cgroup/memory" + path
+            if os.path.isdir(d) and os.access(d, os.W_OK):
+                return "v1", d
+    for _, controllers, path in lines:
+        if controllers == "":
+            d = "/sys/fs/cgroup" + path
+            try:
+                with open("/sys/fs/cgroup/cgroup.controllers") as f:
+                    has_memory = "memory" in f.read().split()
+            except OSError:
+                has_memory = False
+            if has_memory and os.access(d, os.W_OK):
+                return "v2", d
+    return None
 
 
 class OomKiller(unittest.TestCase):
@@ -406,4 +432,5 @@ class OomKiller(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    # TorchWorkers in a lane of its own; the other classes' cases one at a time beside it.
+    lanes.main(1)

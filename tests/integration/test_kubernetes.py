@@ -6,7 +6,9 @@ command is `crun probe.py ...` with no flags. Covered: each controller's variabl
 job of two pods, two pods that claim one index, an index without a node count, a pod that its
 controller replaced (same name, new address) rejoining the running job, a job deleted within
 the default grace period, and crun as PID 1 of the pod's PID namespace. Needs root, as CI runs
-it."""
+it. The manifests' jobs (train and DDP on both cores) run first, alone; then the other tests
+three at a time (tests/pylib/lanes.py), each on pods of its own: they mostly wait (the deleted
+job's 14 s of grace, etcd's leases, refusals)."""
 import contextlib
 import json
 import os
@@ -40,6 +42,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from crun_testing import (alive, kill_all, probe_events, proc_files, proc_state,  # noqa: E402
                           scratch_dir, wait_for)
 from etcd_cluster import EtcdCluster, missing_programs  # noqa: E402
+import lanes  # noqa: E402
 from pods import Pods  # noqa: E402
 
 # What the kubelet sets in every pod.
@@ -515,6 +518,7 @@ class Kubernetes(unittest.TestCase):
 
     # ---- docs/kubernetes.md's manifests -----------------------------------------------------
 
+    @lanes.alone  # train and DDP take both cores: beside them, etcd's 2 s leases could lapse
     def test_the_manifests_of_docs_kubernetes_md_run_as_written(self):
         """Each manifest's pods, as its controller makes them, run the container's command:
         train to the end with identical parameters on every rank, the stock DDP script with
@@ -666,5 +670,6 @@ class Kubernetes(unittest.TestCase):
                  f"Prometheus's {len(names)} targets", limit=LIMIT_S)
         return prometheus
 
+
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    lanes.main(3)

@@ -7,7 +7,11 @@ processes over a generated table of dimensions, not hand-picked cases.
             x the snapshot store (on, off), with a Python worker: a set of cases in which every
             pair of values of any two dimensions meets at least once (a greedy covering array,
             the same every run). With the store on, each rank saves a snapshot and fails, and
-            after the restart every rank loads its own back (docs/checkpoints.md).
+            after the restart every rank loads its own back (docs/checkpoints.md); only those
+            cases' workers import torch, and their interpreter is PYTHON_EXEC. Every other
+            Python worker here (the store off, crash loops, the health gate) runs a Python
+            without torch (Matrix.torchless), so that a warm case's template, which imports
+            torch where its interpreter has it (docs/warm.md), does not.
   snapshot  backend x start x the snapshot store, every combination, with the Python worker
   crashloop backend x start x how the worker fails (at import every time, or after a step),
             every combination (docs/health.md): a worker that fails at import in every attempt
@@ -39,7 +43,8 @@ running.
 Two covers. `full` runs each family as listed above: the product of its dimensions (the
 pairwise family: its 40 cases); tests/bench/matrix_bench.py runs it and records the run in
 docs/reliability.md. `ci` (the default; every CI run) runs, for each family, a pairwise cover
-of that family's own dimensions (the same greedy pairwise(), ties going to the cheaper case:
+of that family's own dimensions (the same greedy pairwise(), ties going to the cheaper case,
+and for the pairwise family a case's estimated seconds weighed against the pairs it meets:
 the same every run), checked to meet every pair, plus a seeded random sample of K more cases
 from the rest of the family's product. The seed changes each run unless given; the first line
 of output names it and the command that runs the sampled cases again, and each sampled case's
@@ -121,6 +126,12 @@ SEED_VARIABLE = "CRUN_MATRIX_SEED"
 # (600 s, not waited on) by tests/unit/service/proto_messages_test.cc and rules_test.cc.
 FAST_CONF = {"service": "heartbeat_interval=0.25", "etcd": "heartbeat_timeout=2"}
 STATIC_JOIN_TIMEOUT_S = 1
+TORCH_IMPORT_S = 1.3  # one `import torch` (Debian's 1.13) on the 2-core CI machine
+# What meeting one more pair is worth in the pairwise family's ci cover: a case that costs
+# more than that many seconds a pair it meets gives way to cheaper ones (pairwise()). At 3 s
+# its snapshot cases take warm starts and one node where the pairs allow: 17 imports of torch
+# in 40 cases, where ties alone took 26 (and 2 s would take 42 cases, more than `full`).
+PAIRWISE_SECONDS_A_PAIR = 3.0
 
 # The variables each contract adds (agent/frameworks/contracts.cc, docs/frameworks.md): a case checks
 # that those of a contract not asked for are absent.
@@ -133,13 +144,23 @@ CONTRACT_VARIABLES = {
 }
 
 
-def pairwise(dims, cost=None):
+def pairwise(dims, cost=None, seconds_a_pair=None):
     """Cases (tuples, one value a dimension) in which every pair of values of any two dimensions
     appears at least once: greedy, each step the combination that covers the most pairs not yet
     covered (ties: the cheaper by `cost`, a case's estimated time, when given; then the first in
-    product order), so the list is the same every run."""
+    product order), so the list is the same every run. With `seconds_a_pair` (and `cost`), each
+    step takes the combination whose pairs not yet covered, less its cost in units of
+    `seconds_a_pair`, count most, among those that cover one at least."""
     def pairs_of(case):
         return {(i, case[i], j, case[j]) for i, j in itertools.combinations(range(len(dims)), 2)}
+
+    def worth(case):
+        new = len(pairs_of(case) & uncovered)
+        if not new:
+            return (float("-inf"), 0)
+        if cost is None:
+            return (new, 0)
+        return (new - (cost(case) / seconds_a_pair if seconds_a_pair else 0), -cost(case))
 
     uncovered = set()
     for i, j in itertools.combinations(range(len(dims)), 2):
@@ -147,8 +168,7 @@ def pairwise(dims, cost=None):
     candidates = list(itertools.product(*dims))
     cases = []
     while uncovered:
-        best = max(candidates, key=lambda c: (len(pairs_of(c) & uncovered),
-                                              -cost(c) if cost else 0))
+        best = max(candidates, key=worth)
         cases.append(best)
         uncovered -= pairs_of(best)
     return cases
@@ -160,6 +180,23 @@ def unmet_pairs(dims, cases):
            for i, j in itertools.combinations(range(len(dims)), 2)}
     return [(i, a, j, b) for i, j in itertools.combinations(range(len(dims)), 2)
             for a in dims[i] for b in dims[j] if (i, a, j, b) not in met]
+
+
+def torchless_python(root):
+    """An interpreter without torch for the Python workers that save no snapshot: a venv of
+    PYTHON's made without its site-packages and without pip (tens of milliseconds). A warm
+    case's template imports torch where its interpreter has it (docs/warm.md), about 1.3 s of
+    a core a node that these workers never use; warm templates with torch are the snapshot
+    cases' here, and test_warm.py's. PYTHON itself, saying so, where no venv can be made."""
+    venv = os.path.join(root, "torchless")
+    made = subprocess.run([PYTHON, "-m", "venv", "--without-pip", venv], capture_output=True,
+                          text=True, timeout=60)
+    python = os.path.join(venv, "bin", "python")
+    if made.returncode == 0 and os.path.exists(python):
+        return python
+    print(f"test_matrix.py: no venv of {PYTHON} ({made.stderr.strip()[-300:]}): every Python "
+          "worker runs it, torch and all", file=sys.stderr, flush=True)
+    return PYTHON
 
 
 def full_cases():
@@ -220,6 +257,7 @@ class Matrix(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.root = tempfile.mkdtemp(prefix="crun-matrix-")
+        cls.torchless = torchless_python(cls.root)
 
     @classmethod
     def tearDownClass(cls):
@@ -335,7 +373,7 @@ class Matrix(unittest.TestCase):
         after a step heartbeat (progress: every restart is spent)."""
         backend, start, mode = case
         out = tempfile.mkdtemp(dir=self.root)
-        env = dict(os.environ, PYTHON_EXEC=PYTHON)
+        env = dict(os.environ, PYTHON_EXEC=self.torchless)
         env.pop("PET_WARM", None)
         loop_after, restarts = 2, 3
         cmds = self.commands(backend, "torch", 2, CRASH_WORKER, out, restarts=restarts,
@@ -366,7 +404,7 @@ class Matrix(unittest.TestCase):
         """The health gate on every backend, cold and warm: all pass, or one node's fails."""
         backend, start, verdict = case
         out = tempfile.mkdtemp(dir=self.root)
-        env = dict(os.environ, PYTHON_EXEC=PYTHON)
+        env = dict(os.environ, PYTHON_EXEC=self.torchless)
         env.pop("PET_WARM", None)
         cmds = self.commands(backend, "torch", 2, PYTHON_WORKER, out, extra=PASSING_CHECKS)
         sick = 0  # the failing node: the only one, static's node rank 1, or the service's guest
@@ -460,12 +498,15 @@ class Matrix(unittest.TestCase):
         finished = os.path.join(out, "finished")
         unnamed = slow == "node" and not (backend in JOB_WIDE and len(cmds) > 1)
         # 300 steps: the fast ranks (6 s) are still running when the slow one is named (50 of
-        # its steps, 2.5 s). The second attempt runs 120 (2.4 s): long enough for the rank,
-        # fast now, to be named again were a verdict of the first attempt kept. A slow node
-        # nobody can name runs 120 steps (6 s at 2.5 times), as in the warn case.
+        # its steps, 2.5 s). 600 (12 s) where the job restarts whole (the service, etcd), which
+        # stops them at the restart whatever their count: the slow node's workers may start
+        # seconds after the fast node's (a warm template's torch import beside other cases).
+        # The second attempt runs 120 (2.4 s): long enough for the rank, fast now, to be named
+        # again were a verdict of the first attempt kept. A slow node nobody can name runs 120
+        # steps (6 s at 2.5 times), as in the warn case.
+        first = "120" if unnamed else "300" if backend == "static" else "600"
         env = dict(env, STRAGGLER_SLOW=",".join(map(str, slow_ranks)), STRAGGLER_ATTEMPTS="0",
-                   STRAGGLER_STEPS="120" if unnamed else "300", STRAGGLER_LATER_STEPS="120",
-                   STRAGGLER_LOG=finished)
+                   STRAGGLER_STEPS=first, STRAGGLER_LATER_STEPS="120", STRAGGLER_LOG=finished)
         procs, texts = self.run_cruns(cmds, out, env)
         self.assertEqual(processes_mentioning(out), [], "processes left running")
         for p, text in zip(procs, texts):
@@ -562,7 +603,9 @@ class Matrix(unittest.TestCase):
         backend, contracts, nproc, start, cgroup, snapshots = case
         out = tempfile.mkdtemp(dir=self.root)
         ledger = os.path.join(out, "ledger")
-        env = dict(os.environ, PYTHON_EXEC=PYTHON, CRUN_TEST_WARM_LEDGER=ledger,
+        # Only a case that saves snapshots needs torch in its workers (and its warm template).
+        python = PYTHON if snapshots == "snapshots" else self.torchless
+        env = dict(os.environ, PYTHON_EXEC=python, CRUN_TEST_WARM_LEDGER=ledger,
                    PYTHONPATH=WITNESS)
         env.pop("PET_WARM", None)
         if cgroup == "no-cgroup":
@@ -685,7 +728,7 @@ class Family:
     apportion the CI run's 288 s (integration_matrix) and 466 s (the straggler family) by case,
     with the straggler family's per-action times of bc4c491 less what the shorter runs save."""
 
-    def __init__(self, name, dims, full, run, name_of, seconds):
+    def __init__(self, name, dims, full, run, name_of, seconds, seconds_a_pair=None):
         self.name = name
         self.dim_names = tuple(d for d, _ in dims)
         self.values = tuple(v for _, v in dims)
@@ -693,6 +736,7 @@ class Family:
         self.run = run
         self.name_of = name_of
         self.seconds = seconds
+        self.seconds_a_pair = seconds_a_pair  # pairwise(): what one more pair is worth
         self._covers = {}  # cover -> its cases, computed once
 
     def product(self):
@@ -702,7 +746,8 @@ class Family:
         """The cases of `cover`: `full` as listed in the docstring; `ci` the pairwise cover of
         this family's dimensions, which must meet every pair of them."""
         if cover not in self._covers:
-            cases = self.full() if cover == "full" else pairwise(self.values, self.seconds)
+            cases = self.full() if cover == "full" else pairwise(self.values, self.seconds,
+                                                                  self.seconds_a_pair)
             unmet = unmet_pairs(self.values, cases)
             if cover == "ci" and unmet:
                 raise AssertionError(f"the {self.name} family's ci cover misses {len(unmet)} "
@@ -723,10 +768,20 @@ class Family:
         return f"{self.dim_names[i]}={a} with {self.dim_names[j]}={b}"
 
 
+def _torch_imports(combo):
+    """How many times a pairwise case imports torch: with the store on, in every worker of both
+    attempts (cold) or once in each node's template (warm); with it off, never (its workers
+    and template run Matrix.torchless)."""
+    backend, _, nproc, start, _, snapshots = combo
+    if snapshots != "snapshots":
+        return 0
+    return nodes_of(backend) * (1 if start == "warm" else 2 * nproc)
+
+
 def _pairwise_seconds(combo):
     backend, _, nproc, _, _, snapshots = combo
-    # A snapshot case imports torch in every worker of both attempts.
-    return 0.16 * nodes_of(backend) * nproc * (10 if snapshots == "snapshots" else 1)
+    workers = nodes_of(backend) * nproc * (2 if snapshots == "snapshots" else 1)
+    return 0.3 * nodes_of(backend) + 0.05 * workers + TORCH_IMPORT_S * _torch_imports(combo)
 
 
 FAMILIES = {f.name: f for f in (
@@ -740,7 +795,7 @@ FAMILIES = {f.name: f for f in (
            lambda: pairwise(PAIRWISE_DIMS),  # today's 40 cases, ties to product order
            lambda self, c: self.run_case(c, python=True),
            lambda c: case_name("pairwise", c),
-           _pairwise_seconds),
+           _pairwise_seconds, PAIRWISE_SECONDS_A_PAIR),
     Family("snapshot", (("backend", BACKENDS), ("start", STARTS), ("snapshots", SNAPSHOTS)),
            lambda: [(b, st, sn) for b, _, _, st, _, sn in snapshot_cases()],
            lambda self, c: self.run_case(snapshot_case(c), python=True),
@@ -919,8 +974,11 @@ if __name__ == "__main__":
         print(f"seed {SEED} (--seed, or ${SEED_VARIABLE}), {SAMPLE} sampled a family")
         sys.exit(describe())
     print(headline(), flush=True)
-    # Cases are real jobs that mostly wait (shell workers, timeouts): LANES of them run at once
-    # (MATRIX_LANES, 3). The slow ranks' family runs one at a time: its verdicts compare step
-    # times, which cases beside it would disturb.
-    default_lanes = "1" if "straggler" in SELECTED else "3"
+    # Cases are real jobs that mostly wait (shell workers, timeouts, sleeps): LANES of them run
+    # at once (MATRIX_LANES; 3, and 4 with the slow ranks' family, whose cases each sleep
+    # through seconds of steps on a fifth of a core). A verdict compares a rank's compute time
+    # with the median of its own job's other ranks, which the cases beside it load alike, and
+    # the slow ranks compute 2.5 times longer where 1.5 names them; test_stragglers.py's noisy
+    # job, with every test of its suite beside it, shows that such load names nobody.
+    default_lanes = "4" if "straggler" in SELECTED else "3"
     lanes.main(int(os.environ.get("MATRIX_LANES", default_lanes)))

@@ -1,7 +1,10 @@
 """crun across "hosts" that are network namespaces, each with its own address on a bridged
 10.77.0.0/24 (tests/pylib/fabric.py): MASTER_ADDR is an address the other hosts reach, a host
 whose cable is pulled is found out by its missing heartbeats and the others go on without it,
-and a stock PyTorch DDP job (gloo) trains across two hosts. Needs root, as CI runs it."""
+and a stock PyTorch DDP job (gloo) trains across two hosts. Needs root, as CI runs it. The DDP
+job (both cores) runs first, alone; then the other tests three at a time (tests/pylib/lanes.py),
+each on hosts of its own: they mostly wait out heartbeat timeouts (beats every 0.25 s, a host
+lost after 1.5 s without one)."""
 import os
 import re
 import signal
@@ -23,6 +26,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from crun_testing import (alive, ddp_digests, kill_all, probe_events, scratch_dir, wait_for,  # noqa: E402
                           whole_lines)
 from fabric import Fabric  # noqa: E402
+import lanes  # noqa: E402
 
 
 class AcrossNamespaces(unittest.TestCase):
@@ -213,6 +217,7 @@ class AcrossNamespaces(unittest.TestCase):
         self.assertEqual({e["TORCHELASTIC_RESTART_COUNT"] for e in self.events()}, {"0"})
         self.assertNotIn("was lost", log_text("a"))
 
+    @lanes.alone  # four workers import torch at once: beside them, beats could be late
     def test_stock_pytorch_ddp_across_two_hosts(self):
         for python in TORCH_PYTHONS:
             with self.subTest(python=python), Fabric(["a", "b"]) as fab:
@@ -234,4 +239,4 @@ class AcrossNamespaces(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    lanes.main(3)

@@ -13,7 +13,9 @@ exchange --contract's ports over node 0's store (each restarting with the other)
 
 How many restarts: SOAK_COUNTS picks a table, `ci` (the default: every CI run) or `full` (the
 bench, tests/bench/matrix_bench.py, whose last run docs/reliability.md records); SOAK_SCALE
-(1) scales it."""
+(1) scales it. SOAK_LANES (1) runs that many cases at once (tests/pylib/lanes.py): each case
+has its own tag, directory, crun and cgroup, and checks only what carries its tag. A run that
+writes the figures (CRUN_SOAK_DOC) runs one at a time, so that each case's rate is its own."""
 import os
 import re
 import shutil
@@ -30,31 +32,35 @@ from bench_support import measured_at, write_section  # noqa: E402
 from crun_testing import free_port, kill_all, proc_files, whole_lines  # noqa: E402
 from etcd_cluster import EtcdCluster, missing_programs  # noqa: E402
 from fabric import Fabric  # noqa: E402
+import lanes  # noqa: E402
 
 CRUN = os.environ["CRUN_BIN"]
 PYTHON = os.environ.get("PYTHON_EXEC", "/usr/bin/python3")
 SHELL_WORKER = os.path.join(HERE, "..", "workers", "soak_worker.sh")
 PY_WORKER = os.path.join(HERE, "..", "workers", "soak_worker.py")
 SCALE = float(os.environ.get("SOAK_SCALE", "1"))
-# Restarts per run, by table. `full`: one node 200 (every worker kind, warm DataLoader workers
-# too), the cold DataLoader's 200 (torch imported in every worker of every attempt: about 1 s an
-# attempt alone; beside other suites, 200 each took 1,269 s of a fresh-clone CI run here); two
-# nodes what fits in about 60 s on a 2-core machine (15.0 and 11.9 restarts/s through the
-# service and etcd at the commit docs/reliability.md names). `ci`: an eighth to a quarter of those
-# where an attempt is cheap (25-100 ms: 725 restarts in all, 50 or more a case, but 25 for
-# SIGTERM-ignoring workers, whose every attempt waits out the 0.1 s grace; a leak that every
-# restart adds shows within 50: e6381e4's failed every cgroup case by then), and 10 for each cold
-# DataLoader case (about 13 s each; its warm twin runs 50).
+# Restarts per run, by table. `full`: one node 200 (every worker kind, warm ones too), the cold
+# DataLoader's 200 (torch imported in every worker of every attempt: about 1 s an attempt alone;
+# beside other suites, 200 each took 1,269 s of a fresh-clone CI run here); two nodes what fits
+# in about 60 s on a 2-core machine (15.0 and 11.9 restarts/s through the service and etcd at
+# the commit docs/reliability.md names). `ci`: an eighth to a quarter of those where an attempt
+# is cheap (25-100 ms: 725 restarts in all, 50 or more a case; a leak that every restart adds
+# shows within 50: e6381e4's failed every cgroup case by then), an eighth where it is not: 25
+# for SIGTERM-ignoring workers, whose every attempt waits out the 0.1 s grace, and 25 for warm
+# Python workers (the warm twin), whose every attempt forks and ends processes that map torch
+# (95-180 ms an attempt); and 5 for each cold DataLoader case (about 1 s an attempt: both ranks
+# fail at least twice). The bench (`full`) runs each of those 200 times.
 COUNTS = {
-    "full": {"one": 200, "ignore-term": 200, "dataloader": 200, "service": 800, "etcd": 600,
-             "static": 400},
-    "ci": {"one": 50, "ignore-term": 25, "dataloader": 10, "service": 100, "etcd": 75,
+    "full": {"one": 200, "ignore-term": 200, "warm": 200, "dataloader": 200, "service": 800,
+             "etcd": 600, "static": 400},
+    "ci": {"one": 50, "ignore-term": 25, "warm": 25, "dataloader": 5, "service": 100, "etcd": 75,
            "static": 50},
 }
 COUNTS_NAME = os.environ.get("SOAK_COUNTS", "ci")
 if COUNTS_NAME not in COUNTS:
     sys.exit(f"test_restart_soak.py: SOAK_COUNTS={COUNTS_NAME}: expected ci or full")
 RESTARTS = COUNTS[COUNTS_NAME]
+LANES = 1 if os.environ.get("CRUN_SOAK_DOC") else int(os.environ.get("SOAK_LANES", "1"))
 LIMIT_S = 600
 # A DataLoader attempt imports torch in 2 workers, each with 2 loader children: 200 attempts took
 # 170 s at 62858bf, and more than 600 s on a machine half as fast. They have a ctest entry of their
@@ -199,9 +205,11 @@ class RestartSoak(unittest.TestCase):
     # ---- one node -----------------------------------------------------------------------
 
     def one_node(self, kind, cgroup=True):
-        cold_torch = kind == "dataloader" and os.environ.get("PET_WARM") != "1"
-        last = restarts("dataloader" if cold_torch else
-                        "ignore-term" if kind == "ignore-term" else "one")
+        # Python workers are forked from the template in the warm twin (PET_WARM=1); cold,
+        # DataLoader workers import torch every attempt.
+        warm = kind in ("multiprocessing", "dataloader") and os.environ.get("PET_WARM") == "1"
+        last = restarts("warm" if warm else
+                        kind if kind in ("dataloader", "ignore-term") else "one")
         env = () if cgroup else (("CRUN_CGROUP", "0"),)
         p = self.crun("n", ["--standalone", "--nproc-per-node", "2"], kind, last, env)
         self.finish([p], last, 2, kind)
@@ -275,4 +283,4 @@ for _kind in ("shell", "daemon", "ignore-term", "exit-at-stop", "multiprocessing
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    lanes.main(LANES)

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import unittest
 
 CRUN = os.environ["CRUN_BIN"]
@@ -86,6 +87,7 @@ class RealSlurm(unittest.TestCase):
     cluster = None
     start_limit_job = True
     limit_job = None  # the time-limit job, while it may still run beside the other tests
+    limit_end_moved = None  # whether its end moved (end_limit_job_after_its_warning), or why not
 
     @classmethod
     def setUpClass(cls):
@@ -95,8 +97,8 @@ class RealSlurm(unittest.TestCase):
         cls.cluster = SlurmCluster(NODES, cpus_per_node=5, kill_wait_s=30).__enter__()
         cls.addClassCleanup(cls.cluster.close)  # also when what follows fails
         if cls.start_limit_job:
-            # Its minute idles on purpose: it runs beside the others, and its test, last in
-            # unittest's order, checks it.
+            # It idles on purpose until its time limit (moved to just after the warning): it
+            # runs beside the others, and its test, last in unittest's order, checks it.
             cls.limit_out = cls.cluster.path("jobs", "time-limit-job")
             os.makedirs(cls.limit_out)
             os.chmod(cls.limit_out, 0o777)
@@ -104,12 +106,37 @@ class RealSlurm(unittest.TestCase):
                 job_script(f"srun {CRUN} --nproc-per-node 2 {SIGNAL_PROBE} {cls.limit_out} "
                            "--save-s 1"),
                 "--nodes=2", "--ntasks-per-node=1", "--time=1", "--signal=USR1@55")
+            cls.limit_mover = threading.Thread(target=cls.end_limit_job_after_its_warning,
+                                               args=(cls.limit_job,), daemon=True)
+            cls.limit_mover.start()
+
+    @classmethod
+    def end_limit_job_after_its_warning(cls, job):
+        """slurmctld looks at time limits every 30 s from its start (PERIODIC_TIMEOUT, compiled
+        in), and signals only then: the warning at the first look that finds the end less than
+        55 + 30 s away (here the first after the job starts), SIGTERM at the first look after
+        the end. A one-minute end (the least --time takes) falls between the second and third
+        looks, so the job would idle 90 s. Once the warning has reached the workers, its end
+        moves to 5 s later: the next look, 30 s after the warning, ends it. The same signals,
+        in the same order, from the same checks, one look sooner. The move waits for the
+        warning, so it never lands in the look that sends it (that look holds the job lock the
+        move needs); when it comes too late or fails, the job keeps its minute."""
+        try:
+            wait_for(lambda: cls.limit_job != job or any(
+                e["sig"] == "SIGUSR1" for e in signal_events(cls.limit_out, "signal")),
+                "the time-limit job's warning", limit=120)
+            if cls.limit_job == job:
+                cls.cluster.end_job_at(job, "now+5")
+                cls.limit_end_moved = "moved to 5 s after the warning"
+        except Exception as e:  # noqa: BLE001 (printed by its test; the job keeps its minute)
+            cls.limit_end_moved = f"not moved ({e}): it ran its full minute"
 
     @classmethod
     def tearDownClass(cls):
         if cls.limit_job is not None:  # its test did not run to the end
-            cls.cluster.scancel(cls.limit_job)
-            cls.cluster.wait_job(cls.limit_job)
+            job, cls.limit_job = cls.limit_job, None  # (the mover, if still waiting, gives up)
+            cls.cluster.scancel(job)
+            cls.cluster.wait_job(job)
 
     def setUp(self):
         self.c = self.cluster
@@ -207,11 +234,13 @@ class RealSlurm(unittest.TestCase):
     def test_a_failure_is_reported_and_slurm_records_its_code(self):
         # (pattern, srun tasks per node, failing rank, its code, the srun task that reports it)
         cases = [("--nproc-per-node 2", 1, 2, 7, 1), ("--slurm-direct", 2, 3, 9, 3)]
-        for crun_args, tasks, rank, code, task in cases:
+        # Both jobs at once (three CPUs a node beside the time-limit job's one); what is
+        # checked is each job's own output.
+        jobs = [self.submit(f"srun {CRUN} {crun_args} {PROBE} {self.out} --fail-rank {rank} "
+                            f"--code {code}", "--nodes=2", f"--ntasks-per-node={tasks}")
+                for crun_args, tasks, rank, code, _ in cases]
+        for job, (crun_args, tasks, rank, code, task) in zip(jobs, cases):
             with self.subTest(pattern=crun_args):
-                job = self.submit(f"srun {CRUN} {crun_args} {PROBE} {self.out} --fail-rank "
-                                  f"{rank} --code {code}", "--nodes=2",
-                                  f"--ntasks-per-node={tasks}")
                 self.finished(job, "FAILED", f"{code}:0")
                 out = self.output(job)
                 self.assertIn(f"rank      : {rank} (local rank {rank % 2}", out)
@@ -253,28 +282,37 @@ class RealSlurm(unittest.TestCase):
 
     # --- signals -----------------------------------------------------------------------------
 
-    def scancel_when_started(self, job, n):
-        wait_for(lambda: len(signal_events(self.out, "start")) == n, f"{n} workers started",
-                 limit=120)
-        self.c.scancel(job)
+    def scancel_when_started(self, job, out_dir, n):
+        try:
+            wait_for(lambda: len(signal_events(out_dir, "start")) == n, f"{n} workers started",
+                     limit=120)
+        finally:
+            self.c.scancel(job)  # also when they did not all start: nothing is left running
 
     def test_scancel_reaches_every_worker_as_sigterm_with_the_grace_period(self):
         patterns = {"per-node": ("--ntasks-per-node=1", "--nproc-per-node 2"),
                     "direct": ("--ntasks-per-node=2", "--slurm-direct")}
+        # Both jobs at once (three CPUs a node beside the time-limit job's one), each writing
+        # to a directory of its own, so that their seconds of saving overlap.
+        jobs = {}
         for name, (tasks, mode) in patterns.items():
+            out_dir = os.path.join(self.out, name)
+            os.makedirs(out_dir)
+            os.chmod(out_dir, 0o777)
+            # Each worker takes 2 s to save a checkpoint after SIGTERM: crun's grace (30 s by
+            # default) and Slurm's KillWait (30 s) must both leave it that time.
+            jobs[name] = (self.submit(f"srun {CRUN} {mode} {SIGNAL_PROBE} {out_dir} --save-s 2",
+                                      "--nodes=2", tasks), out_dir)
+        for name, (job, out_dir) in jobs.items():
+            with self.subTest(pattern=name, step="scancel"):
+                self.scancel_when_started(job, out_dir, 4)
+        for name, (job, out_dir) in jobs.items():
             with self.subTest(pattern=name):
-                for f in os.listdir(self.out):
-                    os.unlink(os.path.join(self.out, f))
-                # Each worker takes 2 s to save a checkpoint after SIGTERM: crun's grace (30 s by
-                # default) and Slurm's KillWait (30 s) must both leave it that time.
-                job = self.submit(f"srun {CRUN} {mode} {SIGNAL_PROBE} {self.out} --save-s 2",
-                                  "--nodes=2", tasks)
-                self.scancel_when_started(job, 4)
                 self.finished(job, "CANCELLED", "0:15")
-                terms = {e["rank"] for e in signal_events(self.out, "signal")
+                terms = {e["rank"] for e in signal_events(out_dir, "signal")
                          if e["sig"] == "SIGTERM"}
                 self.assertEqual(terms, {0, 1, 2, 3})
-                saved = sorted(e["rank"] for e in signal_events(self.out, "saved"))
+                saved = sorted(e["rank"] for e in signal_events(out_dir, "saved"))
                 self.assertEqual(saved, [0, 1, 2, 3], self.output(job)[-3000:])
                 self.assertIn("received SIGTERM: forwarding it to", self.output(job))
 
@@ -283,7 +321,7 @@ class RealSlurm(unittest.TestCase):
         # ends the workers, and says so.
         job = self.submit(f"srun {CRUN} --nproc-per-node 2 --shutdown-timeout 1 {SIGNAL_PROBE} "
                           f"{self.out} --save-s 20", "--nodes=2", "--ntasks-per-node=1")
-        self.scancel_when_started(job, 4)
+        self.scancel_when_started(job, self.out, 4)
         self.finished(job, "CANCELLED", "0:15")
         self.assertEqual(signal_events(self.out, "saved"), [])
         out = self.output(job)
@@ -295,12 +333,15 @@ class RealSlurm(unittest.TestCase):
         # time-limit check (every 30 s), then SIGTERM at the limit. crun, which Slurm signals
         # too, passes the warning on as a notice and goes on; at the limit the workers get
         # SIGTERM and the grace period to save.
-        # Submitted with the cluster (setUpClass): its minute ran beside the other tests.
+        # Submitted with the cluster (setUpClass): it ran beside the other tests, its end moved
+        # to just after the warning (end_limit_job_after_its_warning).
         job, out_dir = self.limit_job, self.limit_out
         try:
             self.finished(job, "TIMEOUT", "0:15", limit=180)
         finally:
             type(self).limit_job = None  # ended, or failed: every later tearDown sees all
+        self.limit_mover.join(timeout=30)
+        print(f"\n  time-limit job {job}: its end {self.limit_end_moved}", file=sys.stderr)
         for rank in range(4):
             got = [e["sig"] for e in signal_events(out_dir, "signal")
                    if e["rank"] == rank and e["sig"] != "SIGCONT"]

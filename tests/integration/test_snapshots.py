@@ -32,6 +32,7 @@ DDP = os.path.join(HERE, "..", "workers", "ddp_snapshot.py")
 REPLICA = os.path.join(HERE, "..", "workers", "replica_worker.py")
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from crun_testing import free_port, make_certificates, scratch_dir  # noqa: E402
+import lanes  # noqa: E402
 
 PYTHONS = [p for p in os.environ.get("TORCH_PYTHONS", "python3").split(",") if p]
 
@@ -213,7 +214,10 @@ class Snapshots(unittest.TestCase):
         script = os.path.join(self.dir, "hold.py")
         with open(script, "w") as f:
             f.write(HOLD)
-        p = subprocess.Popen([CRUN, "--nproc-per-node", "2", "--snapshot-memory", shm, script],
+        # Warm: torch imported once, in the template, which crun's SIGKILL ends with the
+        # workers (docs/warm.md); the memory it must free is the workers' either way.
+        p = subprocess.Popen([CRUN, "--nproc-per-node", "2", "--warm", "--snapshot-memory", shm,
+                              script],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=dict(os.environ, PYTHON_EXEC=PYTHONS[0]))
         seen = 0
@@ -238,7 +242,7 @@ class Snapshots(unittest.TestCase):
         with open(script, "w") as f:
             f.write(HOLD)
         ck = os.path.join(self.dir, "ck")
-        p = subprocess.Popen([CRUN, "--nproc-per-node", "2", "--metrics-port", "0",
+        p = subprocess.Popen([CRUN, "--nproc-per-node", "2", "--warm", "--metrics-port", "0",
                               "--checkpoint-dir", ck, "--checkpoint-every", "1", script],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=dict(os.environ, PYTHON_EXEC=PYTHONS[0]))
@@ -559,7 +563,9 @@ class Snapshots(unittest.TestCase):
     def test_the_last_save_reaches_disk_when_the_worker_ends_at_once(self):
         """A worker that saves its last step and ends at once: crun takes that save before the
         job ends (each SDK waits for it at exit), so every rank's last step is on disk, run
-        after run: the C++ SDK's worker 10 times, a stock PyTorch one 3 times."""
+        after run: the C++ SDK's worker 10 times, a stock PyTorch one 3 times (warm: one
+        import of torch a run, not one a worker; a warm worker ends through the interpreter's
+        exit, the SDK's wait included, as a cold one does)."""
         for i in range(10):
             ck = os.path.join(self.dir, f"last-{i}")
             self.disk_job(self.fresh_work(), ck, 6, "--checkpoint-every", "1")
@@ -571,7 +577,7 @@ class Snapshots(unittest.TestCase):
                     "    crun_worker.save(step, {'w': torch.full((1 << 18,), float(step))})\n")
         for i in range(3):
             ck = os.path.join(self.dir, f"last-py-{i}")
-            r = subprocess.run([CRUN, "--nproc-per-node", "2", "--checkpoint-dir", ck,
+            r = subprocess.run([CRUN, "--nproc-per-node", "2", "--warm", "--checkpoint-dir", ck,
                                 "--checkpoint-every", "1", script], capture_output=True,
                                text=True, timeout=300,
                                env=dict(os.environ, PYTHON_EXEC=PYTHONS[-1]))
@@ -713,4 +719,7 @@ class Snapshots(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    # Two tests at a time (SNAPSHOT_LANES): alone, one after another, the suite left a core
+    # idle a third of its time (crun's starts and rounds, restarts, fsyncs, rank 0 waiting on
+    # rank 1); every case has its own directories, tmpfs and ports, and waits by deadlines.
+    lanes.main(int(os.environ.get("SNAPSHOT_LANES", "2")))

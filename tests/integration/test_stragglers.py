@@ -11,7 +11,14 @@ node that runs them names them, the other node names nobody, and `crun status` s
 The evidence for the detector's defaults (1.5x, 10 ms, 5 windows; docs/health.md) is a noisy
 job that never trips them: STRAGGLER_NOISY_STEPS steps of its 4 ranks, 1500 here (30 s, 150
 windows each) and 9000 (3 minutes, 900 windows) in tests/bench/matrix_bench.py, which records
-its last run in docs/reliability.md."""
+its last run in docs/reliability.md.
+
+Every test runs at once (tests/pylib/lanes.py): each is a job that sleeps through its steps on a
+fraction of a core, and the noisy job, the longest, is the run's length. A verdict compares a
+rank's compute time with the median of its own job's other ranks, which the jobs beside it load
+alike: the noisy job runs beside them as it runs beside the rest of the suite, and names nobody
+before its slow rank turns slow. No case waits on an import against a timeout shorter than
+LIMIT_S: a DDP rank's torch import only delays its own job."""
 import json
 import os
 import re
@@ -23,12 +30,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from crun_testing import kill_all, scratch_dir, wait_for  # noqa: E402
 from fabric import Fabric  # noqa: E402
+import lanes  # noqa: E402
 
 CRUN = os.environ["CRUN_BIN"]
 WORKER = os.path.join(HERE, "..", "workers", "straggler_worker.py")
 PYTHON = os.environ.get("PYTHON_EXEC", sys.executable)
+# The first that has torch installed (found, not imported: torch 2.x's import took seconds, more
+# on a loaded machine, before any test started; a torch that fails to import fails the DDP test).
 TORCH_PYTHON = next((p for p in os.environ.get("TORCH_PYTHONS", "").split(",")
-                     if p and subprocess.run([p, "-c", "import torch"],
+                     if p and subprocess.run([p, "-c", "import importlib.util, sys; sys.exit("
+                                              "importlib.util.find_spec('torch') is None)"],
                                              capture_output=True).returncode == 0), None)
 LIMIT_S = 120
 # 90 steps: a rank 2.5 times slower is named in the window of steps 40-49 (2.5 s), with 40
@@ -255,4 +266,4 @@ class AcrossHosts(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    lanes.main(7)  # every test at once: the noisy job's length, not the sum

@@ -10,9 +10,13 @@ import pty
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+import lanes  # noqa: E402
 
 CRUN = os.environ["CRUN_BIN"]
 TRAIN = os.environ["TRAIN_BIN"]
@@ -88,7 +92,9 @@ class Train(unittest.TestCase):
               f"in {time.monotonic() - t0:.1f} s")
 
     def test_killed_worker_is_restarted_and_resumes_from_the_checkpoint(self):
-        rc, out = self.run_killing(self.cmd(2, 2000, 3, restarts=1), "epoch 2/3 step 10/")
+        # Killed at epoch 2's first progress line (step 5 of 15): after epoch 1's checkpoint,
+        # which rank 0 writes before it starts epoch 2, and with 10 steps of epoch 2 to go.
+        rc, out = self.run_killing(self.cmd(2, 2000, 3, restarts=1), "epoch 2/3 step 5/")
         self.assertEqual(rc, 0, out[-4000:])
         self.assertIn("resuming after epoch 1 (restart 1)", out)
         m = self.metrics_json()
@@ -117,8 +123,9 @@ class Train(unittest.TestCase):
         self.assertEqual(m["parameter_hashes"], uninterrupted)
 
     def test_resume_at_a_different_world_size(self):
-        # Attempt 1: two workers, no restarts allowed; rank 1 dies in epoch 2.
-        rc, out = self.run_killing(self.cmd(2, 2000, 3), "epoch 2/3 step 10/")
+        # Attempt 1: two workers, no restarts allowed; rank 1 dies in epoch 2 (at its first
+        # progress line, after epoch 1's checkpoint).
+        rc, out = self.run_killing(self.cmd(2, 2000, 3), "epoch 2/3 step 5/")
         self.assertNotEqual(rc, 0, out[-3000:])
         self.assertIn("SIGKILL", out)
         self.assertIn("step-000000000001.ckpt", os.listdir(self.ckpt))
@@ -183,4 +190,7 @@ class Train(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    # Two tests at a time (TRAIN_LANES): alone, one after another, the suite left a core idle a
+    # fifth of its time (libtorch's load, crun's restarts, the one-process cases); each test
+    # has its own directories and crun, and finds its workers by their crun.
+    lanes.main(int(os.environ.get("TRAIN_LANES", "2")))

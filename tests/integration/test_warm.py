@@ -3,7 +3,13 @@ PyTorch in the template: a warm worker must be what a cold start makes (environm
 levels, argv, sys.path, cwd, process group, signals, cgroup, stdin, descriptors), end the same
 way (exit codes, signals, tracebacks in the failure report), restart, survive its template's
 death, and say which module a template could not import. Run for each interpreter in
-TORCH_PYTHONS (Debian's PyTorch 1.13, PyPI's 2.x)."""
+TORCH_PYTHONS (Debian's PyTorch 1.13, PyPI's 2.x).
+
+Two cases at once (tests/pylib/lanes.py): nearly all of a case's time is one process (a
+template, or a cold worker with --compute) importing torch on one core, so one case leaves the
+other core idle. Cases share nothing but the machine: each has its own scratch directory,
+socket and crun, and finds templates and spares among its own crun's children. Every wait is
+for something observable (a connection, a process gone, a line in a log), with a deadline."""
 import glob
 import json
 import os
@@ -24,6 +30,7 @@ LIMIT_S = 180
 sys.path.insert(0, os.path.join(HERE, "..", "pylib"))
 from crun_testing import (alive, processes_mentioning, scratch_dir, wait_for,  # noqa: E402
                           whole_lines)
+import lanes  # noqa: E402
 
 # What names one process or one descriptor, and may differ between any two starts.
 PER_PROCESS = {"pid", "ppid", "sid", "started_ns", "cgroup", "fd_count", "warm"}
@@ -384,4 +391,4 @@ def ready_count(out):
 
 
 if __name__ == "__main__":
-    unittest.main(verbosity=2)
+    lanes.main(2)

@@ -36,7 +36,7 @@ def in_private_netns(argv):
 
 
 def sweep_stale_netns(prefix=NETNS_PREFIX):
-    """Deletes the namespaces named `prefix`PID (in_private_netns's) or `prefix`PID-HOST
+    """Deletes the namespaces named `prefix`PID (in_private_netns's) or `prefix`PID-N-HOST
     (tests/pylib/fabric.py's, prefix "crun") whose process PID is gone (SIGKILL, or ctest's
     TIMEOUT, runs no cleanup) and that hold no process; returns their names. Another run's,
     alive, is kept."""

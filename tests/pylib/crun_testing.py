@@ -15,13 +15,14 @@ import threading
 import time
 
 
-def wait_for(predicate, what, limit=60):
-    """Polls an observable condition (files written, processes gone) up to a deadline."""
+def wait_for(predicate, what, limit=60, every=0.01):
+    """Polls an observable condition (files written, processes gone) up to a deadline, `every`
+    seconds (more where each look runs a program, such as etcdctl)."""
     deadline = time.monotonic() + limit
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+        time.sleep(every)
 
 
 def scratch_dir(test, prefix):

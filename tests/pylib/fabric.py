@@ -7,12 +7,14 @@ its own loopback; nothing is routed anywhere else. Needs root (CAP_NET_ADMIN) an
         fab.link_down("b")             # b's cable pulled: its packets vanish, no reset is sent
         fab.link_up("b")               # and plugged back in
 """
+import itertools
 import os
 import subprocess
 
 import bench_support
 
 SUBNET = "10.77.0"
+_built = itertools.count()  # this process's fabrics, each its own names
 
 
 def _ip(*args):
@@ -24,7 +26,10 @@ def _ip(*args):
 class Fabric:
     def __init__(self, hosts):
         self.hosts = list(hosts)
-        self.tag = f"crun{os.getpid()}"
+        # crunPID-N-HOST: the Nth fabric of process PID, so that tests running at once in one
+        # process (tests/pylib/lanes.py) each build their own (bench_support.sweep_stale_netns
+        # reads the PID).
+        self.tag = f"crun{os.getpid()}-{next(_built)}"
         self.switch = f"{self.tag}-sw"
         self.created = []
         self.moved = {}  # host -> its address once replug() gave it a new one

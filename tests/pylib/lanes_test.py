@@ -1,5 +1,6 @@
-"""tests/pylib/lanes.py: tests of a class run `lanes` at a time, set up once, and a failure, an
-error, a skip or a failed setUpClass reach the exit status and the output as unittest's do."""
+"""tests/pylib/lanes.py: tests of a class run `lanes` at a time, set up once, the classes side by
+side in the same lanes, an alone() test first with none beside it, and a failure, an error, a
+skip or a failed setUpClass reach the exit status and the output as unittest's do."""
 import os
 import subprocess
 import sys
@@ -45,6 +46,80 @@ class Lanes(unittest.TestCase):
         self.assertRegex(out, r"test_a \(T\) \.\.\. ok \(\d+\.\d s\)")
         self.assertIn("Ran 3 tests", out)
         self.assertIn("3 at a time", out)
+
+    def test_the_classes_share_the_lanes_each_set_up_around_its_own_tests(self):
+        # A test of each class waits at a barrier of two: class after class, neither would pass
+        # it. Each class is up from before its first test to after its last.
+        rc, out = run_suite("""
+            barrier = threading.Barrier(2, timeout=10)
+            class Up(unittest.TestCase):
+                up = False
+                @classmethod
+                def setUpClass(cls): cls.up = True
+                @classmethod
+                def tearDownClass(cls): cls.up = False
+                def meet(self):
+                    self.assertTrue(self.up)
+                    barrier.wait()
+                    self.assertTrue(self.up)
+            class A(Up):
+                def test_a(self): self.meet()
+            class B(Up):
+                def test_b(self): self.meet()
+            """, 2)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("Ran 2 tests", out)
+
+    def test_an_alone_test_runs_first_with_none_beside_it(self):
+        # a and c meet at a barrier of two (they run beside each other); b, marked alone, would
+        # see one of them start within the second it watches if they ran beside it.
+        rc, out = run_suite("""
+            class T(unittest.TestCase):
+                cond = threading.Condition()
+                others = 0
+                barrier = threading.Barrier(2, timeout=10)
+                def beside(self):
+                    with self.cond:
+                        T.others += 1
+                        self.cond.notify_all()
+                    try:
+                        self.barrier.wait()
+                    finally:
+                        with self.cond:
+                            T.others -= 1
+                def test_a(self): self.beside()
+                @lanes.alone
+                def test_b(self):
+                    with self.cond:
+                        self.assertFalse(self.cond.wait_for(lambda: T.others, timeout=1))
+                def test_c(self): self.beside()
+            """, 3)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("Ran 3 tests", out)
+        self.assertLess(out.index("test_b (T) ... ok"), out.index("test_a (T) ... ok"))
+
+    def test_a_class_of_its_own_lane_runs_its_tests_one_at_a_time_beside_the_lanes(self):
+        # One shared lane: Mine's first test meets the other class's at a barrier of two (so
+        # it runs beside it, not in the shared lane), and Mine's tests never run at once.
+        rc, out = run_suite("""
+            barrier = threading.Barrier(2, timeout=10)
+            class Mine(unittest.TestCase):
+                own_lane = True
+                running = []
+                def alone(self, then):
+                    self.running.append(1)
+                    try:
+                        self.assertEqual(len(self.running), 1)
+                        then()
+                    finally:
+                        self.running.pop()
+                def test_a(self): self.alone(barrier.wait)
+                def test_b(self): self.alone(lambda: None)
+            class Other(unittest.TestCase):
+                def test_c(self): barrier.wait()
+            """, 1)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("Ran 3 tests", out)
 
     def test_one_lane_runs_them_one_after_another(self):
         rc, out = run_suite("""

@@ -268,6 +268,14 @@ PartitionName=test Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Sta
     def scancel(self, job, *args):
         self._run(["scancel", *args, job], f"scancel {job}")
 
+    def end_job_at(self, job, when):
+        """Moves running job `job`'s end to `when` (a Slurm time: "now+5"), to the second, as
+        an operator shortens a job (`scontrol update JobId=J EndTime=...`; 22.05 takes it for
+        a running job, src/slurmctld/job_mgr.c's _update_job). slurmctld then ends it as at its
+        time limit (TIMEOUT) at its first time-limit check after `when`."""
+        self._run(["scontrol", "update", f"JobId={job}", f"EndTime={when}"],
+                  f"scontrol update JobId={job} EndTime={when}")
+
     def host_pids(self, host):
         """The processes living in `host`'s network namespace."""
         r = subprocess.run(["ip", "netns", "pids", self.fabric.ns(host)], capture_output=True,
@@ -276,18 +284,17 @@ PartitionName=test Nodes={",".join(self.nodes)} Default=YES MaxTime=INFINITE Sta
 
     # --- teardown ----------------------------------------------------------------------------
     def close(self):
+        # SIGKILL: nothing of the cluster is read again (its directory goes below), and
+        # slurmctld's orderly exit (its state saved, up to 3 s for its agents) took a second or
+        # two of every suite's end.
         for p in self.daemons.values():
             if p.poll() is None:
                 try:
-                    os.killpg(p.pid, signal.SIGTERM)
+                    os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
         for p in self.daemons.values():
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
+            p.wait(timeout=15)
         # Anything still living in the hosts' namespaces (job steps the daemons left) goes too.
         if self.fabric.created:
             for host in self.fabric.hosts:

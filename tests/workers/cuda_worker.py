@@ -14,7 +14,12 @@
                                         next attempt loads into the CUDA tensors and checks
                                         them against the hash written at that save
 
-Every hang prints "stuck" once before blocking, so a test knows it got there."""
+Every hang prints "stuck" once before blocking, so a test knows it got there.
+
+On a host without a GPU (no /dev/nvidia0, ...: the rehearsal of scripts/gpu-check.sh,
+tests/integration/test_gpu_check.py) every mode fails at once, before importing torch, which
+would cost over a second of CPU only to fail at the first CUDA call."""
+import glob
 import hashlib
 import json
 import os
@@ -22,7 +27,11 @@ import signal
 import sys
 import time
 
-import torch
+if not glob.glob("/dev/nvidia[0-9]*"):
+    sys.exit(f"cuda_worker.py {' '.join(sys.argv[1:2])}: no GPU on this host (no "
+             "/dev/nvidia[0-9]* device)")
+
+import torch  # noqa: E402
 
 SPIN_CYCLES = 1 << 60  # torch.cuda._sleep: a kernel that spins this many GPU cycles (years)
 

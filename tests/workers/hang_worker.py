@@ -15,6 +15,10 @@ after its backward pass, while the others go on to average the loss with all_red
          crun serves when TORCHELASTIC_ENABLE_FILE_TIMER=1)
   none   nothing
 The restarted attempt trains STEPS (default 5) steps and exits 0.
+
+HANG_WORKER_HOLD=PATH in the environment: in the first attempt, the line every 0.5 s goes on
+after the model is built, through the hang, until PATH exists (240 s at most), so that a test
+can read the hang's stacks before crun's hang timeout starts to run.
 """
 import os
 import signal
@@ -23,15 +27,21 @@ import sys
 import time
 
 print(f"rank {os.environ['RANK']}: importing torch", flush=True)
+HOLD = (os.environ.get("HANG_WORKER_HOLD", "")
+        if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0" else "")
 # A process, not a thread: `import torch` holds the GIL for seconds at a time. It ends when
-# the model is built, or with this worker, or after 60 s of starting: a start that hangs is
-# still a hang.
+# the model is built (held: when the file HOLD names exists), or with this worker, or after
+# 60 s (held: 240 s): a start that hangs is still a hang.
+LINES = 480 if HOLD else 120
 STARTING = subprocess.Popen(
-    ["sh", "-c", f"i=0; while kill -0 {os.getpid()} 2>/dev/null && [ $i -lt 120 ]; do "
-     f"echo 'rank {os.environ['RANK']}: starting'; sleep 0.5; i=$((i+1)); done"])
+    ["sh", "-c", f"i=0; while kill -0 {os.getpid()} 2>/dev/null && [ $i -lt {LINES} ] && "
+     '{ [ -z "$0" ] || [ ! -e "$0" ]; }; do '
+     f"echo 'rank {os.environ['RANK']}: starting'; sleep 0.5; i=$((i+1)); done", HOLD])
 
 
 def started():
+    if HOLD:
+        return  # its line goes on until the test creates HOLD
     if STARTING.poll() is None:
         STARTING.kill()
     STARTING.wait()

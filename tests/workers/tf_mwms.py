@@ -8,7 +8,9 @@ shard; at the end it writes its weights, which must be identical on every worker
 --die-once: on the first attempt the last rank SIGKILLs itself after step 5.
 --take-port-once: on the first attempt rank 1 binds rank 0's port (from TF_CONFIG) before
 rank 0 starts its server, as another process could in the moment between crun's reservation
-and the worker's bind; rank 0 must fail, and the restart get new ports.
+and the worker's bind; rank 0 must fail, and the restart get new ports. Rank 1 then only holds
+the port, without TensorFlow (whose workers take SIGTERM as a preemption notice and wait out
+--shutdown-timeout): crun's stop ends it at once.
 """
 import hashlib
 import json
@@ -18,11 +20,8 @@ import socket
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
-import tensorflow as tf  # noqa: E402
-
 STEPS = 20
+HOLD_S = 300  # rank 1 holding rank 0's port: crun stops it long before, when rank 0 fails
 
 
 def take_port_of_rank0(out, cluster):
@@ -53,12 +52,17 @@ def main():
     assert len(cluster) == world, cluster
     with open(os.path.join(out, f"tf_config_{rank}_{attempt}.json"), "w") as f:
         json.dump(config, f)
-    held = None
     if "--take-port-once" in sys.argv and attempt == 0:
         if rank == 1:
             held = take_port_of_rank0(out, cluster)
-        elif rank == 0:
+            time.sleep(HOLD_S)
+            held.close()
+            raise SystemExit(f"rank 0 did not fail at its port taken within {HOLD_S} s")
+        if rank == 0:
             wait_for(os.path.join(out, "port_taken"))
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
+    import tensorflow as tf
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     assert strategy.num_replicas_in_sync == world
     with strategy.scope():
@@ -96,8 +100,6 @@ def main():
                    "weights": digest, "tf": tf.__version__}, f)
     print(f"rank {rank}/{world}: {STEPS} steps, loss {loss:.3f}, weights {digest[:12]}",
           flush=True)
-    if held is not None:
-        held.close()
     return 0
 
 
