@@ -158,13 +158,31 @@ cat "$venv_log" >&2
 venvs=""  # ended: its group id may belong to another process by the end
 phase "PyPI venvs ready"
 
-# ctest runs more tests at once than the machine has cores: most integration suites wait on
-# processes, sockets and timeouts rather than compute. Each test's PROCESSORS (its share of
-# these slots) and RESOURCE_LOCKs keep the CPU-bound and the timing-sensitive ones apart
-# (tests/budget.cmake).
-jobs="${CRUN_TEST_JOBS:-6}"
+# ctest runs tests beside each other as far as the machine holds them: its cores and memory
+# are ctest's resources (a resource spec file), and each test takes its share of them, as a
+# run of it alone measured (tests/budget.txt: cpu, percent of a core; mem, MiB). The cores are
+# offered a quarter over (most suites wait on processes, sockets and timeouts between their
+# bursts, and an average is no peak); beyond that a test would wait for the CPU rather than
+# run, and take more than its TIMEOUT allows. RESOURCE_LOCKs keep the timing-sensitive ones
+# apart. At most $jobs at once (CRUN_TEST_JOBS; 1: each test alone, how `measured` is taken).
+jobs="${CRUN_TEST_JOBS:-8}"
+resources="$suite_tmp/resources.json"
+python3 - "$resources" tests/budget.txt <<'PY'
+import json, os, sys
+rows = [line.split() for line in open(sys.argv[2]) if line.strip() and not line.startswith("#")]
+with open("/proc/meminfo") as f:
+    available = dict(line.split(":") for line in f)["MemAvailable"].split()[0]
+# A row asking for more than this machine has still runs, alone: ctest refuses a test whose
+# share no spec could ever give.
+cpu = max([125 * os.cpu_count()] + [int(r[4]) for r in rows])
+mem = max([int(available) // 1024 * 3 // 4] + [int(r[5]) for r in rows])
+json.dump({"version": {"major": 1, "minor": 0},
+           "local": [{"cpu": [{"id": "0", "slots": cpu}], "mem": [{"id": "0", "slots": mem}]}]},
+          open(sys.argv[1], "w"))
+print(f"test.sh: ctest's resources: {cpu} % of a core, {mem} MiB", file=sys.stderr)
+PY
 label=(-LE '^quick-only$')  # the smoke tests: each also runs in its area's suite
 if [ "$mode" = quick ]; then label=(-L '^quick$'); fi
 phase "ctest starts"
 run_ctest --test-dir build --output-on-failure --no-tests=error -j "$jobs" "${label[@]}" \
-  "${ctest_args[@]}"
+  --resource-spec-file "$resources" "${ctest_args[@]}"

@@ -1,15 +1,16 @@
 """The suite's time budget (tests/budget.txt): every ctest entry has a TIMEOUT of about twice
 its measured time (the entry alone on the 2-core machine, nothing beside it), and the TIMEOUTs
 together stay within 40 minutes. Each TIMEOUT also leaves room above what the entry took in a
-full run of scripts/test.sh, beside the others (ctest -j6 on 2 cores), so that a loaded
-machine does not end a test that works. This is a budget, not a
-timing: it reads the TIMEOUT each entry was given, never how long anything took here, so it
-does not depend on the machine's speed. Later work spends from it; its closing note says how
-much. Until the suite is within the 40 minutes, the limit is the ceiling the table's first
-line sets (`# ceiling: N s`), which comes down towards the target with every cut; it rises
-only when a full run measured entries beyond their rows (the commit names them), never for a
-new test, which spends from it: the suite cannot grow while it is cut. Entries labelled quick-only (scripts/test.sh --quick's smoke tests, which
-the full run leaves out) need a TIMEOUT but are not counted.
+full run of scripts/test.sh, beside the others (ctest sharing the machine's cores and memory
+out by each entry's cpu and mem), so that a loaded machine does not end a test that works.
+This is a budget, not a timing: it reads the TIMEOUT each entry was given, never how long
+anything took here, so it does not depend on the machine's speed. Later work spends from it;
+its closing note says how much. Until the suite is within the 40 minutes, the limit is the
+ceiling the table's first line sets (`# ceiling: N s`), which comes down towards the target
+with every cut; it rises only when a full run measured entries beyond their rows (the commit
+names them), never for a new test, which spends from it: the suite cannot grow while it is
+cut. Entries labelled quick-only (scripts/test.sh --quick's smoke tests, which the full run
+leaves out) need a TIMEOUT but are not counted.
 
   budget_check.py --ctest CTEST --build-dir DIR --table tests/budget.txt
 
@@ -17,8 +18,8 @@ Fails (exit 1), naming what is wrong, when:
   - an entry ctest knows has no TIMEOUT (it has no row in the table, nor one of its own);
   - the TIMEOUTs add up to more than the ceiling (the largest are named);
   - the ceiling is above the budget while the sum is within it (lower the ceiling);
-  - a row's TIMEOUT is not about twice its measured time (1.5x to 2.5x, at least 10 s, and up
-    to 20 s for an entry of seconds), or, where 1.25 times what it took beside the others is
+  - a row's TIMEOUT is not about twice its measured time (1.5x to 2.5x, at least 6 s, and up
+    to 12 s for an entry of seconds), or, where 1.25 times what it took beside the others is
     more, not that;
   - a row's TIMEOUT is less than 1.25 times what it took beside the others;
   - a row measured over 60 s does not say why it needs that long."""
@@ -32,7 +33,7 @@ import re
 
 BUDGET_S = 40 * 60
 LONG_S = 60  # a test measured longer than this says why in its row
-FLOOR_S = 10  # the smallest TIMEOUT a row may have: process start-up under a loaded machine
+FLOOR_S = 6  # the smallest TIMEOUT a row may have: process start-up under a loaded machine
 SHORT_CAP_S = 2 * FLOOR_S  # what an entry of seconds may have, whatever twice its time
 ROOM = 1.25  # a TIMEOUT's least room above what the entry took beside the others
 QUICK_ONLY = "quick-only"
@@ -45,23 +46,26 @@ def parse_ceiling(text):
 
 
 def parse_table(text):
-    """Rows of the table: {name: (measured, beside, timeout, processors, locks, labels, why)}.
+    """Rows of the table: {name: (measured, beside, timeout, cpu, mem, locks, labels, why)}.
     Raises ValueError naming the line of a malformed row."""
     rows = {}
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        words = line.split(None, 7)
-        if len(words) < 7:
-            raise ValueError(f"line {n}: '{line}' has {len(words)} columns, not 7 or 8 "
-                             "(name measured beside timeout processors locks labels [why])")
-        name, measured, beside, timeout, procs, locks, labels = words[:7]
-        why = words[7].strip() if len(words) == 8 else ""
+        words = line.split(None, 8)
+        if len(words) < 8:
+            raise ValueError(f"line {n}: '{line}' has {len(words)} columns, not 8 or 9 "
+                             "(name measured beside timeout cpu mem locks labels [why])")
+        name, measured, beside, timeout, cpu, mem, locks, labels = words[:8]
+        why = words[8].strip() if len(words) == 9 else ""
         try:
-            row = (float(measured), float(beside), float(timeout), int(procs))
+            row = (float(measured), float(beside), float(timeout), int(cpu), int(mem))
         except ValueError:
             raise ValueError(f"line {n}: '{line}': measured, beside and timeout are seconds, "
-                             "processors a whole number") from None
+                             "cpu (percent of a core) and mem (MiB) whole numbers") from None
+        if row[3] < 1 or row[4] < 0:
+            raise ValueError(f"line {n}: '{line}': cpu is at least 1 (percent of a core), "
+                             "mem at least 0 (MiB)")
         if name in rows:
             raise ValueError(f"line {n}: '{name}' has a row already")
         rows[name] = (*row, locks, labels, why)
@@ -71,7 +75,7 @@ def parse_table(text):
 def row_problems(rows):
     """What is wrong with the rows themselves, one message each."""
     out = []
-    for name, (measured, beside, timeout, _, _, _, why) in rows.items():
+    for name, (measured, beside, timeout, _, _, _, _, why) in rows.items():
         low = max(FLOOR_S, 1.5 * measured)
         # Where the room above beside needs more than 2.5x, exactly that: what the machine's
         # load costs the budget shows in the sum.
@@ -82,7 +86,7 @@ def row_problems(rows):
         if timeout < ROOM * beside:
             out.append(f"{name}: TIMEOUT {timeout:g} s leaves too little room above the "
                        f"{beside:g} s it took beside the others (at least {ROOM:g}x: "
-                       f"{ROOM * beside:g} s); give it more of ctest's slots, or less work")
+                       f"{ROOM * beside:g} s); give it more of the machine (cpu), or less work")
         if measured > LONG_S and not why:
             out.append(f"{name}: measured {measured:g} s, over {LONG_S} s, without saying why")
     return out
