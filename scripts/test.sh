@@ -63,6 +63,25 @@ finish() {
 }
 trap finish EXIT
 
+# write_resources FILE: ctest's resource spec for this machine (below, where the full run uses
+# it): its cores, a quarter over, and three quarters of its available memory.
+write_resources() {
+  python3 - "$1" tests/budget.txt <<'PY'
+import json, os, sys
+rows = [line.split() for line in open(sys.argv[2]) if line.strip() and not line.startswith("#")]
+with open("/proc/meminfo") as f:
+    available = dict(line.split(":") for line in f)["MemAvailable"].split()[0]
+# A row asking for more than this machine has still runs, alone: ctest refuses a test whose
+# share no spec could ever give.
+cpu = max([125 * os.cpu_count()] + [int(r[4]) for r in rows])
+mem = max([int(available) // 1024 * 3 // 4] + [int(r[5]) for r in rows])
+json.dump({"version": {"major": 1, "minor": 0},
+           "local": [{"cpu": [{"id": "0", "slots": cpu}], "mem": [{"id": "0", "slots": mem}]}]},
+          open(sys.argv[1], "w"))
+print(f"test.sh: ctest's resources: {cpu} % of a core, {mem} MiB", file=sys.stderr)
+PY
+}
+
 # ctest in the background and waited for, so that a signal that stops this script (CI's
 # timeout, ^C) stops ctest and the tests too, before the folder they write to goes.
 run_ctest() {
@@ -122,8 +141,12 @@ for t in json.load(sys.stdin)["tests"]:
   CRUN_BUILD_TARGETS="$targets" CRUN_BUILD_DIR=$dir bash scripts/build.sh "${configure[@]}"
   phase "built with -fsanitize=$sanitize"
   phase "ctest starts"
+  # The machine shared out as in the full run (an instrumented entry uses more than its row,
+  # which its scaled TIMEOUT allows for): four suites of instrumented starts at once took one
+  # past eight times its TIMEOUT.
+  write_resources "$suite_tmp/resources.json"
   run_ctest --test-dir "$dir" --output-on-failure --no-tests=error -L "^$label\$" -j4 \
-    "${ctest_args[@]}"
+    --resource-spec-file "$suite_tmp/resources.json" "${ctest_args[@]}"
   exit
 fi
 
@@ -167,20 +190,7 @@ phase "PyPI venvs ready"
 # apart. At most $jobs at once (CRUN_TEST_JOBS; 1: each test alone, how `measured` is taken).
 jobs="${CRUN_TEST_JOBS:-8}"
 resources="$suite_tmp/resources.json"
-python3 - "$resources" tests/budget.txt <<'PY'
-import json, os, sys
-rows = [line.split() for line in open(sys.argv[2]) if line.strip() and not line.startswith("#")]
-with open("/proc/meminfo") as f:
-    available = dict(line.split(":") for line in f)["MemAvailable"].split()[0]
-# A row asking for more than this machine has still runs, alone: ctest refuses a test whose
-# share no spec could ever give.
-cpu = max([125 * os.cpu_count()] + [int(r[4]) for r in rows])
-mem = max([int(available) // 1024 * 3 // 4] + [int(r[5]) for r in rows])
-json.dump({"version": {"major": 1, "minor": 0},
-           "local": [{"cpu": [{"id": "0", "slots": cpu}], "mem": [{"id": "0", "slots": mem}]}]},
-          open(sys.argv[1], "w"))
-print(f"test.sh: ctest's resources: {cpu} % of a core, {mem} MiB", file=sys.stderr)
-PY
+write_resources "$resources"
 label=(-LE '^quick-only$')  # the smoke tests: each also runs in its area's suite
 if [ "$mode" = quick ]; then label=(-L '^quick$'); fi
 phase "ctest starts"
