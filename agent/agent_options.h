@@ -11,7 +11,6 @@
 
 #include "agent/frameworks/contracts.h"
 #include "agent/health/health_checks.h"
-#include "agent/health/straggler_exchange.h"
 #include "agent/snapshots/snapshot_options.h"
 #include "base/security.h"
 #include "http/http_server.h"
@@ -107,8 +106,6 @@ struct AgentOptions {
   // (step records on CRUN_HEARTBEAT_FD) stays above the others', as `stragglers` judges it.
   StragglerAction straggler_action = StragglerAction::kWarn;
   rdzv::StragglerSettings stragglers;
-  // Shared with a rendezvous that judges slow ranks job-wide (the service).
-  std::shared_ptr<StragglerExchange> straggler_exchange = std::make_shared<StragglerExchange>();
 
   // Hangs (docs/hangs.md). A worker with no progress for hang_timeout is hung (0: not
   // watched): its output, its heartbeats (CRUN_HEARTBEAT_FD) and its file-timer requests are

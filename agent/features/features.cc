@@ -13,11 +13,12 @@ std::unique_ptr<JobFeature> MakeOomWitness(AgentView&);       // oom_witness.cc
 std::unique_ptr<JobFeature> MakeControlSocket(AgentView&);    // control_socket.cc
 std::unique_ptr<JobFeature> MakeSnapshotStore(AgentView&);    // snapshot_store.cc
 std::unique_ptr<JobFeature> MakeStragglerWatch(AgentView&);   // straggler_watch.cc
+std::unique_ptr<JobFeature> MakeHealthGate(AgentView&);       // health_gate.cc
 
 std::vector<FeatureFactory> DefaultFeatures() {
   return {
       MakeWarmStart,  MakeFileTimer,     MakeMetricsEndpoint, MakeEventLog,       MakeHorovodServer,
-      MakeOomWitness, MakeControlSocket, MakeSnapshotStore,   MakeStragglerWatch,
+      MakeOomWitness, MakeControlSocket, MakeSnapshotStore,   MakeStragglerWatch, MakeHealthGate,
   };
 }
 
@@ -32,6 +33,28 @@ Status JobFeatures::Prepare() {
     if (auto s = f->Prepare(); !s.ok()) return s;
   }
   return Status::Ok();
+}
+
+// How many hold the join; the opening itself is one, until every BeforeJoin has been heard.
+struct JoinGate::Held {
+  int count = 1;
+  std::function<void()> join;
+  void Release() {
+    if (--count == 0) join();
+  }
+};
+
+std::function<void()> JoinGate::Hold() {
+  ++held_->count;
+  return [held = held_] { held->Release(); };
+}
+
+void JobFeatures::BeforeJoin(std::function<void()> join) {
+  auto held = std::make_shared<JoinGate::Held>();
+  held->join = std::move(join);
+  JoinGate gate(held);
+  for (auto& f : list_) f->BeforeJoin(gate);
+  held->Release();
 }
 
 std::string JobFeatures::KillerOf(const Worker& w, const ExitStatus& exit) {

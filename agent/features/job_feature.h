@@ -6,6 +6,9 @@
 // adds to what an attempt's start gets; where it notices something the lifecycle must hear (a
 // worker's file timer expired), it tells the part of the agent that feeds the lifecycle.
 //
+// A feature may hold a join until it has passed (BeforeJoin: the health gate), and may end the
+// job on this node through the lifecycle (AgentView::leave_job).
+//
 // Adding one (docs/architecture.md): a file in this folder with a JobFeature and its factory,
 // and a line in features.cc's list. Single-threaded: every hook runs on the agent's event loop.
 #pragma once
@@ -52,10 +55,14 @@ struct AgentView {
   // The job's steps so far (crash loops, docs/health.md): the workers' heartbeats count into
   // it, and a feature that sees a step done (a snapshot saved) adds to it.
   ProgressCounter steps;
-  // This node leaves the running job for `why` (--straggler-action exclude, docs/health.md):
-  // the rendezvous hears it at once and goes on without it, the workers stop, the host is noted
-  // in --unhealthy-nodes-file, and crun exits with report::kExitRequeueWithoutNode.
-  std::function<void(const std::string& why)> exclude_node;
+  // Slow ranks judged job-wide (health/straggler_exchange.h): the rendezvous's exchange, or
+  // null where this node judges its own ranks.
+  StragglerExchange* stragglers = nullptr;
+  // This node leaves the job (docs/health.md): unhealthy before a join, or excluded from the
+  // running one. The lifecycle decides (lifecycle::OnNodeLeaves): the rendezvous hears it, the
+  // workers stop, the host is noted in --unhealthy-nodes-file, and crun exits with
+  // report::kExitRequeueWithoutNode.
+  std::function<void(lifecycle::NodeLeaves::Why why, const std::string& detail)> leave_job;
   // crun stops local rank `local_rank` of the running attempt as failed for `why` (--straggler-
   // action restart, docs/health.md): like a hang without the stacks, the group stops, the
   // failure (report::WorkerFailure::slow) goes to the rendezvous and the restart is spent.
@@ -73,12 +80,27 @@ struct WorkerEnd {
   const report::WorkerFailure* failure = nullptr;
 };
 
+// The join under way, which a feature may hold until it has passed (JobFeature::BeforeJoin).
+class JoinGate {
+ public:
+  struct Held;
+  explicit JoinGate(std::shared_ptr<Held> held) : held_(std::move(held)) {}
+  // Holds the join until the function returned is called, once. A feature that fails instead
+  // (leave_job) never calls it: the join does not happen.
+  std::function<void()> Hold();
+
+ private:
+  std::shared_ptr<Held> held_;
+};
+
 class JobFeature {
  public:
   virtual ~JobFeature() = default;
 
   // Once, before the first join; an error ends the job before any worker runs.
   virtual Status Prepare() { return Status::Ok(); }
+  // Before each join (the first, and every rejoin): a feature that must pass first holds it.
+  virtual void BeforeJoin(JoinGate&) {}
   // Once, before the workers' streams are made: a feature that reads their output says so.
   virtual void ConfigureStreams(StreamOptions&) {}
   // A round was assigned (or this node is its spare); `waited` since this node joined it.
@@ -121,6 +143,9 @@ class JobFeatures {
   }
   // Every feature's Prepare, in order, until one fails.
   Status Prepare();
+  // Every feature's BeforeJoin; `join` runs once none holds the join any more (at once when
+  // none held it).
+  void BeforeJoin(std::function<void()> join);
   // The first feature's answer to KillerOf; "" when none knows.
   std::string KillerOf(const Worker& w, const ExitStatus& exit);
 

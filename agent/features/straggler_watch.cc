@@ -16,7 +16,7 @@ namespace {
 class StragglerWatch final : public JobFeature {
  public:
   explicit StragglerWatch(AgentView& agent)
-      : agent_(agent), exchange_(*agent.options.straggler_exchange) {}
+      : agent_(agent), exchange_(agent.stragglers ? *agent.stragglers : own_) {}
   ~StragglerWatch() override { exchange_.on_verdicts = nullptr; }
   StragglerWatch(const StragglerWatch&) = delete;
   StragglerWatch& operator=(const StragglerWatch&) = delete;
@@ -72,8 +72,9 @@ class StragglerWatch final : public JobFeature {
       spdlog::warn("crun: slow rank on {} (local rank {}): {}", host, local,
                    rdzv::DescribeStraggler(change));
       if (agent_.options.straggler_action == StragglerAction::kExclude) {
-        agent_.exclude_node("slow " + rdzv::DescribeStraggler(change) +
-                            " (--straggler-action exclude)");
+        agent_.leave_job(lifecycle::NodeLeaves::Why::kExcluded,
+                         "slow " + rdzv::DescribeStraggler(change) +
+                             " (--straggler-action exclude)");
       } else if (agent_.options.straggler_action == StragglerAction::kRestart) {
         agent_.fail_rank(local, rdzv::DescribeSlowness(change));
       }
@@ -84,6 +85,7 @@ class StragglerWatch final : public JobFeature {
   }
 
   AgentView& agent_;
+  StragglerExchange own_;  // where the rendezvous has none: this node judges alone
   StragglerExchange& exchange_;
   std::optional<rdzv::StragglerState> state_;  // where this node judges alone
   std::vector<rdzv::ComputeWindows> windows_;

@@ -131,6 +131,7 @@ class EtcdRendezvous final : public Rendezvous {
   }
 
   std::string node_id() const override { return o_.node_id; }
+  StragglerExchange* stragglers() override { return stragglers_.get(); }
 
   void AskStacks(const std::string& /*reason*/, std::chrono::milliseconds /*timeout*/,
                  std::function<void(RemoteStacks)> done) override {
@@ -383,7 +384,7 @@ class EtcdRendezvous final : public Rendezvous {
   // The decider keeps every put of a node's figures, in order, for its next pass.
   void QueueFigures(const etcd::KeyValue& kv) {
     const std::string prefix = etcd::FiguresKey(keys_, "");
-    if (!watch_all_ || !o_.stragglers || kv.key.compare(0, prefix.size(), prefix) != 0) return;
+    if (!watch_all_ || !stragglers_ || kv.key.compare(0, prefix.size(), prefix) != 0) return;
     if (figures_.size() >= kMaxQueuedFigures) figures_.erase(figures_.begin());
     figures_.emplace_back(kv.key.substr(prefix.size()), kv.value);
   }
@@ -418,9 +419,9 @@ class EtcdRendezvous final : public Rendezvous {
 
   // Every node, each keep-alive: the figures its straggler watch queued since the last put.
   void SendFigures() {
-    if (!o_.stragglers || !round_) return;
+    if (!stragglers_ || !round_) return;
     asio::post(io_, [this] {
-      StragglerExchange& x = *o_.stragglers;
+      StragglerExchange& x = *stragglers_;
       if (!x.job_wide || x.outbox.empty()) return;
       etcd::NodeFigures put{x.round, std::exchange(x.outbox, {})};
       asio::post(eio_, [this, put = std::move(put)] {
@@ -437,7 +438,7 @@ class EtcdRendezvous final : public Rendezvous {
 
   // Every node: the decider's verdicts on this round's ranks that it has not passed on yet.
   void PassVerdicts() {
-    if (!o_.stragglers || !round_) return;
+    if (!stragglers_ || !round_) return;
     auto kv = mirror_.find(etcd::StragglersKey(keys_));
     if (kv == mirror_.end()) return;
     auto verdicts = etcd::DecodeVerdicts(kv->second.value);
@@ -447,7 +448,7 @@ class EtcdRendezvous final : public Rendezvous {
     std::vector<SlowRankVerdict> out;
     for (const auto& v : changes) out.push_back({v.change, v.host});
     asio::post(io_, [this, out = std::move(out)] {
-      if (o_.stragglers->on_verdicts) o_.stragglers->on_verdicts(out);
+      if (stragglers_->on_verdicts) stragglers_->on_verdicts(out);
     });
   }
 
@@ -512,7 +513,7 @@ class EtcdRendezvous final : public Rendezvous {
                  g.restart_count);
     // A decider that judges slow ranks gets this node's figures; else the node judges alone.
     Post([this, g, judges = doc.judges_stragglers](RendezvousEvents* e) {
-      if (o_.stragglers) o_.stragglers->job_wide = judges;
+      if (stragglers_) stragglers_->job_wide = judges;
       e->OnAssignment(g);
     });
   }
@@ -701,6 +702,8 @@ class EtcdRendezvous final : public Rendezvous {
 
   asio::io_context& io_;
   EtcdRendezvousOptions o_;
+  // Slow ranks judged job-wide: shared with posts that may outlive a call.
+  std::shared_ptr<StragglerExchange> stragglers_ = std::make_shared<StragglerExchange>();
   etcd::Keys keys_;
   EtcdSelf self_;
   asio::executor_work_guard<asio::io_context::executor_type> agent_work_;

@@ -31,7 +31,6 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "agent/health/straggler_exchange.h"
 #include "agent/rendezvous/rendezvous.h"
 #include "base/security.h"
 #include "rendezvous/etcd/job.h"
@@ -58,9 +57,7 @@ struct EtcdRendezvousOptions {
   std::chrono::milliseconds connect_timeout{10'000};
   std::chrono::milliseconds outage_timeout{60'000};
   bool virtual_local_rank = false;
-  // Slow ranks judged job-wide (rendezvous/etcd/stragglers.h): this node's figures go out, the
-  // decider's verdicts come back; null turns that off. `straggler_settings`: the decider's.
-  std::shared_ptr<StragglerExchange> stragglers;
+  // Slow ranks judged job-wide (rendezvous/etcd/stragglers.h): the decider's settings.
   rdzv::StragglerSettings straggler_settings;
   // How long the run's keys outlive the job's end (--rdzv-conf etcd_retention; 0: until removed).
   std::chrono::seconds retention = etcd::kDefaultRetention;

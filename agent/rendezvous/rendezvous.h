@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "agent/hangs/stack_model.h"
+#include "agent/health/straggler_exchange.h"
 #include "agent/rendezvous/assignment.h"
 #include "rendezvous/report/report.h"
 
@@ -63,6 +64,10 @@ class Rendezvous {
   virtual void Leave(const std::string& reason) = 0;
   // Identity in reports: which node a root cause came from.
   virtual std::string node_id() const = 0;
+  // Slow ranks judged job-wide (health/straggler_exchange.h): the exchange of a rendezvous that
+  // carries every node's figures to one judge, which the agent hands to its features; null where
+  // each node judges its own ranks.
+  virtual StragglerExchange* stragglers() { return nullptr; }
   // The stacks of every other node of the running round, for a hang here (docs/hangs.md):
   // `done` once each has answered, or within `timeout` (and a second) with what came; at once
   // and empty for a single node.

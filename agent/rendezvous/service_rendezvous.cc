@@ -155,6 +155,7 @@ class ServiceRendezvous final : public Rendezvous {
   }
 
   std::string node_id() const override { return o_.node_id; }
+  StragglerExchange* stragglers() override { return stragglers_.get(); }
 
   void AskStacks(const std::string& reason, std::chrono::milliseconds timeout,
                  std::function<void(RemoteStacks)> done) override {
@@ -351,7 +352,7 @@ class ServiceRendezvous final : public Rendezvous {
         if (f->step >= 0) beat->set_snapshot_step(f->step);
         if (f->disk_step >= 0) beat->set_disk_step(f->disk_step);
       }
-      if (auto& x = o_.stragglers; x && !x->outbox.empty()) {
+      if (auto& x = stragglers_; x && !x->outbox.empty()) {
         beat->set_compute_round(x->round);
         for (const auto& f : x->outbox) {
           auto* figure = beat->add_compute();
@@ -438,7 +439,7 @@ class ServiceRendezvous final : public Rendezvous {
 
   // The service's slow-rank verdicts, for this node's round only.
   void OnStragglers(const v1::Stragglers& s) {
-    auto& x = o_.stragglers;
+    auto& x = stragglers_;
     if (!x || !x->on_verdicts || s.round() != x->round) return;
     std::vector<SlowRankVerdict> verdicts;
     for (const auto& v : s.changes()) {
@@ -471,7 +472,7 @@ class ServiceRendezvous final : public Rendezvous {
         g.spare = a.spare();
         durable_ = a.durable_service();
         // A service that judges slow ranks gets this node's figures; else the node judges alone.
-        if (o_.stragglers) o_.stragglers->job_wide = a.judges_stragglers();
+        if (stragglers_) stragglers_->job_wide = a.judges_stragglers();
         state_ = State::kInJob;
         reconnect_timer_.cancel();
         g.virtual_local_rank = o_.virtual_local_rank;
@@ -710,6 +711,8 @@ class ServiceRendezvous final : public Rendezvous {
 
   asio::io_context& io_;
   ServiceRendezvousOptions o_;
+  // Slow ranks judged job-wide: shared with posts that may outlive a call.
+  std::shared_ptr<StragglerExchange> stragglers_ = std::make_shared<StragglerExchange>();
   asio::steady_timer heartbeat_;
   asio::steady_timer join_timer_;
   asio::steady_timer reconnect_timer_;

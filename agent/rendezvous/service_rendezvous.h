@@ -17,7 +17,6 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "agent/health/straggler_exchange.h"
 #include "agent/rendezvous/rendezvous.h"
 #include "agent/snapshots/snapshot_options.h"
 #include "base/security.h"
@@ -50,9 +49,6 @@ struct ServiceRendezvousOptions {
   crun::Security security;
   // The node's snapshot store, sent with each heartbeat (null: nothing to say).
   std::shared_ptr<const SnapshotFacts> snapshot_facts;
-  // Slow ranks: this node's figures go with each heartbeat and the service's verdicts come back
-  // through it (null: the straggler watch judges this node's ranks alone).
-  std::shared_ptr<StragglerExchange> stragglers;
 };
 
 std::unique_ptr<Rendezvous> MakeServiceRendezvous(boost::asio::io_context& io,

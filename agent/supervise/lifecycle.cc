@@ -301,6 +301,15 @@ Transition OnFinished(State state, Outcome outcome, TimePoint now) {
   return st.Done();
 }
 
+Transition OnNodeLeaves(State state, NodeLeaves leaves, TimePoint now) {
+  if (state.phase == Phase::kDone || state.node_left) return Unchanged(std::move(state));
+  state.node_left = true;
+  const int code = leaves.exit_code;
+  Transition t = OnFinished(std::move(state), Outcome{false, code}, now);
+  t.actions.insert(t.actions.begin(), LeaveJob{std::move(leaves)});
+  return t;
+}
+
 Transition OnSignal(State state, int signo, TimePoint now) {
   if (state.phase == Phase::kDone) return Unchanged(std::move(state));
   Step st{std::move(state), {}};

@@ -76,6 +76,7 @@ struct State {
   Next next = Next::kNone;
   std::optional<Outcome> outcome;
   int stopped_by_signal = 0;         // the signal that stops the job, once one has
+  bool node_left = false;            // this node left the job (OnNodeLeaves)
   std::optional<TimePoint> kill_at;  // the end of the stop's grace
   int exit_code = 0;                 // once done
 };
@@ -146,6 +147,19 @@ struct Join {};
 struct Leave {
   int signo = 0;
 };
+// This node leaves the job, to be requeued without it (docs/health.md). kUnhealthy: it failed
+// its health check and does not join; kExcluded: it leaves the running job (a slow node).
+struct NodeLeaves {
+  enum class Why { kUnhealthy, kExcluded };
+  Why why = Why::kExcluded;
+  std::string detail;  // what was found: the health verdict, or why the node is slow
+  int exit_code = 0;   // the job's on this node: "requeue without this node"
+};
+// Tell the rendezvous that this node leaves (unhealthy: it never joined), note the host in
+// --unhealthy-nodes-file, and take `leaves` as the job's outcome here.
+struct LeaveJob {
+  NodeLeaves leaves;
+};
 // A line for the log.
 struct Say {
   enum class Level { kInfo, kWarn };
@@ -164,7 +178,7 @@ struct Finish {
 
 using Action = std::variant<StartAttempt, WaitAsSpare, AttemptStarted, WorkerExited, RecordHang,
                             ReportFailure, SignalWorkers, BeginEdge, EndAttempt, Restarting,
-                            ReportSuccess, Join, Leave, Say, Finish>;
+                            ReportSuccess, Join, Leave, LeaveJob, Say, Finish>;
 
 struct Transition {
   State state;
@@ -201,6 +215,9 @@ Transition OnHang(State state, int attempt, const std::vector<int>& hung, TimePo
 Transition OnStopAndRejoin(State state, bool spends_restart, TimePoint now);
 // The rendezvous: the job is over.
 Transition OnFinished(State state, Outcome outcome, TimePoint now);
+// This node leaves the job (LeaveJob), and the job ends here as the rendezvous's end does:
+// the workers stop, then Finish with `leaves.exit_code`. Once: a second changes nothing.
+Transition OnNodeLeaves(State state, NodeLeaves leaves, TimePoint now);
 // crun received `signo` (a forwarded signal: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1/2).
 Transition OnSignal(State state, int signo, TimePoint now);
 Transition OnTick(State state, TimePoint now);

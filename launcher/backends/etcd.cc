@@ -52,7 +52,6 @@ class EtcdRun final : public BackendRun {
     if (conf.connect_timeout) eo.connect_timeout = Millis(*conf.connect_timeout);
     if (conf.reconnect_timeout) eo.outage_timeout = Millis(*conf.reconnect_timeout);
     eo.virtual_local_rank = o.virtual_local_rank;
-    eo.stragglers = a.straggler_exchange;
     eo.straggler_settings = a.stragglers;
     eo.retention = plan_.retention;
     return agent::MakeEtcdRendezvous(io, eo);

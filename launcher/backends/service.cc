@@ -201,7 +201,6 @@ class ServiceRun final : public BackendRun {
     if (conf.reconnect_timeout) so.reconnect_timeout = Millis(*conf.reconnect_timeout);
     so.security = p.security;
     so.snapshot_facts = a.snapshot_facts;
-    so.stragglers = a.straggler_exchange;
     return so;
   }
 

@@ -60,8 +60,11 @@ struct Signal {
 struct Tick {
   milliseconds advance{0};
 };
-using Event =
-    std::variant<Assign, Launched, Exit, Stream, Edge, Hang, Rejoin, Finished, Signal, Tick>;
+struct Leaves {
+  NodeLeaves::Why why = NodeLeaves::Why::kExcluded;
+};
+using Event = std::variant<Assign, Launched, Exit, Stream, Edge, Hang, Rejoin, Finished, Signal,
+                           Tick, Leaves>;
 
 ExitStatus Code(int c) { return ExitStatus{false, c}; }
 ExitStatus Sig(int s) { return ExitStatus{true, s}; }
@@ -88,6 +91,9 @@ Transition Apply(State s, const Event& e, TimePoint& now) {
         if constexpr (std::is_same_v<T, Rejoin>) return OnStopAndRejoin(s, ev.spends, now);
         if constexpr (std::is_same_v<T, Finished>) return OnFinished(s, ev.outcome, now);
         if constexpr (std::is_same_v<T, Signal>) return OnSignal(s, ev.signo, now);
+        if constexpr (std::is_same_v<T, Leaves>) {
+          return OnNodeLeaves(s, NodeLeaves{ev.why, "slow", 86}, now);
+        }
         if constexpr (std::is_same_v<T, Tick>) {
           now += ev.advance;
           return lifecycle::OnTick(s, now);
@@ -138,6 +144,10 @@ std::string Describe(const Action& a) {
           return "join";
         } else if constexpr (std::is_same_v<T, Leave>) {
           return "leave " + SignalName(x.signo);
+        } else if constexpr (std::is_same_v<T, LeaveJob>) {
+          return std::string(x.leaves.why == NodeLeaves::Why::kUnhealthy ? "unhealthy"
+                                                                         : "excluded") +
+                 ": " + x.leaves.detail;
         } else if constexpr (std::is_same_v<T, Say>) {
           return "say: " + x.text;
         } else if constexpr (std::is_same_v<T, Finish>) {
@@ -419,6 +429,34 @@ TEST_CASE("a hang records the hung ranks, stops the group, and keeps how they en
   CHECK(s.failures[1].exit.success());
 }
 
+TEST_CASE("a node that leaves: once, before a join or mid-run, as the job's end", "[lifecycle]") {
+  using Why = NodeLeaves::Why;
+  // Unhealthy before its first join: no worker runs, the job ends at once.
+  RunTable({
+      {Leaves{Why::kUnhealthy}, {"unhealthy: slow", "finish 86 outcome"}},
+      {Leaves{Why::kExcluded}, {}},
+      {Assign{0}, {}},
+  });
+  // Excluded while running: the group stops, the end waits for the attempt's end.
+  RunTable(
+      Running2() +
+      std::vector<Row>{
+          {Leaves{Why::kExcluded}, {"excluded: slow", "signal 0 SIGTERM [0,1] stop"}},
+          {Leaves{Why::kExcluded}, {}},  // once
+          {Exit{0, 0, Sig(SIGTERM)}, {"exited 0 lr0 signal 15 (SIGTERM) failure while-stopping"}},
+          {Exit{0, 1, Sig(SIGTERM)},
+           {"exited 0 lr1 signal 15 (SIGTERM) failure while-stopping", "edge 0"}},
+          {Edge{0, true}, {"end 0", "finish 86 outcome"}},
+      });
+  // After the job's end, nothing.
+  RunTable({
+      {Signal{SIGTERM},
+       {"say: received SIGTERM: forwarding it to 0 workers", "leave SIGTERM",
+        "finish 143 signal-waiting"}},
+      {Leaves{Why::kExcluded}, {}},
+  });
+}
+
 TEST_CASE("a spare waits, a round while running is not acted on", "[lifecycle]") {
   RunTable({
       {Assign{0, true}, {"spare 0"}},
@@ -480,6 +518,8 @@ class World {
       static const int kSignals[] = {SIGTERM, SIGINT, SIGHUP};
       return Signal{kSignals[Pick(3)]};
     }
+    if (roll < 7)
+      return Leaves{Chance(0.5) ? NodeLeaves::Why::kUnhealthy : NodeLeaves::Why::kExcluded};
     if (roll < 20) return Signal{SIGUSR1};
     if (roll < 100) return Tick{milliseconds(Pick(40'000))};
     if (!pending_.empty() && std::holds_alternative<Launched>(pending_.front())) {
@@ -566,6 +606,8 @@ class World {
       if (Chance(0.95)) pending_.push_back(Rejoin{true});
     } else if (std::holds_alternative<ReportSuccess>(a)) {
       pending_.push_back(Chance(0.3) ? Event{Finished{{true, 0}}} : Event{Rejoin{false}});
+    } else if (std::holds_alternative<LeaveJob>(a)) {
+      CHECK(++leaves_ == 1);  // once
     } else if (std::holds_alternative<Finish>(a)) {
       ++finishes_;
       CHECK(alive_.empty());
@@ -596,7 +638,7 @@ class World {
   std::mt19937 rng_;
   State s_;
   TimePoint now_ = kT0;
-  int attempt_ = -1, round_ = 0, finishes_ = 0;
+  int attempt_ = -1, round_ = 0, finishes_ = 0, leaves_ = 0;
   std::map<int, int> alive_;  // the current attempt's live workers -> the signal they die of
   int leftovers_ = 0;         // their children, until a complete edge
   int open_streams_ = 0;

@@ -338,3 +338,56 @@ TEST_CASE("agent: a feature that cannot start ends the job before any join or wo
   CHECK(out.record.joins == 0);
   CHECK_FALSE(std::filesystem::exists(marker));
 }
+
+namespace {
+
+// A test-only feature that gates the join (JobFeature::BeforeJoin): it holds every join, and
+// on the loop's next turn either lets it go or leaves the job as unhealthy.
+class JoinGateProbe final : public JobFeature {
+ public:
+  JoinGateProbe(AgentView& agent, bool refuse, int* joins_seen_held)
+      : agent_(agent), refuse_(refuse), joins_seen_held_(joins_seen_held) {}
+  void BeforeJoin(JoinGate& gate) override {
+    asio::post(agent_.io, [this, pass = gate.Hold()] {
+      ++*joins_seen_held_;
+      if (refuse_) return agent_.leave_job(lifecycle::NodeLeaves::Why::kUnhealthy, "probe: no");
+      pass();
+    });
+  }
+
+ private:
+  AgentView& agent_;
+  bool refuse_;
+  int* joins_seen_held_;
+};
+
+}  // namespace
+
+TEST_CASE("agent: a feature gating the join holds every join until it passes", "[agent]") {
+  TempDir dir;
+  int held = 0;
+  auto features = DefaultFeatures();
+  features.push_back(
+      [&](AgentView& a) { return std::make_unique<JoinGateProbe>(a, false, &held); });
+  // Attempt 0 fails, so the node joins twice: each join was held first.
+  const auto out = RunAgent(dir, 1, "[ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ] && exit 3; exit 0",
+                            /*max_restarts=*/1, std::chrono::seconds(5), features);
+  CHECK(out.code == 0);
+  CHECK(out.record.joins == 2);
+  CHECK(held == 2);
+}
+
+TEST_CASE("agent: a feature that refuses the join ends the job as a node to requeue without",
+          "[agent]") {
+  TempDir dir;
+  int held = 0;
+  const std::string marker = dir.path + "/ran";
+  auto features = DefaultFeatures();
+  features.push_back([&](AgentView& a) { return std::make_unique<JoinGateProbe>(a, true, &held); });
+  const auto out = RunAgent(dir, 2, "touch " + marker, 0, std::chrono::seconds(5), features);
+  CHECK(out.code == crun::report::kExitRequeueWithoutNode);
+  CHECK(held == 1);
+  CHECK(out.record.joins == 0);
+  CHECK(out.record.unhealthy == std::vector<std::string>{"probe: no"});
+  CHECK_FALSE(std::filesystem::exists(marker));
+}
