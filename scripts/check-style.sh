@@ -5,6 +5,7 @@
 #                                   function over 80 lines outside its named exemptions
 #   scripts/check_sizes_test.py     the size check's own scanners
 #   scripts/check_layers_test.py    check-layers.sh (ctest's `layers`) fails on what it must
+#   scripts/check-map.py            the README's layout and docs/architecture.md name every folder
 # Every check runs; the script exits 1 if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,4 +14,5 @@ bash scripts/format.sh --check || bad=1
 python3 scripts/check-sizes.py || bad=1
 python3 scripts/check_sizes_test.py || bad=1
 python3 scripts/check_layers_test.py || bad=1
+python3 scripts/check-map.py || bad=1
 exit $bad
