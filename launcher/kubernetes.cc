@@ -1,7 +1,7 @@
 #include "launcher/kubernetes.h"
 
 #include "base/numbers.h"
-#include "launcher/launch_values.h"
+#include "rendezvous/service/rules.h"
 
 namespace crun::launcher {
 namespace {
@@ -40,10 +40,10 @@ StatusOr<PodPlacement> ReadPodPlacement(const GivenPlacement& given, const Geten
       value = rank;
     }
     if (value) {
-      auto rank = ParseInteger(*value, 0, kMaxNodeRank);
+      auto rank = ParseInteger(*value, 0, rdzv::kMaxNodes);
       if (!rank) {
         return InvalidArgument(from + "='" + *value + "' is not a node rank (0 to " +
-                               std::to_string(kMaxNodeRank) + ")");
+                               std::to_string(rdzv::kMaxNodes) + ")");
       }
       pod.node_rank = static_cast<int>(*rank);
       pod.node_rank_from = from + "=" + *value;

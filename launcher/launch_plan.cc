@@ -103,7 +103,6 @@ Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
     o.nnodes = std::to_string(p.slurm->nnodes);
     p.nodes = NodeRange{p.slurm->nnodes, p.slurm->nnodes};
     p.node_rank = p.slurm->node_rank;
-    o.rdzv_backend = "crun";
     o.rdzv_endpoint = FormatEndpoint(p.slurm->host, static_cast<std::uint16_t>(p.slurm->port));
     if (o.rdzv_id == "none") o.rdzv_id = p.slurm->run_id;
   } else if (given.count("--slurm-port")) {
@@ -113,14 +112,21 @@ Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   return Status::Ok();
 }
 
-// --rdzv-backend as given; else crun's service when an endpoint is given, else static.
-// --standalone is always static: as torchrun, one node with a rendezvous nobody else can reach.
+// --rdzv-backend as given; else the table's choice with an endpoint or without one. --standalone
+// is always the choice without: as torchrun, one node with a rendezvous nobody else can reach.
 StatusOr<const Backend*> PlanBackend(const LaunchOptions& o, const Backends& backends) {
+  using Default = Backend::Default;
+  const auto by_default = [&](Default d) {
+    const Backend* b = DefaultBackend(backends, d);
+    return b == nullptr ? std::string() : b->name;
+  };
   std::string name = o.rdzv_backend;
-  if (name.empty()) name = o.rdzv_endpoint.empty() ? "static" : "crun";
+  if (name.empty()) {
+    name = by_default(o.rdzv_endpoint.empty() ? Default::kWithoutEndpoint : Default::kWithEndpoint);
+  }
   CRUN_ASSIGN_OR_RETURN(const Backend* chosen, ChooseBackend(backends, name, "--rdzv-backend"));
   if (!o.standalone) return chosen;
-  return ChooseBackend(backends, "static", "--standalone");
+  return ChooseBackend(backends, by_default(Default::kWithoutEndpoint), "--standalone");
 }
 
 // --rdzv-conf: the backend's own keys kept for its plan, another backend's refused, unknown
@@ -304,12 +310,12 @@ Status PlanMetrics(LaunchPlan& p, const LaunchOptions& o, const std::set<std::st
 
 // Who writes --checkpoint-dir (agent::SnapshotDiskOptions::job): the cruns of one job say
 // the same, those of two jobs do not.
-std::string DiskJob(const LaunchPlan& p, const LaunchOptions& o) {
+std::string DiskJob(const LaunchPlan& p, const LaunchOptions& o, const Backend& backend) {
   if (p.slurm_task) {
     return p.slurm_task->master_addr + ":" + std::to_string(p.slurm_task->master_port) + " " +
            p.run_id;
   }
-  if (p.backend != "static") return o.rdzv_endpoint + " " + p.run_id;
+  if (backend.meets_at_endpoint) return o.rdzv_endpoint + " " + p.run_id;
   if (o.standalone || p.nodes.max <= 1) return "";
   return o.master_addr + ":" + std::to_string(p.master_port) + " " + p.run_id;
 }
@@ -385,12 +391,12 @@ StatusOr<LaunchPlan> PlanLaunch(LaunchOptions o, const std::set<std::string>& gi
   if (p.agent.straggler_action == agent::StragglerAction::kExclude &&
       (!backend->leaves_nodes_out || o.standalone)) {
     return InvalidArgument(
-        "--straggler-action exclude: the " + std::string(o.standalone ? "--standalone" : "static") +
+        "--straggler-action exclude: the " + (o.standalone ? "--standalone" : backend->name) +
         " rendezvous cannot go on without a node (its round is its nodes, all of them); use warn, "
         "or crun's service or etcd with a spare or --nnodes MIN:MAX (docs/health.md)");
   }
   CRUN_ASSIGN_OR_RETURN(p.rendezvous, backend->plan(p, PlanInputs{o, given, facts}));
-  p.agent.snapshot_disk.job = DiskJob(p, o);
+  p.agent.snapshot_disk.job = DiskJob(p, o, *backend);
   // A job that may have several nodes copies each snapshot to the next one (replicas.h), with
   // the job's token when it has one, over TLS when the job has TLS.
   p.agent.snapshot_replicas =

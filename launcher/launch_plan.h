@@ -1,66 +1,19 @@
-// What a `crun` command line means, decided before anything happens: the rendezvous backend
-// and what it decided (launcher/backends/), the Slurm step's part, the rendezvous settings and
-// every option of the agent. PlanLaunch reads
+// What a `crun` command line means (plan.h), decided before anything happens. PlanLaunch chooses
+// the rendezvous backend from the table (backends/backend.h) and hands it the plan. It reads
 // the machine only through MachineFacts (the environment, the Slurm step in it, CPUs, GPUs,
 // NUMA), the files the options name (the script, the job token and TLS files) and the
 // resolver (does the endpoint exist, does it name this host); it creates nothing, starts
 // nothing and changes no environment. RunLaunch (launch_command.cc) acts on the plan.
 #pragma once
 
-#include <chrono>
-#include <memory>
-#include <optional>
 #include <set>
 #include <string>
-#include <vector>
 
-#include "agent/agent_options.h"
-#include "base/endpoint.h"
-#include "base/security.h"
 #include "base/status.h"
 #include "launcher/backends/backend.h"
-#include "launcher/launch_options.h"
-#include "launcher/launch_values.h"
-#include "launcher/slurm.h"
-#include "rendezvous/service/rules.h"
+#include "launcher/plan.h"
 
 namespace crun::launcher {
-
-// What the plan may know of the machine; OfThisMachine() reads it, tests make their own.
-struct MachineFacts {
-  Getenv getenv;               // the environment; empty: std::getenv
-  std::string system_root;     // where /dev and /sys are read (CRUN_SYSTEM_ROOT)
-  int cpus = 1;                // online
-  std::set<int> allowed_cpus;  // this process's affinity
-  std::set<int> allowed_mems;  // the NUMA nodes its cpuset allows
-  static MachineFacts OfThisMachine();
-
-  std::optional<std::string> Env(const char* name) const;
-};
-
-struct LaunchPlan {
-  LaunchOptions o;      // as given, with what Slurm fills in (nnodes, endpoint, run id)
-  LaunchValues values;  // o's values, parsed once (ParseLaunchValues); the plan decides from them
-  std::string backend;  // the chosen entry's name: "static", "crun", ...
-  std::shared_ptr<BackendRun> rendezvous;  // what that entry decided; Open()ed when acted on
-  NodeRange nodes;
-  int nproc = 1;
-  int max_restarts = 0;
-  int node_rank = 0;
-  bool node_rank_given = false;
-  std::string node_rank_from;  // "JOB_COMPLETION_INDEX=2" when a pod gave it; empty: the flag
-  int master_port = -1;        // -1: a fresh free port per attempt
-  std::optional<SlurmNodeSettings> slurm;       // one crun per node of a Slurm step
-  std::optional<SlurmTaskSettings> slurm_task;  // one crun per Slurm task
-  RdzvConf conf;
-  // A dynamic rendezvous's (PlanDynamicSettings): the defaults, overridden by --rdzv-conf.
-  rdzv::Settings settings;
-  std::chrono::milliseconds heartbeat_interval{1000};
-  Security security;  // the rendezvous's job token and TLS, as its backend loaded them
-  std::string run_id;
-  agent::AgentOptions agent;       // without host_name and log_dir, known when acted on
-  std::vector<std::string> notes;  // said on stderr once the plan is acted on
-};
 
 // Every spelling of each option given on `app`'s command line (or by its PET_* variable).
 std::set<std::string> GivenFlags(const CLI::App& app);

@@ -24,7 +24,7 @@
 namespace crun::launcher {
 
 // The largest node rank crun takes, from --node-rank or a pod's index.
-inline constexpr int kMaxNodeRank = 100'000;
+inline constexpr int kMaxNodeRank = rdzv::kMaxNodes;
 
 struct LaunchValues {
   NodeRange nnodes;

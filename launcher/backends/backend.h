@@ -20,6 +20,7 @@
 #include "base/endpoint.h"
 #include "base/security.h"
 #include "base/status.h"
+#include "launcher/plan.h"
 
 namespace CLI {
 class App;
@@ -29,10 +30,6 @@ class StatusResponse;
 }
 
 namespace crun::launcher {
-
-struct LaunchOptions;
-struct LaunchPlan;
-struct MachineFacts;
 
 // What a backend's plan acts on: the rendezvous of one crun, decided, and started by Open.
 class BackendRun {
@@ -80,6 +77,14 @@ struct Backend {
   std::string conf_help;               // for --rdzv-conf's help, when it has keys
   // A name kept only to be refused (a backend crun will not speak): the message.
   std::string refusal;
+  // Its part when --rdzv-backend is not given: kWithEndpoint, the choice when --rdzv-endpoint
+  // is given (and a Slurm step's); kWithoutEndpoint, the choice without one, and always with
+  // --standalone. One entry of a table has each.
+  enum class Default { kNone, kWithEndpoint, kWithoutEndpoint };
+  Default by_default = Default::kNone;
+  // Its nodes meet at --rdzv-endpoint, which with the run id names the job; else at
+  // --master-addr:--master-port (static).
+  bool meets_at_endpoint = false;
   // Its rounds go on without a node that leaves a running job (spares, --nnodes MIN:MAX):
   // --straggler-action exclude needs it. The static backend's round is its nodes, all of them.
   bool leaves_nodes_out = false;
@@ -93,6 +98,9 @@ using Backends = std::vector<Backend>;
 
 // crun's own: static, crun (c10d) and etcd-v3 (with etcd-v2 refused).
 Backends DefaultBackends();
+
+// The entry whose part is `d` when --rdzv-backend is not given; null when none is.
+const Backend* DefaultBackend(const Backends& backends, Backend::Default d);
 
 // The entry whose name or alias `name` is; null when none is.
 const Backend* FindBackend(const Backends& backends, const std::string& name);

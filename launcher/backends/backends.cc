@@ -10,7 +10,7 @@
 #include "launcher/backends/etcd.h"
 #include "launcher/backends/service.h"
 #include "launcher/backends/static.h"
-#include "launcher/launch_plan.h"
+#include "launcher/plan.h"
 
 namespace crun::launcher {
 namespace {
@@ -37,6 +37,13 @@ std::string Either(const std::vector<std::string>& items) {
 
 Backends DefaultBackends() {
   return {ServiceBackend(), EtcdBackend(), EtcdV2Refused(), StaticBackend()};
+}
+
+const Backend* DefaultBackend(const Backends& backends, Backend::Default d) {
+  for (const Backend& b : backends) {
+    if (b.by_default == d) return &b;
+  }
+  return nullptr;
 }
 
 const Backend* FindBackend(const Backends& backends, const std::string& name) {
@@ -80,8 +87,13 @@ void DescribeBackends(CLI::App& app, const Backends& backends) {
     backend_help += (backend_help.empty() ? "" : "; ") + Spellings(b) + ": " + b.help;
     if (!b.conf_help.empty()) conf_help += "; with " + b.name + ": " + b.conf_help;
   }
-  app.get_option("--rdzv-backend")
-      ->description(backend_help + " (default: crun when an endpoint is given, else static)");
+  const Backend* with = DefaultBackend(backends, Backend::Default::kWithEndpoint);
+  const Backend* without = DefaultBackend(backends, Backend::Default::kWithoutEndpoint);
+  if (with != nullptr && without != nullptr) {
+    backend_help +=
+        " (default: " + with->name + " when an endpoint is given, else " + without->name + ")";
+  }
+  app.get_option("--rdzv-backend")->description(backend_help);
   CLI::Option* conf = app.get_option("--rdzv-conf");
   conf->description(conf->get_description() + conf_help);
 }

@@ -9,7 +9,7 @@
 #include "base/host_addresses.h"
 #include "base/numbers.h"
 #include "crun/v1/rendezvous.pb.h"
-#include "launcher/launch_plan.h"
+#include "launcher/plan.h"
 #include "rendezvous/etcd/client.h"
 #include "rendezvous/etcd/job.h"
 #include "rendezvous/service/proto_messages.h"
@@ -217,6 +217,7 @@ int FetchStatus(const StatusQuery& q, v1::StatusResponse* resp, std::string* whe
 Backend EtcdBackend() {
   Backend b;
   b.name = "etcd-v3";
+  b.meets_at_endpoint = true;
   b.leaves_nodes_out = true;
   b.aliases = {"etcd"};
   b.help = "etcd's v3 API at --rdzv-endpoint h1:2379,h2:2379,...";

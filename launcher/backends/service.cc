@@ -14,7 +14,7 @@
 #include "base/proc.h"
 #include "base/socket.h"
 #include "crun/v1/rendezvous.grpc.pb.h"
-#include "launcher/launch_plan.h"
+#include "launcher/plan.h"
 #include "rendezvous/service/grpc_service.h"
 
 namespace crun::launcher {
@@ -360,6 +360,8 @@ int FetchServiceStatus(const StatusQuery& q, v1::StatusResponse* resp, std::stri
 Backend ServiceBackend() {
   Backend b;
   b.name = "crun";
+  b.by_default = Backend::Default::kWithEndpoint;
+  b.meets_at_endpoint = true;
   b.leaves_nodes_out = true;
   b.aliases = {"c10d"};
   b.help = "the rendezvous service at --rdzv-endpoint (hosted by the node it names)";

@@ -5,7 +5,7 @@
 
 #include "agent/rendezvous/static_rendezvous.h"
 #include "base/host_addresses.h"
-#include "launcher/launch_plan.h"
+#include "launcher/plan.h"
 
 namespace crun::launcher {
 namespace {
@@ -145,6 +145,7 @@ StatusOr<std::unique_ptr<BackendRun>> Plan(LaunchPlan& p, const PlanInputs& in) 
 Backend StaticBackend() {
   Backend b;
   b.name = "static";
+  b.by_default = Backend::Default::kWithoutEndpoint;
   b.help =
       "fixed --node-rank with the store at --master-addr:--master-port (one node: a store of "
       "its own)";
