@@ -13,6 +13,7 @@
 #include "base/signals.h"
 #include "base/spelling.h"
 #include "launcher/security_flags.h"
+#include "rendezvous/contracts/contract_set.h"
 
 namespace crun::launcher {
 namespace {
@@ -252,11 +253,7 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->envname(pet("RESUME_FROM_DISK"))
       ->capture_default_str()
       ->group("Snapshots");
-  app.add_option("--contract", o.contract,
-                 "Also give workers the launch contract of these frameworks, comma-separated, "
-                 "on top of torchrun's: tensorflow (tf: TF_CONFIG), jax "
-                 "(JAX_COORDINATOR_ADDRESS), horovod (and its HTTP rendezvous), deepspeed, "
-                 "mpi (OMPI_COMM_WORLD_*); docs/frameworks.md")
+  app.add_option("--contract", o.contract, crun::DescribeContracts())
       ->envname(pet("CONTRACT"))
       ->type_name("LIST")
       ->group("Worker program");

@@ -1,4 +1,5 @@
-// --contract horovod (docs/frameworks.md): group rank 0 (with one crun per Slurm task, its
+// --contract horovod, or any contract whose descriptor has a round server (rendezvous/contracts/
+// contracts.cc; docs/frameworks.md): group rank 0 (with one crun per Slurm task, its
 // local rank 0's) serves the round's HTTP rendezvous (frameworks/horovod_kv.h), fresh for every
 // round, on the port it reserved at its join; only the round's nodes may connect where their
 // addresses are known. The server ends with the round's workers.
@@ -14,7 +15,7 @@ namespace {
 
 class HorovodServer final : public JobFeature {
  public:
-  explicit HorovodServer(AgentView& agent) : agent_(agent) {}
+  HorovodServer(AgentView& agent, Contract served) : agent_(agent), served_(served) {}
 
   void BeforeStart(AttemptStartContext&) override {
     server_.reset();
@@ -23,7 +24,7 @@ class HorovodServer final : public JobFeature {
     if (group.group_rank != 0 || group.members.empty()) return;
     http::HttpServerOptions o;
     o.name = "Horovod's rendezvous";
-    const auto port = PortLayout(agent_.options.contracts, agent_.options.nproc).Horovod();
+    const auto port = PortLayout(agent_.options.contracts, agent_.options.nproc).Port(served_);
     o.bound_fd = agent_.reserved_ports.Take(*port).release();
     if (o.bound_fd < 0) return;  // none reserved: the workers' start says so
     o.max_connections = static_cast<std::size_t>(group.world_size) * 2 + 16;
@@ -62,6 +63,7 @@ class HorovodServer final : public JobFeature {
   }
 
   AgentView& agent_;
+  Contract served_;  // the contract whose port it serves on
   std::unique_ptr<HorovodKv> kv_;
   std::unique_ptr<http::HttpServer> server_;
 };
@@ -70,8 +72,11 @@ class HorovodServer final : public JobFeature {
 
 std::unique_ptr<JobFeature> MakeHorovodServer(AgentView& agent) {
   const AgentOptions& o = agent.options;
-  if (!o.contracts.Has(Contract::kHorovod) || o.first_local_rank != 0) return nullptr;
-  return std::make_unique<HorovodServer>(agent);
+  if (o.first_local_rank != 0) return nullptr;
+  for (Contract c : o.contracts.contracts()) {
+    if (crun::SpecOf(c).round_server) return std::make_unique<HorovodServer>(agent, c);
+  }
+  return nullptr;
 }
 
 }  // namespace crun::agent

@@ -1,7 +1,6 @@
-// The launch contracts of frameworks besides PyTorch (docs/frameworks.md): what TensorFlow,
-// JAX, Horovod, DeepSpeed and MPI-style scripts read from their environment, derived from the
-// round crun's rendezvous formed. Every contract is added to torchrun's variables, never in
-// their place. Pure: the round in, variables out.
+// The launch contracts of frameworks besides PyTorch (docs/frameworks.md), as the agent uses
+// them: each worker's variables from the round crun's rendezvous formed (the contracts'
+// descriptors write them: rendezvous/contracts/contracts.cc), and the ports a node reserves.
 #pragma once
 
 #include <cstddef>
@@ -19,7 +18,10 @@ namespace crun::agent {
 // rendezvous/contracts/contract_set.h).
 using crun::Contract;
 using crun::ContractNames;
+using crun::ContractNode;
+using crun::ContractRound;
 using crun::ContractSet;
+using crun::DistinctHostName;
 using crun::ParseContracts;
 using crun::PortLayout;
 
@@ -28,9 +30,7 @@ using crun::PortLayout;
 std::string HorovodHostName(const GroupAssignment& group, std::size_t i);
 
 // Adds the variables of every contract in `contracts` for `local_rank` of `group` to `env`
-// (torchrun's are there already). A round whose members do not carry what a contract needs
-// (no members, or ports that do not match the contracts: a node started with another
-// --contract) is refused with an error that says which node.
+// (crun::AddContractEnvironment, on the round as the contracts see it).
 Status AddContractEnvironment(const ContractSet& contracts, const GroupAssignment& group,
                               int local_rank, Environment& env);
 

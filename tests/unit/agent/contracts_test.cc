@@ -100,10 +100,10 @@ TEST_CASE("contracts: ports to reserve per node", "[contracts]") {
   CHECK(PortLayout(Parse("tf,jax"), 4).count() == 5);
   CHECK(PortLayout(Parse("horovod"), 4).count() == 1);
   CHECK(PortLayout(Parse("tf,jax,horovod"), 4).count() == 6);
-  CHECK(PortLayout(Parse("tf,jax,horovod"), 4).Jax() == 4u);
-  CHECK(PortLayout(Parse("tf,jax,horovod"), 4).Horovod() == 5u);
-  CHECK(PortLayout(Parse("jax,horovod"), 4).Horovod() == 1u);
-  CHECK_FALSE(PortLayout(Parse("jax,horovod"), 4).Worker(0));
+  CHECK(PortLayout(Parse("tf,jax,horovod"), 4).Port(crun::Contract::kJax) == 4u);
+  CHECK(PortLayout(Parse("tf,jax,horovod"), 4).Port(crun::Contract::kHorovod) == 5u);
+  CHECK(PortLayout(Parse("jax,horovod"), 4).Port(crun::Contract::kHorovod) == 1u);
+  CHECK_FALSE(PortLayout(Parse("jax,horovod"), 4).Port(crun::Contract::kTensorflow, 0));
   CHECK(PortLayout(Parse("deepspeed,mpi"), 4).count() == 0);
   CHECK_FALSE(Parse("deepspeed,mpi").NeedsPorts());
   CHECK(Parse("horovod").NeedsPorts());
@@ -129,13 +129,13 @@ TEST_CASE("contracts: the port layout of every set and worker count", "[contract
         ++used[*i];
       };
       for (int lr = 0; lr < nproc; ++lr) {
-        CHECK(layout.Worker(lr).has_value() == c.Has(Contract::kTensorflow));
-        use(layout.Worker(lr));
+        CHECK(layout.Port(Contract::kTensorflow, lr).has_value() == c.Has(Contract::kTensorflow));
+        use(layout.Port(Contract::kTensorflow, lr));
       }
-      CHECK(layout.Jax().has_value() == c.Has(Contract::kJax));
-      CHECK(layout.Horovod().has_value() == c.Has(Contract::kHorovod));
-      use(layout.Jax());
-      use(layout.Horovod());
+      CHECK(layout.Port(crun::Contract::kJax).has_value() == c.Has(Contract::kJax));
+      CHECK(layout.Port(crun::Contract::kHorovod).has_value() == c.Has(Contract::kHorovod));
+      use(layout.Port(crun::Contract::kJax));
+      use(layout.Port(crun::Contract::kHorovod));
       CHECK(std::all_of(used.begin(), used.end(), [](int n) { return n == 1; }));
       CHECK((layout.count() > 0) == c.NeedsPorts());
       const auto n = static_cast<std::size_t>(layout.count());
@@ -272,4 +272,55 @@ TEST_CASE("contracts: a round without what a contract needs is refused naming it
         "node 1 (beta) has 2 reserved ports for 3 workers where --contract torch,tensorflow "
         "needs 3: is it running crun with another --contract?");
   CHECK(env.empty());
+}
+
+namespace {
+
+// A test-only contract, registered for one test: Ray's head address on group rank 0's node.
+struct ScopedRay {
+  crun::Contract ray = crun::RegisterContract(
+      {.name = "ray",
+       .aliases = {"rayd"},
+       .gives = "RAY_ADDRESS",
+       .ports = crun::ContractSpec::Ports::kPerNode,
+       .environment = [](const crun::ContractRound& r, Environment& env) {
+         env["RAY_ADDRESS"] = r.nodes.front().address + ":" + std::to_string(r.Port(0, ray_of(r)));
+       }});
+  static crun::Contract ray_of(const crun::ContractRound& r) {
+    return r.contracts.contracts().back();
+  }
+  ~ScopedRay() { crun::UnregisterContract(ray); }
+};
+
+}  // namespace
+
+TEST_CASE("contracts: one descriptor adds a contract with a port everywhere", "[contracts]") {
+  const ScopedRay scoped;
+  const ContractSet c = Parse("jax,rayd");
+  CHECK(c.Has(scoped.ray));
+  CHECK(c.ToString() == "torch,jax,ray");
+  CHECK(c.NeedsPorts());
+  CHECK(ContractSet::FromBits(c.bits()).Known());
+  // Its port follows jax's, in the table's order; every node reserves it.
+  const crun::PortLayout layout(c, 3);
+  CHECK(layout.count() == 2);
+  CHECK(layout.Port(scoped.ray) == 1u);
+  CHECK(layout.Check(1).message() ==
+        "1 reserved ports for 3 workers where --contract torch,jax,ray needs 2");
+  // Its words, its help and its refusals come from the table.
+  CHECK(crun::DescribeContracts().find("mpi (OMPI_COMM_WORLD_*), ray (rayd: RAY_ADDRESS);") !=
+        std::string::npos);
+  CHECK(crun::ParseContracts("rya").status().message() ==
+        "unknown contract 'rya' (did you mean ray?); known: torch, tensorflow (tf), jax, "
+        "horovod, deepspeed, mpi, ray (rayd)");
+  // Every worker gets its variable, from group rank 0's port.
+  Environment env;
+  REQUIRE(crun::agent::AddContractEnvironment(c, TwoNodes(c, 1), 2, env).ok());
+  CHECK(env["RAY_ADDRESS"] == "10.0.0.1:4001");
+  CHECK(env["JAX_COORDINATOR_ADDRESS"] == "10.0.0.1:4000");
+}
+
+TEST_CASE("contracts: without the test's descriptor, its name is unknown again", "[contracts]") {
+  CHECK_FALSE(crun::ParseContracts("ray").ok());
+  CHECK_FALSE(ContractSet::FromBits(1u << crun::ContractSpecs().size()).Known());
 }
