@@ -24,7 +24,6 @@
 #include "launcher/launch_options.h"
 #include "launcher/logging.h"
 #include "launcher/security_flags.h"
-#include "rendezvous/etcd/job.h"
 #include "rendezvous/service/grpc_service.h"
 #include "rendezvous/service/proto_messages.h"
 #include "rendezvous/service/stragglers.h"
@@ -98,6 +97,7 @@ int RunRendezvous(RendezvousCommandOptions o) {
 }
 
 struct StatusCommandOptions {
+  Backends backends;  // those `crun status` can ask
   StatusQuery query;
   bool json = false;
   bool watch = false;
@@ -298,8 +298,7 @@ int WatchStatus(const StatusCommandOptions& o, const StatusFetch& fetch) {
 
 int RunStatus(const StatusCommandOptions& o) {
   SetUpLogging("status", "warn");  // gRPC's own lines go to debug, not onto the terminal
-  const Backends backends = DefaultBackends();
-  auto backend = ChooseBackend(backends, o.query.backend, "--rdzv-backend",
+  auto backend = ChooseBackend(o.backends, o.query.backend, "--rdzv-backend",
                                [](const Backend& b) { return b.status != nullptr; });
   if (!backend.ok()) {
     std::fprintf(stderr, "crun status: %s\n", backend.status().message().c_str());
@@ -356,24 +355,38 @@ void AddRendezvousCommand(CLI::App& app, int* exit_code) {
   cmd->callback([o, exit_code] { *exit_code = RunRendezvous(*o); });
 }
 
-void AddStatusCommand(CLI::App& app, int* exit_code) {
+void AddStatusCommand(CLI::App& app, int* exit_code, const Backends& backends) {
   auto o = std::make_shared<StatusCommandOptions>();
+  for (const Backend& b : backends) {
+    if (b.status) o->backends.push_back(b);
+  }
   StatusQuery& q = o->query;
-  q.etcd_prefix = etcd::kDefaultRoot;
+  // --rdzv-backend and --rdzv-endpoint say what each backend asks; its own flags follow.
+  std::string backend_help, endpoint_help;
+  for (const Backend& b : o->backends) {
+    std::string aliases;
+    for (const auto& a : b.aliases) aliases += (aliases.empty() ? "" : ", ") + a;
+    backend_help += (backend_help.empty() ? "" : "; ") + b.name +
+                    (aliases.empty() ? "" : " (alias " + aliases + ")") + ": " + b.status_help;
+    const bool first = b.by_default == Backend::Default::kWithEndpoint;
+    const std::string said = first ? b.endpoint_help : "with " + b.name + ", " + b.endpoint_help;
+    endpoint_help = first ? said + (endpoint_help.empty() ? "" : "; " + endpoint_help)
+                          : endpoint_help + (endpoint_help.empty() ? "" : "; ") + said;
+  }
+  if (const Backend* b = DefaultBackend(o->backends, Backend::Default::kWithEndpoint)) {
+    q.backend = b->name;
+  }
   CLI::App* cmd = app.add_subcommand("status", "Show the jobs a rendezvous service coordinates");
-  cmd->add_option("--rdzv-backend,--rdzv_backend", q.backend,
-                  "crun (alias c10d): a rendezvous service; etcd-v3 (alias etcd): jobs kept in "
-                  "etcd")
-      ->capture_default_str();
-  cmd->add_option("--rdzv-endpoint,--rdzv_endpoint", q.endpoint,
-                  "host[:port] (port 29400); with etcd-v3, etcd's members h1:2379,h2:2379,...")
-      ->required();
+  cmd->add_option("--rdzv-backend,--rdzv_backend", q.backend, backend_help)->capture_default_str();
+  cmd->add_option("--rdzv-endpoint,--rdzv_endpoint", q.endpoint, endpoint_help)->required();
   cmd->add_option("--rdzv-id,--rdzv_id", q.run_id, "Only this job");
-  cmd->add_option("--etcd-prefix", q.etcd_prefix, "etcd-v3: the prefix of crun's keys")
-      ->capture_default_str();
-  cmd->add_option("--etcd-user", q.etcd_user, "etcd-v3: etcd's user");
-  cmd->add_option("--etcd-password-file", q.etcd_password_file,
-                  "etcd-v3: file whose first line is the user's password");
+  for (const Backend& b : o->backends) {
+    for (const StatusFlag& f : b.status_flags) {
+      if (!f.default_value.empty()) q.flags[f.name] = f.default_value;
+      CLI::Option* opt = cmd->add_option(f.name, q.flags[f.name], f.help);
+      if (!f.default_value.empty()) opt->capture_default_str();
+    }
+  }
   cmd->add_flag("--json", o->json,
                 "Machine-readable output (with --watch: one JSON line per refresh)");
   cmd->add_flag("--watch", o->watch,

@@ -6,10 +6,11 @@
 
 #include "base/endpoint.h"
 #include "base/security.h"
+#include "launcher/backends/backend.h"
 
 namespace crun::launcher {
 
 void AddRendezvousCommand(CLI::App& app, int* exit_code);
-void AddStatusCommand(CLI::App& app, int* exit_code);
+void AddStatusCommand(CLI::App& app, int* exit_code, const Backends& backends = DefaultBackends());
 
 }  // namespace crun::launcher

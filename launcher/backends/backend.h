@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -56,13 +57,18 @@ struct PlanInputs {
 // `crun status --rdzv-backend NAME`: where to ask, and how.
 struct StatusQuery {
   SecurityFlags security;
-  std::string backend = "crun";
+  std::string backend;
   std::string endpoint;
   std::string run_id;  // empty: every job
-  std::string etcd_prefix;
-  std::string etcd_user;
-  std::string etcd_password_file;
+  // The backends' own flags (Backend::status_flags), by name: "--etcd-prefix" -> its value.
+  std::map<std::string, std::string> flags;
   double timeout = 5;
+};
+// A flag of `crun status` that one backend declares and reads (StatusQuery::flags).
+struct StatusFlag {
+  std::string name;           // "--etcd-prefix"
+  std::string help;           // "etcd-v3: the prefix of crun's keys"
+  std::string default_value;  // shown in the help where not empty
 };
 // The jobs, into `out`; 0, or the exit code after a message on stderr. *where: what was asked
 // ("127.0.0.1:29400"); *final: an answer that asking again will not change (a refusal).
@@ -92,6 +98,11 @@ struct Backend {
   // plan.run_id, plan.security and plan.notes, reads its keys from plan.conf.backend_keys.
   std::function<StatusOr<std::unique_ptr<BackendRun>>(LaunchPlan& plan, const PlanInputs& in)> plan;
   StatusFetch status;  // empty: `crun status` cannot ask this backend
+  // For `crun status`: what it asks (--rdzv-backend's help), what --rdzv-endpoint names for it,
+  // and its own flags.
+  std::string status_help;
+  std::string endpoint_help;
+  std::vector<StatusFlag> status_flags;
 };
 
 using Backends = std::vector<Backend>;

@@ -172,16 +172,22 @@ int FetchStatus(const StatusQuery& q, v1::StatusResponse* resp, std::string* whe
   auto security = crun::LoadSecurity(q.security, "client");
   if (!security.ok()) return Say(2, security.status().message());
   co.security = *security;
-  if (!q.etcd_user.empty()) {
-    std::ifstream in(q.etcd_password_file);
-    if (q.etcd_password_file.empty() || !in || !std::getline(in, co.password)) {
+  const auto flag = [&q](const char* name) {
+    const auto it = q.flags.find(name);
+    return it == q.flags.end() ? std::string() : it->second;
+  };
+  const std::string user = flag("--etcd-user"), password_file = flag("--etcd-password-file");
+  if (!user.empty()) {
+    std::ifstream in(password_file);
+    if (password_file.empty() || !in || !std::getline(in, co.password)) {
       return Say(2,
                  "--etcd-user needs --etcd-password-file with the password on its first line ('" +
-                     q.etcd_password_file + "' cannot be read)");
+                     password_file + "' cannot be read)");
     }
-    co.user = q.etcd_user;
+    co.user = user;
   }
-  std::string root = q.etcd_prefix.empty() ? std::string(etcd::kDefaultRoot) : q.etcd_prefix;
+  std::string root = flag("--etcd-prefix");
+  if (root.empty()) root = etcd::kDefaultRoot;
   *where = "etcd at " + q.endpoint + " under " + root;
   const auto deadline =
       etcd::Clock::now() + std::chrono::milliseconds(static_cast<long>(q.timeout * 1000));
@@ -225,6 +231,13 @@ Backend EtcdBackend() {
   b.conf_help = "etcd_prefix, etcd_user, etcd_password_file, etcd_retention";
   b.plan = Plan;
   b.status = FetchStatus;
+  b.status_help = "jobs kept in etcd";
+  b.endpoint_help = "etcd's members h1:2379,h2:2379,...";
+  b.status_flags = {{"--etcd-prefix", "etcd-v3: the prefix of crun's keys",
+                     std::string(etcd::kDefaultRoot)},
+                    {"--etcd-user", "etcd-v3: etcd's user", ""},
+                    {"--etcd-password-file",
+                     "etcd-v3: file whose first line is the user's password", ""}};
   return b;
 }
 

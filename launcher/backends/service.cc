@@ -367,6 +367,8 @@ Backend ServiceBackend() {
   b.help = "the rendezvous service at --rdzv-endpoint (hosted by the node it names)";
   b.plan = Plan;
   b.status = FetchServiceStatus;
+  b.status_help = "a rendezvous service";
+  b.endpoint_help = "host[:port] (port 29400)";
   return b;
 }
 

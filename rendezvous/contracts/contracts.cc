@@ -34,7 +34,8 @@ void Jax(const ContractRound& r, Environment& env) {
       FormatEndpoint(r.nodes.front().address, r.Port(0, Contract::kJax));
   // JAX takes SIGTERM as a preemption notice and keeps running, so every stop of a group would
   // wait the whole --shutdown-timeout for SIGKILL. A user who wants the notice sets it.
-  if (!env.contains("JAX_ENABLE_PREEMPTION_SERVICE")) env["JAX_ENABLE_PREEMPTION_SERVICE"] = "false";
+  if (!env.contains("JAX_ENABLE_PREEMPTION_SERVICE"))
+    env["JAX_ENABLE_PREEMPTION_SERVICE"] = "false";
 }
 
 void Horovod(const ContractRound& r, Environment& env) {
@@ -109,7 +110,10 @@ std::vector<ContractSpec> CrunContracts() {
        .gives = "TF_CONFIG",
        .ports = Ports::kPerWorker,
        .environment = Tensorflow},
-      {.name = "jax", .gives = "JAX_COORDINATOR_ADDRESS", .ports = Ports::kPerNode, .environment = Jax},
+      {.name = "jax",
+       .gives = "JAX_COORDINATOR_ADDRESS",
+       .ports = Ports::kPerNode,
+       .environment = Jax},
       {.name = "horovod",
        .gives = "and its HTTP rendezvous",
        .ports = Ports::kPerNode,

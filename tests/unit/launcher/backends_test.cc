@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "launcher/backends/etcd.h"
 #include "launcher/launch_command.h"
 #include "launcher/launch_plan.h"
+#include "launcher/rendezvous_command.h"
 #include "tests/unit/launcher/command_line.h"
 #include "tests/unit/temp_dir.h"
 
@@ -157,6 +159,49 @@ TEST_CASE("backends: a test-only backend is one line, planned and run", "[backen
   const auto plain = Plan({"--rdzv-conf", "greeting=hi"}, DefaultBackends());
   REQUIRE(plain.ok());
   CHECK_THAT(plain->notes.at(0), Catch::Contains("ignoring unknown key 'greeting'"));
+}
+
+TEST_CASE("backends: a test-only backend declares its own crun status flag", "[backends]") {
+  Backends backends = DefaultBackends();
+  std::map<std::string, std::string> asked;  // what its fetch was given
+  Backend lease = CountingBackend(nullptr);
+  lease.name = "lease";
+  lease.aliases = {};
+  lease.status_help = "leases in a test's namespace";
+  lease.endpoint_help = "the test's endpoint";
+  lease.status_flags = {{"--lease-namespace", "lease: the namespace", "default-ns"}};
+  lease.status = [&asked](const StatusQuery& q, crun::v1::StatusResponse*, std::string* where,
+                          bool*) {
+    asked = q.flags;
+    asked["endpoint"] = q.endpoint;
+    *where = "the test";
+    return 0;
+  };
+  backends.push_back(lease);  // the one line that registers it
+
+  CLI::App app{"crun"};
+  int code = -1;
+  AddStatusCommand(app, &code, backends);
+  const std::string help = app.get_subcommand("status")->help();
+  CHECK_THAT(help, Catch::Contains("--lease-namespace TEXT=default-ns"));
+  CHECK_THAT(help, Catch::Contains("lease: leases in a test's namespace"));
+  CHECK_THAT(help, Catch::Contains("; with lease, the test's endpoint"));
+  std::vector<std::string> args{"crun",
+                                "status",
+                                "--rdzv-backend",
+                                "lease",
+                                "--rdzv-endpoint",
+                                "somewhere",
+                                "--lease-namespace",
+                                "ns1",
+                                "--json"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  CHECK(code == 0);
+  CHECK(asked["--lease-namespace"] == "ns1");
+  CHECK(asked["--etcd-prefix"] == "/crun/rdzv");  // etcd's default, as before
+  CHECK(asked["endpoint"] == "somewhere");
 }
 
 TEST_CASE("backends: crun's table names each backend and key once", "[backends]") {
