@@ -47,6 +47,25 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const AgentMetricLabels& l)
                                   "median in the window that named it",
                                   With(kLabels, "rank"))),
       labels_(Values(l)) {
+  AddWorkerFamilies(r, l);
+  AddAttemptFamilies(r, l);
+  AddSnapshotFamilies(r);
+  for (const char* cause :
+       {kExitSuccess, kExitCode, kExitSignal, kExitOom, kExitHang, kExitStopped, kExitLaunch}) {
+    exits_.With(Values(l, cause));  // shown from 0
+  }
+}
+
+metrics::Counter* AgentMetrics::Counter(metrics::Registry& r, const char* name, const char* help) {
+  return &r.AddCounter(name, help, kLabels).With(labels_);
+}
+
+metrics::Gauge* AgentMetrics::Gauge(metrics::Registry& r, const char* name, const char* help) {
+  return &r.AddGauge(name, help, kLabels).With(labels_);
+}
+
+// The workers by state, the health gate and slow ranks.
+void AgentMetrics::AddWorkerFamilies(metrics::Registry& r, const AgentMetricLabels& l) {
   auto& workers = r.AddGauge("crun_agent_workers",
                              "This node's workers, by state: running, stopping (being stopped "
                              "by crun), exited (in the current attempt)",
@@ -54,30 +73,26 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const AgentMetricLabels& l)
   workers_running = &workers.With(Values(l, "running"));
   workers_stopping = &workers.With(Values(l, "stopping"));
   workers_exited = &workers.With(Values(l, "exited"));
-  // One series of a family labelled with this node's labels only.
-  auto counter = [&](const char* name, const char* help) {
-    return &r.AddCounter(name, help, kLabels).With(labels_);
-  };
-  auto gauge = [&](const char* name, const char* help) {
-    return &r.AddGauge(name, help, kLabels).With(labels_);
-  };
   auto& health = r.AddCounter("crun_agent_health_checks_total",
                               "Health gates run before a join (--health-check), by result: "
                               "passed, failed",
                               With(kLabels, "result"));
-  stragglers_ = &r.AddCounter("crun_agent_stragglers_total",
-                              "This node's ranks named slow (--straggler-action)", kLabels)
-                     .With(labels_);
+  stragglers_ = Counter(r, "crun_agent_stragglers_total",
+                        "This node's ranks named slow (--straggler-action)");
   health_passed_ = &health.With(Values(l, "passed"));
   health_failed_ = &health.With(Values(l, "failed"));
   health_seconds_ = &r.AddHistogram("crun_agent_health_check_seconds",
                                     "How long each health gate took, every check at once", kLabels,
                                     RecoveryBuckets())
                          .With(labels_);
-  restarts = counter("crun_agent_restarts_total",
+}
+
+// Restarts, rounds, recovery, the workers' output and the rendezvous.
+void AgentMetrics::AddAttemptFamilies(metrics::Registry& r, const AgentMetricLabels& l) {
+  restarts = Counter(r, "crun_agent_restarts_total",
                      "Restarts of the job's worker groups: TORCHELASTIC_RESTART_COUNT of this "
                      "node's latest workers");
-  rounds = counter("crun_agent_rounds_total",
+  rounds = Counter(r, "crun_agent_rounds_total",
                    "Attempts started on this node (rounds in which it ran workers)");
   recovery = &r.AddHistogram("crun_agent_recovery_seconds",
                              "Time from a failure this node saw (one of its workers', or the "
@@ -89,52 +104,52 @@ AgentMetrics::AgentMetrics(metrics::Registry& r, const AgentMetricLabels& l)
                    "Bytes of the workers' output crun read, by stream", With(kLabels, "stream"));
   stdout_bytes = &bytes.With(Values(l, "stdout"));
   stderr_bytes = &bytes.With(Values(l, "stderr"));
-  last_rendezvous_time = gauge("crun_agent_last_rendezvous_timestamp_seconds",
+  last_rendezvous_time = Gauge(r, "crun_agent_last_rendezvous_timestamp_seconds",
                                "When this node last got an assignment (Unix time)");
-  last_rendezvous_duration = gauge("crun_agent_last_rendezvous_duration_seconds",
+  last_rendezvous_duration = Gauge(r, "crun_agent_last_rendezvous_duration_seconds",
                                    "How long this node's last rendezvous took, from its join to "
                                    "its assignment");
-  snapshot_bytes = gauge("crun_agent_snapshot_bytes",
+}
+
+// The node's snapshot memory, its copies on disk and on the next node.
+void AgentMetrics::AddSnapshotFamilies(metrics::Registry& r) {
+  snapshot_bytes = Gauge(r, "crun_agent_snapshot_bytes",
                          "Memory this node's crun holds for snapshots of its workers' state "
                          "(two buffers per local rank, charged to crun's cgroup)");
-  snapshot_saves = counter("crun_agent_snapshot_saves_total",
+  snapshot_saves = Counter(r, "crun_agent_snapshot_saves_total",
                            "Snapshots this node's workers saved into crun's memory");
-  snapshot_loads =
-      counter("crun_agent_snapshot_loads_total", "Loads of a snapshot this node's crun answered");
-  snapshot_refusals = counter("crun_agent_snapshot_refusals_total",
+  snapshot_loads = Counter(r, "crun_agent_snapshot_loads_total",
+                           "Loads of a snapshot this node's crun answered");
+  snapshot_refusals = Counter(r, "crun_agent_snapshot_refusals_total",
                               "Snapshot buffers refused for want of room (tmpfs, cgroup, memory)");
-  snapshot_corrupt = counter("crun_agent_snapshot_corrupt_total",
+  snapshot_corrupt = Counter(r, "crun_agent_snapshot_corrupt_total",
                              "Snapshots found changed since they were saved (a failed checksum), "
                              "not loaded");
-  snapshot_disk_writes = counter("crun_agent_snapshot_disk_writes_total",
+  snapshot_disk_writes = Counter(r, "crun_agent_snapshot_disk_writes_total",
                                  "Snapshot files this node's crun wrote to --checkpoint-dir");
   snapshot_disk_skipped =
-      counter("crun_agent_snapshot_disk_skipped_total",
+      Counter(r, "crun_agent_snapshot_disk_skipped_total",
               "Steps chosen for disk and not written: the last one was still being written, or "
               "the next save began while it was copied");
-  snapshot_disk_failures = counter("crun_agent_snapshot_disk_failures_total",
+  snapshot_disk_failures = Counter(r, "crun_agent_snapshot_disk_failures_total",
                                    "Snapshot writes to --checkpoint-dir that failed");
-  snapshot_disk_restores = counter("crun_agent_snapshot_disk_restores_total",
+  snapshot_disk_restores = Counter(r, "crun_agent_snapshot_disk_restores_total",
                                    "Snapshots this node's crun read back from --checkpoint-dir");
-  snapshot_disk_step = gauge("crun_agent_snapshot_disk_step",
+  snapshot_disk_step = Gauge(r, "crun_agent_snapshot_disk_step",
                              "The newest step this node's crun wrote to --checkpoint-dir");
-  snapshot_replicas_sent = counter("crun_agent_snapshot_replicas_sent_total",
+  snapshot_replicas_sent = Counter(r, "crun_agent_snapshot_replicas_sent_total",
                                    "Snapshots this node copied to the next node of its round");
   snapshot_replica_failures =
-      counter("crun_agent_snapshot_replica_failures_total",
+      Counter(r, "crun_agent_snapshot_replica_failures_total",
               "Snapshots that did not reach the next node (it was gone, slow or refused them)");
   snapshot_replicas_received =
-      counter("crun_agent_snapshot_replicas_received_total",
+      Counter(r, "crun_agent_snapshot_replicas_received_total",
               "Snapshot copies this node received from the previous node and kept");
   snapshot_replica_refusals =
-      counter("crun_agent_snapshot_replica_refusals_total",
+      Counter(r, "crun_agent_snapshot_replica_refusals_total",
               "Connections to this node's snapshot copies refused: no proof of the job's token");
-  snapshot_replica_bytes = gauge("crun_agent_snapshot_replica_bytes",
+  snapshot_replica_bytes = Gauge(r, "crun_agent_snapshot_replica_bytes",
                                  "Bytes of the other nodes' snapshot copies this node holds");
-  for (const char* cause :
-       {kExitSuccess, kExitCode, kExitSignal, kExitOom, kExitHang, kExitStopped, kExitLaunch}) {
-    exits_.With(Values(l, cause));  // shown from 0
-  }
 }
 
 void AgentMetrics::Exit(const char* cause) {

@@ -69,6 +69,13 @@ class AgentMetrics {
   void SlowRanksReset();
 
  private:
+  // One series of a family labelled with this node's labels only.
+  metrics::Counter* Counter(metrics::Registry& r, const char* name, const char* help);
+  metrics::Gauge* Gauge(metrics::Registry& r, const char* name, const char* help);
+  void AddWorkerFamilies(metrics::Registry& r, const AgentMetricLabels& l);
+  void AddAttemptFamilies(metrics::Registry& r, const AgentMetricLabels& l);
+  void AddSnapshotFamilies(metrics::Registry& r);
+
   metrics::Family<metrics::Counter>& exits_;
   metrics::Family<metrics::Gauge>& straggler_ratio_;
   metrics::Counter* stragglers_ = nullptr;

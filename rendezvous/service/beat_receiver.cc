@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -129,32 +130,29 @@ void BeatReceiver::Poll() {
   });
 }
 
-void BeatReceiver::Drain(std::size_t index) {
-  const int fd = fds_[index].get();
-  constexpr std::size_t kSize = kMaxBeatPayload + kBeatOverhead + 1;  // +1: an oversize one shows
-  static thread_local std::vector<std::array<char, kSize>> buffers(kBatch);
-  std::array<iovec, kBatch> iov{};
-  std::array<sockaddr_storage, kBatch> from{};
-  std::array<mmsghdr, kBatch> headers{};
+// One batch's room: the datagrams received, their senders, and the acks sealed for them.
+struct BeatReceiver::Batch {
+  static constexpr std::size_t kSize = kMaxBeatPayload + kBeatOverhead + 1;  // +1: oversize shows
   // Room for SO_RXQ_OVFL's count on each datagram.
   using Control = std::array<char, CMSG_SPACE(sizeof(std::uint32_t))>;
-  std::array<Control, kBatch> control{};
-  // The acks of one batch: sealed outside the lock with a copy of the key.
+  // An ack of the batch: sealed outside the lock with a copy of the key.
   struct Ack {
     BeatKey key;
     std::uint64_t session = 0, sequence = 0;
     std::size_t from = 0;
   };
+  std::vector<std::array<char, kSize>> buffers = std::vector<std::array<char, kSize>>(kBatch);
+  std::array<iovec, kBatch> iov{};
+  std::array<sockaddr_storage, kBatch> from{};
+  std::array<mmsghdr, kBatch> headers{};
+  std::array<Control, kBatch> control{};
   std::array<Ack, kBatch> acks{};
   std::array<BeatAckDatagram, kBatch> sealed{};
   std::array<iovec, kBatch> ack_iov{};
   std::array<mmsghdr, kBatch> ack_headers{};
-  struct Taken {
-    std::uint64_t session = 0;
-    v1::Heartbeat beat;
-  };
-  auto taken = std::make_shared<std::vector<Taken>>();
-  while (true) {
+
+  // Up to kBatch datagrams waiting on `fd`; how many (0: none waits).
+  int Receive(int fd) {
     for (std::size_t i = 0; i < kBatch; ++i) {
       iov[i] = {buffers[i].data(), kSize};
       headers[i] = {};
@@ -165,49 +163,11 @@ void BeatReceiver::Drain(std::size_t index) {
       headers[i].msg_hdr.msg_control = control[i].data();
       headers[i].msg_hdr.msg_controllen = control[i].size();
     }
-    const int n = recvmmsg(fd, headers.data(), kBatch, MSG_DONTWAIT, nullptr);
-    if (n <= 0) break;  // EAGAIN: drained
-    NoteDrops(index, headers[static_cast<std::size_t>(n - 1)].msg_hdr);
-    std::size_t acked = 0;
-    {
-      std::lock_guard lock(mu_);
-      for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
-        const auto& h = headers[i];
-        const std::string_view datagram(buffers[i].data(), h.msg_len);
-        const auto session = (h.msg_hdr.msg_flags & MSG_TRUNC) != 0 || datagram.size() >= kSize
-                                 ? std::nullopt
-                                 : BeatSession(datagram);
-        if (!session) {
-          counts_.malformed.fetch_add(1, std::memory_order_relaxed);
-          continue;
-        }
-        const auto it = sessions_.find(*session);
-        if (it == sessions_.end()) {
-          counts_.unknown.fetch_add(1, std::memory_order_relaxed);
-          continue;
-        }
-        const auto payload = OpenBeat(it->second.key, datagram);
-        if (!payload) {
-          counts_.forged.fetch_add(1, std::memory_order_relaxed);
-          continue;
-        }
-        auto& t = taken->emplace_back();
-        if (!t.beat.ParseFromArray(payload->data(), static_cast<int>(payload->size()))) {
-          taken->pop_back();
-          counts_.malformed.fetch_add(1, std::memory_order_relaxed);
-          continue;
-        }
-        if (t.beat.sequence() <= it->second.last_sequence) {
-          taken->pop_back();
-          counts_.stale.fetch_add(1, std::memory_order_relaxed);
-          continue;
-        }
-        it->second.last_sequence = t.beat.sequence();
-        t.session = *session;
-        acks[acked++] = Ack{it->second.key, *session, t.beat.sequence(), i};
-        counts_.taken.fetch_add(1, std::memory_order_relaxed);
-      }
-    }
+    return std::max(recvmmsg(fd, headers.data(), kBatch, MSG_DONTWAIT, nullptr), 0);
+  }
+
+  // The first `acked` acks, sealed and addressed to their senders.
+  void SealAcks(std::size_t acked) {
     for (std::size_t k = 0; k < acked; ++k) {
       const auto& a = acks[k];
       sealed[k] = SealAck(a.key, a.session, a.sequence);
@@ -218,23 +178,25 @@ void BeatReceiver::Drain(std::size_t index) {
       ack_headers[k].msg_hdr.msg_name = &from[a.from];
       ack_headers[k].msg_hdr.msg_namelen = headers[a.from].msg_hdr.msg_namelen;
     }
-    // An ack that does not go (a full send buffer, an agent gone) is not retried: the agent
-    // counts it as unanswered and, after a few, beats on its stream too.
-    for (std::size_t sent = 0; sent < acked;) {
-      const int m = sendmmsg(fd, ack_headers.data() + sent, static_cast<unsigned>(acked - sent),
-                             MSG_DONTWAIT);
-      if (m <= 0) {
-        if (m < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-          // One address refused (ICMP on a previous ack, or none to route to): skip it.
-          counts_.acks_unsent.fetch_add(1, std::memory_order_relaxed);
-          ++sent;
-          continue;
-        }
-        counts_.acks_unsent.fetch_add(acked - sent, std::memory_order_relaxed);
-        break;
-      }
-      sent += static_cast<std::size_t>(m);
-    }
+  }
+};
+
+struct BeatReceiver::Taken {
+  std::uint64_t session = 0;
+  v1::Heartbeat beat;
+};
+
+void BeatReceiver::Drain(std::size_t index) {
+  const int fd = fds_[index].get();
+  static thread_local Batch batch;
+  auto taken = std::make_shared<std::vector<Taken>>();
+  while (true) {
+    const int n = batch.Receive(fd);
+    if (n == 0) break;  // EAGAIN: drained
+    NoteDrops(index, batch.headers[static_cast<std::size_t>(n - 1)].msg_hdr);
+    const std::size_t acked = Take(batch, static_cast<std::size_t>(n), *taken);
+    batch.SealAcks(acked);
+    SendAcks(fd, batch, acked);
     if (n < kBatch) break;
   }
   if (taken->empty()) return;
@@ -244,6 +206,68 @@ void BeatReceiver::Drain(std::size_t index) {
     for (const auto& t : *taken) beat_(t.session, t.beat);
     if (after_) after_();
   });
+}
+
+std::size_t BeatReceiver::Take(Batch& b, std::size_t n, std::vector<Taken>& taken) {
+  std::size_t acked = 0;
+  std::lock_guard lock(mu_);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& h = b.headers[i];
+    const std::string_view datagram(b.buffers[i].data(), h.msg_len);
+    const auto session = (h.msg_hdr.msg_flags & MSG_TRUNC) != 0 || datagram.size() >= Batch::kSize
+                             ? std::nullopt
+                             : BeatSession(datagram);
+    if (!session) {
+      counts_.malformed.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    const auto it = sessions_.find(*session);
+    if (it == sessions_.end()) {
+      counts_.unknown.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    const auto payload = OpenBeat(it->second.key, datagram);
+    if (!payload) {
+      counts_.forged.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    auto& t = taken.emplace_back();
+    if (!t.beat.ParseFromArray(payload->data(), static_cast<int>(payload->size()))) {
+      taken.pop_back();
+      counts_.malformed.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    if (t.beat.sequence() <= it->second.last_sequence) {
+      taken.pop_back();
+      counts_.stale.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    it->second.last_sequence = t.beat.sequence();
+    t.session = *session;
+    b.acks[acked++] = Batch::Ack{it->second.key, *session, t.beat.sequence(), i};
+    counts_.taken.fetch_add(1, std::memory_order_relaxed);
+  }
+  return acked;
+}
+
+// An ack that does not go (a full send buffer, an agent gone) is not retried: the agent counts
+// it as unanswered and, after a few, beats on its stream too.
+void BeatReceiver::SendAcks(int fd, Batch& b, std::size_t acked) {
+  for (std::size_t sent = 0; sent < acked;) {
+    const int m = sendmmsg(fd, b.ack_headers.data() + sent, static_cast<unsigned>(acked - sent),
+                           MSG_DONTWAIT);
+    if (m <= 0) {
+      if (m < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        // One address refused (ICMP on a previous ack, or none to route to): skip it.
+        counts_.acks_unsent.fetch_add(1, std::memory_order_relaxed);
+        ++sent;
+        continue;
+      }
+      counts_.acks_unsent.fetch_add(acked - sent, std::memory_order_relaxed);
+      break;
+    }
+    sent += static_cast<std::size_t>(m);
+  }
 }
 
 }  // namespace crun::rdzv

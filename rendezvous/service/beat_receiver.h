@@ -72,8 +72,14 @@ class BeatReceiver {
   BeatReceiver(boost::asio::io_context& engine, std::chrono::milliseconds gap);
   // The receiver's thread: drains now and again after each gap while sessions hold tickets.
   void Poll();
-  // fds_[index]'s datagrams, acked on it.
+  struct Batch;  // one recvmmsg's room and its acks
+  struct Taken;  // a beat taken, for the engine
+  // fds_[index]'s datagrams, acked on it: each batch received, taken, its acks sent.
   void Drain(std::size_t index);
+  // The batch's first `n` datagrams checked (session, seal, sequence) under mu_, the good ones
+  // into `taken` with their acks queued in `b`; how many acks.
+  std::size_t Take(Batch& b, std::size_t n, std::vector<Taken>& taken);
+  void SendAcks(int fd, Batch& b, std::size_t acked);
   // The kernel's drop count on a datagram read from fds_[index] (SO_RXQ_OVFL).
   void NoteDrops(std::size_t index, const msghdr& h);
 

@@ -1,3 +1,6 @@
+// The engine (engine.h): messages in, sessions bound and unbound, rounds started and their
+// assignments sent, jobs finished, and what is said of them. Joins: engine_joins.cc; `crun
+// stacks`: engine_stacks.cc; the job's state they share: engine_job.h.
 #include "rendezvous/service/engine.h"
 
 #include <algorithm>
@@ -6,52 +9,9 @@
 #include <utility>
 #include <vector>
 
+#include "rendezvous/service/engine_job.h"
+
 namespace crun::rdzv {
-
-struct Engine::Job {
-  std::string run_id;
-  State state;
-  std::optional<TimePoint> wake;
-  std::unordered_map<std::string, SessionId> sessions;          // node id -> its live session
-  std::unordered_map<std::string, std::uint64_t> incarnations;  // node id -> its agent's
-  std::unordered_map<std::string, std::string> dialed;          // node id -> host it dialed
-  // node id -> the addresses its workers may reach the store from (its session's, declared)
-  std::unordered_map<std::string, std::vector<std::string>> addresses;
-  std::unordered_map<std::string, msg::NodeSnapshots> snapshots;  // node id -> last heartbeat's
-  int world_size = 0;
-  // Slow ranks in the running round (docs/health.md): the detector, who runs each rank (each
-  // member's first RANK and node id, in rank order, from the round's assignments) and the ranks
-  // named now (node id -> its named ranks).
-  StragglerState stragglers;
-  RankOwners rank_owners;
-  std::unordered_map<std::string, std::vector<StragglerChange>> slow;
-  std::unique_ptr<RoundStore> store;
-  std::optional<msg::FailureReport> root_cause;  // the failure that ended the job or its round
-  std::string last_failure;
-  std::uint64_t finished = 0;       // 0 while running; else its order of finishing
-  TimePoint gathering_since;        // for the round formation time
-  EngineMetrics::JobSeries series;  // when the engine counts metrics
-};
-
-namespace {
-
-bool Ended(Phase p) { return p == Phase::kFailed || p == Phase::kSucceeded; }
-
-const char* RefusalCode(RefuseJoin::Kind kind) {
-  switch (kind) {
-    case RefuseJoin::Kind::kSettingsMismatch:
-      return kRefusedMismatch;
-    case RefuseJoin::Kind::kJobEnded:
-      return kRefusedEnded;
-    case RefuseJoin::Kind::kDuplicateNode:
-      return kRefusedDuplicate;
-    case RefuseJoin::Kind::kInvalid:
-      break;
-  }
-  return kRefusedBadJoin;
-}
-
-}  // namespace
 
 Engine::Engine(EngineHooks hooks, EngineOptions options)
     : hooks_(std::move(hooks)), options_(std::move(options)) {}
@@ -132,109 +92,6 @@ void Engine::Forget(const std::string& run_id) {
   if (options_.metrics != nullptr) options_.metrics->Forget(run_id);
 }
 
-void Engine::OnJoin(SessionId session, const msg::Join& join, TimePoint now,
-                    const std::string& peer_ip) {
-  if (join.protocol_version != kProtocolVersion) {
-    return Refuse(session, kRefusedVersion,
-                  "protocol version " + std::to_string(join.protocol_version) +
-                      " is not supported: this service speaks version " +
-                      std::to_string(kProtocolVersion));
-  }
-  if (join.run_id.empty()) return Refuse(session, kRefusedBadJoin, "the join names no run id");
-  const auto& node = join.node;
-  if (node.node_id.empty()) return Refuse(session, kRefusedBadJoin, "the join names no node id");
-  const Settings& settings = join.settings;
-  if (auto v = settings.Validate(); !v.ok()) return Refuse(session, kRefusedBadJoin, v.message());
-
-  if (!join.unhealthy.empty()) return OnUnhealthy(session, join, now);
-  if (auto b = bound_.find(session); b != bound_.end()) {
-    // A re-join after "stop and re-join": the same run and node, on the same session.
-    if (b->second.run_id != join.run_id || b->second.node_id != node.node_id) {
-      return Refuse(session, kRefusedBadJoin,
-                    "this session already joined run '" + b->second.run_id + "' as node '" +
-                        b->second.node_id + "'");
-    }
-    auto& bound_job = *jobs_.at(b->second.run_id);
-    if (bound_job.state.phase == Phase::kGathering &&
-        bound_job.state.present.count(node.node_id) != 0) {
-      return;  // joined already: nothing to do
-    }
-  }
-  Job& job = JobFor(join.run_id, settings, now);
-  if (auto owner = job.sessions.find(node.node_id);
-      owner != job.sessions.end() && owner->second != session && node.incarnation != 0 &&
-      job.incarnations[node.node_id] == node.incarnation) {
-    // The same agent on a new session: its old one broke (a stopped service, a cut link) and
-    // this side has not noticed yet. The old session is let go as the node's loss (a running
-    // round re-forms), then the join proceeds as a fresh one.
-    Log(job.run_id + ": node '" + node.node_id + "' is back on a new session");
-    Unbind(owner->second, now, "it came back on a new session");
-  }
-  if (auto owner = job.sessions.find(node.node_id);
-      owner != job.sessions.end() && owner->second != session) {
-    Refuse(session, kRefusedDuplicate,
-           "another agent already joined run '" + join.run_id + "' as node '" + node.node_id +
-               "' (give each agent its own node id)");
-    if (job.state.phase == Phase::kGathering && job.state.round < 0) {
-      // Two agents claim one identity before the job ever ran: a configuration mistake (one
-      // node_id given to several agents) that leaves the job a node short. The agents already
-      // waiting are told now, not at their join timeout.
-      job.state.phase = Phase::kFailed;
-      Finish(job, false,
-             "a second agent (on host " + node.host + ") asked to join as node '" + node.node_id +
-                 "', which another agent holds: give each agent "
-                 "its own --rdzv-conf node_id, or leave it unset (one per crun)");
-    }
-    return;
-  }
-  NodeDescription desc;
-  desc.node_id = node.node_id;
-  desc.host = node.host;
-  desc.nproc = node.nproc;
-  desc.requested_rank = node.requested_rank;
-  // Other nodes' workers reach this node's where it says, else where its session came from.
-  desc.address = !node.addresses.empty() ? node.addresses.front()
-                 : !peer_ip.empty()      ? peer_ip
-                                         : node.host;
-  desc.ports = node.ports;
-  Transition t = rdzv::OnJoin(std::move(job.state), desc, settings, now);
-  for (const auto& a : t.actions) {
-    if (const auto* r = std::get_if<RefuseJoin>(&a); r != nullptr && r->node_id == desc.node_id) {
-      job.state = std::move(t.state);
-      return Refuse(session, RefusalCode(r->kind), r->reason);
-    }
-  }
-  bound_[session] = Binding{job.run_id, desc.node_id};
-  job.sessions[desc.node_id] = session;
-  job.incarnations[desc.node_id] = node.incarnation;
-  job.dialed[desc.node_id] = join.service_host;
-  auto& addresses = job.addresses[desc.node_id];
-  addresses.clear();
-  if (!peer_ip.empty()) addresses.push_back(peer_ip);
-  addresses.insert(addresses.end(), node.addresses.begin(), node.addresses.end());
-  Apply(job, std::move(t), now);
-}
-
-// The node failed its health gate: counted and named, never joined. A session already bound
-// (a re-join after "stop and re-join") stays bound until the agent leaves, which it does next.
-void Engine::OnUnhealthy(SessionId session, const msg::Join& join, TimePoint now) {
-  if (auto b = bound_.find(session);
-      b != bound_.end() &&
-      (b->second.run_id != join.run_id || b->second.node_id != join.node.node_id)) {
-    return Refuse(session, kRefusedBadJoin,
-                  "this session already joined run '" + b->second.run_id + "' as node '" +
-                      b->second.node_id + "'");
-  }
-  Job& job = JobFor(join.run_id, join.settings, now);
-  Log(job.run_id + ": node '" + join.node.node_id + "' on " + join.node.host +
-      " failed its health check and stays out: " + join.unhealthy);
-  if (options_.metrics != nullptr) options_.metrics->Unhealthy(job.run_id);
-  Apply(job,
-        rdzv::OnUnhealthy(std::move(job.state), {join.node.node_id, join.node.host, join.unhealthy},
-                          now),
-        now);
-}
-
 void Engine::OnWorkersFailed(SessionId session, const msg::FailureReport& report, TimePoint now) {
   auto b = bound_.find(session);
   if (b == bound_.end()) return;
@@ -288,79 +145,6 @@ void Engine::OnSessionClosed(SessionId session, TimePoint now) {
   }
   for (auto id : complete) CompleteStacks(id);
   Unbind(session, now);
-}
-
-crun::Status Engine::AskStacks(const std::string& run_id, std::uint64_t query, Millis timeout,
-                               TimePoint now) {
-  StacksAsk ask;
-  ask.run_id = run_id;
-  ask.query = query;
-  return FanOutStacks(std::move(ask), kStacksCommandReason, std::nullopt, timeout, now).status();
-}
-
-crun::StatusOr<std::uint64_t> Engine::FanOutStacks(StacksAsk ask, const std::string& reason,
-                                                   std::optional<SessionId> except, Millis timeout,
-                                                   TimePoint now) {
-  auto it = jobs_.find(ask.run_id);
-  if (it == jobs_.end()) return NotFound("no job with run id '" + ask.run_id + "'");
-  const Job& job = *it->second;
-  if (job.state.phase != Phase::kRunning) {
-    return NotFound("job '" + ask.run_id + "' has no running workers (it is " +
-                    PhaseName(job.state.phase) + ")");
-  }
-  if (timeout <= Millis(0)) timeout = std::chrono::seconds(15);
-  timeout = std::clamp<Millis>(timeout, std::chrono::seconds(1), std::chrono::seconds(120));
-  const std::uint64_t id = next_ask_++;
-  ask.deadline = now + timeout;
-  ask.result.run_id = ask.run_id;
-  ask.result.round = job.state.round;
-  for (const auto& m : job.state.members) {
-    auto s = job.sessions.find(m.node.node_id);
-    if (s == job.sessions.end() || s->second == except || m.succeeded) continue;
-    ask.waiting[s->second] = m.node.node_id;
-  }
-  for (const auto& [session, node] : ask.waiting) {
-    hooks_.send(session, msg::StacksRequest{id, reason});
-  }
-  const bool none = ask.waiting.empty();
-  Log(ask.run_id + ": stacks asked of " + std::to_string(ask.waiting.size()) + " nodes (" + reason +
-      ")");
-  asks_.emplace(id, std::move(ask));
-  if (none) CompleteStacks(id);
-  return id;
-}
-
-void Engine::OnStacksReply(SessionId session, const msg::StacksReply& reply) {
-  auto it = asks_.find(reply.request_id);
-  if (it == asks_.end()) return;  // late: the answer went out without it
-  auto& ask = it->second;
-  auto w = ask.waiting.find(session);
-  if (w == ask.waiting.end()) return;
-  if (ask.bytes + reply.node_stacks.size() > kMaxStacksBytes) {
-    ask.result.missing.push_back(w->second +
-                                 " (its stacks did not fit in the answer: see that node's "
-                                 "own report or run crun stacks there)");
-  } else {
-    ask.bytes += reply.node_stacks.size();
-    ask.result.nodes.push_back(reply.node_stacks);
-  }
-  ask.waiting.erase(w);
-  if (ask.waiting.empty()) CompleteStacks(reply.request_id);
-}
-
-void Engine::CompleteStacks(std::uint64_t id) {
-  auto it = asks_.find(id);
-  if (it == asks_.end()) return;
-  StacksAsk ask = std::move(it->second);
-  asks_.erase(it);
-  for (const auto& [session, node] : ask.waiting) {
-    ask.result.missing.push_back(node + " (no answer in time)");
-  }
-  if (ask.requester) {
-    hooks_.send(*ask.requester, ask.result);
-  } else if (hooks_.stacks_done) {
-    hooks_.stacks_done(ask.query, ask.result);
-  }
 }
 
 void Engine::OnTick(TimePoint now) {

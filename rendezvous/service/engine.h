@@ -114,6 +114,7 @@ class Engine {
   };
 
   void OnJoin(SessionId session, const msg::Join& join, TimePoint now, const std::string& peer_ip);
+  bool WellFormed(SessionId session, const msg::Join& join);
   void OnUnhealthy(SessionId session, const msg::Join& join, TimePoint now);
   void OnWorkersFailed(SessionId session, const msg::FailureReport& report, TimePoint now);
   void Apply(Job& job, Transition t, TimePoint now);

@@ -424,21 +424,9 @@ def _ref_paths(skeleton):
             for path, ref in _leaves(skeleton, lambda x: isinstance(x, _TensorRef))}
 
 
-def load(timeout=300, into=None):
-    """Collective: every rank of the job calls it. Returns (step, state) for the newest step
-    that every rank holds complete, in its node's memory or on disk (crun's --checkpoint-dir,
-    read back into memory by crun), or None when there is none. Raises
-    SnapshotError for a sharded snapshot saved by another rank or world size, and for one whose
-    checksum fails when no whole one is left.
-
-    `into`: a state of the same shape as the one saved (say {"model": model.state_dict(),
-    "optimizer": optimizer.state_dict()}). Each saved tensor whose place, shape and dtype match
-    one of its tensors is copied straight into it, and the returned state holds that tensor:
-    no second copy of the model is made, and load_state_dict() of it then copies nothing.
-    Tensors without a match are returned as new tensors."""
-    s = _the_store()
-    import torch
-    verdicts = s.take(*s.ask(f"load {s.local_rank}"))
+def _held_steps(s, verdicts):
+    """(steps, refusal, {step: (index, buffer)}) of the snapshots this rank may load: whole,
+    and (sharded) its own rank's of this world size; the refusal says why one was passed over."""
     held, refusal, by_step = [], "", {}
     for i, b in enumerate(s.buffers):
         if b is None:
@@ -458,40 +446,29 @@ def load(timeout=300, into=None):
             continue
         held.append(step)
         by_step[step] = (i, b)
-    # Steps on disk (crun's --checkpoint-dir) count as held: crun reads the agreed one back.
-    on_disk, _ = s.ask(f"disk {s.local_rank} {s.rank} {s.world}")
-    held += [int(v) for v in on_disk.split(",") if v and int(v) not in by_step]
-    if held:
-        refusal = ""
-    step = _agree(s, held, refusal, timeout)
-    # The job goes on from the agreed step: a snapshot of any other step belongs to an abandoned
-    # timeline (a newer step this rank saved before another rank failed), and must neither be
-    # loaded later nor make a save overwrite the agreed one.
-    for b in s.buffers:
-        if b is not None and b.header()[4] != step:
-            struct.pack_into("<I", b.map, _STATE_AT, _EMPTY)
-    if step is None:
-        return None
-    if step not in by_step:
-        try:
-            answer, fds = s.ask(f"restore {s.local_rank} {s.rank} {step}")
-        except SnapshotError as e:
-            raise SnapshotError(f"rank {s.rank} cannot resume from disk at step {step}: {e}") \
-                from None
-        index, capacity = (int(w) for w in answer.split())
-        if s.buffers[index] is not None:
-            s.buffers[index].close()
-        s.buffers[index] = _Buffer(fds[0], capacity)
-        by_step[step] = (index, s.buffers[index])
-        verdicts[index] = "valid"
-    i, b = by_step[step]
+    return held, refusal, by_step
+
+
+def _restore_from_disk(s, step, by_step, verdicts):
+    """The agreed step, which this rank holds on disk only: crun reads it back into a buffer."""
+    try:
+        answer, fds = s.ask(f"restore {s.local_rank} {s.rank} {step}")
+    except SnapshotError as e:
+        raise SnapshotError(f"rank {s.rank} cannot resume from disk at step {step}: {e}") \
+            from None
+    index, capacity = (int(w) for w in answer.split())
+    if s.buffers[index] is not None:
+        s.buffers[index].close()
+    s.buffers[index] = _Buffer(fds[0], capacity)
+    by_step[step] = (index, s.buffers[index])
+    verdicts[index] = "valid"
+
+
+def _read_state(b, into):
+    """The state in buffer `b`: its skeleton, with each tensor copied into `into`'s tensor at
+    the same place where shape and dtype match, else a new tensor."""
+    import torch
     h = b.header()
-    if verdicts[i] == "sealed":
-        # The older buffer: crun checks it now that it is the one to load.
-        checked, _ = s.ask(f"verify {s.local_rank} {i}")
-        if checked != "valid":
-            raise SnapshotError(f"the snapshot of rank {s.rank} at step {step} fails its "
-                                f"checksum ({checked}): crun's node memory was overwritten")
     payload = memoryview(b.map)[_HEADER_BYTES:_HEADER_BYTES + h[5]]
     items = _decode_toc(payload[:h[6]])
     values = next(bytes(payload[o:o + n]) for name, _, _, o, n in items if name == _VALUES)
@@ -517,4 +494,46 @@ def load(timeout=300, into=None):
                                  offset=_HEADER_BYTES + offset).view(shape)
             tensors.append(target.copy_(t) if fits else t.clone())
             del t
-    return step, _unflatten(skeleton, tensors)
+    return _unflatten(skeleton, tensors)
+
+
+def load(timeout=300, into=None):
+    """Collective: every rank of the job calls it. Returns (step, state) for the newest step
+    that every rank holds complete, in its node's memory or on disk (crun's --checkpoint-dir,
+    read back into memory by crun), or None when there is none. Raises
+    SnapshotError for a sharded snapshot saved by another rank or world size, and for one whose
+    checksum fails when no whole one is left.
+
+    `into`: a state of the same shape as the one saved (say {"model": model.state_dict(),
+    "optimizer": optimizer.state_dict()}). Each saved tensor whose place, shape and dtype match
+    one of its tensors is copied straight into it, and the returned state holds that tensor:
+    no second copy of the model is made, and load_state_dict() of it then copies nothing.
+    Tensors without a match are returned as new tensors."""
+    s = _the_store()
+    import torch  # noqa: F401  (before any answer: a rank without torch fails here, not later)
+    verdicts = s.take(*s.ask(f"load {s.local_rank}"))
+    held, refusal, by_step = _held_steps(s, verdicts)
+    # Steps on disk (crun's --checkpoint-dir) count as held: crun reads the agreed one back.
+    on_disk, _ = s.ask(f"disk {s.local_rank} {s.rank} {s.world}")
+    held += [int(v) for v in on_disk.split(",") if v and int(v) not in by_step]
+    if held:
+        refusal = ""
+    step = _agree(s, held, refusal, timeout)
+    # The job goes on from the agreed step: a snapshot of any other step belongs to an abandoned
+    # timeline (a newer step this rank saved before another rank failed), and must neither be
+    # loaded later nor make a save overwrite the agreed one.
+    for b in s.buffers:
+        if b is not None and b.header()[4] != step:
+            struct.pack_into("<I", b.map, _STATE_AT, _EMPTY)
+    if step is None:
+        return None
+    if step not in by_step:
+        _restore_from_disk(s, step, by_step, verdicts)
+    i, b = by_step[step]
+    if verdicts[i] == "sealed":
+        # The older buffer: crun checks it now that it is the one to load.
+        checked, _ = s.ask(f"verify {s.local_rank} {i}")
+        if checked != "valid":
+            raise SnapshotError(f"the snapshot of rank {s.rank} at step {step} fails its "
+                                f"checksum ({checked}): crun's node memory was overwritten")
+    return step, _read_state(b, into)
