@@ -14,8 +14,8 @@
 #include "agent/snapshots/snapshot_options.h"
 #include "base/security.h"
 #include "http/http_server.h"
-#include "rendezvous/service/rules.h"
-#include "rendezvous/service/stragglers.h"
+#include "rendezvous/rules/rules.h"
+#include "rendezvous/rules/stragglers.h"
 
 namespace crun::agent {
 

@@ -1,7 +1,7 @@
 #include "launcher/kubernetes.h"
 
 #include "base/numbers.h"
-#include "rendezvous/service/rules.h"
+#include "rendezvous/rules/rules.h"
 
 namespace crun::launcher {
 namespace {

@@ -16,7 +16,7 @@
 
 #include "base/security.h"
 #include "base/status.h"
-#include "rendezvous/service/rules.h"
+#include "rendezvous/rules/rules.h"
 
 namespace crun::launcher {
 

@@ -19,7 +19,7 @@
 #include "launcher/launch_options.h"
 #include "launcher/numa_binding.h"
 #include "rendezvous/contracts/contract_set.h"
-#include "rendezvous/service/rules.h"
+#include "rendezvous/rules/rules.h"
 
 namespace crun::launcher {
 

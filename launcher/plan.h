@@ -16,7 +16,7 @@
 #include "launcher/launch_options.h"
 #include "launcher/launch_values.h"
 #include "launcher/slurm.h"
-#include "rendezvous/service/rules.h"
+#include "rendezvous/rules/rules.h"
 
 namespace crun::launcher {
 

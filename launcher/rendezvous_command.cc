@@ -26,7 +26,7 @@
 #include "launcher/security_flags.h"
 #include "rendezvous/service/grpc_service.h"
 #include "rendezvous/service/proto_messages.h"
-#include "rendezvous/service/stragglers.h"
+#include "rendezvous/rules/stragglers.h"
 #include "rendezvous/store_server/store_server.h"
 
 namespace crun::launcher {

@@ -1,14 +1,14 @@
 // Slow ranks (docs/health.md, "Slow ranks"): the step records this node's workers write on
 // their heartbeat pipes, folded into windows of steps. Where the rendezvous judges job-wide (the
 // service), the figures go to it and its verdicts come back; else the pure detector
-// (rendezvous/service/stragglers.h) judges them among this node's ranks. A rank of this node
+// (rendezvous/rules/stragglers.h) judges them among this node's ranks. A rank of this node
 // named is said once, with its host and ratio, and again when it is back at speed.
 #include <spdlog/spdlog.h>
 
 #include <optional>
 
 #include "agent/features/job_feature.h"
-#include "rendezvous/service/stragglers.h"
+#include "rendezvous/rules/stragglers.h"
 
 namespace crun::agent {
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/service/stragglers.h"
+#include "rendezvous/rules/stragglers.h"
 
 namespace crun::agent {
 

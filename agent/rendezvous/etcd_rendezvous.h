@@ -34,8 +34,8 @@
 #include "agent/rendezvous/rendezvous.h"
 #include "base/security.h"
 #include "rendezvous/etcd/job.h"
-#include "rendezvous/service/rules.h"
-#include "rendezvous/service/stragglers.h"
+#include "rendezvous/rules/rules.h"
+#include "rendezvous/rules/stragglers.h"
 
 namespace crun::agent {
 

@@ -20,7 +20,7 @@
 #include "agent/rendezvous/rendezvous.h"
 #include "agent/snapshots/snapshot_options.h"
 #include "base/security.h"
-#include "rendezvous/service/rules.h"
+#include "rendezvous/rules/rules.h"
 
 namespace crun::agent {
 

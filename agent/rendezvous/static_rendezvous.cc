@@ -11,7 +11,7 @@
 #include "agent/rendezvous/member_exchange.h"
 #include "base/endpoint.h"
 #include "base/host_addresses.h"
-#include "rendezvous/service/rules.h"
+#include "rendezvous/rules/rules.h"
 #include "rendezvous/store/tcp_store_client.h"
 #include "rendezvous/store_server/round_store.h"
 

@@ -59,7 +59,7 @@
 #include "base/status.h"
 #include "rendezvous/etcd/client.h"
 #include "rendezvous/service/messages.h"
-#include "rendezvous/service/rules.h"
+#include "rendezvous/rules/rules.h"
 
 namespace crun::etcd {
 

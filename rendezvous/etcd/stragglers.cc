@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rendezvous/service/rules.h"
+#include "rendezvous/rules/rules.h"
 
 namespace crun::etcd {
 namespace {

@@ -22,7 +22,7 @@
 #include "base/status.h"
 #include "rendezvous/etcd/job.h"
 #include "rendezvous/service/messages.h"
-#include "rendezvous/service/stragglers.h"
+#include "rendezvous/rules/stragglers.h"
 
 namespace crun::etcd {
 

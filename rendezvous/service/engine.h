@@ -32,7 +32,7 @@
 #include "rendezvous/service/engine_metrics.h"
 #include "rendezvous/service/job_status.h"
 #include "rendezvous/service/messages.h"
-#include "rendezvous/service/rules.h"
+#include "rendezvous/rules/rules.h"
 
 namespace crun::rdzv {
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "rendezvous/service/messages.h"
-#include "rendezvous/service/rules.h"
+#include "rendezvous/rules/rules.h"
 
 namespace crun::rdzv {
 

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "rendezvous/report/report.h"
-#include "rendezvous/service/rules.h"
-#include "rendezvous/service/stragglers.h"
+#include "rendezvous/rules/rules.h"
+#include "rendezvous/rules/stragglers.h"
 
 namespace crun::rdzv::msg {
 

@@ -59,7 +59,7 @@
 #include "agent/rendezvous/beat_sender.h"
 #include "agent/rendezvous/session_client.h"
 #include "rendezvous/contracts/contract_set.h"
-#include "rendezvous/service/rules.h"
+#include "rendezvous/rules/rules.h"
 #include "tests/bench/loadgen_shards.h"
 #include "tests/bench/loadgen_util.h"
 #include "tests/bench/rdzv_loadgen_etcd.h"

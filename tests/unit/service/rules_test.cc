@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "rendezvous/service/rules.h"
+#include "rendezvous/rules/rules.h"
 
 namespace {
 

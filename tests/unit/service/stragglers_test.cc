@@ -1,4 +1,4 @@
-// The slow-rank detector (rendezvous/service/stragglers.h) as tables and seeded random runs:
+// The slow-rank detector (rendezvous/rules/stragglers.h) as tables and seeded random runs:
 // figures in, names out. Who is named and in which window, never how long anything took.
 #include <catch2/catch.hpp>
 
@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "rendezvous/service/stragglers.h"
+#include "rendezvous/rules/stragglers.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "rendezvous/service/rules.h"
+#include "rendezvous/rules/rules.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "rendezvous/service/stragglers.h"
+#include "rendezvous/rules/stragglers.h"
 
 #include <algorithm>
 #include <iterator>
