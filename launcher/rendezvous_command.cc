@@ -24,9 +24,9 @@
 #include "launcher/launch_options.h"
 #include "launcher/logging.h"
 #include "launcher/security_flags.h"
+#include "rendezvous/rules/stragglers.h"
 #include "rendezvous/service/grpc_service.h"
 #include "rendezvous/service/proto_messages.h"
-#include "rendezvous/rules/stragglers.h"
 #include "rendezvous/store_server/store_server.h"
 
 namespace crun::launcher {

@@ -43,4 +43,32 @@ struct GroupAssignment {
   std::vector<RoundMember> members;
 };
 
+// Who this node is, as every backend's rounds name it.
+struct RoundSelf {
+  std::string run_id;
+  std::string role = "default";
+  std::string node_id;
+  int nproc = 1;
+  int max_restarts = 0;
+  bool virtual_local_rank = false;
+};
+
+// This node's place in one round, as its backend decided it.
+struct RoundPlace {
+  int group_rank = 0;  // 0 for a spare
+  int group_world_size = 1;
+  int world_size = 1;
+  int base_rank = 0;  // RANK of local rank 0; 0 for a spare
+  int round = 0;
+  int restart_count = 0;
+  bool spare = false;
+  int local_world_size = 0;  // 0: the node's nproc (a Slurm task says its step's)
+};
+
+// The one builder of a node's assignment, for every backend: who it is, where the round put it,
+// the round's members, and the rule that a job has one role (the role's world is the job's).
+// The store's address is the backend's to fill in.
+GroupAssignment MakeGroupAssignment(const RoundSelf& self, const RoundPlace& place,
+                                    std::vector<RoundMember> members = {});
+
 }  // namespace crun::agent

@@ -705,7 +705,7 @@ class EtcdRendezvous final : public Rendezvous {
   // Slow ranks judged job-wide: shared with posts that may outlive a call.
   std::shared_ptr<StragglerExchange> stragglers_ = std::make_shared<StragglerExchange>();
   etcd::Keys keys_;
-  EtcdSelf self_;
+  RoundSelf self_;
   asio::executor_work_guard<asio::io_context::executor_type> agent_work_;
   RendezvousEvents* events_ = nullptr;
   // Everything below is the etcd thread's.

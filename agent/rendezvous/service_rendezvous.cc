@@ -454,35 +454,28 @@ class ServiceRendezvous final : public Rendezvous {
     switch (m.kind_case()) {
       case v1::ServiceMessage::kAssignment: {
         const auto& a = m.assignment();
-        GroupAssignment g;
-        g.run_id = o_.run_id;
-        g.role = o_.role;
-        g.group_rank = a.group_rank();
-        g.group_world_size = a.group_world_size();
-        g.local_world_size = o_.nproc;
-        g.world_size = a.world_size();
-        g.base_rank = a.base_rank();
-        g.role_world_size = a.world_size();
-        g.base_role_rank = a.base_rank();
+        std::vector<RoundMember> members;
+        for (const auto& p : a.members()) {
+          members.push_back(
+              {p.host(), p.address(), p.nproc(), {p.ports().begin(), p.ports().end()}});
+        }
+        GroupAssignment g = MakeGroupAssignment({o_.run_id, o_.role, o_.node_id, o_.nproc,
+                                                 o_.settings.max_restarts, o_.virtual_local_rank},
+                                                {.group_rank = a.group_rank(),
+                                                 .group_world_size = a.group_world_size(),
+                                                 .world_size = a.world_size(),
+                                                 .base_rank = a.base_rank(),
+                                                 .round = a.round(),
+                                                 .restart_count = a.restart_count(),
+                                                 .spare = a.spare()},
+                                                std::move(members));
         g.master_addr = a.master_addr();
         g.master_port = static_cast<std::uint16_t>(a.master_port());
-        g.restart_count = a.restart_count();
-        g.max_restarts = o_.settings.max_restarts;
-        g.round = a.round();
-        g.spare = a.spare();
         durable_ = a.durable_service();
         // A service that judges slow ranks gets this node's figures; else the node judges alone.
         if (stragglers_) stragglers_->job_wide = a.judges_stragglers();
         state_ = State::kInJob;
         reconnect_timer_.cancel();
-        g.virtual_local_rank = o_.virtual_local_rank;
-        for (const auto& p : a.members()) {
-          RoundMember member{p.host(), p.address(), p.nproc(), {}};
-          for (const auto port : p.ports()) {
-            member.ports.push_back(static_cast<std::uint16_t>(port));
-          }
-          g.members.push_back(std::move(member));
-        }
         return events_->OnAssignment(g);
       }
       case v1::ServiceMessage::kStopAndRejoin:

@@ -59,32 +59,22 @@ class StaticRendezvous final : public Rendezvous {
     } else {
       store_.Stop();
     }
-    GroupAssignment g;
-    g.run_id = options_.run_id;
-    g.role = options_.role;
-    g.group_rank = options_.node_rank;
-    g.group_world_size = options_.nnodes;
-    g.local_world_size = options_.nproc;
-    g.world_size = options_.nproc * options_.nnodes;
-    g.role_world_size = g.world_size;
-    g.base_rank = options_.node_rank * options_.nproc;
-    g.base_role_rank = g.base_rank;
+    // Its place: --node-rank of --nnodes, or a Slurm task's (fixed_group).
+    RoundPlace place{.group_rank = options_.node_rank,
+                     .group_world_size = options_.nnodes,
+                     .world_size = options_.nproc * options_.nnodes,
+                     .base_rank = options_.node_rank * options_.nproc,
+                     .round = restarts_,
+                     .restart_count = restarts_};
+    if (const auto& f = options_.fixed_group) {
+      place = *f;
+      place.round = place.restart_count = restarts_;
+    }
+    GroupAssignment g = MakeGroupAssignment({options_.run_id, options_.role, "", options_.nproc,
+                                             options_.max_restarts, options_.virtual_local_rank},
+                                            place);
     g.master_addr = options_.store_host;
     g.master_port = store_.serving() ? store_.port() : options_.store_port;
-    g.restart_count = restarts_;
-    g.round = restarts_;
-    g.max_restarts = options_.max_restarts;
-    g.virtual_local_rank = options_.virtual_local_rank;
-    if (options_.fixed_group) {
-      const GroupAssignment& f = *options_.fixed_group;
-      g.group_rank = f.group_rank;
-      g.group_world_size = f.group_world_size;
-      g.local_world_size = f.local_world_size;
-      g.world_size = f.world_size;
-      g.role_world_size = f.world_size;
-      g.base_rank = f.base_rank;
-      g.base_role_rank = f.base_rank;
-    }
     // One node: it is the whole round. Static nodes and Slurm tasks exchange what the
     // contracts need over the shared store, off the event loop (which may serve that store).
     if (Participants() <= 1) {

@@ -40,7 +40,7 @@ struct StaticRendezvousOptions {
   std::string bind_host;
   // One crun per Slurm task (docs/slurm.md): the ranks and sizes come from Slurm, not from
   // node_rank x nproc. Its master_port is filled in from the store.
-  std::optional<GroupAssignment> fixed_group;
+  std::optional<RoundPlace> fixed_group;
   int first_local_rank = 0;  // a Slurm task's SLURM_LOCALID (its one worker's local rank)
   // --contract with ports (agent/frameworks/contracts.h) on a shared static store: where this
   // crun's workers are reached (--local-addr; empty: the address this host reaches the store from),

@@ -63,13 +63,14 @@ class StaticRun final : public BackendRun {
     r.store_host = t.master_addr;
     r.bind_host = BindAddressFor(t.master_addr);
     r.store_port = static_cast<std::uint16_t>(t.master_port);
-    agent::GroupAssignment g;
-    g.group_rank = t.group_rank;
-    g.group_world_size = t.group_world_size;
-    g.local_world_size = t.local_world_size;
-    g.world_size = t.world_size;
-    g.base_rank = t.rank - t.local_rank;  // so that RANK = base + LOCAL_RANK = SLURM_PROCID
-    r.fixed_group = g;
+    r.fixed_group =
+        agent::RoundPlace{.group_rank = t.group_rank,
+                          .group_world_size = t.group_world_size,
+                          .world_size = t.world_size,
+                          .base_rank =
+                              t.rank -
+                              t.local_rank,  // so that RANK = base + LOCAL_RANK = SLURM_PROCID
+                          .local_world_size = t.local_world_size};
     r.first_local_rank = t.local_rank;
   }
 

@@ -58,8 +58,8 @@
 
 #include "base/status.h"
 #include "rendezvous/etcd/client.h"
-#include "rendezvous/service/messages.h"
 #include "rendezvous/rules/rules.h"
+#include "rendezvous/service/messages.h"
 
 namespace crun::etcd {
 

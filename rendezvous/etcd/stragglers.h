@@ -21,8 +21,8 @@
 
 #include "base/status.h"
 #include "rendezvous/etcd/job.h"
-#include "rendezvous/service/messages.h"
 #include "rendezvous/rules/stragglers.h"
+#include "rendezvous/service/messages.h"
 
 namespace crun::etcd {
 

@@ -29,10 +29,10 @@
 #include <vector>
 
 #include "proto/protocol_version.h"
+#include "rendezvous/rules/rules.h"
 #include "rendezvous/service/engine_metrics.h"
 #include "rendezvous/service/job_status.h"
 #include "rendezvous/service/messages.h"
-#include "rendezvous/rules/rules.h"
 
 namespace crun::rdzv {
 

@@ -5,8 +5,8 @@
 
 #include <string>
 
-#include "rendezvous/service/messages.h"
 #include "rendezvous/rules/rules.h"
+#include "rendezvous/service/messages.h"
 
 namespace crun::rdzv {
 

@@ -12,23 +12,13 @@
 
 namespace crun::agent {
 
-// Who this node is, as the rounds name it.
-struct EtcdSelf {
-  std::string run_id;
-  std::string role = "default";
-  std::string node_id;
-  int nproc = 1;
-  int max_restarts = 0;
-  bool virtual_local_rank = false;
-};
-
 // This node's assignment in `doc`'s round (`place`: its ranks/ record), a spare's when it waits
 // outside it, without the store's address (the round's group rank 0 serves it:
 // HostsRoundStore); every member's address and ports where the document lists them
 // (--contract). Nothing when `place` is another decision's: the decider has not taken this
 // node's join yet, or a newer round is on its way.
 std::optional<GroupAssignment> EtcdAssignment(const etcd::JobDoc& doc,
-                                              const etcd::RankRecord& place, const EtcdSelf& self);
+                                              const etcd::RankRecord& place, const RoundSelf& self);
 
 // Whether `g`'s node serves the round's store: group rank 0 of the round, not a spare.
 inline bool HostsRoundStore(const GroupAssignment& g) { return !g.spare && g.group_rank == 0; }

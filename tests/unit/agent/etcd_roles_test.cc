@@ -19,7 +19,7 @@ namespace {
 using crun::agent::EtcdAssignment;
 using crun::agent::EtcdNodeLease;
 using crun::agent::EtcdRoundStore;
-using crun::agent::EtcdSelf;
+using crun::agent::RoundSelf;
 using crun::etcd::Clock;
 using Ms = std::chrono::milliseconds;
 
@@ -47,8 +47,8 @@ crun::etcd::JobDoc Round3() {
   return doc;
 }
 
-EtcdSelf Self(const std::string& id, int nproc) {
-  return EtcdSelf{"run7", "trainer", id, nproc, 4, false};
+RoundSelf Self(const std::string& id, int nproc) {
+  return RoundSelf{"run7", "trainer", id, nproc, 4, false};
 }
 
 std::shared_ptr<crun::etcd::Client> Connect(const crun::testing::EtcdProcess& etcd) {
@@ -379,4 +379,35 @@ TEST_CASE("etcd roles: each node's place is written in transactions etcd takes, 
     ranks.insert(g->group_rank);
   }
   CHECK(ranks.size() == static_cast<std::size_t>(kNodes));
+}
+
+TEST_CASE("assignment: one builder for every backend, one role", "[assignment]") {
+  using crun::agent::MakeGroupAssignment;
+  using crun::agent::RoundPlace;
+  const RoundSelf self{"run7", "trainer", "n1", 4, 3, true};
+  // A member of round 2: its place, the role's world the job's, its nproc its local world.
+  auto g = MakeGroupAssignment(self, RoundPlace{.group_rank = 1,
+                                                .group_world_size = 3,
+                                                .world_size = 12,
+                                                .base_rank = 4,
+                                                .round = 2,
+                                                .restart_count = 1},
+                               {{"h0", "10.0.0.1", 4, {}}, {"h1", "10.0.0.2", 4, {}}});
+  CHECK(g.run_id == "run7");
+  CHECK(g.role == "trainer");
+  CHECK(g.local_world_size == 4);
+  CHECK(g.role_world_size == 12);
+  CHECK(g.base_role_rank == 4);
+  CHECK(g.max_restarts == 3);
+  CHECK(g.virtual_local_rank);
+  CHECK(g.round == 2);
+  CHECK(g.restart_count == 1);
+  CHECK(g.members.size() == 2);
+  CHECK_FALSE(g.spare);
+  // A Slurm task says its step's local world; a spare stands outside the ranks.
+  CHECK(MakeGroupAssignment(self, RoundPlace{.local_world_size = 8}).local_world_size == 8);
+  const auto spare = MakeGroupAssignment(self, RoundPlace{.world_size = 12, .spare = true});
+  CHECK(spare.spare);
+  CHECK(spare.base_rank == 0);
+  CHECK(spare.role_world_size == 12);
 }
