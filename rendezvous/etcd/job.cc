@@ -70,35 +70,32 @@ rdzv::NodeDescription NodeFrom(const json& j) {
   return n;
 }
 
+// Settings as etcd keeps them, field by field from the one list (rules/settings.h); contracts
+// by name. A field older writers lacked keeps its default; a required one missing throws.
 json SettingsJson(const rdzv::Settings& s) {
-  return {{"min_nodes", s.min_nodes},
-          {"max_nodes", s.max_nodes},
-          {"max_restarts", s.max_restarts},
-          {"join_timeout_ms", s.join_timeout.count()},
-          {"last_call_timeout_ms", s.last_call_timeout.count()},
-          {"heartbeat_timeout_ms", s.heartbeat_timeout.count()},
-          {"storm_rounds", s.storm_rounds},
-          {"storm_window_ms", s.storm_window.count()},
-          {"max_restarts_without_progress", s.max_restarts_without_progress},
-          {"contracts", s.contracts.ToString()}};
+  json j = json::object();
+  for (const rdzv::SettingField& f : rdzv::SettingFields()) {
+    if (f.kind == rdzv::SettingField::Kind::kContracts) {
+      j[rdzv::WireName(f)] = s.contracts.ToString();
+    } else {
+      j[rdzv::WireName(f)] = f.get(s);
+    }
+  }
+  return j;
 }
 
 rdzv::Settings SettingsFrom(const json& j) {
   rdzv::Settings s;
-  s.min_nodes = j.at("min_nodes").get<int>();
-  s.max_nodes = j.at("max_nodes").get<int>();
-  s.max_restarts = j.at("max_restarts").get<int>();
-  s.join_timeout = Millis(j.at("join_timeout_ms").get<std::int64_t>());
-  s.last_call_timeout = Millis(j.at("last_call_timeout_ms").get<std::int64_t>());
-  s.heartbeat_timeout = Millis(j.at("heartbeat_timeout_ms").get<std::int64_t>());
-  s.storm_rounds = j.value("storm_rounds", s.storm_rounds);
-  s.storm_window = Millis(j.value("storm_window_ms", s.storm_window.count()));
-  s.max_restarts_without_progress =
-      j.value("max_restarts_without_progress", s.max_restarts_without_progress);
-  if (j.contains("contracts")) {  // written since a crun that knows --contract on etcd
-    auto contracts = ParseContracts(j["contracts"].get<std::string>());
-    if (!contracts.ok()) throw std::invalid_argument(contracts.status().message());
-    s.contracts = *contracts;
+  for (const rdzv::SettingField& f : rdzv::SettingFields()) {
+    const std::string key = rdzv::WireName(f);
+    if (f.json_optional && !j.contains(key)) continue;
+    if (f.kind == rdzv::SettingField::Kind::kContracts) {
+      auto contracts = ParseContracts(j.at(key).get<std::string>());
+      if (!contracts.ok()) throw std::invalid_argument(contracts.status().message());
+      s.contracts = *contracts;
+    } else {
+      f.set(s, j.at(key).get<std::int64_t>());
+    }
   }
   return s;
 }

@@ -172,19 +172,25 @@ Status Settings::CheckCompatible(const Settings& o) const {
     return InvalidArgument(std::string(what) + " differs: this job uses " + mine +
                            ", the joining agent " + theirs);
   };
-  if (o.min_nodes != min_nodes || o.max_nodes != max_nodes) {
-    return differ("--nnodes", std::to_string(min_nodes) + ":" + std::to_string(max_nodes),
-                  std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes));
-  }
-  if (o.max_restarts != max_restarts) {
-    return differ("--max-restarts", std::to_string(max_restarts), std::to_string(o.max_restarts));
-  }
-  if (o.max_restarts_without_progress != max_restarts_without_progress) {
-    return differ("--max-restarts-without-progress", std::to_string(max_restarts_without_progress),
-                  std::to_string(o.max_restarts_without_progress));
-  }
-  if (o.contracts != contracts) {
-    return differ("--contract", contracts.ToString(), o.contracts.ToString());
+  auto text = [](const SettingField& f, const Settings& s) {
+    return f.kind == SettingField::Kind::kContracts ? s.contracts.ToString()
+                                                    : std::to_string(f.get(s));
+  };
+  // The fields that every agent must give alike, in the list's order; fields that share a flag
+  // (--nnodes: min and max) are said together, "min:max".
+  const auto& fields = SettingFields();
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    if (fields[i].agree == nullptr) continue;
+    const std::string flag = fields[i].agree;
+    std::string mine, theirs;
+    bool same = true;
+    for (std::size_t k = i; k < fields.size() && fields[k].agree && fields[k].agree == flag; ++k) {
+      mine += (k > i ? ":" : "") + text(fields[k], *this);
+      theirs += (k > i ? ":" : "") + text(fields[k], o);
+      same = same && fields[k].get(*this) == fields[k].get(o);
+      i = k;
+    }
+    if (!same) return differ(flag.c_str(), mine, theirs);
   }
   return Status::Ok();
 }

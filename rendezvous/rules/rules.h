@@ -25,44 +25,11 @@
 #include "base/status.h"
 #include "rendezvous/contracts/contract_set.h"
 #include "rendezvous/report/report.h"
+#include "rendezvous/rules/settings.h"
 
 namespace crun::rdzv {
 
 using TimePoint = std::chrono::steady_clock::time_point;
-using Millis = std::chrono::milliseconds;
-
-inline constexpr Millis kDefaultJoinTimeout{600'000};    // torchrun's
-inline constexpr Millis kDefaultLastCallTimeout{1'000};  // torchrun: 30 s
-inline constexpr Millis kDefaultHeartbeatTimeout{3'000};
-inline constexpr int kDefaultMaxRestartsWithoutProgress = 3;
-// Bounds on what an agent may ask for: the job's world size fits an int with room to spare,
-// and deadlines stay far from the clock's range.
-inline constexpr int kMaxNodes = 100'000;
-inline constexpr int kMaxNprocPerNode = 4'096;
-inline constexpr Millis kMaxTimeout{30LL * 24 * 3600 * 1000};  // 30 days
-
-struct Settings {
-  int min_nodes = 1;
-  int max_nodes = 1;
-  Millis join_timeout = kDefaultJoinTimeout;
-  Millis last_call_timeout = kDefaultLastCallTimeout;
-  Millis heartbeat_timeout = kDefaultHeartbeatTimeout;
-  int max_restarts = 0;
-  // --max-restarts-without-progress: this many failures in a row, the same way and before any
-  // progress, end the job as a crash loop (docs/health.md); 0: never.
-  int max_restarts_without_progress = kDefaultMaxRestartsWithoutProgress;
-  // More than this many rounds within storm_window fails the job (nodes flapping).
-  int storm_rounds = 10;
-  Millis storm_window{60'000};
-  // --contract: every node must run the same set, and reserve the ports its layout says
-  // (rendezvous/contracts/contract_set.h); a node whose ports do not fit is refused.
-  ContractSet contracts;
-
-  // Errors name the values: "max nodes (2) must be >= min nodes (4)".
-  Status Validate() const;
-  // Two agents of one run must agree; the message says which setting differs.
-  Status CheckCompatible(const Settings& other) const;
-};
 
 // The job's restart budget (--max-restarts), one rule for every rendezvous (the service's
 // rules, etcd's decider through them, and one node or the static backend): a failure restarts

@@ -386,12 +386,13 @@ TEST_CASE("assignment: one builder for every backend, one role", "[assignment]")
   using crun::agent::RoundPlace;
   const RoundSelf self{"run7", "trainer", "n1", 4, 3, true};
   // A member of round 2: its place, the role's world the job's, its nproc its local world.
-  auto g = MakeGroupAssignment(self, RoundPlace{.group_rank = 1,
-                                                .group_world_size = 3,
-                                                .world_size = 12,
-                                                .base_rank = 4,
-                                                .round = 2,
-                                                .restart_count = 1},
+  auto g = MakeGroupAssignment(self,
+                               RoundPlace{.group_rank = 1,
+                                          .group_world_size = 3,
+                                          .world_size = 12,
+                                          .base_rank = 4,
+                                          .round = 2,
+                                          .restart_count = 1},
                                {{"h0", "10.0.0.1", 4, {}}, {"h1", "10.0.0.2", 4, {}}});
   CHECK(g.run_id == "run7");
   CHECK(g.role == "trainer");

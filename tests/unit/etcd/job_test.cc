@@ -824,3 +824,37 @@ TEST_CASE("etcd job: each node's place is its own key, a/job does not grow with 
     CHECK(again->round == 1);
   }
 }
+
+TEST_CASE("etcd job: a node record keeps every setting of the one list, older ones default") {
+  NodeRecord r;
+  r.node.node_id = "n1";
+  r.node.host = "h1";
+  r.node.nproc = 2;
+  int i = 0;
+  for (const auto& f : crun::rdzv::SettingFields()) {
+    ++i;
+    if (f.kind == crun::rdzv::SettingField::Kind::kContracts) {
+      r.settings.contracts = crun::ParseContracts("jax,mpi").value();
+    } else {
+      f.set(r.settings, f.get(r.settings) + 13 * i);
+    }
+  }
+  const auto back = crun::etcd::DecodeNode("n1", crun::etcd::EncodeNode(r));
+  REQUIRE(back.ok());
+  CHECK(back->settings == r.settings);
+  // A record written before the optional fields: each keeps its default; a required one
+  // missing is refused.
+  auto j = nlohmann::json::parse(crun::etcd::EncodeNode(r));
+  for (const auto& f : crun::rdzv::SettingFields()) {
+    if (f.json_optional) j["settings"].erase(crun::rdzv::WireName(f));
+  }
+  const auto older = crun::etcd::DecodeNode("n1", j.dump());
+  REQUIRE(older.ok());
+  const crun::rdzv::Settings defaults;
+  for (const auto& f : crun::rdzv::SettingFields()) {
+    INFO(f.name);
+    CHECK(f.get(older->settings) == (f.json_optional ? f.get(defaults) : f.get(r.settings)));
+  }
+  j["settings"].erase("max_restarts");
+  CHECK_FALSE(crun::etcd::DecodeNode("n1", j.dump()).ok());
+}

@@ -350,6 +350,53 @@ TEST_CASE("a job's settings go to the wire and back whole, --contract included",
   CHECK(FromProto(old).contracts == crun::ContractSet());
 }
 
+namespace {
+
+// Every field of the one list (rules/settings.h) set apart from its default and from the others.
+crun::rdzv::Settings EveryFieldSet() {
+  crun::rdzv::Settings s;
+  int i = 0;
+  for (const auto& f : crun::rdzv::SettingFields()) {
+    ++i;
+    if (f.kind == crun::rdzv::SettingField::Kind::kContracts) {
+      s.contracts = crun::ParseContracts("tf,horovod").value();
+    } else {
+      f.set(s, f.get(s) + 11 * i);
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("the settings' one list is crun.v1.Settings, field for field", "[proto][settings]") {
+  std::ifstream in(CRUN_V1_DESCRIPTORS, std::ios::binary);
+  google::protobuf::FileDescriptorSet files;
+  REQUIRE(files.ParseFromIstream(&in));
+  google::protobuf::DescriptorPool pool;
+  for (const auto& file : files.file()) REQUIRE(pool.BuildFile(file) != nullptr);
+  const auto* settings = pool.FindMessageTypeByName("crun.v1.Settings");
+  REQUIRE(settings != nullptr);
+  int on_wire = 0;
+  for (const auto& f : crun::rdzv::SettingFields()) {
+    INFO(f.name);
+    if (f.proto_number == 0) continue;
+    ++on_wire;
+    const auto* field = settings->FindFieldByNumber(f.proto_number);
+    REQUIRE(field != nullptr);
+    CHECK(field->name() == crun::rdzv::WireName(f));
+  }
+  CHECK(settings->field_count() == on_wire);  // no field of the proto outside the list
+  // And the conversions carry every one of them, each its own value.
+  const crun::rdzv::Settings s = EveryFieldSet();
+  const crun::rdzv::Settings back = FromProto(OverTheWire(ToProto(s)));
+  for (const auto& f : crun::rdzv::SettingFields()) {
+    INFO(f.name);
+    const crun::rdzv::Settings defaults;
+    CHECK(f.get(back) == (f.proto_number != 0 ? f.get(s) : f.get(defaults)));
+  }
+}
+
 TEST_CASE("each report of the table crosses the wire whole, and protobuf prints it as ToJson",
           "[proto]") {
   const JsonPrinter printer;
