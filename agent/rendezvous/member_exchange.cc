@@ -34,6 +34,38 @@ std::string ExchangeKey(int round, int index) {
 
 std::string BegunKey(int round) { return "/crun/contract/" + Num(round) + "/begun"; }
 
+// "3" (a crun that began the round after another's, as every crun wrote before failures were
+// told), or "3\n{...}": the index, then the failure as JSON.
+std::string EncodeBegun(const RoundBegun& b) {
+  if (!b.after) return Num(b.index);
+  const rdzv::Failure& f = *b.after;
+  return Num(b.index) + "\n" +
+         nlohmann::json{{"what", f.what},
+                        {"cause", f.cause},
+                        {"last_line", f.last_line},
+                        {"way", f.way},
+                        {"before_progress", f.before_progress}}
+             .dump();
+}
+
+StatusOr<RoundBegun> DecodeBegun(const std::string& key, const std::string& text) {
+  const auto newline = text.find('\n');
+  const std::string who = text.substr(0, newline);
+  const auto index = ParseInteger(who, 0, 1 << 20);
+  if (!index) return ProtocolError(key + " holds '" + who.substr(0, 100) + "', not an index");
+  RoundBegun b{static_cast<int>(*index), std::nullopt};
+  if (newline == std::string::npos) return b;
+  try {
+    const auto j = nlohmann::json::parse(text.substr(newline + 1));
+    b.after = rdzv::Failure{j.at("what"), j.at("cause"), j.at("last_line"), j.at("way"),
+                            j.at("before_progress")};
+  } catch (const std::exception& e) {
+    return ProtocolError(key +
+                         ": the failure after which the round began is unreadable: " + e.what());
+  }
+  return b;
+}
+
 std::string EncodeParticipant(const Participant& p) {
   return nlohmann::json{{"node", p.node}, {"local_rank", p.local_rank}, {"nproc", p.nproc},
                         {"host", p.host}, {"address", p.address},       {"ports", p.ports}}
@@ -134,7 +166,7 @@ StatusOr<std::vector<RoundMember>> ExchangeMembers(Store& store, const Participa
   const auto in_round = [&round](const Status& s) {
     return Status(s.code(), round + ": " + s.message());
   };
-  Status s = store.Set(BegunKey(options.round), Num(self.index));
+  Status s = store.Set(BegunKey(options.round), EncodeBegun({self.index, options.after}));
   if (s.ok()) s = store.Set(keys.at(static_cast<std::size_t>(self.index)), EncodeParticipant(self));
   if (!s.ok()) {
     return in_round(Status(s.code(), "cannot publish this crun's ports: " + s.message()));
@@ -180,17 +212,15 @@ StatusOr<std::vector<RoundMember>> ExchangeMembers(Store& store, const Participa
   return members;
 }
 
-StatusOr<int> WatchForRound(Store& store, int round, const std::atomic<bool>& stop) {
+StatusOr<RoundBegun> WatchForRound(Store& store, int round, const std::atomic<bool>& stop) {
   const std::string key = BegunKey(round);
   for (;;) {
     if (stop.load()) return Aborted("stopped watching for round " + Num(round));
     const Status waited = store.Wait({key}, kStopCheck);
     if (waited.code() == StatusCode::kTimeout) continue;
     if (!waited.ok()) return waited;
-    CRUN_ASSIGN_OR_RETURN(const std::string who, store.Get(key));
-    const auto index = ParseInteger(who, 0, 1 << 20);
-    if (!index) return ProtocolError(key + " holds '" + who.substr(0, 100) + "', not an index");
-    return static_cast<int>(*index);
+    CRUN_ASSIGN_OR_RETURN(const std::string text, store.Get(key));
+    return DecodeBegun(key, text);
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "agent/rendezvous/assignment.h"
 #include "base/status.h"
 #include "rendezvous/contracts/contract_set.h"
+#include "rendezvous/rules/rules.h"
 #include "rendezvous/store/store.h"
 
 namespace crun::agent {
@@ -37,7 +39,18 @@ struct Participant {
 };
 
 std::string ExchangeKey(int round, int index);
-std::string BegunKey(int round);  // set by every crun that begins `round`: its index
+std::string BegunKey(int round);  // set by every crun that begins `round`: RoundBegun's form
+
+// Who began a round, and after which failure of its workers (none from a crun that began it
+// after another's, or an older crun): what the others weigh by the same rules
+// (rdzv::OnFailure), so that every crun of the job keeps the same restart budget and crash-loop
+// count. A crun whose failure ends the job says so the same way, as the next round's beginner.
+struct RoundBegun {
+  int index = 0;
+  std::optional<rdzv::Failure> after;
+};
+std::string EncodeBegun(const RoundBegun& b);
+StatusOr<RoundBegun> DecodeBegun(const std::string& key, const std::string& text);
 std::string EncodeParticipant(const Participant& p);
 // `index` is the key's; the error names it, and ports that do not fit `contracts`.
 StatusOr<Participant> DecodeParticipant(std::string_view text, int index,
@@ -58,6 +71,8 @@ struct ExchangeOptions {
   Millis timeout{600000};
   // Set by another thread to give up (the agent is stopping); checked between short waits.
   const std::atomic<bool>* stop = nullptr;
+  // The failure of this crun's workers that made it begin the round, if it did (RoundBegun).
+  std::optional<rdzv::Failure> after;
 };
 
 // Says on `store` that `self` began the round, publishes `self`, and returns the members once
@@ -66,8 +81,8 @@ struct ExchangeOptions {
 StatusOr<std::vector<RoundMember>> ExchangeMembers(Store& store, const Participant& self,
                                                    const ExchangeOptions& options);
 
-// Waits, for as long as the round lasts, until some crun begins `round`: returns its index,
-// or kAborted once `stop` is set, or the store's error (the store went away).
-StatusOr<int> WatchForRound(Store& store, int round, const std::atomic<bool>& stop);
+// Waits, for as long as the round lasts, until some crun begins `round`: returns who and after
+// which failure, or kAborted once `stop` is set, or the store's error (the store went away).
+StatusOr<RoundBegun> WatchForRound(Store& store, int round, const std::atomic<bool>& stop);
 
 }  // namespace crun::agent

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include <boost/asio/post.hpp>
 #include <spdlog/spdlog.h>
@@ -47,8 +48,9 @@ class StaticRendezvous final : public Rendezvous {
       spec.port = options_.store_port;
       // Every worker of the job connects: this node's, and with the static backend every
       // node's (or every Slurm task's), whose addresses are not known here.
-      spec.world_size = options_.fixed_group ? options_.fixed_group->world_size
-                                             : options_.nproc * std::max(options_.nnodes, 1);
+      spec.world_size = options_.fixed_group
+                            ? options_.fixed_group->world_size
+                            : options_.nproc * std::max(options_.settings.max_nodes, 1);
       auto port = store_.Serve(options_.static_store ? 0 : joins_, spec);
       if (!port.ok()) {
         JobOutcome o;
@@ -61,8 +63,8 @@ class StaticRendezvous final : public Rendezvous {
     }
     // Its place: --node-rank of --nnodes, or a Slurm task's (fixed_group).
     RoundPlace place{.group_rank = options_.node_rank,
-                     .group_world_size = options_.nnodes,
-                     .world_size = options_.nproc * options_.nnodes,
+                     .group_world_size = options_.settings.max_nodes,
+                     .world_size = options_.nproc * options_.settings.max_nodes,
                      .base_rank = options_.node_rank * options_.nproc,
                      .round = restarts_,
                      .restart_count = restarts_};
@@ -70,9 +72,10 @@ class StaticRendezvous final : public Rendezvous {
       place = *f;
       place.round = place.restart_count = restarts_;
     }
-    GroupAssignment g = MakeGroupAssignment({options_.run_id, options_.role, "", options_.nproc,
-                                             options_.max_restarts, options_.virtual_local_rank},
-                                            place);
+    GroupAssignment g =
+        MakeGroupAssignment({options_.run_id, options_.role, "", options_.nproc,
+                             options_.settings.max_restarts, options_.virtual_local_rank},
+                            place);
     g.master_addr = options_.store_host;
     g.master_port = store_.serving() ? store_.port() : options_.store_port;
     // One node: it is the whole round. Static nodes and Slurm tasks exchange what the
@@ -88,21 +91,21 @@ class StaticRendezvous final : public Rendezvous {
   }
 
   // Restarts are per node here, and so are crash loops: this node's own failures count.
+  // Weighed by the rules the service runs (rdzv::OnFailure); the other crun processes of a
+  // shared store weigh it too, told when this one begins the next round or ends the job.
   void ReportFailure(const report::FailureReport& failures) override {
     const rdzv::Failure failure = rdzv::FailureOf(failures);
-    const bool loop =
-        rdzv::CountCrash(crash_loop_, failure, options_.max_restarts_without_progress);
-    const std::string& what = failure.what;
-    if (!loop && rdzv::SpendRestart(restarts_, options_.max_restarts)) {
-      return Post([this, what] { events_->OnStopAndRejoin(what, true); });
+    after_ = failure;
+    if (auto fail = rdzv::OnFailure(restarts_, crash_loop_, failure, options_.settings)) {
+      JobOutcome o;
+      o.exit_code = rdzv::FailedJobExitCode(*fail, report::ExitCodeOf(failures));
+      o.reason = fail->reason;
+      o.root_node_id = node_id();
+      o.root_report = failures;
+      o.root_report.node_id = node_id();
+      return Conclude(o);
     }
-    JobOutcome o;
-    o.exit_code = loop ? report::kExitDoNotRequeue : report::ExitCodeOf(failures);
-    o.reason = loop ? rdzv::DescribeCrashLoop(failure, crash_loop_.attempts) : what;
-    o.root_node_id = node_id();
-    o.root_report = failures;
-    o.root_report.node_id = node_id();
-    Conclude(o);
+    Post([this, what = failure.what] { events_->OnStopAndRejoin(what, true); });
   }
 
   void ReportSuccess() override {
@@ -140,7 +143,7 @@ class StaticRendezvous final : public Rendezvous {
   }
   // The crun processes that share the static store: nodes, or Slurm tasks.
   int Participants() const {
-    return options_.fixed_group ? options_.fixed_group->world_size : options_.nnodes;
+    return options_.fixed_group ? options_.fixed_group->world_size : options_.settings.max_nodes;
   }
   // A client of the shared store: this crun's own through loopback when it hosts it.
   TcpStoreClientOptions StoreClient(std::chrono::milliseconds timeout) const {
@@ -170,8 +173,8 @@ class StaticRendezvous final : public Rendezvous {
     TcpStoreClientOptions c;
     c.host = options_.store_host;
     c.port = options_.store_port;
-    c.connect_timeout = options_.exchange_timeout;
-    c.timeout = options_.exchange_timeout;
+    c.connect_timeout = options_.settings.join_timeout;
+    c.timeout = options_.settings.join_timeout;
     auto client =
         ConnectWhile(c, std::chrono::milliseconds(250), [this] { return !stop_exchange_; });
     if (!client.ok()) return client.status();
@@ -223,10 +226,12 @@ class StaticRendezvous final : public Rendezvous {
     e.round = g.round;
     e.participants = Participants();
     e.who = options_.fixed_group ? "Slurm task" : "node";
-    e.timeout = options_.exchange_timeout;
-    e.contracts = options_.contracts;
+    e.timeout = options_.settings.join_timeout;
+    e.contracts = options_.settings.contracts;
     e.stop = &stop_exchange_;
-    const TcpStoreClientOptions c = StoreClient(options_.exchange_timeout);
+    e.after = std::exchange(after_, std::nullopt);
+    self_index_ = self.index;
+    const TcpStoreClientOptions c = StoreClient(options_.settings.join_timeout);
     spdlog::info("round {}: waiting for the {} of the other {} {}s on the store at {}", g.round,
                  e.contracts.NeedsPorts() ? "ports" : "joins", e.participants - 1, e.who,
                  FormatEndpoint(c.host, c.port));
@@ -254,24 +259,29 @@ class StaticRendezvous final : public Rendezvous {
           g.members = std::move(members).value();
           Post([this, g] { events_->OnAssignment(g); });
           auto began = WatchForRound(**client, g.round + 1, stop_exchange_);
-          if (began.ok()) Post([this, round = g.round, who = *began] { PeerBegan(round, who); });
+          if (began.ok()) Post([this, round = g.round, b = *began] { PeerBegan(round, b); });
         });
   }
 
   // Another crun began the round after `round` (member_exchange.h): its workers failed, and
   // this crun's group restarts with it, so that every round has all the job's workers.
-  void PeerBegan(int round, int who) {
+  // Its failure counts here as there (rdzv::OnFailure), so that every crun keeps the same
+  // budget and crash-loop count; one told without it (an older crun) counts as a restart only.
+  void PeerBegan(int round, const RoundBegun& began) {
     if (restarts_ != round || concluded_) return;  // this crun began it too, or is done
     const std::string what = std::string(options_.fixed_group ? "Slurm task " : "node ") +
-                             std::to_string(who) + " began round " + std::to_string(round + 1) +
-                             " after a failure there";
-    if (rdzv::SpendRestart(restarts_, options_.max_restarts)) {
-      return events_->OnStopAndRejoin(what, true);
+                             std::to_string(began.index) + " began round " +
+                             std::to_string(round + 1) + " after a failure there";
+    rdzv::Failure failure = began.after.value_or(rdzv::Failure{});
+    failure.what = what;
+    if (auto fail = rdzv::OnFailure(restarts_, crash_loop_, failure, options_.settings)) {
+      JobOutcome o;
+      const bool loop = fail->exit_code == report::kExitDoNotRequeue;
+      o.exit_code = loop ? fail->exit_code : 1;
+      o.reason = loop ? fail->reason : what + ", and this crun has no restarts left";
+      return Conclude(o);
     }
-    JobOutcome o;
-    o.exit_code = 1;
-    o.reason = what + ", and this crun has no restarts left";
-    Conclude(o);
+    events_->OnStopAndRejoin(what, true);
   }
 
   // This crun's workers are done for good. Alone, that is the end; sharing a static store, it
@@ -286,13 +296,20 @@ class StaticRendezvous final : public Rendezvous {
     }
     const bool hosting = store_.serving();
     const TcpStoreClientOptions c = StoreClient(std::chrono::seconds(5));
-    done_thread_ = std::thread([this, o, c, hosting, participants] {
-      SayDone(c, hosting, participants);
+    // A failure of this crun's that ends the job is told as the next round's beginning, so that
+    // the others, watching for it, weigh it by the same rules and end the same way.
+    std::pair<std::string, std::string> told;
+    if (after_ && self_index_ >= 0) {
+      told = {BegunKey(restarts_ + 1), EncodeBegun({self_index_, after_})};
+    }
+    done_thread_ = std::thread([this, o, c, hosting, participants, told] {
+      SayDone(c, hosting, participants, told);
       Post([this, o] { events_->OnFinished(o); });
     });
   }
 
-  void SayDone(const TcpStoreClientOptions& c, bool hosting, int participants) const {
+  void SayDone(const TcpStoreClientOptions& c, bool hosting, int participants,
+               const std::pair<std::string, std::string>& told) const {
     static constexpr char kDone[] = "/crun/done";
     static constexpr char kAllDone[] = "/crun/all-done";
     const std::string where = FormatEndpoint(c.host, c.port);
@@ -301,6 +318,12 @@ class StaticRendezvous final : public Rendezvous {
       spdlog::info("not telling the store at {} that this crun is done: {}", where,
                    client.status().message());
       return;
+    }
+    if (!told.first.empty()) {
+      if (Status s = (*client)->Set(told.first, told.second); !s.ok()) {
+        spdlog::warn("cannot tell the others on the store at {} why this crun ends: {}", where,
+                     s.message());
+      }
     }
     auto n = (*client)->Add(kDone, 1);
     if (!n.ok()) {
@@ -327,7 +350,10 @@ class StaticRendezvous final : public Rendezvous {
   RoundStoreHost store_;  // when this crun hosts the store
   int joins_ = 0;
   int restarts_ = 0;
-  rdzv::CrashLoop crash_loop_;   // this node's failures in a row before any progress
+  rdzv::CrashLoop crash_loop_;  // the job's failures in a row before any progress
+  // This crun's last failure, until the next round it begins (or the job's end) tells the others.
+  std::optional<rdzv::Failure> after_;
+  int self_index_ = -1;          // its index on the shared store, once it exchanged there
   std::thread done_thread_;      // Conclude()'s word with the store
   std::thread exchange_thread_;  // the round's Exchange(), then its watch for the next round
   std::atomic<bool> stop_exchange_{false};

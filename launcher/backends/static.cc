@@ -31,21 +31,22 @@ class StaticRun final : public BackendRun {
     r.role = o.role;
     r.nproc = p.nproc;
     r.host = a.host_name;
-    r.max_restarts = p.max_restarts;
-    r.max_restarts_without_progress = p.values.max_restarts_without_progress;
+    // The job's settings, as the dynamic backends get them (--nnodes is this plan's nodes).
+    r.settings = p.settings;
+    r.settings.min_nodes = r.settings.max_nodes = multi_node_ ? p.nodes.max : 1;
+    r.settings.max_restarts = p.max_restarts;
+    r.settings.max_restarts_without_progress = p.values.max_restarts_without_progress;
+    r.settings.contracts = a.contracts;
+    if (p.conf.join_timeout) r.settings.join_timeout = Millis(*p.conf.join_timeout);
     r.store_host = o.local_addr.empty() ? o.master_addr : o.local_addr;
     r.virtual_local_rank = o.virtual_local_rank;
     r.store_port = p.master_port > 0 ? static_cast<std::uint16_t>(p.master_port) : 0;
     r.store_linger = a.shutdown_timeout;
     r.advertise_addr = o.local_addr;
-    r.contracts = a.contracts;
     r.wait_for_all = !a.health.checks.empty();
-    r.exchange_timeout =
-        p.conf.join_timeout ? Millis(*p.conf.join_timeout) : p.settings.join_timeout;
     if (p.slurm_task) SlurmTask(*p.slurm_task, r);
     if (multi_node_) {
       r.node_rank = p.node_rank;
-      r.nnodes = p.nodes.max;
       r.static_store = true;
       r.host_store = p.node_rank == 0;
       r.store_host = o.master_addr;

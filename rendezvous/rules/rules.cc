@@ -389,24 +389,26 @@ std::string DescribeCrashLoop(const Failure& f, int attempts) {
          " asks the scheduler not to requeue it)";
 }
 
+std::optional<FailJob> OnFailure(int& restarts_used, CrashLoop& loop, const Failure& f,
+                                 const Settings& settings) {
+  // Before the budget: a loop that ends with the budget still asks not to be requeued.
+  if (CountCrash(loop, f, settings.max_restarts_without_progress)) {
+    return FailJob{DescribeCrashLoop(f, loop.attempts), report::kExitDoNotRequeue};
+  }
+  if (SpendRestart(restarts_used, settings.max_restarts)) return std::nullopt;
+  return FailJob{f.what + (settings.max_restarts > 0
+                               ? " (after " + std::to_string(restarts_used) + " restarts)"
+                               : std::string())};
+}
+
 Transition OnWorkerFailed(State s, const std::string& node_id, const Failure& failure,
                           TimePoint now) {
   const std::string& what = failure.what;
   const bool member = s.member_index.count(node_id) != 0;
   if (s.phase != Phase::kRunning || !member) return {std::move(s), {}, std::nullopt};  // handled
-  // Before the budget: a loop that ends with the budget still asks not to be requeued.
-  if (CountCrash(s.crash_loop, failure, s.settings.max_restarts_without_progress)) {
+  if (auto fail = OnFailure(s.restarts_used, s.crash_loop, failure, s.settings)) {
     s.phase = Phase::kFailed;
-    return {std::move(s),
-            {FailJob{DescribeCrashLoop(failure, s.crash_loop.attempts), report::kExitDoNotRequeue}},
-            std::nullopt};
-  }
-  if (!SpendRestart(s.restarts_used, s.settings.max_restarts)) {
-    s.phase = Phase::kFailed;
-    std::string reason = what + (s.settings.max_restarts > 0
-                                     ? " (after " + std::to_string(s.restarts_used) + " restarts)"
-                                     : std::string());
-    return {std::move(s), {FailJob{std::move(reason)}}, std::nullopt};
+    return {std::move(s), {std::move(*fail)}, std::nullopt};
   }
   return Regather(std::move(s), what, true, now);
 }

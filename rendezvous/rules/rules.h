@@ -64,6 +64,14 @@ bool CountCrash(CrashLoop& loop, const Failure& f, int limit);
 // any step: ValueError: ..." and the option that stopped it.
 std::string DescribeCrashLoop(const Failure& f, int attempts);
 
+struct FailJob;
+// A failure of the job's workers, weighed by the one rule every rendezvous runs (the service's
+// rules, etcd's decider through them, each static node, followers included): a crash loop ends
+// the job first, asking not to be requeued (even with restarts left); else a restart is spent,
+// or, with none left, the job ends "(after N restarts)". nullopt: restart (one spent).
+std::optional<FailJob> OnFailure(int& restarts_used, CrashLoop& loop, const Failure& f,
+                                 const Settings& settings);
+
 struct NodeDescription {
   std::string node_id;  // unique per agent: a second agent with the same id is refused
   std::string host;

@@ -107,5 +107,4 @@ inline std::string WireName(const SettingField& f) {
   return std::string(f.name) + (f.kind == SettingField::Kind::kMillis ? "_ms" : "");
 }
 
-
 }  // namespace crun::rdzv

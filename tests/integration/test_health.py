@@ -230,6 +230,31 @@ class Commands(Case):
         self.assertFalse(os.path.exists(os.path.join(self.dir, "u")))
 
 
+class StaticCrashLoop(Case):
+    def test_a_crash_loop_on_one_static_node_ends_the_job_86_on_every_node(self):
+        """Static nodes that share a store (here, for the health gate's barrier) weigh every
+        node's failure by the same rules: when node 1's workers fail the same way before any
+        step, node 0, whose workers are fine, counts the loop too and ends with exit 86 rather
+        than waiting for its own workers."""
+        from crun_testing import free_port
+        port = str(free_port())
+        script = 'if [ "$GROUP_RANK" = 1 ]; then echo "boom: the same" >&2; exit 3; fi; ' \
+                 'exec sleep 120'
+        for rank in ("0", "1"):
+            self.procs.append(subprocess.Popen(
+                [CRUN, "--nnodes", "2", "--node-rank", rank, "--master-addr", "127.0.0.1",
+                 "--master-port", port, "--max-restarts", "5",
+                 "--max-restarts-without-progress", "2", "--health-check", "true",
+                 "--no-python", "/bin/sh", "-c", script],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                text=True))
+        ends = [p.communicate(timeout=LIMIT_S) for p in self.procs]
+        for p, (_, err) in zip(self.procs, ends):
+            self.assertEqual(p.returncode, 86, err)
+            self.assertIn("crash loop: rank 1 (local rank 0)", err)
+            self.assertIn("in 2 attempts before any step", err)
+
+
 class AcrossHosts(Case):
     PORT = 29400
 

@@ -234,7 +234,7 @@ TEST_CASE("a round's keys are its own: an earlier round's words are not read") {
 TEST_CASE("a crun watching its round hears who began the next, a stop ends the watch") {
   crun::MemoryStore store;
   std::atomic<bool> stop{false};
-  crun::StatusOr<int> heard = crun::InternalError("not run");
+  crun::StatusOr<crun::agent::RoundBegun> heard = crun::InternalError("not run");
   std::thread watcher([&] { heard = crun::agent::WatchForRound(store, 3, stop); });
   // Participant 1 begins round 3 (its exchange says so first); its peers have not published.
   ExchangeOptions e;
@@ -242,11 +242,26 @@ TEST_CASE("a crun watching its round hears who began the next, a stop ends the w
   e.round = 3;
   e.participants = 2;
   e.timeout = Millis(100);
+  // It began it after its workers failed: the watcher hears the failure, to weigh it too.
+  e.after = crun::rdzv::Failure{"rank 1 failed", "rank 1 (local rank 0) failed with exit code 1",
+                                "ValueError: x", "exit 1 @ rank 1", true};
   auto got = crun::agent::ExchangeMembers(store, Make(1, 1, 0, 1, {5}), e);
   CHECK(got.status().code() == StatusCode::kTimeout);
   watcher.join();
   REQUIRE(heard.ok());
-  CHECK(*heard == 1);
+  CHECK(heard->index == 1);
+  REQUIRE(heard->after.has_value());
+  CHECK(heard->after->way == "exit 1 @ rank 1");
+  CHECK(heard->after->before_progress);
+  CHECK(heard->after->last_line == "ValueError: x");
+  // What a crun before failures were told wrote: the index alone; garbage is refused by key.
+  const auto bare = crun::agent::DecodeBegun("k", "4");
+  REQUIRE(bare.ok());
+  CHECK(bare->index == 4);
+  CHECK_FALSE(bare->after.has_value());
+  CHECK_THAT(crun::agent::DecodeBegun("k", "4\n{").status().message(),
+             Catch::StartsWith("k: the failure after which the round began is unreadable"));
+  CHECK_FALSE(crun::agent::DecodeBegun("k", "x").ok());
 
   stop = true;
   auto stopped = crun::agent::WatchForRound(store, 4, stop);
