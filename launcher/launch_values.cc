@@ -205,4 +205,245 @@ StatusOr<LaunchValues> ParseLaunchValues(const LaunchOptions& o, const std::set<
   return v;
 }
 
+// ---- the value parsers ----
+
+namespace {
+
+std::vector<std::string> Split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, sep)) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+Status CheckRunId(const std::string& id) {
+  const bool ok = !id.empty() && id.size() <= 128 && id[0] != '.' && id[0] != '-' &&
+                  std::all_of(id.begin(), id.end(), [](unsigned char c) {
+                    return std::isalnum(c) != 0 || std::strchr("._-:@+=", c) != nullptr;
+                  });
+  if (ok) return Status::Ok();
+  const std::string shown = id.size() > 40 ? id.substr(0, 40) + "..." : id;
+  return InvalidArgument("--rdzv-id '" + shown + "' (" + std::to_string(id.size()) +
+                         " characters): a run id is 1 to 128 letters, digits and ._-:@+=, not "
+                         "starting with '.' or '-'");
+}
+
+StatusOr<NodeRange> ParseNnodes(const std::string& v) {
+  const auto colon = v.find(':');
+  const std::string lo = v.substr(0, colon);
+  const std::string hi = colon == std::string::npos ? lo : v.substr(colon + 1);
+  const auto min = ParseInteger(lo, 1, rdzv::kMaxNodes);
+  const auto max = ParseInteger(hi, 1, rdzv::kMaxNodes);
+  if (!min || !max || *max < *min) {
+    return InvalidArgument("--nnodes '" + v + "': expected N or MIN:MAX with 1 <= MIN <= MAX <= " +
+                           std::to_string(rdzv::kMaxNodes));
+  }
+  return NodeRange{static_cast<int>(*min), static_cast<int>(*max)};
+}
+
+StatusOr<int> ParseFlagInt(const std::string& flag, const std::string& v, int min, int max) {
+  if (auto n = ParseInteger(v, min, max)) return static_cast<int>(*n);
+  return InvalidArgument(flag + " '" + v + "': expected a whole number from " +
+                         std::to_string(min) + " to " + std::to_string(max));
+}
+
+StatusOr<double> ParseFlagSeconds(const std::string& flag, const std::string& v) {
+  if (auto s = ParseNumber(v, 0, kMaxFlagSeconds)) return *s;
+  return InvalidArgument(flag + " '" + v + "': expected a number of seconds from 0 to " +
+                         std::to_string(static_cast<long>(kMaxFlagSeconds)) + " (30 days)");
+}
+
+StatusOr<StdSpec> ParseStdSpec(const std::string& flag, const std::string& spec) {
+  auto bad = [&] {
+    return InvalidArgument(flag + " '" + spec +
+                           "': expected 0-3 or local_rank:value,... (1 "
+                           "stdout, 2 stderr, 3 both)");
+  };
+  StdSpec out;
+  if (spec.find(':') == std::string::npos) {
+    const auto v = ParseInteger(spec, 0, 3);
+    if (!v) return bad();
+    out.all = static_cast<int>(*v);
+    return out;
+  }
+  for (const auto& item : Split(spec, ',')) {
+    const auto colon = item.find(':');
+    if (colon == std::string::npos) return bad();
+    const auto lr = ParseInteger(item.substr(0, colon), 0, 1 << 20);
+    const auto v = ParseInteger(item.substr(colon + 1), 0, 3);
+    if (!lr || !v) return bad();
+    out.ranks.emplace_back(static_cast<int>(*lr), static_cast<int>(*v));
+  }
+  return out;
+}
+
+std::vector<int> StdSpec::For(int nproc) const {
+  std::vector<int> out(static_cast<std::size_t>(nproc), ranks.empty() ? all : 0);
+  for (const auto& [lr, v] : ranks) {
+    if (lr < nproc) out[static_cast<std::size_t>(lr)] = v;
+  }
+  return out;
+}
+
+StatusOr<std::vector<int>> ParseRankList(const std::string& list) {
+  std::vector<int> out;
+  for (const auto& item : Split(list, ',')) {
+    if (item.empty()) continue;
+    const auto lr = ParseInteger(item, 0, 1 << 20);
+    if (!lr) return InvalidArgument("--local-ranks-filter: '" + item + "' is not a local rank");
+    out.push_back(static_cast<int>(*lr));
+  }
+  return out;
+}
+
+Status CheckLocalRanks(const std::vector<int>& ranks, int nproc) {
+  for (int lr : ranks) {
+    if (lr >= nproc) {
+      return InvalidArgument("--local-ranks-filter: '" + std::to_string(lr) +
+                             "' is not a local rank in 0.." + std::to_string(nproc - 1));
+    }
+  }
+  return Status::Ok();
+}
+
+StatusOr<std::vector<int>> ParseSignals(const std::string& list) {
+  std::vector<int> out;
+  for (const auto& name : Split(list, ',')) {
+    if (name.empty()) continue;
+    const int s = ParseSignal(name);
+    if (s < 0 || s == SIGKILL || s == SIGSTOP) {
+      return InvalidArgument("--signals-to-handle: '" + name + "' is not a signal crun can handle");
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::vector<std::string> ParseFilters(const std::string& list) {
+  std::vector<std::string> out;
+  std::string current;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    if (list[i] != ',') {
+      current += list[i];
+    } else if (i + 1 < list.size() && list[i + 1] == ',') {
+      current += ',';  // ",," is a comma inside a filter
+      ++i;
+    } else {
+      if (!current.empty()) out.push_back(current);
+      current.clear();
+    }
+  }
+  if (!current.empty()) out.push_back(current);
+  return out;
+}
+
+namespace {
+
+// The --rdzv-conf keys that take seconds, and where each goes.
+using SecondsField = std::optional<double> RdzvConf::*;
+constexpr std::pair<std::string_view, SecondsField> kSecondsKeys[] = {
+    {"join_timeout", &RdzvConf::join_timeout},
+    {"timeout", &RdzvConf::join_timeout},
+    {"last_call_timeout", &RdzvConf::last_call_timeout},
+    {"close_timeout", &RdzvConf::close_timeout},
+    {"heartbeat_interval", &RdzvConf::heartbeat_interval},
+    {"keep_alive_interval", &RdzvConf::heartbeat_interval},
+    {"heartbeat_timeout", &RdzvConf::heartbeat_timeout},
+    {"read_timeout", &RdzvConf::read_timeout},
+    {"reconnect_timeout", &RdzvConf::reconnect_timeout},
+    {"connect_timeout", &RdzvConf::connect_timeout},
+};
+
+// torchrun's get_as_bool: 1/true/t/yes/y and 0/false/f/no/n, in any case.
+std::optional<bool> TorchrunBool(std::string v) {
+  std::transform(v.begin(), v.end(), v.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  if (v == "1" || v == "true" || v == "t" || v == "yes" || v == "y") return true;
+  if (v == "0" || v == "false" || v == "f" || v == "no" || v == "n") return false;
+  return std::nullopt;
+}
+
+// One key=value of --rdzv-conf into `c`; a key crun does not know goes to c.ignored.
+Status SetRdzvKey(RdzvConf& c, const std::string& key, const std::string& value,
+                  const std::set<std::string>& backend_keys) {
+  if (backend_keys.count(key) != 0) {
+    c.backend_keys[key] = value;
+    return Status::Ok();
+  }
+  for (const auto& [name, field] : kSecondsKeys) {
+    if (key != name) continue;
+    const auto s = ParseNumber(value, 0, kMaxFlagSeconds);
+    if (!s || *s <= 0) {
+      return InvalidArgument("--rdzv-conf: " + key + "='" + value +
+                             "' is not a number of seconds > 0 (at most 30 days)");
+    }
+    c.*field = *s;
+    return Status::Ok();
+  }
+  if (key == "keep_alive_max_attempt") {
+    const auto n = ParseInteger(value, 1, 1000);
+    if (!n) {
+      return InvalidArgument("--rdzv-conf: keep_alive_max_attempt='" + value +
+                             "' is not a whole number from 1 to 1000");
+    }
+    c.keep_alive_max_attempt = static_cast<int>(*n);
+  } else if (key == "is_host") {
+    c.is_host = TorchrunBool(value);
+    if (!c.is_host) {
+      return InvalidArgument("--rdzv-conf: is_host='" + value + "' is not true or false");
+    }
+  } else if (key == "node_id") {
+    c.node_id = value;
+  } else if (key == "store_type") {
+    if (value != "tcp") {
+      return InvalidArgument("--rdzv-conf: store_type='" + value +
+                             "': crun's rendezvous keeps its state in its own service and "
+                             "gives workers a TCP store; only store_type=tcp is accepted");
+    }
+  } else if (key != "rank") {  // rank: the static backend's, which --node-rank sets
+    c.ignored.push_back(key);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+StatusOr<RdzvConf> ParseRdzvConf(const std::string& text,
+                                 const std::set<std::string>& backend_keys) {
+  RdzvConf c;
+  if (text.empty()) return c;
+  for (const auto& item : Split(text + ",", ',')) {  // the "," keeps a trailing empty item
+    if (item.empty()) {
+      // As torchrun: "a=1,,b=2" or ",,," is a mistake, not an empty option.
+      return InvalidArgument("--rdzv-conf '" + text +
+                             "': an empty item (expected "
+                             "key=value,key=value)");
+    }
+    const auto eq = item.find('=');
+    if (eq == std::string::npos) {
+      return InvalidArgument("--rdzv-conf: '" + item + "' is not key=value");
+    }
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (key.empty()) return InvalidArgument("--rdzv-conf: '" + item + "' has no key");
+    if (value.empty()) return InvalidArgument("--rdzv-conf: " + key + " has no value");
+    CRUN_RETURN_IF_ERROR(SetRdzvKey(c, key, value, backend_keys));
+  }
+  return c;
+}
+
+std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<long>(seconds * 1000));
+}
+
+std::chrono::milliseconds HeartbeatTimeout(const RdzvConf& conf,
+                                           std::chrono::milliseconds fallback) {
+  if (conf.heartbeat_timeout) return Millis(*conf.heartbeat_timeout);
+  if (conf.heartbeat_interval || conf.keep_alive_max_attempt) {
+    return Millis(conf.heartbeat_interval.value_or(1.0) * conf.keep_alive_max_attempt.value_or(3));
+  }
+  return fallback;
+}
+
 }  // namespace crun::launcher

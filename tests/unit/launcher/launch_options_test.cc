@@ -1,4 +1,4 @@
-// The launcher's option parsers (launcher/launch_options.h): tables of values and what each
+// The launcher's option parsers (launcher/launch_values.h): tables of values and what each
 // means or why it is refused.
 #include <catch2/catch.hpp>
 
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "launcher/launch_options.h"
+#include "launcher/launch_values.h"
 
 namespace {
 
