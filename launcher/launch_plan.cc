@@ -58,10 +58,6 @@ std::set<int> AllowedCpus() {
 // --slurm or the default inside a job step when nothing names the job's nodes otherwise.
 Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& given,
                  const MachineFacts& facts) {
-  p.nodes = p.values.nnodes;
-  p.max_restarts = p.values.max_restarts;
-  p.node_rank = p.values.node_rank;
-  p.master_port = p.values.master_port;
   const bool names_nodes = given.count("--nnodes") || !o.rdzv_endpoint.empty() || o.standalone ||
                            given.count("--node-rank") || !o.rdzv_backend.empty();
   auto port = [&](const SlurmStep& step) {
@@ -79,11 +75,11 @@ Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
           "--slurm-direct runs one worker per Slurm task, not --nproc-per-node " +
           o.nproc_per_node + " (ask srun for more tasks per node)");
     }
-    if (p.max_restarts > 0) {
+    if (p.values.max_restarts > 0) {
       return InvalidArgument(
           "--slurm-direct: restarts belong to Slurm (srun --requeue, or a new "
           "step), not --max-restarts " +
-          std::to_string(p.max_restarts));
+          std::to_string(p.values.max_restarts));
     }
     auto step = ReadSlurmStep(facts.getenv);
     if (!step.ok()) return InvalidArgument("--slurm-direct: " + step.status().message());
@@ -101,8 +97,8 @@ Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
     if (!step.ok()) return InvalidArgument("--slurm: " + step.status().message());
     p.slurm = NodeSettings(*step, port(*step));
     o.nnodes = std::to_string(p.slurm->nnodes);
-    p.nodes = NodeRange{p.slurm->nnodes, p.slurm->nnodes};
-    p.node_rank = p.slurm->node_rank;
+    p.values.nnodes = NodeRange{p.slurm->nnodes, p.slurm->nnodes};
+    p.values.node_rank = p.slurm->node_rank;
     o.rdzv_endpoint = FormatEndpoint(p.slurm->host, static_cast<std::uint16_t>(p.slurm->port));
     if (o.rdzv_id == "none") o.rdzv_id = p.slurm->run_id;
   } else if (given.count("--slurm-port")) {
@@ -132,12 +128,11 @@ StatusOr<const Backend*> PlanBackend(const LaunchOptions& o, const Backends& bac
 // --rdzv-conf: the backend's own keys kept for its plan, another backend's refused, unknown
 // ones noted.
 Status PlanConf(LaunchPlan& p, const Backends& backends, const Backend& chosen) {
-  p.conf = p.values.rdzv_conf;
-  for (const auto& key : p.conf.ignored) {
+  for (const auto& key : p.values.rdzv_conf.ignored) {
     p.notes.push_back("--rdzv-conf: ignoring unknown key '" + key +
                       "' (as torchrun does; crun's keys are in docs/cli.md)");
   }
-  for (const auto& entry : p.conf.backend_keys) {
+  for (const auto& entry : p.values.rdzv_conf.backend_keys) {
     const std::string& key = entry.first;
     const auto& own = chosen.conf_keys;
     if (std::find(own.begin(), own.end(), key) != own.end()) continue;
@@ -265,7 +260,7 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   a.console_ranks = v.console_ranks;
   a.nproc = p.nproc;
   a.first_local_rank = p.slurm_task ? p.slurm_task->local_rank : 0;
-  a.max_restarts = p.max_restarts;
+  a.max_restarts = p.values.max_restarts;
   a.entrypoint = o.command[0];
   a.stdout_filters = v.stdout_filters;
   a.stderr_filters = v.stderr_filters;
@@ -316,8 +311,8 @@ std::string DiskJob(const LaunchPlan& p, const LaunchOptions& o, const Backend& 
            p.run_id;
   }
   if (backend.meets_at_endpoint) return o.rdzv_endpoint + " " + p.run_id;
-  if (o.standalone || p.nodes.max <= 1) return "";
-  return o.master_addr + ":" + std::to_string(p.master_port) + " " + p.run_id;
+  if (o.standalone || p.values.nnodes.max <= 1) return "";
+  return o.master_addr + ":" + std::to_string(p.values.master_port) + " " + p.run_id;
 }
 
 }  // namespace
@@ -360,13 +355,14 @@ Status PlanPod(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& giv
   g.standalone = o.standalone;
   CRUN_ASSIGN_OR_RETURN(PodPlacement pod, ReadPodPlacement(g, facts.getenv));
   if (pod.node_rank) {
-    p.node_rank = *pod.node_rank;
+    p.values.node_rank = *pod.node_rank;
     p.node_rank_from = pod.node_rank_from;
     p.node_rank_given = true;
   }
   if (pod.master_addr) o.master_addr = *pod.master_addr;
   if (pod.master_port) {
-    CRUN_ASSIGN_OR_RETURN(p.master_port, ParseFlagInt("MASTER_PORT", *pod.master_port, 1, 65535));
+    CRUN_ASSIGN_OR_RETURN(p.values.master_port,
+                          ParseFlagInt("MASTER_PORT", *pod.master_port, 1, 65535));
   }
   for (auto& note : pod.notes) p.notes.push_back(std::move(note));
   return Status::Ok();
@@ -400,7 +396,7 @@ StatusOr<LaunchPlan> PlanLaunch(LaunchOptions o, const std::set<std::string>& gi
   // A job that may have several nodes copies each snapshot to the next one (replicas.h), with
   // the job's token when it has one, over TLS when the job has TLS.
   p.agent.snapshot_replicas =
-      p.values.snapshot_replicas && (p.nodes.max > 1 || p.slurm_task.has_value());
+      p.values.snapshot_replicas && (p.values.nnodes.max > 1 || p.slurm_task.has_value());
   p.agent.snapshot_security = p.security;
   CRUN_RETURN_IF_ERROR(PlanMetrics(p, o, given));
   p.o = std::move(o);

@@ -35,20 +35,18 @@ struct MachineFacts {
 };
 
 struct LaunchPlan {
-  LaunchOptions o;      // as given, with what Slurm fills in (nnodes, endpoint, run id)
-  LaunchValues values;  // o's values, parsed once (ParseLaunchValues); the plan decides from them
-  std::string backend;  // the chosen entry's name: "static", "crun", ...
+  LaunchOptions o;  // as given, with what Slurm fills in (nnodes, endpoint, run id)
+  // o's values, parsed once (ParseLaunchValues), with what Slurm, a pod or --standalone fill in
+  // (nnodes, node_rank, master_port, rdzv_conf's is_host and node_id): the plan decides from
+  // them and holds no copy of them.
+  LaunchValues values;
+  std::string backend;                     // the chosen entry's name: "static", "crun", ...
   std::shared_ptr<BackendRun> rendezvous;  // what that entry decided; Open()ed when acted on
-  NodeRange nodes;
-  int nproc = 1;
-  int max_restarts = 0;
-  int node_rank = 0;
+  int nproc = 1;  // --nproc-per-node resolved on this machine (cpu, gpu, auto)
   bool node_rank_given = false;
   std::string node_rank_from;  // "JOB_COMPLETION_INDEX=2" when a pod gave it; empty: the flag
-  int master_port = -1;        // -1: a fresh free port per attempt
   std::optional<SlurmNodeSettings> slurm;       // one crun per node of a Slurm step
   std::optional<SlurmTaskSettings> slurm_task;  // one crun per Slurm task
-  RdzvConf conf;
   // A dynamic rendezvous's (PlanDynamicSettings): the defaults, overridden by --rdzv-conf.
   rdzv::Settings settings;
   std::chrono::milliseconds heartbeat_interval{1000};

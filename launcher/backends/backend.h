@@ -95,7 +95,8 @@ struct Backend {
   // --straggler-action exclude needs it. The static backend's round is its nodes, all of them.
   bool leaves_nodes_out = false;
   // Checks what this backend needs of the options and decides its rendezvous: fills in
-  // plan.run_id, plan.security and plan.notes, reads its keys from plan.conf.backend_keys.
+  // plan.run_id, plan.security and plan.notes, reads its keys from
+  // plan.values.rdzv_conf.backend_keys.
   std::function<StatusOr<std::unique_ptr<BackendRun>>(LaunchPlan& plan, const PlanInputs& in)> plan;
   StatusFetch status;  // empty: `crun status` cannot ask this backend
   // For `crun status`: what it asks (--rdzv-backend's help), what --rdzv-endpoint names for it,

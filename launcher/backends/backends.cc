@@ -106,11 +106,11 @@ std::string DefaultNodeId(const std::string& host_name, const Endpoint& endpoint
 }
 
 Status PlanDynamicSettings(LaunchPlan& p) {
-  const RdzvConf& conf = p.conf;
+  const RdzvConf& conf = p.values.rdzv_conf;
   rdzv::Settings& settings = p.settings;
-  settings.min_nodes = p.nodes.min;
-  settings.max_nodes = p.nodes.max;
-  settings.max_restarts = p.max_restarts;
+  settings.min_nodes = p.values.nnodes.min;
+  settings.max_nodes = p.values.nnodes.max;
+  settings.max_restarts = p.values.max_restarts;
   settings.max_restarts_without_progress = p.values.max_restarts_without_progress;
   if (conf.join_timeout) settings.join_timeout = Millis(*conf.join_timeout);
   if (conf.last_call_timeout) settings.last_call_timeout = Millis(*conf.last_call_timeout);

@@ -28,7 +28,7 @@ class EtcdRun final : public BackendRun {
                                                     boost::asio::io_context& io,
                                                     const agent::AgentOptions& a) override {
     const LaunchOptions& o = p.o;
-    const RdzvConf& conf = p.conf;
+    const RdzvConf& conf = p.values.rdzv_conf;
     agent::EtcdRendezvousOptions eo;
     for (const auto& e : plan_.endpoints) eo.endpoints.push_back(e.ToString());
     if (!plan_.prefix.empty()) eo.root = plan_.prefix;
@@ -44,7 +44,7 @@ class EtcdRun final : public BackendRun {
     eo.advertise_addr =
         toward.empty() || (LoopbackOnly(toward) && !LoopbackOnly(first.host)) ? eo.host : toward;
     eo.nproc = p.nproc;
-    if (p.node_rank_given) eo.requested_rank = p.node_rank;
+    if (p.node_rank_given) eo.requested_rank = p.values.node_rank;
     eo.settings = p.settings;
     eo.security = p.security;
     eo.user = plan_.user;
@@ -127,20 +127,23 @@ StatusOr<std::unique_ptr<BackendRun>> Plan(LaunchPlan& p, const PlanInputs& in) 
         "--rdzv-conf etcd_user=NAME,etcd_password_file=PATH (and --tls-ca, --tls-cert, "
         "--tls-key for TLS)");
   }
-  if (p.conf.is_host) {
+  if (p.values.rdzv_conf.is_host) {
     p.notes.push_back("--rdzv-conf is_host: ignored with etcd-v3 (no node hosts the rendezvous)");
   }
-  if (p.slurm && p.conf.node_id.empty()) p.conf.node_id = p.slurm->node_name;
+  if (p.slurm && p.values.rdzv_conf.node_id.empty())
+    p.values.rdzv_conf.node_id = p.slurm->node_name;
   CRUN_ASSIGN_OR_RETURN(p.security, LoadSecurity(o.security, "client"));
   p.security.token.clear();  // CRUN_TOKEN is the service's, not etcd's
-  if (auto prefix = p.conf.backend_keys.find("etcd_prefix"); prefix != p.conf.backend_keys.end()) {
+  if (auto prefix = p.values.rdzv_conf.backend_keys.find("etcd_prefix");
+      prefix != p.values.rdzv_conf.backend_keys.end()) {
     if (prefix->second.front() != '/') {
       return InvalidArgument("--rdzv-conf: etcd_prefix='" + prefix->second +
                              "' must start with '/'");
     }
     e.prefix = prefix->second;
   }
-  if (auto r = p.conf.backend_keys.find("etcd_retention"); r != p.conf.backend_keys.end()) {
+  if (auto r = p.values.rdzv_conf.backend_keys.find("etcd_retention");
+      r != p.values.rdzv_conf.backend_keys.end()) {
     const auto seconds = ParseInteger(r->second, 0, kMaxRetentionSeconds);
     if (!seconds) {
       return InvalidArgument("--rdzv-conf: etcd_retention='" + r->second +
@@ -150,7 +153,7 @@ StatusOr<std::unique_ptr<BackendRun>> Plan(LaunchPlan& p, const PlanInputs& in) 
     }
     e.retention = std::chrono::seconds(*seconds);
   }
-  CRUN_RETURN_IF_ERROR(PlanCredentials(e, p.conf.backend_keys));
+  CRUN_RETURN_IF_ERROR(PlanCredentials(e, p.values.rdzv_conf.backend_keys));
   CRUN_RETURN_IF_ERROR(PlanDynamicSettings(p));
   p.run_id = DynamicRunId(o);
   return std::unique_ptr<BackendRun>(std::make_unique<EtcdRun>(std::move(e)));

@@ -182,7 +182,7 @@ class ServiceRun final : public BackendRun {
  private:
   agent::ServiceRendezvousOptions Options(const LaunchPlan& p, const agent::AgentOptions& a) const {
     const LaunchOptions& o = p.o;
-    const RdzvConf& conf = p.conf;
+    const RdzvConf& conf = p.values.rdzv_conf;
     agent::ServiceRendezvousOptions so;
     so.endpoint_host = plan_.endpoint.host;
     so.endpoint_port = plan_.endpoint.port;
@@ -192,7 +192,7 @@ class ServiceRun final : public BackendRun {
     so.node_id = conf.node_id.empty() ? DefaultNodeId(so.host, plan_.endpoint) : conf.node_id;
     if (!o.local_addr.empty()) so.addresses.push_back(o.local_addr);
     so.nproc = p.nproc;
-    if (p.node_rank_given) so.requested_rank = p.node_rank;
+    if (p.node_rank_given) so.requested_rank = p.values.node_rank;
     so.settings = p.settings;
     so.heartbeat_interval = p.heartbeat_interval;
     so.keepalive_timeout =
@@ -213,8 +213,8 @@ class ServiceRun final : public BackendRun {
     service.port = e.port;
     service.advertise_addr = p.o.local_addr;
     service.security = p.security;
-    close_timeout_ =
-        p.conf.close_timeout ? Millis(*p.conf.close_timeout) : std::chrono::milliseconds(5000);
+    close_timeout_ = p.values.rdzv_conf.close_timeout ? Millis(*p.values.rdzv_conf.close_timeout)
+                                                      : std::chrono::milliseconds(5000);
     Probe probe;
     for (int tries = 0; tries < 3; ++tries) {
       auto started = crun::rdzv::RendezvousService::Start(service);
@@ -222,7 +222,7 @@ class ServiceRun final : public BackendRun {
         Hosting(p, std::move(started).value());
         return Status::Ok();
       }
-      if (p.conf.is_host.value_or(false)) {
+      if (p.values.rdzv_conf.is_host.value_or(false)) {
         return Status(started.status().code(), "is_host=1 but " + started.status().message());
       }
       if (started.status().code() != StatusCode::kUnavailable) {
@@ -289,7 +289,7 @@ class ServiceRun final : public BackendRun {
 // Whether this node hosts the service: its endpoint names this host, or is_host says so; not
 // without a certificate when the job uses TLS.
 StatusOr<bool> TryHost(const LaunchPlan& p, const Endpoint& endpoint) {
-  const RdzvConf& conf = p.conf;
+  const RdzvConf& conf = p.values.rdzv_conf;
   const bool host = conf.is_host.value_or(NamesThisHost(endpoint.host));
   if (!host || !p.security.tls() || !p.security.cert_pem.empty()) return host;
   if (conf.is_host.value_or(false)) {
@@ -314,8 +314,9 @@ StatusOr<std::unique_ptr<BackendRun>> Plan(LaunchPlan& p, const PlanInputs& in) 
     return InvalidArgument("--rdzv-endpoint: " + st.message());
   }
   // The step's first node hosts the rendezvous, whatever its name resolves to.
-  if (p.slurm && !p.conf.is_host) p.conf.is_host = p.slurm->is_host;
-  if (p.slurm && p.conf.node_id.empty()) p.conf.node_id = p.slurm->node_name;
+  if (p.slurm && !p.values.rdzv_conf.is_host) p.values.rdzv_conf.is_host = p.slurm->is_host;
+  if (p.slurm && p.values.rdzv_conf.node_id.empty())
+    p.values.rdzv_conf.node_id = p.slurm->node_name;
   CRUN_ASSIGN_OR_RETURN(p.security, LoadSecurity(o.security, "client"));
   CRUN_RETURN_IF_ERROR(PlanDynamicSettings(p));
   CRUN_ASSIGN_OR_RETURN(s.try_host, TryHost(p, s.endpoint));

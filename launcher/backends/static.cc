@@ -33,25 +33,26 @@ class StaticRun final : public BackendRun {
     r.host = a.host_name;
     // The job's settings, as the dynamic backends get them (--nnodes is this plan's nodes).
     r.settings = p.settings;
-    r.settings.min_nodes = r.settings.max_nodes = multi_node_ ? p.nodes.max : 1;
-    r.settings.max_restarts = p.max_restarts;
+    r.settings.min_nodes = r.settings.max_nodes = multi_node_ ? p.values.nnodes.max : 1;
+    r.settings.max_restarts = p.values.max_restarts;
     r.settings.max_restarts_without_progress = p.values.max_restarts_without_progress;
     r.settings.contracts = a.contracts;
-    if (p.conf.join_timeout) r.settings.join_timeout = Millis(*p.conf.join_timeout);
+    if (p.values.rdzv_conf.join_timeout)
+      r.settings.join_timeout = Millis(*p.values.rdzv_conf.join_timeout);
     r.store_host = o.local_addr.empty() ? o.master_addr : o.local_addr;
     r.virtual_local_rank = o.virtual_local_rank;
-    r.store_port = p.master_port > 0 ? static_cast<std::uint16_t>(p.master_port) : 0;
+    r.store_port = p.values.master_port > 0 ? static_cast<std::uint16_t>(p.values.master_port) : 0;
     r.store_linger = a.shutdown_timeout;
     r.advertise_addr = o.local_addr;
     r.wait_for_all = !a.health.checks.empty();
     if (p.slurm_task) SlurmTask(*p.slurm_task, r);
     if (multi_node_) {
-      r.node_rank = p.node_rank;
+      r.node_rank = p.values.node_rank;
       r.static_store = true;
-      r.host_store = p.node_rank == 0;
+      r.host_store = p.values.node_rank == 0;
       r.store_host = o.master_addr;
       r.bind_host = BindAddressFor(o.master_addr);
-      r.store_port = static_cast<std::uint16_t>(p.master_port);
+      r.store_port = static_cast<std::uint16_t>(p.values.master_port);
     }
     return agent::MakeStaticRendezvous(io, r);
   }
@@ -82,14 +83,14 @@ class StaticRun final : public BackendRun {
 // range such as 1:2 is accepted (torchrun's tutorials use it); nobody else can join, so it
 // runs now.
 Status PlanStandalone(LaunchPlan& p, const LaunchOptions& o) {
-  if (p.nodes.min != 1) {
+  if (p.values.nnodes.min != 1) {
     return InvalidArgument("--standalone runs one node; --nnodes '" + o.nnodes +
-                           "' needs at least " + std::to_string(p.nodes.min));
+                           "' needs at least " + std::to_string(p.values.nnodes.min));
   }
-  if (p.nodes.max != 1) {
+  if (p.values.nnodes.max != 1) {
     p.notes.push_back("--standalone: running one node (--nnodes " + o.nnodes +
                       ": no other node can join a standalone job)");
-    p.nodes.max = 1;
+    p.values.nnodes.max = 1;
   }
   return Status::Ok();
 }
@@ -97,21 +98,21 @@ Status PlanStandalone(LaunchPlan& p, const LaunchOptions& o) {
 // "--node-rank 2", or "JOB_COMPLETION_INDEX=2" when the pod gave it.
 std::string NodeRankFrom(const LaunchPlan& p) {
   if (!p.node_rank_from.empty()) return p.node_rank_from;
-  return "--node-rank " + std::to_string(p.node_rank);
+  return "--node-rank " + std::to_string(p.values.node_rank);
 }
 
 // torchrun's static backend: a fixed number of nodes, each with its rank, and the store's port.
 Status PlanStaticNodes(const LaunchPlan& p, const LaunchOptions& o) {
-  if (p.nodes.min != p.nodes.max) {
+  if (p.values.nnodes.min != p.values.nnodes.max) {
     return InvalidArgument("--nnodes '" + o.nnodes +
                            "': the static backend needs a fixed "
                            "number of nodes (use --rdzv-endpoint for an elastic range)");
   }
-  if (p.node_rank >= p.nodes.max) {
+  if (p.values.node_rank >= p.values.nnodes.max) {
     return InvalidArgument(NodeRankFrom(p) + " is not below --nnodes " +
-                           std::to_string(p.nodes.max));
+                           std::to_string(p.values.nnodes.max));
   }
-  if (p.master_port <= 0) {
+  if (p.values.master_port <= 0) {
     return InvalidArgument("the static backend needs --master-port (the store node 0 hosts)");
   }
   return Status::Ok();
@@ -120,10 +121,10 @@ Status PlanStaticNodes(const LaunchPlan& p, const LaunchOptions& o) {
 StatusOr<std::unique_ptr<BackendRun>> Plan(LaunchPlan& p, const PlanInputs& in) {
   const LaunchOptions& o = in.o;
   if (o.standalone) CRUN_RETURN_IF_ERROR(PlanStandalone(p, o));
-  const bool multi_node = !o.standalone && p.nodes.max > 1;
+  const bool multi_node = !o.standalone && p.values.nnodes.max > 1;
   if (multi_node) {
     CRUN_RETURN_IF_ERROR(PlanStaticNodes(p, o));
-  } else if (p.node_rank != 0) {
+  } else if (p.values.node_rank != 0) {
     return InvalidArgument(NodeRankFrom(p) + " on a one-node job");
   }
   for (const char* flag : {"--token-file", "--tls-cert", "--tls-key", "--tls-ca"}) {
@@ -136,8 +137,8 @@ StatusOr<std::unique_ptr<BackendRun>> Plan(LaunchPlan& p, const PlanInputs& in) 
   // --standalone, and one node with no --master-port (torchrun 2.x then switches to standalone
   // itself), get a fresh run id; the static backend keeps the given id, "none" by default, the
   // same on every node, as torchrun does.
-  const bool fresh =
-      o.standalone || (!multi_node && !p.slurm_task && o.rdzv_id == "none" && p.master_port <= 0);
+  const bool fresh = o.standalone || (!multi_node && !p.slurm_task && o.rdzv_id == "none" &&
+                                      p.values.master_port <= 0);
   p.run_id = fresh ? RandomRunId() : o.rdzv_id;
   return std::unique_ptr<BackendRun>(std::make_unique<StaticRun>(multi_node));
 }

@@ -91,8 +91,8 @@ Backend CountingBackend(Seen* seen) {
   b.help = "a test's";
   b.conf_keys = {"greeting"};
   b.plan = [seen](LaunchPlan& p, const PlanInputs&) -> crun::StatusOr<std::unique_ptr<BackendRun>> {
-    auto greeting = p.conf.backend_keys.find("greeting");
-    if (greeting == p.conf.backend_keys.end()) {
+    auto greeting = p.values.rdzv_conf.backend_keys.find("greeting");
+    if (greeting == p.values.rdzv_conf.backend_keys.end()) {
       return crun::InvalidArgument("--rdzv-backend counting needs --rdzv-conf greeting=...");
     }
     seen->greeting = greeting->second;

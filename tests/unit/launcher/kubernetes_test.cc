@@ -123,14 +123,14 @@ TEST_CASE("each controller's variables make the pod node 1 of 2", "[kubernetes]"
     INFO(row.controller);
     auto p = PlanInPod(row.vars);
     REQUIRE(p.ok());
-    CHECK(p->node_rank == 1);
+    CHECK(p->values.node_rank == 1);
     CHECK(p->node_rank_given);
-    CHECK(p->nodes.min == 2);
-    CHECK(p->nodes.max == 2);
+    CHECK(p->values.nnodes.min == 2);
+    CHECK(p->values.nnodes.max == 2);
     CHECK(p->nproc == 2);
     CHECK(p->backend == row.backend);
     CHECK(p->o.master_addr == row.master_addr);
-    CHECK(p->master_port == row.master_port);
+    CHECK(p->values.master_port == row.master_port);
   }
 }
 
@@ -147,10 +147,10 @@ TEST_CASE("an elastic PyTorchJob's pods rendezvous at its endpoint, ranks unimpo
   auto p = PlanInPod(vars);
   REQUIRE(p.ok());
   CHECK(p->backend == "crun");  // torchrun's c10d: crun's service
-  CHECK(p->nodes.min == 1);
-  CHECK(p->nodes.max == 3);
+  CHECK(p->values.nnodes.min == 1);
+  CHECK(p->values.nnodes.max == 3);
   CHECK_FALSE(p->node_rank_given);
-  CHECK(p->max_restarts == 3);
+  CHECK(p->values.max_restarts == 3);
   REQUIRE(p->notes.size() == 1);
   CHECK(p->notes[0] ==
         "PET_N_PROC_PER_NODE=2 is not read (an older PyTorchJob's spelling, which torchrun never "
@@ -195,7 +195,7 @@ TEST_CASE("RANK is read only in a pod, and nothing of a worker's environment", "
                                               "--master-port", "29500"};
   auto outside = PlanInPod({{"RANK", "1"}, {"MASTER_ADDR", "elsewhere"}}, two_nodes);
   REQUIRE(outside.ok());
-  CHECK(outside->node_rank == 0);
+  CHECK(outside->values.node_rank == 0);
   CHECK_FALSE(outside->node_rank_given);
   CHECK(outside->o.master_addr == "127.0.0.1");
 
@@ -206,20 +206,20 @@ TEST_CASE("RANK is read only in a pod, and nothing of a worker's environment", "
                              {"JOB_COMPLETION_INDEX", "1"}});
   auto nested = PlanInPod(worker, {"--standalone", "--nproc-per-node", "1"});
   REQUIRE(nested.ok());
-  CHECK(nested->node_rank == 0);
+  CHECK(nested->values.node_rank == 0);
   CHECK(nested->notes.empty());
 
   // An Indexed Job of independent one-node runs (a sweep): --standalone takes no index.
   auto sweep = PlanInPod(InPod({{"JOB_COMPLETION_INDEX", "7"}}), {"--standalone"});
   REQUIRE(sweep.ok());
-  CHECK(sweep->node_rank == 0);
+  CHECK(sweep->values.node_rank == 0);
 
   // --node-rank (PET_NODE_RANK) comes before the index.
   auto flag = PlanInPod(InPod({{"JOB_COMPLETION_INDEX", "1"}}),
                         {"--node-rank", "0", "--nnodes", "2", "--master-addr", "127.0.0.1",
                          "--master-port", "29500"});
   REQUIRE(flag.ok());
-  CHECK(flag->node_rank == 0);
+  CHECK(flag->values.node_rank == 0);
 }
 
 TEST_CASE("what crun took from the pod is said in one line", "[kubernetes]") {

@@ -102,8 +102,8 @@ TEST_CASE("plan: the backend follows torchrun's rules", "[plan]") {
     REQUIRE(p.ok());
     CHECK(p->backend == row.backend);
     CHECK(PlansStaticNodes(*p) == row.static_nodes);
-    CHECK(p->nodes.min == row.min_nodes);
-    CHECK(p->nodes.max == row.max_nodes);
+    CHECK(p->values.nnodes.min == row.min_nodes);
+    CHECK(p->values.nnodes.max == row.max_nodes);
   }
 }
 
@@ -257,13 +257,13 @@ TEST_CASE("plan: a Slurm step fills in the nodes, or the ranks of one task", "[p
   REQUIRE(node.ok());
   REQUIRE(node->slurm.has_value());
   CHECK(node->backend == "crun");
-  CHECK(node->nodes.max == 3);
-  CHECK(node->node_rank == 1);
+  CHECK(node->values.nnodes.max == 3);
+  CHECK(node->values.node_rank == 1);
   CHECK(node->node_rank_given);
   CHECK(node->run_id == "slurm-4242.3");
   CHECK_FALSE(ServicePlanOf(*node)->try_host);  // 127.0.0.2 is not the step's first node
   CHECK(node->o.rdzv_endpoint.rfind("127.0.0.1:", 0) == 0);
-  CHECK(node->conf.node_id == "127.0.0.2");
+  CHECK(node->values.rdzv_conf.node_id == "127.0.0.2");
   // Slurm's warning signals reach the workers unless the user chose the signals.
   CHECK(node->agent.forward_signals.size() == 6);
 
