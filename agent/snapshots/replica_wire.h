@@ -35,7 +35,7 @@ inline std::string Proof(const std::string& token, const PeerLink& link, const s
 }
 
 inline StatusOr<std::string> ReadLine(PeerLink& link, SteadyClock::time_point deadline,
-                               std::string_view peer) {
+                                      std::string_view peer) {
   std::string line;
   for (;;) {
     char c;
@@ -48,7 +48,7 @@ inline StatusOr<std::string> ReadLine(PeerLink& link, SteadyClock::time_point de
 }
 
 inline Status ReadExact(PeerLink& link, unsigned char* dst, std::uint64_t n,
-                 SteadyClock::time_point deadline, std::string_view peer) {
+                        SteadyClock::time_point deadline, std::string_view peer) {
   std::uint64_t got = 0;
   while (got < n) {
     const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(n - got, 1 << 24));
@@ -60,7 +60,7 @@ inline Status ReadExact(PeerLink& link, unsigned char* dst, std::uint64_t n,
 }
 
 inline Status SendBytes(PeerLink& link, const unsigned char* data, std::uint64_t n,
-                 SteadyClock::time_point deadline, std::string_view peer) {
+                        SteadyClock::time_point deadline, std::string_view peer) {
   return link.Send(std::string_view(reinterpret_cast<const char*>(data), n), deadline, peer);
 }
 
