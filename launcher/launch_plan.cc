@@ -75,11 +75,11 @@ Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
           "--slurm-direct runs one worker per Slurm task, not --nproc-per-node " +
           o.nproc_per_node + " (ask srun for more tasks per node)");
     }
-    if (p.values.max_restarts > 0) {
+    if (p.values.settings.max_restarts > 0) {
       return InvalidArgument(
           "--slurm-direct: restarts belong to Slurm (srun --requeue, or a new "
           "step), not --max-restarts " +
-          std::to_string(p.values.max_restarts));
+          std::to_string(p.values.settings.max_restarts));
     }
     auto step = ReadSlurmStep(facts.getenv);
     if (!step.ok()) return InvalidArgument("--slurm-direct: " + step.status().message());
@@ -97,7 +97,7 @@ Status PlanSlurm(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
     if (!step.ok()) return InvalidArgument("--slurm: " + step.status().message());
     p.slurm = NodeSettings(*step, port(*step));
     o.nnodes = std::to_string(p.slurm->nnodes);
-    p.values.nnodes = NodeRange{p.slurm->nnodes, p.slurm->nnodes};
+    p.values.settings.min_nodes = p.values.settings.max_nodes = p.slurm->nnodes;
     p.values.node_rank = p.slurm->node_rank;
     o.rdzv_endpoint = FormatEndpoint(p.slurm->host, static_cast<std::uint16_t>(p.slurm->port));
     if (o.rdzv_id == "none") o.rdzv_id = p.slurm->run_id;
@@ -231,8 +231,7 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   // --contract: the other frameworks' variables (agent/frameworks/contracts.h). The service and
   // etcd are told the set, so that they refuse a node that runs another one, or whose ports do
   // not fit it; a static rendezvous exchanges them on its shared store.
-  a.contracts = v.contracts;
-  p.settings.contracts = v.contracts;
+  a.contracts = v.settings.contracts;
   a.forward_signals = v.signals;
   // Under Slurm, its warning signals (--signal=USR1@60, scancel -s USR2) reach crun; by
   // default they are passed on to the workers as notices rather than ending crun.
@@ -246,7 +245,7 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   a.snapshot_memory = o.snapshot_memory;
   a.snapshot_disk = v.snapshot_disk;
   a.hang_timeout = v.hang_timeout;
-  a.max_restarts_without_progress = v.max_restarts_without_progress;
+  a.max_restarts_without_progress = v.settings.max_restarts_without_progress;
   a.progress_after = v.progress_after;
   CRUN_RETURN_IF_ERROR(PlanHealth(a, v, o, facts));
   a.file_timer = facts.Env("TORCHELASTIC_ENABLE_FILE_TIMER").value_or("") == "1";
@@ -260,7 +259,7 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   a.console_ranks = v.console_ranks;
   a.nproc = p.nproc;
   a.first_local_rank = p.slurm_task ? p.slurm_task->local_rank : 0;
-  a.max_restarts = p.values.max_restarts;
+  a.max_restarts = p.values.settings.max_restarts;
   a.entrypoint = o.command[0];
   a.stdout_filters = v.stdout_filters;
   a.stderr_filters = v.stderr_filters;
@@ -311,7 +310,7 @@ std::string DiskJob(const LaunchPlan& p, const LaunchOptions& o, const Backend& 
            p.run_id;
   }
   if (backend.meets_at_endpoint) return o.rdzv_endpoint + " " + p.run_id;
-  if (o.standalone || p.values.nnodes.max <= 1) return "";
+  if (o.standalone || p.values.settings.max_nodes <= 1) return "";
   return o.master_addr + ":" + std::to_string(p.values.master_port) + " " + p.run_id;
 }
 
@@ -396,7 +395,7 @@ StatusOr<LaunchPlan> PlanLaunch(LaunchOptions o, const std::set<std::string>& gi
   // A job that may have several nodes copies each snapshot to the next one (replicas.h), with
   // the job's token when it has one, over TLS when the job has TLS.
   p.agent.snapshot_replicas =
-      p.values.snapshot_replicas && (p.values.nnodes.max > 1 || p.slurm_task.has_value());
+      p.values.snapshot_replicas && (p.values.settings.max_nodes > 1 || p.slurm_task.has_value());
   p.agent.snapshot_security = p.security;
   CRUN_RETURN_IF_ERROR(PlanMetrics(p, o, given));
   p.o = std::move(o);

@@ -50,10 +50,12 @@ Status CheckPlainValues(const LaunchOptions& o, const std::set<std::string>& giv
 }
 
 Status ParseNumbers(LaunchValues& v, const LaunchOptions& o) {
-  CRUN_ASSIGN_OR_RETURN(v.nnodes, ParseNnodes(o.nnodes));
-  CRUN_ASSIGN_OR_RETURN(v.max_restarts,
+  CRUN_ASSIGN_OR_RETURN(const NodeRange nodes, ParseNnodes(o.nnodes));
+  v.settings.min_nodes = nodes.min;
+  v.settings.max_nodes = nodes.max;
+  CRUN_ASSIGN_OR_RETURN(v.settings.max_restarts,
                         ParseFlagInt("--max-restarts", o.max_restarts, 0, 1'000'000));
-  CRUN_ASSIGN_OR_RETURN(v.max_restarts_without_progress,
+  CRUN_ASSIGN_OR_RETURN(v.settings.max_restarts_without_progress,
                         ParseFlagInt("--max-restarts-without-progress",
                                      o.max_restarts_without_progress, 0, 1'000'000));
   CRUN_ASSIGN_OR_RETURN(v.node_rank, ParseFlagInt("--node-rank", o.node_rank, 0, kMaxNodeRank));
@@ -183,7 +185,11 @@ StatusOr<LaunchValues> ParseLaunchValues(const LaunchOptions& o, const std::set<
   CRUN_RETURN_IF_ERROR(CheckPlainValues(o, given));
   CRUN_RETURN_IF_ERROR(ParseNumbers(v, o));
   CRUN_ASSIGN_OR_RETURN(v.rdzv_conf, ParseRdzvConf(o.rdzv_conf, backend_conf_keys));
-  CRUN_ASSIGN_OR_RETURN(v.contracts, agent::ParseContracts(o.contract));
+  const RdzvConf& conf = v.rdzv_conf;
+  if (conf.join_timeout) v.settings.join_timeout = Millis(*conf.join_timeout);
+  if (conf.last_call_timeout) v.settings.last_call_timeout = Millis(*conf.last_call_timeout);
+  v.settings.heartbeat_timeout = HeartbeatTimeout(conf, v.settings.heartbeat_timeout);
+  CRUN_ASSIGN_OR_RETURN(v.settings.contracts, agent::ParseContracts(o.contract));
   if (!o.warm && !o.warm_modules.empty()) return InvalidArgument("--warm-modules needs --warm");
   CRUN_ASSIGN_OR_RETURN(v.warm_modules, ParseWarmModules(o.warm_modules));
   if (o.snapshots != "on" && o.snapshots != "off") {

@@ -90,13 +90,13 @@ std::chrono::milliseconds HeartbeatTimeout(const RdzvConf& conf,
                                            std::chrono::milliseconds fallback);
 
 struct LaunchValues {
-  NodeRange nnodes;
-  int max_restarts = 0;
-  int max_restarts_without_progress = rdzv::kDefaultMaxRestartsWithoutProgress;
+  // The job's settings, which every backend takes as they are (rendezvous/rules/settings.h):
+  // --nnodes, --max-restarts, --max-restarts-without-progress, --contract and --rdzv-conf's
+  // join_timeout, last_call_timeout and heartbeat timeout.
+  rdzv::Settings settings;
   int node_rank = 0;
   int master_port = -1;  // -1: not given (a fresh free port per attempt)
   RdzvConf rdzv_conf;
-  ContractSet contracts;
   std::vector<std::string> warm_modules;     // --warm-modules: module names, checked
   bool snapshots = true;                     // --snapshots on
   bool snapshot_replicas = true;             // --snapshot-replicas on

@@ -37,8 +37,8 @@ struct MachineFacts {
 struct LaunchPlan {
   LaunchOptions o;  // as given, with what Slurm fills in (nnodes, endpoint, run id)
   // o's values, parsed once (ParseLaunchValues), with what Slurm, a pod or --standalone fill in
-  // (nnodes, node_rank, master_port, rdzv_conf's is_host and node_id): the plan decides from
-  // them and holds no copy of them.
+  // (settings' nodes, node_rank, master_port, rdzv_conf's is_host and node_id): the plan decides
+  // from them and holds no copy of them.
   LaunchValues values;
   std::string backend;                     // the chosen entry's name: "static", "crun", ...
   std::shared_ptr<BackendRun> rendezvous;  // what that entry decided; Open()ed when acted on
@@ -47,8 +47,6 @@ struct LaunchPlan {
   std::string node_rank_from;  // "JOB_COMPLETION_INDEX=2" when a pod gave it; empty: the flag
   std::optional<SlurmNodeSettings> slurm;       // one crun per node of a Slurm step
   std::optional<SlurmTaskSettings> slurm_task;  // one crun per Slurm task
-  // A dynamic rendezvous's (PlanDynamicSettings): the defaults, overridden by --rdzv-conf.
-  rdzv::Settings settings;
   std::chrono::milliseconds heartbeat_interval{1000};
   Security security;  // the rendezvous's job token and TLS, as its backend loaded them
   std::string run_id;

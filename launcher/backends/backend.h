@@ -137,7 +137,7 @@ void DescribeBackends(CLI::App& app, const Backends& backends);
 std::string DefaultNodeId(const std::string& host_name, const Endpoint& endpoint);
 
 // The settings of a dynamic rendezvous (crun's service, etcd) from --nnodes, --max-restarts and
-// --rdzv-conf, into plan.settings and plan.heartbeat_interval.
+// --rdzv-conf (plan.values.settings) checked, and plan.heartbeat_interval.
 Status PlanDynamicSettings(LaunchPlan& plan);
 
 // The run id of a dynamic rendezvous: --rdzv-id, "default" for torchrun's "none".

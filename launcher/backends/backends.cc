@@ -107,14 +107,7 @@ std::string DefaultNodeId(const std::string& host_name, const Endpoint& endpoint
 
 Status PlanDynamicSettings(LaunchPlan& p) {
   const RdzvConf& conf = p.values.rdzv_conf;
-  rdzv::Settings& settings = p.settings;
-  settings.min_nodes = p.values.nnodes.min;
-  settings.max_nodes = p.values.nnodes.max;
-  settings.max_restarts = p.values.max_restarts;
-  settings.max_restarts_without_progress = p.values.max_restarts_without_progress;
-  if (conf.join_timeout) settings.join_timeout = Millis(*conf.join_timeout);
-  if (conf.last_call_timeout) settings.last_call_timeout = Millis(*conf.last_call_timeout);
-  settings.heartbeat_timeout = HeartbeatTimeout(conf, settings.heartbeat_timeout);
+  const rdzv::Settings& settings = p.values.settings;
   CRUN_RETURN_IF_ERROR(settings.Validate());
   p.heartbeat_interval = conf.heartbeat_interval ? Millis(*conf.heartbeat_interval)
                                                  : std::min(std::chrono::milliseconds(1000),

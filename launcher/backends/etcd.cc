@@ -45,7 +45,7 @@ class EtcdRun final : public BackendRun {
         toward.empty() || (LoopbackOnly(toward) && !LoopbackOnly(first.host)) ? eo.host : toward;
     eo.nproc = p.nproc;
     if (p.node_rank_given) eo.requested_rank = p.values.node_rank;
-    eo.settings = p.settings;
+    eo.settings = p.values.settings;
     eo.security = p.security;
     eo.user = plan_.user;
     eo.password = plan_.password;

@@ -193,10 +193,10 @@ class ServiceRun final : public BackendRun {
     if (!o.local_addr.empty()) so.addresses.push_back(o.local_addr);
     so.nproc = p.nproc;
     if (p.node_rank_given) so.requested_rank = p.values.node_rank;
-    so.settings = p.settings;
+    so.settings = p.values.settings;
     so.heartbeat_interval = p.heartbeat_interval;
     so.keepalive_timeout =
-        conf.read_timeout ? Millis(*conf.read_timeout) : p.settings.heartbeat_timeout;
+        conf.read_timeout ? Millis(*conf.read_timeout) : p.values.settings.heartbeat_timeout;
     so.virtual_local_rank = o.virtual_local_rank;
     if (conf.reconnect_timeout) so.reconnect_timeout = Millis(*conf.reconnect_timeout);
     so.security = p.security;
@@ -262,7 +262,7 @@ class ServiceRun final : public BackendRun {
         "port {} of --rdzv-endpoint {} is held by {}, which does not answer yet ({}): joining "
         "it as the rendezvous service, waiting for it up to join_timeout ({} ms)",
         e.port, p.o.rdzv_endpoint, holders.empty() ? "a process crun cannot see" : holders,
-        probe.answer.empty() ? "no word" : probe.answer, p.settings.join_timeout.count());
+        probe.answer.empty() ? "no word" : probe.answer, p.values.settings.join_timeout.count());
     return Status::Ok();
   }
 

@@ -31,14 +31,9 @@ class StaticRun final : public BackendRun {
     r.role = o.role;
     r.nproc = p.nproc;
     r.host = a.host_name;
-    // The job's settings, as the dynamic backends get them (--nnodes is this plan's nodes).
-    r.settings = p.settings;
-    r.settings.min_nodes = r.settings.max_nodes = multi_node_ ? p.values.nnodes.max : 1;
-    r.settings.max_restarts = p.values.max_restarts;
-    r.settings.max_restarts_without_progress = p.values.max_restarts_without_progress;
-    r.settings.contracts = a.contracts;
-    if (p.values.rdzv_conf.join_timeout)
-      r.settings.join_timeout = Millis(*p.values.rdzv_conf.join_timeout);
+    // The job's settings, as the dynamic backends get them; one node's round is itself.
+    r.settings = p.values.settings;
+    if (!multi_node_) r.settings.min_nodes = r.settings.max_nodes = 1;
     r.store_host = o.local_addr.empty() ? o.master_addr : o.local_addr;
     r.virtual_local_rank = o.virtual_local_rank;
     r.store_port = p.values.master_port > 0 ? static_cast<std::uint16_t>(p.values.master_port) : 0;
@@ -83,14 +78,14 @@ class StaticRun final : public BackendRun {
 // range such as 1:2 is accepted (torchrun's tutorials use it); nobody else can join, so it
 // runs now.
 Status PlanStandalone(LaunchPlan& p, const LaunchOptions& o) {
-  if (p.values.nnodes.min != 1) {
+  if (p.values.settings.min_nodes != 1) {
     return InvalidArgument("--standalone runs one node; --nnodes '" + o.nnodes +
-                           "' needs at least " + std::to_string(p.values.nnodes.min));
+                           "' needs at least " + std::to_string(p.values.settings.min_nodes));
   }
-  if (p.values.nnodes.max != 1) {
+  if (p.values.settings.max_nodes != 1) {
     p.notes.push_back("--standalone: running one node (--nnodes " + o.nnodes +
                       ": no other node can join a standalone job)");
-    p.values.nnodes.max = 1;
+    p.values.settings.max_nodes = 1;
   }
   return Status::Ok();
 }
@@ -103,14 +98,14 @@ std::string NodeRankFrom(const LaunchPlan& p) {
 
 // torchrun's static backend: a fixed number of nodes, each with its rank, and the store's port.
 Status PlanStaticNodes(const LaunchPlan& p, const LaunchOptions& o) {
-  if (p.values.nnodes.min != p.values.nnodes.max) {
+  if (p.values.settings.min_nodes != p.values.settings.max_nodes) {
     return InvalidArgument("--nnodes '" + o.nnodes +
                            "': the static backend needs a fixed "
                            "number of nodes (use --rdzv-endpoint for an elastic range)");
   }
-  if (p.values.node_rank >= p.values.nnodes.max) {
+  if (p.values.node_rank >= p.values.settings.max_nodes) {
     return InvalidArgument(NodeRankFrom(p) + " is not below --nnodes " +
-                           std::to_string(p.values.nnodes.max));
+                           std::to_string(p.values.settings.max_nodes));
   }
   if (p.values.master_port <= 0) {
     return InvalidArgument("the static backend needs --master-port (the store node 0 hosts)");
@@ -121,7 +116,7 @@ Status PlanStaticNodes(const LaunchPlan& p, const LaunchOptions& o) {
 StatusOr<std::unique_ptr<BackendRun>> Plan(LaunchPlan& p, const PlanInputs& in) {
   const LaunchOptions& o = in.o;
   if (o.standalone) CRUN_RETURN_IF_ERROR(PlanStandalone(p, o));
-  const bool multi_node = !o.standalone && p.values.nnodes.max > 1;
+  const bool multi_node = !o.standalone && p.values.settings.max_nodes > 1;
   if (multi_node) {
     CRUN_RETURN_IF_ERROR(PlanStaticNodes(p, o));
   } else if (p.values.node_rank != 0) {

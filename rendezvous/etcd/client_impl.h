@@ -14,7 +14,6 @@
 
 namespace crun::etcd {
 
-
 namespace pb = etcdserverpb;
 
 // One member gets at most this long per attempt, so that a silent one is left for the next.

@@ -125,8 +125,8 @@ TEST_CASE("each controller's variables make the pod node 1 of 2", "[kubernetes]"
     REQUIRE(p.ok());
     CHECK(p->values.node_rank == 1);
     CHECK(p->node_rank_given);
-    CHECK(p->values.nnodes.min == 2);
-    CHECK(p->values.nnodes.max == 2);
+    CHECK(p->values.settings.min_nodes == 2);
+    CHECK(p->values.settings.max_nodes == 2);
     CHECK(p->nproc == 2);
     CHECK(p->backend == row.backend);
     CHECK(p->o.master_addr == row.master_addr);
@@ -147,10 +147,10 @@ TEST_CASE("an elastic PyTorchJob's pods rendezvous at its endpoint, ranks unimpo
   auto p = PlanInPod(vars);
   REQUIRE(p.ok());
   CHECK(p->backend == "crun");  // torchrun's c10d: crun's service
-  CHECK(p->values.nnodes.min == 1);
-  CHECK(p->values.nnodes.max == 3);
+  CHECK(p->values.settings.min_nodes == 1);
+  CHECK(p->values.settings.max_nodes == 3);
   CHECK_FALSE(p->node_rank_given);
-  CHECK(p->values.max_restarts == 3);
+  CHECK(p->values.settings.max_restarts == 3);
   REQUIRE(p->notes.size() == 1);
   CHECK(p->notes[0] ==
         "PET_N_PROC_PER_NODE=2 is not read (an older PyTorchJob's spelling, which torchrun never "

@@ -102,8 +102,8 @@ TEST_CASE("plan: the backend follows torchrun's rules", "[plan]") {
     REQUIRE(p.ok());
     CHECK(p->backend == row.backend);
     CHECK(PlansStaticNodes(*p) == row.static_nodes);
-    CHECK(p->values.nnodes.min == row.min_nodes);
-    CHECK(p->values.nnodes.max == row.max_nodes);
+    CHECK(p->values.settings.min_nodes == row.min_nodes);
+    CHECK(p->values.settings.max_nodes == row.max_nodes);
   }
 }
 
@@ -237,11 +237,11 @@ TEST_CASE("plan: the service's settings and whether this node hosts it", "[plan]
   REQUIRE(service != nullptr);
   CHECK(service->endpoint.host == "127.0.0.1");
   CHECK(service->endpoint.port == 4000);
-  CHECK(p->settings.min_nodes == 2);
-  CHECK(p->settings.max_nodes == 3);
-  CHECK(p->settings.max_restarts == 2);
-  CHECK(p->settings.join_timeout == std::chrono::seconds(7));
-  CHECK(p->settings.last_call_timeout == std::chrono::milliseconds(500));
+  CHECK(p->values.settings.min_nodes == 2);
+  CHECK(p->values.settings.max_nodes == 3);
+  CHECK(p->values.settings.max_restarts == 2);
+  CHECK(p->values.settings.join_timeout == std::chrono::seconds(7));
+  CHECK(p->values.settings.last_call_timeout == std::chrono::milliseconds(500));
   CHECK(p->heartbeat_interval == std::chrono::seconds(1));
   CHECK(service->try_host);  // 127.0.0.1 is this host
   REQUIRE(p->notes.size() == 1);
@@ -257,7 +257,7 @@ TEST_CASE("plan: a Slurm step fills in the nodes, or the ranks of one task", "[p
   REQUIRE(node.ok());
   REQUIRE(node->slurm.has_value());
   CHECK(node->backend == "crun");
-  CHECK(node->values.nnodes.max == 3);
+  CHECK(node->values.settings.max_nodes == 3);
   CHECK(node->values.node_rank == 1);
   CHECK(node->node_rank_given);
   CHECK(node->run_id == "slurm-4242.3");

@@ -37,20 +37,20 @@ std::string Refusal(const Strings& args, const Vars& vars = {}) {
 TEST_CASE("values: the defaults, parsed", "[values]") {
   const auto v = Values({});
   REQUIRE(v.ok());
-  CHECK(v->nnodes.min == 1);
-  CHECK(v->nnodes.max == 1);
-  CHECK(v->max_restarts == 0);
+  CHECK(v->settings.min_nodes == 1);
+  CHECK(v->settings.max_nodes == 1);
+  CHECK(v->settings.max_restarts == 0);
   CHECK(v->master_port == -1);
   CHECK(v->shutdown_timeout == std::chrono::seconds(30));
   CHECK(v->hang_timeout == std::chrono::milliseconds(0));
-  CHECK(v->max_restarts_without_progress == 3);
+  CHECK(v->settings.max_restarts_without_progress == 3);
   CHECK(v->progress_after == std::chrono::seconds(300));
   CHECK(v->signals == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
   CHECK(v->redirects.For(2) == std::vector<int>{0, 0});
   CHECK_FALSE(v->torchelastic_events);
   CHECK_FALSE(v->prefix_template.has_value());
   CHECK_FALSE(v->numa.has_value());
-  CHECK(v->contracts.ToString() == "torch");  // torch always, nothing more
+  CHECK(v->settings.contracts.ToString() == "torch");  // torch always, nothing more
 }
 
 TEST_CASE("values: flags, PET_* and torchrun's variables, each once", "[values]") {
@@ -84,10 +84,10 @@ TEST_CASE("values: flags, PET_* and torchrun's variables, each once", "[values]"
   ::unsetenv("PET_HANG_TIMEOUT");
   ::unsetenv("PET_MAX_RESTARTS_WITHOUT_PROGRESS");
   REQUIRE(v.ok());
-  CHECK(v->max_restarts_without_progress == 0);
+  CHECK(v->settings.max_restarts_without_progress == 0);
   CHECK(v->progress_after == std::chrono::milliseconds(90'500));
-  CHECK(v->nnodes.max == 4);
-  CHECK(v->max_restarts == 4);
+  CHECK(v->settings.max_nodes == 4);
+  CHECK(v->settings.max_restarts == 4);
   CHECK(v->hang_timeout == std::chrono::milliseconds(2500));
   CHECK(v->master_port == 29500);
   CHECK(v->shutdown_timeout == std::chrono::seconds(7));
@@ -97,8 +97,8 @@ TEST_CASE("values: flags, PET_* and torchrun's variables, each once", "[values]"
   CHECK(v->prefix_template == "${rank}| ");
   CHECK(v->rdzv_conf.join_timeout == 9);
   CHECK(v->rdzv_conf.backend_keys.at("etcd_user") == "me");  // a backend's key, as text
-  CHECK(v->contracts.Has(crun::Contract::kTensorflow));
-  CHECK(v->contracts.Has(crun::Contract::kJax));
+  CHECK(v->settings.contracts.Has(crun::Contract::kTensorflow));
+  CHECK(v->settings.contracts.Has(crun::Contract::kJax));
   CHECK(v->warm_modules == Strings{"numpy"});
   CHECK(v->numa == NumaMode::kNode);
   // A flag wins over torchrun's variable; an empty variable is no value.
