@@ -37,9 +37,9 @@
 #include "rendezvous/service/beat_receiver.h"
 #include "rendezvous/service/engine.h"
 #include "rendezvous/service/engine_metrics.h"
+#include "rendezvous/service/grpc_service.h"
 #include "rendezvous/service/proto_messages.h"
 #include "rendezvous/store_server/round_store.h"
-#include "rendezvous/service/grpc_service.h"
 #include "rendezvous/store_server/store_server.h"
 
 namespace crun::rdzv::grpc_front {
@@ -352,7 +352,6 @@ namespace health = grpc::health::v1;
 using HealthService = health::Health::AsyncService;
 using HealthCall =
     UnaryCall<HealthService, health::HealthCheckRequest, health::HealthCheckResponse>;
-
 
 // Puts a new Session stream on `cq` (grpc_sessions.cc); each one arrived awaits the next.
 void AwaitSession(Core* core, ServiceBase* service, grpc::ServerCompletionQueue* cq);
