@@ -86,6 +86,7 @@ void LocalAgent::Impl::Carry(const lc::RecordHang& a) {
 void LocalAgent::Impl::Carry(const lc::ReportFailure&) {
   report::FailureReport r = failures.report();
   r.before_progress = !AttemptProgressed();
+  r.node_id = rdzv->node_id();  // whose: every backend sends it as it is
   rdzv->ReportFailure(r);
 }
 

@@ -17,7 +17,7 @@
 #include "agent/hangs/control_socket.h"
 #include "agent/hangs/stack_summary.h"
 #include "agent/rendezvous/session_client.h"
-#include "agent/rendezvous/stacks_proto.h"
+#include "agent/rendezvous/session_wire.h"
 #include "base/endpoint.h"
 #include "base/numbers.h"
 #include "base/security.h"

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <utility>
 
+#include <spdlog/spdlog.h>
+
 #include "base/endpoint.h"
 #include "base/security.h"
 #include "base/socket.h"
@@ -101,6 +103,46 @@ void AckWatch::Acked(std::uint64_t sequence) {
 
 bool AckWatch::StreamToo(Clock::time_point now) const {
   return now - heard_at_ + interval_ + interval_ / 2 >= timeout_;
+}
+
+// The acks that came since the last beat; says when the service began or stopped answering.
+void UdpBeats::TakeAcks(AckWatch::Clock::time_point now) {
+  const bool was_heard = watch_.heard();
+  socket_.Receive([this](std::string_view d) {
+    if (const auto ack = rdzv::OpenAck(ticket_.key, d); ack && ack->session == ticket_.session) {
+      watch_.Acked(ack->sequence);
+    }
+  });
+  const bool streaming = watch_.StreamToo(now);
+  if (!was_heard && watch_.heard()) {
+    spdlog::info("heartbeats over {}: the service hears them, the gRPC stream carries none",
+                 socket_.target());
+  } else if (watch_.heard() && streaming != streaming_) {
+    if (streaming) {
+      spdlog::warn(
+          "heartbeats over {}: the service has not answered lately; beats go on the gRPC stream "
+          "too until it does",
+          socket_.target());
+    } else {
+      spdlog::info("heartbeats over {}: the service answers again, the gRPC stream carries none",
+                   socket_.target());
+    }
+  }
+  streaming_ = streaming;
+}
+
+UdpBeats::Sent UdpBeats::Send(const v1::Heartbeat& beat, AckWatch::Clock::time_point now) {
+  TakeAcks(now);
+  v1::Heartbeat datagram = beat;
+  if (streaming_) datagram.clear_compute();
+  const Status sent = socket_.Send(ticket_, datagram);
+  if (sent.ok()) {
+    watch_.Sent(datagram.sequence(), now);
+    return streaming_ ? Sent::kStreamToo : Sent::kDatagram;
+  }
+  if (sent.code() == StatusCode::kInvalidArgument) return Sent::kStreamToo;  // too large
+  spdlog::warn("{}: heartbeats go on the gRPC stream for the rest of this session", sent.message());
+  return Sent::kFailed;
 }
 
 }  // namespace crun::agent

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -79,6 +80,32 @@ class AckWatch {
   // The last beats sent (sequence, time), oldest overwritten.
   std::array<std::pair<std::uint64_t, Clock::time_point>, 8> sent_{};
   std::size_t next_ = 0;
+};
+
+// A session's heartbeats as datagrams, on the ticket its service gave (rendezvous/beats): each
+// goes to the address the stream reached, and the service acks each one it takes. A beat goes on
+// the stream too when the acks say the service may not have heard this node for long enough
+// (AckWatch), the datagram then without its figures (judged once). The log says when the
+// service begins or stops answering.
+class UdpBeats {
+ public:
+  UdpBeats(rdzv::BeatTicket ticket, BeatSocket socket, AckWatch watch)
+      : ticket_(std::move(ticket)), socket_(std::move(socket)), watch_(std::move(watch)) {}
+
+  enum class Sent {
+    kDatagram,   // that is all it needs
+    kStreamToo,  // send it on the stream too (unanswered lately, or too large for a datagram)
+    kFailed,     // the socket failed: this beat and the rest of the session's go on the stream
+  };
+  Sent Send(const v1::Heartbeat& beat, AckWatch::Clock::time_point now);
+
+ private:
+  void TakeAcks(AckWatch::Clock::time_point now);
+
+  rdzv::BeatTicket ticket_;
+  BeatSocket socket_;
+  AckWatch watch_;
+  bool streaming_ = false;  // the last beat went on the stream too
 };
 
 }  // namespace crun::agent

@@ -53,7 +53,7 @@ class Rendezvous {
   // exchanges them; each round's GroupAssignment::members carries every node's.
   virtual void Join(const std::vector<std::uint16_t>& ports) = 0;
   // The first failure of this node's round, the root cause first; sent at once so every
-  // node can stop. The rendezvous names this node in it (node_id).
+  // node can stop. Its node_id names this node (the agent sets it).
   virtual void ReportFailure(const report::FailureReport& failures) = 0;
   // Every worker of this node exited 0.
   virtual void ReportSuccess() = 0;

@@ -1,7 +1,5 @@
 #include "agent/rendezvous/service_rendezvous.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -18,13 +16,11 @@
 
 #include "agent/rendezvous/beat_sender.h"
 #include "agent/rendezvous/session_client.h"
-#include "agent/rendezvous/stacks_proto.h"
+#include "agent/rendezvous/session_wire.h"
+#include "agent/rendezvous/session_words.h"
 #include "base/backoff.h"
 #include "base/endpoint.h"
-#include "base/host_addresses.h"
-#include "base/proc.h"
 #include "base/security.h"
-#include "rendezvous/service/proto_messages.h"
 
 namespace crun::agent {
 namespace {
@@ -103,30 +99,12 @@ class ServiceRendezvous final : public Rendezvous {
   }
 
   v1::AgentMessage JoinMessage(const std::string& unhealthy) const {
-    v1::AgentMessage m;
-    auto* j = m.mutable_join();
-    j->set_unhealthy(unhealthy);
-    j->set_protocol_version(kProtocolVersion);
-    j->set_run_id(o_.run_id);
-    j->set_service_host(o_.endpoint_host);
-    auto* n = j->mutable_node();
-    n->set_node_id(o_.node_id);
-    n->set_host(o_.host);
-    for (const auto& a : o_.addresses) n->add_addresses(a);
-    n->set_nproc(o_.nproc);
-    n->set_incarnation(incarnation_);
-    for (const auto port : ports_) n->add_ports(port);
-    if (o_.requested_rank) n->set_requested_rank(*o_.requested_rank);
-    *j->mutable_settings() = rdzv::ToProto(o_.settings);
-    return m;
+    return agent::JoinMessage(o_, incarnation_, ports_, unhealthy);
   }
 
   void ReportFailure(const report::FailureReport& failures) override {
     if (Ended() || !client_) return;
-    v1::AgentMessage m;
-    *m.mutable_workers_failed() = rdzv::ToProto(failures);
-    m.mutable_workers_failed()->set_node_id(o_.node_id);
-    client_->Send(std::move(m));
+    client_->Send(FailureMessage(failures));
   }
 
   void ReportSuccess() override {
@@ -166,12 +144,7 @@ class ServiceRendezvous final : public Rendezvous {
       return;
     }
     const std::uint64_t id = next_stacks_id_++;
-    v1::AgentMessage m;
-    auto* w = m.mutable_stacks_wanted();
-    w->set_request_id(id);
-    w->set_reason(reason);
-    w->set_timeout_ms(timeout.count());
-    client_->Send(std::move(m));
+    client_->Send(StacksWantedMessage(id, reason, timeout));
     // The service answers by `timeout`; a second more for the answer to travel, then without it.
     auto timer = std::make_shared<asio::steady_timer>(io_, timeout + std::chrono::seconds(1));
     stacks_waits_[id] = {std::move(done), timer};
@@ -344,33 +317,13 @@ class ServiceRendezvous final : public Rendezvous {
     heartbeat_.expires_after(o_.heartbeat_interval);
     heartbeat_.async_wait([this](const boost::system::error_code& ec) {
       if (ec || Ended() || !client_) return;
-      v1::AgentMessage m;
-      v1::Heartbeat* beat = m.mutable_heartbeat();
-      beat->set_sequence(++sequence_);
-      if (const auto& f = o_.snapshot_facts; f && f->bytes > 0) {
-        beat->set_snapshot_bytes(f->bytes);
-        if (f->step >= 0) beat->set_snapshot_step(f->step);
-        if (f->disk_step >= 0) beat->set_disk_step(f->disk_step);
-      }
-      if (auto& x = stragglers_; x && !x->outbox.empty()) {
-        beat->set_compute_round(x->round);
-        for (const auto& f : x->outbox) {
-          auto* figure = beat->add_compute();
-          figure->set_rank(f.rank);
-          figure->set_window(f.window);
-          figure->set_compute_us(f.compute.count());
-        }
-        x->outbox.clear();
-      }
-      SendBeat(std::move(m));
+      SendBeat(HeartbeatMessage(++sequence_, o_.snapshot_facts.get(), stragglers_.get()));
       ArmHeartbeat();
     });
   }
 
-  // The service's ticket (rendezvous/beats): beats go as datagrams to the address the stream
-  // reached, and the service acks each one it takes. A beat goes on the stream too when the
-  // acks say the service may not have heard this node for long enough (AckWatch), the datagram
-  // then without the figures (judged once); for the rest of the session when the socket failed.
+  // Heartbeats as datagrams on the service's ticket (UdpBeats), when it gave one; else, and
+  // for the rest of the session once the socket failed, on the stream.
   void StartBeatsOverUdp() {
     if (!client_) return;
     const auto ticket = client_->beat_ticket();
@@ -385,54 +338,16 @@ class ServiceRendezvous final : public Rendezvous {
       spdlog::warn("{}: heartbeats go on the gRPC stream", socket.status().message());
       return;
     }
-    beats_.emplace(Beats{*ticket, std::move(socket).value(),
-                         AckWatch(o_.heartbeat_interval, o_.settings.heartbeat_timeout,
-                                  std::chrono::steady_clock::now())});
-  }
-
-  // The acks that came since the last beat; says when the service began or stopped answering.
-  void TakeAcks(std::chrono::steady_clock::time_point now) {
-    auto& b = *beats_;
-    const bool was_heard = b.watch.heard();
-    b.socket.Receive([&b](std::string_view d) {
-      if (const auto ack = rdzv::OpenAck(b.ticket.key, d);
-          ack && ack->session == b.ticket.session) {
-        b.watch.Acked(ack->sequence);
-      }
-    });
-    const bool streaming = b.watch.StreamToo(now);
-    if (!was_heard && b.watch.heard()) {
-      spdlog::info("heartbeats over {}: the service hears them, the gRPC stream carries none",
-                   b.socket.target());
-    } else if (b.watch.heard() && streaming != b.streaming) {
-      if (streaming) {
-        spdlog::warn(
-            "heartbeats over {}: the service has not answered lately; beats go on the "
-            "gRPC stream too until it does",
-            b.socket.target());
-      } else {
-        spdlog::info("heartbeats over {}: the service answers again, the gRPC stream carries none",
-                     b.socket.target());
-      }
-    }
-    b.streaming = streaming;
+    beats_.emplace(*ticket, std::move(socket).value(),
+                   AckWatch(o_.heartbeat_interval, o_.settings.heartbeat_timeout,
+                            std::chrono::steady_clock::now()));
   }
 
   void SendBeat(v1::AgentMessage m) {
     if (beats_) {
-      const auto now = std::chrono::steady_clock::now();
-      TakeAcks(now);
-      v1::Heartbeat datagram = m.heartbeat();
-      if (beats_->streaming) datagram.clear_compute();
-      const Status sent = beats_->socket.Send(beats_->ticket, datagram);
-      if (sent.ok()) {
-        beats_->watch.Sent(datagram.sequence(), now);
-        if (!beats_->streaming) return;
-      } else if (sent.code() != StatusCode::kInvalidArgument) {
-        spdlog::warn("{}: heartbeats go on the gRPC stream for the rest of this session",
-                     sent.message());
-        beats_.reset();
-      }
+      const auto sent = beats_->Send(m.heartbeat(), std::chrono::steady_clock::now());
+      if (sent == UdpBeats::Sent::kDatagram) return;
+      if (sent == UdpBeats::Sent::kFailed) beats_.reset();
     }
     client_->Send(std::move(m));
   }
@@ -441,11 +356,7 @@ class ServiceRendezvous final : public Rendezvous {
   void OnStragglers(const v1::Stragglers& s) {
     auto& x = stragglers_;
     if (!x || !x->on_verdicts || s.round() != x->round) return;
-    std::vector<SlowRankVerdict> verdicts;
-    for (const auto& v : s.changes()) {
-      verdicts.push_back({{v.rank(), v.named(), v.ratio(), v.window()}, v.host()});
-    }
-    x->on_verdicts(verdicts);
+    x->on_verdicts(VerdictsFromProto(s));
   }
 
   void Handle(const v1::ServiceMessage& m) {
@@ -454,23 +365,9 @@ class ServiceRendezvous final : public Rendezvous {
     switch (m.kind_case()) {
       case v1::ServiceMessage::kAssignment: {
         const auto& a = m.assignment();
-        std::vector<RoundMember> members;
-        for (const auto& p : a.members()) {
-          members.push_back(
-              {p.host(), p.address(), p.nproc(), {p.ports().begin(), p.ports().end()}});
-        }
-        GroupAssignment g = MakeGroupAssignment({o_.run_id, o_.role, o_.node_id, o_.nproc,
-                                                 o_.settings.max_restarts, o_.virtual_local_rank},
-                                                {.group_rank = a.group_rank(),
-                                                 .group_world_size = a.group_world_size(),
-                                                 .world_size = a.world_size(),
-                                                 .base_rank = a.base_rank(),
-                                                 .round = a.round(),
-                                                 .restart_count = a.restart_count(),
-                                                 .spare = a.spare()},
-                                                std::move(members));
-        g.master_addr = a.master_addr();
-        g.master_port = static_cast<std::uint16_t>(a.master_port());
+        const GroupAssignment g =
+            AssignmentFromProto(a, {o_.run_id, o_.role, o_.node_id, o_.nproc,
+                                    o_.settings.max_restarts, o_.virtual_local_rank});
         durable_ = a.durable_service();
         // A service that judges slow ranks gets this node's figures; else the node judges alone.
         if (stragglers_) stragglers_->job_wide = a.judges_stragglers();
@@ -482,15 +379,7 @@ class ServiceRendezvous final : public Rendezvous {
         return events_->OnStopAndRejoin(m.stop_and_rejoin().reason(),
                                         m.stop_and_rejoin().spends_restart());
       case v1::ServiceMessage::kFinished: {
-        const auto& f = m.finished();
-        JobOutcome o;
-        o.success = f.success();
-        o.exit_code = f.exit_code();
-        o.reason = f.reason();
-        if (f.has_root_cause()) {
-          o.root_node_id = f.root_cause().node_id();
-          o.root_report = rdzv::FromProto(f.root_cause());
-        }
+        const JobOutcome o = OutcomeFromProto(m.finished());
         state_ = State::kEnded;
         StopTimers();
         return events_->OnFinished(o);
@@ -504,47 +393,23 @@ class ServiceRendezvous final : public Rendezvous {
       case v1::ServiceMessage::kStragglers:
         return OnStragglers(m.stragglers());
       case v1::ServiceMessage::kRefused:
-        return End(1, "the rendezvous service at " + target_ + " refused this node (run '" +
-                          o_.run_id + "', node '" + o_.node_id + "'): " + m.refused().reason());
+        return End(1, RefusedMessage(o_, target_, m.refused().reason()));
       case v1::ServiceMessage::KIND_NOT_SET:
         return;
     }
   }
 
-  // Why a TLS session may not have come about, both sides named: the service's certificate,
-  // or (mutual TLS) this node's.
-  std::string TlsHint() const {
-    std::string hint =
-        " (this node uses TLS: does the service? Its certificate must be signed by "
-        "--tls-ca and name '" +
-        o_.endpoint_host + "'";
-    if (o_.security.cert_pem.empty()) {
-      hint +=
-          "; a service that requires client certificates (mutual TLS) also needs "
-          "--tls-cert and --tls-key on this node)";
-    } else {
-      hint +=
-          "; with mutual TLS, this node's --tls-cert must be signed by a CA the service "
-          "trusts (its --tls-ca))";
-    }
-    return hint;
-  }
-
   void OnSessionEnded(const Status& s) {
     if (Ended()) return;
     if (s.code() == StatusCode::kPermissionDenied) {
-      return End(1, "the rendezvous service at " + target_ + " refused this node (run '" +
-                        o_.run_id + "', node '" + o_.node_id + "'): " + s.message() +
+      return End(1, RefusedMessage(o_, target_, s.message()) +
                         (o_.security.token.empty()
                              ? ""
                              : " (this node's token is from " + o_.security.token_source + ")"));
     }
-    if (durable_ && (Heard() || Reconnecting())) {
-      return Reconnect(s.ok() ? std::string("it ended the session") : s.message());
-    }
-    if (!Heard() && opened_) {
-      return LostWhileGathering(s.ok() ? std::string("it ended the session") : s.message());
-    }
+    const std::string why = s.ok() ? std::string("it ended the session") : s.message();
+    if (durable_ && (Heard() || Reconnecting())) return Reconnect(why);
+    if (!Heard() && opened_) return LostWhileGathering(why);
     if (!Heard() && listening_ && !s.ok() && !IsMismatch(s.message())) {
       // Not a word from the service yet, and nothing says it is the wrong kind of service: it
       // is busy, stopped or restarting, or gone while the job gathers. Try again, as long as
@@ -554,14 +419,9 @@ class ServiceRendezvous final : public Rendezvous {
     if (!Heard() && listening_ && !s.ok()) {
       // The port is open, and what answered is not a crun service this node can talk to.
       return End(1, "cannot open a session with the rendezvous service at " + target_ + ": " +
-                        s.message() +
-                        (o_.security.tls()
-                             ? TlsHint()
-                             : " (this node speaks plaintext: if the service uses TLS, give "
-                               "--tls-ca; or the port is not a crun rendezvous service)"));
+                        s.message() + SetupHint(o_));
     }
-    End(1, "lost the rendezvous service at " + target_ + ": " +
-               (s.ok() ? std::string("it ended the session") : s.message()));
+    End(1, "lost the rendezvous service at " + target_ + ": " + why);
   }
 
   // Whether a session error shows the other side is not a crun service this node can talk
@@ -569,10 +429,7 @@ class ServiceRendezvous final : public Rendezvous {
   // what a TLS service does to a plaintext client, but also what a restarting service does:
   // it counts only when it happens three times in a row.
   bool IsMismatch(const std::string& error) {
-    for (const char* sign :
-         {"Ssl handshake failed", "SSL_ERROR", "certificate", "http1.x", "Handshake failed"}) {
-      if (error.find(sign) != std::string::npos) return true;
-    }
+    if (MismatchSign(error)) return true;
     if (error.find("Socket closed") == std::string::npos) {
       closed_in_a_row_ = 0;
       return false;
@@ -581,24 +438,9 @@ class ServiceRendezvous final : public Rendezvous {
   }
 
   void EndUnreachable() {
-    // On this host, who holds the port says more than a guess: a process that accepts and
-    // never answers (a stopped or hung daemon, or a stranger) is named.
-    std::string holders;
-    if (NamesThisHost(o_.endpoint_host)) {
-      for (const PortHolder& h : TcpPortHolderList(o_.endpoint_port)) {
-        if (h.pid == ::getpid()) continue;  // this crun's own (a self-connect): says nothing
-        holders +=
-            (holders.empty() ? "pid " : ", pid ") + std::to_string(h.pid) + " (" + h.name + ")";
-      }
-    }
-    const std::string why =
-        holders.empty()
-            ? "is `crun rendezvous` or the host node's crun running there, and is the port open?"
-            : "port " + std::to_string(o_.endpoint_port) + " on this host is held by " + holders +
-                  ", which never answered as the service: is it stopped (SIGSTOP), hung, or "
-                  "not crun?";
     End(1, "cannot reach the rendezvous service at " + target_ + " within " +
-               std::to_string(o_.settings.join_timeout.count()) + " ms (join_timeout): " + why +
+               std::to_string(o_.settings.join_timeout.count()) +
+               " ms (join_timeout): " + UnreachableHint(o_) +
                (last_error_.empty() ? std::string() : " Last error: " + last_error_));
   }
 
@@ -715,15 +557,9 @@ class ServiceRendezvous final : public Rendezvous {
   Backoff probe_backoff_;
   std::uint64_t incarnation_;  // this agent's, in every join (a node id taken over on return)
   bool join_pending_ = false;
-  bool join_sent_ = false;  // on the current session
-  bool probing_ = false;    // a probe connect is in flight
-  struct Beats {
-    rdzv::BeatTicket ticket;
-    BeatSocket socket;
-    AckWatch watch;
-    bool streaming = false;  // the last beat went on the stream too
-  };
-  std::optional<Beats> beats_;  // heartbeats over UDP on the current session
+  bool join_sent_ = false;         // on the current session
+  bool probing_ = false;           // a probe connect is in flight
+  std::optional<UdpBeats> beats_;  // heartbeats over UDP on the current session
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::string target_;
   RendezvousEvents* events_ = nullptr;

@@ -1,5 +1,5 @@
 // The agent's gRPC client of the rendezvous service. Generated protobuf headers are included
-// here and in stacks_proto.h (the agent's side of the wire; its failure reports go through the
+// here and in session_wire.h (the agent's side of the wire; its failure reports go through the
 // service's own conversions, rendezvous/service/proto_messages.h) and, outside the agent, by
 // the gRPC service, the etcd client and the commands that speak to the service.
 //

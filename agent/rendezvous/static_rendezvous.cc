@@ -102,7 +102,6 @@ class StaticRendezvous final : public Rendezvous {
       o.reason = fail->reason;
       o.root_node_id = node_id();
       o.root_report = failures;
-      o.root_report.node_id = node_id();
       return Conclude(o);
     }
     Post([this, what = failure.what] { events_->OnStopAndRejoin(what, true); });

@@ -183,6 +183,7 @@ int RunEtcdShard(const EtcdLoad& load, int shard, int cmd_fd, int reply_fd) {
         auto& f = r.failures.emplace_back();
         f.exit_code = 1;
         f.time_unix_ms = agent::NowUnixMs();
+        r.node_id = agents[0]->rdzv->node_id();
         agents[0]->rdzv->ReportFailure(r);
       }
       ReplyRestarted(

@@ -1,5 +1,7 @@
 #include "agent/rendezvous/etcd/assignment.h"
 
+#include <spdlog/spdlog.h>
+
 namespace crun::agent {
 
 std::optional<GroupAssignment> EtcdAssignment(const etcd::JobDoc& doc,
@@ -23,6 +25,30 @@ std::optional<GroupAssignment> EtcdAssignment(const etcd::JobDoc& doc,
     at.base_rank = place.base_rank;
   }
   return MakeGroupAssignment(self, at, std::move(members));
+}
+
+JobOutcome EtcdOutcome(const etcd::Outcome& o) {
+  JobOutcome out;
+  out.success = o.success;
+  out.exit_code = o.exit_code;
+  out.reason = o.reason;
+  out.root_node_id = o.root_node_id;
+  if (!o.root_report_json.empty()) {
+    if (auto report = report::FromJson(o.root_report_json); report.ok()) {
+      out.root_report = std::move(*report);
+    } else {
+      spdlog::warn("the job's root cause in etcd cannot be read: {}", report.status().message());
+    }
+  }
+  return out;
+}
+
+etcd::Report EtcdFailure(const report::FailureReport& failures) {
+  etcd::Report r;
+  r.what = report::Describe(failures);
+  r.exit_code = report::ExitCodeOf(failures);
+  r.report_json = report::ToJson(failures);
+  return r;
 }
 
 }  // namespace crun::agent

@@ -1,14 +1,17 @@
 // The etcd rendezvous's assignment role: what a node makes of the job document the decider
-// publishes (rendezvous/etcd/job.h) and of its own ranks/ record. Pure: the document, the
-// record and who this node is in, its group assignment for the round out, or nothing when the
-// record is not of the round the document announces.
+// publishes (rendezvous/etcd/job.h) and of its own ranks/ record, and how its own failure goes
+// into its report/ record. Pure (but for a log line): the document, the record and who this node is
+// in, its group assignment for the round out, or nothing when the record is not of the round the
+// document announces; the job's outcome out of the document.
 #pragma once
 
 #include <optional>
 #include <string>
 
 #include "agent/rendezvous/assignment.h"
+#include "agent/rendezvous/rendezvous.h"
 #include "rendezvous/etcd/job.h"
+#include "rendezvous/report/report.h"
 
 namespace crun::agent {
 
@@ -22,5 +25,11 @@ std::optional<GroupAssignment> EtcdAssignment(const etcd::JobDoc& doc,
 
 // Whether `g`'s node serves the round's store: group rank 0 of the round, not a spare.
 inline bool HostsRoundStore(const GroupAssignment& g) { return !g.spare && g.group_rank == 0; }
+
+// The job's end as the document holds it (a root cause that cannot be read is logged and left
+// out).
+JobOutcome EtcdOutcome(const etcd::Outcome& o);
+// This node's workers failed: its report/ record.
+etcd::Report EtcdFailure(const report::FailureReport& failures);
 
 }  // namespace crun::agent

@@ -1,9 +1,44 @@
 #include "agent/rendezvous/etcd/node_lease.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
 #include <thread>
 
 namespace crun::agent {
+
+etcd::ClientOptions ClientOptionsOf(const EtcdRendezvousOptions& o) {
+  etcd::ClientOptions co;
+  co.endpoints = o.endpoints;
+  co.security = o.security;
+  co.user = o.user;
+  co.password = o.password;
+  co.keepalive_timeout = std::max(std::chrono::milliseconds(1'000), o.settings.heartbeat_timeout);
+  co.probe = false;  // the node's first read proves that a member answers
+  // Each node starts at a member of its own (its node id's hash): a thousand agents do not all
+  // connect to, and queue on, the first endpoint.
+  co.first_member = std::hash<std::string>{}(o.node_id);
+  return co;
+}
+
+etcd::NodeRecord NodeRecordOf(const EtcdRendezvousOptions& o) {
+  etcd::NodeRecord record;
+  record.node.node_id = o.node_id;
+  record.node.host = o.host;
+  record.node.nproc = o.nproc;
+  record.node.requested_rank = o.requested_rank;
+  // Where other nodes' workers reach this one's (--contract): as its store is reached.
+  record.node.address = o.advertise_addr.empty() ? o.host : o.advertise_addr;
+  record.addresses = o.addresses;
+  record.settings = o.settings;
+  return record;
+}
+
+std::chrono::seconds LeaseTtl(const EtcdRendezvousOptions& o) {
+  return std::chrono::seconds(
+      std::max<long long>(1, static_cast<long long>(
+                                 std::ceil(o.settings.heartbeat_timeout.count() / 1000.0))));
+}
 
 using Millis = std::chrono::milliseconds;
 

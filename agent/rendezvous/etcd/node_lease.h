@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/rendezvous/etcd_rendezvous.h"
 #include "base/status.h"
 #include "rendezvous/etcd/client.h"
 #include "rendezvous/etcd/job.h"
@@ -22,6 +23,12 @@ namespace crun::agent {
 // try whose answer was lost to a timeout, and which the client sent again). `failed` is the
 // transaction's answer, its read of the key.
 bool RegisteredEarlier(const etcd::TxnResult& failed, std::int64_t lease);
+
+// How this node reaches etcd, what its record says, and its lease's TTL (heartbeat_timeout,
+// whole seconds, at least 1), from its options.
+etcd::ClientOptions ClientOptionsOf(const EtcdRendezvousOptions& o);
+etcd::NodeRecord NodeRecordOf(const EtcdRendezvousOptions& o);
+std::chrono::seconds LeaseTtl(const EtcdRendezvousOptions& o);
 
 class EtcdNodeLease {
  public:

@@ -35,4 +35,37 @@ StatusOr<std::string> EtcdRoundStore::Serve(const etcd::RoundHistory& history,
   return endpoint;
 }
 
+StatusOr<std::string> EtcdRoundStore::ServeRound(int round, const etcd::Mirror* decider_mirror,
+                                                 std::int64_t lease,
+                                                 etcd::Clock::time_point deadline) {
+  if (serving(round)) return published_;
+  etcd::Mirror read;
+  if (decider_mirror == nullptr) {
+    auto both = client_->Txn({},
+                             {{etcd::Op::Kind::kGetPrefix, keys_.nodes(), "", 0},
+                              {etcd::Op::Kind::kGet, keys_.round(round), "", 0}},
+                             {}, deadline);
+    if (!both.ok()) {
+      return Status(both.status().code(), "cannot read the members' addresses for round " +
+                                              std::to_string(round) +
+                                              "'s store: " + both.status().message());
+    }
+    for (auto& kvs : both->reads) {
+      for (auto& kv : kvs) read[kv.key] = std::move(kv);
+    }
+  }
+  const etcd::Mirror& records = decider_mirror != nullptr ? *decider_mirror : read;
+  auto history_kv = records.find(keys_.round(round));
+  if (history_kv == records.end()) {
+    return Status(StatusCode::kNotFound,
+                  keys_.round(round) + " is missing: the round's members are not known");
+  }
+  auto history = etcd::DecodeRound(history_kv->second.value);
+  if (!history.ok()) {
+    return Status(history.status().code(),
+                  keys_.round(round) + " cannot be read: " + history.status().message());
+  }
+  return Serve(*history, records, lease, deadline);
+}
+
 }  // namespace crun::agent

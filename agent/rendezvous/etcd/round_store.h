@@ -26,6 +26,11 @@ class EtcdRoundStore {
   // (nodes/<id>), as read from etcd. The error names the round and what failed.
   StatusOr<std::string> Serve(const etcd::RoundHistory& round, const etcd::Mirror& records,
                               std::int64_t lease, etcd::Clock::time_point deadline);
+  // The same for round `round`, its history and the members' records read from
+  // `decider_mirror` (the decider's mirror holds them) or, when null, from etcd in one
+  // transaction. The error names the key or the round and what failed.
+  StatusOr<std::string> ServeRound(int round, const etcd::Mirror* decider_mirror,
+                                   std::int64_t lease, etcd::Clock::time_point deadline);
   void Stop() { host_.Stop(); }
   bool serving(int round) const { return host_.serving() && host_.round() == round; }
 
