@@ -38,10 +38,10 @@ EXEMPT = {
 }
 
 # ---- TEMPORARY: today's offenders, taken off as the refactor shortens them. ----
+# Both empty since the architecture pass of issue 76: keep them so. A new entry needs a reason in
+# its commit and an issue that takes it off.
 KNOWN_OVER = {}  # function -> its length when listed
-KNOWN_LONG_FILES = {  # path -> its lines when listed
-    "train/train.cc": 760,
-}
+KNOWN_LONG_FILES = {}  # path -> its lines when listed
 # ---- end of TEMPORARY ----
 
 _LITERAL = re.compile(r"""(?:u8|u|U|L)?(?:"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')""")
