@@ -50,13 +50,14 @@ struct Settings {
 };
 
 // The one list of a job's settings: every encoding (the protocol's crun.v1.Settings, etcd's
-// JSON) and the agreement check read it, and service_unit_tests holds the proto to it. Adding a
-// setting: its member above and its entry here (and its field in rendezvous.proto).
+// JSON) is generated from it and the agreement check reads it; service_unit_tests holds
+// rendezvous.proto to it. Adding a setting: its member above and its entry here (and its field
+// in rendezvous.proto).
 struct SettingField {
   enum class Kind { kCount, kMillis, kContracts };
   const char* name;  // as the proto and etcd's JSON spell it; a kMillis one adds "_ms"
   Kind kind;
-  int proto_number;    // in crun.v1.Settings; 0: not on the wire (the service's own)
+  int proto_number;    // in crun.v1.Settings, 1 to 63; 0: not on the wire (the service's own)
   bool json_optional;  // etcd's JSON may lack it (older writers): the default then
   const char* agree;   // the flag every agent of a job must give alike; null: none
   std::int64_t (*get)(const Settings&);

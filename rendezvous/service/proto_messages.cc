@@ -1,5 +1,8 @@
 #include "rendezvous/service/proto_messages.h"
 
+#include <array>
+#include <optional>
+
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 #include <google/protobuf/wire_format_lite.h>
@@ -141,31 +144,53 @@ msg::FailureReport FromProto(const v1::FailureReport& r) {
   return out;
 }
 
+// A job's settings cross the wire as SettingFields() lists them (rules/settings.h), each one
+// varint at its proto_number: the same bytes protobuf writes for crun.v1.Settings, which
+// service_unit_tests holds to the list. A setting added to the list crosses with no line here.
 Settings FromProto(const v1::Settings& s) {
-  Settings out;
-  out.min_nodes = s.min_nodes();
-  out.max_nodes = s.max_nodes();
-  if (s.join_timeout_ms() != 0) out.join_timeout = Millis(s.join_timeout_ms());
-  if (s.last_call_timeout_ms() != 0) out.last_call_timeout = Millis(s.last_call_timeout_ms());
-  if (s.heartbeat_timeout_ms() != 0) out.heartbeat_timeout = Millis(s.heartbeat_timeout_ms());
-  out.max_restarts = s.max_restarts();
-  if (s.has_max_restarts_without_progress()) {
-    out.max_restarts_without_progress = s.max_restarts_without_progress();
+  namespace wire = google::protobuf::internal;
+  const std::string bytes = s.SerializeAsString();
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const std::uint8_t*>(bytes.data()),
+                                            static_cast<int>(bytes.size()));
+  std::array<std::optional<std::uint64_t>, 64> read;  // by field number: its last value
+  while (const std::uint32_t tag = in.ReadTag()) {
+    const int number = wire::WireFormatLite::GetTagFieldNumber(tag);
+    std::uint64_t value = 0;
+    if (wire::WireFormatLite::GetTagWireType(tag) == wire::WireFormatLite::WIRETYPE_VARINT &&
+        number < static_cast<int>(read.size()) && in.ReadVarint64(&value)) {
+      read[number] = value;
+    } else if (!wire::WireFormatLite::SkipField(&in, tag)) {
+      break;
+    }
   }
-  out.contracts = ContractSet::FromBits(s.contracts());
+  // A field absent keeps its default (an agent that predates it sent none); so does a time
+  // of 0.
+  Settings out;
+  for (const auto& f : SettingFields()) {
+    if (f.proto_number == 0 || !read.at(f.proto_number)) continue;
+    const auto value = static_cast<std::int64_t>(*read.at(f.proto_number));
+    if (f.kind == SettingField::Kind::kMillis && value == 0) continue;
+    f.set(out, value);
+  }
   return out;
 }
 
 v1::Settings ToProto(const Settings& s) {
+  namespace wire = google::protobuf::internal;
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream out(&stream);
+    for (const auto& f : SettingFields()) {
+      if (f.proto_number == 0) continue;
+      out.WriteTag(
+          wire::WireFormatLite::MakeTag(f.proto_number, wire::WireFormatLite::WIRETYPE_VARINT));
+      // A negative int32 is its int64's ten bytes on the wire, as protobuf writes it.
+      out.WriteVarint64(static_cast<std::uint64_t>(f.get(s)));
+    }
+  }
   v1::Settings out;
-  out.set_min_nodes(s.min_nodes);
-  out.set_max_nodes(s.max_nodes);
-  out.set_max_restarts(s.max_restarts);
-  out.set_max_restarts_without_progress(s.max_restarts_without_progress);
-  out.set_join_timeout_ms(s.join_timeout.count());
-  out.set_last_call_timeout_ms(s.last_call_timeout.count());
-  out.set_heartbeat_timeout_ms(s.heartbeat_timeout.count());
-  out.set_contracts(s.contracts.bits());
+  out.ParseFromString(bytes);
   return out;
 }
 

@@ -17,7 +17,8 @@ namespace crun::rdzv {
 // nullopt for a message that carries nothing the service knows (an empty oneof, a newer kind).
 std::optional<msg::AgentMessage> FromProto(const v1::AgentMessage& m);
 msg::FailureReport FromProto(const v1::FailureReport& r);
-// Settings from their wire form: a time of 0 is the default.
+// Settings to and from their wire form, generated from SettingFields(): a field absent (an
+// agent that predates it), or a time of 0, is its default.
 Settings FromProto(const v1::Settings& s);
 v1::Settings ToProto(const Settings& s);
 

@@ -350,6 +350,39 @@ TEST_CASE("a job's settings go to the wire and back whole, --contract included",
   CHECK(FromProto(old).contracts == crun::ContractSet());
 }
 
+TEST_CASE("settings read from the wire as protobuf wrote them, absent fields at default",
+          "[proto][settings]") {
+  v1::Settings m;  // as a crun that writes the generated message field by field sends it
+  m.set_min_nodes(3);
+  m.set_max_nodes(5);
+  m.set_max_restarts(-1);  // a negative int32: ten bytes on the wire
+  m.set_heartbeat_timeout_ms(2'500);
+  m.set_max_restarts_without_progress(0);  // present: 0 (never), not the default
+  const crun::rdzv::Settings s = FromProto(OverTheWire(m));
+  const crun::rdzv::Settings defaults;
+  CHECK(s.min_nodes == 3);
+  CHECK(s.max_nodes == 5);
+  CHECK(s.max_restarts == -1);
+  CHECK(s.heartbeat_timeout == crun::rdzv::Millis(2'500));
+  CHECK(s.max_restarts_without_progress == 0);
+  CHECK(s.join_timeout == defaults.join_timeout);  // absent: the default
+  CHECK(s.contracts == defaults.contracts);
+  // And the other way, what the generated message reads back is what was set.
+  const v1::Settings back = OverTheWire(ToProto(s));
+  CHECK(back.min_nodes() == 3);
+  CHECK(back.max_restarts() == -1);
+  CHECK(back.heartbeat_timeout_ms() == 2'500);
+  CHECK(back.has_max_restarts_without_progress());
+  CHECK(back.max_restarts_without_progress() == 0);
+  // A field from a newer crun (an unknown number, another wire type) is skipped.
+  std::string newer = m.SerializeAsString();
+  newer += std::string("\xb2\x03\x02hi", 5);  // field 54, length-delimited: "hi"
+  newer += std::string("\xa8\x03\x07", 3);    // field 53, varint 7
+  v1::Settings from_newer;
+  REQUIRE(from_newer.ParseFromString(newer));
+  CHECK(FromProto(from_newer) == s);
+}
+
 namespace {
 
 // Every field of the one list (rules/settings.h) set apart from its default and from the others.
@@ -382,6 +415,7 @@ TEST_CASE("the settings' one list is crun.v1.Settings, field for field", "[proto
     INFO(f.name);
     if (f.proto_number == 0) continue;
     ++on_wire;
+    CHECK(f.proto_number < 64);  // the conversion reads numbers below 64
     const auto* field = settings->FindFieldByNumber(f.proto_number);
     REQUIRE(field != nullptr);
     CHECK(field->name() == crun::rdzv::WireName(f));
