@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <optional>
 #include <sstream>
@@ -86,20 +87,20 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->envname(pet("ROLE"))
       ->capture_default_str()
       ->group("Job");
-  app.add_option("--max-restarts,--max_restarts", o.max_restarts,
-                 "Restarts of the worker group allowed after a failure")
-      ->envname(pet("MAX_RESTARTS"))
-      ->type_name("INT")
-      ->capture_default_str()
-      ->group("Restarts and shutdown");
-  app.add_option("--max-restarts-without-progress,--max_restarts_without_progress",
-                 o.max_restarts_without_progress,
-                 "Stop after this many attempts in a row that failed the same way before any "
-                 "progress: a crash loop, exit code 86, do not requeue (0: off; docs/health.md)")
-      ->envname(pet("MAX_RESTARTS_WITHOUT_PROGRESS"))
-      ->type_name("INT")
-      ->capture_default_str()
-      ->group("Restarts and shutdown");
+  // The job settings with a flag of their own, from their one list (rules/settings.h).
+  for (const auto& f : rdzv::SettingFields()) {
+    if (f.flags == nullptr) continue;
+    std::string& text = o.settings[f.name];
+    text = std::to_string(f.get(rdzv::Settings{}));
+    std::string env = f.name;
+    std::transform(env.begin(), env.end(), env.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::toupper(ch)); });
+    app.add_option(f.flags, text, f.help)
+        ->envname(pet(env.c_str()))
+        ->type_name("INT")
+        ->capture_default_str()
+        ->group(f.group);
+  }
   app.add_option("--progress-after,--progress_after", o.progress_after,
                  "An attempt whose workers send no step heartbeat has made progress once it has "
                  "run this many seconds (docs/health.md)")

@@ -31,10 +31,9 @@ struct LaunchOptions {
   std::string nnodes = "1:1";
   std::string nproc_per_node = "1";
   bool standalone = false;
-  std::string max_restarts = "0";
-  // crash loops (docs/health.md)
-  std::string max_restarts_without_progress =
-      std::to_string(rdzv::kDefaultMaxRestartsWithoutProgress);
+  // The job settings with a flag of their own (rdzv::SettingFields: --max-restarts, ...), by
+  // field name: their text as given; absent, their default.
+  std::map<std::string, std::string> settings;
   std::string progress_after = "300";       // seconds: an attempt this old progressed
   std::vector<std::string> health_checks;   // --health-check, repeatable (docs/health.md)
   std::string health_check_timeout = "60";  // seconds, each check's

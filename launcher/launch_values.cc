@@ -1,6 +1,7 @@
 #include "launcher/launch_values.h"
 
 #include <cctype>
+#include <cstring>
 #include <map>
 
 #include "agent/frameworks/contracts.h"
@@ -53,11 +54,15 @@ Status ParseNumbers(LaunchValues& v, const LaunchOptions& o) {
   CRUN_ASSIGN_OR_RETURN(const NodeRange nodes, ParseNnodes(o.nnodes));
   v.settings.min_nodes = nodes.min;
   v.settings.max_nodes = nodes.max;
-  CRUN_ASSIGN_OR_RETURN(v.settings.max_restarts,
-                        ParseFlagInt("--max-restarts", o.max_restarts, 0, 1'000'000));
-  CRUN_ASSIGN_OR_RETURN(v.settings.max_restarts_without_progress,
-                        ParseFlagInt("--max-restarts-without-progress",
-                                     o.max_restarts_without_progress, 0, 1'000'000));
+  for (const auto& f : rdzv::SettingFields()) {  // those with a flag of their own
+    const auto given = f.flags == nullptr ? o.settings.end() : o.settings.find(f.name);
+    if (given == o.settings.end()) continue;
+    const std::string flag(f.flags, std::strcspn(f.flags, ","));
+    CRUN_ASSIGN_OR_RETURN(const int value,
+                          ParseFlagInt(flag, given->second, static_cast<int>(f.min),
+                                       static_cast<int>(f.max)));
+    f.set(v.settings, value);
+  }
   CRUN_ASSIGN_OR_RETURN(v.node_rank, ParseFlagInt("--node-rank", o.node_rank, 0, kMaxNodeRank));
   if (!o.master_port.empty()) {
     CRUN_ASSIGN_OR_RETURN(v.master_port, ParseFlagInt("--master-port", o.master_port, 0, 65535));

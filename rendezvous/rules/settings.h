@@ -62,10 +62,20 @@ struct SettingField {
   const char* agree;   // the flag every agent of a job must give alike; null: none
   std::int64_t (*get)(const Settings&);
   void (*set)(Settings&, std::int64_t);
+  // Its own flag, for a whole number given as is (--max-restarts): the launcher's option table
+  // adds it from here, PET_<NAME> too, with its help and group, and refuses a value outside
+  // [min, max] naming the flag. null: none, or one the launcher parses itself (--nnodes'
+  // range, --contract's names).
+  const char* flags = nullptr;  // CLI11's spelling: "--max-restarts,--max_restarts"
+  const char* help = nullptr;
+  const char* group = nullptr;  // --help's heading
+  std::int64_t min = 0;
+  std::int64_t max = 0;
 };
 
 inline const std::vector<SettingField>& SettingFields() {
   using K = SettingField::Kind;
+  static constexpr const char* kRestarts = "Restarts and shutdown";
   static const std::vector<SettingField> fields{
       {"min_nodes", K::kCount, 1, false, "--nnodes",
        [](const Settings& s) -> std::int64_t { return s.min_nodes; },
@@ -84,10 +94,16 @@ inline const std::vector<SettingField>& SettingFields() {
        [](Settings& s, std::int64_t v) { s.heartbeat_timeout = Millis(v); }},
       {"max_restarts", K::kCount, 6, false, "--max-restarts",
        [](const Settings& s) -> std::int64_t { return s.max_restarts; },
-       [](Settings& s, std::int64_t v) { s.max_restarts = static_cast<int>(v); }},
+       [](Settings& s, std::int64_t v) { s.max_restarts = static_cast<int>(v); },
+       "--max-restarts,--max_restarts", "Restarts of the worker group allowed after a failure",
+       kRestarts, 0, 1'000'000},
       {"max_restarts_without_progress", K::kCount, 8, true, "--max-restarts-without-progress",
        [](const Settings& s) -> std::int64_t { return s.max_restarts_without_progress; },
-       [](Settings& s, std::int64_t v) { s.max_restarts_without_progress = static_cast<int>(v); }},
+       [](Settings& s, std::int64_t v) { s.max_restarts_without_progress = static_cast<int>(v); },
+       "--max-restarts-without-progress,--max_restarts_without_progress",
+       "Stop after this many attempts in a row that failed the same way before any progress: a "
+       "crash loop, exit code 86, do not requeue (0: off; docs/health.md)",
+       kRestarts, 0, 1'000'000},
       {"contracts", K::kContracts, 7, true, "--contract",
        [](const Settings& s) -> std::int64_t { return s.contracts.bits(); },
        [](Settings& s, std::int64_t v) {

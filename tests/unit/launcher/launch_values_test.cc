@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 
+#include <cctype>
 #include <csignal>
 #include <map>
 #include <string>
@@ -167,4 +168,35 @@ TEST_CASE("values: every --straggler-action, from the flag and from PET_STRAGGLE
     CHECK(var->straggler_action == action);
   }
   CHECK(Values({})->straggler_action == StragglerAction::kWarn);
+}
+
+TEST_CASE("values: every job setting with a flag of its own, from the one list", "[values]") {
+  int checked = 0;
+  for (const auto& f : crun::rdzv::SettingFields()) {
+    if (f.flags == nullptr) continue;
+    INFO(f.name);
+    ++checked;
+    const std::string all = f.flags;
+    const std::string dashed = all.substr(0, all.find(','));
+    const std::string underscored = all.substr(all.find(',') + 1);
+    CHECK(underscored.find('_') != std::string::npos);  // torchrun's spelling too
+    const auto v = Values({dashed, std::to_string(f.min + 1)});
+    REQUIRE(v.ok());
+    CHECK(f.get(v->settings) == f.min + 1);
+    const auto u = Values({underscored, std::to_string(f.max)});
+    REQUIRE(u.ok());
+    CHECK(f.get(u->settings) == f.max);
+    std::string env = "PET_" + std::string(f.name);
+    for (auto& ch : env) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    ::setenv(env.c_str(), std::to_string(f.min + 2).c_str(), 1);
+    const auto e = Values({});
+    ::unsetenv(env.c_str());
+    REQUIRE(e.ok());
+    CHECK(f.get(e->settings) == f.min + 2);
+    CHECK(Refusal({dashed, std::to_string(f.max + 1)}) ==
+          dashed + " '" + std::to_string(f.max + 1) + "': expected a whole number from " +
+              std::to_string(f.min) + " to " + std::to_string(f.max));
+    CHECK(f.get(Values({})->settings) == f.get(crun::rdzv::Settings{}));  // absent: its default
+  }
+  CHECK(checked >= 2);
 }
