@@ -263,7 +263,10 @@ std::string EncodeJob(const JobDoc& d, TimePoint now, WallClock::time_point wall
             {"restarts_used", s.restarts_used},
             {"round_times_ms", std::move(times)},
             {"paid_round", s.paid_round},
-            {"crash_loop", {{"way", s.crash_loop.way}, {"attempts", s.crash_loop.attempts}}},
+            {"crash_loop",
+             {{"way", s.crash_loop.way},
+              {"attempts", s.crash_loop.attempts},
+              {"repeats", s.crash_loop.repeats}}},
             {"unhealthy", std::move(unhealthy)},
             {"unhealthy_reports", s.unhealthy_reports},
             {"stop", {{"reason", d.stop_reason}, {"spends_restart", d.stop_spends_restart}}},
@@ -319,7 +322,8 @@ StatusOr<JobDoc> DecodeJob(const std::string& text, TimePoint now, WallClock::ti
     }
     s.paid_round = j.value("paid_round", false);  // absent from documents before it
     if (const auto loop = j.find("crash_loop"); loop != j.end()) {  // as paid_round
-      s.crash_loop = {loop->at("way").get<std::string>(), loop->at("attempts").get<int>()};
+      s.crash_loop = {loop->at("way").get<std::string>(), loop->at("attempts").get<int>(),
+                      loop->value("repeats", 0)};  // absent from documents before it
     }
     if (const auto u = j.find("unhealthy"); u != j.end()) {  // as paid_round
       for (const auto& n : *u) {

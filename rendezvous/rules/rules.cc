@@ -160,6 +160,10 @@ Status Settings::Validate() const {
     return InvalidArgument("max restarts without progress (" +
                            std::to_string(max_restarts_without_progress) + ") must be >= 0");
   }
+  if (max_repeated_failures < 0) {
+    return InvalidArgument("max repeated failures (" + std::to_string(max_repeated_failures) +
+                           ") must be >= 0");
+  }
   if (!contracts.Known()) {
     return InvalidArgument("--contract " + contracts.ToString() +
                            " names contracts this crun does not know (is the agent newer?)");
@@ -371,13 +375,10 @@ int FailedJobExitCode(const FailJob& fail, std::optional<int> root_exit) {
 }
 
 bool CountCrash(CrashLoop& loop, const Failure& f, int limit) {
-  if (!f.before_progress || f.way.empty()) {
-    loop = {};
-  } else if (f.way == loop.way) {
-    ++loop.attempts;
-  } else {
-    loop = {f.way, 1};
-  }
+  const bool same = !f.way.empty() && f.way == loop.way;
+  loop.repeats = f.way.empty() ? 0 : (same ? loop.repeats + 1 : 1);
+  loop.attempts = !f.before_progress || f.way.empty() ? 0 : (same ? loop.attempts + 1 : 1);
+  loop.way = f.way;
   return limit > 0 && loop.attempts >= limit;
 }
 
@@ -394,6 +395,17 @@ std::optional<FailJob> OnFailure(int& restarts_used, CrashLoop& loop, const Fail
   // Before the budget: a loop that ends with the budget still asks not to be requeued.
   if (CountCrash(loop, f, settings.max_restarts_without_progress)) {
     return FailJob{DescribeCrashLoop(f, loop.attempts), report::kExitDoNotRequeue};
+  }
+  // The same failure after every resume: the job, not the machines, is broken.
+  if (settings.max_repeated_failures > 0 && loop.repeats >= settings.max_repeated_failures) {
+    return FailJob{"repeated failure: " + f.cause + " in " + std::to_string(loop.repeats) +
+                       " attempts in a row, progress or not" +
+                       (f.last_line.empty() ? "" : ": " + f.last_line) +
+                       " (--max-repeated-failures " + std::to_string(loop.repeats) +
+                       "; the job itself is broken: exit code " +
+                       std::to_string(report::kExitDoNotRequeue) +
+                       " asks the scheduler not to requeue it)",
+                   report::kExitDoNotRequeue};
   }
   if (SpendRestart(restarts_used, settings.max_restarts)) return std::nullopt;
   return FailJob{f.what + (settings.max_restarts > 0

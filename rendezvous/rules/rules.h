@@ -51,14 +51,16 @@ struct Failure {
 };
 Failure FailureOf(const report::FailureReport& report);
 
-// Failures in a row that failed the same way before any progress (docs/health.md), one rule
-// for every rendezvous, as SpendRestart is. A failure after progress, or another way, starts
+// Failures in a row that failed the same way (docs/health.md), one rule for every rendezvous, as
+// SpendRestart is: `attempts` counts those before any progress (a failure after progress starts
+// it over), `repeats` those with or without (--max-repeated-failures). Another way starts both
 // over.
 struct CrashLoop {
-  std::string way;
+  std::string way;  // the last failure's
   int attempts = 0;
+  int repeats = 0;
 };
-// Counts `f` into `loop`; true when the loop has reached `limit` attempts (limit 0: never).
+// Counts `f` into `loop`; true when `attempts` has reached `limit` (limit 0: never).
 bool CountCrash(CrashLoop& loop, const Failure& f, int limit);
 // "crash loop: rank 3 (local rank 1) on node-b failed with exit code 1 in 3 attempts before
 // any step: ValueError: ..." and the option that stopped it.

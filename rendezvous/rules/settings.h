@@ -35,6 +35,9 @@ struct Settings {
   // --max-restarts-without-progress: this many failures in a row, the same way and before any
   // progress, end the job as a crash loop (docs/health.md); 0: never.
   int max_restarts_without_progress = kDefaultMaxRestartsWithoutProgress;
+  // --max-repeated-failures: this many failures in a row that failed the same way, progress or
+  // not, end the job as a deterministic failure (docs/health.md); 0: never.
+  int max_repeated_failures = 0;
   // More than this many rounds within storm_window fails the job (nodes flapping).
   int storm_rounds = 10;
   Millis storm_window{60'000};
@@ -103,6 +106,14 @@ inline const std::vector<SettingField>& SettingFields() {
        "--max-restarts-without-progress,--max_restarts_without_progress",
        "Stop after this many attempts in a row that failed the same way before any progress: a "
        "crash loop, exit code 86, do not requeue (0: off; docs/health.md)",
+       kRestarts, 0, 1'000'000},
+      {"max_repeated_failures", K::kCount, 9, true, "--max-repeated-failures",
+       [](const Settings& s) -> std::int64_t { return s.max_repeated_failures; },
+       [](Settings& s, std::int64_t v) { s.max_repeated_failures = static_cast<int>(v); },
+       "--max-repeated-failures,--max_repeated_failures",
+       "Stop after this many attempts in a row that failed the same way, progress or not (the "
+       "same error at the same point after every resume): exit code 86, do not requeue (0: "
+       "off; docs/health.md)",
        kRestarts, 0, 1'000'000},
       {"contracts", K::kContracts, 7, true, "--contract",
        [](const Settings& s) -> std::int64_t { return s.contracts.bits(); },

@@ -17,7 +17,8 @@ processes over a generated table of dimensions, not hand-picked cases.
             every combination (docs/health.md): a worker that fails at import in every attempt
             ends the job after --max-restarts-without-progress attempts with exit code 86 and
             the crash loop's words, though restarts remain; the same failure after a step
-            heartbeat spends every restart and ends with the worker's own code
+            heartbeat is no crash loop, and ends the job after --max-repeated-failures attempts
+            (a job setting every backend honours: static nodes each weigh it), exit code 86
   health    backend x start x the health gate's verdict, every combination (docs/health.md):
             with checks that pass (a command, disk, memory) on every node the job runs whole;
             with one node's check failing, that node exits 87 having run nothing, and the other
@@ -375,9 +376,10 @@ class Matrix(unittest.TestCase):
         out = tempfile.mkdtemp(dir=self.root)
         env = dict(os.environ, PYTHON_EXEC=self.torchless)
         env.pop("PET_WARM", None)
-        loop_after, restarts = 2, 3
+        loop_after, repeats, restarts = 2, 3, 4
         cmds = self.commands(backend, "torch", 2, CRASH_WORKER, out, restarts=restarts,
-                             extra=("--max-restarts-without-progress", str(loop_after)))
+                             extra=("--max-restarts-without-progress", str(loop_after),
+                                    "--max-repeated-failures", str(repeats)))
         cmds = [c[:-1] + [out, mode] for c in cmds]  # the worker's arguments, not env_dump's
         if start == "warm":
             cmds = [c[:1] + ["--warm"] + c[1:] for c in cmds]
@@ -394,11 +396,16 @@ class Matrix(unittest.TestCase):
                     r"'missing_module_of_crash_loop' \(--max-restarts-without-progress 2")
             # Stopped by the loop, not by the budget: restarts were left.
             self.assertLess(max(attempts), restarts, attempts)
-        else:
+        else:  # after progress: no crash loop, but the same failure every time
             for p, text in zip(procs, texts):
-                self.assertEqual(p.returncode, 1, f"{' '.join(p.args)}:\n{text}")
+                self.assertEqual(p.returncode, 86, f"{' '.join(p.args)}:\n{text}")
                 self.assertNotIn("crash loop", text)
-            self.assertEqual(attempts, list(range(restarts + 1)))
+                self.assertRegex(
+                    text, r"repeated failure: rank \d+ \(local rank \d\)( on \S+)? failed with "
+                    r"exit code 1 in 3 attempts in a row, progress or not: RuntimeError: a step "
+                    r"failed \(--max-repeated-failures 3")
+            # Stopped by the repeats, not by the crash loop's 2 or the budget's 4 restarts.
+            self.assertEqual(attempts, list(range(repeats)))
 
     def run_health_case(self, case):
         """The health gate on every backend, cold and warm: all pass, or one node's fails."""

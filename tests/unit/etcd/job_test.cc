@@ -52,7 +52,7 @@ struct Etcd {
   }
   void AddNode(const std::string& id, const std::string& host, int nproc, int min_nodes,
                int max_nodes, int max_restarts = 0, std::int64_t lease = 100,
-               const char* contracts = "torch") {
+               const char* contracts = "torch", int max_repeated_failures = 0) {
     NodeRecord r;
     r.node.node_id = id;
     r.node.host = host;
@@ -61,6 +61,7 @@ struct Etcd {
     r.settings.min_nodes = min_nodes;
     r.settings.max_nodes = max_nodes;
     r.settings.max_restarts = max_restarts;
+    r.settings.max_repeated_failures = max_repeated_failures;
     r.settings.contracts = crun::ParseContracts(contracts).value();
     Put(keys.node(id), crun::etcd::EncodeNode(r), lease);
   }
@@ -296,6 +297,41 @@ TEST_CASE("etcd job: failures the same way before progress end it as a crash loo
   CHECK(job["outcome"]["reason"].get<std::string>().rfind(
             "crash loop: rank 1 (local rank 0) on b failed with exit code 1 in 3 attempts before "
             "any step: ImportError: nope",
+            0) == 0);
+}
+
+TEST_CASE("etcd's decider ends a job failing the same way after progress (--max-repeated-failures)",
+          "[decide]") {
+  Etcd e;
+  e.AddNode("a", "host-a", 1, 2, 2, /*max_restarts=*/10, 100, "torch",
+            /*max_repeated_failures=*/2);
+  e.AddNode("b", "host-b", 1, 2, 2, 10, 100, "torch", 2);
+  Report r;
+  r.what = "rank 1 (local rank 0) on b failed with exit code 1";
+  r.exit_code = 1;
+  r.report_json = R"({"host":"b","failures":[{"rank":1,"exit_code":1,"stderr_tail":[)"
+                  R"("Traceback (most recent call last):","ValueError: bad batch"]}]})";
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    INFO("attempt " << attempt);
+    e.JoinNode("a");
+    e.JoinNode("b");
+    e.Step(Ms(10 * attempt));
+    REQUIRE(e.Job()["phase"] == "running");
+    e.Put(e.keys.report(attempt, "b"), crun::etcd::EncodeReport(r));
+    e.Step(Ms(10 * attempt + 5));
+    if (attempt < 1) {
+      CHECK(e.Job()["phase"] == "gathering");
+      CHECK(e.Job()["crash_loop"]["repeats"] == 1);   // kept in the document, for a successor
+      CHECK(e.Job()["crash_loop"]["attempts"] == 0);  // after progress: no crash loop
+    }
+  }
+  auto job = e.Job();
+  CHECK(job["phase"] == "failed");
+  CHECK(job["restarts_used"] == 1);
+  CHECK(job["outcome"]["exit_code"] == crun::report::kExitDoNotRequeue);
+  CHECK(job["outcome"]["reason"].get<std::string>().rfind(
+            "repeated failure: rank 1 (local rank 0) on b failed with exit code 1 in 2 attempts "
+            "in a row, progress or not: ValueError: bad batch (--max-repeated-failures 2",
             0) == 0);
 }
 

@@ -476,6 +476,50 @@ TEST_CASE("a crash loop fails the job with do-not-requeue, before the budget is 
   CHECK(fail->reason == "rank 3 (local rank 1) on b failed with exit code 1 (after 2 restarts)");
 }
 
+TEST_CASE("repeated failures: K in a row, the same way, progress or not", "[rules]") {
+  struct Row {
+    const char* name;
+    std::vector<Failure> failures;
+    int limit;
+    int stops_at;  // the failure (0-based) that ends the job; -1: none does
+  };
+  const Failure a = Crash("exit code 1: ValueError: bad batch 1200", false);
+  const Failure a_early = Crash("exit code 1: ValueError: bad batch 1200", true);
+  const Failure b = Crash("exit code 1: RuntimeError: NCCL timeout", false);
+  const Failure unknown = Crash("", false);
+  const std::vector<Row> rows = {
+      {"the same way after progress K times", {a, a, a}, 3, 2},
+      {"before progress or not, alike", {a_early, a, a}, 3, 2},
+      {"0 never stops", {a, a, a, a, a}, 0, -1},
+      {"another way starts over", {a, a, b, a, a, a}, 3, 5},
+      {"a way unknown counts nothing", {a, a, unknown, a, a}, 3, -1},
+  };
+  for (const auto& row : rows) {
+    INFO(row.name);
+    State st = Running(100);
+    st.settings.max_restarts_without_progress = 0;  // the crash loop's limit apart
+    st.settings.max_repeated_failures = row.limit;
+    int stopped = -1;
+    for (std::size_t i = 0; i < row.failures.size() && stopped < 0; ++i) {
+      auto t = OnWorkerFailed(st, "b#1", row.failures[i], T0 + 10s);
+      if (const auto* fail = Only<FailJob>(t.actions)) {
+        stopped = static_cast<int>(i);
+        CHECK(fail->exit_code == crun::report::kExitDoNotRequeue);
+        CHECK(fail->reason.rfind("repeated failure: rank 3 (local rank 1) on b failed in " +
+                                     std::to_string(row.limit) +
+                                     " attempts in a row, progress or not",
+                                 0) == 0);
+        CHECK(fail->reason.find("(--max-repeated-failures " + std::to_string(row.limit)) !=
+              std::string::npos);
+      } else {
+        REQUIRE(Only<StopAndRejoin>(t.actions) != nullptr);
+        st = Rejoin(t.state, T0 + 10s, {"a", "b"});
+      }
+    }
+    CHECK(stopped == row.stops_at);
+  }
+}
+
 TEST_CASE("agents that differ on --max-restarts-without-progress are refused, naming it",
           "[rules]") {
   Settings mine = Nodes(2, 2), theirs = Nodes(2, 2);
