@@ -2,7 +2,8 @@
 // proto/crun/v1/rendezvous.proto), in one place: what it says (its join, heartbeats, failures,
 // stacks) built from its own types, and what it hears (an assignment, the job's end, slow-rank
 // verdicts, other nodes' stacks) read back into them. The service's side is
-// rendezvous/service/proto_messages.h, which also holds a failure report's one conversion.
+// rendezvous/service/proto_messages.h; a failure report's one conversion is the report's own
+// (rendezvous/report/report_proto.h).
 //
 // Stacks: threads and frames travel; the tools' raw output stays on its node (in its own report
 // and attempt_<n>/stacks/). `crun stacks --rdzv-endpoint` reads them back here too.

@@ -7,7 +7,7 @@
 //
 // Each encoding of the model is defined here once, or in one place for its format: the words
 // (Describe, DescribeEnd), the shell code (ExitCodeOf), the stored JSON (ToJson, FromJson),
-// failure.json's entries (FileJson), the protobuf message (rendezvous/service/proto_messages.h)
+// failure.json's entries (FileJson), the protobuf message (report_proto.h, its own library)
 // and the printed block (agent/failures/report_format.h, which says exits with DescribeEnd's
 // words). tests/unit/report_cases.h is the table every one of them is tested against. Plain C++ and
 // nlohmann_json.
