@@ -265,6 +265,20 @@ TEST_CASE("etcd job: a worker failure spends a restart and every node rejoins") 
   CHECK(job["outcome"]["reason"].get<std::string>().find("after 1 restarts") != std::string::npos);
 }
 
+namespace {
+
+// Nodes a and b join round `attempt` (the decider forms it), then b's workers fail with `r`.
+void FailAttempt(Etcd& e, int attempt, const Report& r) {
+  e.JoinNode("a");
+  e.JoinNode("b");
+  e.Step(Ms(10 * attempt));
+  REQUIRE(e.Job()["phase"] == "running");
+  e.Put(e.keys.report(attempt, "b"), crun::etcd::EncodeReport(r));
+  e.Step(Ms(10 * attempt + 5));
+}
+
+}  // namespace
+
 TEST_CASE("etcd job: failures the same way before progress end it as a crash loop") {
   // Each failure is decided by a fresh Decide over the stored document: the loop's count
   // lives in the document, as the budget does.
@@ -279,12 +293,7 @@ TEST_CASE("etcd job: failures the same way before progress end it as a crash loo
                   R"("before_progress":true})";
   for (int attempt = 0; attempt < 3; ++attempt) {
     INFO("attempt " << attempt);
-    e.JoinNode("a");
-    e.JoinNode("b");
-    e.Step(Ms(10 * attempt));
-    REQUIRE(e.Job()["phase"] == "running");
-    e.Put(e.keys.report(attempt, "b"), crun::etcd::EncodeReport(r));
-    e.Step(Ms(10 * attempt + 5));
+    FailAttempt(e, attempt, r);
     if (attempt < 2) {
       CHECK(e.Job()["phase"] == "gathering");
       CHECK(e.Job()["crash_loop"]["attempts"] == attempt + 1);
@@ -313,12 +322,7 @@ TEST_CASE("etcd's decider ends a job failing the same way after progress (--max-
                   R"("Traceback (most recent call last):","ValueError: bad batch"]}]})";
   for (int attempt = 0; attempt < 2; ++attempt) {
     INFO("attempt " << attempt);
-    e.JoinNode("a");
-    e.JoinNode("b");
-    e.Step(Ms(10 * attempt));
-    REQUIRE(e.Job()["phase"] == "running");
-    e.Put(e.keys.report(attempt, "b"), crun::etcd::EncodeReport(r));
-    e.Step(Ms(10 * attempt + 5));
+    FailAttempt(e, attempt, r);
     if (attempt < 1) {
       CHECK(e.Job()["phase"] == "gathering");
       CHECK(e.Job()["crash_loop"]["repeats"] == 1);   // kept in the document, for a successor
