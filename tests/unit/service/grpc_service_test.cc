@@ -37,6 +37,14 @@ namespace v1 = crun::v1;
 // Every wait on the service has a deadline: a service that never answers fails the test.
 constexpr std::chrono::seconds kDeadline{30};
 
+// Every call of these tests: a deadline, and waiting for its connection. A channel gives up on a
+// handshake after 100 ms (rdzv::ChannelOptions::min_connect), which a loaded machine can take;
+// a call that fails at once would then read UNAVAILABLE where the test asks something else.
+void Patient(grpc::ClientContext& ctx) {
+  ctx.set_deadline(std::chrono::system_clock::now() + kDeadline);
+  ctx.set_wait_for_ready(true);
+}
+
 std::unique_ptr<RendezvousService> StartService(const std::string& token = "",
                                                 bool metrics = false) {
   ServiceOptions o;
@@ -231,6 +239,7 @@ TEST_CASE("grpc service: a round forms and its worker store is reachable", "[grp
   v1::StatusRequest req;
   v1::StatusResponse resp;
   grpc::ClientContext ctx;
+  Patient(ctx);
   REQUIRE(a.stub().Status(&ctx, req, &resp).ok());
   REQUIRE(resp.jobs_size() == 1);
   CHECK(resp.jobs(0).phase() == "running");
@@ -308,20 +317,20 @@ TEST_CASE("grpc service: the standard health service answers anyone, Check and W
   auto service = StartService(GENERATE(std::string(), std::string("s3cret-token")));
   auto channel = crun::agent::MakeChannel("127.0.0.1:" + std::to_string(service->port()), {});
   auto stub = health::Health::NewStub(channel);
-  const auto deadline = [] { return std::chrono::system_clock::now() + kDeadline; };
   for (const std::string name : {"", "crun.v1.Rendezvous"}) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(deadline());
+    Patient(ctx);
     health::HealthCheckRequest request;
     request.set_service(name);
     health::HealthCheckResponse response;
     const grpc::Status s = stub->Check(&ctx, request, &response);
+    INFO(s.error_code() << ": " << s.error_message());
     REQUIRE(s.ok());
     CHECK(response.status() == health::HealthCheckResponse::SERVING);
   }
   {
     grpc::ClientContext ctx;
-    ctx.set_deadline(deadline());
+    Patient(ctx);
     health::HealthCheckRequest request;
     request.set_service("no.such.Service");
     health::HealthCheckResponse response;
@@ -333,7 +342,7 @@ TEST_CASE("grpc service: the standard health service answers anyone, Check and W
        {std::pair{std::string("crun.v1.Rendezvous"), health::HealthCheckResponse::SERVING},
         std::pair{std::string("no.such.Service"), health::HealthCheckResponse::SERVICE_UNKNOWN}}) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(deadline());
+    Patient(ctx);
     health::HealthCheckRequest request;
     request.set_service(name);
     auto reader = stub->Watch(&ctx, request);
@@ -346,7 +355,7 @@ TEST_CASE("grpc service: the standard health service answers anyone, Check and W
   }
   // A watch still open when the service stops is ended, within the grace.
   grpc::ClientContext ctx;
-  ctx.set_deadline(deadline());
+  Patient(ctx);
   auto reader = stub->Watch(&ctx, health::HealthCheckRequest());
   health::HealthCheckResponse response;
   REQUIRE(reader->Read(&response));
@@ -447,9 +456,11 @@ TEST_CASE("grpc service: Status needs the job token too", "[grpc][security]") {
   v1::StatusResponse resp;
   {
     grpc::ClientContext ctx;
+    Patient(ctx);
     CHECK(stub->Status(&ctx, req, &resp).error_code() == grpc::StatusCode::UNAUTHENTICATED);
   }
   grpc::ClientContext ctx;
+  Patient(ctx);
   ctx.AddMetadata(crun::kTokenHeader, "s3cret-token");
   CHECK(stub->Status(&ctx, req, &resp).ok());
 }
@@ -469,6 +480,7 @@ TEST_CASE("grpc service: the Stacks call gathers every node's answer, needs the 
   query.set_timeout_ms(20'000);
   {
     grpc::ClientContext ctx;
+    Patient(ctx);
     v1::StacksResult ignored;
     CHECK(stub->Stacks(&ctx, query, &ignored).error_code() == grpc::StatusCode::UNAUTHENTICATED);
   }
@@ -477,8 +489,8 @@ TEST_CASE("grpc service: the Stacks call gathers every node's answer, needs the 
   grpc::Status status;
   std::thread call([&] {
     grpc::ClientContext ctx;
+    Patient(ctx);
     ctx.AddMetadata(crun::kTokenHeader, "s3cret-token");
-    ctx.set_deadline(std::chrono::system_clock::now() + kDeadline);
     status = stub->Stacks(&ctx, query, &result);
   });
   for (auto* agent : {&a, &b}) {
@@ -506,6 +518,7 @@ TEST_CASE("grpc service: the Stacks call gathers every node's answer, needs the 
   CHECK(result.missing_size() == 0);
   {
     grpc::ClientContext ctx;
+    Patient(ctx);
     ctx.AddMetadata(crun::kTokenHeader, "s3cret-token");
     query.set_run_id("nope");
     CHECK(stub->Stacks(&ctx, query, &result).error_code() == grpc::StatusCode::NOT_FOUND);
@@ -523,7 +536,7 @@ TEST_CASE("grpc service: stopping the service ends a Stacks call still waiting f
   grpc::Status status;
   std::thread call([&] {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + kDeadline);
+    Patient(ctx);
     v1::StacksQuery query;
     query.set_run_id("job7");
     query.set_timeout_ms(60'000);
@@ -585,7 +598,7 @@ TEST_CASE("grpc service: a Session message that does not parse ends the session"
   grpc::GenericStub stub(channel);
   grpc::CompletionQueue cq;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + kDeadline);
+  Patient(ctx);
   auto call = stub.PrepareCall(&ctx, "/crun.v1.Rendezvous/Session", &cq);
   REQUIRE(call != nullptr);
   // Each operation in turn: its tag back from the queue, within the deadline.
