@@ -73,16 +73,26 @@ int RunRemote(const StacksOptions& o) {
   agent::ChannelOptions co;
   co.security = *security;
   auto stub = v1::Rendezvous::NewStub(agent::MakeChannel(target, co));
-  grpc::ClientContext ctx;
-  if (!security->token.empty()) ctx.AddMetadata(crun::kTokenHeader, security->token);
   const auto timeout = std::chrono::milliseconds(static_cast<long>(o.timeout * 1000));
-  // The service waits for the nodes until a second before this call's deadline.
-  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  const auto deadline = std::chrono::system_clock::now() + timeout;
   v1::StacksQuery req;
   req.set_run_id(o.run_id);
+  // The service waits for the nodes until a second before this call's deadline.
   req.set_timeout_ms(std::max<long>(1000, timeout.count() - 1000));
   v1::StacksResult resp;
-  const auto s = stub->Stacks(&ctx, req, &resp);
+  const auto ask = [&](bool wait_for_ready) {
+    grpc::ClientContext ctx;
+    if (!security->token.empty()) ctx.AddMetadata(crun::kTokenHeader, security->token);
+    ctx.set_deadline(deadline);
+    ctx.set_wait_for_ready(wait_for_ready);
+    return stub->Stacks(&ctx, req, &resp);
+  };
+  auto s = ask(false);
+  // A service too busy to finish the handshake at once (rdzv::GaveUpConnecting): wait for it.
+  if (rdzv::GaveUpConnecting(s)) {
+    const auto again = ask(true);
+    if (again.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) s = again;
+  }
   if (!s.ok()) {
     const bool refused = s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
                          s.error_code() == grpc::StatusCode::NOT_FOUND;

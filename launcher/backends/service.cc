@@ -341,9 +341,17 @@ int FetchServiceStatus(const StatusQuery& q, v1::StatusResponse* resp, std::stri
   }
   const std::string target = crun::FormatEndpoint(e.host, e.port);
   *where = target;
-  auto s =
-      AskStatus(target, *security, std::chrono::milliseconds(static_cast<long>(q.timeout * 1000)),
-                q.run_id, resp);
+  const auto timeout = std::chrono::milliseconds(static_cast<long>(q.timeout * 1000));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto s = AskStatus(target, *security, timeout, q.run_id, resp);
+  if (rdzv::GaveUpConnecting(s)) {  // a daemon too busy to finish a handshake at once: wait for it
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() > 0) {
+      const grpc::Status again = AskStatus(target, *security, left, q.run_id, resp, true);
+      if (again.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) s = again;
+    }
+  }
   if (s.ok()) return 0;
   if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
     *final = true;

@@ -36,4 +36,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const Chan
   return grpc::CreateCustomChannel(target, credentials, args);
 }
 
+bool GaveUpConnecting(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         s.error_message().find("Connection refused") == std::string::npos;
+}
+
 }  // namespace crun::rdzv

@@ -37,4 +37,10 @@ struct ChannelOptions {
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
                                            const ChannelOptions& options);
 
+// Whether a fail-fast call gave up while connecting to something that listens: a channel drops a
+// connection whose handshake takes over min_connect, as a busy or briefly stopped server's does.
+// Such a call is worth making again with wait_for_ready, within its deadline. A refused
+// connection is not (nothing listens).
+bool GaveUpConnecting(const grpc::Status& s);
+
 }  // namespace crun::rdzv

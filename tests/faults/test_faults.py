@@ -486,6 +486,33 @@ class Faults(unittest.TestCase):
                     "yet (join_timeout 30 s) and joins; one round of all 4 ranks; exit 0",
                     f"all 4 workers running {ms(started)} after SIGCONT")
 
+    def test_crun_status_waits_for_a_daemon_stopped_while_it_connects(self):
+        """`crun status` asked of a daemon that is stopped (SIGSTOP) when it connects and runs
+        again 0.5 s later: its connection waits in the daemon's accept queue, and the answer
+        comes within --timeout. gRPC alone gives up a handshake after 100 ms, which a busy
+        daemon also takes; `crun status` said "no answer" then."""
+        with Fabric(["a"]) as fab:
+            d = self.daemon(fab)
+            d.send_signal(signal.SIGSTOP)
+            wait_for(lambda: proc_state(d.pid) == "T", "the daemon stopped")
+            s = fab.popen("a", [CRUN, "status", "--rdzv-endpoint", f"{fab.addr('a')}:{PORT}",
+                                "--json", "--timeout", "20"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self.procs.append(s)
+            wait_for(lambda: self.backlog(d) >= 1, "crun status's connection in the queue")
+            time.sleep(0.5)  # the fault itself: the daemon does nothing for 0.5 s
+            t0 = time.time()
+            d.send_signal(signal.SIGCONT)
+            out, err = s.communicate(timeout=LIMIT_S)
+            answered = time.time() - t0
+            self.assertEqual(s.returncode, 0, err)
+            self.assertEqual(json.loads(out), [])
+            self.stop_daemon(d)
+        self.assertNothingLeft()
+        self.record("`crun rendezvous` daemon SIGSTOPped for 0.5 s while `crun status` connects",
+                    "`crun status` waits for it within --timeout and prints the jobs; exit 0",
+                    f"answered {ms(answered)} after SIGCONT")
+
     def test_a_daemon_stopped_for_good_is_named_when_join_timeout_passes(self):
         """The silent holder waited for above, silent for good: when join_timeout passes, the
         crun on its host names the process that holds the port, not a guess."""
