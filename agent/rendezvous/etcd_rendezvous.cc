@@ -2,7 +2,6 @@
 #include "agent/rendezvous/etcd_rendezvous_impl.h"
 
 #include <future>
-#include <map>
 #include <utility>
 
 #include <boost/asio/post.hpp>
@@ -10,9 +9,6 @@
 #include <spdlog/spdlog.h>
 
 #include "agent/rendezvous/etcd/assignment.h"
-#include "agent/rendezvous/etcd/decider.h"
-#include "agent/rendezvous/etcd/election.h"
-#include "base/endpoint.h"
 #include "base/security.h"
 #include "rendezvous/report/report.h"
 

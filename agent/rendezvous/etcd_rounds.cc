@@ -1,12 +1,9 @@
 // The etcd rendezvous's rounds (etcd_rendezvous_impl.h).
 #include "agent/rendezvous/etcd_rendezvous_impl.h"
 
-#include <future>
-#include <map>
 #include <utility>
 
 #include <boost/asio/post.hpp>
-#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "agent/rendezvous/etcd/assignment.h"
@@ -14,7 +11,6 @@
 #include "agent/rendezvous/etcd/election.h"
 #include "base/endpoint.h"
 #include "base/security.h"
-#include "rendezvous/report/report.h"
 
 namespace crun::agent {
 
