@@ -9,22 +9,24 @@ namespace {
 
 constexpr std::int64_t kMax = std::int64_t{1} << 62;
 
-// "S <step> <compute_us>" without its newline.
+// "S <step> <compute_us>" or "S <step>", without its newline.
 std::optional<StepRecord> ParseRecord(std::string_view text) {
   if (text.size() < 2 || text[0] != 'S' || text[1] != ' ') return std::nullopt;
   text.remove_prefix(2);
   const auto space = text.find(' ');
-  if (space == std::string_view::npos) return std::nullopt;
   const auto step = ParseInteger(text.substr(0, space), 0, kMax);
+  if (!step) return std::nullopt;
+  if (space == std::string_view::npos) return StepRecord{*step, std::nullopt};
   const auto compute = ParseInteger(text.substr(space + 1), 0, kMax);
-  if (!step || !compute) return std::nullopt;
+  if (!compute) return std::nullopt;
   return StepRecord{*step, *compute};
 }
 
 }  // namespace
 
 std::string FormatStepRecord(const StepRecord& r) {
-  return "S " + std::to_string(r.step) + " " + std::to_string(r.compute_us) + "\n";
+  if (!r.compute_us) return "S " + std::to_string(r.step) + "\n";
+  return "S " + std::to_string(r.step) + " " + std::to_string(*r.compute_us) + "\n";
 }
 
 int HeartbeatParser::Feed(std::string_view bytes, std::vector<StepRecord>& records) {

@@ -46,9 +46,9 @@ class StragglerWatch final : public JobFeature {
   // by its RANK.
   void OnStep(int local_rank, const StepRecord& r) {
     const int i = local_rank - agent_.options.first_local_rank;
-    if (i < 0 || i >= static_cast<int>(windows_.size())) return;
+    if (i < 0 || i >= static_cast<int>(windows_.size()) || !r.compute_us) return;
     auto sample =
-        windows_[static_cast<std::size_t>(i)].Add(r.step, std::chrono::microseconds(r.compute_us));
+        windows_[static_cast<std::size_t>(i)].Add(r.step, std::chrono::microseconds(*r.compute_us));
     if (!sample) return;
     if (!state_) {
       sample->rank = first_rank_ + i;

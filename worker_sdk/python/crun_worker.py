@@ -70,7 +70,8 @@ def step(n, compute_seconds=None):
     DDP communication hook, the time from the last step() to the moment backward handed DDP its
     last bucket (after that a fast rank only waits for the others); else the time since the
     last step(), which every rank of a synchronous job shares, so that it names nobody. The
-    first call only starts the clock. A no-op without crun."""
+    first call starts the clock and tells crun the step a worker starts at, for the goodput
+    ledger's "redone". A no-op without crun."""
     fd = os.environ.get("CRUN_HEARTBEAT_FD")
     if fd is None:
         return
@@ -80,7 +81,7 @@ def step(n, compute_seconds=None):
     if compute_seconds is None and last is not None:
         compute_seconds = (launched if launched is not None and launched > last else now) - last
     if compute_seconds is None:
-        record = b"."
+        record = b"S %d\n" % int(n)
     else:
         record = b"S %d %d\n" % (int(n), max(0, int(compute_seconds * 1e6)))
     try:

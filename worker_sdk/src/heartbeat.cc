@@ -60,7 +60,7 @@ void Step(std::int64_t step) {
   const auto now = internal::StepClock::now();
   const auto waited = internal::CollectiveWaitSoFar();
   if (!last) {
-    Send(fd, ".");
+    Send(fd, FormatStepRecord({step, std::nullopt}));  // the step resumed at; no compute yet
   } else {
     const auto compute = (now - *last) - (waited - waited_at_last);
     const auto us = std::chrono::duration_cast<std::chrono::microseconds>(compute).count();

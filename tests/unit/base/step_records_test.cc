@@ -14,6 +14,7 @@ using crun::FormatStepRecord;
 using crun::HeartbeatParser;
 using crun::StepRecord;
 
+// A record's compute time, -1 for the short form's none.
 struct Read {
   int beats = 0;
   std::vector<std::pair<std::int64_t, std::int64_t>> records;
@@ -24,12 +25,13 @@ Read ReadAll(const std::vector<std::string>& pieces) {
   Read out;
   std::vector<StepRecord> records;
   for (const auto& piece : pieces) out.beats += p.Feed(piece, records);
-  for (const auto& r : records) out.records.emplace_back(r.step, r.compute_us);
+  for (const auto& r : records) out.records.emplace_back(r.step, r.compute_us.value_or(-1));
   return out;
 }
 
 TEST_CASE("heartbeats: plain beats and step records, whole or split", "[steps]") {
   CHECK(FormatStepRecord({120, 48211}) == "S 120 48211\n");
+  CHECK(FormatStepRecord({120, std::nullopt}) == "S 120\n");
   struct Row {
     std::vector<std::string> pieces;
     int beats;
@@ -41,7 +43,10 @@ TEST_CASE("heartbeats: plain beats and step records, whole or split", "[steps]")
       {{".S 1 20\n.S 2 30\n"}, 4, {{1, 20}, {2, 30}}},
       {{"S 1", "2 3", "4\n"}, 1, {{12, 34}}},  // split anywhere
       {{"S 7 9"}, 1, {}},                      // its newline not here yet
-      {{"S 1\n"}, 1, {}},                      // one number: a beat, no record
+      {{"S 1\n"}, 1, {{1, -1}}},               // the short form: the step, no compute time
+      {{"S 4", "2\n.S 43 5\n"}, 3, {{42, -1}, {43, 5}}},
+      {{"S\n"}, 1, {}},  // no number: a beat, no record
+      {{"S \n"}, 1, {}},
       {{"S 1 2 3\n"}, 1, {}},
       {{"S -1 2\n"}, 6, {}},  // '-' is no digit: S, then -, 1, space, 2 and newline are beats
       {{"SS.S"}, 4, {}},      // beats with "S": every byte counts
@@ -61,7 +66,14 @@ TEST_CASE("heartbeats: plain beats and step records, whole or split", "[steps]")
 
 TEST_CASE("heartbeats: any split of a stream reads the same", "[steps]") {
   std::string stream;
-  for (int i = 0; i < 200; ++i) stream += i % 3 == 0 ? "." : FormatStepRecord({i, i * 1000});
+  for (int i = 0; i < 200; ++i) {
+    if (i % 3 == 0) {
+      stream += ".";
+    } else {
+      stream +=
+          FormatStepRecord({i, i % 3 == 1 ? std::optional<std::int64_t>(i * 1000) : std::nullopt});
+    }
+  }
   const Read whole = ReadAll({stream});
   CHECK(whole.records.size() == 133);
   for (unsigned seed = 1; seed <= 100; ++seed) {
