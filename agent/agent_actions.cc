@@ -26,8 +26,8 @@ void LocalAgent::Impl::StartAttempt(int n) {
   c.python_sdk_dir = presence.python_sdk_dir();
   c.on_exit = [this, n](int lr, ExitStatus s) { Feed(lc::OnWorkerExit(state, n, lr, s, Now())); };
   c.on_stream_closed = [this, n](int lr) { Feed(lc::OnStreamClosed(state, n, lr, Now())); };
-  c.steps = steps;
-  steps_before = *steps;
+  c.progress = &progress;
+  progress_before = progress.count();
   attempt_began = Now();
   first_failure.reset();
   features.Each([&](JobFeature& f) { f.BeforeStart(c); });
@@ -65,6 +65,7 @@ void LocalAgent::Impl::Carry(const lc::WorkerExited& a) {
   using Record = lc::WorkerExited::Record;
   workers.Exited(a.local_rank, a.exit);
   Worker& w = workers.at(a.local_rank);
+  if (w.heartbeat) w.heartbeat->Drain();  // what it wrote before it ended is heard first
   hangs.watch().Forget(a.local_rank);
   WorkerEnd end{w, a.exit, a.record == Record::kHangEnd, a.stopping};
   if (end.hung) {
@@ -97,7 +98,7 @@ bool LocalAgent::Impl::AttemptProgressed() {
   for (const auto& w : workers.workers()) {
     if (w.heartbeat) w.heartbeat->Drain();
   }
-  if (*steps > steps_before) return true;
+  if (progress.count() > progress_before) return true;
   const auto end = first_failure.value_or(Now());
   return end - attempt_began >= options.progress_after;
 }

@@ -53,7 +53,7 @@ LocalAgent::Impl::Impl(asio::io_context& io_, AgentOptions o, std::unique_ptr<Re
            hangs,
            registry.get(),
            meters.get(),
-           steps,
+           progress,
            rdzv->stragglers(),
            [this](lc::NodeLeaves::Why why, const std::string& detail) {
              Feed(lc::OnNodeLeaves(state, {why, detail, report::kExitRequeueWithoutNode}, Now()));

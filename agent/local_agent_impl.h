@@ -68,8 +68,8 @@ struct LocalAgent::Impl final : RendezvousEvents {
   std::unique_ptr<Rendezvous> rdzv;
   std::unique_ptr<metrics::Registry> registry;  // with --metrics-port
   std::unique_ptr<AgentMetrics> meters;
-  // The job's step heartbeats and snapshot saves (AgentView::steps).
-  ProgressCounter steps = std::make_shared<std::uint64_t>(0);
+  // The job's heartbeats, step records and snapshot saves (AgentView::progress).
+  JobProgress progress;
   PortReservation reserved;  // this round's ports (--contract), until its workers start
   std::chrono::steady_clock::time_point joined_at;  // of the rendezvous under way
   GroupAssignment offered;                          // the rendezvous's last assignment
@@ -85,9 +85,9 @@ struct LocalAgent::Impl final : RendezvousEvents {
   RunPresence presence;
   AttemptHangs hangs;
   std::string restart_reason;  // the rendezvous's last stop-and-rejoin
-  // The running attempt's progress (crash loops): the job's steps when it began, its start,
-  // and its first worker failure. `steps` is declared before the view.
-  std::uint64_t steps_before = 0;
+  // The running attempt's progress (crash loops): the job's progress count when it began, its
+  // start, and its first worker failure. `progress` is declared before the view.
+  std::uint64_t progress_before = 0;
   std::chrono::steady_clock::time_point attempt_began;
   std::optional<std::chrono::steady_clock::time_point> first_failure;
   JobOutcome outcome;

@@ -28,6 +28,7 @@
 #include "agent/rendezvous/rendezvous.h"
 #include "agent/supervise/lifecycle.h"
 #include "agent/workers/attempt_hangs.h"
+#include "agent/workers/job_progress.h"
 #include "agent/workers/worker_group.h"
 #include "base/status.h"
 
@@ -52,9 +53,9 @@ struct AgentView {
   // metrics endpoint; every feature may count into them.
   metrics::Registry* registry = nullptr;
   AgentMetrics* meters = nullptr;
-  // The job's steps so far (crash loops, docs/health.md): the workers' heartbeats count into
-  // it, and a feature that sees a step done (a snapshot saved) adds to it.
-  ProgressCounter steps;
+  // The job's progress (workers/job_progress.h): the workers' heartbeats and step records, and
+  // a feature that sees a step done (a snapshot saved) tells it.
+  JobProgress& progress;
   // Slow ranks judged job-wide (health/straggler_exchange.h): the rendezvous's exchange, or
   // null where this node judges its own ranks.
   StragglerExchange* stragglers = nullptr;

@@ -60,7 +60,12 @@ class SnapshotStore final : public JobFeature {
     server_->OnChange([this] {
       // A snapshot saved is a step done (crash loops, docs/health.md).
       const std::uint64_t saves = server_->counters().saves;
-      if (saves > saves_seen_) *agent_.steps += saves - saves_seen_;
+      if (saves > saves_seen_) {
+        const auto step = memory_.NodeStep();
+        agent_.progress.Saved(saves - saves_seen_,
+                              step ? std::optional<std::int64_t>(static_cast<std::int64_t>(*step))
+                                   : std::nullopt);
+      }
       saves_seen_ = saves;
       ReportFacts();
       Mirror();
@@ -142,7 +147,7 @@ class SnapshotStore final : public JobFeature {
   DiskRound round_;  // the last round, as told to disk_
   std::unique_ptr<Replicas> replicas_;
   std::unique_ptr<SnapshotServer> server_;  // after memory_, disk_ and replicas_: goes first
-  std::uint64_t saves_seen_ = 0;            // counted into the job's steps
+  std::uint64_t saves_seen_ = 0;            // told to the job's progress
 };
 
 }  // namespace

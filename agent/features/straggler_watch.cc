@@ -16,7 +16,10 @@ namespace {
 class StragglerWatch final : public JobFeature {
  public:
   explicit StragglerWatch(AgentView& agent)
-      : agent_(agent), exchange_(agent.stragglers ? *agent.stragglers : own_) {}
+      : agent_(agent), exchange_(agent.stragglers ? *agent.stragglers : own_) {
+    agent.progress.Listen(
+        {nullptr, [this](int local_rank, const StepRecord& r) { OnStep(local_rank, r); }, nullptr});
+  }
   ~StragglerWatch() override { exchange_.on_verdicts = nullptr; }
   StragglerWatch(const StragglerWatch&) = delete;
   StragglerWatch& operator=(const StragglerWatch&) = delete;
@@ -38,7 +41,6 @@ class StragglerWatch final : public JobFeature {
     exchange_.on_verdicts = [this](const std::vector<SlowRankVerdict>& verdicts) {
       for (const auto& v : verdicts) Say(v.change, v.host);
     };
-    c.on_step = [this](int local_rank, const StepRecord& r) { OnStep(local_rank, r); };
   }
 
  private:

@@ -36,26 +36,20 @@ WorkerStart Failed(int lr, int code, std::string why, int streams) {
 
 int StreamsOf(const Worker& w) { return (w.out_pump ? 1 : 0) + (w.err_pump ? 1 : 0); }
 
-// The heartbeat pipe (when hangs or crash loops are watched), the stack pipe, the hook on
-// PYTHONPATH and the timer file.
-void AddChannels(boost::asio::io_context& io, const AgentOptions& o, const AttemptStartContext& c,
-                 Worker& w, Environment& env, ProcessSpec& spec) {
+// The heartbeat pipe, the stack pipe, the hook on PYTHONPATH and the timer file.
+void AddChannels(boost::asio::io_context& io, const AttemptStartContext& c, Worker& w,
+                 Environment& env, ProcessSpec& spec) {
   HangChannels h;
-  if (o.hang_timeout.count() > 0 || WatchesCrashLoops(o) || c.on_step) {
-    // Beats count as progress; step records are beats too, and go to the straggler watch.
+  if (c.progress != nullptr) {
+    // Beats count as the worker's progress (hangs) and the job's; step records are beats too.
     auto parser = std::make_shared<HeartbeatParser>();
-    auto pipe =
-        WorkerPipe::Create(io, [counter = w.progress, steps = c.steps, parser, on_step = c.on_step,
-                                local_rank = w.local_rank](std::string_view bytes) {
-          std::vector<StepRecord> records;
-          if (parser->Feed(bytes, records) > 0) {  // a record's tail alone beat with its 'S'
-            ++*counter;
-            if (steps) ++*steps;
-          }
-          if (on_step) {
-            for (const StepRecord& r : records) on_step(local_rank, r);
-          }
-        });
+    auto pipe = WorkerPipe::Create(io, [counter = w.progress, progress = c.progress, parser,
+                                        local_rank = w.local_rank](std::string_view bytes) {
+      std::vector<StepRecord> records;
+      const int beats = parser->Feed(bytes, records);  // a record's tail alone beat with its 'S'
+      if (beats > 0) ++*counter;
+      progress->Heard(local_rank, beats, records);
+    });
     if (pipe.ok()) {
       w.heartbeat = std::move(pipe).value();
       h.heartbeat_fd = w.heartbeat->child_fd();
@@ -93,7 +87,7 @@ StatusOr<ProcessSpec> SpecOf(boost::asio::io_context& io, const AgentOptions& o,
   Environment env = BuildWorkerEnvironment(c.group, lr, w.error_file, w.dir, c.base);
   if (Status s = AddContractEnvironment(o.contracts, c.group, lr, env); !s.ok()) return s;
   w.progress = std::make_shared<std::uint64_t>(0);
-  AddChannels(io, o, c, w, env, spec);
+  AddChannels(io, c, w, env, spec);
   spec.envp = ToEnvp(env);
   const StreamOwner owner{c.group.role, c.group.base_rank + lr, lr, w.dir};
   auto closed = [on = c.on_stream_closed, lr] { on(lr); };

@@ -24,8 +24,8 @@
 #include "agent/supervise/lifecycle.h"
 #include "agent/supervise/spawn.h"
 #include "agent/warm/warm_template.h"
+#include "agent/workers/job_progress.h"
 #include "agent/workers/worker_env.h"
-#include "base/step_records.h"
 
 namespace crun::agent {
 
@@ -54,15 +54,13 @@ struct AttemptStartContext {
   std::string python_dir;      // the hook's sitecustomize.py; empty: none
   std::string python_sdk_dir;  // crun_worker.py; empty: none
   std::string timer_file;      // the file timer's pipe; empty: none
-  // The job's step counter (AgentView::steps): every local rank's heartbeats count into it.
-  ProgressCounter steps;
+  // The job's progress (AgentView::progress): every local rank's heartbeats and step records
+  // are told to it, on a pipe each worker gets in CRUN_HEARTBEAT_FD; null: no pipe.
+  JobProgress* progress = nullptr;
   // Where workers are forked from when it is ready (agent/warm); null: cold starts only.
   WarmTemplate* warm = nullptr;
   // Where the workers are owned (the worker group's registry); set by WorkerGroup::Start.
   ChildRegistry* children = nullptr;
-  // Called on the event loop with each step record a worker writes on its heartbeat pipe
-  // (base/step_records.h), with the worker's local rank: the straggler watch's; null: none.
-  std::function<void(int local_rank, const StepRecord&)> on_step;
   // Called on the event loop: a worker exited; one of its streams was read to its end.
   std::function<void(int local_rank, ExitStatus)> on_exit;
   std::function<void(int local_rank)> on_stream_closed;

@@ -326,6 +326,55 @@ TEST_CASE("agent: a feature registered in one line hears rounds, attempts and ex
   CHECK(log == expected);
 }
 
+namespace {
+
+// Hears the job's progress (AgentView::progress) and each worker's end, into one log.
+class ProgressRecorder final : public JobFeature {
+ public:
+  ProgressRecorder(AgentView& agent, std::string name, std::vector<std::string>* log) : log_(log) {
+    agent.progress.Listen({[this, name](int lr) { Add(name, lr, "beat"); },
+                           [this, name](int lr, const crun::StepRecord& r) {
+                             Add(name, lr,
+                                 "step " + std::to_string(r.step) +
+                                     (r.compute_us ? " " + std::to_string(*r.compute_us) : ""));
+                           },
+                           nullptr});
+  }
+  void OnWorkerExited(const WorkerEnd& e) override { Add("end", e.worker.local_rank, ""); }
+
+ private:
+  void Add(const std::string& name, int lr, const std::string& what) {
+    log_->push_back(name + " " + std::to_string(lr) + (what.empty() ? "" : " " + what));
+  }
+  std::vector<std::string>* log_;
+};
+
+}  // namespace
+
+TEST_CASE("agent: every listener hears each worker's beats and steps before its end",
+          "[agent][steps]") {
+  TempDir dir;
+  std::vector<std::string> log;
+  auto features = DefaultFeatures();
+  for (const char* name : {"a", "b"}) {
+    features.push_back(
+        [&log, name](AgentView& a) { return std::make_unique<ProgressRecorder>(a, name, &log); });
+  }
+  // One worker: the short form, then a beat and a full record, all written before it exits
+  // (dash takes no descriptor above 9 after >&: the pipe is opened again by its name).
+  const auto out = RunAgent(dir, 1, "printf 'S 5\\n.S 6 100\\n' > /proc/self/fd/$CRUN_HEARTBEAT_FD",
+                            0, std::chrono::seconds(5), features);
+  CHECK(out.code == 0);
+  std::vector<std::string> beats, rest;
+  for (const auto& line : log)
+    (line.find(" beat") != std::string::npos ? beats : rest).push_back(line);
+  // The pipe may be read in pieces: the beats come in one or more reads, to both, in order.
+  CHECK(!beats.empty());
+  const std::vector<std::string> expected{"a 0 step 5",     "b 0 step 5", "a 0 step 6 100",
+                                          "b 0 step 6 100", "end 0",      "end 0"};
+  CHECK(rest == expected);
+}
+
 TEST_CASE("agent: a feature that cannot start ends the job before any join or worker", "[agent]") {
   TempDir dir;
   std::vector<std::string> log;
