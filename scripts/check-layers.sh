@@ -21,6 +21,7 @@ declare -A allowed=(
   [rendezvous/channel]="base rendezvous/channel"
   [rendezvous/report]="base proto crun/v1 rendezvous/report"  # crun/v1: report_proto only
   [rendezvous/beats]="base rendezvous/beats"
+  [rendezvous/goodput]="base rendezvous/goodput"
   [rendezvous/contracts]="base rendezvous/contracts"
   [rendezvous/rules]="base rendezvous/contracts rendezvous/report rendezvous/rules"
   [rendezvous/service]="base metrics http proto crun/v1 rendezvous"
