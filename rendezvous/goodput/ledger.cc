@@ -192,7 +192,7 @@ void Ledger::FailureKnown(Ms now, Ms fault, std::string kind, std::string cause)
   for (Rank& r : ranks_) r = Rank{};
   const bool recovering = incident_ && mode_ != Mode::kTraining;
   if (recovering) {
-    Enter(Mode::kRejoining, Category::kRestarting, now);
+    Enter(Mode::kRejoining, PipelineCategory(), now);
     return;
   }
   fault = std::clamp(fault, since_, now);
@@ -216,7 +216,7 @@ void Ledger::FailureKnown(Ms now, Ms fault, std::string kind, std::string cause)
   redo_upto_ = seen_;
   awaiting_resume_step_ = true;
   mode_ = Mode::kRejoining;
-  open_ = Category::kRestarting;
+  open_ = PipelineCategory();
 }
 
 void Ledger::Finished(Ms now) {

@@ -6,7 +6,8 @@
 //   redone      the workers train steps done before a failure (counted as they are trained
 //               again: a step whose number is at most the highest seen before the failure),
 //               and the part of a step under way when a crash threw it away
-//   starting    launch until every local rank's first progress
+//   starting    launch until every local rank's first progress (a failure before it is
+//               detecting, then starting again)
 //   detecting   the fault until crun knows of it: about zero for a crash, from the hung rank's
 //               last progress for a hang, from a lost node's last heartbeat for a lost node
 //   restarting  the failure known until the workers run again: stop, edge, rendezvous, spawn
@@ -73,6 +74,7 @@ struct Incident {
   std::optional<std::int64_t> resumed_from;     // the step the workers came back at
   Ms resumed = 0;  // when the workers trained a new step again; 0: not yet
   Totals cost{};   // what it cost, by category
+  bool operator==(const Incident&) const = default;
 };
 
 // A point of the step rate: the node's newest step at a time.
@@ -95,6 +97,7 @@ struct NodeLedger {
   std::vector<Incident> incidents;  // in time order
   std::vector<Ms> saves;            // snapshot saves (thinned to kMaxMarks)
   std::vector<StepPoint> steps;     // the step rate's points (thinned to kMaxMarks)
+  bool operator==(const NodeLedger&) const = default;
 };
 
 inline constexpr std::size_t kMaxSegments = 4096;
