@@ -88,6 +88,7 @@ void LocalAgent::Impl::Carry(const lc::ReportFailure&) {
   report::FailureReport r = failures.report();
   r.before_progress = !AttemptProgressed();
   r.node_id = rdzv->node_id();  // whose: every backend sends it as it is
+  features.Each([&](JobFeature& f) { f.OnFailureReported(r); });
   rdzv->ReportFailure(r);
 }
 

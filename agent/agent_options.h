@@ -101,6 +101,9 @@ struct AgentOptions {
   // (StragglerAction::kExclude).
   HealthGateOptions health;
   std::string unhealthy_nodes_file;
+  // The goodput ledger's JSON (rendezvous/goodput/ledger_json.h), written at the job's end;
+  // empty: none (docs/observability.md).
+  std::string goodput_file;
 
   // Slow ranks (docs/health.md): what crun does with a rank whose compute time per step
   // (step records on CRUN_HEARTBEAT_FD) stays above the others', as `stragglers` judges it.

@@ -108,6 +108,7 @@ void LocalAgent::Impl::JoinRendezvous() {
   features.BeforeJoin([this] {
     if (state.phase == lc::Phase::kDone) return;
     reserved = ReserveContractPorts(options.contracts, options.nproc);
+    features.Each([](JobFeature& f) { f.OnJoining(); });
     rdzv->Join(reserved.ports());
   });
 }

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <string>
 
 namespace crun {
 
@@ -19,6 +21,13 @@ bool WriteWholeFile(const std::string& path, const std::string& text) {
     done += static_cast<std::size_t>(n);
   }
   return ::close(fd) == 0 && done == text.size();
+}
+
+bool ReplaceWholeFile(const std::string& path, const std::string& text) {
+  const std::string draft = path + ".crun-" + std::to_string(::getpid());
+  if (WriteWholeFile(draft, text) && ::rename(draft.c_str(), path.c_str()) == 0) return true;
+  ::unlink(draft.c_str());
+  return false;
 }
 
 std::string FindOnPath(const std::string& name, const std::string& path) {

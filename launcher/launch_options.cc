@@ -345,6 +345,12 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->group("Help");
   AddSecurityFlags(&app, &o.security);
   AddMetricsFlags(&app, &o.metrics, "this node's run id, workers and failures");
+  app.add_option("--goodput-file,--goodput_file", o.goodput_file,
+                 "Write where the job's time went (goodput, its categories and incidents, per "
+                 "node and for the job) to this JSON file at its end (docs/observability.md)")
+      ->envname("PET_GOODPUT_FILE")
+      ->type_name("PATH")
+      ->group("Metrics");
 }
 
 std::vector<std::string> KnownLongOptions(const CLI::App& app) {

@@ -84,6 +84,7 @@ struct LaunchOptions {
   int slurm_port = 0;                // 0: the step's default port
   crun::SecurityFlags security;      // job token and TLS of the rendezvous service
   MetricsFlags metrics;              // this node's /metrics endpoint
+  std::string goodput_file;          // where the goodput ledger goes at the job's end
   std::vector<std::string> command;  // script and its arguments
 };
 

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "agent/frameworks/contracts.h"
@@ -269,11 +270,35 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   return PlanNuma(p, facts);
 }
 
+// A file crun writes at the job's end: refused now, naming it, where it could not be written.
+Status CheckOutputFile(const std::string& flag, const std::string& path) {
+  namespace fs = std::filesystem;
+  if (path.empty()) return InvalidArgument(flag + " '': a file's path is needed");
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    return InvalidArgument(flag + " " + path + ": is a directory; a file's path is needed");
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();
+  if (!fs::is_directory(dir, ec)) {
+    return InvalidArgument(flag + " " + path + ": its directory " + dir + " does not exist");
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {
+    return InvalidArgument(flag + " " + path + ": crun cannot write in " + dir + " (" +
+                           std::strerror(errno) + ")");
+  }
+  return Status::Ok();
+}
+
 // --metrics-port and --metrics-host: this node's /metrics endpoint (docs/observability.md).
 // When the job's rendezvous uses TLS, the endpoint serves HTTPS with this node's certificate
 // (--tls-cert, and client certificates of --tls-ca required); a node without one keeps its
 // endpoint on loopback, where plain HTTP leaves the host for no network.
 Status PlanMetrics(LaunchPlan& p, const LaunchOptions& o, const std::set<std::string>& given) {
+  if (given.count("--goodput-file") != 0) {
+    CRUN_RETURN_IF_ERROR(CheckOutputFile("--goodput-file", o.goodput_file));
+    p.agent.goodput_file = o.goodput_file;
+  }
   if (!o.metrics.port) {
     if (given.count("--metrics-host") != 0) {
       return InvalidArgument("--metrics-host needs --metrics-port (the port of the endpoint)");

@@ -14,11 +14,13 @@ std::unique_ptr<JobFeature> MakeControlSocket(AgentView&);    // control_socket.
 std::unique_ptr<JobFeature> MakeSnapshotStore(AgentView&);    // snapshot_store.cc
 std::unique_ptr<JobFeature> MakeStragglerWatch(AgentView&);   // straggler_watch.cc
 std::unique_ptr<JobFeature> MakeHealthGate(AgentView&);       // health_gate.cc
+std::unique_ptr<JobFeature> MakeGoodputLedger(AgentView&);    // goodput_ledger.cc
 
 std::vector<FeatureFactory> DefaultFeatures() {
   return {
-      MakeWarmStart,  MakeFileTimer,     MakeMetricsEndpoint, MakeEventLog,       MakeHorovodServer,
-      MakeOomWitness, MakeControlSocket, MakeSnapshotStore,   MakeStragglerWatch, MakeHealthGate,
+      MakeWarmStart,      MakeFileTimer,  MakeMetricsEndpoint, MakeEventLog,
+      MakeHorovodServer,  MakeOomWitness, MakeControlSocket,   MakeSnapshotStore,
+      MakeStragglerWatch, MakeHealthGate, MakeGoodputLedger,
   };
 }
 
@@ -54,6 +56,9 @@ void JobFeatures::BeforeJoin(std::function<void()> join) {
   held->join = std::move(join);
   JoinGate gate(held);
   for (auto& f : list_) f->BeforeJoin(gate);
+  if (held->count > 1) {
+    for (auto& f : list_) f->OnJoinHeld();
+  }
   held->Release();
 }
 

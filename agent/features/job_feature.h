@@ -102,6 +102,10 @@ class JobFeature {
   virtual Status Prepare() { return Status::Ok(); }
   // Before each join (the first, and every rejoin): a feature that must pass first holds it.
   virtual void BeforeJoin(JoinGate&) {}
+  // A feature held the join (after every BeforeJoin); OnJoining follows once it passes.
+  virtual void OnJoinHeld() {}
+  // The join is asked for now.
+  virtual void OnJoining() {}
   // Once, before the workers' streams are made: a feature that reads their output says so.
   virtual void ConfigureStreams(StreamOptions&) {}
   // A round was assigned (or this node is its spare); `waited` since this node joined it.
@@ -116,6 +120,8 @@ class JobFeature {
   // OOM killer): the report's words; "" otherwise. The first feature that answers is taken.
   virtual std::string KillerOf(const Worker& /*w*/, const ExitStatus& /*exit*/) { return ""; }
   virtual void OnWorkerExited(const WorkerEnd&) {}
+  // The attempt's failure goes to the rendezvous: its first failure is the root cause.
+  virtual void OnFailureReported(const report::FailureReport&) {}
   // The group is restarted or the job re-formed, for `reason`.
   virtual void OnRestarting(const std::string& /*reason*/, bool /*spends_restart*/) {}
   // The attempt's workers and everything they started are gone.

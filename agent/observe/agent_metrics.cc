@@ -109,6 +109,17 @@ void AgentMetrics::AddAttemptFamilies(metrics::Registry& r, const AgentMetricLab
   last_rendezvous_duration = Gauge(r, "crun_agent_last_rendezvous_duration_seconds",
                                    "How long this node's last rendezvous took, from its join to "
                                    "its assignment");
+  auto& seconds = r.AddCounter("crun_agent_goodput_seconds_total",
+                               "This node's wall time by where it went (docs/observability.md, "
+                               "\"Goodput\"): training, redone, starting, detecting, restarting, "
+                               "reloading, waiting; settled up to the workers' last progress",
+                               With(kLabels, "category"));
+  for (goodput::Category c : goodput::kAllCategories) {
+    goodput_seconds_[static_cast<std::size_t>(c)] =
+        &seconds.With(Values(l, std::string(goodput::NameOf(c))));
+  }
+  goodput_ratio_ = Gauge(r, "crun_agent_goodput_ratio",
+                         "This node's goodput: its time training new steps over its wall time");
 }
 
 // The node's snapshot memory, its copies on disk and on the next node.
@@ -169,6 +180,14 @@ void AgentMetrics::SlowRank(int rank, bool named, double ratio) {
   if (!named) return straggler_ratio_.Remove(values);
   stragglers_->Inc();
   straggler_ratio_.With(values).Set(ratio);
+}
+
+void AgentMetrics::Goodput(const goodput::Totals& settled, double ratio) {
+  for (goodput::Category c : goodput::kAllCategories) {
+    goodput_seconds_[static_cast<std::size_t>(c)]->Mirror(
+        static_cast<double>(goodput::At(settled, c)) / 1000.0);
+  }
+  goodput_ratio_->Set(ratio);
 }
 
 void AgentMetrics::SlowRanksReset() { straggler_ratio_.RemoveWhere(0, labels_.front()); }

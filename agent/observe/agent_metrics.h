@@ -6,12 +6,14 @@
 // Counted on the agent's event loop, where the page is also rendered.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <string>
 
 #include "agent/agent_options.h"
 #include "agent/supervise/exit_status.h"
 #include "metrics/registry.h"
+#include "rendezvous/goodput/ledger.h"
 
 namespace crun::agent {
 
@@ -67,6 +69,9 @@ class AgentMetrics {
   // and every one cleared when an attempt starts over.
   void SlowRank(int rank, bool named, double ratio);
   void SlowRanksReset();
+  // The goodput ledger (docs/observability.md, "Goodput"): this node's settled time by
+  // category, and its goodput now (training over wall time, pending time counted).
+  void Goodput(const goodput::Totals& settled, double ratio);
 
  private:
   // One series of a family labelled with this node's labels only.
@@ -82,6 +87,8 @@ class AgentMetrics {
   metrics::Counter* health_passed_ = nullptr;
   metrics::Counter* health_failed_ = nullptr;
   metrics::Histogram* health_seconds_ = nullptr;
+  std::array<metrics::Counter*, goodput::kCategories> goodput_seconds_{};
+  metrics::Gauge* goodput_ratio_ = nullptr;
   std::vector<std::string> labels_;
 };
 

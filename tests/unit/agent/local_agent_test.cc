@@ -280,6 +280,10 @@ class HookRecorder final : public JobFeature {
     log_->push_back("restarting " + reason + (spends ? " (spends)" : ""));
   }
   void OnAttemptEnded() override { log_->push_back("attempt_ended"); }
+  void OnJoining() override { log_->push_back("joining"); }
+  void OnFailureReported(const crun::report::FailureReport& r) override {
+    log_->push_back("failure reported: " + crun::report::DescribeCause(r));
+  }
   void OnFinish(int code) override { log_->push_back("finish " + std::to_string(code)); }
 
  private:
@@ -306,14 +310,17 @@ TEST_CASE("agent: a feature registered in one line hears rounds, attempts and ex
   const std::vector<std::string> expected{
       "streams",
       "prepare",
+      "joining",
       "round 0",
       "before_start restart=0",
       "launched 2",
       "attempt_started running",
       "exited rank=0 failure=1 stops=1 stopping=0",
+      "failure reported: rank 0 (local rank 0) on unit-host failed with exit code 7",
       "restarting a worker failed (spends)",
       "exited rank=1 failure=1 stops=0 stopping=1",
       "attempt_ended",
+      "joining",
       "round 1",
       "before_start restart=1",
       "launched 2",
