@@ -126,12 +126,13 @@ void LocalAgent::Impl::Carry(const lc::EndAttempt&) {
 }
 
 void LocalAgent::Impl::Carry(const lc::Restarting& a) {
-  features.Each([&](JobFeature& f) { f.OnRestarting(restart_reason, a.spends_restart); });
+  restart.spends_restart = a.spends_restart;
+  features.Each([&](JobFeature& f) { f.OnRestarting(restart); });
   if (a.spends_restart) {
     spdlog::warn("restarting the worker group (restart {} of at most {}): {}",
-                 group.restart_count + 1, options.max_restarts, restart_reason);
+                 group.restart_count + 1, options.max_restarts, restart.reason);
   } else {
-    spdlog::warn("re-forming the job: {}", restart_reason);
+    spdlog::warn("re-forming the job: {}", restart.reason);
   }
 }
 

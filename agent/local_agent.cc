@@ -157,9 +157,9 @@ void LocalAgent::Impl::OnAssignment(const GroupAssignment& g) {
   Feed(lc::OnAssignment(state, g.round, g.spare, Now()));
 }
 
-void LocalAgent::Impl::OnStopAndRejoin(const std::string& reason, bool spends_restart) {
-  restart_reason = reason;
-  Feed(lc::OnStopAndRejoin(state, spends_restart, Now()));
+void LocalAgent::Impl::OnStopAndRejoin(const StopNotice& stop) {
+  restart = stop;
+  Feed(lc::OnStopAndRejoin(state, stop.spends_restart, Now()));
 }
 
 void LocalAgent::Impl::OnFinished(const JobOutcome& o) {

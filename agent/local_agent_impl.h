@@ -32,7 +32,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   void JoinRendezvous();  // after every feature's BeforeJoin has passed
   void FailRank(int lr, const std::string& why);
   void OnAssignment(const GroupAssignment& g) override;
-  void OnStopAndRejoin(const std::string& reason, bool spends_restart) override;
+  void OnStopAndRejoin(const StopNotice& stop) override;
   void OnFinished(const JobOutcome& o) override;
   void OnStacksRequest(std::uint64_t id, const std::string& reason) override;
   static std::chrono::steady_clock::time_point Now() { return std::chrono::steady_clock::now(); }
@@ -84,7 +84,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   AttemptFailures failures;
   RunPresence presence;
   AttemptHangs hangs;
-  std::string restart_reason;  // the rendezvous's last stop-and-rejoin
+  StopNotice restart;  // the rendezvous's last stop-and-rejoin
   // The running attempt's progress (crash loops): the job's progress count when it began, its
   // start, and its first worker failure. `progress` is declared before the view.
   std::uint64_t progress_before = 0;

@@ -40,9 +40,9 @@ class EventLog final : public JobFeature {
     events_.WorkerStatus(e.worker, e.exit.success() ? "SUCCEEDED" : "FAILED", agent_.group);
   }
 
-  void OnRestarting(const std::string& reason, bool spends_restart) override {
+  void OnRestarting(const StopNotice& stop) override {
     events_.Emit("torchelastic.agent.restart", "AGENT",
-                 {{"reason", reason}, {"spends_restart", spends_restart}}, agent_.group);
+                 {{"reason", stop.reason}, {"spends_restart", stop.spends_restart}}, agent_.group);
   }
 
   void OnFinish(int code) override {

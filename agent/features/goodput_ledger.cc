@@ -59,7 +59,7 @@ class GoodputLedger final : public JobFeature {
   void OnJoinHeld() override { ledger_.GateHeld(Wall()); }
   void OnJoining() override { ledger_.Joining(Wall()); }
   void OnRound(std::chrono::steady_clock::duration) override {
-    ledger_.Assigned(Wall(), agent_.group.spare, 0);
+    ledger_.Assigned(Wall(), agent_.group.spare, agent_.group.waited_for_nodes.count());
   }
   void OnAttemptStarted() override { ledger_.WorkersRunning(Wall()); }
 
@@ -78,9 +78,12 @@ class GoodputLedger final : public JobFeature {
 
   // The rendezvous stops the attempt (a peer failed, a node was lost, the job re-forms); after
   // a failure of this node's own, the same incident.
-  void OnRestarting(const std::string& reason, bool spends_restart) override {
+  void OnRestarting(const StopNotice& stop) override {
     const gp::Ms now = Wall();
-    ledger_.FailureKnown(now, now, spends_restart ? "peer" : "re-form", reason);
+    const std::string kind = !stop.kind.empty()    ? stop.kind
+                             : stop.spends_restart ? "peer"
+                                                   : "re-form";
+    ledger_.FailureKnown(now, now - stop.fault_ago.count(), kind, stop.reason);
   }
 
   void OnFinish(int) override {

@@ -122,8 +122,8 @@ class JobFeature {
   virtual void OnWorkerExited(const WorkerEnd&) {}
   // The attempt's failure goes to the rendezvous: its first failure is the root cause.
   virtual void OnFailureReported(const report::FailureReport&) {}
-  // The group is restarted or the job re-formed, for `reason`.
-  virtual void OnRestarting(const std::string& /*reason*/, bool /*spends_restart*/) {}
+  // The group is restarted or the job re-formed, as the rendezvous said (stop.reason, ...).
+  virtual void OnRestarting(const StopNotice& /*stop*/) {}
   // The attempt's workers and everything they started are gone.
   virtual void OnAttemptEnded() {}
   // The job ends with `exit_code`: nothing the feature started may outlive this.

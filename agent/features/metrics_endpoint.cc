@@ -62,7 +62,7 @@ class MetricsEndpoint final : public JobFeature {
     meters_.Exit(ExitCauseOf(e.exit, e.hung, oom, e.stopping));
   }
 
-  void OnRestarting(const std::string&, bool) override {
+  void OnRestarting(const StopNotice&) override {
     if (!interrupted_at_) interrupted_at_ = Clock::now();
   }
 

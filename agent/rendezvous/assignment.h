@@ -3,6 +3,7 @@
 // (agent/rendezvous/rendezvous.h) yields it; the workers' environments are built from it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -35,6 +36,8 @@ struct GroupAssignment {
   int max_restarts = 0;
   int round = 0;       // the rendezvous round (logs go to attempt_<round>)
   bool spare = false;  // this node waits outside the round
+  // How long the round's gathering waited for enough nodes, where the rendezvous says.
+  std::chrono::milliseconds waited_for_nodes{0};
   // Every worker sees LOCAL_RANK=0 and only its own GPU: CUDA_VISIBLE_DEVICES is entry
   // `local_rank` of the parent's list, or `local_rank` itself when the parent set none.
   bool virtual_local_rank = false;

@@ -241,9 +241,11 @@ void EtcdRendezvous::LeaseLost() {
   if (had_round) {
     Post([this](RendezvousEvents* e) {
       e->OnStopAndRejoin(
-          "this node's etcd lease ran out (cut off for longer than "
-          "heartbeat_timeout): joining again as a new member",
-          false);
+          {"this node's etcd lease ran out (cut off for longer than "
+           "heartbeat_timeout): joining again as a new member",
+           false,
+           rdzv::kStopNodeLost,
+           {}});
     });
   } else if (want_join_) {
     WriteJoin();

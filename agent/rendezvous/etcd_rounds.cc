@@ -99,9 +99,15 @@ void EtcdRendezvous::React() {
   if (round_ && doc.gathering != round_->gathering) {
     round_.reset();
     StopStore();
-    Post([reason = doc.stop_reason, spends = doc.stop_spends_restart](RendezvousEvents* e) {
-      e->OnStopAndRejoin(reason, spends);
-    });
+    StopNotice stop{doc.stop_reason, doc.stop_spends_restart, doc.stop_kind, {}};
+    if (doc.stop_fault_ms > 0) {
+      const auto wall_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               etcd::WallClock::now().time_since_epoch())
+                               .count();
+      stop.fault_ago =
+          std::chrono::milliseconds(std::max<std::int64_t>(wall_ms - doc.stop_fault_ms, 0));
+    }
+    Post([stop = std::move(stop)](RendezvousEvents* e) { e->OnStopAndRejoin(stop); });
     return;
   }
   if (round_) {

@@ -30,14 +30,24 @@ struct JobOutcome {
   report::FailureReport root_report;  // its failures, the root cause first
 };
 
+// Why the rendezvous stops the running round (RendezvousEvents::OnStopAndRejoin).
+struct StopNotice {
+  std::string reason;
+  bool spends_restart = false;  // a failure caused it (else a membership change)
+  // rdzv::kStopPeer, kStopNodeLost or kStopScaleUp; "" where the rendezvous does not say. And
+  // how long before the notice the fault was (a lost node's last heartbeat): the goodput
+  // ledger's "detecting" (docs/observability.md).
+  std::string kind;
+  std::chrono::milliseconds fault_ago{0};
+};
+
 class RendezvousEvents {
  public:
   virtual ~RendezvousEvents() = default;
   // A round formed. group.spare: this node waits outside it, for a node that is lost.
   virtual void OnAssignment(const GroupAssignment& group) = 0;
-  // Stop the workers; Join() again once they are down. spends_restart: a failure caused it
-  // (else a membership change).
-  virtual void OnStopAndRejoin(const std::string& reason, bool spends_restart) = 0;
+  // Stop the workers; Join() again once they are down.
+  virtual void OnStopAndRejoin(const StopNotice& stop) = 0;
   virtual void OnFinished(const JobOutcome& outcome) = 0;
   // The service asks for this node's stacks (a hang on another node, or `crun stacks`): read
   // them without stopping anything and answer with Rendezvous::ReplyStacks(id, ...).

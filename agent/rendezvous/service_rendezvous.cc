@@ -376,8 +376,7 @@ class ServiceRendezvous final : public Rendezvous {
         return events_->OnAssignment(g);
       }
       case v1::ServiceMessage::kStopAndRejoin:
-        return events_->OnStopAndRejoin(m.stop_and_rejoin().reason(),
-                                        m.stop_and_rejoin().spends_restart());
+        return events_->OnStopAndRejoin(StopFromProto(m.stop_and_rejoin()));
       case v1::ServiceMessage::kFinished: {
         const JobOutcome o = OutcomeFromProto(m.finished());
         state_ = State::kEnded;
@@ -486,7 +485,7 @@ class ServiceRendezvous final : public Rendezvous {
     reconnect_deadline_ = std::chrono::steady_clock::now() + o_.reconnect_timeout;
     ArmReconnectDeadline();
     Probe();
-    events_->OnStopAndRejoin(lost_ + "; rejoining when it is back", false);
+    events_->OnStopAndRejoin({lost_ + "; rejoining when it is back", false, "", {}});
   }
 
   // The service opened this session (before it said anything: the round is gathering).

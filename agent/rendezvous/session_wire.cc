@@ -152,7 +152,13 @@ GroupAssignment AssignmentFromProto(const v1::RoundAssignment& a, const RoundSel
                                           std::move(members));
   g.master_addr = a.master_addr();
   g.master_port = static_cast<std::uint16_t>(a.master_port());
+  g.waited_for_nodes = std::chrono::milliseconds(a.waited_for_nodes_ms());
   return g;
+}
+
+StopNotice StopFromProto(const v1::StopAndRejoin& s) {
+  return {s.reason(), s.spends_restart(), s.kind(),
+          std::chrono::milliseconds(std::max<std::int64_t>(s.fault_ms_ago(), 0))};
 }
 
 JobOutcome OutcomeFromProto(const v1::JobFinished& f) {

@@ -50,6 +50,7 @@ v1::NodeStacks NodeStacksToProto(const std::string& node_id, const std::string& 
 // This node's place in a round (`self`: what it knows of itself). The members are the round's
 // other nodes, as their contracts need them.
 GroupAssignment AssignmentFromProto(const v1::RoundAssignment& a, const RoundSelf& self);
+StopNotice StopFromProto(const v1::StopAndRejoin& s);
 JobOutcome OutcomeFromProto(const v1::JobFinished& f);
 std::vector<SlowRankVerdict> VerdictsFromProto(const v1::Stragglers& s);
 RemoteStacks RemoteStacksFromProto(const v1::StacksResult& result);

@@ -104,7 +104,9 @@ class StaticRendezvous final : public Rendezvous {
       o.root_report = failures;
       return Conclude(o);
     }
-    Post([this, what = failure.what] { events_->OnStopAndRejoin(what, true); });
+    Post([this, what = failure.what] {
+      events_->OnStopAndRejoin({what, true, rdzv::kStopPeer, {}});
+    });
   }
 
   void ReportSuccess() override {
@@ -280,7 +282,7 @@ class StaticRendezvous final : public Rendezvous {
       o.reason = loop ? fail->reason : what + ", and this crun has no restarts left";
       return Conclude(o);
     }
-    events_->OnStopAndRejoin(what, true);
+    events_->OnStopAndRejoin({what, true, rdzv::kStopPeer, {}});
   }
 
   // This crun's workers are done for good. Alone, that is the end; sharing a static store, it

@@ -195,11 +195,13 @@ class Deciding {
     std::sort(present.begin(), present.end());
     for (const auto& id : present) {
       if (nodes_.count(id) != 0) continue;
-      const auto heartbeat = doc_.state.settings.heartbeat_timeout.count();
+      const auto heartbeat = doc_.state.settings.heartbeat_timeout;
+      // Its lease ran out a heartbeat_timeout after its last keep-alive: the fault's time.
       Apply(rdzv::OnNodeLost(std::move(doc_.state), id, now_,
                              "its etcd lease ended (the agent left, died, or was cut off for "
                              "longer than heartbeat_timeout " +
-                                 std::to_string(heartbeat) + " ms)"));
+                                 std::to_string(heartbeat.count()) + " ms)",
+                             now_ - heartbeat));
     }
   }
 
@@ -272,6 +274,11 @@ class Deciding {
         ++doc_.gathering;
         doc_.stop_reason = stop->reason;
         doc_.stop_spends_restart = stop->spends_restart;
+        doc_.stop_kind = stop->kind;
+        doc_.stop_fault_ms =
+            std::chrono::duration_cast<std::chrono::milliseconds>(wall_.time_since_epoch())
+                .count() -
+            stop->fault_ago.count();
         out_.log.push_back("every node stops and rejoins: " + stop->reason);
       } else if (auto* fail = std::get_if<rdzv::FailJob>(&action)) {
         FailJob(*fail);

@@ -182,8 +182,10 @@ struct JobDoc {
   rdzv::State state;
   std::string stop_reason;
   bool stop_spends_restart = false;
-  std::string last_failure;  // one line, for status
-  int world_size = 0;        // of the last round
+  std::string stop_kind;           // rdzv::StopAndRejoin::kind
+  std::int64_t stop_fault_ms = 0;  // when the fault was, wall milliseconds; 0: not said
+  std::string last_failure;        // one line, for status
+  int world_size = 0;              // of the last round
   std::optional<Outcome> outcome;
   // The decider that wrote it judges slow ranks job-wide (stragglers.h): always written true;
   // false in a document of a crun before it, whose agents judge their own ranks alone.

@@ -269,7 +269,11 @@ std::string EncodeJob(const JobDoc& d, TimePoint now, WallClock::time_point wall
               {"repeats", s.crash_loop.repeats}}},
             {"unhealthy", std::move(unhealthy)},
             {"unhealthy_reports", s.unhealthy_reports},
-            {"stop", {{"reason", d.stop_reason}, {"spends_restart", d.stop_spends_restart}}},
+            {"stop",
+             {{"reason", d.stop_reason},
+              {"spends_restart", d.stop_spends_restart},
+              {"kind", d.stop_kind},
+              {"fault_ms", d.stop_fault_ms}}},
             {"last_failure", d.last_failure},
             {"world_size", d.world_size},
             {"judges_stragglers", true}};
@@ -337,6 +341,8 @@ StatusOr<JobDoc> DecodeJob(const std::string& text, TimePoint now, WallClock::ti
     for (const auto& n : s.spares) s.present.insert(n.node_id);
     d.stop_reason = j.at("stop").at("reason").get<std::string>();
     d.stop_spends_restart = j.at("stop").at("spends_restart").get<bool>();
+    d.stop_kind = j.at("stop").value("kind", std::string());
+    d.stop_fault_ms = j.at("stop").value("fault_ms", std::int64_t{0});
     d.last_failure = j.value("last_failure", std::string());
     d.world_size = j.value("world_size", 0);
     d.judges_stragglers = j.value("judges_stragglers", false);

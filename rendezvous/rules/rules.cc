@@ -80,6 +80,16 @@ Transition Form(State s, TimePoint now) {
   const std::vector<NodeDescription> chosen(ordered.begin(),
                                             ordered.begin() + static_cast<std::ptrdiff_t>(members));
   round.assignments = AssignRanks(chosen);
+  // The gathering began when its deadline was set; enough nodes were there when its last call
+  // was (or now, where max_nodes came at once).
+  if (s.join_deadline) {
+    const TimePoint began = *s.join_deadline - s.settings.join_timeout;
+    const TimePoint enough =
+        s.last_call_deadline ? *s.last_call_deadline - s.settings.last_call_timeout : now;
+    round.waited_for_nodes =
+        std::max(std::chrono::duration_cast<std::chrono::milliseconds>(enough - began),
+                 std::chrono::milliseconds(0));
+  }
   s.members.clear();
   s.member_index.clear();
   s.members_succeeded = 0;
@@ -110,7 +120,8 @@ std::string DescribeUnhealthy(const std::vector<UnhealthyNode>& nodes) {
   return out;
 }
 
-Transition Regather(State s, std::string reason, bool spends_restart, TimePoint now) {
+Transition Regather(State s, std::string reason, bool spends_restart, TimePoint now,
+                    std::string kind, TimePoint fault_at) {
   s.phase = Phase::kGathering;
   s.members.clear();
   s.member_index.clear();
@@ -122,7 +133,11 @@ Transition Regather(State s, std::string reason, bool spends_restart, TimePoint 
   s.last_call_deadline.reset();
   s.paid_round = spends_restart;
   auto wake = s.join_deadline;
-  return Transition{std::move(s), {StopAndRejoin{std::move(reason), spends_restart}}, wake};
+  const auto ago = std::chrono::duration_cast<std::chrono::milliseconds>(now - fault_at);
+  return Transition{std::move(s),
+                    {StopAndRejoin{std::move(reason), spends_restart, std::move(kind),
+                                   std::max(ago, std::chrono::milliseconds(0))}},
+                    wake};
 }
 
 }  // namespace
@@ -297,7 +312,8 @@ Transition OnJoin(State s, const NodeDescription& node, const Settings& its_sett
       return Transition{std::move(s), std::move(told), wake};
     }
     // Scale-up: a membership change, not a failure.
-    auto t = Regather(std::move(s), "node " + node.host + " joined: scaling up", false, now);
+    auto t = Regather(std::move(s), "node " + node.host + " joined: scaling up", false, now,
+                      kStopScaleUp, now);
     t.state.joined.push_back(node);
     t.state.present.insert(node.node_id);
     return t;
@@ -323,10 +339,12 @@ Transition OnTick(State s, TimePoint now) {
         const std::string id = m.node.node_id;
         const auto silent =
             std::chrono::duration_cast<std::chrono::milliseconds>(now - m.last_heartbeat);
+        const TimePoint last = m.last_heartbeat;
         return OnNodeLost(std::move(s), id, now,
                           "no heartbeat for " + std::to_string(silent.count()) +
                               " ms (heartbeat_timeout " +
-                              std::to_string(s.settings.heartbeat_timeout.count()) + " ms)");
+                              std::to_string(s.settings.heartbeat_timeout.count()) + " ms)",
+                          last);
       }
     }
     auto wake = NextHeartbeatDeadline(s, now);
@@ -422,11 +440,11 @@ Transition OnWorkerFailed(State s, const std::string& node_id, const Failure& fa
     s.phase = Phase::kFailed;
     return {std::move(s), {std::move(*fail)}, std::nullopt};
   }
-  return Regather(std::move(s), what, true, now);
+  return Regather(std::move(s), what, true, now, kStopPeer, now);
 }
 
-Transition OnNodeLost(State s, const std::string& node_id, TimePoint now,
-                      const std::string& cause) {
+Transition OnNodeLost(State s, const std::string& node_id, TimePoint now, const std::string& cause,
+                      std::optional<TimePoint> last_heard) {
   s.present.erase(node_id);
   auto spare = std::find_if(s.spares.begin(), s.spares.end(),
                             [&](const auto& n) { return n.node_id == node_id; });
@@ -457,7 +475,7 @@ Transition OnNodeLost(State s, const std::string& node_id, TimePoint now,
   s.lost_hosts.push_back(node_id);
   // A membership change: survivors and spares re-join; the budget is not spent.
   return Regather(std::move(s), "node " + host + " (" + node_id + ") was lost: " + cause, false,
-                  now);
+                  now, kStopNodeLost, last_heard.value_or(now));
 }
 
 Transition OnUnhealthy(State s, const UnhealthyNode& node, TimePoint now) {

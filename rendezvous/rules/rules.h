@@ -110,6 +110,9 @@ struct FormRound {
   int restart_count = 0;                // job-wide: TORCHELASTIC_RESTART_COUNT on every node
   std::vector<Assignment> assignments;  // in group-rank order
   std::vector<std::string> spares;      // joined, kept for a node that is lost
+  // How long the gathering waited for enough nodes (min_nodes): from its start until the last
+  // of them joined. The goodput ledger's "waiting" (docs/observability.md).
+  std::chrono::milliseconds waited_for_nodes{0};
 };
 struct RefuseJoin {
   enum class Kind { kSettingsMismatch, kJobEnded, kDuplicateNode, kInvalid };
@@ -128,7 +131,15 @@ int FailedJobExitCode(const FailJob& fail, std::optional<int> root_exit);
 struct StopAndRejoin {
   std::string reason;
   bool spends_restart = false;  // a failure (true) or a membership change (false)
+  // What stopped the job, for the goodput ledger's incident: kStopPeer (a worker failed),
+  // kStopNodeLost, kStopScaleUp; and how long before this the fault was (a lost node's last
+  // heartbeat; 0 where it is now).
+  std::string kind;
+  std::chrono::milliseconds fault_ago{0};
 };
+inline constexpr char kStopPeer[] = "peer";
+inline constexpr char kStopNodeLost[] = "node lost";
+inline constexpr char kStopScaleUp[] = "scale-up";
 struct SucceedJob {};
 // A node that joined a running round that is full: it is kept as a spare, and told so now
 // rather than at the next round, so that it can say it waits.
@@ -203,9 +214,10 @@ Transition OnHeartbeat(State state, const std::string& node_id, TimePoint now);
 Transition OnWorkerFailed(State state, const std::string& node_id, const Failure& failure,
                           TimePoint now);
 // The node's session broke (agent died) or the engine gave up on it.
-// `cause` ends the reason every node prints: "node h (id) was lost: <cause>".
+// `cause` ends the reason every node prints: "node h (id) was lost: <cause>". `last_heard`:
+// when it was last heard of (its last heartbeat), the fault's time; now when not given.
 Transition OnNodeLost(State state, const std::string& node_id, TimePoint now,
-                      const std::string& cause);
+                      const std::string& cause, std::optional<TimePoint> last_heard = std::nullopt);
 // A node failed its health gate and stays out of the job (it leaves after saying so): it is
 // counted, named in status, and in the reason if too few nodes join; were it waiting in the
 // gathering or as a spare, it no longer is.

@@ -213,7 +213,8 @@ void Engine::Apply(Job& job, Transition t, TimePoint now) {
     } else if (auto* stop = std::get_if<StopAndRejoin>(&action)) {
       Log(job.run_id + ": stop and re-join: " + stop->reason);
       job.gathering_since = now;
-      const msg::ServiceMessage m = msg::StopAndRejoin{stop->reason, stop->spends_restart};
+      const msg::ServiceMessage m = msg::StopAndRejoin{stop->reason, stop->spends_restart,
+                                                       stop->kind, stop->fault_ago.count()};
       for (const auto& [node, session] : job.sessions) {
         // A node that caused the new gathering by joining it is in it already.
         if (job.state.present.count(node) == 0) hooks_.send(session, m);
@@ -332,6 +333,7 @@ void Engine::SendAssignments(Job& job, const FormRound& round) {
     m.master_port = job.store->port();
     m.restart_count = round.restart_count;
     m.durable_service = options_.durable;
+    m.waited_for_nodes_ms = round.waited_for_nodes.count();
     hooks_.send(session->second, m);
   }
   for (const auto& spare : round.spares) {

@@ -103,7 +103,8 @@ struct Assignment {
   int restart_count = 0;
   bool spare = false;
   bool durable_service = false;
-  bool judges_stragglers = true;  // this service judges slow ranks job-wide (always)
+  bool judges_stragglers = true;         // this service judges slow ranks job-wide (always)
+  std::int64_t waited_for_nodes_ms = 0;  // rdzv::FormRound::waited_for_nodes
   // Group-rank order; one list shared by every node's assignment of the round (the service
   // encodes it once, EncodeMembers): null or empty where no node reserved ports.
   std::shared_ptr<const std::vector<RoundMember>> members;
@@ -112,6 +113,8 @@ struct Assignment {
 struct StopAndRejoin {
   std::string reason;
   bool spends_restart = false;
+  std::string kind;               // rdzv::StopAndRejoin::kind
+  std::int64_t fault_ms_ago = 0;  // rdzv::StopAndRejoin::fault_ago
 };
 
 struct JobFinished {

@@ -68,11 +68,14 @@ struct ServiceToProto {
     r->set_spare(a.spare);
     r->set_durable_service(a.durable_service);
     r->set_judges_stragglers(a.judges_stragglers);
+    r->set_waited_for_nodes_ms(a.waited_for_nodes_ms);
     if (a.members) MembersToProto(*a.members, r);
   }
   void operator()(const msg::StopAndRejoin& s) const {
     out.mutable_stop_and_rejoin()->set_reason(s.reason);
     out.mutable_stop_and_rejoin()->set_spends_restart(s.spends_restart);
+    out.mutable_stop_and_rejoin()->set_kind(s.kind);
+    out.mutable_stop_and_rejoin()->set_fault_ms_ago(s.fault_ms_ago);
   }
   void operator()(const msg::JobFinished& f) const {
     auto* r = out.mutable_finished();

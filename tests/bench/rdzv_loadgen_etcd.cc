@@ -42,7 +42,7 @@ struct SimAgent final : agent::RendezvousEvents {
     round.store(g.round);
     assigned->Hit();
   }
-  void OnStopAndRejoin(const std::string&, bool) override {
+  void OnStopAndRejoin(const crun::agent::StopNotice&) override {
     told->Hit();
     rdzv->Join({});  // re-join at once
   }

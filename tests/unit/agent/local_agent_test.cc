@@ -62,7 +62,7 @@ class ScriptedRendezvous final : public Rendezvous {
     record_->failures.push_back(failures);
     if (restarts_ < max_restarts_) {
       ++restarts_;
-      asio::post(io_, [this] { events_->OnStopAndRejoin("a worker failed", true); });
+      asio::post(io_, [this] { events_->OnStopAndRejoin({"a worker failed", true, "peer", {}}); });
       return;
     }
     JobOutcome o;
@@ -276,8 +276,8 @@ class HookRecorder final : public JobFeature {
                     " failure=" + std::to_string(e.failure != nullptr) + " stops=" +
                     std::to_string(e.stops_group) + " stopping=" + std::to_string(e.stopping));
   }
-  void OnRestarting(const std::string& reason, bool spends) override {
-    log_->push_back("restarting " + reason + (spends ? " (spends)" : ""));
+  void OnRestarting(const crun::agent::StopNotice& stop) override {
+    log_->push_back("restarting " + stop.reason + (stop.spends_restart ? " (spends)" : ""));
   }
   void OnAttemptEnded() override { log_->push_back("attempt_ended"); }
   void OnJoining() override { log_->push_back("joining"); }

@@ -244,6 +244,7 @@ TEST_CASE("etcd job: a worker failure spends a restart and every node rejoins") 
   CHECK(job["restarts_used"] == 1);
   CHECK(job["stop"]["reason"] == "rank 1 on host-b failed with exit code 3");
   CHECK(job["stop"]["spends_restart"] == true);
+  CHECK(job["stop"]["kind"] == "peer");
   CHECK(e.kv.count(e.keys.last_failure()) == 1);
   CHECK(e.kv.count(e.keys.report(0, "b")) == 0);  // the stopped round's reports are cleared
   // Old joins do not count for the new gathering; new ones do.
@@ -393,6 +394,12 @@ TEST_CASE("etcd job: a node whose lease ended is lost, the others re-form withou
   CHECK(job["lost"] == nlohmann::json::array({"a"}));
   CHECK(job["stop"]["reason"].get<std::string>().find("node host-a (a) was lost: its etcd "
                                                       "lease ended") != std::string::npos);
+  // For the goodput ledger: the fault was a heartbeat_timeout before the lease ran out.
+  CHECK(job["stop"]["kind"] == "node lost");
+  const auto lost_at = std::chrono::duration_cast<Ms>((kWall0 + Ms(100)).time_since_epoch());
+  CHECK(job["stop"]["fault_ms"].get<std::int64_t>() ==
+        (lost_at - crun::rdzv::Settings{}.heartbeat_timeout).count());
+  CHECK(crun::etcd::DecodeJob(e.kv.at(e.keys.job()).value, kT0, kWall0)->stop_kind == "node lost");
   e.JoinNode("b");
   e.JoinNode("c");
   auto d = e.Step(Ms(110));

@@ -215,6 +215,7 @@ TEST_CASE("the engine's messages reach the wire with every field", "[proto]") {
   assignment.master_port = 29500;
   assignment.restart_count = 1;
   assignment.durable_service = true;
+  assignment.waited_for_nodes_ms = 5100;
   assignment.members = std::make_shared<std::vector<msg::RoundMember>>(
       std::vector<msg::RoundMember>{{"node-a", "10.0.0.2", 2, {4000, 4001}},
                                     {"node-b", "fd00::3", 1, {}}});
@@ -230,6 +231,7 @@ TEST_CASE("the engine's messages reach the wire with every field", "[proto]") {
   CHECK(a.assignment().restart_count() == 1);
   CHECK_FALSE(a.assignment().spare());
   CHECK(a.assignment().durable_service());
+  CHECK(a.assignment().waited_for_nodes_ms() == 5100);
   REQUIRE(a.assignment().members_size() == 2);
   CHECK(a.assignment().members(0).host() == "node-a");
   CHECK(a.assignment().members(0).address() == "10.0.0.2");
@@ -250,10 +252,13 @@ TEST_CASE("the engine's messages reach the wire with every field", "[proto]") {
   CHECK(parsed.assignment().members_size() == 2);
   CHECK(parsed.assignment().group_rank() == 1);
 
-  const auto s = OverTheWire(ToProto(msg::StopAndRejoin{"node b was lost", true}));
+  const auto s =
+      OverTheWire(ToProto(msg::StopAndRejoin{"node b was lost", true, "node lost", 4200}));
   REQUIRE(s.has_stop_and_rejoin());
   CHECK(s.stop_and_rejoin().reason() == "node b was lost");
   CHECK(s.stop_and_rejoin().spends_restart());
+  CHECK(s.stop_and_rejoin().kind() == "node lost");
+  CHECK(s.stop_and_rejoin().fault_ms_ago() == 4200);
 
   const auto r = OverTheWire(ToProto(msg::Refused{"protocol version 2"}));
   REQUIRE(r.has_refused());

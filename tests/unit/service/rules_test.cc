@@ -132,6 +132,7 @@ TEST_CASE("2:4 waits for the last call after the second node, then forms", "[rul
   CHECK(round->assignments[0].node_id == "a#1");  // rank order: by host
   CHECK(round->assignments[1].base_rank == 2);
   CHECK(round->assignments[1].world_size == 4);
+  CHECK(round->waited_for_nodes == 5s);  // from the first join until min was there (goodput)
 }
 
 TEST_CASE("reaching max forms at once, without a last call", "[rules]") {
@@ -371,6 +372,8 @@ TEST_CASE("a worker failure stops every node, the re-formed round carries the re
   REQUIRE(stop != nullptr);
   CHECK(stop->spends_restart);
   CHECK(stop->reason == "rank 3 on b: exit code 7");
+  CHECK(stop->kind == crun::rdzv::kStopPeer);
+  CHECK(stop->fault_ago == 0ms);
   CHECK(t.state.restarts_used == 1);
   st = t.state;
   st = OnJoin(st, Node("b"), st.settings, T0 + 10s).state;
@@ -379,7 +382,8 @@ TEST_CASE("a worker failure stops every node, the re-formed round carries the re
   const auto* round = Only<FormRound>(formed.actions);
   REQUIRE(round != nullptr);
   CHECK(round->round == 1);
-  CHECK(round->restart_count == 1);  // the same job-wide number on every node
+  CHECK(round->waited_for_nodes == 0s);  // both were back at once
+  CHECK(round->restart_count == 1);      // the same job-wide number on every node
   // The budget is spent: the next failure fails the job everywhere.
   auto fail =
       OnWorkerFailed(formed.state, "a#1", Said("rank 0 on a: signal 9 (SIGKILL)"), T0 + 20s);
@@ -538,6 +542,8 @@ TEST_CASE("a lost node re-forms the job without spending the budget", "[rules]")
   REQUIRE(stop != nullptr);
   CHECK_FALSE(stop->spends_restart);
   CHECK(stop->reason == "node a (a#1) was lost: its session ended");
+  CHECK(stop->kind == crun::rdzv::kStopNodeLost);
+  CHECK(stop->fault_ago == 0ms);  // a session that ended: now
   CHECK(t.state.restarts_used == 0);
   // Only b comes back: below min, so the job waits for the join deadline, then fails naming a.
   st = OnJoin(t.state, Node("b"), t.state.settings, T0 + 5s).state;
@@ -631,6 +637,8 @@ TEST_CASE("missing heartbeats mark a node lost within the heartbeat timeout", "[
   REQUIRE(stop != nullptr);
   CHECK(stop->reason ==
         "node b (b#1) was lost: no heartbeat for 3000 ms (heartbeat_timeout 3000 ms)");
+  CHECK(stop->kind == crun::rdzv::kStopNodeLost);
+  CHECK(stop->fault_ago == 3s);  // its last heartbeat: the fault, for the goodput ledger
 }
 
 TEST_CASE("late joiners scale up below max and are spares at max", "[rules]") {
@@ -640,6 +648,7 @@ TEST_CASE("late joiners scale up below max and are spares at max", "[rules]") {
   REQUIRE(stop != nullptr);
   CHECK_FALSE(stop->spends_restart);
   CHECK(stop->reason == "node c joined: scaling up");
+  CHECK(stop->kind == crun::rdzv::kStopScaleUp);
   st = OnJoin(t.state, Node("a"), st.settings, T0 + 2s).state;
   auto formed = OnJoin(st, Node("b"), st.settings, T0 + 2s);  // the third: max, at once
   REQUIRE(Only<FormRound>(formed.actions) != nullptr);
