@@ -136,7 +136,10 @@ void LocalAgent::Impl::Carry(const lc::Restarting& a) {
   }
 }
 
-void LocalAgent::Impl::Carry(const lc::ReportSuccess&) { rdzv->ReportSuccess(); }
+void LocalAgent::Impl::Carry(const lc::ReportSuccess&) {
+  features.Each([](JobFeature& f) { f.OnSucceeded(); });
+  rdzv->ReportSuccess();
+}
 
 void LocalAgent::Impl::Carry(const lc::Join&) {
   failures.ClearRecords();

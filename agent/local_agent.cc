@@ -58,7 +58,9 @@ LocalAgent::Impl::Impl(asio::io_context& io_, AgentOptions o, std::unique_ptr<Re
            [this](lc::NodeLeaves::Why why, const std::string& detail) {
              Feed(lc::OnNodeLeaves(state, {why, detail, report::kExitRequeueWithoutNode}, Now()));
            },
-           [this](int lr, const std::string& why) { FailRank(lr, why); }},
+           [this](int lr, const std::string& why) { FailRank(lr, why); },
+           outcome,
+           [this](const std::string& ledger_json) { rdzv->ShareGoodput(ledger_json); }},
       features(factories, view),
       streams(io_, StreamOptionsOf(options, features)),
       signals(io_),

@@ -144,6 +144,27 @@ nlohmann::json StragglersJson(const v1::NodeStatus& n) {
   return out;
 }
 
+// A ledger's figures (docs/observability.md, "Goodput"); null where none came.
+nlohmann::json GoodputJson(bool has, const v1::GoodputFigures& g) {
+  if (!has) return nullptr;
+  nlohmann::json seconds = nlohmann::json::object();
+  for (const auto& s : g.seconds()) seconds[s.category()] = s.seconds();
+  return {{"known", g.known()},
+          {"ratio", g.known() ? nlohmann::json(g.ratio()) : nlohmann::json(nullptr)},
+          {"seconds", std::move(seconds)},
+          {"incidents", g.incidents()},
+          {"summary", g.summary()}};
+}
+
+// "96.2 %"; "unknown" where the workers report no progress; "-" where no ledger came.
+std::string GoodputCell(bool has, const v1::GoodputFigures& g) {
+  if (!has) return "-";
+  if (!g.known()) return "unknown";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %%", g.ratio() * 100.0);
+  return buf;
+}
+
 nlohmann::json JobsJson(const v1::StatusResponse& resp) {
   nlohmann::json out = nlohmann::json::array();
   for (const auto& j : resp.jobs()) {
@@ -158,7 +179,8 @@ nlohmann::json JobsJson(const v1::StatusResponse& resp) {
                        {"last_failure", j.last_failure()},
                        {"lost_hosts",
                         std::vector<std::string>(j.lost_hosts().begin(), j.lost_hosts().end())},
-                       {"unhealthy_reports", j.unhealthy_reports()}};
+                       {"unhealthy_reports", j.unhealthy_reports()},
+                       {"goodput", GoodputJson(j.has_goodput(), j.goodput())}};
     job["nodes"] = nlohmann::json::array();
     for (const auto& n : j.nodes()) {
       job["nodes"].push_back(
@@ -174,7 +196,8 @@ nlohmann::json JobsJson(const v1::StatusResponse& resp) {
            {"disk_step",
             n.has_disk_step() ? nlohmann::json(n.disk_step()) : nlohmann::json(nullptr)},
            {"reason", n.reason()},
-           {"stragglers", StragglersJson(n)}});
+           {"stragglers", StragglersJson(n)},
+           {"goodput", GoodputJson(n.has_goodput(), n.goodput())}});
     }
     out.push_back(job);
   }
@@ -211,14 +234,16 @@ std::string JobsTable(const v1::StatusResponse& resp, const std::string& target)
     if (j.unhealthy_reports() > 0) {
       line("  health checks failed: %d\n", j.unhealthy_reports());
     }
-    line("  %-24s %-20s %-10s %5s %6s  %-14s  %-24s  %s\n", "NODE", "HOST", "STATE", "RANK",
-         "NPROC", "LAST HEARTBEAT", "SNAPSHOTS", "SLOW RANKS");
+    if (j.has_goodput()) line("  %s\n", j.goodput().summary().c_str());
+    line("  %-24s %-20s %-10s %5s %6s  %-14s  %-8s  %-24s  %s\n", "NODE", "HOST", "STATE", "RANK",
+         "NPROC", "LAST HEARTBEAT", "GOODPUT", "SNAPSHOTS", "SLOW RANKS");
     for (const auto& n : j.nodes()) {
-      line("  %-24s %-20s %-10s %5s %6d  %-14s  %-24s  %s\n", n.node_id().c_str(), n.host().c_str(),
-           n.state().c_str(), n.group_rank() < 0 ? "-" : std::to_string(n.group_rank()).c_str(),
-           n.nproc(),
+      line("  %-24s %-20s %-10s %5s %6d  %-14s  %-8s  %-24s  %s\n", n.node_id().c_str(),
+           n.host().c_str(), n.state().c_str(),
+           n.group_rank() < 0 ? "-" : std::to_string(n.group_rank()).c_str(), n.nproc(),
            n.state() == "member" ? (Age(n.last_heartbeat_ms_ago()) + " ago").c_str() : "-",
-           SnapshotsCell(n).c_str(), SlowRanksCell(n).c_str());
+           GoodputCell(n.has_goodput(), n.goodput()).c_str(), SnapshotsCell(n).c_str(),
+           SlowRanksCell(n).c_str());
       if (!n.reason().empty()) line("    %s\n", n.reason().c_str());
     }
   }

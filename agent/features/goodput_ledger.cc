@@ -1,10 +1,14 @@
 // The node's goodput ledger (docs/observability.md, "Goodput"): the agent's hooks and the
 // job's progress, fed to the pure ledger (rendezvous/goodput/ledger.h) with the time each
-// happened. At the job's end: the summary line, --goodput-file, and the metrics on every
-// scrape before it. On for every job: it only listens.
+// happened. The ledger goes to the rendezvous (which combines the job's) a second after each
+// change of where the node's time goes, once a minute, and just before the node reports its
+// workers' end. At the job's end: the summary line (the job's where the rendezvous combined
+// it), --goodput-file, and the metrics on every scrape before it. On for every job: it only
+// listens.
 #include <cerrno>
 #include <cstring>
 
+#include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
 
 #include "agent/features/job_feature.h"
@@ -17,6 +21,9 @@ namespace crun::agent {
 namespace {
 
 namespace gp = goodput;
+
+constexpr auto kSettle = std::chrono::seconds(1);   // after a change, before it is shared
+constexpr auto kRefresh = std::chrono::minutes(1);  // shared at least this often
 
 // The kind of a report's root cause, for its incident row.
 std::string KindOf(const report::WorkerFailure& f) {
@@ -36,14 +43,18 @@ class GoodputLedger final : public JobFeature {
                            std::chrono::system_clock::now().time_since_epoch())
                            .count()),
         steady_at_start_(std::chrono::steady_clock::now()),
-        ledger_(gp::Ledger::Launched("", agent.options.host_name, agent.options.nproc, Wall())) {
+        ledger_(gp::Ledger::Launched("", agent.options.host_name, agent.options.nproc, Wall())),
+        settle_(agent.io),
+        refresh_(agent.io) {
     const int first = agent.options.first_local_rank;
     agent.progress.Listen({
-        [this, first](int lr) { ledger_.Progress(Wall(), lr - first, std::nullopt); },
-        [this, first](int lr, const StepRecord& r) {
-          ledger_.Progress(Wall(), lr - first, r.step);
+        [this, first](int lr) {
+          Heard([&] { ledger_.Progress(Wall(), lr - first, std::nullopt); });
         },
-        [this](std::optional<std::int64_t> step) { ledger_.Saved(Wall(), step); },
+        [this, first](int lr, const StepRecord& r) {
+          Heard([&] { ledger_.Progress(Wall(), lr - first, r.step); });
+        },
+        [this](std::optional<std::int64_t> step) { Heard([&] { ledger_.Saved(Wall(), step); }); },
     });
   }
 
@@ -53,28 +64,43 @@ class GoodputLedger final : public JobFeature {
         agent_.meters->Goodput(ledger_.Settled().totals, gp::Goodput(ledger_.Live(Wall()).totals));
       });
     }
+    ArmRefresh();
     return Status::Ok();
   }
 
-  void OnJoinHeld() override { ledger_.GateHeld(Wall()); }
-  void OnJoining() override { ledger_.Joining(Wall()); }
-  void OnRound(std::chrono::steady_clock::duration) override {
-    ledger_.Assigned(Wall(), agent_.group.spare, agent_.group.waited_for_nodes.count());
+  void OnJoinHeld() override {
+    Heard([&] { ledger_.GateHeld(Wall()); });
   }
-  void OnAttemptStarted() override { ledger_.WorkersRunning(Wall()); }
+  void OnJoining() override {
+    Heard([&] { ledger_.Joining(Wall()); });
+  }
+  void OnRound(std::chrono::steady_clock::duration) override {
+    Heard([&] {
+      ledger_.Assigned(Wall(), agent_.group.spare, agent_.group.waited_for_nodes.count());
+    });
+  }
+  void OnAttemptStarted() override {
+    Heard([&] { ledger_.WorkersRunning(Wall()); });
+  }
 
   void OnFailureReported(const report::FailureReport& r) override {
     const gp::Ms now = Wall();
-    if (r.failures.empty()) return ledger_.FailureKnown(now, now, "exit", report::Describe(r));
-    const report::WorkerFailure& f = r.failures.front();
-    const std::string kind = KindOf(f);
-    gp::Ms fault = f.time_unix_ms > 0 ? f.time_unix_ms : now;
-    if (kind == "hang") {
-      // From its last progress; without one this attempt, from the attempt's start.
-      fault = ledger_.LastProgress(f.local_rank - agent_.options.first_local_rank).value_or(0);
+    if (r.failures.empty()) {
+      ledger_.FailureKnown(now, now, "exit", report::Describe(r));
+    } else {
+      const report::WorkerFailure& f = r.failures.front();
+      const std::string kind = KindOf(f);
+      gp::Ms fault = f.time_unix_ms > 0 ? f.time_unix_ms : now;
+      if (kind == "hang") {
+        // From its last progress; without one this attempt, from the attempt's start.
+        fault = ledger_.LastProgress(f.local_rank - agent_.options.first_local_rank).value_or(0);
+      }
+      ledger_.FailureKnown(now, fault, kind, report::DescribeCause(r));
     }
-    ledger_.FailureKnown(now, fault, kind, report::DescribeCause(r));
+    Share();  // before the report: the rendezvous has the ledger that explains it
   }
+
+  void OnSucceeded() override { Share(); }
 
   // The rendezvous stops the attempt (a peer failed, a node was lost, the job re-forms); after
   // a failure of this node's own, the same incident.
@@ -83,16 +109,21 @@ class GoodputLedger final : public JobFeature {
     const std::string kind = !stop.kind.empty()    ? stop.kind
                              : stop.spends_restart ? "peer"
                                                    : "re-form";
-    ledger_.FailureKnown(now, now - stop.fault_ago.count(), kind, stop.reason);
+    Heard([&] { ledger_.FailureKnown(now, now - stop.fault_ago.count(), kind, stop.reason); });
   }
 
   void OnFinish(int) override {
+    settle_.cancel();
+    refresh_.cancel();
     ledger_.Finished(Wall());
-    gp::NodeLedger node = ledger_.Settled();
-    node.node = agent_.rendezvous.node_id();
+    const gp::NodeLedger node = Own(ledger_.Settled());
     if (agent_.meters != nullptr) agent_.meters->Goodput(node.totals, gp::Goodput(node.totals));
-    const gp::JobLedger job = gp::Combine({node});
-    FdWriter::Stderr().Write("crun: " + gp::Summary(node) + " (this node)\n");
+    const gp::JobLedger job = gp::Combine(JobNodes(node));
+    const bool job_wide = job.nodes.size() > 1;
+    FdWriter::Stderr().Write("crun: " + (job_wide ? gp::Summary(job) : gp::Summary(node)) +
+                             (job_wide
+                                  ? " (the job, " + std::to_string(job.nodes.size()) + " nodes)\n"
+                                  : " (this node)\n"));
     if (!agent_.options.goodput_file.empty()) Write(job);
   }
 
@@ -101,6 +132,55 @@ class GoodputLedger final : public JobFeature {
     return wall_at_start_ + std::chrono::duration_cast<std::chrono::milliseconds>(
                                 std::chrono::steady_clock::now() - steady_at_start_)
                                 .count();
+  }
+
+  gp::NodeLedger Own(gp::NodeLedger l) const {
+    l.node = agent_.rendezvous.node_id();
+    return l;
+  }
+
+  // Feeds the ledger; a change of where the time goes is shared a moment later.
+  template <typename Event>
+  void Heard(const Event& event) {
+    event();
+    if (ledger_.Current() == shared_as_ || settling_) return;
+    settling_ = true;
+    settle_.expires_after(kSettle);
+    settle_.async_wait([this](const boost::system::error_code& ec) {
+      settling_ = false;
+      if (!ec) Share();
+    });
+  }
+
+  void Share() {
+    shared_as_ = ledger_.Current();
+    agent_.share_goodput(gp::ToJson(Own(ledger_.Live(Wall()))).dump());
+  }
+
+  void ArmRefresh() {
+    refresh_.expires_after(kRefresh);
+    refresh_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      Share();
+      ArmRefresh();
+    });
+  }
+
+  // The job's nodes as the rendezvous last had them, this node's own replaced by its final
+  // ledger; this node alone where the rendezvous combines none.
+  std::vector<gp::NodeLedger> JobNodes(const gp::NodeLedger& own) const {
+    std::vector<gp::NodeLedger> nodes{own};
+    for (const std::string& text : agent_.outcome.goodput) {
+      auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      auto n = gp::NodeFromJson(j);
+      if (!n.ok()) {
+        spdlog::warn("crun: a node's goodput ledger from the rendezvous is left out: {}",
+                     n.status().message());
+        continue;
+      }
+      if (n->node != own.node) nodes.push_back(std::move(n).value());
+    }
+    return nodes;
   }
 
   void Write(const gp::JobLedger& job) {
@@ -114,6 +194,9 @@ class GoodputLedger final : public JobFeature {
   const gp::Ms wall_at_start_;  // the wall clock read once: a jump of it moves nothing
   const std::chrono::steady_clock::time_point steady_at_start_;
   gp::Ledger ledger_;
+  boost::asio::steady_timer settle_, refresh_;
+  bool settling_ = false;
+  gp::Category shared_as_ = gp::Category::kStarting;
 };
 
 }  // namespace

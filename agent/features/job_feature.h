@@ -68,6 +68,10 @@ struct AgentView {
   // action restart, docs/health.md): like a hang without the stacks, the group stops, the
   // failure (report::WorkerFailure::slow) goes to the rendezvous and the restart is spent.
   std::function<void(int local_rank, const std::string& why)> fail_rank;
+  // The job's outcome, once the rendezvous said it (read at OnFinish).
+  const JobOutcome& outcome;
+  // This node's goodput ledger to the rendezvous (Rendezvous::ShareGoodput).
+  std::function<void(const std::string& ledger_json)> share_goodput;
 };
 
 // One worker's exit, as the agent recorded it.
@@ -120,8 +124,10 @@ class JobFeature {
   // OOM killer): the report's words; "" otherwise. The first feature that answers is taken.
   virtual std::string KillerOf(const Worker& /*w*/, const ExitStatus& /*exit*/) { return ""; }
   virtual void OnWorkerExited(const WorkerEnd&) {}
-  // The attempt's failure goes to the rendezvous: its first failure is the root cause.
+  // The attempt's failure goes to the rendezvous (its first failure is the root cause), or its
+  // success: each heard just before the rendezvous is told.
   virtual void OnFailureReported(const report::FailureReport&) {}
+  virtual void OnSucceeded() {}
   // The group is restarted or the job re-formed, as the rendezvous said (stop.reason, ...).
   virtual void OnRestarting(const StopNotice& /*stop*/) {}
   // The attempt's workers and everything they started are gone.

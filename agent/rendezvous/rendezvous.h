@@ -28,6 +28,9 @@ struct JobOutcome {
   std::string reason;        // "all workers succeeded", "only 1 of at least 2 nodes joined ..."
   std::string root_node_id;  // the node whose failure ended the job, if one did
   report::FailureReport root_report;  // its failures, the root cause first
+  // Every node's goodput ledger as the rendezvous last had it (JSON), where it combines the
+  // job's: the job's ledger is combined from them (rendezvous/goodput/job_ledger.h).
+  std::vector<std::string> goodput;
 };
 
 // Why the rendezvous stops the running round (RendezvousEvents::OnStopAndRejoin).
@@ -73,6 +76,9 @@ class Rendezvous {
   // This node leaves the job (a signal stopped it); no events follow.
   virtual void Leave(const std::string& reason) = 0;
   // Identity in reports: which node a root cause came from.
+  // This node's goodput ledger (JSON, rendezvous/goodput/ledger_json.h), for a rendezvous
+  // that combines the job's (the service, etcd); the others keep none.
+  virtual void ShareGoodput(const std::string& /*ledger_json*/) {}
   virtual std::string node_id() const = 0;
   // Slow ranks judged job-wide (health/straggler_exchange.h): the exchange of a rendezvous that
   // carries every node's figures to one judge, which the agent hands to its features; null where

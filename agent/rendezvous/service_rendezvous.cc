@@ -83,6 +83,7 @@ class ServiceRendezvous final : public Rendezvous {
       return;
     }
     client_->Send(JoinMessage(""));
+    if (!goodput_.empty()) client_->Send(GoodputMessage(goodput_));
     join_sent_ = true;
   }
 
@@ -109,9 +110,14 @@ class ServiceRendezvous final : public Rendezvous {
 
   void ReportSuccess() override {
     if (Ended() || !client_) return;
-    v1::AgentMessage m;
-    m.mutable_workers_succeeded();
-    client_->Send(std::move(m));
+    client_->Send(SucceededMessage());
+  }
+
+  // Sent now where the node has joined on this session, and again after every join, so that
+  // a daemon that restarts has it back.
+  void ShareGoodput(const std::string& ledger_json) override {
+    goodput_ = ledger_json;
+    if (!Ended() && client_ && join_sent_) client_->Send(GoodputMessage(goodput_));
   }
 
   void Leave(const std::string& reason) override {
@@ -124,9 +130,7 @@ class ServiceRendezvous final : public Rendezvous {
       client_->Cancel();  // a session still waiting for the service: nobody to say goodbye to
       client_->Close();
     } else if (client_) {
-      v1::AgentMessage m;
-      m.mutable_leave()->set_reason(reason);
-      client_->Send(std::move(m));
+      client_->Send(LeaveMessage(reason));
       client_->Close();
     }
     work_.reset();
@@ -160,10 +164,7 @@ class ServiceRendezvous final : public Rendezvous {
   void ReplyStacks(std::uint64_t id, const std::string& host, const std::vector<RankStacks>& ranks,
                    const std::string& error) override {
     if (Ended() || !client_) return;
-    v1::AgentMessage m;
-    m.mutable_stacks_reply()->set_request_id(id);
-    *m.mutable_stacks_reply()->mutable_node() = NodeStacksToProto(o_.node_id, host, ranks, error);
-    client_->Send(std::move(m));
+    client_->Send(StacksReplyMessage(id, o_.node_id, host, ranks, error));
   }
 
  private:
@@ -248,9 +249,7 @@ class ServiceRendezvous final : public Rendezvous {
     client_ = std::make_unique<SessionClient>(
         *stub_, [](v1::ServiceMessage) {}, [](const Status&) {}, call);
     client_->Send(JoinMessage(*unhealthy_));
-    v1::AgentMessage m;
-    m.mutable_leave()->set_reason(farewell_);
-    client_->Send(std::move(m));
+    client_->Send(LeaveMessage(farewell_));
     client_->Close();
     work_.reset();
   }
@@ -561,6 +560,7 @@ class ServiceRendezvous final : public Rendezvous {
   std::optional<UdpBeats> beats_;  // heartbeats over UDP on the current session
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::string target_;
+  std::string goodput_;  // this node's ledger as last shared (ShareGoodput)
   RendezvousEvents* events_ = nullptr;
   struct StacksWait {
     std::function<void(RemoteStacks)> done;

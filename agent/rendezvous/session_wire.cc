@@ -107,6 +107,33 @@ v1::AgentMessage StacksWantedMessage(std::uint64_t id, const std::string& reason
   return m;
 }
 
+v1::AgentMessage SucceededMessage() {
+  v1::AgentMessage m;
+  m.mutable_workers_succeeded();
+  return m;
+}
+
+v1::AgentMessage LeaveMessage(const std::string& reason) {
+  v1::AgentMessage m;
+  m.mutable_leave()->set_reason(reason);
+  return m;
+}
+
+v1::AgentMessage GoodputMessage(const std::string& ledger_json) {
+  v1::AgentMessage m;
+  m.mutable_goodput()->set_json(ledger_json);
+  return m;
+}
+
+v1::AgentMessage StacksReplyMessage(std::uint64_t id, const std::string& node_id,
+                                    const std::string& host, const std::vector<RankStacks>& ranks,
+                                    const std::string& error) {
+  v1::AgentMessage m;
+  m.mutable_stacks_reply()->set_request_id(id);
+  *m.mutable_stacks_reply()->mutable_node() = NodeStacksToProto(node_id, host, ranks, error);
+  return m;
+}
+
 v1::NodeStacks NodeStacksToProto(const std::string& node_id, const std::string& host,
                                  const std::vector<RankStacks>& ranks, const std::string& error) {
   v1::NodeStacks out;
@@ -170,6 +197,7 @@ JobOutcome OutcomeFromProto(const v1::JobFinished& f) {
     o.root_node_id = f.root_cause().node_id();
     o.root_report = rdzv::FromProto(f.root_cause());
   }
+  o.goodput.assign(f.goodput().begin(), f.goodput().end());
   return o;
 }
 

@@ -39,10 +39,18 @@ v1::AgentMessage HeartbeatMessage(std::uint64_t sequence, const SnapshotFacts* s
 v1::AgentMessage FailureMessage(const report::FailureReport& failures);
 v1::AgentMessage StacksWantedMessage(std::uint64_t id, const std::string& reason,
                                      std::chrono::milliseconds timeout);
+// The workers all succeeded; the node leaves for `reason`; its goodput ledger (JSON,
+// rendezvous/goodput/ledger_json.h).
+v1::AgentMessage SucceededMessage();
+v1::AgentMessage LeaveMessage(const std::string& reason);
+v1::AgentMessage GoodputMessage(const std::string& ledger_json);
 // A node's answer to a stacks request. One larger than kMaxNodeStacksBytes keeps only each
 // rank's main thread (and says so in `error`), so that one node's answer never crowds out the
 // others'.
 inline constexpr std::size_t kMaxNodeStacksBytes = std::size_t{1} << 20;
+v1::AgentMessage StacksReplyMessage(std::uint64_t id, const std::string& node_id,
+                                    const std::string& host, const std::vector<RankStacks>& ranks,
+                                    const std::string& error);
 v1::NodeStacks NodeStacksToProto(const std::string& node_id, const std::string& host,
                                  const std::vector<RankStacks>& ranks, const std::string& error);
 

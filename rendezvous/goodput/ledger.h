@@ -129,6 +129,8 @@ struct Ledger {
   // The job ends on this node.
   void Finished(Ms now);
 
+  // Where the node's time goes now: what its pending time will most likely be.
+  Category Current() const { return mode_ == Mode::kTraining ? last_class_ : open_; }
   // The last progress of local rank `local_rank` in this attempt, if any (a hang's fault).
   std::optional<Ms> LastProgress(int local_rank) const;
 

@@ -116,8 +116,15 @@ StatusOr<NodeLedger> NodeFromJson(const json& j) {
       const auto c = CategoryNamed(s.at("category").get<std::string>());
       if (!c)
         return Bad("node " + n.node + ": unknown segment category " + s.at("category").dump());
-      n.segments.push_back(
-          {*c, s.at("begin_ms").get<Ms>(), s.at("end_ms").get<Ms>(), !s.value("spare", false)});
+      const Segment seg{*c, s.at("begin_ms").get<Ms>(), s.at("end_ms").get<Ms>(),
+                        !s.value("spare", false)};
+      if (seg.begin > seg.end || seg.begin < n.launched || seg.end > n.until) {
+        return Bad("node " + n.node + ": a segment outside its ledger's time (" + s.dump() + ")");
+      }
+      n.segments.push_back(seg);
+    }
+    if (n.segments.size() > kMaxSegments || n.incidents.size() > kMaxIncidents) {
+      return Bad("node " + n.node + ": more segments or incidents than a ledger keeps");
     }
     for (const auto& i : j.value("incidents", json::array())) {
       Incident x;
@@ -137,6 +144,9 @@ StatusOr<NodeLedger> NodeFromJson(const json& j) {
     n.saves = j.value("saves_ms", std::vector<Ms>{});
     for (const auto& p : j.value("steps", json::array())) {
       n.steps.push_back({p.at(0).get<Ms>(), p.at(1).get<std::int64_t>()});
+    }
+    if (n.saves.size() > kMaxMarks || n.steps.size() > kMaxMarks) {
+      return Bad("node " + n.node + ": more marks than a ledger keeps");
     }
     return n;
   } catch (const json::exception& e) {

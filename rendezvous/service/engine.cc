@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "rendezvous/goodput/ledger_json.h"
 #include "rendezvous/service/engine_job.h"
 
 namespace crun::rdzv {
@@ -30,6 +31,15 @@ void Engine::OnMessage(SessionId session, const msg::AgentMessage& m, TimePoint 
                   leave->reason.empty() ? "its session ended" : "it left: " + leave->reason);
   }
   if (const auto* reply = std::get_if<msg::StacksReply>(&m)) return OnStacksReply(session, *reply);
+  if (const auto* ledger = std::get_if<msg::Goodput>(&m)) {
+    auto b = bound_.find(session);
+    if (b == bound_.end()) return;
+    auto& job = *jobs_.at(b->second.run_id);
+    if (auto s = job.goodput.Received(b->second.node_id, ledger->ledger_json, now); !s.ok()) {
+      Log(job.run_id + ": goodput ledger ignored: " + s.message());
+    }
+    return;
+  }
   if (const auto* wanted = std::get_if<msg::StacksWanted>(&m)) {
     auto b = bound_.find(session);
     if (b == bound_.end()) return;
@@ -196,6 +206,10 @@ void Engine::Finish(Job& job, bool success, const std::string& reason, int exit_
                                   job.root_cause ? std::optional<int>(ExitCodeOf(*job.root_cause))
                                                  : std::nullopt);
   if (!success) job.last_failure = reason;
+  // Each node's ledger as it last sent it: every node combines the job's, with its own last.
+  for (const auto& n : job.goodput.AsOf(TimePoint{}, {})) {
+    f.goodput.push_back(goodput::ToJson(n).dump());
+  }
   Log(job.run_id + ": job " + (success ? "succeeded" : "failed: " + reason));
   if (options_.metrics != nullptr) options_.metrics->Finished(success);
   SendToJob(job, f);
@@ -365,7 +379,7 @@ void Engine::EvictFinished() {
   }
 }
 
-void Engine::RefreshMetrics() const {
+void Engine::RefreshMetrics(TimePoint now) const {
   EngineMetrics* m = options_.metrics;
   if (m == nullptr) return;
   std::map<Phase, int> phases{{Phase::kGathering, 0},
@@ -382,6 +396,10 @@ void Engine::RefreshMetrics() const {
     series.spares->Set(static_cast<double>(s.spares.size()));
     series.joined->Set(static_cast<double>(s.joined.size()));
     series.world_size->Set(job->world_size);
+    if (!job->goodput.empty()) {
+      const auto combined = goodput::Combine(job->goodput.AsOf(now, job->LiveLedgers()));
+      m->Goodput(id, combined.totals, combined.progress_known);
+    }
   }
   for (const auto& [phase, count] : phases) m->jobs.With({PhaseName(phase)}).Set(count);
   m->agents.With().Set(static_cast<double>(bound_.size()));
@@ -392,6 +410,7 @@ msg::StatusResponse Engine::Status(const std::string& run_id, TimePoint now) con
   for (const auto& [id, job] : jobs_) {
     if (!run_id.empty() && id != run_id) continue;
     out.jobs.push_back(DescribeJob(id, job->state, job->world_size, job->last_failure, now));
+    DescribeGoodput(job->goodput.AsOf(now, job->LiveLedgers()), out.jobs.back());
     for (auto& n : out.jobs.back().nodes) {
       const auto it = job->snapshots.find(n.node_id);
       if (it != job->snapshots.end()) n.snapshots = it->second;

@@ -95,7 +95,7 @@ class Engine {
   std::size_t live_sessions() const { return bound_.size(); }
   // Sets what options.metrics shows of the engine's state (jobs by phase, agents, each job's
   // nodes and restarts); run before each scrape, on the engine's thread.
-  void RefreshMetrics() const;
+  void RefreshMetrics(TimePoint now) const;
 
  private:
   struct Job;

@@ -4,11 +4,13 @@
 #pragma once
 
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "rendezvous/service/engine.h"
+#include "rendezvous/service/job_goodput.h"
 
 namespace crun::rdzv {
 
@@ -35,6 +37,15 @@ struct Engine::Job {
   std::uint64_t finished = 0;       // 0 while running; else its order of finishing
   TimePoint gathering_since;        // for the round formation time
   EngineMetrics::JobSeries series;  // when the engine counts metrics
+  JobGoodput goodput;               // its nodes' ledgers (docs/observability.md)
+  // The nodes whose ledgers run on: a session open, the job not ended.
+  std::set<std::string> LiveLedgers() const {
+    std::set<std::string> live;
+    if (finished == 0) {
+      for (const auto& [node, session] : sessions) live.insert(node);
+    }
+    return live;
+  }
 };
 
 inline bool Ended(Phase p) { return p == Phase::kFailed || p == Phase::kSucceeded; }

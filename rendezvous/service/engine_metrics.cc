@@ -78,7 +78,16 @@ EngineMetrics::EngineMetrics(metrics::Registry& r)
                         "joined (gathering)",
                         {"run_id", "state"}, kJobSeries)),
       world_size_(r.AddGauge("crun_rendezvous_job_world_size", "Workers in the job's last round",
-                             {"run_id"}, kJobSeries)) {
+                             {"run_id"}, kJobSeries)),
+      goodput_seconds_(r.AddGauge("crun_rendezvous_job_goodput_seconds",
+                                  "The job's wall time by where it went, combined from its "
+                                  "nodes' ledgers as of the scrape: training, redone, starting, "
+                                  "detecting, restarting, reloading, waiting",
+                                  {"run_id", "category"}, kJobSeries * goodput::kCategories)),
+      goodput_ratio_(r.AddGauge("crun_rendezvous_job_goodput_ratio",
+                                "The job's goodput: time every node trained new steps over wall "
+                                "time (absent while its workers report no progress)",
+                                {"run_id"}, kJobSeries)) {
   for (const char* reason : kReasons) refused_.With({reason});
   finished_.With({"succeeded"});
   finished_.With({"failed"});
@@ -108,6 +117,16 @@ void EngineMetrics::Forget(const std::string& run_id) {
   failures_.RemoveWhere(0, run_id);
   unhealthy_.RemoveWhere(0, run_id);
   stragglers_.RemoveWhere(0, run_id);
+  goodput_seconds_.RemoveWhere(0, run_id);
+  goodput_ratio_.RemoveWhere(0, run_id);
+}
+
+void EngineMetrics::Goodput(const std::string& run_id, const goodput::Totals& totals, bool known) {
+  for (goodput::Category c : goodput::kAllCategories) {
+    goodput_seconds_.With({run_id, std::string(goodput::NameOf(c))})
+        .Set(static_cast<double>(goodput::At(totals, c)) / 1000.0);
+  }
+  if (known) goodput_ratio_.With({run_id}).Set(goodput::Goodput(totals));
 }
 
 void EngineMetrics::Unhealthy(const std::string& run_id) { unhealthy_.With({run_id}).Inc(); }

@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "metrics/registry.h"
+#include "rendezvous/goodput/job_ledger.h"
 #include "rendezvous/service/messages.h"
 
 namespace crun::rdzv {
@@ -67,6 +68,9 @@ class EngineMetrics {
   void Unhealthy(const std::string& run_id);
   // The job-wide detector named a rank slow (docs/health.md, "Slow ranks").
   void StragglerNamed(const std::string& run_id);
+  // The job's goodput ledger as of a scrape (docs/observability.md, "Goodput"), combined from
+  // its nodes'; `known`: its workers report progress (else no ratio is shown).
+  void Goodput(const std::string& run_id, const goodput::Totals& totals, bool known);
   // Run ids that have series (for tests: the jobs the engine holds).
   std::size_t held_runs() const { return rounds_.size(); }
 
@@ -88,6 +92,8 @@ class EngineMetrics {
   metrics::Family<metrics::Counter>& stragglers_;
   metrics::Family<metrics::Gauge>& nodes_;
   metrics::Family<metrics::Gauge>& world_size_;
+  metrics::Family<metrics::Gauge>& goodput_seconds_;
+  metrics::Family<metrics::Gauge>& goodput_ratio_;
 };
 
 }  // namespace crun::rdzv

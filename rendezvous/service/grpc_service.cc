@@ -238,7 +238,7 @@ class GrpcRendezvousService final : public RendezvousService {
       }
     });
     core_->registry.OnScrape([core] {  // on the engine's thread, where the page is rendered
-      if (core->engine) core->engine->RefreshMetrics();
+      if (core->engine) core->engine->RefreshMetrics(TimePoint::clock::now());
       std::size_t open = 0;
       {
         std::lock_guard lock(core->mu);

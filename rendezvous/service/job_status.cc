@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "rendezvous/service/job_goodput.h"
+
 namespace crun::rdzv {
 
 msg::JobStatus DescribeJob(const std::string& run_id, const State& s, int world_size,
@@ -45,6 +47,19 @@ msg::JobStatus DescribeJob(const std::string& run_id, const State& s, int world_
     add(n, "unhealthy", -1).reason = u.reason;
   }
   return j;
+}
+
+void DescribeGoodput(const std::vector<goodput::NodeLedger>& nodes, msg::JobStatus& job) {
+  if (nodes.empty()) return;
+  for (auto& n : job.nodes) {
+    for (const auto& l : nodes) {
+      if (l.node != n.node_id) continue;
+      n.goodput = FiguresOf(l.totals, l.incidents.size(), l.steps_known, l.progress_known);
+    }
+  }
+  const goodput::JobLedger combined = goodput::Combine(nodes);
+  job.goodput = FiguresOf(combined.totals, combined.incidents.size(), combined.steps_known,
+                          combined.progress_known);
 }
 
 }  // namespace crun::rdzv

@@ -5,6 +5,9 @@
 
 #include <string>
 
+#include <vector>
+
+#include "rendezvous/goodput/job_ledger.h"
 #include "rendezvous/rules/rules.h"
 #include "rendezvous/service/messages.h"
 
@@ -13,5 +16,9 @@ namespace crun::rdzv {
 // One job as Status shows it: `state` and what is kept beside it.
 msg::JobStatus DescribeJob(const std::string& run_id, const State& state, int world_size,
                            const std::string& last_failure, TimePoint now);
+
+// The job's goodput, combined from its nodes' ledgers, and each node's, into `job` (nothing
+// where no node sent one).
+void DescribeGoodput(const std::vector<goodput::NodeLedger>& nodes, msg::JobStatus& job);
 
 }  // namespace crun::rdzv

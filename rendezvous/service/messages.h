@@ -80,8 +80,14 @@ struct StacksReply {
   std::string node_stacks;  // serialized crun.v1.NodeStacks
 };
 
+// The node's goodput ledger (rendezvous/goodput/ledger_json.h), at each change of where its
+// time goes and once a minute.
+struct Goodput {
+  std::string ledger_json;
+};
+
 using AgentMessage = std::variant<Join, Heartbeat, FailureReport, WorkersSucceeded, Leave,
-                                  StacksWanted, StacksReply>;
+                                  StacksWanted, StacksReply, Goodput>;
 
 // ---- service -> agent ------------------------------------------------------------------------
 
@@ -122,6 +128,7 @@ struct JobFinished {
   std::string reason;
   std::optional<FailureReport> root_cause;
   int exit_code = 0;
+  std::vector<std::string> goodput;  // every node's ledger, as JSON: the job's is combined
 };
 
 struct Refused {
@@ -158,6 +165,15 @@ using ServiceMessage = std::variant<Assignment, StopAndRejoin, JobFinished, Refu
 
 // ---- status ----------------------------------------------------------------------------------
 
+// A goodput ledger's figures (docs/observability.md, "Goodput").
+struct GoodputFigures {
+  bool known = false;  // its workers report progress
+  double ratio = 0;
+  std::vector<std::pair<std::string, double>> seconds;  // by category, in the ledger's order
+  int incidents = 0;
+  std::string summary;
+};
+
 struct NodeStatus {
   std::string node_id;
   std::string host;
@@ -168,6 +184,7 @@ struct NodeStatus {
   NodeSnapshots snapshots;
   std::string reason;                       // unhealthy: why its health check failed
   std::vector<StragglerChange> stragglers;  // its ranks named slow now
+  std::optional<GoodputFigures> goodput;    // as its ledger said, carried to now
 };
 
 struct JobStatus {
@@ -183,6 +200,7 @@ struct JobStatus {
   int min_nodes = 0;
   int max_nodes = 0;
   int world_size = 0;
+  std::optional<GoodputFigures> goodput;  // combined from its nodes' ledgers
 };
 
 struct StatusResponse {

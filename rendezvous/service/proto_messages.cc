@@ -44,6 +44,18 @@ void MembersToProto(const std::vector<msg::RoundMember>& members, v1::RoundAssig
   }
 }
 
+void GoodputToProto(const msg::GoodputFigures& f, v1::GoodputFigures* out) {
+  out->set_known(f.known);
+  out->set_ratio(f.ratio);
+  for (const auto& [category, seconds] : f.seconds) {
+    auto* s = out->add_seconds();
+    s->set_category(category);
+    s->set_seconds(seconds);
+  }
+  out->set_incidents(f.incidents);
+  out->set_summary(f.summary);
+}
+
 void VerdictToProto(const StragglerChange& c, const std::string& host, v1::StragglerVerdict* out) {
   out->set_rank(c.rank);
   out->set_named(c.named);
@@ -83,6 +95,7 @@ struct ServiceToProto {
     r->set_reason(f.reason);
     if (f.root_cause) report::ToProto(*f.root_cause, r->mutable_root_cause());
     r->set_exit_code(f.exit_code);
+    for (const auto& g : f.goodput) r->add_goodput(g);
   }
   void operator()(const msg::Refused& r) const { out.mutable_refused()->set_reason(r.reason); }
   void operator()(const msg::StacksRequest& r) const {
@@ -180,6 +193,8 @@ std::optional<msg::AgentMessage> FromProto(const v1::AgentMessage& m) {
       // Forwarded as it came, never read by the service.
       return msg::StacksReply{m.stacks_reply().request_id(),
                               m.stacks_reply().node().SerializeAsString()};
+    case v1::AgentMessage::kGoodput:
+      return msg::Goodput{m.goodput().json()};
     case v1::AgentMessage::KIND_NOT_SET:
       break;
   }
@@ -219,6 +234,7 @@ v1::StatusResponse ToProto(const msg::StatusResponse& s) {
     j->set_last_failure(job.last_failure);
     for (const auto& h : job.lost_hosts) j->add_lost_hosts(h);
     j->set_unhealthy_reports(job.unhealthy_reports);
+    if (job.goodput) GoodputToProto(*job.goodput, j->mutable_goodput());
     for (const auto& n : job.nodes) {
       auto* ns = j->add_nodes();
       ns->set_node_id(n.node_id);
@@ -232,6 +248,7 @@ v1::StatusResponse ToProto(const msg::StatusResponse& s) {
       ns->set_last_heartbeat_ms_ago(n.last_heartbeat_ms_ago);
       ns->set_reason(n.reason);
       for (const auto& c : n.stragglers) VerdictToProto(c, n.host, ns->add_stragglers());
+      if (n.goodput) GoodputToProto(*n.goodput, ns->mutable_goodput());
     }
   }
   return out;

@@ -257,7 +257,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::string wire;
   if (!status.SerializeToString(&wire)) Broken("Status does not serialize");
   // The page renders; the jobs no longer held have no series left.
-  engine.RefreshMetrics();
+  engine.RefreshMetrics(now);
   const std::string page = registry.Render();
   if (page.find("crun_rendezvous_jobs{") == std::string::npos) Broken("no jobs on the page");
   if (metrics.held_runs() > static_cast<std::size_t>(status.jobs_size()))

@@ -56,6 +56,10 @@ def mask(text, scratch=None):
     text = re.sub(r"(127\.0\.0\.1:)\d+", r"\1<port>", text)
     text = re.sub(rf"({HOST}_)[A-Za-z0-9]{{6}}", r"\1XXXXXX", text)
     text = re.sub(r'("last_heartbeat_ms_ago": )\d+', r"\1<ms>", text)
+    # The goodput ledger's times: its seconds by category and the summary's.
+    text = re.sub(r'("(training|redone|starting|detecting|restarting|reloading|waiting)": )'
+                  r'[0-9.]+', r"\1<s>", text)
+    text = re.sub(r"wall time [0-9.]+ s", "wall time <s>", text)
     # The table's heartbeat column keeps its width: "165 ms ago   " -> "<ms> ms ago  ".
     return re.sub(r"\b\d+ ms ago( *)",
                   lambda m: "<ms> ms ago" + " " * max(1, len(m.group(0)) - 11), text)

@@ -175,6 +175,9 @@ TEST_CASE("goodput JSON: a file that is not a ledger is refused, naming what is 
        "node a: totals_ms add up to 4 ms, not until_ms - launched_ms = 5"},
       {R"({"nodes": [{"node": "a", "launched_ms": 0, "until_ms": 5, "totals_ms": {"training": -5}}]})",
        "totals_ms.training is not a count of milliseconds"},
+      {R"({"nodes": [{"node": "a", "launched_ms": 0, "until_ms": 5, "totals_ms": {"training": 5},
+          "segments": [{"category": "training", "begin_ms": 0, "end_ms": 9}]}]})",
+       "node a: a segment outside its ledger's time"},
   };
   for (const Row& r : rows) {
     INFO(r.text);

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "metrics/registry.h"
+#include "rendezvous/goodput/ledger.h"
+#include "rendezvous/goodput/ledger_json.h"
 #include "rendezvous/service/engine.h"
 #include "rendezvous/store_server/round_store.h"
 #include "tests/unit/metrics_page.h"
@@ -636,7 +638,7 @@ TEST_CASE("engine: metrics count rounds, failures by cause, refusals and outcome
   auto& registry = m.registry;
   Harness h(m.Options());
   auto value = [&](const std::string& series) {
-    h.engine.RefreshMetrics();
+    h.engine.RefreshMetrics(T0 + 10s);
     return SampleValue(registry.Render(), series);
   };
   h.Join(1, "a", T0);
@@ -716,7 +718,7 @@ TEST_CASE("engine: a forgotten job's series go, a reused run id counts from 0", 
   CHECK(h.Finished(1).success);
   CHECK(SampleValue(registry.Render(), "crun_rendezvous_rounds_total{run_id=\"job7\"}") == 1);
   h.engine.OnSessionClosed(1, T0 + 2s);  // nobody left, nothing kept: forgotten
-  h.engine.RefreshMetrics();
+  h.engine.RefreshMetrics(T0 + 10s);
   const std::string page = registry.Render();
   CHECK(page.find("job7") == std::string::npos);
   CHECK(SampleValue(page, "crun_rendezvous_jobs_finished_total{outcome=\"succeeded\"}") == 1);
@@ -777,7 +779,7 @@ TEST_CASE("engine: a node that failed its health check is counted and named, nev
   CHECK(job.nodes[1].state == "unhealthy");
   CHECK(job.nodes[1].reason == sick.unhealthy);
   CHECK(job.lost_hosts.empty());  // it never joined: not a loss
-  h.engine.RefreshMetrics();
+  h.engine.RefreshMetrics(T0 + 10s);
   CHECK(SampleValue(m.registry.Render(),
                     "crun_rendezvous_unhealthy_nodes_total{run_id=\"job7\"}") == 1);
   // Healthy again later (a fresh crun on that node): it joins, and is no longer shown unhealthy.
@@ -827,7 +829,7 @@ TEST_CASE("engine: slow ranks are judged job-wide and named to every node, with 
   const auto status = h.engine.Status("job7", T0 + 1s).jobs.at(0);
   CHECK(status.nodes.at(0).stragglers.empty());
   CHECK(status.nodes.at(1).stragglers.size() == 2);
-  h.engine.RefreshMetrics();
+  h.engine.RefreshMetrics(T0 + 10s);
   CHECK(SampleValue(m.registry.Render(), "crun_rendezvous_stragglers_total{run_id=\"job7\"}") == 2);
   // A new round starts over: nobody named.
   h.Fail(1, "a", 0, 1, T0 + 2s);
@@ -869,4 +871,66 @@ TEST_CASE("engine: a node that leaves is lost with the reason it gave", "[engine
         "node b (b) was lost: it left: excluded: slow rank 3: 2.4x the others' median");
   CHECK_FALSE(h.Stop(1).spends_restart);
   CHECK(h.LastIs<msg::StopAndRejoin>(3));
+}
+
+namespace {
+
+// A node's ledger as its crun sends it: `training` ms of training after `starting` ms of
+// starting, launched at wall time 1,000,000 ms.
+std::string LedgerJson(const std::string& node, crun::goodput::Ms starting,
+                       crun::goodput::Ms training, bool finished = false) {
+  auto l = crun::goodput::Ledger::Launched(node, node, 1, 1'000'000);
+  l.Joining(1'000'000);
+  l.Assigned(1'000'000, false, 0);
+  l.WorkersRunning(1'000'000);
+  l.Progress(1'000'000 + starting, 0, 1);
+  l.Progress(1'000'000 + starting + training, 0, 2);
+  if (finished) l.Finished(1'000'000 + starting + training);
+  return crun::goodput::ToJson(l.Settled()).dump();
+}
+
+}  // namespace
+
+TEST_CASE("engine: nodes' goodput ledgers make the job's, in status, metrics and at the end",
+          "[engine][goodput]") {
+  Metered m;
+  Harness h(m.Options());
+  h.Join(1, "a", T0);
+  h.Join(2, "b", T0);
+  h.engine.OnTick(T0 + 1s);
+  REQUIRE(h.LastIs<msg::Assignment>(1));
+  CHECK_FALSE(h.engine.Status("job7", T0 + 1s).jobs.at(0).goodput);  // none sent yet
+  h.engine.OnMessage(1, msg::Goodput{LedgerJson("a", 1000, 9000)}, T0 + 10s);
+  h.engine.OnMessage(2, msg::Goodput{LedgerJson("b", 3000, 7000)}, T0 + 10s);
+  h.engine.OnMessage(2, msg::Goodput{"{not json"}, T0 + 10s);  // ignored, the last one stays
+  // 2 s later: both still train; their ledgers are carried on to now.
+  const auto job = h.engine.Status("job7", T0 + 12s).jobs.at(0);
+  REQUIRE(job.goodput);
+  CHECK(job.goodput->known);
+  CHECK(job.goodput->ratio == Approx(9000.0 / 12000.0));  // b started for 3 s of 12
+  CHECK(job.goodput->incidents == 0);
+  REQUIRE(job.nodes.size() == 2);
+  REQUIRE(job.nodes[0].goodput);
+  CHECK(job.nodes[0].goodput->ratio == Approx(11000.0 / 12000.0));
+  h.engine.RefreshMetrics(T0 + 12s);
+  CHECK(crun::testing::SampleValue(m.registry.Render(),
+                                   "crun_rendezvous_job_goodput_seconds{run_id=\"job7\","
+                                   "category=\"starting\"}") == 3);
+  // A daemon that restarted has what the nodes send their new sessions: the same figures.
+  Metered m2;
+  Harness again(m2.Options());
+  again.Join(1, "a", T0);
+  again.Join(2, "b", T0);
+  again.engine.OnTick(T0 + 1s);
+  again.engine.OnMessage(1, msg::Goodput{LedgerJson("a", 1000, 9000)}, T0 + 10s);
+  again.engine.OnMessage(2, msg::Goodput{LedgerJson("b", 3000, 7000)}, T0 + 10s);
+  CHECK(again.engine.Status("job7", T0 + 12s).jobs.at(0).goodput->ratio == job.goodput->ratio);
+  // The end: every node gets every node's last ledger, to combine the job's.
+  h.engine.OnMessage(1, msg::Goodput{LedgerJson("a", 1000, 11000, true)}, T0 + 12s);
+  h.Succeed(1, T0 + 12s);
+  h.Succeed(2, T0 + 12s);
+  const auto& end = h.Finished(1);
+  REQUIRE(end.goodput.size() == 2);
+  CHECK(end.goodput[0].find("\"node\":\"a\"") != std::string::npos);
+  CHECK(end.goodput[0].find("\"finished\":true") != std::string::npos);
 }
