@@ -71,6 +71,7 @@ struct LocalAgent::Impl final : RendezvousEvents {
   // The job's heartbeats, step records and snapshot saves (AgentView::progress).
   JobProgress progress;
   PortReservation reserved;  // this round's ports (--contract), until its workers start
+  metrics::Pages pages;      // beside /metrics (AgentView::pages)
   std::chrono::steady_clock::time_point joined_at;  // of the rendezvous under way
   GroupAssignment offered;                          // the rendezvous's last assignment
   GroupAssignment group;                            // the running attempt's

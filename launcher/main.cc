@@ -1,5 +1,6 @@
-// crun: the command-line entry point. `crun store`, `crun rendezvous`, `crun status` and
-// `crun stacks` are subcommands; anything else is the torchrun-compatible launcher.
+// crun: the command-line entry point. `crun store`, `crun rendezvous`, `crun status`,
+// `crun stacks` and `crun timeline` are subcommands; anything else is the torchrun-compatible
+// launcher.
 #include <signal.h>
 
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "launcher/rendezvous_command.h"
 #include "launcher/stacks_command.h"
 #include "launcher/store_command.h"
+#include "launcher/timeline_command.h"
 
 int main(int argc, char** argv) {
   // Before any thread exists, so that none takes it: the agent reads SIGCHLD from a signalfd
@@ -23,7 +25,8 @@ int main(int argc, char** argv) {
   const bool rendezvous = argc > 1 && std::strcmp(argv[1], "rendezvous") == 0;
   const bool status = argc > 1 && std::strcmp(argv[1], "status") == 0;
   const bool stacks = argc > 1 && std::strcmp(argv[1], "stacks") == 0;
-  if (store || rendezvous || status || stacks) {
+  const bool timeline = argc > 1 && std::strcmp(argv[1], "timeline") == 0;
+  if (store || rendezvous || status || stacks || timeline) {
     CLI::App app{"crun " + std::string(argv[1])};
     app.require_subcommand(1);
     int exit_code = 0;
@@ -31,6 +34,7 @@ int main(int argc, char** argv) {
     if (rendezvous) crun::launcher::AddRendezvousCommand(app, &exit_code);
     if (status) crun::launcher::AddStatusCommand(app, &exit_code);
     if (stacks) crun::launcher::AddStacksCommand(app, &exit_code);
+    if (timeline) crun::launcher::AddTimelineCommand(app, &exit_code);
     try {
       app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -14,9 +15,15 @@
 
 namespace crun::metrics {
 
-// `page` is called on the io_context's thread for each scrape.
+// Pages beside /metrics, by path ("/goodput"): each answers a GET or HEAD with the request's
+// query string ("run_id=abc", "" for none). Looked up at each request: a page added after the
+// endpoint started is served.
+using Pages = std::map<std::string, std::function<http::HttpResponse(const std::string& query)>>;
+
+// `page` is called on the io_context's thread for each scrape, as `pages`' are for theirs.
 StatusOr<std::unique_ptr<http::HttpServer>> ServeMetrics(boost::asio::io_context& io,
                                                          const http::HttpServerOptions& options,
-                                                         std::function<std::string()> page);
+                                                         std::function<std::string()> page,
+                                                         const Pages* pages = nullptr);
 
 }  // namespace crun::metrics

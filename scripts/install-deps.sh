@@ -18,3 +18,5 @@ $SUDO apt-get install -y -q \
 # Prometheus (its server scrapes crun in the tests; promtool checks the page), without the
 # node exporter it recommends.
 $SUDO apt-get install -y -q --no-install-recommends prometheus
+# A real browser for the goodput timeline's test (headless, from Debian: nothing downloads one).
+$SUDO apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core

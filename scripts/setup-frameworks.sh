@@ -2,7 +2,8 @@
 # Makes (once) the virtual environments of the frameworks crun launches besides PyTorch
 # (docs/frameworks.md), each from PyPI, each in its own venv under ~/.cache/crun so later runs
 # on the same machine reuse them. Prints `NAME=PYTHON` per framework on stdout.
-#   scripts/setup-frameworks.sh [--paths] [tf] [jax] [deepspeed] [horovod]  (default: all four)
+#   scripts/setup-frameworks.sh [--paths] [tf] [jax] [deepspeed] [horovod] [nvrx]
+#                                (default: the first four; nvrx is the goodput benchmark's)
 # --paths prints where each python will be and installs nothing (scripts/test.sh configures the
 # build with them while the venvs are made).
 # DeepSpeed goes into the PyTorch 2.x venv (scripts/setup-torch2.sh): it is a PyTorch library.
@@ -16,6 +17,11 @@ JAX_VERSION="0.10.2"       # jax and jaxlib; CPU collectives over gloo
 DEEPSPEED_VERSION="0.19.8"
 HOROVOD_VERSION="0.28.1"
 HOROVOD_TORCH_VERSION="2.0.1"
+# NVIDIA's resiliency extension, for its ft_launcher (tests/bench/goodput_bench.py): 0.4.1 is the
+# newest with a wheel for Debian 12's glibc 2.36 (0.5.0 and 0.6.0 need 2.39; 0.7.0 has none for
+# Python 3.11). Its own venv sees the PyTorch 2.x venv's packages (a .pth file) rather than
+# download torch again; its other requirements are pure Python.
+NVRX_VERSION="0.4.1"
 CACHE="$HOME/.cache/crun"
 pip_q=(-q --disable-pip-version-check)
 
@@ -99,8 +105,24 @@ get_accelerator().create_op_builder("ShareMemCommBuilder").load()' > /dev/null 2
         "$py" -c "$check" || { echo "setup-frameworks: horovod does not import after its build" >&2; exit 1; }
       fi
       ;;
+    nvrx)
+      dir="$CACHE/venv-nvrx-$NVRX_VERSION"
+      check="$(has nvidia-resiliency-ext $NVRX_VERSION); import torch, nvidia_resiliency_ext.fault_tolerance"
+      py="$dir/bin/python"
+      if [ $paths_only = 0 ] && ! { [ -x "$py" ] && "$py" -c "$check" 2>/dev/null; }; then
+        torch_py=$(bash scripts/setup-torch2.sh)
+        echo "setup-frameworks: installing nvidia-resiliency-ext==$NVRX_VERSION into $dir" >&2
+        rm -rf "$dir"
+        /usr/bin/python3 -m venv "$dir"
+        "$torch_py" -c 'import site; print(site.getsitepackages()[0])' \
+          > "$("$py" -c 'import site; print(site.getsitepackages()[0])')/crun-torch2.pth"
+        "$dir/bin/pip" install "${pip_q[@]}" --no-deps "nvidia-resiliency-ext==$NVRX_VERSION" \
+          defusedxml "psutil>=6" pyyaml packaging "pynvml>=12" "nvidia-ml-py>=12.570.86" >&2
+        "$py" -c "$check" || { echo "setup-frameworks: nvrx does not import after install" >&2; exit 1; }
+      fi
+      ;;
     *)
-      echo "setup-frameworks: unknown framework '$w' (expected tf, jax, deepspeed, horovod)" >&2
+      echo "setup-frameworks: unknown framework '$w' (expected tf, jax, deepspeed, horovod, nvrx)" >&2
       exit 2
       ;;
   esac

@@ -16,6 +16,7 @@
 #include "base/files.h"
 #include "rendezvous/goodput/job_ledger.h"
 #include "rendezvous/goodput/ledger_json.h"
+#include "rendezvous/goodput/timeline.h"
 
 namespace crun::agent {
 namespace {
@@ -56,6 +57,19 @@ class GoodputLedger final : public JobFeature {
         },
         [this](std::optional<std::int64_t> step) { Heard([&] { ledger_.Saved(Wall(), step); }); },
     });
+    // Live, at --metrics-port: this node's ledger as a timeline, and as JSON.
+    agent.pages["/goodput"] = [this](const std::string&) {
+      http::HttpResponse r;
+      r.content_type = "text/html; charset=utf-8";
+      r.body = gp::RenderTimeline(gp::Combine({Own(ledger_.Live(Wall()))}), Title());
+      return r;
+    };
+    agent.pages["/goodput.json"] = [this](const std::string&) {
+      http::HttpResponse r;
+      r.content_type = "application/json";
+      r.body = gp::FileJson(gp::Combine({Own(ledger_.Live(Wall()))})).dump(2) + "\n";
+      return r;
+    };
   }
 
   Status Prepare() override {
@@ -124,7 +138,11 @@ class GoodputLedger final : public JobFeature {
                              (job_wide
                                   ? " (the job, " + std::to_string(job.nodes.size()) + " nodes)\n"
                                   : " (this node)\n"));
-    if (!agent_.options.goodput_file.empty()) Write(job);
+    if (!agent_.options.goodput_file.empty()) Write(agent_.options.goodput_file, job);
+    // In the log directory: the timeline to open in a browser, and the JSON it was drawn from.
+    if (agent_.options.log_dir.empty()) return;
+    Write(agent_.options.log_dir + "/goodput.json", job);
+    WriteText(agent_.options.log_dir + "/goodput.html", gp::RenderTimeline(job, Title()));
   }
 
  private:
@@ -183,10 +201,18 @@ class GoodputLedger final : public JobFeature {
     return nodes;
   }
 
-  void Write(const gp::JobLedger& job) {
-    const std::string& path = agent_.options.goodput_file;
-    if (!ReplaceWholeFile(path, gp::FileJson(job).dump(2) + "\n")) {
-      spdlog::warn("crun: --goodput-file {}: not written: {}", path, std::strerror(errno));
+  std::string Title() const {
+    return agent_.group.run_id.empty() ? agent_.options.host_name
+                                       : agent_.group.run_id + " on " + agent_.options.host_name;
+  }
+
+  void Write(const std::string& path, const gp::JobLedger& job) {
+    WriteText(path, gp::FileJson(job).dump(2) + "\n");
+  }
+
+  void WriteText(const std::string& path, const std::string& text) {
+    if (!ReplaceWholeFile(path, text)) {
+      spdlog::warn("crun: {}: not written: {}", path, std::strerror(errno));
     }
   }
 

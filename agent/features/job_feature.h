@@ -31,6 +31,7 @@
 #include "agent/workers/job_progress.h"
 #include "agent/workers/worker_group.h"
 #include "base/status.h"
+#include "metrics/endpoint.h"
 
 namespace crun::agent {
 
@@ -72,6 +73,9 @@ struct AgentView {
   const JobOutcome& outcome;
   // This node's goodput ledger to the rendezvous (Rendezvous::ShareGoodput).
   std::function<void(const std::string& ledger_json)> share_goodput;
+  // Pages the metrics endpoint serves beside /metrics (with --metrics-port), by path: a
+  // feature adds its own ("/goodput").
+  metrics::Pages& pages;
 };
 
 // One worker's exit, as the agent recorded it.

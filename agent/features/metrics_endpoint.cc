@@ -22,8 +22,8 @@ class MetricsEndpoint final : public JobFeature {
   // The endpoint; an error names its address.
   Status Prepare() override {
     registry_.OnScrape([this] { Refresh(); });
-    auto started = metrics::ServeMetrics(agent_.io, *agent_.options.metrics,
-                                         [this] { return registry_.Render(); });
+    auto started = metrics::ServeMetrics(
+        agent_.io, *agent_.options.metrics, [this] { return registry_.Render(); }, &agent_.pages);
     if (!started.ok()) return started.status();
     server_ = std::move(started).value();
     FdWriter::Stderr().Write("crun: metrics on " + server_->url() + "\n");

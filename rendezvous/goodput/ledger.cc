@@ -127,12 +127,9 @@ void Ledger::Mark(Ms now, std::int64_t step) {
   awaiting_resume_step_ = false;
   seen_ = std::max(seen_.value_or(step), step);
   auto& points = led_.steps;
-  if (!points.empty() && now - points.back().at < 1000) {
-    points.back() = {now, step};  // at most a point a second
-  } else {
-    Thin(points, kMaxMarks);
-    points.push_back({now, step});
-  }
+  if (!points.empty() && now - points.back().at < 1000) return;  // at most a point a second
+  Thin(points, kMaxMarks);
+  points.push_back({now, step});
 }
 
 void Ledger::CheckAllProgressed(Ms now) {

@@ -405,6 +405,19 @@ void Engine::RefreshMetrics(TimePoint now) const {
   m->agents.With().Set(static_cast<double>(bound_.size()));
 }
 
+std::vector<goodput::NodeLedger> Engine::Goodput(std::string& run_id, TimePoint now) const {
+  if (run_id.empty()) {
+    for (const auto& [id, job] : jobs_) {
+      if (job->goodput.empty()) continue;
+      if (!run_id.empty()) return {};  // more than one: name it
+      run_id = id;
+    }
+  }
+  const auto it = jobs_.find(run_id);
+  if (it == jobs_.end()) return {};
+  return it->second->goodput.AsOf(now, it->second->LiveLedgers());
+}
+
 msg::StatusResponse Engine::Status(const std::string& run_id, TimePoint now) const {
   msg::StatusResponse out;
   for (const auto& [id, job] : jobs_) {

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "proto/protocol_version.h"
+#include "rendezvous/goodput/ledger.h"
 #include "rendezvous/rules/rules.h"
 #include "rendezvous/service/engine_metrics.h"
 #include "rendezvous/service/job_status.h"
@@ -96,6 +97,10 @@ class Engine {
   // Sets what options.metrics shows of the engine's state (jobs by phase, agents, each job's
   // nodes and restarts); run before each scrape, on the engine's thread.
   void RefreshMetrics(TimePoint now) const;
+  // The goodput ledgers of job `run_id` as of `now`, each node's carried on while it runs
+  // (none: no such job, or no ledger came). An empty run id names the only job with ledgers,
+  // and is set to it.
+  std::vector<goodput::NodeLedger> Goodput(std::string& run_id, TimePoint now) const;
 
  private:
   struct Job;

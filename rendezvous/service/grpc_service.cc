@@ -33,6 +33,8 @@
 #include "metrics/endpoint.h"
 #include "metrics/registry.h"
 #include "rendezvous/beats/beat_datagram.h"
+#include "rendezvous/goodput/ledger_json.h"
+#include "rendezvous/goodput/timeline.h"
 #include "rendezvous/service/beat_receiver.h"
 #include "rendezvous/service/engine.h"
 #include "rendezvous/service/engine_metrics.h"
@@ -44,6 +46,30 @@
 
 namespace crun::rdzv {
 namespace {
+
+// The daemon's /goodput and /goodput.json: the job the query's run_id names (or the only one
+// with ledgers), as a timeline or as the JSON --goodput-file holds.
+http::HttpResponse GoodputPage(const Engine& engine, const std::string& query, bool json) {
+  std::string run_id;
+  if (query.rfind("run_id=", 0) == 0) run_id = query.substr(7, query.find('&') - 7);
+  http::HttpResponse r;
+  auto nodes = engine.Goodput(run_id, TimePoint::clock::now());
+  if (nodes.empty()) {
+    r.status = 404;
+    r.body = run_id.empty() ? "no job to show: name one, /goodput?run_id=ID\n"
+                            : "no goodput ledger of job " + run_id + " here\n";
+    return r;
+  }
+  const goodput::JobLedger job = goodput::Combine(std::move(nodes));
+  if (json) {
+    r.content_type = "application/json";
+    r.body = goodput::FileJson(job).dump(2) + "\n";
+  } else {
+    r.content_type = "text/html; charset=utf-8";
+    r.body = goodput::RenderTimeline(job, run_id);
+  }
+  return r;
+}
 
 using namespace grpc_front;  // the front end's shared parts
 
@@ -328,7 +354,15 @@ class GrpcRendezvousService final : public RendezvousService {
       mo.tls = http::TlsOptions{o.security.cert_pem, o.security.key_pem, o.security.ca_pem};
     }
     Core* core = core_.get();
-    auto started = metrics::ServeMetrics(core_->io, mo, [core] { return core->registry.Render(); });
+    // The jobs' goodput (docs/observability.md): /goodput?run_id=ID, a timeline; .json, its
+    // figures. On the engine's thread, as the metrics page is.
+    for (const bool json : {false, true}) {
+      pages_[json ? "/goodput.json" : "/goodput"] = [core, json](const std::string& query) {
+        return GoodputPage(*core->engine, query, json);
+      };
+    }
+    auto started = metrics::ServeMetrics(
+        core_->io, mo, [core] { return core->registry.Render(); }, &pages_);
     if (!started.ok()) return started.status();
     core_->metrics_server = std::move(started).value();
     metrics_url_ = core_->metrics_server->url();
@@ -336,6 +370,7 @@ class GrpcRendezvousService final : public RendezvousService {
   }
 
   std::unique_ptr<Core> core_;
+  metrics::Pages pages_;  // beside /metrics
   ServiceBase service_;
   HealthService health_;
   std::vector<std::unique_ptr<grpc::ServerCompletionQueue>> queues_;

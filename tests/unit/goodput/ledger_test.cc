@@ -60,6 +60,10 @@ TEST_CASE("goodput ledger: a clean job is starting, then training", "[goodput]")
   CHECK(Named(n) == std::map<std::string, Ms>{{"starting", 1010}, {"training", 4490}});
   CHECK(n.steps_known);
   CHECK(n.finished);
+  // The step rate's points: one a second at most, each where it was taken.
+  REQUIRE(n.steps.size() == 5);
+  CHECK(n.steps.front() == crun::goodput::StepPoint{1000, 1});
+  CHECK(n.steps.back() == crun::goodput::StepPoint{5010, 5});
   CHECK(n.incidents.empty());
   CHECK(n.until == 5500);
 }
