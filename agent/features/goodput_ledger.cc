@@ -32,6 +32,9 @@ std::string KindOf(const report::WorkerFailure& f) {
   if (!f.slow.empty()) return "slow";
   if (!f.oom.empty()) return "oom";
   if (report::WroteErrorFile(f) || !report::LastTracebackLine(f).empty()) return "exception";
+  for (const std::string& line : f.stderr_tail) {
+    if (line.find("Traceback (most recent call last)") != std::string::npos) return "exception";
+  }
   if (f.signal) return "signal";
   return "exit";
 }

@@ -103,6 +103,9 @@ void Ledger::Assigned(Ms now, bool spare, Ms waited_for_nodes) {
   Close(open_, now - waited, !was_spare);
   Close(Category::kWaiting, now, !was_spare);
   if (spare) {
+    // A spare holds no job back: an incident it was recovering from is over for this node.
+    if (incident_) led_.incidents[*incident_].resumed = now;
+    incident_.reset();
     mode_ = Mode::kSpare;
     open_ = Category::kWaiting;
   } else {

@@ -36,7 +36,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-import crun_worker
+try:
+    import crun_worker  # crun puts it on the path; under another launcher the job runs without
+except ImportError:
+    crun_worker = None
 
 out_dir, steps, step_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 words = sys.argv[4:]
@@ -126,7 +129,8 @@ for step in range(start + 1, steps + 1):
         time.sleep(left)
     dist.barrier()  # every rank's step ends together, as a synchronous job's does
     log.write(f"{step} {time.time():.3f} {attempt}\n")
-    crun_worker.step(step)
+    if crun_worker is not None:
+        crun_worker.step(step)
     if monitor is not None:
         monitor.send_heartbeat()
     if snapshot:

@@ -168,6 +168,19 @@ TEST_CASE("goodput ledger: waiting for nodes, as a spare, and at the health gate
     CHECK_FALSE(n.segments[1].member);
     CHECK(n.segments[2].member);
   }
+  SECTION("a member made a spare after an incident is done with it") {
+    Ledger l = Started();
+    TrainFrom(l, 0, 1, 3);
+    l.FailureKnown(3500, 3500, "peer", "a peer failed");
+    l.Joining(3600);
+    l.Assigned(4000, true, 0);  // the re-formed round needs it no more
+    l.Finished(9000);
+    const NodeLedger n = l.Settled();
+    REQUIRE(n.incidents.size() == 1);
+    CHECK(n.incidents[0].resumed == 4000);  // else the job's would run on to its end
+    CHECK(Named(n.incidents[0].cost) ==
+          std::map<std::string, Ms>{{"redone", 500}, {"restarting", 500}});
+  }
   SECTION("the health gate holds the join") {
     Ledger l = Ledger::Launched("n0", "h", 1, 0);
     l.GateHeld(100);
