@@ -257,6 +257,7 @@ std::string EncodeJob(const JobDoc& d, TimePoint now, WallClock::time_point wall
             {"last_call_deadline_ms", when(s.last_call_deadline)},
             {"members", std::move(members)},
             {"spares", nodes(s.spares)},
+            {"previous", s.previous},
             {"lost",
              std::vector<std::string>(s.lost_hosts.begin() + static_cast<std::ptrdiff_t>(lost_from),
                                       s.lost_hosts.end())},
@@ -319,6 +320,9 @@ StatusOr<JobDoc> DecodeJob(const std::string& text, TimePoint now, WallClock::ti
       s.members.push_back(std::move(m));
     }
     for (const auto& n : j.at("spares")) s.spares.push_back(NodeFrom(n));
+    s.previous = j.value("previous", std::vector<std::string>{});
+    s.previous_awaited = {s.previous.begin(), s.previous.end()};
+    for (const auto& n : s.joined) s.previous_awaited.erase(n.node_id);
     s.lost_hosts = j.at("lost").get<std::vector<std::string>>();
     s.restarts_used = j.at("restarts_used").get<int>();
     for (const auto& t : j.at("round_times_ms")) {

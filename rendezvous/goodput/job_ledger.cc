@@ -131,12 +131,13 @@ JobLedger Combine(std::vector<NodeLedger> nodes) {
   if (nodes.empty()) return job;
   job.begin = std::numeric_limits<Ms>::max();
   job.until = std::numeric_limits<Ms>::min();
-  job.steps_known = job.progress_known = job.finished = true;
+  job.finished = true;
   for (const auto& n : nodes) {
     job.begin = std::min(job.begin, n.launched);
     job.until = std::max(job.until, n.until);
-    job.steps_known = job.steps_known && n.steps_known;
-    job.progress_known = job.progress_known && n.progress_known;
+    // A node that never ran workers (a spare that only waited) says nothing either way.
+    job.steps_known = job.steps_known || n.steps_known;
+    job.progress_known = job.progress_known || n.progress_known;
     job.finished = job.finished && n.finished;
   }
   job.segments = CombineSegments(nodes, job.begin, job.until);

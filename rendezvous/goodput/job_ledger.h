@@ -20,8 +20,8 @@ namespace crun::goodput {
 struct JobLedger {
   Ms begin = 0, until = 0;      // the earliest launch, the latest figure
   Totals totals{};              // sum to until - begin
-  bool steps_known = false;     // every node's workers report step numbers
-  bool progress_known = false;  // every node's workers report progress
+  bool steps_known = false;     // the workers report step numbers (on a node that ran some)
+  bool progress_known = false;  // the workers report progress
   bool finished = false;        // every node finished
   std::vector<Segment> segments;
   std::vector<Incident> incidents;

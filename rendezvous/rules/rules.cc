@@ -54,6 +54,25 @@ namespace {
 // Forms a round from the joined nodes: the first max_nodes in rank order take part, the rest
 // are spares.
 // A round after a restart paid from the budget is no storm round: max_restarts bounds those.
+// `ordered` with the last round's members first, in their order there (so that their ranks
+// stay where their state is); where a node asked for a rank, that order stands.
+std::vector<NodeDescription> PreferPrevious(std::vector<NodeDescription> ordered,
+                                            const std::vector<std::string>& previous) {
+  if (previous.empty()) return ordered;
+  for (const auto& n : ordered) {
+    if (n.requested_rank) return ordered;
+  }
+  std::unordered_map<std::string, std::size_t> place;
+  for (std::size_t i = 0; i < previous.size(); ++i) place.emplace(previous[i], i);
+  std::stable_sort(ordered.begin(), ordered.end(), [&](const auto& a, const auto& b) {
+    const auto pa = place.find(a.node_id), pb = place.find(b.node_id);
+    const std::size_t ka = pa == place.end() ? previous.size() : pa->second;
+    const std::size_t kb = pb == place.end() ? previous.size() : pb->second;
+    return ka < kb;
+  });
+  return ordered;
+}
+
 Transition Form(State s, TimePoint now) {
   std::vector<TimePoint> recent;
   for (auto t : s.round_times) {
@@ -71,7 +90,9 @@ Transition Form(State s, TimePoint now) {
   }
   if (!paid) recent.push_back(now);
   s.round_times = std::move(recent);
-  auto ordered = RankOrder(s.joined);
+  auto ordered = PreferPrevious(RankOrder(s.joined), s.previous);
+  s.previous.clear();
+  s.previous_awaited.clear();
   FormRound round;
   round.round = ++s.round;
   round.restart_count = s.restarts_used;
@@ -122,6 +143,9 @@ std::string DescribeUnhealthy(const std::vector<UnhealthyNode>& nodes) {
 
 Transition Regather(State s, std::string reason, bool spends_restart, TimePoint now,
                     std::string kind, TimePoint fault_at) {
+  s.previous.clear();
+  for (const auto& m : s.members) s.previous.push_back(m.node.node_id);
+  s.previous_awaited = {s.previous.begin(), s.previous.end()};
   s.phase = Phase::kGathering;
   s.members.clear();
   s.member_index.clear();
@@ -321,9 +345,12 @@ Transition OnJoin(State s, const NodeDescription& node, const Settings& its_sett
 
   s.joined.push_back(node);
   s.present.insert(node.node_id);
+  s.previous_awaited.erase(node.node_id);
   if (!s.join_deadline) s.join_deadline = now + s.settings.join_timeout;
   const int count = static_cast<int>(s.joined.size());
-  if (count >= s.settings.max_nodes) return Form(std::move(s), now);
+  // Full: formed at once, unless a member of the last round is still on its way back (its
+  // workers stopping): then at the last call, with it if it came.
+  if (count >= s.settings.max_nodes && s.previous_awaited.empty()) return Form(std::move(s), now);
   if (count >= s.settings.min_nodes && !s.last_call_deadline) {
     s.last_call_deadline = now + s.settings.last_call_timeout;
   }
@@ -446,6 +473,13 @@ Transition OnWorkerFailed(State s, const std::string& node_id, const Failure& fa
 Transition OnNodeLost(State s, const std::string& node_id, TimePoint now, const std::string& cause,
                       std::optional<TimePoint> last_heard) {
   s.present.erase(node_id);
+  // A lost member of the last round is not waited for; where it was the last one awaited, a
+  // full gathering forms now.
+  std::erase(s.previous, node_id);
+  if (s.previous_awaited.erase(node_id) != 0 && s.previous_awaited.empty() &&
+      s.phase == Phase::kGathering && static_cast<int>(s.joined.size()) >= s.settings.max_nodes) {
+    return Form(std::move(s), now);
+  }
   auto spare = std::find_if(s.spares.begin(), s.spares.end(),
                             [&](const auto& n) { return n.node_id == node_id; });
   if (spare != s.spares.end()) {  // a spare leaving changes nothing that runs
@@ -474,8 +508,11 @@ Transition OnNodeLost(State s, const std::string& node_id, TimePoint now, const 
   const std::string host = member.node.host;
   s.lost_hosts.push_back(node_id);
   // A membership change: survivors and spares re-join; the budget is not spent.
-  return Regather(std::move(s), "node " + host + " (" + node_id + ") was lost: " + cause, false,
-                  now, kStopNodeLost, last_heard.value_or(now));
+  auto t = Regather(std::move(s), "node " + host + " (" + node_id + ") was lost: " + cause, false,
+                    now, kStopNodeLost, last_heard.value_or(now));
+  std::erase(t.state.previous, node_id);
+  t.state.previous_awaited.erase(node_id);
+  return t;
 }
 
 Transition OnUnhealthy(State s, const UnhealthyNode& node, TimePoint now) {

@@ -177,7 +177,13 @@ struct State {
   std::optional<TimePoint> last_call_deadline;
   std::vector<Member> members;          // the running round's nodes
   std::vector<NodeDescription> spares;  // connected, outside the round
-  std::vector<std::string> lost_hosts;  // node ids of lost nodes, for reports
+  // The last round's members (ids, in group-rank order) that the next round prefers, as long
+  // as they come back within the last call: their workers' state is where they run (the
+  // snapshot store), so a spare that rejoins faster does not take their place. A lost one
+  // is left out.
+  std::vector<std::string> previous;
+  std::unordered_set<std::string> previous_awaited;  // of `previous`, those not joined yet
+  std::vector<std::string> lost_hosts;               // node ids of lost nodes, for reports
   // Nodes whose health gate failed, newest last (at most kMaxUnhealthyKept; one per node id),
   // and how many reports came in all.
   std::vector<UnhealthyNode> unhealthy;

@@ -72,6 +72,17 @@ TEST_CASE("goodput job: each instant goes to the node that holds the job back mo
   }
 }
 
+TEST_CASE("goodput job: a spare that only waited does not make the figures unknown", "[goodput]") {
+  NodeLedger spare = Node("s", {Segment{W, 0, 10, false}});
+  spare.steps_known = spare.progress_known = false;
+  const JobLedger job = Combine({Node("a", {{T, 0, 10}}), spare});
+  CHECK(job.progress_known);
+  CHECK(job.steps_known);
+  NodeLedger quiet = Node("q", {{S, 0, 10}});
+  quiet.steps_known = quiet.progress_known = false;
+  CHECK_FALSE(Combine({quiet}).progress_known);
+}
+
 TEST_CASE("goodput job: overlapping incidents of nodes are one, named by the earliest fault",
           "[goodput]") {
   NodeLedger a = Node("a", {{T, 0, 100},

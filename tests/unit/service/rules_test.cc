@@ -728,3 +728,42 @@ TEST_CASE("too many rounds too fast is a restart storm", "[rules]") {
   REQUIRE(f != nullptr);
   CHECK_THAT(f->reason, Catch::StartsWith("restart storm: 4 rounds within 60000 ms"));
 }
+
+TEST_CASE("a restart keeps the last round's members: a spare that rejoins first waits", "[rules]") {
+  Settings s = Nodes(2, 2);
+  s.max_restarts = 3;
+  State st = Start(s);
+  st = OnJoin(st, Node("a"), s, T0).state;
+  auto formed = OnJoin(st, Node("b"), s, T0);
+  REQUIRE(Only<FormRound>(formed.actions) != nullptr);
+  st = OnJoin(formed.state, Node("c"), s, T0 + 1s).state;  // the spare
+  REQUIRE(st.spares.size() == 1);
+  st = OnWorkerFailed(st, "b#1", Said("rank 2 on b: exit code 1"), T0 + 10s).state;
+  // The spare has no workers to stop: it is back first, with a; b's workers are stopping.
+  st = OnJoin(st, Node("c"), s, T0 + 10s).state;
+  auto t = OnJoin(st, Node("a"), s, T0 + 10100ms);
+  CHECK(t.actions.empty());  // full, but b of the last round is on its way
+  CHECK(t.wake_at == T0 + 11100ms);
+  SECTION("b comes back within the last call: the round is a and b again, ranks as before") {
+    auto back = OnJoin(t.state, Node("b"), s, T0 + 10500ms);
+    const auto* round = Only<FormRound>(back.actions);
+    REQUIRE(round != nullptr);
+    REQUIRE(round->assignments.size() == 2);
+    CHECK(round->assignments[0].node_id == "a#1");
+    CHECK(round->assignments[1].node_id == "b#1");
+    CHECK(round->spares == std::vector<std::string>{"c#1"});
+  }
+  SECTION("b does not: at the last call, the spare takes its place") {
+    auto late = OnTick(t.state, T0 + 11100ms);
+    const auto* round = Only<FormRound>(late.actions);
+    REQUIRE(round != nullptr);
+    CHECK(round->assignments[0].node_id == "a#1");
+    CHECK(round->assignments[1].node_id == "c#1");
+  }
+  SECTION("b is lost meanwhile: nobody waits for it, the round forms now") {
+    auto lost = OnNodeLost(t.state, "b#1", T0 + 10200ms, "its session ended");
+    const auto* round = Only<FormRound>(lost.actions);
+    REQUIRE(round != nullptr);
+    CHECK(round->assignments[1].node_id == "c#1");
+  }
+}
