@@ -7,6 +7,7 @@
 // listens.
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 
 #include <boost/asio/steady_timer.hpp>
 #include <spdlog/spdlog.h>
@@ -142,8 +143,10 @@ class GoodputLedger final : public JobFeature {
                                   ? " (the job, " + std::to_string(job.nodes.size()) + " nodes)\n"
                                   : " (this node)\n"));
     if (!agent_.options.goodput_file.empty()) Write(agent_.options.goodput_file, job);
-    // In the log directory: the timeline to open in a browser, and the JSON it was drawn from.
-    if (agent_.options.log_dir.empty()) return;
+    // In the log directory: the timeline to open in a browser, and the JSON it was drawn from;
+    // where the job left something there already (logs, a failure report): a run that wrote
+    // nothing leaves no directory behind (launcher/launch_command.cc).
+    if (!HoldsAFile(agent_.options.log_dir)) return;
     Write(agent_.options.log_dir + "/goodput.json", job);
     WriteText(agent_.options.log_dir + "/goodput.html", gp::RenderTimeline(job, Title()));
   }
@@ -202,6 +205,23 @@ class GoodputLedger final : public JobFeature {
       if (n->node != own.node) nodes.push_back(std::move(n).value());
     }
     return nodes;
+  }
+
+  // Whether the job left a file in `dir` that stays: crun's own while it runs (its pid file,
+  // the Python hook and module, observe/run_presence.h) go with it.
+  static bool HoldsAFile(const std::string& dir) {
+    if (dir.empty()) return false;
+    std::error_code ec;
+    for (std::filesystem::recursive_directory_iterator it(dir, ec), end; !ec && it != end;
+         it.increment(ec)) {
+      const auto name = it->path().filename().string();
+      if (it.depth() == 0 && (name == "python" || name == "python-sdk" || name == "crun.pid")) {
+        it.disable_recursion_pending();
+        continue;
+      }
+      if (it->is_regular_file(ec)) return true;
+    }
+    return false;
   }
 
   std::string Title() const {

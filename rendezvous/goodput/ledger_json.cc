@@ -55,6 +55,17 @@ void Head(Ordered& j, const Totals& t, const std::string& summary) {
   j["summary"] = summary;
 }
 
+// What a node's ledger and the job's both say, after their heads.
+void Body(Ordered& j, bool finished, bool steps_known, bool progress_known, const Totals& totals,
+          const std::vector<Incident>& incidents, const std::vector<Segment>& segments) {
+  j["finished"] = finished;
+  j["steps_known"] = steps_known;
+  j["progress_known"] = progress_known;
+  j["totals_ms"] = TotalsJson(totals);
+  j["incidents"] = IncidentsJson(incidents);
+  j["segments"] = SegmentsJson(segments);
+}
+
 Status Bad(const std::string& what) {
   return Status(StatusCode::kInvalidArgument, "goodput ledger: " + what);
 }
@@ -82,12 +93,7 @@ Ordered ToJson(const NodeLedger& n) {
   Head(j, n.totals, Summary(n));
   j["launched_ms"] = n.launched;
   j["until_ms"] = n.until;
-  j["finished"] = n.finished;
-  j["steps_known"] = n.steps_known;
-  j["progress_known"] = n.progress_known;
-  j["totals_ms"] = TotalsJson(n.totals);
-  j["incidents"] = IncidentsJson(n.incidents);
-  j["segments"] = SegmentsJson(n.segments);
+  Body(j, n.finished, n.steps_known, n.progress_known, n.totals, n.incidents, n.segments);
   j["saves_ms"] = n.saves;
   Ordered steps = Ordered::array();
   for (const auto& p : n.steps) steps.push_back({p.at, p.step});
@@ -161,12 +167,8 @@ Ordered FileJson(const JobLedger& job) {
   Head(o, job.totals, Summary(job));
   o["begin_ms"] = job.begin;
   o["until_ms"] = job.until;
-  o["finished"] = job.finished;
-  o["steps_known"] = job.steps_known;
-  o["progress_known"] = job.progress_known;
-  o["totals_ms"] = TotalsJson(job.totals);
-  o["incidents"] = IncidentsJson(job.incidents);
-  o["segments"] = SegmentsJson(job.segments);
+  Body(o, job.finished, job.steps_known, job.progress_known, job.totals, job.incidents,
+       job.segments);
   j["job"] = std::move(o);
   Ordered nodes = Ordered::array();
   for (const auto& n : job.nodes) nodes.push_back(ToJson(n));

@@ -123,13 +123,17 @@ class FirstHour(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(len(glob.glob(os.path.join(out, "env_*.json"))), 2)
         self.assertEqual(os.listdir(tmp), [])
-        # A failed run keeps its report (its path is printed), and only that.
+        # A failed run keeps its report (its path is printed) and, beside it, where its time
+        # went (goodput.json and its timeline, goodput.html), and only that.
         r = self.crun("--nproc-per-node", "2", "--no-python", "false", env={"TMPDIR": tmp})
         self.assertEqual(r.returncode, 1, r.stderr)
         report = re.search(r"failure report written to (\S+)", r.stderr).group(1)
-        files = [os.path.relpath(os.path.join(d, f), tmp)
-                 for d, _, names in os.walk(tmp) for f in names]
-        self.assertEqual(files, [os.path.relpath(report, tmp)])
+        files = sorted(os.path.relpath(os.path.join(d, f), tmp)
+                       for d, _, names in os.walk(tmp) for f in names)
+        beside = os.path.relpath(os.path.dirname(report), tmp)
+        self.assertEqual(files, sorted([os.path.relpath(report, tmp),
+                                        os.path.join(beside, "goodput.html"),
+                                        os.path.join(beside, "goodput.json")]))
         # With --redirects, the logs stay where they were written; the user's --log-dir stays.
         logs = os.path.join(self.dir, "logs")
         r = self.crun("--nproc-per-node", "2", "--log-dir", logs, "--redirects", "1:1",
@@ -137,7 +141,8 @@ class FirstHour(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         kept = sorted(os.path.relpath(os.path.join(d, f), logs).split(os.sep)[2:]
                       for d, _, names in os.walk(logs) for f in names)
-        self.assertEqual(kept, [["attempt_0", "1", "stdout.log"]])
+        self.assertEqual(kept, [["attempt_0", "1", "stdout.log"], ["goodput.html"],
+                                ["goodput.json"]])
         r = self.crun("--nproc-per-node", "1", "--log-dir", logs, "--no-python", "true")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(len(os.listdir(logs)), 1, "the second run left a directory")
