@@ -77,23 +77,6 @@ bool WriteFile(const std::string& path, const char* text) {
   return ok;
 }
 
-}  // namespace
-
-StatusOr<std::unique_ptr<WorkerCgroup>> WorkerCgroup::Create() {
-  if (const char* opt = std::getenv("CRUN_CGROUP"); opt != nullptr && std::string(opt) == "0") {
-    return Unavailable("CRUN_CGROUP=0");
-  }
-  const std::string mount = Cgroup2Mount();
-  if (mount.empty()) return Unavailable("no cgroup2 file system is mounted");
-  std::string own = OwnCgroup2Path();
-  if (own == "/") own.clear();
-  const std::string dir = mount + own + "/crun-" + std::to_string(::getpid());
-  if (::mkdir(dir.c_str(), 0755) != 0) {
-    return PosixError("cannot create " + dir, errno, StatusCode::kUnavailable);
-  }
-  return std::unique_ptr<WorkerCgroup>(new WorkerCgroup(dir));
-}
-
 // The cgroups directly below `dir` (the attempts', the warm template's, any a worker made).
 std::vector<std::string> Children(const std::string& dir) {
   std::vector<std::string> out;
@@ -122,6 +105,30 @@ void Kill(const std::string& dir) {
 bool RemoveTree(const std::string& dir) {
   for (const auto& c : Children(dir)) RemoveTree(c);
   return ::rmdir(dir.c_str()) == 0 || errno == ENOENT;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<WorkerCgroup>> WorkerCgroup::Create() {
+  if (const char* opt = std::getenv("CRUN_CGROUP"); opt != nullptr && std::string(opt) == "0") {
+    return Unavailable("CRUN_CGROUP=0");
+  }
+  const std::string mount = Cgroup2Mount();
+  if (mount.empty()) return Unavailable("no cgroup2 file system is mounted");
+  std::string own = OwnCgroup2Path();
+  if (own == "/") own.clear();
+  const std::string dir = mount + own + "/crun-" + std::to_string(::getpid());
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    const int err = errno;
+    // A crun-<pid> that exists is an earlier crun's, whose pid this one has now: that crun was
+    // SIGKILLed and its guard could not remove the cgroup (itself killed, or its workers slow
+    // to leave). Empty, it is litter: take its place. Holding processes, it is left alone.
+    if (err != EEXIST || !RemoveTree(dir) || ::mkdir(dir.c_str(), 0755) != 0) {
+      return PosixError("cannot create " + dir, err, StatusCode::kUnavailable);
+    }
+    spdlog::info("removed cgroup {}, left empty by an earlier crun with this pid", dir);
+  }
+  return std::unique_ptr<WorkerCgroup>(new WorkerCgroup(dir));
 }
 
 WorkerCgroup::~WorkerCgroup() {

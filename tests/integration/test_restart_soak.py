@@ -126,9 +126,10 @@ class RestartSoak(unittest.TestCase):
         err.close()
         p.err_path = err.name
         # A crun in a network namespace sees no cgroup2 (ip netns exec mounts a fresh /sys), so
-        # it makes none: a crun-<pid> there would be another crun's, from before the pid came
-        # round again.
-        p.cgroup_dir = None if wrap else cgroup2_dir_of(p.pid)
+        # it makes none, nor does one with CRUN_CGROUP=0: a crun-<pid> there would be another
+        # crun's, from before the pid came round again.
+        makes_one = not wrap and ("CRUN_CGROUP", "0") not in env
+        p.cgroup_dir = cgroup2_dir_of(p.pid) if makes_one else None
         self.procs.append(p)
         return p
 

@@ -459,8 +459,10 @@ class Snapshots(unittest.TestCase):
             self.assertEqual(len(set(resumed[4:])), 1, resumed)  # one step, every rank
             step = resumed[4]
             self.assertGreaterEqual(step, 5)
-            self.assertIn(f"resuming from a peer: step {step} from the copy on 127.0.0.1:{port}",
-                          text("c"))
+            # crun's log has a writer thread of its own (base/fd_writer.h): the line may reach
+            # the file a moment after the worker's answer that it precedes.
+            resumed_line = f"resuming from a peer: step {step} from the copy on 127.0.0.1:{port}"
+            wait("c's line " + repr(resumed_line), lambda: resumed_line in text("c"), seconds=30)
             open(os.path.join(out, "stop"), "w").close()
             for tag in ("a", "c"):
                 self.assertEqual(procs[tag].wait(timeout=120), 0, text(tag)[-3000:])

@@ -271,7 +271,7 @@ class Warm(unittest.TestCase):
                 template = templates_of(p.pid)
                 self.assertEqual(len(template), 1, template)
                 os.kill(template[0], signal.SIGKILL)
-                wait_for(lambda: not alive(template[0]) or is_zombie(template[0]),
+                wait_for(lambda: not alive(template[0]),
                          "the template gone")
                 conns[0].send(b"x")
                 # Attempt 1 starts cold; let it fail once a new template is ready.
@@ -359,9 +359,9 @@ def live_children(pid, matches):
         try:
             with open(f"/proc/{child}/cmdline", "rb") as f:
                 cmdline = f.read()
-        except FileNotFoundError:
+        except (FileNotFoundError, ProcessLookupError):  # gone before, or while, it was read
             continue
-        if matches(cmdline) and not is_zombie(child):
+        if matches(cmdline) and alive(child):
             out.append(child)
     return out
 
@@ -374,14 +374,6 @@ def templates_of(crun_pid):
 def spares_of(template):
     """The template's live spares (template.py)."""
     return live_children(template, lambda cmdline: cmdline.startswith(b"crun warm spare"))
-
-
-def is_zombie(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return False
 
 
 def ready_count(out):

@@ -206,4 +206,41 @@ TEST_CASE("edge: crun's cgroup goes with every cgroup below it, whatever made it
   }
 }
 
+TEST_CASE(
+    "edge: an empty cgroup an earlier crun with this pid left is taken over, one in use "
+    "is not",
+    "[edge][may-skip]") {
+  // A SIGKILLed crun whose guard died with it leaves crun-<pid>, and pids come round again:
+  // made here by hand, with an attempt's directory below it.
+  std::string dir;
+  { dir = WorkerCgroupOrSkip()->dir(); }
+  REQUIRE(::access(dir.c_str(), F_OK) != 0);
+  const std::string attempt = dir + "/attempt-4";
+  REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
+  REQUIRE(::mkdir(attempt.c_str(), 0755) == 0);
+  auto taken = WorkerCgroup::Create();
+  REQUIRE(taken.ok());
+  CHECK((*taken)->dir() == dir);
+  CHECK(::access(attempt.c_str(), F_OK) != 0);
+
+  // In use (a live process below it): not this crun's to end. Creation fails, naming it.
+  const std::string busy = dir + "/attempt-5";
+  REQUIRE(::mkdir(busy.c_str(), 0755) == 0);
+  ProcessSpec spec;
+  spec.argv = {"/bin/sleep", "60"};
+  spec.cgroup_dir = busy;
+  auto pid = SpawnProcess(spec, Children());
+  REQUIRE(pid.ok());
+  std::ofstream(busy + "/cgroup.procs") << *pid;
+  auto refused = WorkerCgroup::Create();
+  CHECK_FALSE(refused.ok());
+  CHECK(refused.status().message().find(dir) != std::string::npos);
+  CHECK(::access(busy.c_str(), F_OK) == 0);
+  taken->reset();  // kills the sleep and removes the tree
+  int status = 0;
+  REQUIRE(::waitpid(*pid, &status, 0) == *pid);
+  CHECK(WIFSIGNALED(status));
+  CHECK(::access(dir.c_str(), F_OK) != 0);
+}
+
 }  // namespace
