@@ -136,12 +136,12 @@ class GoodputLedger final : public JobFeature {
     ledger_.Finished(Wall());
     const gp::NodeLedger node = Own(ledger_.Settled());
     if (agent_.meters != nullptr) agent_.meters->Goodput(node.totals, gp::Goodput(node.totals));
-    const gp::JobLedger job = gp::Combine(JobNodes(node));
-    const bool job_wide = job.nodes.size() > 1;
-    FdWriter::Stderr().Write("crun: " + (job_wide ? gp::Summary(job) : gp::Summary(node)) +
-                             (job_wide
-                                  ? " (the job, " + std::to_string(job.nodes.size()) + " nodes)\n"
-                                  : " (this node)\n"));
+    std::size_t job_nodes = 0;
+    const gp::JobLedger job = JobOf(node, job_nodes);
+    const bool job_wide = job_nodes > 1;
+    FdWriter::Stderr().Write(
+        "crun: " + (job_wide ? gp::Summary(job) : gp::Summary(node)) +
+        (job_wide ? " (the job, " + std::to_string(job_nodes) + " nodes)\n" : " (this node)\n"));
     if (!agent_.options.goodput_file.empty()) Write(agent_.options.goodput_file, job);
     // In the log directory: the timeline to open in a browser, and the JSON it was drawn from;
     // where the job left something there already (logs, a failure report): a run that wrote
@@ -188,6 +188,26 @@ class GoodputLedger final : public JobFeature {
       Share();
       ArmRefresh();
     });
+  }
+
+  // The job's ledger, and of how many nodes: as the rendezvous combined it (etcd), with this
+  // node's own; else combined here from the nodes' ledgers it handed over.
+  gp::JobLedger JobOf(const gp::NodeLedger& own, std::size_t& nodes) const {
+    const auto& outcome = agent_.outcome;
+    if (!outcome.job_goodput.empty()) {
+      auto job = gp::JobFromJson(
+          nlohmann::json::parse(outcome.job_goodput, nullptr, /*allow_exceptions=*/false));
+      if (job.ok()) {
+        nodes = outcome.job_nodes;
+        job->nodes = {own};
+        return std::move(job).value();
+      }
+      spdlog::warn("crun: the job's goodput ledger from the rendezvous is left out: {}",
+                   job.status().message());
+    }
+    gp::JobLedger job = gp::Combine(JobNodes(own));
+    nodes = job.nodes.size();
+    return job;
   }
 
   // The job's nodes as the rendezvous last had them, this node's own replaced by its final

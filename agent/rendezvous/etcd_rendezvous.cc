@@ -10,6 +10,7 @@
 
 #include "agent/rendezvous/etcd/assignment.h"
 #include "base/security.h"
+#include "rendezvous/goodput/ledger_json.h"
 #include "rendezvous/report/report.h"
 
 namespace crun::agent {
@@ -42,6 +43,25 @@ void EtcdRendezvous::ReportSuccess() {
     etcd::Report r;
     r.success = true;
     WriteReport(r);
+  });
+}
+
+// At a low rate (etcd::LedgerPuts), unbound to the lease: a lost node's time stays in the
+// job's, which the decider combines at the end (rendezvous/etcd/goodput.h).
+void EtcdRendezvous::ShareGoodput(const std::string& ledger_json) {
+  auto ledger = goodput::NodeFromJson(
+      nlohmann::json::parse(ledger_json, nullptr, /*allow_exceptions=*/false));
+  if (!ledger.ok()) return;  // the agent's own: cannot be wrong
+  ledger->node = o_.node_id;
+  auto value = ledger_puts_.Offer(Clock::now(), *ledger);
+  if (!value) return;
+  asio::post(eio_, [this, value = std::move(*value)] {
+    if (ended_ || !ready_) return;
+    auto put = client_->Put(etcd::LedgerKey(keys_, o_.node_id), value, 0, Deadline());
+    if (!put.ok()) {
+      spdlog::warn("etcd rendezvous: cannot put this node's goodput ledger: {}",
+                   put.status().message());
+    }
   });
 }
 

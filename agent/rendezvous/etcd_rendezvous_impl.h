@@ -23,6 +23,7 @@
 #include "agent/rendezvous/etcd/slow_ranks.h"
 #include "agent/rendezvous/etcd_rendezvous.h"
 #include "rendezvous/etcd/client.h"
+#include "rendezvous/etcd/goodput.h"
 #include "rendezvous/etcd/job.h"
 
 namespace crun::agent {
@@ -63,6 +64,7 @@ class EtcdRendezvous final : public Rendezvous {
   void ReportFailure(const crun::report::FailureReport& failures) override;
   void ReportSuccess() override;
   void ReportUnhealthy(const std::string& why) override;
+  void ShareGoodput(const std::string& ledger_json) override;
   void Leave(const std::string& reason) override;
 
   std::string node_id() const override { return o_.node_id; }
@@ -144,6 +146,7 @@ class EtcdRendezvous final : public Rendezvous {
   RoundSelf self_;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> agent_work_;
   RendezvousEvents* events_ = nullptr;
+  etcd::LedgerPuts ledger_puts_;  // the agent thread's: when this node's ledger is put
   // Everything below is the etcd thread's.
   boost::asio::io_context eio_;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;

@@ -11,6 +11,7 @@
 #include "agent/rendezvous/etcd/election.h"
 #include "base/endpoint.h"
 #include "base/security.h"
+#include "rendezvous/goodput/ledger_json.h"
 
 namespace crun::agent {
 
@@ -251,7 +252,16 @@ void EtcdRendezvous::Decide() {
 }
 
 void EtcdRendezvous::Finish(const etcd::JobDoc& doc) {
-  const JobOutcome out = EtcdOutcome(*doc.outcome);
+  JobOutcome out = EtcdOutcome(*doc.outcome);
+  // The job's goodput as the decider combined it (in the transaction of the outcome).
+  if (auto kv = mirror_.find(etcd::JobGoodputKey(keys_)); kv != mirror_.end()) {
+    if (auto job = etcd::DecodeJobGoodput(kv->second.value); job.ok()) {
+      out.job_goodput = goodput::JobJson(job->job).dump();
+      out.job_nodes = job->nodes;
+    } else {
+      spdlog::warn("etcd rendezvous: {}", job.status().message());
+    }
+  }
   ended_ = true;
   StopAll();
   Post([out](RendezvousEvents* e) { e->OnFinished(out); });

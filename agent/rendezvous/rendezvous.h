@@ -10,6 +10,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -31,6 +32,10 @@ struct JobOutcome {
   // Every node's goodput ledger as the rendezvous last had it (JSON), where it combines the
   // job's: the job's ledger is combined from them (rendezvous/goodput/job_ledger.h).
   std::vector<std::string> goodput;
+  // Or the job's ledger as the rendezvous combined it itself (etcd's decider: the "job"
+  // element of ledger_json.h, without segments), and of how many nodes.
+  std::string job_goodput;
+  std::size_t job_nodes = 0;
 };
 
 // Why the rendezvous stops the running round (RendezvousEvents::OnStopAndRejoin).

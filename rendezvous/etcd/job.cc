@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rendezvous/etcd/goodput.h"
 #include "rendezvous/etcd/stragglers.h"
 #include "rendezvous/service/job_status.h"
 
@@ -421,6 +422,20 @@ class Deciding {
     }
   }
 
+  // The job's goodput, combined from the nodes' ledgers as they put them, for every node to
+  // read at its end (goodput.h); again when a node puts its ledger after the outcome. A value
+  // that cannot be read is left out (crun status names it).
+  void JobGoodputOp() {
+    auto ledgers = Ledgers(keys_, mirror_, std::nullopt);
+    if (ledgers.empty()) return;
+    const std::size_t nodes = ledgers.size();
+    std::string value = EncodeJobGoodput(goodput::Combine(std::move(ledgers)), nodes);
+    auto kv = mirror_.find(JobGoodputKey(keys_));
+    if (kv == mirror_.end() || kv->second.value != value) {
+      out_.ops.push_back({Op::Kind::kPut, JobGoodputKey(keys_), std::move(value), 0});
+    }
+  }
+
   // The job for the decider (state) and, when what they act on changed, for the others (job).
   void Write() {
     if (mirror_.count(keys_.layout()) == 0) {
@@ -435,6 +450,7 @@ class Deciding {
     if (pub_kv == mirror_.end() || pub_kv->second.value != pub || pub_kv->second.lease != lease) {
       out_.ops.push_back({Op::Kind::kPut, keys_.job(), std::move(pub), 0});
     }
+    if (doc_.outcome) JobGoodputOp();
     if (lease != 0) BindToRetention(out_.ops);
     auto state_kv = mirror_.find(keys_.state());
     const bool state_bound = state_kv != mirror_.end() && state_kv->second.lease == lease;
@@ -479,6 +495,8 @@ StatusOr<rdzv::msg::JobStatus> StatusOf(const Keys& keys, const std::string& run
       }
     }
   }
+  // The ledgers the nodes put (goodput.h), carried on to now for the nodes still there.
+  rdzv::DescribeGoodput(Ledgers(keys, mirror, wall), status);
   return status;
 }
 

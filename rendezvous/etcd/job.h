@@ -29,6 +29,8 @@
 //   <root>/<run id>/a/refused/<id>      why a join was refused (bound to that agent's lease)
 //   <root>/<run id>/figures/<id>        a node's slow-rank figures (stragglers.h)
 //   <root>/<run id>/a/stragglers        the decider's slow-rank verdicts (stragglers.h)
+//   <root>/<run id>/ledger/<id>         a node's goodput ledger (goodput.h)
+//   <root>/<run id>/a/goodput           the job's, combined by the decider with the outcome
 //
 // Deciding (Decide): one agent at a time, the one that created a/decider, folds what the other
 // keys say into the state with the pure rules and writes it back in a transaction that compares

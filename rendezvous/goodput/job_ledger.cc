@@ -200,6 +200,14 @@ std::string Summary(const Totals& t, std::size_t incidents, bool steps_known, bo
   return out;
 }
 
+void CarryOn(NodeLedger& node, Ms until) {
+  if (node.finished || node.segments.empty() || until <= node.until) return;
+  Segment& last = node.segments.back();
+  At(node.totals, last.category) += until - node.until;
+  last.end = until;
+  node.until = until;
+}
+
 std::string Summary(const JobLedger& job) {
   return Summary(job.totals, job.incidents.size(), job.steps_known, job.progress_known);
 }

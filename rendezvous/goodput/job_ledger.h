@@ -30,6 +30,11 @@ struct JobLedger {
 
 JobLedger Combine(std::vector<NodeLedger> nodes);
 
+// `node` carried on to `until` in the category it was last in: a node that runs and has not
+// said more since (its ledger arrives at a low rate). Nothing for a finished ledger, or one
+// already as of `until` or later.
+void CarryOn(NodeLedger& node, Ms until);
+
 // training / wall time, 0 for no time.
 double Goodput(const Totals& totals);
 

@@ -101,6 +101,56 @@ Ordered ToJson(const NodeLedger& n) {
   return j;
 }
 
+namespace {
+
+// A ledger's segments (within [from, until]) and incidents; `who` names it in an error.
+Status BodyFrom(const json& j, const std::string& who, Ms from, Ms until,
+                std::vector<Segment>& segments, std::vector<Incident>& incidents) {
+  for (const auto& s : j.value("segments", json::array())) {
+    const auto c = CategoryNamed(s.at("category").get<std::string>());
+    if (!c) return Bad(who + ": unknown segment category " + s.at("category").dump());
+    const Segment seg{*c, s.at("begin_ms").get<Ms>(), s.at("end_ms").get<Ms>(),
+                      !s.value("spare", false)};
+    if (seg.begin > seg.end || seg.begin < from || seg.end > until) {
+      return Bad(who + ": a segment outside its ledger's time (" + s.dump() + ")");
+    }
+    segments.push_back(seg);
+  }
+  for (const auto& i : j.value("incidents", json::array())) {
+    Incident x;
+    x.fault = i.at("fault_ms").get<Ms>();
+    x.known = i.at("known_ms").get<Ms>();
+    x.kind = i.value("kind", "");
+    x.cause = i.value("cause", "");
+    if (i.contains("step_at_failure"))
+      x.step_at_failure = i.at("step_at_failure").get<std::int64_t>();
+    if (i.contains("resumed_from")) x.resumed_from = i.at("resumed_from").get<std::int64_t>();
+    x.resumed = i.value("resumed_ms", Ms{0});
+    auto cost = TotalsFrom(i, "cost_ms");
+    if (!cost.ok()) return cost.status();
+    x.cost = *cost;
+    incidents.push_back(std::move(x));
+  }
+  if (segments.size() > kMaxSegments || incidents.size() > kMaxIncidents) {
+    return Bad(who + ": more segments or incidents than a ledger keeps");
+  }
+  return Status::Ok();
+}
+
+// Totals that add up to the ledger's time, from `from` (its field `from_key`) to until_ms.
+StatusOr<Totals> WholeTotals(const json& j, const std::string& who, Ms from, const char* from_key,
+                             Ms until) {
+  auto totals = TotalsFrom(j, "totals_ms");
+  if (!totals.ok()) return totals.status();
+  if (Sum(*totals) != until - from) {
+    return Bad(who + ": totals_ms add up to " + std::to_string(Sum(*totals)) +
+               " ms, not until_ms - " + from_key + " = " + std::to_string(until - from));
+  }
+  return totals;
+}
+
+}  // namespace
+
 StatusOr<NodeLedger> NodeFromJson(const json& j) {
   try {
     NodeLedger n;
@@ -111,48 +161,17 @@ StatusOr<NodeLedger> NodeFromJson(const json& j) {
     n.finished = j.value("finished", false);
     n.steps_known = j.value("steps_known", false);
     n.progress_known = j.value("progress_known", false);
-    auto totals = TotalsFrom(j, "totals_ms");
+    const std::string who = "node " + n.node;
+    auto totals = WholeTotals(j, who, n.launched, "launched_ms", n.until);
     if (!totals.ok()) return totals.status();
     n.totals = *totals;
-    if (Sum(n.totals) != n.until - n.launched) {
-      return Bad("node " + n.node + ": totals_ms add up to " + std::to_string(Sum(n.totals)) +
-                 " ms, not until_ms - launched_ms = " + std::to_string(n.until - n.launched));
-    }
-    for (const auto& s : j.value("segments", json::array())) {
-      const auto c = CategoryNamed(s.at("category").get<std::string>());
-      if (!c)
-        return Bad("node " + n.node + ": unknown segment category " + s.at("category").dump());
-      const Segment seg{*c, s.at("begin_ms").get<Ms>(), s.at("end_ms").get<Ms>(),
-                        !s.value("spare", false)};
-      if (seg.begin > seg.end || seg.begin < n.launched || seg.end > n.until) {
-        return Bad("node " + n.node + ": a segment outside its ledger's time (" + s.dump() + ")");
-      }
-      n.segments.push_back(seg);
-    }
-    if (n.segments.size() > kMaxSegments || n.incidents.size() > kMaxIncidents) {
-      return Bad("node " + n.node + ": more segments or incidents than a ledger keeps");
-    }
-    for (const auto& i : j.value("incidents", json::array())) {
-      Incident x;
-      x.fault = i.at("fault_ms").get<Ms>();
-      x.known = i.at("known_ms").get<Ms>();
-      x.kind = i.value("kind", "");
-      x.cause = i.value("cause", "");
-      if (i.contains("step_at_failure"))
-        x.step_at_failure = i.at("step_at_failure").get<std::int64_t>();
-      if (i.contains("resumed_from")) x.resumed_from = i.at("resumed_from").get<std::int64_t>();
-      x.resumed = i.value("resumed_ms", Ms{0});
-      auto cost = TotalsFrom(i, "cost_ms");
-      if (!cost.ok()) return cost.status();
-      x.cost = *cost;
-      n.incidents.push_back(std::move(x));
-    }
+    if (auto s = BodyFrom(j, who, n.launched, n.until, n.segments, n.incidents); !s.ok()) return s;
     n.saves = j.value("saves_ms", std::vector<Ms>{});
     for (const auto& p : j.value("steps", json::array())) {
       n.steps.push_back({p.at(0).get<Ms>(), p.at(1).get<std::int64_t>()});
     }
     if (n.saves.size() > kMaxMarks || n.steps.size() > kMaxMarks) {
-      return Bad("node " + n.node + ": more marks than a ledger keeps");
+      return Bad(who + ": more marks than a ledger keeps");
     }
     return n;
   } catch (const json::exception& e) {
@@ -160,16 +179,41 @@ StatusOr<NodeLedger> NodeFromJson(const json& j) {
   }
 }
 
-Ordered FileJson(const JobLedger& job) {
-  Ordered j = Ordered::object();
-  j["summary"] = Summary(job);
+StatusOr<JobLedger> JobFromJson(const json& j) {
+  try {
+    JobLedger job;
+    job.begin = j.at("begin_ms").get<Ms>();
+    job.until = j.at("until_ms").get<Ms>();
+    job.finished = j.value("finished", false);
+    job.steps_known = j.value("steps_known", false);
+    job.progress_known = j.value("progress_known", false);
+    auto totals = WholeTotals(j, "the job", job.begin, "begin_ms", job.until);
+    if (!totals.ok()) return totals.status();
+    job.totals = *totals;
+    if (auto s = BodyFrom(j, "the job", job.begin, job.until, job.segments, job.incidents);
+        !s.ok()) {
+      return s;
+    }
+    return job;
+  } catch (const json::exception& e) {
+    return Bad(std::string("not a job's ledger: ") + e.what());
+  }
+}
+
+Ordered JobJson(const JobLedger& job) {
   Ordered o = Ordered::object();
   Head(o, job.totals, Summary(job));
   o["begin_ms"] = job.begin;
   o["until_ms"] = job.until;
   Body(o, job.finished, job.steps_known, job.progress_known, job.totals, job.incidents,
        job.segments);
-  j["job"] = std::move(o);
+  return o;
+}
+
+Ordered FileJson(const JobLedger& job) {
+  Ordered j = Ordered::object();
+  j["summary"] = Summary(job);
+  j["job"] = JobJson(job);
   Ordered nodes = Ordered::array();
   for (const auto& n : job.nodes) nodes.push_back(ToJson(n));
   j["nodes"] = std::move(nodes);

@@ -19,6 +19,11 @@ namespace crun::goodput {
 
 nlohmann::ordered_json ToJson(const NodeLedger& node);
 StatusOr<NodeLedger> NodeFromJson(const nlohmann::json& j);
+// The job's element of a file ("job" below), its nodes left out.
+nlohmann::ordered_json JobJson(const JobLedger& job);
+// The job's element of a file ("job" below), read back without its nodes: what a node is
+// handed where the job's ledger is combined elsewhere (etcd's decider, rendezvous/etcd/goodput.h).
+StatusOr<JobLedger> JobFromJson(const nlohmann::json& j);
 
 // The whole file: the job (when `job` is combined from more than one node, or known to be the
 // job's) and every node.

@@ -24,12 +24,7 @@ std::vector<goodput::NodeLedger> JobGoodput::AsOf(TimePoint now,
   for (const auto& [id, held] : nodes_) {
     goodput::NodeLedger n = held.ledger;
     const auto more = std::chrono::duration_cast<std::chrono::milliseconds>(now - held.received);
-    if (!n.finished && live.count(id) != 0 && more.count() > 0 && !n.segments.empty()) {
-      auto& last = n.segments.back();
-      last.end += more.count();
-      goodput::At(n.totals, last.category) += more.count();
-      n.until = last.end;
-    }
+    if (live.count(id) != 0) goodput::CarryOn(n, n.until + more.count());
     out.push_back(std::move(n));
   }
   return out;

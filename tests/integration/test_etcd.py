@@ -129,6 +129,10 @@ class EtcdRendezvous(unittest.TestCase):
             for p in nodes:
                 code, _, err = self.finish(p)
                 self.assertEqual(code, 0, err)
+                # The job's goodput as the decider combined it (rendezvous/etcd/goodput.h):
+                # the probe reports no progress, so the line says what it cannot know.
+                self.assertIn("crun: goodput unknown: the workers report no progress", err)
+                self.assertIn("(the job, 2 nodes)", err)
             ev = self.events()
             self.assertEqual(sorted(e["TORCHELASTIC_RESTART_COUNT"] for e in ev),
                              ["0"] * 4 + ["1"] * 4)
@@ -145,11 +149,17 @@ class EtcdRendezvous(unittest.TestCase):
             self.assertEqual(job["phase"], "succeeded")
             self.assertEqual(job["restarts_used"], 1)
             self.assertIn("exit code 3", job["last_failure"])
+            # Each node's ledger, and the job's combined from them: the failure one incident.
+            self.assertEqual(job["goodput"]["incidents"], 1, job["goodput"])
+            self.assertFalse(job["goodput"]["known"])
             # The job's keys, as an operator reads them with etcdctl.
             r = etcd.etcdctl("get", "--prefix", "--keys-only", self.prefix)
             keys = set(r.stdout.split())
-            for key in ("state", "a/job", "layout", "rounds/00000001", "last_failure"):
+            for key in ("state", "a/job", "layout", "rounds/00000001", "last_failure",
+                        "a/goodput"):
                 self.assertIn(self.prefix + key, keys)
+            self.assertEqual(len([k for k in keys if k.startswith(self.prefix + "ledger/")]), 2,
+                             keys)
             # Leases revoked: every agent's key, and the decider's, went with them.
             self.assertFalse([k for k in keys if "/nodes/" in k or k.endswith("/decider")], keys)
             self.no_crun_left(fab)

@@ -168,6 +168,21 @@ TEST_CASE("goodput JSON: a node's ledger reads back as it was written", "[goodpu
   REQUIRE(nodes.ok());
   CHECK(Combine(*nodes).segments == job.segments);
   CHECK(Combine(*nodes).totals == job.totals);
+  // The job's element alone (what etcd's decider hands every node), without its nodes.
+  const auto back_job =
+      crun::goodput::JobFromJson(nlohmann::json::parse(crun::goodput::JobJson(job).dump()));
+  REQUIRE(back_job.ok());
+  CHECK(back_job->begin == job.begin);
+  CHECK(back_job->until == job.until);
+  CHECK(back_job->totals == job.totals);
+  CHECK(back_job->segments == job.segments);
+  CHECK(back_job->incidents == job.incidents);
+  CHECK(back_job->finished == job.finished);
+  CHECK(back_job->nodes.empty());
+  auto bad = nlohmann::json::parse(crun::goodput::JobJson(job).dump());
+  bad["until_ms"] = job.until + 1;
+  CHECK_THAT(crun::goodput::JobFromJson(bad).status().message(),
+             Catch::Contains("the job: totals_ms add up to"));
 }
 
 TEST_CASE("goodput JSON: a file that is not a ledger is refused, naming what is wrong",
