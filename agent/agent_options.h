@@ -115,6 +115,9 @@ struct AgentOptions {
   // progress. A hang is a failure of that rank: every rank's stacks are read, then the group is
   // stopped and restarted as for any failure.
   std::chrono::milliseconds hang_timeout{0};
+  // A worker that reports steps is hung after this many times the longest step so far without
+  // progress, within hang_timeout (agent/hangs/step_pace.h; 0: off).
+  int hang_after_steps = 0;
   // torchelastic's file timer (TORCHELASTIC_ENABLE_FILE_TIMER=1): the server crun runs, on the
   // pipe timer_file (empty: <log_dir>/timer.pipe), given to workers as TORCHELASTIC_TIMER_FILE.
   bool file_timer = false;

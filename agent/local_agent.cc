@@ -69,7 +69,7 @@ LocalAgent::Impl::Impl(asio::io_context& io_, AgentOptions o, std::unique_ptr<Re
       workers(io_, options),
       failures(options.host_name),
       presence(io_, options.log_dir, options.interpreter),
-      hangs(io_, options, workers, *rdzv, state, group,
+      hangs(io_, options, workers, *rdzv, state, group, progress,
             [this](int attempt, std::vector<int> hung, HangReport h,
                    std::chrono::system_clock::time_point when,
                    std::chrono::steady_clock::time_point declared) {

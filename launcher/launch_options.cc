@@ -158,6 +158,14 @@ void AddLaunchOptions(CLI::App& app, LaunchOptions& o) {
       ->type_name("SECONDS")
       ->capture_default_str()
       ->group("Restarts and shutdown");
+  app.add_option("--hang-after-steps,--hang_after_steps", o.hang_after_steps,
+                 "A worker that reports steps (crun_worker.step) is hung after K times the "
+                 "longest step so far without progress (at least 1 s), --hang-timeout still "
+                 "the bound (0: off; docs/hangs.md)")
+      ->envname(pet("HANG_AFTER_STEPS"))
+      ->type_name("K")
+      ->capture_default_str()
+      ->group("Restarts and shutdown");
   app.add_option("--signals-to-handle,--signals_to_handle", o.signals,
                  "Signals forwarded to the workers, comma-separated (SIGUSR1/SIGUSR2 may be added)")
       ->envname(pet("SIGNALS_TO_HANDLE"))

@@ -67,6 +67,7 @@ struct LaunchOptions {
   std::string node_rank = "0";
   std::string shutdown_timeout;    // empty: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30 s (14 in a pod)
   std::string hang_timeout = "0";  // seconds without progress; 0: hangs are not watched
+  std::string hang_after_steps = "0";  // that many longest steps without progress; 0: off
   std::string signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   std::string log_level = "warn";
   std::string log_dir;

@@ -246,6 +246,7 @@ Status PlanAgent(LaunchPlan& p, LaunchOptions& o, const std::set<std::string>& g
   a.snapshot_memory = o.snapshot_memory;
   a.snapshot_disk = v.snapshot_disk;
   a.hang_timeout = v.hang_timeout;
+  a.hang_after_steps = v.hang_after_steps;
   a.max_restarts_without_progress = v.settings.max_restarts_without_progress;
   a.progress_after = v.progress_after;
   CRUN_RETURN_IF_ERROR(PlanHealth(a, v, o, facts));

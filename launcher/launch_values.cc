@@ -82,6 +82,13 @@ Status ParseDurations(LaunchValues& v, const LaunchOptions& o, const Getenv& get
   v.shutdown_timeout = Millis(seconds);
   CRUN_ASSIGN_OR_RETURN(const double hang, ParseFlagSeconds("--hang-timeout", o.hang_timeout));
   v.hang_timeout = Millis(hang);
+  CRUN_ASSIGN_OR_RETURN(v.hang_after_steps,
+                        ParseFlagInt("--hang-after-steps", o.hang_after_steps, 0, 1000));
+  if (v.hang_after_steps > 0 && v.hang_timeout.count() <= 0) {
+    return InvalidArgument("--hang-after-steps " + o.hang_after_steps +
+                           " needs --hang-timeout: the longest a hang may go unseen, whatever "
+                           "the steps say");
+  }
   CRUN_ASSIGN_OR_RETURN(const double progress,
                         ParseFlagSeconds("--progress-after", o.progress_after));
   v.progress_after = Millis(progress);

@@ -104,6 +104,7 @@ struct LaunchValues {
   std::vector<int> signals;                  // --signals-to-handle, as given
   std::chrono::milliseconds shutdown_timeout{30'000};
   std::chrono::milliseconds hang_timeout{0};  // 0: hangs are not watched
+  int hang_after_steps = 0;                   // 0: off; else within hang_timeout
   std::chrono::milliseconds progress_after{300'000};
   // --health-check: the specs as given (one per line of PET_HEALTH_CHECK), parsed by the plan,
   // which knows where nvidia-smi is; each one's deadline.

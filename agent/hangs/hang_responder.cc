@@ -130,10 +130,9 @@ HangReport HangResponder::StartReport(const HangAttempt& a,
     r.silent_s = static_cast<double>(p.silent.count()) / 1000.0;
     r.state = p.state;
     r.cause = p.cause;
-    if (p.hung && options_.hang_timeout.count() > 0 && p.cause.rfind("no progress", 0) == 0) {
+    if (p.hung && p.limit.count() > 0) {
       h.declared_late_ms =
-          std::max(h.declared_late_ms,
-                   static_cast<double>((p.silent - options_.hang_timeout).count()));
+          std::max(h.declared_late_ms, static_cast<double>((p.silent - p.limit).count()));
     }
     if (p.hung) {
       spdlog::warn(

@@ -25,9 +25,8 @@ namespace crun::agent {
 
 struct HangResponderOptions {
   std::string host_name;
-  std::string entrypoint;  // the script or program, for the banner
-  std::string log_dir;     // attempt_<n>/ below it
-  std::chrono::milliseconds hang_timeout{0};
+  std::string entrypoint;                            // the script or program, for the banner
+  std::string log_dir;                               // attempt_<n>/ below it
   std::chrono::milliseconds stack_deadline{10'000};  // per rank and tool
   std::string tool_path;                             // crun's PATH, for the stack tools
   std::string program_dir;                           // the workers' program's, for py-spy

@@ -40,15 +40,19 @@ std::string DescribeState(char state) {
   }
 }
 
-HangWatch::HangWatch(boost::asio::io_context& io, milliseconds timeout, OnHang on_hang)
-    : timer_(io), timeout_(timeout), on_hang_(std::move(on_hang)) {
+HangWatch::HangWatch(boost::asio::io_context& io, milliseconds timeout, OnHang on_hang,
+                     int step_factor)
+    : timer_(io), timeout_(timeout), pace_(step_factor, timeout), on_hang_(std::move(on_hang)) {
   // Ten looks per timeout bound how late a hang is seen; one a second at most is enough
   // for any human-scale timeout, and reading a few /proc files per worker costs microseconds.
-  tick_ = std::clamp(timeout_ / 10, milliseconds(10), milliseconds(1000));
+  // Paced by steps, the shortest limit is the pace's floor.
+  const milliseconds shortest = step_factor > 0 ? std::min(timeout_, kStepHangFloor) : timeout_;
+  tick_ = std::clamp(shortest / 10, milliseconds(10), milliseconds(1000));
 }
 
 void HangWatch::Watch(int local_rank, pid_t pid, ProgressCounter counter) {
   Forget(local_rank);
+  pace_.Started(local_rank);
   declared_ = false;
   Watched w;
   w.local_rank = local_rank;
@@ -105,7 +109,7 @@ void HangWatch::Tick() {
     const std::uint64_t count = w.counter ? *w.counter : 0;
     if (count != w.seen && !MakesNoProgress(w.state)) w.last_progress = now;
     w.seen = count;
-    if (now - w.last_progress >= timeout_) hung = true;
+    if (now - w.last_progress >= pace_.LimitFor(w.local_rank)) hung = true;
   }
   if (hung) Declare(-1, "");
 }
@@ -125,9 +129,15 @@ void HangWatch::Declare(int expired_rank, std::string cause) {
     if (w.local_rank == expired_rank) {
       p.hung = true;
       p.cause = cause;
-    } else if (expired_rank < 0 && p.silent >= timeout_) {
+    } else if (const milliseconds limit = pace_.LimitFor(w.local_rank);
+               expired_rank < 0 && p.silent >= limit) {
       p.hung = true;
       p.cause = "no progress for " + Seconds(p.silent);
+      if (pace_.Paced(w.local_rank)) {
+        p.cause += " (--hang-after-steps " + std::to_string(pace_.factor()) + ": its limit is " +
+                   Seconds(limit) + ", from the longest step, " + Seconds(pace_.longest()) + ")";
+      }
+      p.limit = limit;
     }
     if (p.hung && MakesNoProgress(p.state)) p.cause += "; it was " + DescribeState(p.state);
     all.push_back(std::move(p));

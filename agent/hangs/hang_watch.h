@@ -5,6 +5,9 @@
 // path is one increment). A worker that is stopped (T) or in uninterruptible sleep (D) makes no
 // progress, whatever its counter says. An expired file timer is a hang at once (Expire).
 //
+// With --hang-after-steps, a worker that reports steps is hung sooner: after the silence its
+// StepPace allows (step_pace.h), with `timeout` as the bound.
+//
 // Runs on the agent's event loop; on_hang runs once per Begin(), with every watched worker.
 #pragma once
 
@@ -20,6 +23,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "agent/hangs/step_pace.h"
+
 namespace crun::agent {
 
 using ProgressCounter = std::shared_ptr<std::uint64_t>;
@@ -30,6 +35,7 @@ struct WorkerProgress {
   pid_t pid = 0;
   bool hung = false;                   // this worker is the hang (or one of them)
   std::chrono::milliseconds silent{};  // since its last progress
+  std::chrono::milliseconds limit{};   // the silence that made it hung (0: not silence)
   char state = '?';                    // its /proc state letter then: R, S, D, T, t, ...
   std::string cause;                   // "no progress for 30.0 s", "torchelastic timer ..."
 };
@@ -41,10 +47,14 @@ class HangWatch {
  public:
   using OnHang = std::function<void(std::vector<WorkerProgress>)>;
   // timeout 0: never declares a hang by silence (an expired file timer still is one).
-  HangWatch(boost::asio::io_context& io, std::chrono::milliseconds timeout, OnHang on_hang);
+  // step_factor: --hang-after-steps (0: off).
+  HangWatch(boost::asio::io_context& io, std::chrono::milliseconds timeout, OnHang on_hang,
+            int step_factor = 0);
 
   // Starts watching an attempt's worker; its silence starts now.
   void Watch(int local_rank, pid_t pid, ProgressCounter counter);
+  // Worker `local_rank` sent a step record (its progress is counted apart, as for any beat).
+  void Stepped(int local_rank) { pace_.Stepped(local_rank, std::chrono::steady_clock::now()); }
   // The worker exited; it is no longer watched.
   void Forget(int local_rank);
   // Worker `local_rank` is hung now, for `cause` (a file timer expired).
@@ -53,6 +63,7 @@ class HangWatch {
   void Stop();
 
   std::chrono::milliseconds timeout() const { return timeout_; }
+  const StepPace& pace() const { return pace_; }
   std::chrono::milliseconds tick() const { return tick_; }
 
  private:
@@ -71,6 +82,7 @@ class HangWatch {
   boost::asio::steady_timer timer_;
   std::chrono::milliseconds timeout_;
   std::chrono::milliseconds tick_;
+  StepPace pace_;
   OnHang on_hang_;
   std::vector<Watched> watched_;
   bool armed_ = false;

@@ -13,13 +13,8 @@ std::string DirectoryOf(const std::string& path) {
 }
 
 HangResponderOptions ResponderOptionsOf(const AgentOptions& o) {
-  return {o.host_name,
-          o.entrypoint,
-          o.log_dir,
-          o.hang_timeout,
-          o.stack_deadline,
-          o.tool_path,
-          o.command.empty() ? "" : DirectoryOf(o.command[0])};
+  return {o.host_name,      o.entrypoint, o.log_dir,
+          o.stack_deadline, o.tool_path,  o.command.empty() ? "" : DirectoryOf(o.command[0])};
 }
 
 }  // namespace
@@ -27,14 +22,16 @@ HangResponderOptions ResponderOptionsOf(const AgentOptions& o) {
 AttemptHangs::AttemptHangs(boost::asio::io_context& io, const AgentOptions& options,
                            WorkerGroup& workers, Rendezvous& rendezvous,
                            const lifecycle::State& state, const GroupAssignment& group,
-                           Concluded concluded)
+                           JobProgress& progress, Concluded concluded)
     : options_(options),
       workers_(workers),
       rendezvous_(rendezvous),
       state_(state),
       group_(group),
       concluded_(std::move(concluded)),
-      watch_(io, options.hang_timeout, [this](std::vector<WorkerProgress> p) { OnHang(p); }),
+      watch_(
+          io, options.hang_timeout, [this](std::vector<WorkerProgress> p) { OnHang(p); },
+          options.hang_after_steps),
       responder_(
           io, workers.children(), ResponderOptionsOf(options), [this] { return Targets(); },
           [this](const std::string& why, std::chrono::milliseconds timeout,
@@ -49,7 +46,11 @@ AttemptHangs::AttemptHangs(boost::asio::io_context& io, const AgentOptions& opti
               if (r.hung) hung.push_back(r.local_rank);
             }
             concluded_(attempt, std::move(hung), std::move(h), when, declared);
-          }) {}
+          }) {
+  if (options.hang_after_steps > 0) {
+    progress.Listen({nullptr, [this](int lr, const StepRecord&) { watch_.Stepped(lr); }, nullptr});
+  }
+}
 
 std::vector<StackTarget> AttemptHangs::Targets() const {
   std::vector<StackTarget> targets;

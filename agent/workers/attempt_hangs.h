@@ -20,6 +20,7 @@
 #include "agent/hangs/hang_watch.h"
 #include "agent/rendezvous/rendezvous.h"
 #include "agent/supervise/lifecycle.h"
+#include "agent/workers/job_progress.h"
 #include "agent/workers/worker_group.h"
 
 namespace crun::agent {
@@ -34,9 +35,10 @@ class AttemptHangs {
 
   // Everything passed in must outlive this; `state` and `group` are read as they are now (the
   // lifecycle's state and the running attempt's assignment).
+  // Step records in `progress` pace the watch (--hang-after-steps).
   AttemptHangs(boost::asio::io_context& io, const AgentOptions& options, WorkerGroup& workers,
                Rendezvous& rendezvous, const lifecycle::State& state, const GroupAssignment& group,
-               Concluded concluded);
+               JobProgress& progress, Concluded concluded);
 
   HangWatch& watch() { return watch_; }
   HangResponder& stacks() { return responder_; }

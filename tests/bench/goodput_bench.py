@@ -127,6 +127,8 @@ class Job:
         else:
             cmd = [self.args.crun, "--rdzv-conf", f"node_id={tag}", "--warm", "--hang-timeout",
                    str(HANG_S), "--log-dir", os.path.join(self.dir, f"logs-{tag}")]
+            if self.args.hang_after_steps:
+                cmd += ["--hang-after-steps", str(self.args.hang_after_steps)]
             worker.append("snapshot")
         cmd += ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint", self.endpoint,
                 "--rdzv-id", self.run_id, "--max-restarts", "1000"]
@@ -308,6 +310,8 @@ def main():
     ap.add_argument("--state-mib", type=int, default=50)
     ap.add_argument("--step-s", type=float, default=0.25)
     ap.add_argument("--short", action="store_true")
+    ap.add_argument("--hang-after-steps", type=int, default=0,
+                    help="crun's --hang-after-steps (0: --hang-timeout alone)")
     ap.add_argument("--out", default=os.path.join(HERE, "..", "..", "docs", "benchmarks.md"))
     ap.add_argument("--json", default="", help="also write the figures here")
     ap.add_argument("--keep", action="store_true")

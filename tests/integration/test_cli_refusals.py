@@ -44,6 +44,7 @@ class CliRefusals(unittest.TestCase):
              "cannot resolve host 'no-such-host.invalid'"),
             (["--rdzv-endpoint", ""], "--rdzv-endpoint is empty"),
             (["--log-dir", ""], "--log-dir is empty"),
+            (["--hang-after-steps", "5"], "--hang-after-steps 5 needs --hang-timeout"),
             (["--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-conf", ",,,"],
              "an empty item"),
             (["--rdzv-conf", "join_timeout="], "join_timeout has no value"),

@@ -265,6 +265,41 @@ TEST_CASE("HangWatch declares a silent worker hung, not one that makes progress"
   CHECK(declared[0].cause.rfind("no progress for ", 0) == 0);
 }
 
+TEST_CASE(
+    "HangWatch with --hang-after-steps: a worker silent after its steps is hung at the "
+    "pace's limit, long before --hang-timeout") {
+  asio::io_context io;
+  Child child({"sleep", "60"});
+  auto counter = std::make_shared<std::uint64_t>(0);
+  std::vector<WorkerProgress> declared;
+  HangWatch watch(
+      io, milliseconds(60'000), [&](std::vector<WorkerProgress> p) { declared = std::move(p); }, 3);
+  watch.Watch(0, child.pid, counter);
+  // A step every 20 ms, 20 times (a record is progress too), then silence.
+  int steps = 0;
+  asio::steady_timer beat(io);
+  std::function<void()> next = [&] {
+    beat.expires_after(milliseconds(20));
+    beat.async_wait([&](const boost::system::error_code& ec) {
+      if (ec || steps == 20) return;
+      ++steps;
+      ++*counter;
+      watch.Stepped(0);
+      next();
+    });
+  };
+  next();
+  RunUntil(io, [&] { return !declared.empty(); });
+  CHECK(steps == 20);
+  REQUIRE(declared.size() == 1);
+  CHECK(declared[0].hung);
+  // 3 x the longest step is under the floor on any machine that runs this.
+  CHECK(declared[0].limit == std::max(kStepHangFloor, 3 * watch.pace().longest()));
+  CHECK(declared[0].limit < milliseconds(60'000));
+  CHECK(declared[0].silent >= declared[0].limit);
+  CHECK(declared[0].cause.find("--hang-after-steps 3: its limit is") != std::string::npos);
+}
+
 TEST_CASE("HangWatch: time its own loop was stalled is not the workers' silence") {
   asio::io_context io;
   Child child({"sleep", "60"});
