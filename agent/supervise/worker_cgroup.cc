@@ -117,16 +117,23 @@ StatusOr<std::unique_ptr<WorkerCgroup>> WorkerCgroup::Create() {
   if (mount.empty()) return Unavailable("no cgroup2 file system is mounted");
   std::string own = OwnCgroup2Path();
   if (own == "/") own.clear();
-  const std::string dir = mount + own + "/crun-" + std::to_string(::getpid());
+  const std::string name = mount + own + "/crun-" + std::to_string(::getpid());
+  std::string dir = name;
   if (::mkdir(dir.c_str(), 0755) != 0) {
-    const int err = errno;
-    // A crun-<pid> that exists is an earlier crun's, whose pid this one has now: that crun was
-    // SIGKILLed and its guard could not remove the cgroup (itself killed, or its workers slow
-    // to leave). Empty, it is litter: take its place. Holding processes, it is left alone.
-    if (err != EEXIST || !RemoveTree(dir) || ::mkdir(dir.c_str(), 0755) != 0) {
-      return PosixError("cannot create " + dir, err, StatusCode::kUnavailable);
+    if (errno != EEXIST) return PosixError("cannot create " + dir, errno, StatusCode::kUnavailable);
+    // An earlier crun's, whose pid this one has now: SIGKILLed, and its guard could not remove
+    // it (itself killed, or its workers slow to leave), or has not yet: a guard still at it
+    // would end whatever is in that directory, so this crun takes a name of its own. The old
+    // one goes if nothing is in it; one holding processes is left alone.
+    const bool removed = RemoveTree(name);
+    int err = EEXIST;
+    for (int n = 1; n <= 16 && err == EEXIST; ++n) {
+      dir = name + "-" + std::to_string(n);
+      err = ::mkdir(dir.c_str(), 0755) == 0 ? 0 : errno;
     }
-    spdlog::info("removed cgroup {}, left empty by an earlier crun with this pid", dir);
+    if (err != 0) return PosixError("cannot create " + dir, err, StatusCode::kUnavailable);
+    spdlog::info("cgroup {} was an earlier crun's with this pid ({}); this one's is {}", name,
+                 removed ? "empty: removed" : "processes still in it: left alone", dir);
   }
   return std::unique_ptr<WorkerCgroup>(new WorkerCgroup(dir));
 }

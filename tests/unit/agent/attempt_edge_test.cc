@@ -207,40 +207,48 @@ TEST_CASE("edge: crun's cgroup goes with every cgroup below it, whatever made it
 }
 
 TEST_CASE(
-    "edge: an empty cgroup an earlier crun with this pid left is taken over, one in use "
-    "is not",
+    "edge: a cgroup an earlier crun with this pid left is never reused: removed when "
+    "empty, left alone in use",
     "[edge][may-skip]") {
-  // A SIGKILLed crun whose guard died with it leaves crun-<pid>, and pids come round again:
-  // made here by hand, with an attempt's directory below it.
-  std::string dir;
-  { dir = WorkerCgroupOrSkip()->dir(); }
-  REQUIRE(::access(dir.c_str(), F_OK) != 0);
-  const std::string attempt = dir + "/attempt-4";
-  REQUIRE(::mkdir(dir.c_str(), 0755) == 0);
+  // A SIGKILLed crun whose guard died with it (or is still ending what was in it) leaves
+  // crun-<pid>, and pids come round again: made here by hand, with an attempt's below it.
+  std::string name;
+  { name = WorkerCgroupOrSkip()->dir(); }
+  REQUIRE(::access(name.c_str(), F_OK) != 0);
+  const std::string attempt = name + "/attempt-4";
+  REQUIRE(::mkdir(name.c_str(), 0755) == 0);
   REQUIRE(::mkdir(attempt.c_str(), 0755) == 0);
-  auto taken = WorkerCgroup::Create();
-  REQUIRE(taken.ok());
-  CHECK((*taken)->dir() == dir);
-  CHECK(::access(attempt.c_str(), F_OK) != 0);
+  auto first = WorkerCgroup::Create();
+  REQUIRE(first.ok());
+  CHECK((*first)->dir() == name + "-1");     // a name of its own, which no old guard ends
+  CHECK(::access(name.c_str(), F_OK) != 0);  // the empty leftover is gone
+  first->reset();
 
-  // In use (a live process below it): not this crun's to end. Creation fails, naming it.
-  const std::string busy = dir + "/attempt-5";
+  // In use (a live process below it): not this crun's to end.
+  const std::string busy = name + "/attempt-5";
+  REQUIRE(::mkdir(name.c_str(), 0755) == 0);
   REQUIRE(::mkdir(busy.c_str(), 0755) == 0);
   ProcessSpec spec;
   spec.argv = {"/bin/sleep", "60"};
   spec.cgroup_dir = busy;
   auto pid = SpawnProcess(spec, Children());
   REQUIRE(pid.ok());
-  std::ofstream(busy + "/cgroup.procs") << *pid;
-  auto refused = WorkerCgroup::Create();
-  CHECK_FALSE(refused.ok());
-  CHECK(refused.status().message().find(dir) != std::string::npos);
+  {
+    std::ofstream procs(busy + "/cgroup.procs");
+    procs << *pid;
+    procs.flush();
+    REQUIRE(procs.good());
+  }
+  auto second = WorkerCgroup::Create();
+  REQUIRE(second.ok());
+  CHECK((*second)->dir() == name + "-1");
   CHECK(::access(busy.c_str(), F_OK) == 0);
-  taken->reset();  // kills the sleep and removes the tree
+  second->reset();
+  CHECK(::access(busy.c_str(), F_OK) == 0);  // still: its process lives
+  REQUIRE(KillAndRemoveCgroup(name));
   int status = 0;
   REQUIRE(::waitpid(*pid, &status, 0) == *pid);
   CHECK(WIFSIGNALED(status));
-  CHECK(::access(dir.c_str(), F_OK) != 0);
 }
 
 }  // namespace
