@@ -148,7 +148,9 @@ class GoodputLedger final : public JobFeature {
     // nothing leaves no directory behind (launcher/launch_command.cc).
     if (!HoldsAFile(agent_.options.log_dir)) return;
     Write(agent_.options.log_dir + "/goodput.json", job);
-    WriteText(agent_.options.log_dir + "/goodput.html", gp::RenderTimeline(job, Title()));
+    // A job combined elsewhere comes without its segments (etcd): the timeline is this node's.
+    WriteText(agent_.options.log_dir + "/goodput.html",
+              gp::RenderTimeline(job.segments.empty() ? gp::Combine({node}) : job, Title()));
   }
 
  private:

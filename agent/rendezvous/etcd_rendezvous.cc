@@ -30,16 +30,20 @@ void EtcdRendezvous::Join(const std::vector<std::uint16_t>& ports) {
   });
 }
 
+// Each report comes after this node's ledger as it stands then (the feature shares it just
+// before), which the decider combines the job's from.
 void EtcdRendezvous::ReportFailure(const crun::report::FailureReport& failures) {
-  asio::post(eio_, [this, report = failures] {
+  asio::post(eio_, [this, report = failures, ledger = ledger_puts_.Flush()] {
     if (ended_ || !round_) return;
+    if (ledger) PutLedger(*ledger);
     WriteReport(EtcdFailure(report));
   });
 }
 
 void EtcdRendezvous::ReportSuccess() {
-  asio::post(eio_, [this] {
+  asio::post(eio_, [this, ledger = ledger_puts_.Flush()] {
     if (ended_ || !round_) return;
+    if (ledger) PutLedger(*ledger);
     etcd::Report r;
     r.success = true;
     WriteReport(r);
@@ -56,13 +60,17 @@ void EtcdRendezvous::ShareGoodput(const std::string& ledger_json) {
   auto value = ledger_puts_.Offer(Clock::now(), *ledger);
   if (!value) return;
   asio::post(eio_, [this, value = std::move(*value)] {
-    if (ended_ || !ready_) return;
-    auto put = client_->Put(etcd::LedgerKey(keys_, o_.node_id), value, 0, Deadline());
-    if (!put.ok()) {
-      spdlog::warn("etcd rendezvous: cannot put this node's goodput ledger: {}",
-                   put.status().message());
-    }
+    if (!ended_) PutLedger(value);
   });
+}
+
+void EtcdRendezvous::PutLedger(const std::string& value) {
+  if (!ready_) return;
+  auto put = client_->Put(etcd::LedgerKey(keys_, o_.node_id), value, 0, Deadline());
+  if (!put.ok()) {
+    spdlog::warn("etcd rendezvous: cannot put this node's goodput ledger: {}",
+                 put.status().message());
+  }
 }
 
 // Unbound to the lease: the decider reads it after this agent has left.

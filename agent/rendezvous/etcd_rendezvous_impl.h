@@ -96,6 +96,7 @@ class EtcdRendezvous final : public Rendezvous {
   etcd::Op JoinOp(int gathering, std::int64_t lease) const;
   void WriteJoin();
   void WriteReport(const etcd::Report& r);
+  void PutLedger(const std::string& value);  // this node's goodput ledger (etcd/goodput.h)
   int CurrentGathering();
   void Changed();
   void SendFigures();

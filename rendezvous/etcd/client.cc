@@ -10,7 +10,11 @@ void FillOp(const Op& op, pb::RequestOp* out) {
     case Op::Kind::kPut: {
       auto* p = out->mutable_request_put();
       p->set_key(op.key);
-      p->set_value(op.value);
+      if (op.keep_value) {
+        p->set_ignore_value(true);
+      } else {
+        p->set_value(op.value);
+      }
       p->set_lease(op.lease);
       break;
     }

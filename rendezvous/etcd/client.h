@@ -80,6 +80,9 @@ struct Op {
   std::string key;
   std::string value;
   std::int64_t lease = 0;
+  // A put that binds `lease` alone: etcd keeps the key's value (ignore_value), however large
+  // or newer than the one read; the transaction fails if the key is gone.
+  bool keep_value = false;
 };
 
 struct TxnResult {

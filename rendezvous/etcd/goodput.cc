@@ -1,6 +1,7 @@
 #include "rendezvous/etcd/goodput.h"
 
 #include <algorithm>
+#include <cstddef>
 
 #include <nlohmann/json.hpp>
 
@@ -29,10 +30,15 @@ std::optional<std::string> LedgerPuts::Offer(Clock::time_point now,
                     [](const goodput::Incident& i) { return i.resumed != 0; }));
   marks.trained = goodput::At(ledger.totals, goodput::Category::kTraining) > 0;
   marks.finished = ledger.finished;
-  if (last_ && marks == marks_ && now - *last_ < kLedgerRefresh) return std::nullopt;
+  std::string value = EncodeLedger(ledger);
+  if (last_ && marks == marks_ && now - *last_ < kLedgerRefresh) {
+    held_ = std::move(value);
+    return std::nullopt;
+  }
   last_ = now;
   marks_ = marks;
-  return EncodeLedger(ledger);
+  held_.reset();
+  return value;
 }
 
 std::vector<goodput::NodeLedger> Ledgers(const Keys& keys, const Mirror& mirror,
@@ -64,6 +70,11 @@ std::vector<goodput::NodeLedger> Ledgers(const Keys& keys, const Mirror& mirror,
 std::string EncodeJobGoodput(goodput::JobLedger job, std::size_t nodes) {
   job.segments.clear();
   job.nodes.clear();
+  // The newest a ledger keeps (every node's own are capped alike; their union may be more).
+  if (job.incidents.size() > goodput::kMaxIncidents) {
+    job.incidents.erase(job.incidents.begin(),
+                        job.incidents.end() - static_cast<std::ptrdiff_t>(goodput::kMaxIncidents));
+  }
   nlohmann::ordered_json j = {{"nodes", nodes}, {"job", goodput::JobJson(job)}};
   return j.dump();
 }

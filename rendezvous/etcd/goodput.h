@@ -11,17 +11,18 @@
 //                             node reads it at its end for the job's summary line
 //
 // The budget: a node puts its key when an incident begins or ends, when its workers first
-// train, when it finishes, and otherwise at most once every kLedgerRefresh (LedgerPuts), about
-// two puts an incident and one a minute; a key holds at most kMaxSegments segments and
-// kMaxIncidents incidents (about 400 KB at worst, a few KB for a job of a few incidents), and
-// a/goodput no segments (its incidents are at most kMaxIncidents). The decider and `crun
-// status` read the ledgers from what they already mirror; no node reads another's.
+// train, just before it reports its workers' end, and otherwise at most once every
+// kLedgerRefresh (LedgerPuts), about three puts an incident and one a minute; a key holds at most
+// kMaxSegments segments and kMaxIncidents incidents (about 400 KB at worst, a few KB for a job of a
+// few incidents), and a/goodput no segments (its incidents are at most kMaxIncidents). The decider
+// and `crun status` read the ledgers from what they already mirror; no node reads another's.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -40,11 +41,16 @@ std::string EncodeLedger(goodput::NodeLedger ledger);
 
 // When a node puts its ledger: at once when what it says of the job changed (an incident
 // begun or ended, the first training, the end), else once kLedgerRefresh has passed since
-// the last put.
+// the last put; and, whatever the marks, the last one offered just before the node reports
+// its workers' end (Flush), so that the job's is combined from its nodes' ledgers as they were
+// then.
 class LedgerPuts {
  public:
-  // The ledger as the agent shares it: the value to put now, or nothing.
+  // The ledger as the agent shares it: the value to put now, or nothing (it is kept for
+  // Flush).
   std::optional<std::string> Offer(Clock::time_point now, const goodput::NodeLedger& ledger);
+  // The last value offered and not put, if any.
+  std::optional<std::string> Flush() { return std::exchange(held_, std::nullopt); }
 
  private:
   struct Marks {
@@ -54,6 +60,7 @@ class LedgerPuts {
   };
   std::optional<Clock::time_point> last_;
   Marks marks_;
+  std::optional<std::string> held_;  // offered, not put
 };
 
 // Every node's ledger under the prefix; with `wall`, as of then: a node still in the job (its

@@ -185,6 +185,10 @@ class Deciding {
     doc_ = std::move(fresh);
     out_.ops.push_back({Op::Kind::kDeletePrefix, keys_.reports(), "", 0});
     out_.ops.push_back({Op::Kind::kDeletePrefix, keys_.stores(), "", 0});
+    // The old job's goodput: the new one's ledgers start over (one a new node put before this
+    // decision comes again at its next incident, first training or minute; goodput.h).
+    out_.ops.push_back({Op::Kind::kDeletePrefix, LedgerKey(keys_, ""), "", 0});
+    out_.ops.push_back({Op::Kind::kDelete, JobGoodputKey(keys_), "", 0});
     // Bound to the ended job's retention lease: the new job keeps its layout (put unbound);
     // the old job's history goes when that lease runs out.
     out_.ops.push_back({Op::Kind::kPut, keys_.layout(), kLayout, 0});
@@ -418,13 +422,15 @@ class Deciding {
         out_.wake_at = now_;
         break;
       }
-      ops.push_back({Op::Kind::kPut, kv.key, kv.value, lease});
+      // Its value stays in etcd: a node's ledger may be hundreds of KB (goodput.h), and
+      // sixteen of them would outgrow a request; and a newer one is not overwritten.
+      ops.push_back({Op::Kind::kPut, kv.key, "", lease, /*keep_value=*/true});
     }
   }
 
-  // The job's goodput, combined from the nodes' ledgers as they put them, for every node to
-  // read at its end (goodput.h); again when a node puts its ledger after the outcome. A value
-  // that cannot be read is left out (crun status names it).
+  // The job's goodput, combined from the nodes' ledgers as they put them (each just before
+  // its report), for every node to read at its end (goodput.h). A value that cannot be read is
+  // left out.
   void JobGoodputOp() {
     auto ledgers = Ledgers(keys_, mirror_, std::nullopt);
     if (ledgers.empty()) return;

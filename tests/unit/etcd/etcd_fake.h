@@ -112,7 +112,12 @@ struct Etcd {
     for (const auto& op : d.ops) {
       switch (op.kind) {
         case Op::Kind::kPut:
-          Put(op.key, op.value, op.lease);
+          if (op.keep_value) {
+            REQUIRE(kv.count(op.key) == 1);  // etcd fails the transaction otherwise
+            Put(op.key, kv.at(op.key).value, op.lease);
+          } else {
+            Put(op.key, op.value, op.lease);
+          }
           break;
         case Op::Kind::kDelete:
           Delete(op.key);

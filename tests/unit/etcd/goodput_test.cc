@@ -81,6 +81,11 @@ TEST_CASE(
 
   l.Progress(kLaunch + 2900, 0, 3);
   CHECK_FALSE(puts.Offer(t0 + std::chrono::seconds(30), Settled(l, "a")));
+  // Held for the node's report, which puts the ledger as it stood just before, once.
+  const auto held = puts.Flush();
+  REQUIRE(held);
+  CHECK(gp::NodeFromJson(nlohmann::json::parse(*held))->until == kLaunch + 2900);
+  CHECK_FALSE(puts.Flush());
   CHECK(puts.Offer(t0 + std::chrono::seconds(2) + crun::etcd::kLedgerRefresh, Settled(l, "a")));
   const auto t1 = t0 + std::chrono::seconds(2) + crun::etcd::kLedgerRefresh;
 
@@ -191,4 +196,33 @@ TEST_CASE("etcd goodput: crun status shows each node's goodput and the job's") {
     REQUIRE(n.goodput);
     CHECK(n.goodput->incidents == (n.node_id == "a" ? 1 : 0));
   }
+}
+
+TEST_CASE(
+    "etcd goodput: a new job on the run id starts its ledgers over; binding them to the "
+    "retention lease resends no value") {
+  Etcd e;
+  e.OneSucceeded();
+  e.Put(crun::etcd::LedgerKey(e.keys, "a"),
+        crun::etcd::EncodeLedger(Settled(Trained("a", 9000), "a")));
+  e.Step(Ms(1));  // the outcome: a/goodput written; the retention lease asked for
+  auto d = Decide(e.keys, e.kv, kT0 + Ms(2), kWall0 + Ms(2), {std::chrono::seconds(60), 77});
+  for (const auto& op : d.ops) {
+    INFO(op.key);
+    if (op.key == crun::etcd::LedgerKey(e.keys, "a")) {
+      CHECK(op.keep_value);  // bound without its value: it may be hundreds of KB
+      CHECK(op.value.empty());
+      CHECK(op.lease == 77);
+    }
+  }
+  e.Apply(d);
+  REQUIRE(e.kv.count(crun::etcd::JobGoodputKey(e.keys)) == 1);
+  REQUIRE(e.kv.at(crun::etcd::LedgerKey(e.keys, "a")).lease == 77);
+  // Its agents left; a new agent comes: job 2 starts, without job 1's goodput.
+  e.Delete(e.keys.node("a"));
+  e.AddNode("c", "host-c", 1, 1, 1);
+  e.Step(Ms(3));
+  CHECK(e.Job()["job"] == 2);
+  CHECK(e.kv.count(crun::etcd::LedgerKey(e.keys, "a")) == 0);
+  CHECK(e.kv.count(crun::etcd::JobGoodputKey(e.keys)) == 0);
 }
