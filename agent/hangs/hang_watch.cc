@@ -120,6 +120,7 @@ void HangWatch::Declare(int expired_rank, std::string cause) {
   armed_ = false;
   const auto now = Clock::now();
   std::vector<WorkerProgress> all;
+  milliseconds paced_silence{0};
   for (const auto& w : watched_) {
     WorkerProgress p;
     p.local_rank = w.local_rank;
@@ -136,12 +137,14 @@ void HangWatch::Declare(int expired_rank, std::string cause) {
       if (pace_.Paced(w.local_rank)) {
         p.cause += " (--hang-after-steps " + std::to_string(pace_.factor()) + ": its limit is " +
                    Seconds(limit) + ", from the longest step, " + Seconds(pace_.longest()) + ")";
+        paced_silence = std::max(paced_silence, p.silent);
       }
       p.limit = limit;
     }
     if (p.hung && MakesNoProgress(p.state)) p.cause += "; it was " + DescribeState(p.state);
     all.push_back(std::move(p));
   }
+  pace_.Declared(paced_silence);
   std::sort(all.begin(), all.end(),
             [](const auto& a, const auto& b) { return a.local_rank < b.local_rank; });
   on_hang_(std::move(all));

@@ -10,6 +10,7 @@
 // Pure: step times in, limits out; HangWatch asks it on each tick.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <optional>
@@ -30,6 +31,11 @@ class StepPace {
   void Started(int local_rank) { last_.erase(local_rank); }
   // Worker `local_rank` sent a step record at `at`.
   void Stepped(int local_rank, Clock::time_point at);
+
+  // A hang the pace declared, after `silent`: that silence counts as a step, so that a stretch
+  // as long is not taken for a hang again (a spike the pace had not seen; a real hang widens
+  // the limit of the next one, up to the bound).
+  void Declared(std::chrono::milliseconds silent) { longest_ = std::max(longest_, silent); }
 
   // The silence after which worker `local_rank` is hung.
   std::chrono::milliseconds LimitFor(int local_rank) const;

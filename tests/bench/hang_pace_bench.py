@@ -3,15 +3,16 @@ and how soon it tells a real hang, against --hang-timeout alone in the same run.
 section of docs/benchmarks.md (between the hang-pace markers).
 
   * False alarms: the straggler work's noisy job (tests/workers/straggler_worker.py: 4 ranks,
-    --steps steps of 20 ms, each +-30 %, one in a hundred 5 times as long), one crun for each K
-    and one with --hang-timeout alone, all at once (they load the machine as a suite does),
-    --hang-timeout 60 and restarts to spare: the job has no hang, so every hang declared is a
-    false alarm; a job that restarts counts it and goes on.
+    steps of 20 ms, each +-30 %, one in a hundred 5 times as long; --seconds long), and the same
+    with the campaign's 250 ms steps, one crun for each K and one with --hang-timeout alone,
+    all at once (they load the machine as a suite does), --hang-timeout 60 and restarts to
+    spare: the jobs have no hang, so every hang declared is a false alarm; a job that restarts
+    counts it and goes on.
   * A real hang: 2 ranks stepping every 0.25 s (+-30 %), rank 1 parked in a sleep after 40
     steps, rank 0 stepping on; the silence at which crun declared rank 1 hung, with
     --hang-timeout 10 alone and with each K, alternating, --rounds times.
 
-Usage: hang_pace_bench.py --crun BIN [--steps 9000] [--ks 2,3,5] [--rounds 3] [--out FILE]
+Usage: hang_pace_bench.py --crun BIN [--seconds 180] [--ks 2,3,5] [--rounds 3] [--out FILE]
 """
 import argparse
 import os
@@ -41,23 +42,29 @@ for step in range(1000):
 """
 
 
-def noisy_jobs(crun, steps, ks, d):
-    """Every variant's noisy job at once: {label: hangs declared}."""
-    env = dict(os.environ, STRAGGLER_JITTER="0.3", STRAGGLER_SPIKES="0.01",
-               STRAGGLER_STEPS=str(steps), STRAGGLER_MS="20", PYTHON_EXEC=sys.executable)
+STEP_MS = (20, 250)
+
+
+def noisy_jobs(crun, seconds, ks, d):
+    """Every variant's noisy jobs at once: {(label, step ms): hangs declared}."""
     variants = {"--hang-timeout 60": []}
     for k in ks:
         variants[f"--hang-timeout 60 --hang-after-steps {k}"] = ["--hang-after-steps", str(k)]
     procs = {}
-    for label, extra in variants.items():
-        err = open(os.path.join(d, f"noisy-{len(procs)}.err"), "w+")
-        procs[label] = (subprocess.Popen(
-            [crun, "--standalone", "--nproc-per-node", "4", "--hang-timeout", "60",
-             "--max-restarts", "100", "--max-restarts-without-progress", "0", *extra, NOISY],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err), err)
+    for ms in STEP_MS:
+        env = dict(os.environ, STRAGGLER_JITTER="0.3", STRAGGLER_SPIKES="0.01",
+                   STRAGGLER_STEPS=str(seconds * 1000 // ms), STRAGGLER_MS=str(ms),
+                   PYTHON_EXEC=sys.executable)
+        for label, extra in variants.items():
+            err = open(os.path.join(d, f"noisy-{len(procs)}.err"), "w+")
+            procs[(label, ms)] = (subprocess.Popen(
+                [crun, "--standalone", "--nproc-per-node", "4", "--hang-timeout", "60",
+                 "--max-restarts", "100", "--max-restarts-without-progress", "0", *extra,
+                 NOISY], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=err), err)
     out = {}
     for label, (p, err) in procs.items():
-        p.wait(timeout=steps * 0.2 + 300)
+        p.wait(timeout=seconds * 3 + 300)
         err.seek(0)
         text = err.read()
         err.close()
@@ -82,7 +89,7 @@ def declared_after(crun, script, extra, d):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--crun", required=True)
-    ap.add_argument("--steps", type=int, default=9000)
+    ap.add_argument("--seconds", type=int, default=180, help="each noisy job's steps, in time")
     ap.add_argument("--ks", default="2,3,5")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default=os.path.join(HERE, "..", "..", "docs", "benchmarks.md"))
@@ -101,15 +108,18 @@ def main():
                 seen[label].append(declared_after(a.crun, script, extra, d))
                 print(f"round {r}: {label}: declared after {seen[label][-1]:.1f} s",
                       file=sys.stderr)
-        alarms = noisy_jobs(a.crun, a.steps, ks, d)
-    rows = [f"`python3 tests/bench/hang_pace_bench.py --crun build/launcher/crun --steps "
-            f"{a.steps} --ks {a.ks} --rounds {a.rounds}`. {measured_at()}", "",
-            "| watch | a real hang declared after (median of "
-            f"{a.rounds}) | false alarms on the noisy job ({a.steps} steps x 4 ranks) |",
-            "|---|---|---|"]
-    for (label, times), (_, n) in zip(seen.items(), alarms.items()):
+        alarms = noisy_jobs(a.crun, a.seconds, ks, d)
+    rows = [f"`python3 tests/bench/hang_pace_bench.py --crun build/launcher/crun --seconds "
+            f"{a.seconds} --ks {a.ks} --rounds {a.rounds}`. {measured_at()}", "",
+            f"| watch | a real hang declared after (median of {a.rounds}) | " +
+            " | ".join(f"false alarms, {a.seconds} s of {ms} ms steps x 4 ranks"
+                       for ms in STEP_MS) + " |",
+            "|---|---|" + "---|" * len(STEP_MS)]
+    for label, times in seen.items():
+        noisy = label.replace("--hang-timeout 10", "--hang-timeout 60")
         rows.append(f"| {label.replace('--hang-timeout 10', '--hang-timeout')} | "
-                    f"{statistics.median(times):.1f} s | {n} |")
+                    f"{statistics.median(times):.1f} s | " +
+                    " | ".join(str(alarms[(noisy, ms)]) for ms in STEP_MS) + " |")
     write_section(a.out, "hang-pace", rows)
     print("\n".join(rows))
 

@@ -293,11 +293,12 @@ TEST_CASE(
   CHECK(steps == 20);
   REQUIRE(declared.size() == 1);
   CHECK(declared[0].hung);
-  // 3 x the longest step is under the floor on any machine that runs this.
-  CHECK(declared[0].limit == std::max(kStepHangFloor, 3 * watch.pace().longest()));
+  CHECK(declared[0].limit >= kStepHangFloor);
   CHECK(declared[0].limit < milliseconds(60'000));
   CHECK(declared[0].silent >= declared[0].limit);
   CHECK(declared[0].cause.find("--hang-after-steps 3: its limit is") != std::string::npos);
+  // Its silence counts as a step from now on: a stretch as long is no hang the next time.
+  CHECK(watch.pace().longest() == declared[0].silent);
 }
 
 TEST_CASE("HangWatch: time its own loop was stalled is not the workers' silence") {

@@ -52,6 +52,13 @@ TEST_CASE("step pace: K times the longest step, within the floor and --hang-time
   CHECK(pace.longest() == milliseconds(400));
   CHECK(pace.LimitFor(1) == milliseconds(2000));
 
+  // A hang the pace declared after 1.2 s of silence: a stretch that long is not one again.
+  pace.Declared(milliseconds(1200));
+  CHECK(pace.longest() == milliseconds(1200));
+  CHECK(pace.LimitFor(0) == milliseconds(6000));
+  pace.Declared(milliseconds(300));  // shorter: nothing changes
+  CHECK(pace.LimitFor(0) == milliseconds(6000));
+
   // A checkpoint every N steps, timed once as a 2.5 s step: K times it is over the bound.
   pace.Stepped(1, t + milliseconds(62'500));
   CHECK_FALSE(pace.Paced(1));
