@@ -9,10 +9,10 @@ fmt=$(command -v clang-format-14 || command -v clang-format || true)
 [[ -n "$fmt" ]] || { echo "format.sh: clang-format not found (apt-get install clang-format)" >&2; exit 2; }
 mapfile -t files < <(git ls-files '*.h' '*.cc' '*.cu' 2>/dev/null || find . -name '*.h' -o -name '*.cc')
 if [[ "${1:-}" == "--check" ]]; then
-  bad=()
-  for f in "${files[@]}"; do
-    "$fmt" --dry-run -Werror "$f" >/dev/null 2>&1 || bad+=("$f")
-  done
+  # One clang-format for every file (one process a file spent most of the check starting
+  # them: 34 s on a loaded machine); its diagnostics name the files that differ.
+  mapfile -t bad < <("$fmt" --dry-run -Werror "${files[@]}" 2>&1 >/dev/null |
+    sed -n 's/^\(.*\):[0-9]*:[0-9]*: error: code should be clang-formatted.*/\1/p' | sort -u)
   # What clang-format leaves long (a literal it cannot split): no line over 100 columns.
   long=$(awk 'length($0) > 100 { print FILENAME ":" FNR ": " length($0) " columns" }' "${files[@]}")
   if ((${#bad[@]})) || [[ -n "$long" ]]; then
