@@ -217,8 +217,7 @@ class GoodputLedger final : public JobFeature {
   std::vector<gp::NodeLedger> JobNodes(const gp::NodeLedger& own) const {
     std::vector<gp::NodeLedger> nodes{own};
     for (const std::string& text : agent_.outcome.goodput) {
-      auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-      auto n = gp::NodeFromJson(j);
+      auto n = gp::NodeFromText(text);
       if (!n.ok()) {
         spdlog::warn("crun: a node's goodput ledger from the rendezvous is left out: {}",
                      n.status().message());

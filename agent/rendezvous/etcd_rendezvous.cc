@@ -53,10 +53,8 @@ void EtcdRendezvous::ReportSuccess() {
 // At a low rate (etcd::LedgerPuts), unbound to the lease: a lost node's time stays in the
 // job's, which the decider combines at the end (rendezvous/etcd/goodput.h).
 void EtcdRendezvous::ShareGoodput(const std::string& ledger_json) {
-  auto ledger = goodput::NodeFromJson(
-      nlohmann::json::parse(ledger_json, nullptr, /*allow_exceptions=*/false));
+  auto ledger = goodput::NodeFromText(ledger_json, o_.node_id);
   if (!ledger.ok()) return;  // the agent's own: cannot be wrong
-  ledger->node = o_.node_id;
   auto value = ledger_puts_.Offer(Clock::now(), *ledger);
   if (!value) return;
   asio::post(eio_, [this, value = std::move(*value)] {

@@ -49,14 +49,11 @@ std::vector<goodput::NodeLedger> Ledgers(const Keys& keys, const Mirror& mirror,
   for (auto it = mirror.lower_bound(prefix); it != mirror.end() && it->first.starts_with(prefix);
        ++it) {
     const std::string id = it->first.substr(prefix.size());
-    const auto j = nlohmann::json::parse(it->second.value, nullptr, /*allow_exceptions=*/false);
-    auto ledger = j.is_discarded() ? StatusOr<goodput::NodeLedger>(ProtocolError("not JSON"))
-                                   : goodput::NodeFromJson(j);
+    auto ledger = goodput::NodeFromText(it->second.value, id);  // the key's node
     if (!ledger.ok()) {
       if (skipped != nullptr) skipped->push_back(it->first + ": " + ledger.status().message());
       continue;
     }
-    ledger->node = id;  // the key's, whatever the value says
     if (wall && mirror.count(keys.node(id)) != 0) {
       goodput::CarryOn(*ledger, std::chrono::duration_cast<std::chrono::milliseconds>(
                                     wall->time_since_epoch())

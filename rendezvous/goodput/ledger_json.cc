@@ -179,6 +179,17 @@ StatusOr<NodeLedger> NodeFromJson(const json& j) {
   }
 }
 
+StatusOr<NodeLedger> NodeFromText(const std::string& text, const std::string& node_id) {
+  const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    return Bad((node_id.empty() ? std::string("a node") : "node " + node_id) +
+               ": its ledger is not JSON");
+  }
+  auto n = NodeFromJson(j);
+  if (n.ok() && !node_id.empty()) n->node = node_id;
+  return n;
+}
+
 StatusOr<JobLedger> JobFromJson(const json& j) {
   try {
     JobLedger job;

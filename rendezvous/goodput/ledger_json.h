@@ -19,6 +19,9 @@ namespace crun::goodput {
 
 nlohmann::ordered_json ToJson(const NodeLedger& node);
 StatusOr<NodeLedger> NodeFromJson(const nlohmann::json& j);
+// The same from its text (a ledger as a node sent or put it): its node is `node_id`, whatever
+// the text says, where that is given.
+StatusOr<NodeLedger> NodeFromText(const std::string& text, const std::string& node_id = "");
 // The job's element of a file ("job" below), its nodes left out.
 nlohmann::ordered_json JobJson(const JobLedger& job);
 // The job's element of a file ("job" below), read back without its nodes: what a node is

@@ -1,19 +1,12 @@
 #include "rendezvous/service/job_goodput.h"
 
-#include <nlohmann/json.hpp>
-
 #include "rendezvous/goodput/ledger_json.h"
 
 namespace crun::rdzv {
 
 Status JobGoodput::Received(const std::string& node_id, const std::string& json, TimePoint now) {
-  auto parsed = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) {
-    return Status(StatusCode::kInvalidArgument, "node " + node_id + ": its ledger is not JSON");
-  }
-  auto ledger = goodput::NodeFromJson(parsed);
+  auto ledger = goodput::NodeFromText(json, node_id);  // the session's node, whatever it says
   if (!ledger.ok()) return ledger.status();
-  ledger->node = node_id;  // the session's, whatever it says
   nodes_[node_id] = Held{std::move(ledger).value(), now};
   return Status::Ok();
 }
